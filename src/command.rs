@@ -1,0 +1,85 @@
+//! The command table: which commands change how a connection's replies flow.
+//! Names are matched case-insensitively without allocating; everything not
+//! listed is [`CommandKind::Other`] and is forwarded untouched.
+
+/// Longest command name worth classifying; longer names are `Other`.
+const MAX_NAME: usize = 16;
+
+/// What a command does to the connection's reply stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CommandKind {
+    /// `MULTI`: later commands are queued (`+QUEUED`).
+    Multi,
+    /// `EXEC`: ends the transaction.
+    Exec,
+    /// `DISCARD`: ends the transaction.
+    Discard,
+    /// `HELLO`: may switch the connection to RESP3.
+    Hello,
+    /// `RESET`: back to a fresh connection (RESP2, db 0, no subscriptions).
+    Reset,
+    /// `QUIT`: Redis replies `+OK` and closes.
+    Quit,
+    /// A (P|S)(UN)SUBSCRIBE: replies stop being one per command.
+    Subscribe,
+    /// `MONITOR`: Redis streams every command from then on.
+    Monitor,
+    /// `CLIENT REPLY OFF|SKIP`: replies are suppressed.
+    ClientReplyOff,
+    /// `SYNC`/`PSYNC`: the connection becomes a replication stream.
+    Sync,
+    /// Anything else: one request, one reply.
+    Other,
+}
+
+/// Classifies a command by its name (`arg0`) and, for `CLIENT`, its
+/// subcommand and argument.
+pub fn classify(name: &[u8], arg1: &[u8], arg2: &[u8]) -> CommandKind {
+    let mut upper = [0u8; MAX_NAME];
+    let Some(name) = uppercase(name, &mut upper) else {
+        return CommandKind::Other;
+    };
+    match name {
+        b"MULTI" => CommandKind::Multi,
+        b"EXEC" => CommandKind::Exec,
+        b"DISCARD" => CommandKind::Discard,
+        b"HELLO" => CommandKind::Hello,
+        b"RESET" => CommandKind::Reset,
+        b"QUIT" => CommandKind::Quit,
+        b"SUBSCRIBE" | b"PSUBSCRIBE" | b"SSUBSCRIBE" | b"UNSUBSCRIBE" | b"PUNSUBSCRIBE"
+        | b"SUNSUBSCRIBE" => CommandKind::Subscribe,
+        b"MONITOR" => CommandKind::Monitor,
+        b"SYNC" | b"PSYNC" => CommandKind::Sync,
+        b"CLIENT"
+            if arg1.eq_ignore_ascii_case(b"REPLY")
+                && (arg2.eq_ignore_ascii_case(b"OFF") || arg2.eq_ignore_ascii_case(b"SKIP")) =>
+        {
+            CommandKind::ClientReplyOff
+        }
+        _ => CommandKind::Other,
+    }
+}
+
+/// Uppercases `name` into `buf`; `None` if it is too long to be a known name.
+fn uppercase<'a>(name: &[u8], buf: &'a mut [u8; MAX_NAME]) -> Option<&'a [u8]> {
+    let out = buf.get_mut(..name.len())?;
+    for (o, c) in out.iter_mut().zip(name) {
+        *o = c.to_ascii_uppercase();
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_case_insensitive() {
+        assert_eq!(classify(b"mUlTi", b"", b""), CommandKind::Multi);
+        assert_eq!(classify(b"psubscribe", b"a*", b""), CommandKind::Subscribe);
+        assert_eq!(classify(b"client", b"reply", b"skip"), CommandKind::ClientReplyOff);
+        assert_eq!(classify(b"CLIENT", b"REPLY", b"ON"), CommandKind::Other);
+        assert_eq!(classify(b"GET", b"k", b""), CommandKind::Other);
+        assert_eq!(classify(&[b'A'; 40], b"", b""), CommandKind::Other);
+    }
+}

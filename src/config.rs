@@ -1,0 +1,242 @@
+//! Configuration: one serde tree, every key with a default and a doc comment.
+//!
+//! The file is TOML (`config/lockgate.toml` documents every key); command-line
+//! flags override it. [`Config::validate`] runs before any port is bound, and
+//! `lockgate --check` runs only that and exits (0 valid, 64 invalid).
+
+use std::net::SocketAddr;
+use std::path::Path;
+
+use serde::Deserialize;
+
+/// Everything lockgate can be told. Sections mirror `config/lockgate.toml`.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// The client-facing RESP listener.
+    pub proxy: ProxyConfig,
+    /// The primary Redis every ordinary command goes to.
+    pub upstream: UpstreamConfig,
+    /// Protocol limits applied to client input before it is buffered.
+    pub limits: LimitsConfig,
+}
+
+/// The client-facing side: where to listen and how many clients to serve.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct ProxyConfig {
+    /// Address apps connect to instead of Redis (`HOST:PORT`).
+    pub listen: String,
+    /// Most client connections served at once; one more is answered
+    /// `-ERR max number of clients reached` and closed (Redis's `maxclients`).
+    pub max_clients: usize,
+    /// On SIGTERM/SIGINT: how long in-flight replies may take to drain before
+    /// the remaining connections are cut, in milliseconds. Also bounds how long
+    /// a session waits for replies owed to a client that has hung up.
+    pub shutdown_grace_ms: u64,
+    /// Bytes read from a socket at a time (one read buffer per direction per
+    /// client). Larger batches fewer syscalls under pipelining.
+    pub read_chunk_bytes: usize,
+    /// Most read batches of one client in flight towards Redis whose replies
+    /// have not come back yet; past it lockgate stops reading that client
+    /// (back-pressure) instead of queueing without bound.
+    pub max_inflight_batches: usize,
+}
+
+impl Default for ProxyConfig {
+    fn default() -> Self {
+        ProxyConfig {
+            listen: "127.0.0.1:6380".to_string(),
+            max_clients: 10_000,
+            shutdown_grace_ms: 5_000,
+            read_chunk_bytes: 64 * 1024,
+            max_inflight_batches: 1_024,
+        }
+    }
+}
+
+/// The primary Redis: one upstream connection per client connection, so every
+/// stateful command (SELECT, MULTI, SUBSCRIBE, AUTH, …) behaves as on Redis.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct UpstreamConfig {
+    /// Address of the primary Redis (`HOST:PORT`).
+    pub addr: String,
+    /// Longest wait for a TCP connection to the primary, in milliseconds; a
+    /// client whose upstream cannot be reached in time gets
+    /// `-ERR lockgate: upstream … unavailable (…)` for its commands.
+    pub connect_timeout_ms: u64,
+    /// While the primary is unreachable, the least time between two connection
+    /// attempts for one client, in milliseconds; commands in between are
+    /// answered with the same error at once instead of waiting again.
+    pub reconnect_interval_ms: u64,
+}
+
+impl Default for UpstreamConfig {
+    fn default() -> Self {
+        UpstreamConfig {
+            addr: "127.0.0.1:6379".to_string(),
+            connect_timeout_ms: 1_000,
+            reconnect_interval_ms: 100,
+        }
+    }
+}
+
+/// Limits on client input, checked on headers before the payload is buffered.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// Largest bulk string argument, in bytes (Redis's `proto-max-bulk-len`).
+    pub max_bulk_bytes: u64,
+    /// Most arguments in one command (the `*N` header).
+    pub max_multibulk_len: u64,
+    /// Largest inline command line, in bytes (Redis: 64 KiB).
+    pub max_inline_bytes: usize,
+    /// Largest whole command (all arguments and headers), in bytes: bounds the
+    /// read buffer of one client (Redis's `client-query-buffer-limit`).
+    pub max_request_bytes: u64,
+    /// Deepest nesting accepted in a reply from Redis (RESP3 aggregates).
+    pub max_reply_depth: usize,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        LimitsConfig {
+            max_bulk_bytes: 512 * 1024 * 1024,
+            max_multibulk_len: 1024 * 1024,
+            max_inline_bytes: 64 * 1024,
+            max_request_bytes: 1024 * 1024 * 1024,
+            max_reply_depth: 512,
+        }
+    }
+}
+
+/// Why a configuration was refused; always names the offending key.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        /// The path given with `--config`.
+        path: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML or has an unknown key or a wrong type.
+    #[error("invalid config file {path}: {message}")]
+    Parse {
+        /// The path given with `--config`.
+        path: String,
+        /// The TOML error, which names the key and line.
+        message: String,
+    },
+    /// A value is out of its allowed range.
+    #[error("invalid value for `{key}`: {reason}")]
+    Invalid {
+        /// Dotted key, e.g. `proxy.listen`.
+        key: &'static str,
+        /// What is wrong and what is allowed.
+        reason: String,
+    },
+}
+
+impl Config {
+    /// Reads and parses a TOML file; missing keys take their defaults.
+    pub fn from_file(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Config::from_toml(&text).map_err(|e| match e {
+            ConfigError::Parse { message, .. } => ConfigError::Parse {
+                path: path.display().to_string(),
+                message,
+            },
+            other => other,
+        })
+    }
+
+    /// Parses TOML text; missing keys take their defaults. Does not validate.
+    pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: "<text>".to_string(),
+            message: e.to_string(),
+        })
+    }
+
+    /// Checks every value; run before any port is bound.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        parse_addr("proxy.listen", &self.proxy.listen)?;
+        if self.upstream.addr.trim().is_empty() || !self.upstream.addr.contains(':') {
+            return Err(invalid("upstream.addr", "expected HOST:PORT"));
+        }
+        positive("proxy.max_clients", self.proxy.max_clients as u64)?;
+        positive("proxy.read_chunk_bytes", self.proxy.read_chunk_bytes as u64)?;
+        positive("proxy.max_inflight_batches", self.proxy.max_inflight_batches as u64)?;
+        positive("upstream.connect_timeout_ms", self.upstream.connect_timeout_ms)?;
+        positive("limits.max_bulk_bytes", self.limits.max_bulk_bytes)?;
+        positive("limits.max_multibulk_len", self.limits.max_multibulk_len)?;
+        positive("limits.max_reply_depth", self.limits.max_reply_depth as u64)?;
+        if self.limits.max_inline_bytes < 16 {
+            return Err(invalid("limits.max_inline_bytes", "must be at least 16"));
+        }
+        if self.limits.max_request_bytes < self.limits.max_bulk_bytes {
+            return Err(invalid(
+                "limits.max_request_bytes",
+                "must be at least limits.max_bulk_bytes",
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn invalid(key: &'static str, reason: &str) -> ConfigError {
+    ConfigError::Invalid {
+        key,
+        reason: reason.to_string(),
+    }
+}
+
+fn positive(key: &'static str, value: u64) -> Result<(), ConfigError> {
+    if value == 0 {
+        return Err(invalid(key, "must be greater than 0"));
+    }
+    Ok(())
+}
+
+fn parse_addr(key: &'static str, value: &str) -> Result<SocketAddr, ConfigError> {
+    value.parse().map_err(|_| ConfigError::Invalid {
+        key,
+        reason: format!("`{value}` is not an IP:PORT socket address"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid() {
+        Config::default().validate().unwrap();
+    }
+
+    #[test]
+    fn unknown_key_is_refused_by_name() {
+        let err = Config::from_toml("[proxy]\nlisen = \"x\"\n").unwrap_err();
+        assert!(err.to_string().contains("lisen"), "{err}");
+    }
+
+    #[test]
+    fn bad_value_names_the_key() {
+        let cfg = Config::from_toml("[proxy]\nmax_clients = 0\n").unwrap();
+        let err = cfg.validate().unwrap_err();
+        assert!(err.to_string().contains("proxy.max_clients"), "{err}");
+    }
+
+    #[test]
+    fn shipped_file_matches_defaults() {
+        let text = include_str!("../config/lockgate.toml");
+        let cfg = Config::from_toml(text).unwrap();
+        assert_eq!(cfg, Config::default());
+    }
+}

@@ -1,0 +1,95 @@
+//! lockgate: a Redis sidecar proxy that makes the unsafe locks of legacy
+//! apps safe with zero code change.
+//!
+//! An app points its Redis client at lockgate instead of Redis. lockgate
+//! speaks RESP, passes every ordinary command through byte for byte on a
+//! dedicated upstream connection per client, and (in later layers) takes
+//! over commands on lock keys. The product and its semantics are in
+//! `DESIGN.md` of the project's shared folder.
+//!
+//! # Layout
+//!
+//! - [`config`]: the serde configuration tree, defaults, `validate()`.
+//! - [`error`]: [`error::ErrorSource`], the client/upstream/internal tag
+//!   every module's error enum carries.
+//! - [`shutdown`]: SIGTERM/SIGINT → graceful drain.
+//! - [`server`]: accept loop, `max_clients`, accept back-off, session
+//!   spawning, drain with a grace period; [`server::ServerContext`] is what
+//!   sessions share.
+//! - [`session`]: one client. [`session::reader`] reads and routes commands
+//!   and forwards the client's bytes; [`session::writer`] copies replies
+//!   back in order and writes lockgate's own replies between them;
+//!   [`session::pending`] is what the two halves tell each other.
+//! - [`protocol`]: pure RESP framing, no I/O: [`protocol::request`] (client
+//!   commands, multibulk and inline, limits checked on headers),
+//!   [`protocol::reply`] (resumable frame scanner for RESP2/RESP3 replies),
+//!   [`protocol::encode`] (replies lockgate writes).
+//! - [`command`]: the command table (which commands change the reply flow).
+//! - [`router`]: pure `(command, session view) → Route`; the seam where lock
+//!   keys will be intercepted.
+//! - [`upstream`]: connecting to the primary, with a timeout and a precise
+//!   error.
+//! - [`metrics`]: counters and the rate limit for repeated warnings.
+//!
+//! # The path of a command
+//!
+//! client bytes → [`session::reader`] asks [`protocol::request`] where the
+//! command ends → [`command::classify`] → [`router::route`] → the reader
+//! sends a [`session::pending::Pending`] entry to the writer half, then the
+//! client's own bytes to Redis (one write per read batch) → Redis replies →
+//! [`session::writer`] finds frame ends with [`protocol::reply`], matches
+//! them to entries, and copies the bytes to the client, with lockgate's own
+//! replies (errors, later lock replies) written in their place in the order.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod command;
+pub mod config;
+pub mod error;
+pub mod metrics;
+pub mod protocol;
+pub mod router;
+pub mod server;
+pub mod session;
+pub mod shutdown;
+pub mod upstream;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+pub use config::Config;
+pub use server::ServerContext;
+
+/// Serves clients on `listener` with `config` (already validated) until
+/// `shutdown` completes, then drains within `proxy.shutdown_grace_ms`.
+/// Tests bind the listener on port 0 and call this directly.
+pub async fn run(config: Config, listener: TcpListener, shutdown: impl Future<Output = ()>) {
+    run_with(Arc::new(ServerContext::new(config)), listener, shutdown).await
+}
+
+/// Like [`run`], with a context the caller keeps (to read its metrics).
+pub async fn run_with(
+    ctx: Arc<ServerContext>,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()>,
+) {
+    let token = CancellationToken::new();
+    let watcher = {
+        let token = token.clone();
+        async move {
+            tokio::select! {
+                _ = shutdown => token.cancel(),
+                _ = token.cancelled() => {}
+            }
+        }
+    };
+    let serve = async {
+        server::serve(listener, ctx, token.clone()).await;
+        token.cancel();
+    };
+    tokio::join!(serve, watcher);
+}

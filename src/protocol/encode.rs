@@ -1,0 +1,79 @@
+//! Replies lockgate produces itself. They are rendered when they are written,
+//! after every earlier reply, so the connection's protocol (RESP2 or RESP3,
+//! settled by `HELLO`) is known by then.
+
+use bytes::{BufMut, Bytes, BytesMut};
+
+/// A reply made by lockgate rather than Redis.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LocalReply {
+    /// An error line; the text must start with its code (`ERR …`).
+    Error(Bytes),
+    /// An integer (`:n`).
+    Integer(i64),
+    /// A status line (`+OK`).
+    Status(&'static str),
+    /// Null: `$-1` in RESP2, `_` in RESP3.
+    Null,
+    /// A bulk string.
+    Bulk(Bytes),
+}
+
+impl LocalReply {
+    /// An `ERR …` error with `message` after the code.
+    pub fn err(message: impl std::fmt::Display) -> LocalReply {
+        LocalReply::Error(Bytes::from(format!("ERR {message}")))
+    }
+
+    /// Appends the wire form to `out` for a connection speaking RESP3 or not.
+    /// CR and LF inside an error text are replaced so the line stays one line.
+    pub fn encode(&self, resp3: bool, out: &mut BytesMut) {
+        match self {
+            LocalReply::Error(text) => {
+                out.put_u8(b'-');
+                out.extend(text.iter().map(|&c| if c == b'\r' || c == b'\n' { b' ' } else { c }));
+                out.put_slice(b"\r\n");
+            }
+            LocalReply::Integer(n) => {
+                out.put_u8(b':');
+                out.put_slice(n.to_string().as_bytes());
+                out.put_slice(b"\r\n");
+            }
+            LocalReply::Status(s) => {
+                out.put_u8(b'+');
+                out.put_slice(s.as_bytes());
+                out.put_slice(b"\r\n");
+            }
+            LocalReply::Null if resp3 => out.put_slice(b"_\r\n"),
+            LocalReply::Null => out.put_slice(b"$-1\r\n"),
+            LocalReply::Bulk(b) => {
+                out.put_u8(b'$');
+                out.put_slice(b.len().to_string().as_bytes());
+                out.put_slice(b"\r\n");
+                out.put_slice(b);
+                out.put_slice(b"\r\n");
+            }
+        }
+    }
+
+    /// The wire form as a new buffer.
+    pub fn to_bytes(&self, resp3: bool) -> Bytes {
+        let mut out = BytesMut::new();
+        self.encode(resp3, &mut out);
+        out.freeze()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wire_forms() {
+        assert_eq!(&LocalReply::err("x\r\ny").to_bytes(false)[..], b"-ERR x  y\r\n");
+        assert_eq!(&LocalReply::Null.to_bytes(false)[..], b"$-1\r\n");
+        assert_eq!(&LocalReply::Null.to_bytes(true)[..], b"_\r\n");
+        assert_eq!(&LocalReply::Integer(-3).to_bytes(true)[..], b":-3\r\n");
+        assert_eq!(&LocalReply::Bulk(Bytes::from_static(b"ab")).to_bytes(false)[..], b"$2\r\nab\r\n");
+    }
+}

@@ -1,0 +1,306 @@
+//! Replies from Redis: find where each top-level frame ends, without
+//! buffering it. The scanner is a resumable state machine over the byte
+//! stream: bytes it has passed over may be forwarded to the client at once (a
+//! 100 MB `GET` reply streams through), and it reports each top-level frame
+//! end so the session can count replies and slot its own replies in between.
+//!
+//! It knows RESP2 and RESP3: push frames (`>`) and attributes (`|`) are
+//! reported as such, because they are not replies to a command.
+
+use super::request::parse_int;
+use super::ProtocolError;
+
+/// Longest number header accepted from Redis (`$123\r\n`, `*5\r\n`, …).
+const MAX_NUMBER_LINE: usize = 32;
+
+/// What a finished top-level frame was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FrameKind {
+    /// A reply to a command (any type but push and attribute).
+    Reply,
+    /// A RESP3 push frame (`>`): pub/sub message, tracking invalidation.
+    Push,
+    /// A RESP3 attribute (`|`): metadata before the reply it annotates.
+    Attribute,
+}
+
+/// A top-level frame that just ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameEnd {
+    /// Reply, push or attribute.
+    pub kind: FrameKind,
+    /// The frame's type byte (`+`, `%`, `*`, …).
+    pub type_byte: u8,
+    /// Whole length of the frame in bytes.
+    pub len: u64,
+    /// The frame's first bytes (up to 8), to recognise short replies such as
+    /// `+RESET\r\n` even when the frame was split across reads.
+    pub head: [u8; 8],
+}
+
+impl FrameEnd {
+    /// True when the frame is exactly `bytes` (which must be ≤ 8 long).
+    pub fn is(&self, bytes: &[u8]) -> bool {
+        self.len == bytes.len() as u64 && self.head.get(..bytes.len()) == Some(bytes)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// At the start of an element: the type byte and header come next.
+    Header,
+    /// Inside a simple line element (`+`, `-`, `:`, …), until `\n`.
+    Line,
+    /// Inside a bulk payload: this many bytes (CRLF included) remain.
+    Bulk(u64),
+}
+
+/// Resumable scanner for a stream of RESP2/RESP3 frames. See the module doc.
+#[derive(Debug)]
+pub struct ReplyScanner {
+    state: State,
+    /// Elements still owed by each open aggregate, innermost last.
+    stack: Vec<u64>,
+    max_depth: usize,
+    top: Option<FrameEnd>,
+}
+
+impl ReplyScanner {
+    /// A scanner accepting aggregates nested up to `max_depth` deep.
+    pub fn new(max_depth: usize) -> ReplyScanner {
+        ReplyScanner {
+            state: State::Header,
+            stack: Vec::new(),
+            max_depth,
+            top: None,
+        }
+    }
+
+    /// True when the scanner sits between two top-level frames.
+    pub fn at_boundary(&self) -> bool {
+        self.top.is_none()
+    }
+
+    /// Scans `buf`, stopping right after the first top-level frame that ends
+    /// in it. Returns the bytes consumed (safe to forward) and that frame, if
+    /// any. An incomplete header is left unconsumed; call again with it and
+    /// more bytes.
+    pub fn advance(&mut self, buf: &[u8]) -> Result<(usize, Option<FrameEnd>), ProtocolError> {
+        let mut pos = 0;
+        while pos < buf.len() {
+            match self.state {
+                State::Bulk(left) => {
+                    let take = left.min((buf.len() - pos) as u64);
+                    self.grow_top(&buf[pos..pos + take as usize]);
+                    pos += take as usize;
+                    if take < left {
+                        self.state = State::Bulk(left - take);
+                        return Ok((pos, None));
+                    }
+                    self.state = State::Header;
+                    if let Some(end) = self.element_done() {
+                        return Ok((pos, Some(end)));
+                    }
+                }
+                State::Line => match memchr::memchr(b'\n', &buf[pos..]) {
+                    None => {
+                        self.grow_top(&buf[pos..]);
+                        return Ok((buf.len(), None));
+                    }
+                    Some(nl) => {
+                        self.grow_top(&buf[pos..pos + nl + 1]);
+                        pos += nl + 1;
+                        self.state = State::Header;
+                        if let Some(end) = self.element_done() {
+                            return Ok((pos, Some(end)));
+                        }
+                    }
+                },
+                State::Header => match self.header(&buf[pos..])? {
+                    None => return Ok((pos, None)),
+                    Some((used, finished)) => {
+                        pos += used;
+                        if finished {
+                            if let Some(end) = self.element_done() {
+                                return Ok((pos, Some(end)));
+                            }
+                        }
+                    }
+                },
+            }
+        }
+        Ok((pos, None))
+    }
+
+    /// Reads one element header. Returns the bytes used and whether the
+    /// element is already complete (null, empty aggregate), or `None` if the
+    /// header line is not complete yet.
+    fn header(&mut self, buf: &[u8]) -> Result<Option<(usize, bool)>, ProtocolError> {
+        let type_byte = buf[0];
+        match type_byte {
+            b'+' | b'-' | b':' | b',' | b'#' | b'_' | b'(' => {
+                self.start_element(type_byte);
+                self.grow_top(&buf[..1]);
+                self.state = State::Line;
+                Ok(Some((1, false)))
+            }
+            b'$' | b'!' | b'=' | b'*' | b'~' | b'>' | b'%' | b'|' => {
+                let window = &buf[..buf.len().min(MAX_NUMBER_LINE)];
+                let Some(nl) = memchr::memchr(b'\n', window) else {
+                    if buf.len() >= MAX_NUMBER_LINE {
+                        return Err(ProtocolError::BadReply("header line too long"));
+                    }
+                    return Ok(None);
+                };
+                if nl < 2 || buf[nl - 1] != b'\r' {
+                    return Err(ProtocolError::BadReply("header without CRLF"));
+                }
+                let n = parse_int(&buf[1..nl - 1])
+                    .ok_or(ProtocolError::BadReply("header length is not a number"))?;
+                let used = nl + 1;
+                self.start_element(type_byte);
+                self.grow_top(&buf[..used]);
+                if n < 0 {
+                    if n == -1 {
+                        return Ok(Some((used, true)));
+                    }
+                    return Err(ProtocolError::BadReply("negative length"));
+                }
+                let n = n as u64;
+                match type_byte {
+                    b'$' | b'!' | b'=' => {
+                        self.state = State::Bulk(n + 2);
+                        Ok(Some((used, false)))
+                    }
+                    _ => {
+                        let elements = if matches!(type_byte, b'%' | b'|') { n * 2 } else { n };
+                        if type_byte == b'|' {
+                            // An attribute annotates the element after it, so
+                            // it does not count as one of its parent's.
+                            if let Some(parent) = self.stack.last_mut() {
+                                *parent += 1;
+                            }
+                        }
+                        if elements == 0 {
+                            return Ok(Some((used, true)));
+                        }
+                        if self.stack.len() >= self.max_depth {
+                            return Err(ProtocolError::BadReply("nesting too deep"));
+                        }
+                        self.stack.push(elements);
+                        Ok(Some((used, false)))
+                    }
+                }
+            }
+            _ => Err(ProtocolError::BadReply("unknown type byte")),
+        }
+    }
+
+    fn start_element(&mut self, type_byte: u8) {
+        if self.top.is_none() {
+            let kind = match type_byte {
+                b'>' => FrameKind::Push,
+                b'|' => FrameKind::Attribute,
+                _ => FrameKind::Reply,
+            };
+            self.top = Some(FrameEnd {
+                kind,
+                type_byte,
+                len: 0,
+                head: [0; 8],
+            });
+        }
+    }
+
+    /// Accounts `bytes` to the current top-level frame, keeping its first 8.
+    fn grow_top(&mut self, bytes: &[u8]) {
+        if let Some(top) = self.top.as_mut() {
+            if top.len < 8 {
+                let at = top.len as usize;
+                let n = bytes.len().min(8 - at);
+                top.head[at..at + n].copy_from_slice(&bytes[..n]);
+            }
+            top.len += bytes.len() as u64;
+        }
+    }
+
+    /// One element finished: settle the aggregates it completes and report
+    /// the top-level frame if that was the last of it.
+    fn element_done(&mut self) -> Option<FrameEnd> {
+        while let Some(left) = self.stack.last_mut() {
+            *left -= 1;
+            if *left > 0 {
+                return None;
+            }
+            self.stack.pop();
+        }
+        self.top.take()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frames(input: &[u8], chunk: usize) -> Vec<(FrameKind, u64)> {
+        let mut s = ReplyScanner::new(8);
+        let mut out = Vec::new();
+        let mut pending: Vec<u8> = Vec::new();
+        for piece in input.chunks(chunk) {
+            pending.extend_from_slice(piece);
+            loop {
+                let (used, end) = s.advance(&pending).unwrap();
+                pending.drain(..used);
+                match end {
+                    Some(e) => out.push((e.kind, e.len)),
+                    None => break,
+                }
+            }
+        }
+        assert!(pending.is_empty() && s.at_boundary());
+        out
+    }
+
+    #[test]
+    fn finds_every_frame_whatever_the_chunking() {
+        let input: &[u8] = b"+OK\r\n$5\r\nhello\r\n$-1\r\n*2\r\n:1\r\n*-1\r\n%1\r\n+k\r\n~0\r\n\
+>3\r\n$7\r\nmessage\r\n$1\r\nc\r\n$1\r\nm\r\n|1\r\n+a\r\n:1\r\n_\r\n-ERR x\r\n*0\r\n";
+        let want = vec![
+            (FrameKind::Reply, 5),
+            (FrameKind::Reply, 11),
+            (FrameKind::Reply, 5),
+            (FrameKind::Reply, 13),
+            (FrameKind::Reply, 12),
+            (FrameKind::Push, 31),
+            (FrameKind::Attribute, 12),
+            (FrameKind::Reply, 3),
+            (FrameKind::Reply, 8),
+            (FrameKind::Reply, 4),
+        ];
+        for chunk in 1..input.len() {
+            assert_eq!(frames(input, chunk), want, "chunk {chunk}");
+        }
+    }
+
+    #[test]
+    fn recognises_short_frames_across_reads() {
+        let mut s = ReplyScanner::new(8);
+        assert_eq!(s.advance(b"+RE").unwrap(), (3, None));
+        let (used, end) = s.advance(b"SET\r\n").unwrap();
+        assert_eq!(used, 5);
+        let end = end.unwrap();
+        assert!(end.is(b"+RESET\r\n"));
+        assert!(!end.is(b"+RESET"));
+        assert_eq!(end.type_byte, b'+');
+    }
+
+    #[test]
+    fn bad_input_is_an_error() {
+        let mut s = ReplyScanner::new(2);
+        assert!(s.advance(b"?x\r\n").is_err());
+        let mut s = ReplyScanner::new(2);
+        assert!(s.advance(b"*1\r\n*1\r\n*1\r\n").is_err());
+        let mut s = ReplyScanner::new(2);
+        assert!(s.advance(b"$x\r\n").is_err());
+    }
+}

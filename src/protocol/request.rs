@@ -1,0 +1,418 @@
+//! Client requests: find where one command ends, its arguments, and nothing
+//! more. Redis requests are either a multibulk (`*N` then N `$len` bulks) or
+//! an inline line (`PING\r\n`, as telnet and redis-cli's raw mode send).
+//!
+//! The parser never copies a multibulk: arguments are byte ranges into the
+//! caller's buffer, so the session can forward the client's own bytes. Limits
+//! are checked on each header before its payload is waited for, so a declared
+//! 10 GB bulk is refused after a few bytes, not after 10 GB arrived.
+
+use std::ops::Range;
+
+use super::ProtocolError;
+
+/// Longest `*N`/`$N` header line Redis accepts before it gives up (64 KiB).
+const MAX_HEADER_LINE: usize = 64 * 1024;
+
+/// Limits the parser enforces; copied from `config::LimitsConfig`.
+#[derive(Debug, Clone, Copy)]
+pub struct RequestLimits {
+    /// Largest bulk argument in bytes.
+    pub max_bulk_bytes: u64,
+    /// Most arguments in one command.
+    pub max_multibulk_len: u64,
+    /// Largest inline line in bytes.
+    pub max_inline_bytes: usize,
+    /// Largest whole command in bytes.
+    pub max_request_bytes: u64,
+}
+
+/// How a complete request was written by the client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestKind {
+    /// `*N` multibulk with at least one argument.
+    Multibulk,
+    /// An inline line with at least one word.
+    Inline,
+    /// `*0`, `*-1`, or a blank inline line: Redis skips it and sends no reply.
+    Empty,
+}
+
+/// One complete request at the front of the buffer that was parsed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Request {
+    /// Bytes the request occupies at the front of the buffer.
+    pub len: usize,
+    /// Multibulk, inline or empty.
+    pub kind: RequestKind,
+}
+
+/// Where an argument's bytes live: in the client's buffer (multibulk), or in
+/// the parser's own scratch space (inline words, which may carry escapes).
+#[derive(Debug, Clone)]
+enum ArgSource {
+    Buffer,
+    Scratch,
+}
+
+/// A resumable request parser. Call [`RequestParser::parse`] with the unread
+/// bytes; `Ok(None)` means "not enough bytes yet" and [`RequestParser::needed`]
+/// says how many bytes must be buffered before trying again.
+#[derive(Debug)]
+pub struct RequestParser {
+    limits: RequestLimits,
+    args: Vec<Range<usize>>,
+    source: ArgSource,
+    scratch: Vec<u8>,
+    needed: usize,
+}
+
+impl RequestParser {
+    /// A parser enforcing `limits`.
+    pub fn new(limits: RequestLimits) -> RequestParser {
+        RequestParser {
+            limits,
+            args: Vec::with_capacity(8),
+            source: ArgSource::Buffer,
+            scratch: Vec::new(),
+            needed: 0,
+        }
+    }
+
+    /// Least buffer length worth parsing again after `Ok(None)`; 0 after a
+    /// complete request.
+    pub fn needed(&self) -> usize {
+        self.needed
+    }
+
+    /// Number of arguments (name included) of the last complete request.
+    pub fn argc(&self) -> usize {
+        self.args.len()
+    }
+
+    /// Argument `i` of the last complete request; `buf` must be the buffer
+    /// that was passed to `parse`. Out of range gives an empty slice.
+    pub fn arg<'a>(&'a self, buf: &'a [u8], i: usize) -> &'a [u8] {
+        let Some(range) = self.args.get(i) else {
+            return &[];
+        };
+        match self.source {
+            ArgSource::Buffer => buf.get(range.clone()).unwrap_or(&[]),
+            ArgSource::Scratch => self.scratch.get(range.clone()).unwrap_or(&[]),
+        }
+    }
+
+    /// Parses the request at the front of `buf`.
+    pub fn parse(&mut self, buf: &[u8]) -> Result<Option<Request>, ProtocolError> {
+        self.args.clear();
+        self.source = ArgSource::Buffer;
+        let Some(&first) = buf.first() else {
+            self.needed = 1;
+            return Ok(None);
+        };
+        let parsed = if first == b'*' {
+            self.parse_multibulk(buf)?
+        } else {
+            self.parse_inline(buf)?
+        };
+        if parsed.is_some() {
+            self.needed = 0;
+        }
+        Ok(parsed)
+    }
+
+    fn parse_multibulk(&mut self, buf: &[u8]) -> Result<Option<Request>, ProtocolError> {
+        let Some((count, mut pos)) = header_line(buf, 0, ProtocolError::TooBigMultibulkCount)? else {
+            self.needed = buf.len() + 1;
+            return Ok(None);
+        };
+        let count = parse_int(count).ok_or(ProtocolError::InvalidMultibulkLength)?;
+        if count <= 0 {
+            return Ok(Some(Request {
+                len: pos,
+                kind: RequestKind::Empty,
+            }));
+        }
+        if count as u64 > self.limits.max_multibulk_len {
+            return Err(ProtocolError::InvalidMultibulkLength);
+        }
+        let mut declared = pos as u64;
+        for _ in 0..count {
+            let Some(&kind) = buf.get(pos) else {
+                self.needed = pos + 1;
+                return Ok(None);
+            };
+            if kind != b'$' {
+                return Err(ProtocolError::ExpectedBulk(kind));
+            }
+            let Some((len, data)) = header_line(buf, pos, ProtocolError::TooBigBulkCount)? else {
+                self.needed = buf.len() + 1;
+                return Ok(None);
+            };
+            let len = parse_int(len).ok_or(ProtocolError::InvalidBulkLength)?;
+            if len < 0 || len as u64 > self.limits.max_bulk_bytes {
+                return Err(ProtocolError::InvalidBulkLength);
+            }
+            let end = data + len as usize;
+            declared += (data - pos) as u64 + len as u64 + 2;
+            if declared > self.limits.max_request_bytes {
+                return Err(ProtocolError::RequestTooLarge(self.limits.max_request_bytes));
+            }
+            if buf.len() < end + 2 {
+                self.needed = end + 2;
+                return Ok(None);
+            }
+            if &buf[end..end + 2] != b"\r\n" {
+                return Err(ProtocolError::MissingCrlf);
+            }
+            self.args.push(data..end);
+            pos = end + 2;
+        }
+        Ok(Some(Request {
+            len: pos,
+            kind: RequestKind::Multibulk,
+        }))
+    }
+
+    fn parse_inline(&mut self, buf: &[u8]) -> Result<Option<Request>, ProtocolError> {
+        let limit = buf.len().min(self.limits.max_inline_bytes + 1);
+        let Some(nl) = memchr::memchr(b'\n', &buf[..limit]) else {
+            if buf.len() > self.limits.max_inline_bytes {
+                return Err(ProtocolError::TooBigInline);
+            }
+            self.needed = buf.len() + 1;
+            return Ok(None);
+        };
+        let mut line = &buf[..nl];
+        if let [rest @ .., b'\r'] = line {
+            line = rest;
+        }
+        self.source = ArgSource::Scratch;
+        self.scratch.clear();
+        split_inline(line, &mut self.scratch, &mut self.args)?;
+        let kind = if self.args.is_empty() {
+            RequestKind::Empty
+        } else {
+            RequestKind::Inline
+        };
+        Ok(Some(Request { len: nl + 1, kind }))
+    }
+}
+
+/// Finds the CRLF-terminated header starting at `start` (its type byte
+/// included); returns the digits and the position after the CRLF.
+fn header_line(
+    buf: &[u8],
+    start: usize,
+    too_big: ProtocolError,
+) -> Result<Option<(&[u8], usize)>, ProtocolError> {
+    let from = start + 1;
+    let window_end = buf.len().min(from + MAX_HEADER_LINE);
+    let Some(cr) = memchr::memchr(b'\r', &buf[from.min(window_end)..window_end]) else {
+        if buf.len() - start > MAX_HEADER_LINE {
+            return Err(too_big);
+        }
+        return Ok(None);
+    };
+    let cr = from + cr;
+    match buf.get(cr + 1) {
+        None => Ok(None),
+        Some(b'\n') => Ok(Some((&buf[from..cr], cr + 2))),
+        Some(_) => Err(ProtocolError::MissingCrlf),
+    }
+}
+
+/// Redis's `string2ll`: optional '-', decimal digits, no '+', no spaces.
+pub(crate) fn parse_int(digits: &[u8]) -> Option<i64> {
+    let (negative, digits) = match digits {
+        [b'-', rest @ ..] => (true, rest),
+        _ => (false, digits),
+    };
+    if digits.is_empty() || digits.len() > 19 {
+        return None;
+    }
+    let mut value: i64 = 0;
+    for &d in digits {
+        if !d.is_ascii_digit() {
+            return None;
+        }
+        value = value.checked_mul(10)?.checked_add(i64::from(d - b'0'))?;
+    }
+    Some(if negative { -value } else { value })
+}
+
+/// Splits an inline line into words the way Redis's `sdssplitargs` does:
+/// whitespace separates words, "double quotes" understand `\n \r \t \b \a \\
+/// \" \xHH`, 'single quotes' understand `\'`, and a closing quote must be
+/// followed by whitespace or the end of the line.
+fn split_inline(
+    line: &[u8],
+    out: &mut Vec<u8>,
+    args: &mut Vec<Range<usize>>,
+) -> Result<(), ProtocolError> {
+    let mut i = 0;
+    loop {
+        while i < line.len() && line[i].is_ascii_whitespace() {
+            i += 1;
+        }
+        if i == line.len() {
+            return Ok(());
+        }
+        let start = out.len();
+        match line[i] {
+            b'"' => i = double_quoted(line, i + 1, out)?,
+            b'\'' => i = single_quoted(line, i + 1, out)?,
+            _ => {
+                while i < line.len() && !line[i].is_ascii_whitespace() {
+                    out.push(line[i]);
+                    i += 1;
+                }
+            }
+        }
+        args.push(start..out.len());
+    }
+}
+
+fn closing_ok(line: &[u8], after: usize) -> Result<usize, ProtocolError> {
+    match line.get(after) {
+        None => Ok(after),
+        Some(c) if c.is_ascii_whitespace() => Ok(after),
+        Some(_) => Err(ProtocolError::UnbalancedQuotes),
+    }
+}
+
+fn double_quoted(line: &[u8], mut i: usize, out: &mut Vec<u8>) -> Result<usize, ProtocolError> {
+    while i < line.len() {
+        match line[i] {
+            b'"' => return closing_ok(line, i + 1),
+            b'\\' if i + 3 < line.len()
+                && line[i + 1] == b'x'
+                && line[i + 2].is_ascii_hexdigit()
+                && line[i + 3].is_ascii_hexdigit() =>
+            {
+                let hex = |c: u8| (c as char).to_digit(16).unwrap_or(0) as u8;
+                out.push(hex(line[i + 2]) * 16 + hex(line[i + 3]));
+                i += 4;
+            }
+            b'\\' if i + 1 < line.len() => {
+                out.push(match line[i + 1] {
+                    b'n' => b'\n',
+                    b'r' => b'\r',
+                    b't' => b'\t',
+                    b'b' => 8,
+                    b'a' => 7,
+                    other => other,
+                });
+                i += 2;
+            }
+            c => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    Err(ProtocolError::UnbalancedQuotes)
+}
+
+fn single_quoted(line: &[u8], mut i: usize, out: &mut Vec<u8>) -> Result<usize, ProtocolError> {
+    while i < line.len() {
+        match line[i] {
+            b'\'' => return closing_ok(line, i + 1),
+            b'\\' if line.get(i + 1) == Some(&b'\'') => {
+                out.push(b'\'');
+                i += 2;
+            }
+            c => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    Err(ProtocolError::UnbalancedQuotes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parser() -> RequestParser {
+        RequestParser::new(RequestLimits {
+            max_bulk_bytes: 1024,
+            max_multibulk_len: 16,
+            max_inline_bytes: 64,
+            max_request_bytes: 4096,
+        })
+    }
+
+    fn args(p: &RequestParser, buf: &[u8]) -> Vec<Vec<u8>> {
+        (0..p.argc()).map(|i| p.arg(buf, i).to_vec()).collect()
+    }
+
+    #[test]
+    fn multibulk_complete_and_partial() {
+        let mut p = parser();
+        let buf = b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n*1";
+        let req = p.parse(buf).unwrap().unwrap();
+        assert_eq!(req.len, 20);
+        assert_eq!(args(&p, buf), vec![b"GET".to_vec(), b"k".to_vec()]);
+        for cut in 0..20 {
+            assert_eq!(p.parse(&buf[..cut]).unwrap(), None, "cut at {cut}");
+            assert!(p.needed() > cut);
+        }
+    }
+
+    #[test]
+    fn needed_points_past_a_large_bulk() {
+        let mut p = parser();
+        assert_eq!(p.parse(b"*1\r\n$1000\r\nab").unwrap(), None);
+        assert_eq!(p.needed(), 11 + 1000 + 2);
+    }
+
+    #[test]
+    fn limits_are_checked_on_the_header() {
+        let mut p = parser();
+        assert_eq!(p.parse(b"*1\r\n$1025\r\n"), Err(ProtocolError::InvalidBulkLength));
+        assert_eq!(p.parse(b"*17\r\n"), Err(ProtocolError::InvalidMultibulkLength));
+        assert_eq!(p.parse(b"*1\r\n$-3\r\n"), Err(ProtocolError::InvalidBulkLength));
+        assert_eq!(p.parse(b"*x\r\n"), Err(ProtocolError::InvalidMultibulkLength));
+        assert_eq!(p.parse(b"*1\r\n*1\r\n"), Err(ProtocolError::ExpectedBulk(b'*')));
+        assert_eq!(p.parse(b"*1\r\n$1\r\nabc"), Err(ProtocolError::MissingCrlf));
+        let big = b"*8\r\n$1000\r\n".repeat(1);
+        let mut many = big.clone();
+        many.extend(std::iter::repeat(b'a').take(1000));
+        many.extend(b"\r\n");
+        for _ in 0..4 {
+            many.extend(b"$1000\r\n");
+            many.extend(std::iter::repeat(b'a').take(1000));
+            many.extend(b"\r\n");
+        }
+        assert_eq!(p.parse(&many), Err(ProtocolError::RequestTooLarge(4096)));
+    }
+
+    #[test]
+    fn empty_multibulk_is_skipped() {
+        let mut p = parser();
+        let req = p.parse(b"*0\r\n").unwrap().unwrap();
+        assert_eq!((req.len, req.kind), (4, RequestKind::Empty));
+        let req = p.parse(b"*-1\r\n").unwrap().unwrap();
+        assert_eq!(req.kind, RequestKind::Empty);
+    }
+
+    #[test]
+    fn inline_words_and_quotes() {
+        let mut p = parser();
+        let buf = b"SET \"a b\\x41\" 'it\\'s'\r\nPING";
+        let req = p.parse(buf).unwrap().unwrap();
+        assert_eq!(req.kind, RequestKind::Inline);
+        assert_eq!(req.len, 23);
+        assert_eq!(
+            args(&p, buf),
+            vec![b"SET".to_vec(), b"a bA".to_vec(), b"it's".to_vec()]
+        );
+        assert_eq!(p.parse(b"PING").unwrap(), None);
+        assert_eq!(p.parse(b"  \r\n").unwrap().unwrap().kind, RequestKind::Empty);
+        assert_eq!(p.parse(b"GET \"k\r\n"), Err(ProtocolError::UnbalancedQuotes));
+        assert_eq!(p.parse(b"GET \"k\"x\r\n"), Err(ProtocolError::UnbalancedQuotes));
+        assert_eq!(p.parse(&[b'A'; 65]), Err(ProtocolError::TooBigInline));
+    }
+}

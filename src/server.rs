@@ -1,0 +1,143 @@
+//! The accept loop: a connection limit, back-off on accept errors, one
+//! session task per client, and the drain on shutdown.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::config::Config;
+use crate::metrics::{ProxyMetrics, RateLimit};
+use crate::protocol::request::RequestLimits;
+use crate::upstream::{self, UpstreamError};
+
+/// Interval between two repeats of the same warning.
+const WARN_INTERVAL: Duration = Duration::from_secs(10);
+/// Longest pause after repeated accept errors (e.g. out of file descriptors).
+const MAX_ACCEPT_BACKOFF: Duration = Duration::from_secs(1);
+/// How long a refused client may take to read its error before it is dropped.
+const REJECT_WRITE_TIMEOUT: Duration = Duration::from_millis(100);
+
+/// What every session shares: the configuration, the counters and the
+/// rate limits of repeated warnings.
+#[derive(Debug)]
+pub struct ServerContext {
+    /// The validated configuration.
+    pub config: Config,
+    /// Proxy counters.
+    pub metrics: ProxyMetrics,
+    /// Limits "upstream unavailable / dropped" warnings.
+    pub upstream_warn: RateLimit,
+    /// Limits accept-error warnings.
+    pub accept_warn: RateLimit,
+}
+
+impl ServerContext {
+    /// A context for `config`, which must already be validated.
+    pub fn new(config: Config) -> ServerContext {
+        ServerContext {
+            config,
+            metrics: ProxyMetrics::default(),
+            upstream_warn: RateLimit::new(WARN_INTERVAL),
+            accept_warn: RateLimit::new(WARN_INTERVAL),
+        }
+    }
+
+    /// The request limits from the configuration.
+    pub fn limits(&self) -> RequestLimits {
+        let l = &self.config.limits;
+        RequestLimits {
+            max_bulk_bytes: l.max_bulk_bytes,
+            max_multibulk_len: l.max_multibulk_len,
+            max_inline_bytes: l.max_inline_bytes,
+            max_request_bytes: l.max_request_bytes,
+        }
+    }
+
+    /// Opens a connection to the primary, counting and logging failures.
+    pub async fn connect_upstream(&self) -> Result<TcpStream, UpstreamError> {
+        let timeout = Duration::from_millis(self.config.upstream.connect_timeout_ms);
+        let result = upstream::connect(&self.config.upstream.addr, timeout).await;
+        if let Err(e) = &result {
+            ProxyMetrics::inc(&self.metrics.upstream_connect_errors);
+            self.metrics.error(e.source_kind());
+            if let Some(more) = self.upstream_warn.check() {
+                tracing::warn!(error = %e, suppressed = more, "cannot reach the primary");
+            }
+        }
+        result
+    }
+}
+
+/// Accepts clients until `shutdown` fires, then waits up to
+/// `proxy.shutdown_grace_ms` for sessions to drain and cuts the rest.
+pub async fn serve(listener: TcpListener, ctx: Arc<ServerContext>, shutdown: CancellationToken) {
+    let slots = Arc::new(Semaphore::new(ctx.config.proxy.max_clients));
+    let sessions = TaskTracker::new();
+    let force = CancellationToken::new();
+    let mut backoff = Duration::from_millis(1);
+    loop {
+        let accepted = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            accepted = listener.accept() => accepted,
+        };
+        let (stream, peer) = match accepted {
+            Ok(pair) => {
+                backoff = Duration::from_millis(1);
+                pair
+            }
+            Err(e) => {
+                if let Some(more) = ctx.accept_warn.check() {
+                    tracing::warn!(error = %e, suppressed = more, "accept failed; backing off");
+                }
+                tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    _ = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(MAX_ACCEPT_BACKOFF);
+                continue;
+            }
+        };
+        let Ok(permit) = slots.clone().try_acquire_owned() else {
+            ProxyMetrics::inc(&ctx.metrics.connections_rejected);
+            sessions.spawn(reject(stream));
+            continue;
+        };
+        ProxyMetrics::inc(&ctx.metrics.connections_total);
+        let ctx = ctx.clone();
+        let shutdown = shutdown.clone();
+        let force = force.clone();
+        sessions.spawn(async move {
+            ProxyMetrics::inc(&ctx.metrics.connections_active);
+            tokio::select! {
+                _ = crate::session::run(ctx.clone(), stream, peer, shutdown) => {}
+                _ = force.cancelled() => {}
+            }
+            ctx.metrics
+                .connections_active
+                .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+            drop(permit);
+        });
+    }
+    drop(listener);
+    sessions.close();
+    let grace = Duration::from_millis(ctx.config.proxy.shutdown_grace_ms);
+    if tokio::time::timeout(grace, sessions.wait()).await.is_err() {
+        tracing::warn!(remaining = sessions.len(), "grace period over; cutting connections");
+        force.cancel();
+        sessions.wait().await;
+    }
+}
+
+/// Tells a client over `proxy.max_clients` why it is refused, as Redis does.
+async fn reject(mut stream: TcpStream) {
+    let _ = tokio::time::timeout(
+        REJECT_WRITE_TIMEOUT,
+        stream.write_all(b"-ERR max number of clients reached\r\n"),
+    )
+    .await;
+}

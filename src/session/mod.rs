@@ -1,0 +1,202 @@
+//! One client connection: its own upstream connection to the primary, and
+//! two halves joined in one task. The reader half ([`reader`]) reads client
+//! bytes, routes each command and forwards the client's own bytes; the
+//! writer half ([`writer`]) copies Redis's replies back, counting frames so
+//! lockgate's own replies land in command order. They talk through a bounded
+//! channel of [`pending::Pending`] entries.
+//!
+//! While the primary cannot be reached, the session answers each command
+//! `-ERR lockgate: upstream … unavailable (…)` and tries again at most every
+//! `upstream.reconnect_interval_ms`; once connected, it carries on with
+//! the commands not yet answered.
+
+pub mod pending;
+pub mod reader;
+pub mod writer;
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Buf, BytesMut};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::error::ErrorSource;
+use crate::metrics::ProxyMetrics;
+use crate::protocol::encode::LocalReply;
+use crate::protocol::request::{RequestKind, RequestParser};
+use crate::protocol::ProtocolError;
+use crate::server::ServerContext;
+use crate::upstream::UpstreamError;
+use reader::ReaderEnd;
+use writer::WriterEnd;
+
+/// Why a session failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    /// Reading from or writing to the client failed.
+    #[error("client i/o: {0}")]
+    ClientIo(io::Error),
+    /// Reading from or writing to Redis failed.
+    #[error("upstream i/o: {0}")]
+    UpstreamIo(io::Error),
+    /// Redis sent a malformed reply.
+    #[error(transparent)]
+    Protocol(ProtocolError),
+    /// Redis could not be reached.
+    #[error(transparent)]
+    Upstream(UpstreamError),
+}
+
+impl SessionError {
+    /// Whose fault it is (labels the error metric).
+    pub fn source_kind(&self) -> ErrorSource {
+        match self {
+            SessionError::ClientIo(_) => ErrorSource::Client,
+            SessionError::UpstreamIo(_) => ErrorSource::Upstream,
+            SessionError::Protocol(e) => e.source_kind(),
+            SessionError::Upstream(e) => e.source_kind(),
+        }
+    }
+}
+
+/// Serves one client until it or Redis closes, or shutdown drains it.
+pub async fn run(
+    ctx: Arc<ServerContext>,
+    client: TcpStream,
+    peer: SocketAddr,
+    shutdown: CancellationToken,
+) {
+    let span = tracing::info_span!("conn", %peer);
+    async move {
+        tracing::debug!("client connected");
+        serve(&ctx, client, &shutdown).await;
+        tracing::debug!("client disconnected");
+    }
+    .instrument(span)
+    .await
+}
+
+async fn serve(ctx: &ServerContext, mut client: TcpStream, shutdown: &CancellationToken) {
+    // Nagle only adds latency; lockgate batches writes itself.
+    let _ = client.set_nodelay(true);
+    let mut buf = BytesMut::with_capacity(ctx.config.proxy.read_chunk_bytes);
+    let mut upstream = match ctx.connect_upstream().await {
+        Ok(stream) => stream,
+        Err(err) => match detached(ctx, &mut client, &mut buf, err, shutdown).await {
+            Some(stream) => stream,
+            None => return,
+        },
+    };
+    let (mut client_r, mut client_w) = client.split();
+    let (mut up_r, mut up_w) = upstream.split();
+    let (tx, rx) = mpsc::channel(ctx.config.proxy.max_inflight_batches);
+    let reader_cancel = shutdown.child_token();
+    let reader = async {
+        reader::read_loop(ctx, &mut buf, &mut client_r, &mut up_w, tx, &reader_cancel).await
+    };
+    let writer = async {
+        let end = writer::write_loop(ctx, &mut client_w, &mut up_r, rx).await;
+        reader_cancel.cancel();
+        end
+    };
+    let (read_end, write_end) = tokio::join!(reader, writer);
+    if let ReaderEnd::Failed(e) = &read_end {
+        ctx.metrics.error(e.source_kind());
+        tracing::debug!(error = %e, "reader ended");
+    }
+    match write_end {
+        WriterEnd::UpstreamClosed { owed: true } => {
+            ProxyMetrics::inc(&ctx.metrics.upstream_dropped);
+            ctx.metrics.error(ErrorSource::Upstream);
+            if let Some(more) = ctx.upstream_warn.check() {
+                tracing::warn!(suppressed = more, "upstream closed the connection with replies owed; closing the client");
+            }
+        }
+        WriterEnd::Failed(e) => {
+            ctx.metrics.error(e.source_kind());
+            if e.source_kind() == ErrorSource::Upstream {
+                if let Some(more) = ctx.upstream_warn.check() {
+                    tracing::warn!(error = %e, suppressed = more, "upstream failed; closing the client");
+                }
+            } else {
+                tracing::debug!(error = %e, "writer ended");
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Serves a client while the primary is unreachable: every command gets the
+/// connection error, and a new attempt is made when a command arrives at
+/// least `reconnect_interval_ms` after the last one. Returns the upstream
+/// once connected (with `buf` holding only unanswered bytes), or `None` when
+/// the client is gone.
+async fn detached(
+    ctx: &ServerContext,
+    client: &mut TcpStream,
+    buf: &mut BytesMut,
+    mut err: UpstreamError,
+    shutdown: &CancellationToken,
+) -> Option<TcpStream> {
+    let interval = Duration::from_millis(ctx.config.upstream.reconnect_interval_ms);
+    let mut next_try = Instant::now() + interval;
+    let mut parser = RequestParser::new(ctx.limits());
+    let mut out = BytesMut::new();
+    loop {
+        match parser.parse(buf) {
+            Ok(Some(_)) | Err(_) => {}
+            Ok(None) => {
+                buf.reserve(ctx.config.proxy.read_chunk_bytes);
+                let read = tokio::select! {
+                    _ = shutdown.cancelled() => return None,
+                    read = client.read_buf(buf) => read,
+                };
+                match read {
+                    Ok(0) | Err(_) => return None,
+                    Ok(n) => ProxyMetrics::add(&ctx.metrics.client_bytes_in, n as u64),
+                }
+                continue;
+            }
+        }
+        if Instant::now() >= next_try {
+            match ctx.connect_upstream().await {
+                Ok(stream) => return Some(stream),
+                Err(e) => err = e,
+            }
+            next_try = Instant::now() + interval;
+        }
+        let mut closing = false;
+        loop {
+            match parser.parse(buf) {
+                Ok(Some(req)) => {
+                    buf.advance(req.len);
+                    if req.kind != RequestKind::Empty {
+                        ProxyMetrics::inc(&ctx.metrics.commands_total);
+                        ProxyMetrics::inc(&ctx.metrics.upstream_unavailable_replies);
+                        LocalReply::err(format!("lockgate: {err}")).encode(false, &mut out);
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    ProxyMetrics::inc(&ctx.metrics.protocol_errors);
+                    ctx.metrics.error(e.source_kind());
+                    LocalReply::err(&e).encode(false, &mut out);
+                    closing = true;
+                    break;
+                }
+            }
+        }
+        if client.write_all(&out).await.is_err() || closing {
+            return None;
+        }
+        ProxyMetrics::add(&ctx.metrics.client_bytes_out, out.len() as u64);
+        out.clear();
+    }
+}

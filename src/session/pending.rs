@@ -1,0 +1,80 @@
+//! What the reader half tells the writer half about each command it sent,
+//! so the writer can attribute Redis's replies and slot lockgate's own
+//! replies into the right place. Entries are sent before the command's bytes
+//! go upstream, so a reply never arrives ahead of its entry.
+
+use crate::protocol::encode::LocalReply;
+use crate::router::Expect;
+
+/// One step of the reply stream, in command order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Pending {
+    /// This many replies from Redis, forwarded as they are.
+    Upstream(u32),
+    /// One reply from Redis to `HELLO`: a map (`%`) means RESP3 from now on.
+    Hello,
+    /// One reply from Redis to `RESET` (`+RESET`): RESP2 and counted replies
+    /// from now on.
+    Reset,
+    /// A reply lockgate makes, written once everything before it is.
+    Local(LocalReply),
+    /// Stop counting replies: copy bytes until a `Reset`.
+    EnterRaw,
+    /// Close the client connection once everything before it is written.
+    Close,
+}
+
+/// The entries of one read batch, with consecutive forwarded replies merged.
+#[derive(Debug, Default)]
+pub struct Batch {
+    /// Entries in command order.
+    pub entries: Vec<Pending>,
+}
+
+impl Batch {
+    /// Records a forwarded command expecting `expect`.
+    pub fn expect(&mut self, expect: Expect) {
+        match expect {
+            Expect::Nothing => {}
+            Expect::One => {
+                if let Some(Pending::Upstream(n)) = self.entries.last_mut() {
+                    *n += 1;
+                } else {
+                    self.entries.push(Pending::Upstream(1));
+                }
+            }
+            Expect::Hello => self.entries.push(Pending::Hello),
+            Expect::Reset => self.entries.push(Pending::Reset),
+            Expect::EnterRaw => self.entries.push(Pending::EnterRaw),
+        }
+    }
+
+    /// Records a reply lockgate makes itself.
+    pub fn local(&mut self, reply: LocalReply) {
+        self.entries.push(Pending::Local(reply));
+    }
+
+    /// Records that the connection closes after what came before.
+    pub fn close(&mut self) {
+        self.entries.push(Pending::Close);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn consecutive_replies_merge() {
+        let mut b = Batch::default();
+        b.expect(Expect::One);
+        b.expect(Expect::One);
+        b.expect(Expect::Nothing);
+        b.expect(Expect::Hello);
+        b.expect(Expect::One);
+        assert_eq!(
+            b.entries,
+            vec![Pending::Upstream(2), Pending::Hello, Pending::Upstream(1)]
+        );
+    }
+}

@@ -1,0 +1,243 @@
+//! The Redis → client half of a session: copy Redis's replies to the client
+//! as they come, counting top-level frames so that lockgate's own replies
+//! (entries from the reader half) land exactly between the right two.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use bytes::{Buf, BytesMut};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{ReadHalf, WriteHalf};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use super::pending::Pending;
+use super::SessionError;
+use crate::metrics::ProxyMetrics;
+use crate::protocol::reply::{FrameEnd, FrameKind, ReplyScanner};
+use crate::server::ServerContext;
+
+/// How the writer half ended.
+#[derive(Debug)]
+pub enum WriterEnd {
+    /// The reader ended and every owed reply was written.
+    Drained,
+    /// A `Close` entry was reached (after a protocol error).
+    Closed,
+    /// Redis closed the connection; `owed` tells whether replies were missing.
+    UpstreamClosed {
+        /// Replies were still owed to the client.
+        owed: bool,
+    },
+    /// The reader ended but owed replies did not come within the grace period.
+    DrainTimeout,
+    /// Writing the client or reading Redis failed.
+    Failed(SessionError),
+}
+
+/// The writer half's state: the entries not yet settled and the stream mode.
+struct Replies {
+    queue: VecDeque<Pending>,
+    scanner: ReplyScanner,
+    resp3: bool,
+    raw: bool,
+    out: BytesMut,
+}
+
+/// Copies replies to the client until the session is over (see [`WriterEnd`]).
+pub async fn write_loop(
+    ctx: &ServerContext,
+    client: &mut WriteHalf<'_>,
+    upstream: &mut ReadHalf<'_>,
+    mut rx: mpsc::Receiver<Vec<Pending>>,
+) -> WriterEnd {
+    let chunk = ctx.config.proxy.read_chunk_bytes;
+    let grace = Duration::from_millis(ctx.config.proxy.shutdown_grace_ms);
+    let mut st = Replies {
+        queue: VecDeque::new(),
+        scanner: ReplyScanner::new(ctx.config.limits.max_reply_depth),
+        resp3: false,
+        raw: false,
+        out: BytesMut::new(),
+    };
+    let mut buf = BytesMut::with_capacity(chunk);
+    let mut reader_done = false;
+    let mut deadline = Instant::now();
+    loop {
+        let closing = st.settle();
+        if let Err(e) = flush_out(ctx, client, &mut st.out).await {
+            return WriterEnd::Failed(e);
+        }
+        if closing {
+            return WriterEnd::Closed;
+        }
+        if reader_done && (st.queue.is_empty() || st.raw) && st.scanner.at_boundary() {
+            return WriterEnd::Drained;
+        }
+        if buf.capacity() - buf.len() < chunk / 4 {
+            buf.reserve(chunk);
+        }
+        tokio::select! {
+            biased;
+            msg = rx.recv(), if !reader_done => match msg {
+                Some(entries) => st.queue.extend(entries),
+                None => {
+                    reader_done = true;
+                    deadline = Instant::now() + grace;
+                }
+            },
+            read = upstream.read_buf(&mut buf) => match read {
+                Ok(0) => {
+                    while let Ok(entries) = rx.try_recv() {
+                        st.queue.extend(entries);
+                    }
+                    let owed = st.raw || st.queue.iter().any(|p| !matches!(p, Pending::Local(_)));
+                    return WriterEnd::UpstreamClosed { owed };
+                }
+                Ok(_) => match forward(ctx, client, &mut buf, &mut st, &mut rx).await {
+                    Ok(true) => return WriterEnd::Closed,
+                    Ok(false) => {}
+                    Err(e) => return WriterEnd::Failed(e),
+                },
+                Err(e) => return WriterEnd::Failed(SessionError::UpstreamIo(e)),
+            },
+            _ = tokio::time::sleep_until(deadline), if reader_done => {
+                ProxyMetrics::inc(&ctx.metrics.drain_timeouts);
+                return WriterEnd::DrainTimeout;
+            }
+        }
+    }
+}
+
+impl Replies {
+    /// Handles the entries at the front that need no bytes from Redis:
+    /// renders local replies into `out`, switches to raw mode. Returns true
+    /// when a `Close` entry is reached.
+    fn settle(&mut self) -> bool {
+        loop {
+            match self.queue.front() {
+                Some(Pending::Local(reply)) => {
+                    reply.encode(self.resp3, &mut self.out);
+                }
+                Some(Pending::EnterRaw) => self.raw = true,
+                Some(Pending::Upstream(0)) => {}
+                Some(Pending::Close) => return true,
+                _ => return false,
+            }
+            self.queue.pop_front();
+        }
+    }
+
+    /// Attributes one finished reply frame to the entry it answers.
+    fn attribute(&mut self, ctx: &ServerContext, end: &FrameEnd) {
+        if self.raw {
+            if self.queue.front() == Some(&Pending::Reset) && end.is(b"+RESET\r\n") {
+                self.queue.pop_front();
+                self.raw = false;
+                self.resp3 = false;
+            }
+            return;
+        }
+        match self.queue.front_mut() {
+            Some(Pending::Upstream(n)) => {
+                *n -= 1;
+                if *n > 0 {
+                    return;
+                }
+            }
+            Some(Pending::Hello) => match end.type_byte {
+                b'%' => self.resp3 = true,
+                b'*' => self.resp3 = false,
+                _ => {}
+            },
+            Some(Pending::Reset) => self.resp3 = false,
+            _ => {
+                // A reply nobody asked for: pass it on, count it, keep going.
+                ProxyMetrics::inc(&ctx.metrics.unexpected_replies);
+                return;
+            }
+        }
+        self.queue.pop_front();
+    }
+
+    /// True when the front entry is written by lockgate, not Redis.
+    fn front_is_local(&self) -> bool {
+        matches!(
+            self.queue.front(),
+            Some(Pending::Local(_) | Pending::EnterRaw | Pending::Close)
+        )
+    }
+}
+
+/// Forwards the complete frames in `buf` (and any partial bulk payload),
+/// interleaving local replies where they belong. Returns true when a `Close`
+/// entry was reached.
+async fn forward(
+    ctx: &ServerContext,
+    client: &mut WriteHalf<'_>,
+    buf: &mut BytesMut,
+    st: &mut Replies,
+    rx: &mut mpsc::Receiver<Vec<Pending>>,
+) -> Result<bool, SessionError> {
+    let mut pos = 0;
+    loop {
+        let (used, end) = match st.scanner.advance(&buf[pos..]) {
+            Ok(step) => step,
+            Err(e) => {
+                ProxyMetrics::inc(&ctx.metrics.upstream_bad_replies);
+                return Err(SessionError::Protocol(e));
+            }
+        };
+        pos += used;
+        let Some(end) = end else { break };
+        if end.kind != FrameKind::Reply {
+            continue;
+        }
+        if st.queue.is_empty() {
+            // Entries are sent before their commands go upstream, so the
+            // entry for this reply is already in the channel.
+            while let Ok(entries) = rx.try_recv() {
+                st.queue.extend(entries);
+            }
+        }
+        st.attribute(ctx, &end);
+        if st.front_is_local() {
+            write_client(ctx, client, &buf[..pos]).await?;
+            buf.advance(pos);
+            pos = 0;
+            let closing = st.settle();
+            flush_out(ctx, client, &mut st.out).await?;
+            if closing {
+                return Ok(true);
+            }
+        }
+    }
+    if pos > 0 {
+        write_client(ctx, client, &buf[..pos]).await?;
+        buf.advance(pos);
+    }
+    Ok(false)
+}
+
+async fn flush_out(
+    ctx: &ServerContext,
+    client: &mut WriteHalf<'_>,
+    out: &mut BytesMut,
+) -> Result<(), SessionError> {
+    if out.is_empty() {
+        return Ok(());
+    }
+    write_client(ctx, client, out).await?;
+    out.clear();
+    Ok(())
+}
+
+async fn write_client(
+    ctx: &ServerContext,
+    client: &mut WriteHalf<'_>,
+    bytes: &[u8],
+) -> Result<(), SessionError> {
+    client.write_all(bytes).await.map_err(SessionError::ClientIo)?;
+    ProxyMetrics::add(&ctx.metrics.client_bytes_out, bytes.len() as u64);
+    Ok(())
+}
