@@ -77,7 +77,10 @@ mod tests {
     fn names_are_case_insensitive() {
         assert_eq!(classify(b"mUlTi", b"", b""), CommandKind::Multi);
         assert_eq!(classify(b"psubscribe", b"a*", b""), CommandKind::Subscribe);
-        assert_eq!(classify(b"client", b"reply", b"skip"), CommandKind::ClientReplyOff);
+        assert_eq!(
+            classify(b"client", b"reply", b"skip"),
+            CommandKind::ClientReplyOff
+        );
         assert_eq!(classify(b"CLIENT", b"REPLY", b"ON"), CommandKind::Other);
         assert_eq!(classify(b"GET", b"k", b""), CommandKind::Other);
         assert_eq!(classify(&[b'A'; 40], b"", b""), CommandKind::Other);

@@ -172,8 +172,14 @@ impl Config {
         }
         positive("proxy.max_clients", self.proxy.max_clients as u64)?;
         positive("proxy.read_chunk_bytes", self.proxy.read_chunk_bytes as u64)?;
-        positive("proxy.max_inflight_batches", self.proxy.max_inflight_batches as u64)?;
-        positive("upstream.connect_timeout_ms", self.upstream.connect_timeout_ms)?;
+        positive(
+            "proxy.max_inflight_batches",
+            self.proxy.max_inflight_batches as u64,
+        )?;
+        positive(
+            "upstream.connect_timeout_ms",
+            self.upstream.connect_timeout_ms,
+        )?;
         positive("limits.max_bulk_bytes", self.limits.max_bulk_bytes)?;
         positive("limits.max_multibulk_len", self.limits.max_multibulk_len)?;
         positive("limits.max_reply_depth", self.limits.max_reply_depth as u64)?;

@@ -100,7 +100,12 @@ impl RateLimit {
         if now >= next
             && self
                 .next_ms
-                .compare_exchange(next, now + self.interval_ms, Ordering::Relaxed, Ordering::Relaxed)
+                .compare_exchange(
+                    next,
+                    now + self.interval_ms,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                )
                 .is_ok()
         {
             return Some(self.suppressed.swap(0, Ordering::Relaxed));

@@ -127,7 +127,10 @@ pub async fn serve(listener: TcpListener, ctx: Arc<ServerContext>, shutdown: Can
     sessions.close();
     let grace = Duration::from_millis(ctx.config.proxy.shutdown_grace_ms);
     if tokio::time::timeout(grace, sessions.wait()).await.is_err() {
-        tracing::warn!(remaining = sessions.len(), "grace period over; cutting connections");
+        tracing::warn!(
+            remaining = sessions.len(),
+            "grace period over; cutting connections"
+        );
         force.cancel();
         sessions.wait().await;
     }

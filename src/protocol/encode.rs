@@ -31,7 +31,10 @@ impl LocalReply {
         match self {
             LocalReply::Error(text) => {
                 out.put_u8(b'-');
-                out.extend(text.iter().map(|&c| if c == b'\r' || c == b'\n' { b' ' } else { c }));
+                out.extend(
+                    text.iter()
+                        .map(|&c| if c == b'\r' || c == b'\n' { b' ' } else { c }),
+                );
                 out.put_slice(b"\r\n");
             }
             LocalReply::Integer(n) => {
@@ -70,10 +73,16 @@ mod tests {
 
     #[test]
     fn wire_forms() {
-        assert_eq!(&LocalReply::err("x\r\ny").to_bytes(false)[..], b"-ERR x  y\r\n");
+        assert_eq!(
+            &LocalReply::err("x\r\ny").to_bytes(false)[..],
+            b"-ERR x  y\r\n"
+        );
         assert_eq!(&LocalReply::Null.to_bytes(false)[..], b"$-1\r\n");
         assert_eq!(&LocalReply::Null.to_bytes(true)[..], b"_\r\n");
         assert_eq!(&LocalReply::Integer(-3).to_bytes(true)[..], b":-3\r\n");
-        assert_eq!(&LocalReply::Bulk(Bytes::from_static(b"ab")).to_bytes(false)[..], b"$2\r\nab\r\n");
+        assert_eq!(
+            &LocalReply::Bulk(Bytes::from_static(b"ab")).to_bytes(false)[..],
+            b"$2\r\nab\r\n"
+        );
     }
 }

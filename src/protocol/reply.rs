@@ -173,7 +173,11 @@ impl ReplyScanner {
                         Ok(Some((used, false)))
                     }
                     _ => {
-                        let elements = if matches!(type_byte, b'%' | b'|') { n * 2 } else { n };
+                        let elements = if matches!(type_byte, b'%' | b'|') {
+                            n * 2
+                        } else {
+                            n
+                        };
                         if type_byte == b'|' {
                             // An attribute annotates the element after it, so
                             // it does not count as one of its parent's.

@@ -122,7 +122,8 @@ impl RequestParser {
     }
 
     fn parse_multibulk(&mut self, buf: &[u8]) -> Result<Option<Request>, ProtocolError> {
-        let Some((count, mut pos)) = header_line(buf, 0, ProtocolError::TooBigMultibulkCount)? else {
+        let Some((count, mut pos)) = header_line(buf, 0, ProtocolError::TooBigMultibulkCount)?
+        else {
             self.needed = buf.len() + 1;
             return Ok(None);
         };
@@ -156,7 +157,9 @@ impl RequestParser {
             let end = data + len as usize;
             declared += (data - pos) as u64 + len as u64 + 2;
             if declared > self.limits.max_request_bytes {
-                return Err(ProtocolError::RequestTooLarge(self.limits.max_request_bytes));
+                return Err(ProtocolError::RequestTooLarge(
+                    self.limits.max_request_bytes,
+                ));
             }
             if buf.len() < end + 2 {
                 self.needed = end + 2;
@@ -285,10 +288,11 @@ fn double_quoted(line: &[u8], mut i: usize, out: &mut Vec<u8>) -> Result<usize, 
     while i < line.len() {
         match line[i] {
             b'"' => return closing_ok(line, i + 1),
-            b'\\' if i + 3 < line.len()
-                && line[i + 1] == b'x'
-                && line[i + 2].is_ascii_hexdigit()
-                && line[i + 3].is_ascii_hexdigit() =>
+            b'\\'
+                if i + 3 < line.len()
+                    && line[i + 1] == b'x'
+                    && line[i + 2].is_ascii_hexdigit()
+                    && line[i + 3].is_ascii_hexdigit() =>
             {
                 let hex = |c: u8| (c as char).to_digit(16).unwrap_or(0) as u8;
                 out.push(hex(line[i + 2]) * 16 + hex(line[i + 3]));
@@ -371,11 +375,26 @@ mod tests {
     #[test]
     fn limits_are_checked_on_the_header() {
         let mut p = parser();
-        assert_eq!(p.parse(b"*1\r\n$1025\r\n"), Err(ProtocolError::InvalidBulkLength));
-        assert_eq!(p.parse(b"*17\r\n"), Err(ProtocolError::InvalidMultibulkLength));
-        assert_eq!(p.parse(b"*1\r\n$-3\r\n"), Err(ProtocolError::InvalidBulkLength));
-        assert_eq!(p.parse(b"*x\r\n"), Err(ProtocolError::InvalidMultibulkLength));
-        assert_eq!(p.parse(b"*1\r\n*1\r\n"), Err(ProtocolError::ExpectedBulk(b'*')));
+        assert_eq!(
+            p.parse(b"*1\r\n$1025\r\n"),
+            Err(ProtocolError::InvalidBulkLength)
+        );
+        assert_eq!(
+            p.parse(b"*17\r\n"),
+            Err(ProtocolError::InvalidMultibulkLength)
+        );
+        assert_eq!(
+            p.parse(b"*1\r\n$-3\r\n"),
+            Err(ProtocolError::InvalidBulkLength)
+        );
+        assert_eq!(
+            p.parse(b"*x\r\n"),
+            Err(ProtocolError::InvalidMultibulkLength)
+        );
+        assert_eq!(
+            p.parse(b"*1\r\n*1\r\n"),
+            Err(ProtocolError::ExpectedBulk(b'*'))
+        );
         assert_eq!(p.parse(b"*1\r\n$1\r\nabc"), Err(ProtocolError::MissingCrlf));
         let big = b"*8\r\n$1000\r\n".repeat(1);
         let mut many = big.clone();
@@ -410,9 +429,18 @@ mod tests {
             vec![b"SET".to_vec(), b"a bA".to_vec(), b"it's".to_vec()]
         );
         assert_eq!(p.parse(b"PING").unwrap(), None);
-        assert_eq!(p.parse(b"  \r\n").unwrap().unwrap().kind, RequestKind::Empty);
-        assert_eq!(p.parse(b"GET \"k\r\n"), Err(ProtocolError::UnbalancedQuotes));
-        assert_eq!(p.parse(b"GET \"k\"x\r\n"), Err(ProtocolError::UnbalancedQuotes));
+        assert_eq!(
+            p.parse(b"  \r\n").unwrap().unwrap().kind,
+            RequestKind::Empty
+        );
+        assert_eq!(
+            p.parse(b"GET \"k\r\n"),
+            Err(ProtocolError::UnbalancedQuotes)
+        );
+        assert_eq!(
+            p.parse(b"GET \"k\"x\r\n"),
+            Err(ProtocolError::UnbalancedQuotes)
+        );
         assert_eq!(p.parse(&[b'A'; 65]), Err(ProtocolError::TooBigInline));
     }
 }

@@ -116,7 +116,10 @@ async fn serve(ctx: &ServerContext, mut client: TcpStream, shutdown: &Cancellati
             ProxyMetrics::inc(&ctx.metrics.upstream_dropped);
             ctx.metrics.error(ErrorSource::Upstream);
             if let Some(more) = ctx.upstream_warn.check() {
-                tracing::warn!(suppressed = more, "upstream closed the connection with replies owed; closing the client");
+                tracing::warn!(
+                    suppressed = more,
+                    "upstream closed the connection with replies owed; closing the client"
+                );
             }
         }
         WriterEnd::Failed(e) => {

@@ -113,7 +113,11 @@ fn route_batch(
                     continue;
                 }
                 commands += 1;
-                let kind = command::classify(parser.arg(rest, 0), parser.arg(rest, 1), parser.arg(rest, 2));
+                let kind = command::classify(
+                    parser.arg(rest, 0),
+                    parser.arg(rest, 1),
+                    parser.arg(rest, 2),
+                );
                 let Route::Forward(expect) = router::route(kind, view);
                 *view = view.after(kind, expect);
                 batch.expect(expect);

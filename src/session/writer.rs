@@ -237,7 +237,10 @@ async fn write_client(
     client: &mut WriteHalf<'_>,
     bytes: &[u8],
 ) -> Result<(), SessionError> {
-    client.write_all(bytes).await.map_err(SessionError::ClientIo)?;
+    client
+        .write_all(bytes)
+        .await
+        .map_err(SessionError::ClientIo)?;
     ProxyMetrics::add(&ctx.metrics.client_bytes_out, bytes.len() as u64);
     Ok(())
 }

@@ -1,0 +1,310 @@
+//! Test harness: real `redis-server` processes on free loopback ports, and
+//! lockgate itself in-process on port 0. Everything started here is stopped
+//! by PID when its handle drops. No mocks of Redis.
+
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use lockgate::{Config, ServerContext};
+use redis_protocol::resp3::decode::complete::decode;
+use redis_protocol::resp3::types::OwnedFrame;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+/// Longest any single wait in a test may take.
+pub const WAIT: Duration = Duration::from_secs(10);
+
+/// A real redis-server on a free loopback port, killed on drop.
+pub struct RedisServer {
+    /// Its port on 127.0.0.1.
+    pub port: u16,
+    args: Vec<String>,
+    child: Option<Child>,
+    dir: tempfile::TempDir,
+}
+
+/// A port that was free a moment ago.
+pub fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind port 0");
+    l.local_addr().expect("local addr").port()
+}
+
+impl RedisServer {
+    /// Starts a plain redis-server (no persistence).
+    pub fn start() -> RedisServer {
+        RedisServer::start_with(&[])
+    }
+
+    /// Starts redis-server with extra `--name value` arguments.
+    pub fn start_with(extra: &[&str]) -> RedisServer {
+        let args: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        for _ in 0..5 {
+            let mut server = RedisServer {
+                port: free_port(),
+                args: args.clone(),
+                child: None,
+                dir: tempfile::tempdir().expect("tempdir"),
+            };
+            if server.spawn() {
+                return server;
+            }
+        }
+        panic!("redis-server did not start on any of 5 ports (is it installed?)");
+    }
+
+    fn spawn(&mut self) -> bool {
+        let child = Command::new("redis-server")
+            .arg("--port")
+            .arg(self.port.to_string())
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .args(&self.args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn redis-server");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                let _ = status;
+                self.child = None;
+                return false;
+            }
+            if ping_blocking(self.port) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        self.stop();
+        false
+    }
+
+    /// `127.0.0.1:PORT`.
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// The PID of the running process.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
+    /// Kills the server (SIGKILL) and waits for it to exit.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts it again on the same port with the same arguments, empty.
+    pub fn restart(&mut self) {
+        self.stop();
+        assert!(
+            self.spawn(),
+            "redis-server did not restart on {}",
+            self.port
+        );
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// True when something on `port` answers PING (maybe with NOAUTH).
+fn ping_blocking(port: u16) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
+    if s.write_all(b"PING\r\n").is_err() {
+        return false;
+    }
+    let mut buf = [0u8; 64];
+    matches!(s.read(&mut buf), Ok(n) if n > 0 && (buf.starts_with(b"+PONG") || buf.starts_with(b"-NOAUTH")))
+}
+
+/// lockgate running in this process on a port-0 listener.
+pub struct Lockgate {
+    /// Where clients connect.
+    pub addr: SocketAddr,
+    /// The shared context (metrics).
+    pub ctx: Arc<ServerContext>,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl Lockgate {
+    /// lockgate with default config in front of `upstream`.
+    pub async fn start(upstream: &str) -> Lockgate {
+        let mut config = Config::default();
+        config.upstream.addr = upstream.to_string();
+        Lockgate::start_with(config).await
+    }
+
+    /// lockgate with `config` (its listen address is ignored: port 0).
+    pub async fn start_with(config: Config) -> Lockgate {
+        config.validate().expect("valid test config");
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let ctx = Arc::new(ServerContext::new(config));
+        let (tx, rx) = oneshot::channel::<()>();
+        let task = tokio::spawn(lockgate::run_with(ctx.clone(), listener, async {
+            let _ = rx.await;
+        }));
+        Lockgate {
+            addr,
+            ctx,
+            stop: Some(tx),
+            task: Some(task),
+        }
+    }
+
+    /// Signals shutdown and waits (bounded) until `run` returned.
+    pub async fn stop(mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        if let Some(task) = self.task.take() {
+            tokio::time::timeout(WAIT, task)
+                .await
+                .expect("lockgate stops in time")
+                .expect("lockgate task");
+        }
+    }
+}
+
+impl Drop for Lockgate {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
+/// A client that speaks raw bytes and reads whole RESP frames.
+pub struct RawClient {
+    /// The socket.
+    pub stream: TcpStream,
+    buf: BytesMut,
+}
+
+/// Encodes a command as a RESP multibulk.
+pub fn encode(args: &[&[u8]]) -> Vec<u8> {
+    let mut out = format!("*{}\r\n", args.len()).into_bytes();
+    for a in args {
+        out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+        out.extend_from_slice(a);
+        out.extend_from_slice(b"\r\n");
+    }
+    out
+}
+
+/// Encodes a command given as strings.
+pub fn cmd(args: &[&str]) -> Vec<u8> {
+    let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
+    encode(&args)
+}
+
+impl RawClient {
+    /// Connects to `addr`.
+    pub async fn connect(addr: impl tokio::net::ToSocketAddrs) -> RawClient {
+        let stream = tokio::time::timeout(WAIT, TcpStream::connect(addr))
+            .await
+            .expect("connect in time")
+            .expect("connect");
+        stream.set_nodelay(true).expect("nodelay");
+        RawClient {
+            stream,
+            buf: BytesMut::new(),
+        }
+    }
+
+    /// Writes raw bytes.
+    pub async fn send(&mut self, bytes: &[u8]) {
+        self.stream.write_all(bytes).await.expect("write");
+    }
+
+    /// Reads one whole frame and returns its raw bytes (within [`WAIT`]).
+    pub async fn read_raw(&mut self) -> Vec<u8> {
+        self.try_read_raw(WAIT).await.expect("a reply in time")
+    }
+
+    /// Reads one whole frame, or `None` on timeout or EOF.
+    pub async fn try_read_raw(&mut self, wait: Duration) -> Option<Vec<u8>> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            if let Some((_, len)) = decode(&self.buf).expect("valid RESP from the server") {
+                return Some(self.buf.split_to(len).to_vec());
+            }
+            let read = tokio::time::timeout_at(deadline, self.stream.read_buf(&mut self.buf)).await;
+            match read {
+                Ok(Ok(0)) | Err(_) => return None,
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => panic!("read: {e}"),
+            }
+        }
+    }
+
+    /// Reads one frame, decoded.
+    pub async fn read(&mut self) -> OwnedFrame {
+        let raw = self.read_raw().await;
+        decode(&raw).expect("decode").expect("complete").0
+    }
+
+    /// Sends a command and reads its raw reply.
+    pub async fn call_raw(&mut self, args: &[&str]) -> Vec<u8> {
+        self.send(&cmd(args)).await;
+        self.read_raw().await
+    }
+
+    /// Reads exactly `n` bytes of raw stream (for byte-for-byte comparisons).
+    pub async fn read_exact_bytes(&mut self, n: usize) -> Vec<u8> {
+        while self.buf.len() < n {
+            let read = tokio::time::timeout(WAIT, self.stream.read_buf(&mut self.buf))
+                .await
+                .expect("bytes in time")
+                .expect("read");
+            assert!(read > 0, "EOF after {} of {n} bytes", self.buf.len());
+        }
+        self.buf.split_to(n).to_vec()
+    }
+
+    /// Waits until the server closes the connection (true) or `wait` passes.
+    pub async fn closed_within(&mut self, wait: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            match tokio::time::timeout_at(deadline, self.stream.read_buf(&mut self.buf)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => return true,
+                Ok(Ok(_)) => continue,
+                Err(_) => return false,
+            }
+        }
+    }
+}
+
+/// Polls `check` every 10 ms until it is true or [`WAIT`] passes.
+pub async fn eventually<F: FnMut() -> bool>(what: &str, mut check: F) {
+    let deadline = Instant::now() + WAIT;
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
