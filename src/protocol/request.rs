@@ -396,13 +396,12 @@ mod tests {
             Err(ProtocolError::ExpectedBulk(b'*'))
         );
         assert_eq!(p.parse(b"*1\r\n$1\r\nabc"), Err(ProtocolError::MissingCrlf));
-        let big = b"*8\r\n$1000\r\n".repeat(1);
-        let mut many = big.clone();
-        many.extend(std::iter::repeat(b'a').take(1000));
+        let mut many = b"*8\r\n$1000\r\n".to_vec();
+        many.extend(std::iter::repeat_n(b'a', 1000));
         many.extend(b"\r\n");
         for _ in 0..4 {
             many.extend(b"$1000\r\n");
-            many.extend(std::iter::repeat(b'a').take(1000));
+            many.extend(std::iter::repeat_n(b'a', 1000));
             many.extend(b"\r\n");
         }
         assert_eq!(p.parse(&many), Err(ProtocolError::RequestTooLarge(4096)));
