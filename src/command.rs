@@ -28,6 +28,26 @@ pub enum CommandKind {
     ClientReplyOff,
     /// `SYNC`/`PSYNC`: the connection becomes a replication stream.
     Sync,
+    /// `SETNX key value`.
+    SetNx,
+    /// `SET key value [options]`.
+    Set,
+    /// `GETSET key value`.
+    GetSet,
+    /// `GETDEL key`.
+    GetDel,
+    /// `GETEX key [options]`.
+    GetEx,
+    /// `DEL key…`.
+    Del,
+    /// `UNLINK key…`.
+    Unlink,
+    /// `EXPIRE`, `PEXPIRE`, `EXPIREAT`, `PEXPIREAT key …`; the uppercase name.
+    Expire(&'static str),
+    /// `PERSIST key`.
+    Persist,
+    /// `LOCKGATE …`: lockgate's own admin commands.
+    Lockgate,
     /// Anything else: one request, one reply.
     Other,
 }
@@ -50,6 +70,19 @@ pub fn classify(name: &[u8], arg1: &[u8], arg2: &[u8]) -> CommandKind {
         | b"SUNSUBSCRIBE" => CommandKind::Subscribe,
         b"MONITOR" => CommandKind::Monitor,
         b"SYNC" | b"PSYNC" => CommandKind::Sync,
+        b"SETNX" => CommandKind::SetNx,
+        b"SET" => CommandKind::Set,
+        b"GETSET" => CommandKind::GetSet,
+        b"GETDEL" => CommandKind::GetDel,
+        b"GETEX" => CommandKind::GetEx,
+        b"DEL" => CommandKind::Del,
+        b"UNLINK" => CommandKind::Unlink,
+        b"EXPIRE" => CommandKind::Expire("EXPIRE"),
+        b"PEXPIRE" => CommandKind::Expire("PEXPIRE"),
+        b"EXPIREAT" => CommandKind::Expire("EXPIREAT"),
+        b"PEXPIREAT" => CommandKind::Expire("PEXPIREAT"),
+        b"PERSIST" => CommandKind::Persist,
+        b"LOCKGATE" => CommandKind::Lockgate,
         b"CLIENT"
             if arg1.eq_ignore_ascii_case(b"REPLY")
                 && (arg2.eq_ignore_ascii_case(b"OFF") || arg2.eq_ignore_ascii_case(b"SKIP")) =>
@@ -83,6 +116,8 @@ mod tests {
         );
         assert_eq!(classify(b"CLIENT", b"REPLY", b"ON"), CommandKind::Other);
         assert_eq!(classify(b"GET", b"k", b""), CommandKind::Other);
+        assert_eq!(classify(b"pexpireat", b"k", b"1"), CommandKind::Expire("PEXPIREAT"));
+        assert_eq!(classify(b"setnx", b"k", b"v"), CommandKind::SetNx);
         assert_eq!(classify(&[b'A'; 40], b"", b""), CommandKind::Other);
     }
 }

@@ -19,6 +19,8 @@ pub struct Config {
     pub upstream: UpstreamConfig,
     /// Protocol limits applied to client input before it is buffered.
     pub limits: LimitsConfig,
+    /// Which keys are locks and how they are leased and released.
+    pub locks: LocksConfig,
 }
 
 /// The client-facing side: where to listen and how many clients to serve.
@@ -70,6 +72,12 @@ pub struct UpstreamConfig {
     /// attempts for one client, in milliseconds; commands in between are
     /// answered with the same error at once instead of waiting again.
     pub reconnect_interval_ms: u64,
+    /// ACL user for lockgate's own connections to the primary (lease
+    /// renewal, release on disconnect). Client connections always use the
+    /// client's own `AUTH`. Empty: no user (the `default` user).
+    pub username: String,
+    /// Password for lockgate's own connections. Empty: no `AUTH`.
+    pub password: String,
 }
 
 impl Default for UpstreamConfig {
@@ -78,6 +86,8 @@ impl Default for UpstreamConfig {
             addr: "127.0.0.1:6379".to_string(),
             connect_timeout_ms: 1_000,
             reconnect_interval_ms: 100,
+            username: String::new(),
+            password: String::new(),
         }
     }
 }
@@ -107,6 +117,94 @@ impl Default for LimitsConfig {
             max_inline_bytes: 64 * 1024,
             max_request_bytes: 1024 * 1024 * 1024,
             max_reply_depth: 512,
+        }
+    }
+}
+
+/// Lock keys: which keys lockgate takes over, with what lease, and who may
+/// release them. Only keys matching `keys` are ever changed by lockgate.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct LocksConfig {
+    /// Glob patterns (Redis `KEYS` syntax) of lock keys. A `SETNX` on any
+    /// other key passes through untouched (it may be "set a default if
+    /// missing" on real data) and is counted by prefix.
+    pub keys: Vec<String>,
+    /// Lease given to a lock acquired without a TTL (`SETNX`, `SET … NX`),
+    /// in milliseconds.
+    pub default_lease_ms: u64,
+    /// Who may release or extend a lock: `"instance"` (the connection that
+    /// acquired it, or any connection of this instance for an acquisition
+    /// made through this instance) or `"any"` (legacy: no owner check).
+    pub ownership: Ownership,
+    /// This sidecar's identity in owner records; must differ between
+    /// sidecars. Empty: the hostname and the listen port (`host:6380`).
+    pub instance_id: String,
+    /// Most lock keys remembered per client connection (the oldest record
+    /// is dropped past it, and counted).
+    pub max_locks_per_connection: usize,
+    /// Most distinct key prefixes counted for `SETNX` outside `keys`.
+    pub max_unmatched_prefixes: usize,
+    /// Per-pattern settings; the first whose pattern matches a key applies.
+    pub overrides: Vec<LockOverride>,
+}
+
+impl Default for LocksConfig {
+    fn default() -> Self {
+        LocksConfig {
+            keys: [
+                "lock:*", "lock_*", "locks:*", "*:lock", "*:lock:*", "*_lock", "*:locks:*",
+                "mutex:*", "*:mutex",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+            default_lease_ms: 30_000,
+            ownership: Ownership::Instance,
+            instance_id: String::new(),
+            max_locks_per_connection: 1_024,
+            max_unmatched_prefixes: 1_000,
+            overrides: Vec::new(),
+        }
+    }
+}
+
+/// Who may release or extend a lock (see `LocksConfig::ownership`).
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Ownership {
+    /// Owner-checked release (the default).
+    Instance,
+    /// No owner check: plain `DEL`, legacy behaviour.
+    Any,
+}
+
+/// Settings for lock keys matching one pattern (`[[locks.overrides]]`).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct LockOverride {
+    /// Glob pattern; should also match one of `locks.keys` to have effect.
+    pub pattern: String,
+    /// Lease for these keys in milliseconds (0: `default_lease_ms`).
+    pub lease_ms: u64,
+    /// Renew the lease every lease/3 while the acquiring connection is open
+    /// and the lock not released (Redisson's watchdog).
+    pub watchdog: bool,
+    /// Longest the watchdog keeps a lock alive, in milliseconds.
+    pub max_hold_ms: u64,
+    /// Release the lock as soon as the acquiring connection closes
+    /// (ZooKeeper's ephemeral nodes).
+    pub release_on_disconnect: bool,
+}
+
+impl Default for LockOverride {
+    fn default() -> Self {
+        LockOverride {
+            pattern: String::new(),
+            lease_ms: 0,
+            watchdog: false,
+            max_hold_ms: 300_000,
+            release_on_disconnect: false,
         }
     }
 }
@@ -185,6 +283,22 @@ impl Config {
         positive("limits.max_reply_depth", self.limits.max_reply_depth as u64)?;
         if self.limits.max_inline_bytes < 16 {
             return Err(invalid("limits.max_inline_bytes", "must be at least 16"));
+        }
+        positive("locks.default_lease_ms", self.locks.default_lease_ms)?;
+        positive("locks.max_locks_per_connection", self.locks.max_locks_per_connection as u64)?;
+        if self.locks.keys.iter().any(|k| k.is_empty()) {
+            return Err(invalid("locks.keys", "patterns must not be empty"));
+        }
+        if self.locks.instance_id.contains(char::is_whitespace) {
+            return Err(invalid("locks.instance_id", "must not contain white space"));
+        }
+        for o in &self.locks.overrides {
+            if o.pattern.is_empty() {
+                return Err(invalid("locks.overrides.pattern", "must not be empty"));
+            }
+            if o.watchdog && o.max_hold_ms == 0 {
+                return Err(invalid("locks.overrides.max_hold_ms", "must be > 0 with watchdog"));
+            }
         }
         if self.limits.max_request_bytes < self.limits.max_bulk_bytes {
             return Err(invalid(

@@ -44,9 +44,11 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod admin;
 pub mod command;
 pub mod config;
 pub mod error;
+pub mod lock;
 pub mod metrics;
 pub mod protocol;
 pub mod router;

@@ -1,9 +1,12 @@
 //! The router: a pure function from a parsed command and the session's view
 //! of its connection to a [`Route`]. It decides, it does nothing; the session
-//! carries the decision out. This is the seam where later layers intercept
-//! commands on lock keys: today every command is forwarded.
+//! carries the decision out. Commands on lock keys become lock operations
+//! for [`crate::lock`]; everything else is forwarded untouched.
 
 use crate::command::CommandKind;
+use crate::lock::ops::{self, LockOp};
+use crate::lock::LockService;
+use crate::protocol::request::RequestParser;
 
 /// How many replies Redis will send for a forwarded command, as far as the
 /// session must know to keep lockgate's own replies in order.
@@ -26,10 +29,20 @@ pub enum Expect {
 }
 
 /// What to do with one command.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Route {
     /// Send the client's own bytes to the primary.
     Forward(Expect),
+    /// `SETNX`/`SET … NX` on a key outside `locks.keys`: forwarded
+    /// untouched, and counted by key prefix.
+    ForwardUnmatched,
+    /// A lock operation, carried out by [`crate::lock::LockService`].
+    Lock(LockOp),
+    /// `PERSIST` on a lock key: refused (a lock without a lease is the
+    /// incident lockgate exists to prevent).
+    RefusePersist,
+    /// A `LOCKGATE …` admin command, answered by lockgate.
+    Admin,
 }
 
 /// What the router knows about the connection (kept by the session).
@@ -41,32 +54,107 @@ pub struct SessionView {
     pub in_multi: bool,
 }
 
+/// The arguments of the command being routed (name first).
+#[derive(Debug, Clone, Copy)]
+pub struct CommandArgs<'a> {
+    parser: &'a RequestParser,
+    buf: &'a [u8],
+}
+
+impl<'a> CommandArgs<'a> {
+    /// The arguments of the request `parser` just parsed from `buf`.
+    pub fn new(parser: &'a RequestParser, buf: &'a [u8]) -> CommandArgs<'a> {
+        CommandArgs { parser, buf }
+    }
+
+    /// Number of arguments, name included.
+    pub fn len(&self) -> usize {
+        self.parser.argc()
+    }
+
+    /// True when there are no arguments.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Argument `i` (empty when out of range).
+    pub fn get(&self, i: usize) -> &'a [u8] {
+        self.parser.arg(self.buf, i)
+    }
+
+    /// All arguments.
+    pub fn all(&self) -> Vec<&'a [u8]> {
+        (0..self.len()).map(|i| self.get(i)).collect()
+    }
+}
+
 /// Decides the route of one non-empty command of kind `kind`.
-pub fn route(kind: CommandKind, view: &SessionView) -> Route {
-    let expect = if kind == CommandKind::Reset {
-        Expect::Reset
-    } else if view.raw {
-        Expect::Nothing
-    } else {
-        match kind {
-            CommandKind::Subscribe
-            | CommandKind::Monitor
-            | CommandKind::ClientReplyOff
-            | CommandKind::Sync => Expect::EnterRaw,
-            CommandKind::Hello if !view.in_multi => Expect::Hello,
-            _ => Expect::One,
+pub fn route(kind: CommandKind, args: CommandArgs<'_>, view: &SessionView, locks: &LockService) -> Route {
+    if kind == CommandKind::Reset {
+        return Route::Forward(Expect::Reset);
+    }
+    if view.raw {
+        return Route::Forward(Expect::Nothing);
+    }
+    let key = args.get(1);
+    let lock_key = || args.len() > 1 && locks.is_lock_key(key);
+    let lock_op = |op: Option<LockOp>| op.map_or(Route::Forward(Expect::One), Route::Lock);
+    match kind {
+        CommandKind::Subscribe | CommandKind::Monitor | CommandKind::ClientReplyOff | CommandKind::Sync => {
+            Route::Forward(Expect::EnterRaw)
         }
-    };
-    Route::Forward(expect)
+        CommandKind::Hello if !view.in_multi => Route::Forward(Expect::Hello),
+        CommandKind::Lockgate if !view.in_multi => Route::Admin,
+        CommandKind::SetNx if args.len() == 3 => {
+            if lock_key() {
+                lock_op(ops::parse_setnx(&args.all()))
+            } else {
+                Route::ForwardUnmatched
+            }
+        }
+        CommandKind::Set if args.len() >= 3 => {
+            if lock_key() {
+                lock_op(ops::parse_set(&args.all()))
+            } else if (3..args.len()).any(|i| args.get(i).eq_ignore_ascii_case(b"NX")) {
+                Route::ForwardUnmatched
+            } else {
+                Route::Forward(Expect::One)
+            }
+        }
+        CommandKind::GetSet | CommandKind::GetDel | CommandKind::GetEx if lock_key() => {
+            let name = match kind {
+                CommandKind::GetSet => "GETSET",
+                CommandKind::GetDel => "GETDEL",
+                _ => "GETEX",
+            };
+            lock_op(ops::keyed(&args.all(), name, false))
+        }
+        CommandKind::Expire(name) if lock_key() => lock_op(ops::keyed(&args.all(), name, true)),
+        CommandKind::Persist if args.len() == 2 && lock_key() => Route::RefusePersist,
+        CommandKind::Del | CommandKind::Unlink if args.len() > 1 => {
+            let keys = &args.all()[1..];
+            if !keys.iter().any(|k| locks.is_lock_key(k)) {
+                return Route::Forward(Expect::One);
+            }
+            let (lock_keys, plain): (Vec<&[u8]>, Vec<&[u8]>) =
+                keys.iter().partition(|k| locks.is_lock_key(k));
+            Route::Lock(LockOp::Release {
+                lock_keys: lock_keys.iter().map(|k| bytes::Bytes::copy_from_slice(k)).collect(),
+                plain: plain.iter().map(|k| bytes::Bytes::copy_from_slice(k)).collect(),
+                unlink: kind == CommandKind::Unlink,
+            })
+        }
+        _ => Route::Forward(Expect::One),
+    }
 }
 
 impl SessionView {
-    /// The view after `kind` was routed with `expect`.
-    pub fn after(self, kind: CommandKind, expect: Expect) -> SessionView {
+    /// The view after a command of `kind` was routed to `route`.
+    pub fn after(self, kind: CommandKind, route: &Route) -> SessionView {
         let mut next = self;
-        match expect {
-            Expect::EnterRaw => next.raw = true,
-            Expect::Reset => next.raw = false,
+        match route {
+            Route::Forward(Expect::EnterRaw) => next.raw = true,
+            Route::Forward(Expect::Reset) => next.raw = false,
             _ => {}
         }
         match kind {
@@ -81,25 +169,62 @@ impl SessionView {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::command::classify;
+    use crate::config::Config;
+    use crate::protocol::request::RequestLimits;
+
+    fn routed(line: &str, view: &SessionView) -> Route {
+        let locks = LockService::new(&Config::default());
+        let mut p = RequestParser::new(RequestLimits {
+            max_bulk_bytes: 1 << 20,
+            max_multibulk_len: 64,
+            max_inline_bytes: 1024,
+            max_request_bytes: 1 << 20,
+        });
+        let buf = format!("{line}\r\n");
+        p.parse(buf.as_bytes()).unwrap().unwrap();
+        let args = CommandArgs::new(&p, buf.as_bytes());
+        let kind = classify(args.get(0), args.get(1), args.get(2));
+        route(kind, args, view, &locks)
+    }
 
     #[test]
     fn subscribe_goes_raw_until_reset() {
         let v = SessionView::default();
-        let Route::Forward(e) = route(CommandKind::Subscribe, &v);
-        assert_eq!(e, Expect::EnterRaw);
-        let v = v.after(CommandKind::Subscribe, e);
-        let Route::Forward(e) = route(CommandKind::Other, &v);
-        assert_eq!(e, Expect::Nothing);
-        let Route::Forward(e) = route(CommandKind::Reset, &v);
-        assert_eq!(e, Expect::Reset);
-        assert_eq!(v.after(CommandKind::Reset, e), SessionView::default());
+        let r = routed("SUBSCRIBE ch", &v);
+        assert_eq!(r, Route::Forward(Expect::EnterRaw));
+        let v = v.after(CommandKind::Subscribe, &r);
+        assert_eq!(routed("SETNX lock:a 1", &v), Route::Forward(Expect::Nothing));
+        let r = routed("RESET", &v);
+        assert_eq!(r, Route::Forward(Expect::Reset));
+        assert_eq!(v.after(CommandKind::Reset, &r), SessionView::default());
+    }
+
+    #[test]
+    fn lock_keys_only() {
+        let v = SessionView::default();
+        assert!(matches!(routed("SETNX lock:a 1", &v), Route::Lock(LockOp::Acquire { .. })));
+        assert_eq!(routed("SETNX user:1:visits 0", &v), Route::ForwardUnmatched);
+        assert_eq!(routed("SET user:1 x NX", &v), Route::ForwardUnmatched);
+        assert_eq!(routed("SET user:1 x", &v), Route::Forward(Expect::One));
+        assert_eq!(routed("PERSIST lock:a", &v), Route::RefusePersist);
+        assert_eq!(routed("PERSIST user:1", &v), Route::Forward(Expect::One));
+        assert_eq!(routed("DEL a b", &v), Route::Forward(Expect::One));
+        match routed("DEL a lock:b", &v) {
+            Route::Lock(LockOp::Release { lock_keys, plain, unlink: false }) => {
+                assert_eq!((lock_keys.len(), plain.len()), (1, 1))
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(routed("PEXPIRE lock:a 10", &v), Route::Lock(LockOp::Extend { command: "PEXPIRE", .. })));
+        assert_eq!(routed("LOCKGATE UNMATCHED", &v), Route::Admin);
     }
 
     #[test]
     fn multi_tracking() {
-        let v = SessionView::default().after(CommandKind::Multi, Expect::One);
+        let v = SessionView::default().after(CommandKind::Multi, &Route::Forward(Expect::One));
         assert!(v.in_multi);
-        assert_eq!(route(CommandKind::Hello, &v), Route::Forward(Expect::One));
-        assert!(!v.after(CommandKind::Exec, Expect::One).in_multi);
+        assert_eq!(routed("HELLO 3", &v), Route::Forward(Expect::One));
+        assert!(!v.after(CommandKind::Exec, &Route::Forward(Expect::One)).in_multi);
     }
 }

@@ -11,6 +11,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::Config;
+use crate::lock::watchdog::Background;
+use crate::lock::LockService;
 use crate::metrics::{ProxyMetrics, RateLimit};
 use crate::protocol::request::RequestLimits;
 use crate::upstream::{self, UpstreamError};
@@ -34,12 +36,19 @@ pub struct ServerContext {
     pub upstream_warn: RateLimit,
     /// Limits accept-error warnings.
     pub accept_warn: RateLimit,
+    /// The lock room.
+    pub locks: LockService,
+    /// lockgate's own connection to the primary (watchdog, release on
+    /// disconnect).
+    pub background: Background,
 }
 
 impl ServerContext {
     /// A context for `config`, which must already be validated.
     pub fn new(config: Config) -> ServerContext {
         ServerContext {
+            locks: LockService::new(&config),
+            background: Background::new(&config.upstream),
             config,
             metrics: ProxyMetrics::default(),
             upstream_warn: RateLimit::new(WARN_INTERVAL),

@@ -17,6 +17,8 @@ pub enum LocalReply {
     Null,
     /// A bulk string.
     Bulk(Bytes),
+    /// An array of replies.
+    Array(Vec<LocalReply>),
 }
 
 impl LocalReply {
@@ -49,12 +51,14 @@ impl LocalReply {
             }
             LocalReply::Null if resp3 => out.put_slice(b"_\r\n"),
             LocalReply::Null => out.put_slice(b"$-1\r\n"),
-            LocalReply::Bulk(b) => {
-                out.put_u8(b'$');
-                out.put_slice(b.len().to_string().as_bytes());
+            LocalReply::Bulk(b) => bulk(out, b),
+            LocalReply::Array(items) => {
+                out.put_u8(b'*');
+                out.put_slice(items.len().to_string().as_bytes());
                 out.put_slice(b"\r\n");
-                out.put_slice(b);
-                out.put_slice(b"\r\n");
+                for item in items {
+                    item.encode(resp3, out);
+                }
             }
         }
     }
@@ -65,6 +69,27 @@ impl LocalReply {
         self.encode(resp3, &mut out);
         out.freeze()
     }
+}
+
+fn bulk(out: &mut BytesMut, b: &[u8]) {
+    out.put_u8(b'$');
+    out.put_slice(b.len().to_string().as_bytes());
+    out.put_slice(b"\r\n");
+    out.put_slice(b);
+    out.put_slice(b"\r\n");
+}
+
+/// A command as a RESP multibulk, for commands lockgate sends itself.
+pub fn command(args: &[&[u8]]) -> Bytes {
+    let len: usize = args.iter().map(|a| a.len() + 16).sum();
+    let mut out = BytesMut::with_capacity(len + 16);
+    out.put_u8(b'*');
+    out.put_slice(args.len().to_string().as_bytes());
+    out.put_slice(b"\r\n");
+    for a in args {
+        bulk(&mut out, a);
+    }
+    out.freeze()
 }
 
 #[cfg(test)]

@@ -16,7 +16,7 @@ pub mod writer;
 
 use std::io;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
@@ -28,6 +28,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::error::ErrorSource;
+use crate::lock::watchdog;
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
 use crate::protocol::request::{RequestKind, RequestParser};
@@ -97,16 +98,28 @@ async fn serve(ctx: &ServerContext, mut client: TcpStream, shutdown: &Cancellati
     let (mut client_r, mut client_w) = client.split();
     let (mut up_r, mut up_w) = upstream.split();
     let (tx, rx) = mpsc::channel(ctx.config.proxy.max_inflight_batches);
+    let conn = Mutex::new(ctx.locks.conn_locks());
     let reader_cancel = shutdown.child_token();
     let reader = async {
-        reader::read_loop(ctx, &mut buf, &mut client_r, &mut up_w, tx, &reader_cancel).await
+        reader::read_loop(ctx, &mut buf, &mut client_r, &mut up_w, tx, &conn, &reader_cancel).await
     };
     let writer = async {
-        let end = writer::write_loop(ctx, &mut client_w, &mut up_r, rx).await;
+        let end = writer::write_loop(ctx, &mut client_w, &mut up_r, rx, &conn).await;
         reader_cancel.cancel();
         end
     };
-    let (read_end, write_end) = tokio::join!(reader, writer);
+    let halves = async { tokio::join!(reader, writer) };
+    let (read_end, write_end) = if ctx.locks.has_watchdog() {
+        tokio::select! {
+            ends = halves => ends,
+            _ = watchdog::run(&ctx.locks, &ctx.background, &conn) => return,
+        }
+    } else {
+        halves.await
+    };
+    if ctx.locks.has_release_on_disconnect() {
+        watchdog::release_on_disconnect(&ctx.locks, &ctx.background, &conn).await;
+    }
     if let ReaderEnd::Failed(e) = &read_end {
         ctx.metrics.error(e.source_kind());
         tracing::debug!(error = %e, "reader ended");

@@ -3,6 +3,7 @@
 //! replies into the right place. Entries are sent before the command's bytes
 //! go upstream, so a reply never arrives ahead of its entry.
 
+use crate::lock::LockPending;
 use crate::protocol::encode::LocalReply;
 use crate::router::Expect;
 
@@ -18,6 +19,9 @@ pub enum Pending {
     Reset,
     /// A reply lockgate makes, written once everything before it is.
     Local(LocalReply),
+    /// One reply from Redis to a lock script: `{client reply, facts…}`;
+    /// the writer passes the client reply on and the facts to the lock room.
+    Lock(LockPending),
     /// Stop counting replies: copy bytes until a `Reset`.
     EnterRaw,
     /// Close the client connection once everything before it is written.
@@ -47,6 +51,11 @@ impl Batch {
             Expect::Reset => self.entries.push(Pending::Reset),
             Expect::EnterRaw => self.entries.push(Pending::EnterRaw),
         }
+    }
+
+    /// Records a lock script whose reply carries facts.
+    pub fn lock(&mut self, pending: LockPending) {
+        self.entries.push(Pending::Lock(pending));
     }
 
     /// Records a reply lockgate makes itself.

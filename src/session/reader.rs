@@ -2,6 +2,9 @@
 //! command, route it, tell the writer half what to expect, and forward the
 //! client's own bytes in one write per read batch.
 
+use std::ops::Range;
+use std::sync::Mutex;
+
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{ReadHalf, WriteHalf};
@@ -10,11 +13,14 @@ use tokio_util::sync::CancellationToken;
 
 use super::pending::{Batch, Pending};
 use super::SessionError;
+use crate::admin;
 use crate::command;
+use crate::lock::lease::ConnLocks;
+use crate::lock::script;
 use crate::metrics::ProxyMetrics;
-use crate::protocol::encode::LocalReply;
+use crate::protocol::encode::{self, LocalReply};
 use crate::protocol::request::{RequestKind, RequestParser};
-use crate::router::{self, Route, SessionView};
+use crate::router::{self, CommandArgs, Expect, Route, SessionView};
 use crate::server::ServerContext;
 
 /// How the reader half ended.
@@ -39,6 +45,7 @@ pub async fn read_loop(
     client: &mut ReadHalf<'_>,
     upstream: &mut WriteHalf<'_>,
     tx: mpsc::Sender<Vec<Pending>>,
+    conn: &Mutex<ConnLocks>,
     cancel: &CancellationToken,
 ) -> ReaderEnd {
     let chunk = ctx.config.proxy.read_chunk_bytes;
@@ -62,8 +69,9 @@ pub async fn read_loop(
                 continue;
             }
         }
-        let (batch, used, failed) = route_batch(ctx, &mut parser, &mut view, buf);
-        let forward: Bytes = buf.split_to(used).freeze();
+        let routed = route_batch(ctx, &mut parser, &mut view, conn, buf);
+        let (batch, failed) = (routed.batch, routed.failed);
+        let forward = routed.pieces.assemble(buf.split_to(routed.used).freeze());
         if !batch.entries.is_empty() {
             let sent = tokio::select! {
                 biased;
@@ -90,49 +98,159 @@ pub async fn read_loop(
     }
 }
 
-/// Parses every complete request in `buf` and routes it. Returns the batch
-/// of entries, how many bytes from the front are to be forwarded, and
-/// whether a malformed request ended the batch (its error and a close are
-/// then the batch's last entries).
+/// What goes upstream for one read batch: ranges of the client's own
+/// bytes, and commands lockgate wrote in place of lock commands.
+#[derive(Debug, Default)]
+struct Pieces(Vec<Piece>);
+
+#[derive(Debug)]
+enum Piece {
+    Client(Range<usize>),
+    Own(Bytes),
+}
+
+impl Pieces {
+    fn client(&mut self, range: Range<usize>) {
+        if let Some(Piece::Client(last)) = self.0.last_mut() {
+            if last.end == range.start {
+                last.end = range.end;
+                return;
+            }
+        }
+        self.0.push(Piece::Client(range));
+    }
+
+    fn own(&mut self, bytes: Bytes) {
+        self.0.push(Piece::Own(bytes));
+    }
+
+    /// The bytes to write upstream, given the batch's client bytes. The
+    /// common case (only client bytes, contiguous) is zero-copy.
+    fn assemble(self, client: Bytes) -> Bytes {
+        match self.0.as_slice() {
+            [] => Bytes::new(),
+            [Piece::Client(r)] => client.slice(r.clone()),
+            pieces => {
+                let mut out = BytesMut::new();
+                for p in pieces {
+                    match p {
+                        Piece::Client(r) => out.extend_from_slice(&client[r.clone()]),
+                        Piece::Own(b) => out.extend_from_slice(b),
+                    }
+                }
+                out.freeze()
+            }
+        }
+    }
+}
+
+/// One read batch, routed.
+struct Routed {
+    batch: Batch,
+    pieces: Pieces,
+    /// Bytes consumed from the front of the read buffer.
+    used: usize,
+    /// A malformed request ended the batch (its error and a close are the
+    /// batch's last entries).
+    failed: bool,
+}
+
+/// Parses every complete request in `buf` and routes it.
 fn route_batch(
     ctx: &ServerContext,
     parser: &mut RequestParser,
     view: &mut SessionView,
+    conn: &Mutex<ConnLocks>,
     buf: &[u8],
-) -> (Batch, usize, bool) {
-    let mut batch = Batch::default();
-    let mut pos = 0;
+) -> Routed {
+    let mut out = Routed {
+        batch: Batch::default(),
+        pieces: Pieces::default(),
+        used: 0,
+        failed: false,
+    };
     let mut commands = 0u64;
     loop {
+        let pos = out.used;
         let rest = &buf[pos..];
         match parser.parse(rest) {
             Ok(None) => break,
             Ok(Some(req)) => {
-                pos += req.len;
+                out.used += req.len;
+                let whole = pos..pos + req.len;
                 if req.kind == RequestKind::Empty {
+                    out.pieces.client(whole);
                     continue;
                 }
                 commands += 1;
-                let kind = command::classify(
-                    parser.arg(rest, 0),
-                    parser.arg(rest, 1),
-                    parser.arg(rest, 2),
-                );
-                let Route::Forward(expect) = router::route(kind, view);
-                *view = view.after(kind, expect);
-                batch.expect(expect);
+                let args = CommandArgs::new(parser, rest);
+                let kind = command::classify(args.get(0), args.get(1), args.get(2));
+                let route = router::route(kind, args, view, &ctx.locks);
+                carry_out(ctx, &route, args, view, conn, whole, &mut out);
+                *view = view.after(kind, &route);
             }
             Err(e) => {
                 ProxyMetrics::inc(&ctx.metrics.protocol_errors);
                 ctx.metrics.error(e.source_kind());
                 tracing::debug!(error = %e, "malformed request; closing");
-                batch.local(LocalReply::err(&e));
-                batch.close();
-                ProxyMetrics::add(&ctx.metrics.commands_total, commands);
-                return (batch, pos, true);
+                out.batch.local(LocalReply::err(&e));
+                out.batch.close();
+                out.failed = true;
+                break;
             }
         }
     }
     ProxyMetrics::add(&ctx.metrics.commands_total, commands);
-    (batch, pos, false)
+    out
+}
+
+/// Carries out one routing decision for the command at `whole` in the buffer.
+fn carry_out(
+    ctx: &ServerContext,
+    route: &Route,
+    args: CommandArgs<'_>,
+    view: &SessionView,
+    conn: &Mutex<ConnLocks>,
+    whole: Range<usize>,
+    out: &mut Routed,
+) {
+    match route {
+        Route::Forward(expect) => {
+            out.pieces.client(whole);
+            out.batch.expect(*expect);
+        }
+        Route::ForwardUnmatched => {
+            ctx.locks.note_unmatched(args.get(1));
+            out.pieces.client(whole);
+            out.batch.expect(Expect::One);
+        }
+        Route::Lock(op) => {
+            let planned = match conn.lock() {
+                Ok(mut c) => ctx.locks.plan(op.clone(), &mut c, view.in_multi),
+                Err(_) => {
+                    ctx.metrics.error(crate::error::ErrorSource::Internal);
+                    out.batch.local(LocalReply::err("lockgate: internal error (lock table poisoned)"));
+                    return;
+                }
+            };
+            out.pieces.own(planned.command);
+            match planned.pending {
+                Some(p) => out.batch.lock(p),
+                None => out.batch.expect(Expect::One),
+            }
+        }
+        Route::RefusePersist => {
+            let reply = ctx.locks.refuse_persist(args.get(1));
+            if view.in_multi {
+                // Inside MULTI the refusal must take the command's slot in
+                // the EXEC array, so Redis itself answers it.
+                let LocalReply::Error(text) = &reply else { return };
+                out.pieces.own(encode::command(&[b"EVAL", script::ERROR.as_bytes(), b"0", text]));
+                out.batch.expect(Expect::One);
+            } else {
+                out.batch.local(reply);
+            }
+        }
+        Route::Admin => out.batch.local(admin::handle(ctx, args)),
+    }
 }

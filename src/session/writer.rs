@@ -3,6 +3,7 @@
 //! (entries from the reader half) land exactly between the right two.
 
 use std::collections::VecDeque;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
@@ -13,6 +14,7 @@ use tokio::time::Instant;
 
 use super::pending::Pending;
 use super::SessionError;
+use crate::lock::lease::ConnLocks;
 use crate::metrics::ProxyMetrics;
 use crate::protocol::reply::{FrameEnd, FrameKind, ReplyScanner};
 use crate::server::ServerContext;
@@ -42,6 +44,8 @@ struct Replies {
     resp3: bool,
     raw: bool,
     out: BytesMut,
+    /// The lock-script reply being collected, if one is.
+    capture: Option<Vec<u8>>,
 }
 
 /// Copies replies to the client until the session is over (see [`WriterEnd`]).
@@ -50,6 +54,7 @@ pub async fn write_loop(
     client: &mut WriteHalf<'_>,
     upstream: &mut ReadHalf<'_>,
     mut rx: mpsc::Receiver<Vec<Pending>>,
+    conn: &Mutex<ConnLocks>,
 ) -> WriterEnd {
     let chunk = ctx.config.proxy.read_chunk_bytes;
     let grace = Duration::from_millis(ctx.config.proxy.shutdown_grace_ms);
@@ -59,6 +64,7 @@ pub async fn write_loop(
         resp3: false,
         raw: false,
         out: BytesMut::new(),
+        capture: None,
     };
     let mut buf = BytesMut::with_capacity(chunk);
     let mut reader_done = false;
@@ -71,7 +77,7 @@ pub async fn write_loop(
         if closing {
             return WriterEnd::Closed;
         }
-        if reader_done && (st.queue.is_empty() || st.raw) && st.scanner.at_boundary() {
+        if reader_done && (st.queue.is_empty() || st.raw) && st.scanner.at_boundary() && st.capture.is_none() {
             return WriterEnd::Drained;
         }
         if buf.capacity() - buf.len() < chunk / 4 {
@@ -94,7 +100,7 @@ pub async fn write_loop(
                     let owed = st.raw || st.queue.iter().any(|p| !matches!(p, Pending::Local(_)));
                     return WriterEnd::UpstreamClosed { owed };
                 }
-                Ok(_) => match forward(ctx, client, &mut buf, &mut st, &mut rx).await {
+                Ok(_) => match forward(ctx, client, &mut buf, &mut st, &mut rx, conn).await {
                     Ok(true) => return WriterEnd::Closed,
                     Ok(false) => {}
                     Err(e) => return WriterEnd::Failed(e),
@@ -151,6 +157,9 @@ impl Replies {
                 _ => {}
             },
             Some(Pending::Reset) => self.resp3 = false,
+            Some(Pending::Lock(_)) => {
+                // Only in raw mode is a lock reply not captured; pass it on.
+            }
             _ => {
                 // A reply nobody asked for: pass it on, count it, keep going.
                 ProxyMetrics::inc(&ctx.metrics.unexpected_replies);
@@ -170,17 +179,33 @@ impl Replies {
 }
 
 /// Forwards the complete frames in `buf` (and any partial bulk payload),
-/// interleaving local replies where they belong. Returns true when a `Close`
-/// entry was reached.
+/// interleaving local replies where they belong and unwrapping lock-script
+/// replies. Returns true when a `Close` entry was reached.
 async fn forward(
     ctx: &ServerContext,
     client: &mut WriteHalf<'_>,
     buf: &mut BytesMut,
     st: &mut Replies,
     rx: &mut mpsc::Receiver<Vec<Pending>>,
+    conn: &Mutex<ConnLocks>,
 ) -> Result<bool, SessionError> {
     let mut pos = 0;
     loop {
+        if st.scanner.at_boundary() && st.capture.is_none() {
+            if st.queue.is_empty() {
+                // Entries are sent before their commands go upstream, so the
+                // entry for the next reply is already in the channel.
+                while let Ok(entries) = rx.try_recv() {
+                    st.queue.extend(entries);
+                }
+            }
+            if !st.raw && matches!(st.queue.front(), Some(Pending::Lock(_))) {
+                write_client(ctx, client, &buf[..pos]).await?;
+                buf.advance(pos);
+                pos = 0;
+                st.capture = Some(Vec::new());
+            }
+        }
         let (used, end) = match st.scanner.advance(&buf[pos..]) {
             Ok(step) => step,
             Err(e) => {
@@ -188,17 +213,35 @@ async fn forward(
                 return Err(SessionError::Protocol(e));
             }
         };
-        pos += used;
+        if let Some(capture) = st.capture.as_mut() {
+            capture.extend_from_slice(&buf[..used]);
+            buf.advance(used);
+        } else {
+            pos += used;
+        }
         let Some(end) = end else { break };
-        if end.kind != FrameKind::Reply {
+        if let Some(captured) = st.capture.take() {
+            if end.kind == FrameKind::Reply {
+                if let Some(Pending::Lock(pending)) = st.queue.pop_front() {
+                    let (reply, facts) = unwrap_lock_reply(&captured);
+                    st.out.extend_from_slice(reply);
+                    if let Ok(mut c) = conn.lock() {
+                        ctx.locks.complete(pending, &facts, &mut c);
+                    }
+                }
+            } else {
+                // A push frame ahead of the lock reply: pass it on as is.
+                st.out.extend_from_slice(&captured);
+            }
+            let closing = st.settle();
+            flush_out(ctx, client, &mut st.out).await?;
+            if closing {
+                return Ok(true);
+            }
             continue;
         }
-        if st.queue.is_empty() {
-            // Entries are sent before their commands go upstream, so the
-            // entry for this reply is already in the channel.
-            while let Ok(entries) = rx.try_recv() {
-                st.queue.extend(entries);
-            }
+        if end.kind != FrameKind::Reply {
+            continue;
         }
         st.attribute(ctx, &end);
         if st.front_is_local() {
@@ -217,6 +260,29 @@ async fn forward(
         buf.advance(pos);
     }
     Ok(false)
+}
+
+/// Splits a lock script's `{reply, facts…}` into the client's reply bytes
+/// and the facts. Anything else (a script error, say) is the client's reply
+/// as it is, with no facts.
+fn unwrap_lock_reply(frame: &[u8]) -> (&[u8], Vec<i64>) {
+    let whole = (frame, Vec::new());
+    if frame.first() != Some(&b'*') {
+        return whole;
+    }
+    let Some(nl) = memchr::memchr(b'\n', frame) else { return whole };
+    let body = &frame[nl + 1..];
+    let mut scanner = ReplyScanner::new(64);
+    let Ok((len, Some(_))) = scanner.advance(body) else { return whole };
+    let mut facts = Vec::new();
+    for line in body[len..].split(|&c| c == b'\n') {
+        if let Some(digits) = line.strip_prefix(b":").and_then(|l| l.strip_suffix(b"\r")) {
+            if let Some(n) = crate::protocol::request::parse_int(digits) {
+                facts.push(n);
+            }
+        }
+    }
+    (&body[..len], facts)
 }
 
 async fn flush_out(

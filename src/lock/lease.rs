@@ -1,0 +1,187 @@
+//! Tokens and what one client connection has acquired.
+//!
+//! A token is `instance_id:seq`. `seq` starts at the process start time in
+//! microseconds and only grows, so tokens do not repeat across restarts of
+//! the same instance (an old owner record can never match a new token).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+
+/// Issues acquisition tokens for one lockgate instance.
+#[derive(Debug)]
+pub struct Tokens {
+    prefix: String,
+    seq: AtomicU64,
+}
+
+impl Tokens {
+    /// Tokens `instance_id:seq`.
+    pub fn new(instance_id: &str) -> Tokens {
+        let start = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_micros() as u64)
+            .unwrap_or(1);
+        Tokens {
+            prefix: format!("{instance_id}:"),
+            seq: AtomicU64::new(start),
+        }
+    }
+
+    /// `instance_id:` — what every token of this instance starts with.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// A token never issued before by this instance.
+    pub fn next(&self) -> Bytes {
+        let n = self.seq.fetch_add(1, Ordering::Relaxed);
+        Bytes::from(format!("{}{n}", self.prefix))
+    }
+}
+
+/// Where one connection stands with one lock key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Standing {
+    /// Acquisition sent, reply not seen yet.
+    Trying,
+    /// Acquired (or taken over) by this connection.
+    Held,
+    /// This connection's acquisition failed: someone else held the key.
+    Lost,
+}
+
+/// One connection's record of one lock key.
+#[derive(Debug, Clone)]
+pub struct Acquisition {
+    /// The token of the connection's latest attempt on the key.
+    pub token: Bytes,
+    /// Trying, held or lost.
+    pub standing: Standing,
+    /// When it was acquired (or attempted).
+    pub since: Instant,
+    /// The lease it was granted, in milliseconds (0 if unknown).
+    pub lease_ms: u64,
+}
+
+/// The lock keys one client connection has tried, acquired or lost;
+/// bounded, the oldest record dropped first when full.
+#[derive(Debug)]
+pub struct ConnLocks {
+    map: HashMap<Bytes, Acquisition>,
+    max: usize,
+    /// Records dropped because the table was full.
+    pub evicted: u64,
+}
+
+impl ConnLocks {
+    /// A table holding at most `max` keys.
+    pub fn new(max: usize) -> ConnLocks {
+        ConnLocks {
+            map: HashMap::new(),
+            max: max.max(1),
+            evicted: 0,
+        }
+    }
+
+    /// The token this connection last used for `key`, or empty if none: the
+    /// scripts take an empty token as "this connection never acquired it".
+    pub fn token(&self, key: &[u8]) -> Bytes {
+        self.map.get(key).map(|a| a.token.clone()).unwrap_or_default()
+    }
+
+    /// The record for `key`.
+    pub fn get(&self, key: &[u8]) -> Option<&Acquisition> {
+        self.map.get(key)
+    }
+
+    /// Records a new attempt (or takeover) on `key` with `token`.
+    pub fn attempt(&mut self, key: Bytes, token: Bytes, standing: Standing, lease_ms: u64) {
+        if !self.map.contains_key(&key) && self.map.len() >= self.max {
+            if let Some(oldest) = self.map.iter().min_by_key(|(_, a)| a.since).map(|(k, _)| k.clone()) {
+                self.map.remove(&oldest);
+                self.evicted += 1;
+            }
+        }
+        self.map.insert(
+            key,
+            Acquisition {
+                token,
+                standing,
+                since: Instant::now(),
+                lease_ms,
+            },
+        );
+    }
+
+    /// Sets the standing of `key` if its record still carries `token`.
+    pub fn settle(&mut self, key: &[u8], token: &[u8], standing: Standing, lease_ms: Option<u64>) {
+        if let Some(a) = self.map.get_mut(key) {
+            if a.token == token {
+                a.standing = standing;
+                if standing == Standing::Held {
+                    a.since = Instant::now();
+                }
+                if let Some(ms) = lease_ms {
+                    a.lease_ms = ms;
+                }
+            }
+        }
+    }
+
+    /// Forgets `key` (after a release).
+    pub fn remove(&mut self, key: &[u8]) -> Option<Acquisition> {
+        self.map.remove(key)
+    }
+
+    /// Keys this connection holds now, with their tokens.
+    pub fn held(&self) -> impl Iterator<Item = (&Bytes, &Acquisition)> {
+        self.map.iter().filter(|(_, a)| a.standing == Standing::Held)
+    }
+
+    /// Number of records.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// True when no key is recorded.
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_grow_and_carry_the_instance() {
+        let t = Tokens::new("host:6380");
+        let (a, b) = (t.next(), t.next());
+        assert!(a.starts_with(b"host:6380:"));
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn table_is_bounded() {
+        let mut c = ConnLocks::new(2);
+        for k in ["a", "b", "c"] {
+            c.attempt(Bytes::from(k), Bytes::from("t"), Standing::Held, 10);
+        }
+        assert_eq!(c.len(), 2);
+        assert_eq!(c.evicted, 1);
+        assert!(c.get(b"a").is_none());
+    }
+
+    #[test]
+    fn settle_only_matches_the_same_token() {
+        let mut c = ConnLocks::new(4);
+        c.attempt(Bytes::from("k"), Bytes::from("t1"), Standing::Trying, 10);
+        c.settle(b"k", b"t0", Standing::Held, None);
+        assert_eq!(c.get(b"k").map(|a| a.standing), Some(Standing::Trying));
+        c.settle(b"k", b"t1", Standing::Lost, None);
+        assert_eq!(c.get(b"k").map(|a| a.standing), Some(Standing::Lost));
+    }
+}

@@ -1,0 +1,40 @@
+//! Counters of the lock room.
+
+use std::sync::atomic::AtomicU64;
+
+/// What happened to lock keys. Every refusal and every safety signal counts.
+#[derive(Debug, Default)]
+pub struct LockMetrics {
+    /// Acquisition attempts on lock keys (SETNX, SET NX).
+    pub attempts: AtomicU64,
+    /// Attempts that acquired.
+    pub acquired: AtomicU64,
+    /// Attempts that found the key held.
+    pub contended: AtomicU64,
+    /// Lock keys released by an owner-checked DEL/UNLINK.
+    pub released: AtomicU64,
+    /// DEL/UNLINK on a lock key refused: not the owner.
+    pub release_denied: AtomicU64,
+    /// EXPIRE-family on a lock key refused: not the owner.
+    pub extend_denied: AtomicU64,
+    /// The acquirer released or extended and found its lease had run out
+    /// (the key gone or someone else's): its critical section outlived the
+    /// lease. A safety warning.
+    pub lease_expired_before_release: AtomicU64,
+    /// GETSET / SET / GETDEL / GETEX on a lock key (takeovers).
+    pub takeovers: AtomicU64,
+    /// PERSIST on a lock key, refused.
+    pub persist_refused: AtomicU64,
+    /// SETNX / SET NX on keys outside `locks.keys`, passed through.
+    pub unmatched_setnx: AtomicU64,
+    /// Unmatched prefixes not counted because the table was full.
+    pub unmatched_overflow: AtomicU64,
+    /// Per-connection lock records dropped because the table was full.
+    pub conn_table_evictions: AtomicU64,
+    /// Lock commands inside MULTI (outcome not observed by lockgate).
+    pub in_transaction: AtomicU64,
+    /// Watchdog renewals that extended a lease.
+    pub watchdog_renewals: AtomicU64,
+    /// Locks released because their connection closed.
+    pub released_on_disconnect: AtomicU64,
+}

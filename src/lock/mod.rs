@@ -1,0 +1,414 @@
+//! The lock room: what lockgate does with lock keys. It takes lock
+//! operations ([`ops::LockOp`]) and returns the Redis command that carries
+//! them out plus what to expect back; it never sees client sockets.
+//!
+//! # Safety invariants
+//!
+//! 1. Only keys matching `locks.keys` are ever changed ([`keys`]).
+//! 2. A lock key acquired through lockgate never exists without a lease:
+//!    acquisition is one `SET NX` with a TTL and its owner record, in one
+//!    Lua call ([`script::ACQUIRE`]); `PERSIST` on a lock key is refused;
+//!    the EXPIRE family and takeovers keep a lease.
+//! 3. A release or extension by a connection that acquired the key acts
+//!    only on that exact acquisition (its token); one by a connection that
+//!    never acquired it acts only on acquisitions made through this
+//!    instance; a key without owner record is plain data and is deleted as
+//!    before ([`script::RELEASE`], [`script::EXTEND`]).
+//! 4. Replies keep exactly the shape of the client's command.
+//!
+//! # Layout
+//!
+//! - [`keys`]: lock-key patterns. - [`ops`]: parsing commands into ops.
+//! - [`script`]: the Lua. - [`lease`]: tokens and per-connection records.
+//! - [`metrics`]: counters. - [`watchdog`]: lease renewal and release on
+//!   disconnect over a connection of lockgate's own.
+
+pub mod keys;
+pub mod lease;
+pub mod metrics;
+pub mod ops;
+pub mod script;
+pub mod watchdog;
+
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use dashmap::DashMap;
+
+use crate::config::{Config, LockOverride, Ownership};
+use crate::metrics::{ProxyMetrics, RateLimit};
+use crate::protocol::encode::{self, LocalReply};
+use keys::KeyPatterns;
+use lease::{ConnLocks, Standing, Tokens};
+use metrics::LockMetrics;
+use ops::{LockOp, Ttl};
+
+/// Prefix of owner records: `lockgate:owner:{key}`.
+pub const OWNER_PREFIX: &[u8] = b"lockgate:owner:{";
+
+/// What the writer half must do with the reply to a planned lock command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LockPending {
+    /// An acquisition with `token`.
+    Acquire {
+        /// The lock key.
+        key: Bytes,
+        /// The token tried.
+        token: Bytes,
+    },
+    /// A release of these lock keys.
+    Release {
+        /// The lock keys.
+        keys: Vec<Bytes>,
+    },
+    /// An extension.
+    Extend {
+        /// The lock key.
+        key: Bytes,
+    },
+    /// A takeover with `token`.
+    Takeover {
+        /// The lock key.
+        key: Bytes,
+        /// The new owner token.
+        token: Bytes,
+    },
+}
+
+/// A lock op turned into a Redis command.
+#[derive(Debug)]
+pub struct Planned {
+    /// The `EVAL` command to send on the client's upstream connection.
+    pub command: Bytes,
+    /// What to do with its reply; `None` inside MULTI (reply passed as is).
+    pub pending: Option<LockPending>,
+}
+
+/// The lock service: the only way into the lock room.
+#[derive(Debug)]
+pub struct LockService {
+    patterns: KeyPatterns,
+    overrides: Vec<(KeyPatterns, LockOverride)>,
+    default_lease_ms: u64,
+    any: bool,
+    tokens: Tokens,
+    max_conn_locks: usize,
+    max_unmatched: usize,
+    unmatched: DashMap<Bytes, u64>,
+    /// Lock counters.
+    pub metrics: LockMetrics,
+    lapse_warn: RateLimit,
+    unmatched_warn: RateLimit,
+}
+
+/// Interval between two repeats of the same lock warning.
+const WARN_INTERVAL: Duration = Duration::from_secs(10);
+
+impl LockService {
+    /// The service for a validated configuration.
+    pub fn new(config: &Config) -> LockService {
+        let c = &config.locks;
+        let instance = if c.instance_id.is_empty() {
+            let port = config.proxy.listen.rsplit(':').next().unwrap_or("0");
+            format!("{}:{port}", hostname())
+        } else {
+            c.instance_id.clone()
+        };
+        LockService {
+            patterns: KeyPatterns::new(&c.keys),
+            overrides: c
+                .overrides
+                .iter()
+                .map(|o| (KeyPatterns::new([&o.pattern]), o.clone()))
+                .collect(),
+            default_lease_ms: c.default_lease_ms,
+            any: c.ownership == Ownership::Any,
+            tokens: Tokens::new(&instance),
+            max_conn_locks: c.max_locks_per_connection,
+            max_unmatched: c.max_unmatched_prefixes,
+            unmatched: DashMap::new(),
+            metrics: LockMetrics::default(),
+            lapse_warn: RateLimit::new(WARN_INTERVAL),
+            unmatched_warn: RateLimit::new(WARN_INTERVAL),
+        }
+    }
+
+    /// True when `key` is a lock key.
+    pub fn is_lock_key(&self, key: &[u8]) -> bool {
+        self.patterns.matches(key)
+    }
+
+    /// The per-pattern settings for `key`, if any.
+    pub fn override_for(&self, key: &[u8]) -> Option<&LockOverride> {
+        self.overrides
+            .iter()
+            .find(|(p, _)| p.matches(key))
+            .map(|(_, o)| o)
+    }
+
+    /// The lease for `key` in milliseconds.
+    pub fn lease_ms(&self, key: &[u8]) -> u64 {
+        match self.override_for(key) {
+            Some(o) if o.lease_ms > 0 => o.lease_ms,
+            _ => self.default_lease_ms,
+        }
+    }
+
+    /// True when some pattern has the watchdog on.
+    pub fn has_watchdog(&self) -> bool {
+        self.overrides.iter().any(|(_, o)| o.watchdog)
+    }
+
+    /// True when some pattern releases its locks on disconnect.
+    pub fn has_release_on_disconnect(&self) -> bool {
+        self.overrides.iter().any(|(_, o)| o.release_on_disconnect)
+    }
+
+    /// How often the watchdog looks for locks to renew: a third of the
+    /// shortest watchdog lease, at least 10 ms.
+    pub fn tick_ms(&self) -> u64 {
+        self.overrides
+            .iter()
+            .filter(|(_, o)| o.watchdog)
+            .map(|(_, o)| if o.lease_ms > 0 { o.lease_ms } else { self.default_lease_ms })
+            .min()
+            .unwrap_or(self.default_lease_ms)
+            .div_ceil(3)
+            .max(10)
+    }
+
+    /// `instance_id:`, the prefix of this instance's tokens.
+    pub fn instance_prefix(&self) -> &str {
+        self.tokens.prefix()
+    }
+
+    /// A fresh per-connection record table.
+    pub fn conn_locks(&self) -> ConnLocks {
+        ConnLocks::new(self.max_conn_locks)
+    }
+
+    /// Turns `op` into the Redis command that performs it, recording
+    /// acquisitions in `conn`. `in_multi`: the command will be queued by
+    /// Redis, so its reply must be the bare client reply.
+    pub fn plan(&self, op: LockOp, conn: &mut ConnLocks, in_multi: bool) -> Planned {
+        let info: &[u8] = if in_multi { b"0" } else { b"1" };
+        if in_multi {
+            ProxyMetrics::inc(&self.metrics.in_transaction);
+        }
+        let ownership: &[u8] = if self.any { b"any" } else { b"instance" };
+        let prefix = self.tokens.prefix().as_bytes();
+        let evicted = conn.evicted;
+        let (command, pending) = match op {
+            LockOp::Acquire { key, value, ttl, shape } => {
+                ProxyMetrics::inc(&self.metrics.attempts);
+                let token = self.tokens.next();
+                let lease = self.lease_ms(&key);
+                let (kind, amount) = match &ttl {
+                    Ttl::Default => ("PX", Bytes::from(lease.to_string())),
+                    Ttl::Given(kind, v) => (*kind, v.clone()),
+                };
+                conn.attempt(key.clone(), token.clone(), Standing::Trying, lease);
+                let owner = owner_key(&key);
+                let cmd = eval(
+                    script::ACQUIRE,
+                    &[&key, &owner],
+                    &[info, &value, &token, kind.as_bytes(), &amount, shape.as_str().as_bytes()],
+                );
+                (cmd, LockPending::Acquire { key, token })
+            }
+            LockOp::Release { lock_keys, plain, unlink } => {
+                let n = lock_keys.len().to_string();
+                let owners: Vec<Bytes> = lock_keys.iter().map(|k| owner_key(k)).collect();
+                let tokens: Vec<Bytes> = lock_keys.iter().map(|k| conn.token(k)).collect();
+                let mut keys: Vec<&[u8]> = Vec::new();
+                for (k, o) in lock_keys.iter().zip(&owners) {
+                    keys.push(k);
+                    keys.push(o);
+                }
+                keys.extend(plain.iter().map(|k| &k[..]));
+                let verb: &[u8] = if unlink { b"UNLINK" } else { b"DEL" };
+                let mut argv: Vec<&[u8]> = vec![info, n.as_bytes(), verb, ownership, prefix];
+                argv.extend(tokens.iter().map(|t| &t[..]));
+                let cmd = eval(script::RELEASE, &keys, &argv);
+                (cmd, LockPending::Release { keys: lock_keys })
+            }
+            LockOp::Extend { key, command, args } => {
+                let token = conn.token(&key);
+                let owner = owner_key(&key);
+                let mut argv: Vec<&[u8]> = vec![info, ownership, prefix, &token, command.as_bytes()];
+                argv.extend(args.iter().map(|a| &a[..]));
+                let cmd = eval(script::EXTEND, &[&key, &owner], &argv);
+                (cmd, LockPending::Extend { key })
+            }
+            LockOp::Takeover { key, command, args } => {
+                ProxyMetrics::inc(&self.metrics.takeovers);
+                let token = self.tokens.next();
+                let lease = self.lease_ms(&key);
+                conn.attempt(key.clone(), token.clone(), Standing::Held, lease);
+                let owner = owner_key(&key);
+                let lease_s = lease.to_string();
+                let mut argv: Vec<&[u8]> = vec![info, &token, lease_s.as_bytes(), command.as_bytes()];
+                argv.extend(args.iter().map(|a| &a[..]));
+                let cmd = eval(script::TAKEOVER, &[&key, &owner], &argv);
+                (cmd, LockPending::Takeover { key, token })
+            }
+        };
+        ProxyMetrics::add(&self.metrics.conn_table_evictions, conn.evicted - evicted);
+        Planned {
+            command,
+            pending: (!in_multi).then_some(pending),
+        }
+    }
+
+    /// Learns the outcome of a planned command from the facts its script
+    /// returned after the client's reply (see [`script`]), updating `conn`
+    /// and the counters.
+    pub fn complete(&self, pending: LockPending, facts: &[i64], conn: &mut ConnLocks) {
+        match pending {
+            LockPending::Acquire { key, token } => {
+                let Some(&acquired) = facts.first() else { return };
+                let pttl = facts.get(1).copied().unwrap_or(-1);
+                if acquired == 1 {
+                    ProxyMetrics::inc(&self.metrics.acquired);
+                    conn.settle(&key, &token, Standing::Held, (pttl > 0).then_some(pttl as u64));
+                } else {
+                    ProxyMetrics::inc(&self.metrics.contended);
+                    conn.settle(&key, &token, Standing::Lost, None);
+                }
+            }
+            LockPending::Release { keys } => {
+                let (released, denied, lapsed) = (fact(facts, 0), fact(facts, 1), fact(facts, 2));
+                ProxyMetrics::add(&self.metrics.released, released);
+                ProxyMetrics::add(&self.metrics.release_denied, denied);
+                let mut lapsed_left = lapsed;
+                for key in &keys {
+                    if let Some(rec) = conn.remove(key) {
+                        if lapsed_left > 0 && rec.standing == Standing::Held {
+                            lapsed_left -= 1;
+                            self.lapsed(key, &rec, "release");
+                        }
+                    }
+                }
+            }
+            LockPending::Extend { key } => {
+                let (allowed, lapsed) = (fact(facts, 0), fact(facts, 1));
+                if allowed == 0 {
+                    ProxyMetrics::inc(&self.metrics.extend_denied);
+                }
+                if lapsed > 0 {
+                    if let Some(rec) = conn.get(&key).cloned() {
+                        if rec.standing == Standing::Held {
+                            conn.remove(&key);
+                            self.lapsed(&key, &rec, "extend");
+                        }
+                    }
+                }
+            }
+            LockPending::Takeover { key, token } => {
+                let pttl = facts.first().copied().unwrap_or(-1);
+                if pttl > 0 {
+                    conn.settle(&key, &token, Standing::Held, Some(pttl as u64));
+                } else {
+                    conn.remove(&key);
+                }
+            }
+        }
+    }
+
+    /// Counts and (rate-limited) reports a lease that ran out before its
+    /// holder released or extended it. Never logs values or tokens.
+    fn lapsed(&self, key: &[u8], rec: &lease::Acquisition, during: &str) {
+        ProxyMetrics::inc(&self.metrics.lease_expired_before_release);
+        let held_ms = rec.since.elapsed().as_millis() as u64;
+        let overrun_ms = held_ms.saturating_sub(rec.lease_ms);
+        if let Some(more) = self.lapse_warn.check() {
+            tracing::warn!(
+                key = %String::from_utf8_lossy(key),
+                held_ms,
+                lease_ms = rec.lease_ms,
+                overrun_ms,
+                during,
+                suppressed = more,
+                "lease expired before release: the critical section outlived its lease"
+            );
+        }
+    }
+
+    /// Counts a SETNX / SET NX on a key outside `locks.keys`, by prefix.
+    pub fn note_unmatched(&self, key: &[u8]) {
+        ProxyMetrics::inc(&self.metrics.unmatched_setnx);
+        let prefix = match memchr::memrchr(b':', key) {
+            Some(i) => &key[..i],
+            None => key,
+        };
+        if let Some(mut n) = self.unmatched.get_mut(prefix) {
+            *n += 1;
+        } else if self.unmatched.len() < self.max_unmatched {
+            *self.unmatched.entry(Bytes::copy_from_slice(prefix)).or_insert(0) += 1;
+        } else {
+            ProxyMetrics::inc(&self.metrics.unmatched_overflow);
+        }
+        if let Some(more) = self.unmatched_warn.check() {
+            tracing::warn!(
+                prefix = %String::from_utf8_lossy(prefix),
+                suppressed = more,
+                "SETNX on a key outside locks.keys passed through untouched; add its prefix to locks.keys if it is a lock (LOCKGATE UNMATCHED lists them)"
+            );
+        }
+    }
+
+    /// The most frequent unmatched prefixes, most first.
+    pub fn unmatched_top(&self, n: usize) -> Vec<(Bytes, u64)> {
+        let mut all: Vec<(Bytes, u64)> = self
+            .unmatched
+            .iter()
+            .map(|e| (e.key().clone(), *e.value()))
+            .collect();
+        all.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        all.truncate(n);
+        all
+    }
+
+    /// The refusal of `PERSIST` on a lock key.
+    pub fn refuse_persist(&self, key: &[u8]) -> LocalReply {
+        ProxyMetrics::inc(&self.metrics.persist_refused);
+        LocalReply::err(format!(
+            "lockgate: PERSIST refused on lock key '{}': a lock without a lease never expires if its holder dies",
+            String::from_utf8_lossy(key)
+        ))
+    }
+}
+
+fn fact(facts: &[i64], i: usize) -> u64 {
+    facts.get(i).copied().unwrap_or(0).max(0) as u64
+}
+
+/// `lockgate:owner:{key}`.
+pub fn owner_key(key: &[u8]) -> Bytes {
+    let mut k = BytesMut::with_capacity(OWNER_PREFIX.len() + key.len() + 1);
+    k.extend_from_slice(OWNER_PREFIX);
+    k.extend_from_slice(key);
+    k.extend_from_slice(b"}");
+    k.freeze()
+}
+
+/// `EVAL script numkeys keys… argv…` as RESP.
+fn eval(script: &str, keys: &[&[u8]], argv: &[&[u8]]) -> Bytes {
+    let numkeys = keys.len().to_string();
+    let mut args: Vec<&[u8]> = Vec::with_capacity(3 + keys.len() + argv.len());
+    args.push(b"EVAL");
+    args.push(script.as_bytes());
+    args.push(numkeys.as_bytes());
+    args.extend_from_slice(keys);
+    args.extend_from_slice(argv);
+    encode::command(&args)
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "lockgate".to_string())
+}

@@ -1,0 +1,199 @@
+//! Lock operations: what a client command on a lock key means, parsed from
+//! its arguments. Pure; anything that does not parse cleanly is left to
+//! Redis (passed through), which then answers with its own error.
+
+use bytes::Bytes;
+
+/// The lease a lock is acquired with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ttl {
+    /// The configured lease for the key (`default_lease_ms` or an override).
+    Default,
+    /// The client's own: `EX`, `PX`, `EXAT` or `PXAT` with its value.
+    Given(&'static str, Bytes),
+}
+
+/// What the client expects back from an acquisition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    /// `SETNX`: `:1` / `:0`.
+    SetNx,
+    /// `SET … NX`: `+OK` / nil.
+    Set,
+    /// `SET … NX GET`: the old value / nil.
+    SetGet,
+}
+
+impl Shape {
+    /// The name the acquire script knows the shape by.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Shape::SetNx => "setnx",
+            Shape::Set => "set",
+            Shape::SetGet => "setget",
+        }
+    }
+}
+
+/// One operation on lock keys.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LockOp {
+    /// `SETNX k v`, `SET k v NX …`: atomic lease + owner record.
+    Acquire {
+        /// The lock key.
+        key: Bytes,
+        /// The client's value, stored unchanged.
+        value: Bytes,
+        /// The lease.
+        ttl: Ttl,
+        /// The reply shape.
+        shape: Shape,
+    },
+    /// `DEL`/`UNLINK`: owner-checked for lock keys, plain for the others.
+    Release {
+        /// Lock keys, each owner-checked.
+        lock_keys: Vec<Bytes>,
+        /// Ordinary keys of the same command, deleted as usual.
+        plain: Vec<Bytes>,
+        /// `UNLINK` rather than `DEL`.
+        unlink: bool,
+    },
+    /// `EXPIRE`/`PEXPIRE`/`EXPIREAT`/`PEXPIREAT k …`: owner-checked, the lock
+    /// and owner record move together.
+    Extend {
+        /// The lock key.
+        key: Bytes,
+        /// The command name, uppercase.
+        command: &'static str,
+        /// Its arguments after the key.
+        args: Vec<Bytes>,
+    },
+    /// `GETSET`, `SET` without NX, `GETDEL`, `GETEX`: the value and owner
+    /// record change together, the lease is kept.
+    Takeover {
+        /// The lock key.
+        key: Bytes,
+        /// The command name, uppercase.
+        command: &'static str,
+        /// Its arguments after the key.
+        args: Vec<Bytes>,
+    },
+}
+
+/// Parses the options of `SET key value [opts…]` on a lock key.
+pub fn parse_set(args: &[&[u8]]) -> Option<LockOp> {
+    let (key, value) = (args.get(1)?, args.get(2)?);
+    let (mut nx, mut xx, mut get, mut keepttl) = (false, false, false, false);
+    let mut ttl: Option<(&'static str, Bytes)> = None;
+    let mut i = 3;
+    while i < args.len() {
+        let opt = args[i].to_ascii_uppercase();
+        match opt.as_slice() {
+            b"NX" => nx = true,
+            b"XX" => xx = true,
+            b"GET" => get = true,
+            b"KEEPTTL" => keepttl = true,
+            b"EX" | b"PX" | b"EXAT" | b"PXAT" => {
+                if ttl.is_some() {
+                    return None;
+                }
+                let kind = match opt.as_slice() {
+                    b"EX" => "EX",
+                    b"PX" => "PX",
+                    b"EXAT" => "EXAT",
+                    _ => "PXAT",
+                };
+                ttl = Some((kind, Bytes::copy_from_slice(args.get(i + 1)?)));
+                i += 1;
+            }
+            _ => return None,
+        }
+        i += 1;
+    }
+    if (nx && xx) || (keepttl && ttl.is_some()) {
+        return None;
+    }
+    if !nx {
+        return Some(LockOp::Takeover {
+            key: Bytes::copy_from_slice(key),
+            command: "SET",
+            args: args[2..].iter().map(|a| Bytes::copy_from_slice(a)).collect(),
+        });
+    }
+    Some(LockOp::Acquire {
+        key: Bytes::copy_from_slice(key),
+        value: Bytes::copy_from_slice(value),
+        ttl: match ttl {
+            Some((kind, v)) => Ttl::Given(kind, v),
+            None => Ttl::Default,
+        },
+        shape: if get { Shape::SetGet } else { Shape::Set },
+    })
+}
+
+/// `SETNX key value`.
+pub fn parse_setnx(args: &[&[u8]]) -> Option<LockOp> {
+    if args.len() != 3 {
+        return None;
+    }
+    Some(LockOp::Acquire {
+        key: Bytes::copy_from_slice(args[1]),
+        value: Bytes::copy_from_slice(args[2]),
+        ttl: Ttl::Default,
+        shape: Shape::SetNx,
+    })
+}
+
+/// A command whose first argument is the key, kept whole (`command` is the
+/// uppercase name), as an extension or a takeover.
+pub fn keyed(args: &[&[u8]], command: &'static str, extend: bool) -> Option<LockOp> {
+    let key = Bytes::copy_from_slice(args.get(1)?);
+    let rest = args[2..].iter().map(|a| Bytes::copy_from_slice(a)).collect();
+    Some(if extend {
+        LockOp::Extend {
+            key,
+            command,
+            args: rest,
+        }
+    } else {
+        LockOp::Takeover {
+            key,
+            command,
+            args: rest,
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn a(s: &str) -> Vec<&[u8]> {
+        s.split(' ').map(|w| w.as_bytes()).collect()
+    }
+
+    #[test]
+    fn set_variants() {
+        match parse_set(&a("SET k v nx px 500")) {
+            Some(LockOp::Acquire { ttl: Ttl::Given("PX", v), shape: Shape::Set, .. }) => {
+                assert_eq!(&v[..], b"500")
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            parse_set(&a("SET k v NX GET")),
+            Some(LockOp::Acquire { ttl: Ttl::Default, shape: Shape::SetGet, .. })
+        ));
+        assert!(matches!(parse_set(&a("SET k v")), Some(LockOp::Takeover { command: "SET", .. })));
+        assert_eq!(parse_set(&a("SET k v NX XX")), None);
+        assert_eq!(parse_set(&a("SET k v NX EX 1 PX 2")), None);
+        assert_eq!(parse_set(&a("SET k v NX EX")), None);
+        assert_eq!(parse_set(&a("SET k v BOGUS")), None);
+    }
+
+    #[test]
+    fn setnx_arity() {
+        assert!(parse_setnx(&a("SETNX k v")).is_some());
+        assert!(parse_setnx(&a("SETNX k")).is_none());
+    }
+}

@@ -1,0 +1,164 @@
+//! The Lua scripts lock operations run as, on the client's own upstream
+//! connection (so their replies keep their place in the pipeline for free).
+//! Each script is one atomic step on Redis: a lock key never exists without
+//! a lease, and it never changes without its owner record.
+//!
+//! Every script takes `ARGV[1]`: `"1"` asks for `{reply, facts…}` so the
+//! lock layer can learn the outcome (acquired? denied? lease lapsed?); the
+//! writer half unwraps `reply` for the client. `"0"` (inside `MULTI`, where
+//! Redis queues the call and `EXEC` returns an array the client expects
+//! unchanged) returns just `reply`. `reply` always has exactly the shape the
+//! client's original command returns.
+//!
+//! Owner records (`lockgate:owner:{key}`) hold the acquisition token
+//! `instance_id:seq` and carry the lock's lease.
+
+/// Acquire: `SET k v NX <ttl>` plus the owner record, atomically.
+/// KEYS: lock, owner record. ARGV: info, value, token, ttl kind
+/// (`PX`/`EX`/`PXAT`/`EXAT`), ttl, shape (`setnx` → 1/0, `set` → OK/nil,
+/// `setget` → old value). Facts: acquired (1/0), the key's PTTL afterwards
+/// (the holder's remaining lease when not acquired).
+pub const ACQUIRE: &str = r#"
+local old = false
+if ARGV[6] == 'setget' then
+  old = redis.pcall('GET', KEYS[1])
+  if type(old) == 'table' and old.err then return old end
+end
+local ok = redis.pcall('SET', KEYS[1], ARGV[2], 'NX', ARGV[4], ARGV[5])
+if type(ok) == 'table' and ok.err then return ok end
+local acquired = 0
+local pttl = redis.call('PTTL', KEYS[1])
+if ok then
+  acquired = 1
+  if pttl > 0 then redis.call('SET', KEYS[2], ARGV[3], 'PX', pttl) end
+end
+local reply = old
+if ARGV[6] == 'setnx' then reply = acquired elseif ARGV[6] == 'set' then reply = ok end
+if ARGV[1] == '1' then return {reply, acquired, pttl} end
+return reply
+"#;
+
+/// Owner-checked release for `DEL`/`UNLINK`.
+/// KEYS: n pairs (lock key, owner record), then ordinary keys.
+/// ARGV: info, n, command (`DEL`/`UNLINK`), ownership (`instance`/`any`),
+/// instance prefix (`id:`), then n tokens (`''` = this connection never
+/// acquired that key). A key with no owner record (set directly on Redis) is
+/// deleted as before, unless this connection acquired it (then its lease
+/// lapsed and the key, if any, is someone else's).
+/// Reply: the number deleted, as DEL. Facts: released, denied, lapsed.
+pub const RELEASE: &str = r#"
+local n = tonumber(ARGV[2])
+local cmd, any, prefix = ARGV[3], ARGV[4] == 'any', ARGV[5]
+local total, released, denied, lapsed = 0, 0, 0, 0
+for i = 1, n do
+  local key, rec, tok = KEYS[2 * i - 1], KEYS[2 * i], ARGV[5 + i]
+  local owner = redis.call('GET', rec)
+  local allowed
+  if any then
+    allowed = true
+  elseif not owner then
+    allowed = tok == ''
+    if not allowed then lapsed = lapsed + 1 end
+  elseif tok ~= '' then
+    allowed = owner == tok
+    if not allowed then lapsed = lapsed + 1 end
+  else
+    allowed = string.sub(owner, 1, #prefix) == prefix
+  end
+  if allowed then
+    local d = redis.call(cmd, key)
+    total = total + d
+    if owner then
+      redis.call(cmd, rec)
+      released = released + d
+    end
+  else
+    denied = denied + 1
+  end
+end
+if #KEYS > 2 * n then total = total + redis.call(cmd, unpack(KEYS, 2 * n + 1)) end
+if ARGV[1] == '1' then return {total, released, denied, lapsed} end
+return total
+"#;
+
+/// Owner-checked `EXPIRE`/`PEXPIRE`/`EXPIREAT`/`PEXPIREAT`: the lock and its
+/// owner record move together. KEYS: lock, owner record. ARGV: info,
+/// ownership, instance prefix, token, command, its arguments after the key.
+/// Reply: as the command (0 when refused). Facts: allowed (1/0), lapsed.
+pub const EXTEND: &str = r#"
+local owner = redis.call('GET', KEYS[2])
+local tok, prefix = ARGV[4], ARGV[3]
+local allowed, lapsed = true, 0
+if ARGV[2] == 'any' then
+  allowed = true
+elseif not owner then
+  if tok ~= '' then allowed = false; lapsed = 1 end
+elseif tok ~= '' then
+  allowed = owner == tok
+  if not allowed then lapsed = 1 end
+else
+  allowed = string.sub(owner, 1, #prefix) == prefix
+end
+local reply = 0
+if allowed then
+  reply = redis.pcall(ARGV[5], KEYS[1], unpack(ARGV, 6))
+  if type(reply) == 'table' and reply.err then return reply end
+  if owner then
+    local pttl = redis.call('PTTL', KEYS[1])
+    if pttl > 0 then
+      redis.call('PEXPIRE', KEYS[2], pttl)
+    elseif pttl == -2 then
+      redis.call('DEL', KEYS[2])
+    end
+  end
+end
+if ARGV[1] == '1' then return {reply, allowed and 1 or 0, lapsed} end
+return reply
+"#;
+
+/// Takeover for `GETSET`, `SET` without NX, `GETDEL`, `GETEX`: run the
+/// command, keep the lease it had (or give the default if it had none), and
+/// make the owner record this connection's. KEYS: lock, owner record.
+/// ARGV: info, token, default lease ms, command, its arguments after the
+/// key. Reply: as the command. Facts: the key's PTTL afterwards.
+pub const TAKEOVER: &str = r#"
+local before = redis.call('PTTL', KEYS[1])
+local reply = redis.pcall(ARGV[4], KEYS[1], unpack(ARGV, 5))
+if type(reply) == 'table' and reply.err then return reply end
+local after = redis.call('PTTL', KEYS[1])
+if after == -1 then
+  local lease = tonumber(ARGV[3])
+  if before > 0 then lease = before end
+  redis.call('PEXPIRE', KEYS[1], lease)
+  after = lease
+end
+if after > 0 then
+  redis.call('SET', KEYS[2], ARGV[2], 'PX', after)
+else
+  redis.call('DEL', KEYS[2])
+end
+if ARGV[1] == '1' then return {reply, after} end
+return reply
+"#;
+
+/// Renewal by the watchdog: extend only if the owner record still holds
+/// this token. KEYS: lock, owner record. ARGV: token, lease ms.
+/// Reply: 1 renewed, 0 not ours any more.
+pub const RENEW: &str = r#"
+if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('PEXPIRE', KEYS[2], ARGV[2])
+return 1
+"#;
+
+/// Release by token only (release on disconnect). KEYS: lock, owner record.
+/// ARGV: token. Reply: 1 released, 0 not ours.
+pub const RELEASE_TOKEN: &str = r#"
+if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1], KEYS[2])
+return 1
+"#;
+
+/// A fixed error reply, for refusals that must take a command's place in a
+/// transaction. ARGV: the error text (with its code).
+pub const ERROR: &str = "return redis.error_reply(ARGV[1])";
