@@ -24,7 +24,10 @@ pub fn handle(ctx: &ServerContext, args: CommandArgs<'_>) -> LocalReply {
                     .unmatched_top(n)
                     .into_iter()
                     .map(|(prefix, count)| {
-                        LocalReply::Array(vec![LocalReply::Bulk(prefix), LocalReply::Integer(count as i64)])
+                        LocalReply::Array(vec![
+                            LocalReply::Bulk(prefix),
+                            LocalReply::Integer(count as i64),
+                        ])
                     })
                     .collect(),
             )
@@ -63,7 +66,10 @@ fn stats(ctx: &ServerContext) -> LocalReply {
         ("lock_released", &l.released),
         ("lock_release_denied", &l.release_denied),
         ("lock_extend_denied", &l.extend_denied),
-        ("lock_lease_expired_before_release", &l.lease_expired_before_release),
+        (
+            "lock_lease_expired_before_release",
+            &l.lease_expired_before_release,
+        ),
         ("lock_takeovers", &l.takeovers),
         ("lock_persist_refused", &l.persist_refused),
         ("lock_unmatched_setnx", &l.unmatched_setnx),

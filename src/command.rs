@@ -116,7 +116,10 @@ mod tests {
         );
         assert_eq!(classify(b"CLIENT", b"REPLY", b"ON"), CommandKind::Other);
         assert_eq!(classify(b"GET", b"k", b""), CommandKind::Other);
-        assert_eq!(classify(b"pexpireat", b"k", b"1"), CommandKind::Expire("PEXPIREAT"));
+        assert_eq!(
+            classify(b"pexpireat", b"k", b"1"),
+            CommandKind::Expire("PEXPIREAT")
+        );
         assert_eq!(classify(b"setnx", b"k", b"v"), CommandKind::SetNx);
         assert_eq!(classify(&[b'A'; 40], b"", b""), CommandKind::Other);
     }

@@ -153,8 +153,15 @@ impl Default for LocksConfig {
     fn default() -> Self {
         LocksConfig {
             keys: [
-                "lock:*", "lock_*", "locks:*", "*:lock", "*:lock:*", "*_lock", "*:locks:*",
-                "mutex:*", "*:mutex",
+                "lock:*",
+                "lock_*",
+                "locks:*",
+                "*:lock",
+                "*:lock:*",
+                "*_lock",
+                "*:locks:*",
+                "mutex:*",
+                "*:mutex",
             ]
             .iter()
             .map(|s| s.to_string())
@@ -285,7 +292,10 @@ impl Config {
             return Err(invalid("limits.max_inline_bytes", "must be at least 16"));
         }
         positive("locks.default_lease_ms", self.locks.default_lease_ms)?;
-        positive("locks.max_locks_per_connection", self.locks.max_locks_per_connection as u64)?;
+        positive(
+            "locks.max_locks_per_connection",
+            self.locks.max_locks_per_connection as u64,
+        )?;
         if self.locks.keys.iter().any(|k| k.is_empty()) {
             return Err(invalid("locks.keys", "patterns must not be empty"));
         }
@@ -297,7 +307,10 @@ impl Config {
                 return Err(invalid("locks.overrides.pattern", "must not be empty"));
             }
             if o.watchdog && o.max_hold_ms == 0 {
-                return Err(invalid("locks.overrides.max_hold_ms", "must be > 0 with watchdog"));
+                return Err(invalid(
+                    "locks.overrides.max_hold_ms",
+                    "must be > 0 with watchdog",
+                ));
             }
         }
         if self.limits.max_request_bytes < self.limits.max_bulk_bytes {

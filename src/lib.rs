@@ -3,8 +3,9 @@
 //!
 //! An app points its Redis client at lockgate instead of Redis. lockgate
 //! speaks RESP, passes every ordinary command through byte for byte on a
-//! dedicated upstream connection per client, and (in later layers) takes
-//! over commands on lock keys. The product and its semantics are in
+//! dedicated upstream connection per client, and takes over commands on
+//! lock keys: a bare `SETNX` becomes an atomic lease with an owner record,
+//! and releases and extensions are owner-checked. The product and its semantics are in
 //! `DESIGN.md` of the project's shared folder.
 //!
 //! # Layout
@@ -24,9 +25,17 @@
 //!   commands, multibulk and inline, limits checked on headers),
 //!   [`protocol::reply`] (resumable frame scanner for RESP2/RESP3 replies),
 //!   [`protocol::encode`] (replies lockgate writes).
-//! - [`command`]: the command table (which commands change the reply flow).
-//! - [`router`]: pure `(command, session view) → Route`; the seam where lock
-//!   keys will be intercepted.
+//! - [`command`]: the command table (which commands change the reply flow,
+//!   which can touch locks).
+//! - [`router`]: pure `(command, session view, lock patterns) → Route`:
+//!   forward, lock operation, refusal, or admin.
+//! - [`lock`]: the lock room, which never sees sockets: [`lock::keys`]
+//!   (patterns), [`lock::ops`] (commands → ops), [`lock::script`] (the Lua),
+//!   [`lock::lease`] (tokens, per-connection records), [`lock::watchdog`]
+//!   (renewal, release on disconnect over lockgate's own connection),
+//!   [`lock::LockService`] (plan an op, learn its outcome; states the
+//!   safety invariants).
+//! - [`admin`]: `LOCKGATE STATS | UNMATCHED [n]` over RESP.
 //! - [`upstream`]: connecting to the primary, with a timeout and a precise
 //!   error.
 //! - [`metrics`]: counters and the rate limit for repeated warnings.
@@ -39,7 +48,14 @@
 //! client's own bytes to Redis (one write per read batch) → Redis replies →
 //! [`session::writer`] finds frame ends with [`protocol::reply`], matches
 //! them to entries, and copies the bytes to the client, with lockgate's own
-//! replies (errors, later lock replies) written in their place in the order.
+//! replies (errors, admin answers) written in their place in the order.
+//!
+//! A command on a lock key takes the same road with one detour: the router
+//! returns [`router::Route::Lock`], [`lock::LockService::plan`] turns it into
+//! an `EVAL` that goes up the client's own connection in the command's
+//! place (so order costs nothing), and the writer unwraps the script's
+//! `{reply, facts}` answer: the reply goes to the client with exactly the
+//! original command's shape, the facts to [`lock::LockService::complete`].
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]

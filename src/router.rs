@@ -89,7 +89,12 @@ impl<'a> CommandArgs<'a> {
 }
 
 /// Decides the route of one non-empty command of kind `kind`.
-pub fn route(kind: CommandKind, args: CommandArgs<'_>, view: &SessionView, locks: &LockService) -> Route {
+pub fn route(
+    kind: CommandKind,
+    args: CommandArgs<'_>,
+    view: &SessionView,
+    locks: &LockService,
+) -> Route {
     if kind == CommandKind::Reset {
         return Route::Forward(Expect::Reset);
     }
@@ -100,9 +105,10 @@ pub fn route(kind: CommandKind, args: CommandArgs<'_>, view: &SessionView, locks
     let lock_key = || args.len() > 1 && locks.is_lock_key(key);
     let lock_op = |op: Option<LockOp>| op.map_or(Route::Forward(Expect::One), Route::Lock);
     match kind {
-        CommandKind::Subscribe | CommandKind::Monitor | CommandKind::ClientReplyOff | CommandKind::Sync => {
-            Route::Forward(Expect::EnterRaw)
-        }
+        CommandKind::Subscribe
+        | CommandKind::Monitor
+        | CommandKind::ClientReplyOff
+        | CommandKind::Sync => Route::Forward(Expect::EnterRaw),
         CommandKind::Hello if !view.in_multi => Route::Forward(Expect::Hello),
         CommandKind::Lockgate if !view.in_multi => Route::Admin,
         CommandKind::SetNx if args.len() == 3 => {
@@ -139,8 +145,14 @@ pub fn route(kind: CommandKind, args: CommandArgs<'_>, view: &SessionView, locks
             let (lock_keys, plain): (Vec<&[u8]>, Vec<&[u8]>) =
                 keys.iter().partition(|k| locks.is_lock_key(k));
             Route::Lock(LockOp::Release {
-                lock_keys: lock_keys.iter().map(|k| bytes::Bytes::copy_from_slice(k)).collect(),
-                plain: plain.iter().map(|k| bytes::Bytes::copy_from_slice(k)).collect(),
+                lock_keys: lock_keys
+                    .iter()
+                    .map(|k| bytes::Bytes::copy_from_slice(k))
+                    .collect(),
+                plain: plain
+                    .iter()
+                    .map(|k| bytes::Bytes::copy_from_slice(k))
+                    .collect(),
                 unlink: kind == CommandKind::Unlink,
             })
         }
@@ -194,7 +206,10 @@ mod tests {
         let r = routed("SUBSCRIBE ch", &v);
         assert_eq!(r, Route::Forward(Expect::EnterRaw));
         let v = v.after(CommandKind::Subscribe, &r);
-        assert_eq!(routed("SETNX lock:a 1", &v), Route::Forward(Expect::Nothing));
+        assert_eq!(
+            routed("SETNX lock:a 1", &v),
+            Route::Forward(Expect::Nothing)
+        );
         let r = routed("RESET", &v);
         assert_eq!(r, Route::Forward(Expect::Reset));
         assert_eq!(v.after(CommandKind::Reset, &r), SessionView::default());
@@ -203,7 +218,10 @@ mod tests {
     #[test]
     fn lock_keys_only() {
         let v = SessionView::default();
-        assert!(matches!(routed("SETNX lock:a 1", &v), Route::Lock(LockOp::Acquire { .. })));
+        assert!(matches!(
+            routed("SETNX lock:a 1", &v),
+            Route::Lock(LockOp::Acquire { .. })
+        ));
         assert_eq!(routed("SETNX user:1:visits 0", &v), Route::ForwardUnmatched);
         assert_eq!(routed("SET user:1 x NX", &v), Route::ForwardUnmatched);
         assert_eq!(routed("SET user:1 x", &v), Route::Forward(Expect::One));
@@ -211,12 +229,22 @@ mod tests {
         assert_eq!(routed("PERSIST user:1", &v), Route::Forward(Expect::One));
         assert_eq!(routed("DEL a b", &v), Route::Forward(Expect::One));
         match routed("DEL a lock:b", &v) {
-            Route::Lock(LockOp::Release { lock_keys, plain, unlink: false }) => {
+            Route::Lock(LockOp::Release {
+                lock_keys,
+                plain,
+                unlink: false,
+            }) => {
                 assert_eq!((lock_keys.len(), plain.len()), (1, 1))
             }
             other => panic!("{other:?}"),
         }
-        assert!(matches!(routed("PEXPIRE lock:a 10", &v), Route::Lock(LockOp::Extend { command: "PEXPIRE", .. })));
+        assert!(matches!(
+            routed("PEXPIRE lock:a 10", &v),
+            Route::Lock(LockOp::Extend {
+                command: "PEXPIRE",
+                ..
+            })
+        ));
         assert_eq!(routed("LOCKGATE UNMATCHED", &v), Route::Admin);
     }
 
@@ -225,6 +253,9 @@ mod tests {
         let v = SessionView::default().after(CommandKind::Multi, &Route::Forward(Expect::One));
         assert!(v.in_multi);
         assert_eq!(routed("HELLO 3", &v), Route::Forward(Expect::One));
-        assert!(!v.after(CommandKind::Exec, &Route::Forward(Expect::One)).in_multi);
+        assert!(
+            !v.after(CommandKind::Exec, &Route::Forward(Expect::One))
+                .in_multi
+        );
     }
 }

@@ -64,13 +64,12 @@ pub fn glob_match(pattern: &[u8], text: &[u8]) -> bool {
                         }
                     }
                 }
-                b'\\' if p + 1 < pattern.len() => {
-                    if pattern[p + 1] == text[t] {
-                        p += 2;
-                        t += 1;
-                        continue;
-                    }
+                b'\\' if p + 1 < pattern.len() && pattern[p + 1] == text[t] => {
+                    p += 2;
+                    t += 1;
+                    continue;
                 }
+                b'\\' if p + 1 < pattern.len() => {}
                 c if c == text[t] => {
                     p += 1;
                     t += 1;
@@ -106,7 +105,10 @@ fn class_match(pattern: &[u8], open: usize, c: u8) -> Option<(bool, usize)> {
             matched |= pattern[i + 1] == c;
             i += 2;
         } else if i + 2 < pattern.len() && pattern[i + 1] == b'-' && pattern[i + 2] != b']' {
-            let (lo, hi) = (pattern[i].min(pattern[i + 2]), pattern[i].max(pattern[i + 2]));
+            let (lo, hi) = (
+                pattern[i].min(pattern[i + 2]),
+                pattern[i].max(pattern[i + 2]),
+            );
             matched |= (lo..=hi).contains(&c);
             i += 3;
         } else {

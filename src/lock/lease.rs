@@ -89,7 +89,10 @@ impl ConnLocks {
     /// The token this connection last used for `key`, or empty if none: the
     /// scripts take an empty token as "this connection never acquired it".
     pub fn token(&self, key: &[u8]) -> Bytes {
-        self.map.get(key).map(|a| a.token.clone()).unwrap_or_default()
+        self.map
+            .get(key)
+            .map(|a| a.token.clone())
+            .unwrap_or_default()
     }
 
     /// The record for `key`.
@@ -100,7 +103,12 @@ impl ConnLocks {
     /// Records a new attempt (or takeover) on `key` with `token`.
     pub fn attempt(&mut self, key: Bytes, token: Bytes, standing: Standing, lease_ms: u64) {
         if !self.map.contains_key(&key) && self.map.len() >= self.max {
-            if let Some(oldest) = self.map.iter().min_by_key(|(_, a)| a.since).map(|(k, _)| k.clone()) {
+            if let Some(oldest) = self
+                .map
+                .iter()
+                .min_by_key(|(_, a)| a.since)
+                .map(|(k, _)| k.clone())
+            {
                 self.map.remove(&oldest);
                 self.evicted += 1;
             }
@@ -138,7 +146,9 @@ impl ConnLocks {
 
     /// Keys this connection holds now, with their tokens.
     pub fn held(&self) -> impl Iterator<Item = (&Bytes, &Acquisition)> {
-        self.map.iter().filter(|(_, a)| a.standing == Standing::Held)
+        self.map
+            .iter()
+            .filter(|(_, a)| a.standing == Standing::Held)
     }
 
     /// Number of records.

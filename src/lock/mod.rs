@@ -170,7 +170,13 @@ impl LockService {
         self.overrides
             .iter()
             .filter(|(_, o)| o.watchdog)
-            .map(|(_, o)| if o.lease_ms > 0 { o.lease_ms } else { self.default_lease_ms })
+            .map(|(_, o)| {
+                if o.lease_ms > 0 {
+                    o.lease_ms
+                } else {
+                    self.default_lease_ms
+                }
+            })
             .min()
             .unwrap_or(self.default_lease_ms)
             .div_ceil(3)
@@ -199,7 +205,12 @@ impl LockService {
         let prefix = self.tokens.prefix().as_bytes();
         let evicted = conn.evicted;
         let (command, pending) = match op {
-            LockOp::Acquire { key, value, ttl, shape } => {
+            LockOp::Acquire {
+                key,
+                value,
+                ttl,
+                shape,
+            } => {
                 ProxyMetrics::inc(&self.metrics.attempts);
                 let token = self.tokens.next();
                 let lease = self.lease_ms(&key);
@@ -212,11 +223,22 @@ impl LockService {
                 let cmd = eval(
                     script::ACQUIRE,
                     &[&key, &owner],
-                    &[info, &value, &token, kind.as_bytes(), &amount, shape.as_str().as_bytes()],
+                    &[
+                        info,
+                        &value,
+                        &token,
+                        kind.as_bytes(),
+                        &amount,
+                        shape.as_str().as_bytes(),
+                    ],
                 );
                 (cmd, LockPending::Acquire { key, token })
             }
-            LockOp::Release { lock_keys, plain, unlink } => {
+            LockOp::Release {
+                lock_keys,
+                plain,
+                unlink,
+            } => {
                 let n = lock_keys.len().to_string();
                 let owners: Vec<Bytes> = lock_keys.iter().map(|k| owner_key(k)).collect();
                 let tokens: Vec<Bytes> = lock_keys.iter().map(|k| conn.token(k)).collect();
@@ -235,7 +257,8 @@ impl LockService {
             LockOp::Extend { key, command, args } => {
                 let token = conn.token(&key);
                 let owner = owner_key(&key);
-                let mut argv: Vec<&[u8]> = vec![info, ownership, prefix, &token, command.as_bytes()];
+                let mut argv: Vec<&[u8]> =
+                    vec![info, ownership, prefix, &token, command.as_bytes()];
                 argv.extend(args.iter().map(|a| &a[..]));
                 let cmd = eval(script::EXTEND, &[&key, &owner], &argv);
                 (cmd, LockPending::Extend { key })
@@ -247,7 +270,8 @@ impl LockService {
                 conn.attempt(key.clone(), token.clone(), Standing::Held, lease);
                 let owner = owner_key(&key);
                 let lease_s = lease.to_string();
-                let mut argv: Vec<&[u8]> = vec![info, &token, lease_s.as_bytes(), command.as_bytes()];
+                let mut argv: Vec<&[u8]> =
+                    vec![info, &token, lease_s.as_bytes(), command.as_bytes()];
                 argv.extend(args.iter().map(|a| &a[..]));
                 let cmd = eval(script::TAKEOVER, &[&key, &owner], &argv);
                 (cmd, LockPending::Takeover { key, token })
@@ -266,11 +290,18 @@ impl LockService {
     pub fn complete(&self, pending: LockPending, facts: &[i64], conn: &mut ConnLocks) {
         match pending {
             LockPending::Acquire { key, token } => {
-                let Some(&acquired) = facts.first() else { return };
+                let Some(&acquired) = facts.first() else {
+                    return;
+                };
                 let pttl = facts.get(1).copied().unwrap_or(-1);
                 if acquired == 1 {
                     ProxyMetrics::inc(&self.metrics.acquired);
-                    conn.settle(&key, &token, Standing::Held, (pttl > 0).then_some(pttl as u64));
+                    conn.settle(
+                        &key,
+                        &token,
+                        Standing::Held,
+                        (pttl > 0).then_some(pttl as u64),
+                    );
                 } else {
                     ProxyMetrics::inc(&self.metrics.contended);
                     conn.settle(&key, &token, Standing::Lost, None);
@@ -344,7 +375,10 @@ impl LockService {
         if let Some(mut n) = self.unmatched.get_mut(prefix) {
             *n += 1;
         } else if self.unmatched.len() < self.max_unmatched {
-            *self.unmatched.entry(Bytes::copy_from_slice(prefix)).or_insert(0) += 1;
+            *self
+                .unmatched
+                .entry(Bytes::copy_from_slice(prefix))
+                .or_insert(0) += 1;
         } else {
             ProxyMetrics::inc(&self.metrics.unmatched_overflow);
         }

@@ -117,7 +117,10 @@ pub fn parse_set(args: &[&[u8]]) -> Option<LockOp> {
         return Some(LockOp::Takeover {
             key: Bytes::copy_from_slice(key),
             command: "SET",
-            args: args[2..].iter().map(|a| Bytes::copy_from_slice(a)).collect(),
+            args: args[2..]
+                .iter()
+                .map(|a| Bytes::copy_from_slice(a))
+                .collect(),
         });
     }
     Some(LockOp::Acquire {
@@ -148,7 +151,10 @@ pub fn parse_setnx(args: &[&[u8]]) -> Option<LockOp> {
 /// uppercase name), as an extension or a takeover.
 pub fn keyed(args: &[&[u8]], command: &'static str, extend: bool) -> Option<LockOp> {
     let key = Bytes::copy_from_slice(args.get(1)?);
-    let rest = args[2..].iter().map(|a| Bytes::copy_from_slice(a)).collect();
+    let rest = args[2..]
+        .iter()
+        .map(|a| Bytes::copy_from_slice(a))
+        .collect();
     Some(if extend {
         LockOp::Extend {
             key,
@@ -175,16 +181,27 @@ mod tests {
     #[test]
     fn set_variants() {
         match parse_set(&a("SET k v nx px 500")) {
-            Some(LockOp::Acquire { ttl: Ttl::Given("PX", v), shape: Shape::Set, .. }) => {
+            Some(LockOp::Acquire {
+                ttl: Ttl::Given("PX", v),
+                shape: Shape::Set,
+                ..
+            }) => {
                 assert_eq!(&v[..], b"500")
             }
             other => panic!("{other:?}"),
         }
         assert!(matches!(
             parse_set(&a("SET k v NX GET")),
-            Some(LockOp::Acquire { ttl: Ttl::Default, shape: Shape::SetGet, .. })
+            Some(LockOp::Acquire {
+                ttl: Ttl::Default,
+                shape: Shape::SetGet,
+                ..
+            })
         ));
-        assert!(matches!(parse_set(&a("SET k v")), Some(LockOp::Takeover { command: "SET", .. })));
+        assert!(matches!(
+            parse_set(&a("SET k v")),
+            Some(LockOp::Takeover { command: "SET", .. })
+        ));
         assert_eq!(parse_set(&a("SET k v NX XX")), None);
         assert_eq!(parse_set(&a("SET k v NX EX 1 PX 2")), None);
         assert_eq!(parse_set(&a("SET k v NX EX")), None);

@@ -66,7 +66,9 @@ impl Background {
                 args.push(self.config.password.as_bytes());
                 let reply = exchange(&mut stream, &encode::command(&args), timeout).await?;
                 if reply.first() == Some(&b'-') {
-                    return Err(BackgroundError::Refused(String::from_utf8_lossy(&reply).trim().to_string()));
+                    return Err(BackgroundError::Refused(
+                        String::from_utf8_lossy(&reply).trim().to_string(),
+                    ));
                 }
             }
             *guard = Some(stream);
@@ -84,7 +86,11 @@ impl Background {
     }
 }
 
-async fn exchange(stream: &mut TcpStream, command: &[u8], timeout: Duration) -> Result<Vec<u8>, BackgroundError> {
+async fn exchange(
+    stream: &mut TcpStream,
+    command: &[u8],
+    timeout: Duration,
+) -> Result<Vec<u8>, BackgroundError> {
     let io = async {
         stream.write_all(command).await?;
         let mut buf = BytesMut::with_capacity(256);
@@ -128,7 +134,15 @@ pub async fn run(service: &LockService, background: &Background, conn: &Mutex<Co
         for (key, token, lease) in due {
             let lease_s = lease.to_string();
             let owner = owner_key(&key);
-            let cmd = encode::command(&[b"EVAL", script::RENEW.as_bytes(), b"2", &key, &owner, &token, lease_s.as_bytes()]);
+            let cmd = encode::command(&[
+                b"EVAL",
+                script::RENEW.as_bytes(),
+                b"2",
+                &key,
+                &owner,
+                &token,
+                lease_s.as_bytes(),
+            ]);
             match background.call(&cmd).await {
                 Ok(reply) if reply.as_slice() == b":1\r\n" => {
                     ProxyMetrics::inc(&service.metrics.watchdog_renewals);
@@ -146,8 +160,13 @@ pub async fn run(service: &LockService, background: &Background, conn: &Mutex<Co
 }
 
 /// Held locks due for renewal: (key, token, lease ms).
-fn renewals(service: &LockService, conn: &Mutex<ConnLocks>) -> Vec<(bytes::Bytes, bytes::Bytes, u64)> {
-    let Ok(c) = conn.lock() else { return Vec::new() };
+fn renewals(
+    service: &LockService,
+    conn: &Mutex<ConnLocks>,
+) -> Vec<(bytes::Bytes, bytes::Bytes, u64)> {
+    let Ok(c) = conn.lock() else {
+        return Vec::new();
+    };
     c.held()
         .filter_map(|(key, a)| {
             let o = service.override_for(key)?;
@@ -159,24 +178,41 @@ fn renewals(service: &LockService, conn: &Mutex<ConnLocks>) -> Vec<(bytes::Bytes
 
 /// Releases, by exact token, the held locks of a closed connection whose
 /// pattern has `release_on_disconnect = true`.
-pub async fn release_on_disconnect(service: &LockService, background: &Background, conn: &Mutex<ConnLocks>) {
+pub async fn release_on_disconnect(
+    service: &LockService,
+    background: &Background,
+    conn: &Mutex<ConnLocks>,
+) {
     let due: Vec<(bytes::Bytes, bytes::Bytes)> = match conn.lock() {
         Ok(c) => c
             .held()
-            .filter(|(key, _)| service.override_for(key).is_some_and(|o| o.release_on_disconnect))
+            .filter(|(key, _)| {
+                service
+                    .override_for(key)
+                    .is_some_and(|o| o.release_on_disconnect)
+            })
             .map(|(k, a)| (k.clone(), a.token.clone()))
             .collect(),
         Err(_) => return,
     };
     for (key, token) in due {
         let owner = owner_key(&key);
-        let cmd = encode::command(&[b"EVAL", script::RELEASE_TOKEN.as_bytes(), b"2", &key, &owner, &token]);
+        let cmd = encode::command(&[
+            b"EVAL",
+            script::RELEASE_TOKEN.as_bytes(),
+            b"2",
+            &key,
+            &owner,
+            &token,
+        ]);
         match background.call(&cmd).await {
             Ok(reply) if reply.as_slice() == b":1\r\n" => {
                 ProxyMetrics::inc(&service.metrics.released_on_disconnect);
             }
             Ok(_) => {}
-            Err(e) => tracing::warn!(error = %e, key = %String::from_utf8_lossy(&key), "release on disconnect failed; the lease will expire"),
+            Err(e) => {
+                tracing::warn!(error = %e, key = %String::from_utf8_lossy(&key), "release on disconnect failed; the lease will expire")
+            }
         }
     }
 }

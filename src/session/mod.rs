@@ -101,7 +101,16 @@ async fn serve(ctx: &ServerContext, mut client: TcpStream, shutdown: &Cancellati
     let conn = Mutex::new(ctx.locks.conn_locks());
     let reader_cancel = shutdown.child_token();
     let reader = async {
-        reader::read_loop(ctx, &mut buf, &mut client_r, &mut up_w, tx, &conn, &reader_cancel).await
+        reader::read_loop(
+            ctx,
+            &mut buf,
+            &mut client_r,
+            &mut up_w,
+            tx,
+            &conn,
+            &reader_cancel,
+        )
+        .await
     };
     let writer = async {
         let end = writer::write_loop(ctx, &mut client_w, &mut up_r, rx, &conn).await;

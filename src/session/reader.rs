@@ -229,7 +229,9 @@ fn carry_out(
                 Ok(mut c) => ctx.locks.plan(op.clone(), &mut c, view.in_multi),
                 Err(_) => {
                     ctx.metrics.error(crate::error::ErrorSource::Internal);
-                    out.batch.local(LocalReply::err("lockgate: internal error (lock table poisoned)"));
+                    out.batch.local(LocalReply::err(
+                        "lockgate: internal error (lock table poisoned)",
+                    ));
                     return;
                 }
             };
@@ -244,8 +246,15 @@ fn carry_out(
             if view.in_multi {
                 // Inside MULTI the refusal must take the command's slot in
                 // the EXEC array, so Redis itself answers it.
-                let LocalReply::Error(text) = &reply else { return };
-                out.pieces.own(encode::command(&[b"EVAL", script::ERROR.as_bytes(), b"0", text]));
+                let LocalReply::Error(text) = &reply else {
+                    return;
+                };
+                out.pieces.own(encode::command(&[
+                    b"EVAL",
+                    script::ERROR.as_bytes(),
+                    b"0",
+                    text,
+                ]));
                 out.batch.expect(Expect::One);
             } else {
                 out.batch.local(reply);

@@ -77,7 +77,11 @@ pub async fn write_loop(
         if closing {
             return WriterEnd::Closed;
         }
-        if reader_done && (st.queue.is_empty() || st.raw) && st.scanner.at_boundary() && st.capture.is_none() {
+        if reader_done
+            && (st.queue.is_empty() || st.raw)
+            && st.scanner.at_boundary()
+            && st.capture.is_none()
+        {
             return WriterEnd::Drained;
         }
         if buf.capacity() - buf.len() < chunk / 4 {
@@ -270,10 +274,14 @@ fn unwrap_lock_reply(frame: &[u8]) -> (&[u8], Vec<i64>) {
     if frame.first() != Some(&b'*') {
         return whole;
     }
-    let Some(nl) = memchr::memchr(b'\n', frame) else { return whole };
+    let Some(nl) = memchr::memchr(b'\n', frame) else {
+        return whole;
+    };
     let body = &frame[nl + 1..];
     let mut scanner = ReplyScanner::new(64);
-    let Ok((len, Some(_))) = scanner.advance(body) else { return whole };
+    let Ok((len, Some(_))) = scanner.advance(body) else {
+        return whole;
+    };
     let mut facts = Vec::new();
     for line in body[len..].split(|&c| c == b'\n') {
         if let Some(digits) = line.strip_prefix(b":").and_then(|l| l.strip_suffix(b"\r")) {
