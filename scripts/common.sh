@@ -1,0 +1,102 @@
+# shellcheck shell=bash
+# Helpers shared by scripts/demo.sh and scripts/test.sh. Source it; don't run it.
+#
+# Everything here provisions a fresh Debian machine on demand: a tool that is
+# already present is never reinstalled.
+
+# Repository root (the directory above scripts/).
+LOCKGATE_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+export LOCKGATE_ROOT
+
+log() { printf '==> %s\n' "$*" >&2; }
+warn() { printf 'warning: %s\n' "$*" >&2; }
+die() {
+	printf 'error: %s\n' "$*" >&2
+	exit 1
+}
+
+have() { command -v "$1" >/dev/null 2>&1; }
+
+# Runs a command as root: directly when we are root, through sudo otherwise.
+as_root() {
+	if [ "$(id -u)" -eq 0 ]; then
+		"$@"
+	elif have sudo; then
+		sudo "$@"
+	else
+		die "need root (or sudo) to run: $*"
+	fi
+}
+
+_APT_UPDATED=0
+# apt_install PKG... — installs Debian packages, running apt-get update once.
+apt_install() {
+	have apt-get || die "apt-get not found; install these packages by hand: $*"
+	if [ "$_APT_UPDATED" -eq 0 ]; then
+		log "apt-get update"
+		as_root env DEBIAN_FRONTEND=noninteractive apt-get update -q ||
+			die "apt-get update failed"
+		_APT_UPDATED=1
+	fi
+	log "apt-get install $*"
+	as_root env DEBIAN_FRONTEND=noninteractive \
+		apt-get install -y -q --no-install-recommends "$@" ||
+		die "apt-get install $* failed"
+}
+
+# redis-server and redis-cli: the demo runs a real Redis, the tests spawn them.
+ensure_redis() {
+	if have redis-server && have redis-cli; then
+		return 0
+	fi
+	apt_install redis-server redis-tools
+	if ! have redis-server || ! have redis-cli; then
+		die "redis-server/redis-cli still missing after apt-get"
+	fi
+}
+
+# cargo and rustc (rustup's stable toolchain; Debian's cargo is older than the
+# crate's rust-version).
+ensure_cargo() {
+	if ! have cargo && [ -f "$HOME/.cargo/env" ]; then
+		# shellcheck source=/dev/null
+		. "$HOME/.cargo/env"
+	fi
+	if have cargo; then
+		return 0
+	fi
+	log "cargo not found: installing the stable Rust toolchain with rustup"
+	have curl || apt_install curl ca-certificates
+	curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs |
+		sh -s -- -y --profile minimal --default-toolchain stable ||
+		die "rustup installation failed"
+	# shellcheck source=/dev/null
+	. "$HOME/.cargo/env"
+	have cargo || die "cargo still missing after rustup"
+}
+
+# The directory cargo builds into (honours CARGO_TARGET_DIR and .cargo/config).
+cargo_target_dir() {
+	local dir
+	dir="$(cd "$LOCKGATE_ROOT" && cargo metadata --no-deps --format-version 1 2>/dev/null |
+		sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')"
+	printf '%s\n' "${dir:-$LOCKGATE_ROOT/target}"
+}
+
+# is_port_free PORT — true when nothing accepts connections on 127.0.0.1:PORT.
+is_port_free() {
+	! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+}
+
+# A loopback port that was free a moment ago, from the ephemeral-ish range.
+pick_free_port() {
+	local port
+	for _ in $(seq 1 50); do
+		port=$((20000 + RANDOM % 30000))
+		if is_port_free "$port"; then
+			printf '%s\n' "$port"
+			return 0
+		fi
+	done
+	die "no free loopback port found"
+}

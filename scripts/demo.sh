@@ -1,0 +1,232 @@
+#!/usr/bin/env bash
+# Run lockgate in front of a throwaway local Redis.
+#
+#   scripts/demo.sh            build, start Redis + lockgate, stay in the
+#                              foreground until Ctrl-C / SIGTERM
+#   scripts/demo.sh --smoke    same start, then PING and SET/GET through
+#                              lockgate, print the results, stop, exit 0
+#
+# Environment:
+#   LOCKGATE_PORT   port lockgate listens on, on 127.0.0.1 (default 6380)
+#   RUST_LOG        lockgate's log filter (default info)
+#
+# Missing redis-server/redis-tools are installed with apt-get, a missing Rust
+# toolchain with rustup. Redis runs without persistence on a free loopback
+# port, in a temporary directory that is removed on exit; both processes are
+# stopped by PID when the script ends, however it ends (short of SIGKILL).
+set -euo pipefail
+
+# shellcheck source=scripts/common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+usage() { sed -n '2,16s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"; }
+
+MODE=run
+while [ $# -gt 0 ]; do
+	case "$1" in
+	--smoke) MODE=smoke ;;
+	-h | --help)
+		usage
+		exit 0
+		;;
+	*)
+		usage >&2
+		die "unknown argument: $1"
+		;;
+	esac
+	shift
+done
+
+LOCKGATE_PORT="${LOCKGATE_PORT:-6380}"
+case "$LOCKGATE_PORT" in
+'' | *[!0-9]*) die "LOCKGATE_PORT must be a port number, got '$LOCKGATE_PORT'" ;;
+esac
+if [ "$LOCKGATE_PORT" -lt 1 ] || [ "$LOCKGATE_PORT" -gt 65535 ]; then
+	die "LOCKGATE_PORT out of range: $LOCKGATE_PORT"
+fi
+
+cd "$LOCKGATE_ROOT"
+CONFIG="$LOCKGATE_ROOT/config/lockgate.toml"
+[ -f "$CONFIG" ] || die "missing $CONFIG"
+
+ensure_redis
+ensure_cargo
+
+log "cargo build --release"
+cargo build --release || die "cargo build --release failed"
+LOCKGATE_BIN="$(cargo_target_dir)/release/lockgate"
+[ -x "$LOCKGATE_BIN" ] || die "built binary not found at $LOCKGATE_BIN"
+"$LOCKGATE_BIN" --config "$CONFIG" --check >/dev/null ||
+	die "$CONFIG is not a valid lockgate configuration"
+
+# Something else answering on the port would make the demo (and the smoke
+# test) talk to the wrong server: refuse instead.
+is_port_free "$LOCKGATE_PORT" ||
+	die "127.0.0.1:$LOCKGATE_PORT is already in use; choose another with LOCKGATE_PORT=..."
+
+WORKDIR="$(mktemp -d "${TMPDIR:-/tmp}/lockgate-demo.XXXXXX")"
+REDIS_PID=""
+REDIS_PORT=""
+LOCKGATE_PID=""
+
+# stop_pid PID NAME SECONDS — SIGTERM, wait up to SECONDS, then SIGKILL.
+stop_pid() {
+	local pid="$1" name="$2" secs="$3" i
+	if kill -0 "$pid" 2>/dev/null; then
+		log "stopping $name (pid $pid)"
+		kill -TERM "$pid" 2>/dev/null || true
+		for ((i = 0; i < secs * 10; i++)); do
+			kill -0 "$pid" 2>/dev/null || break
+			sleep 0.1
+		done
+		if kill -0 "$pid" 2>/dev/null; then
+			warn "$name (pid $pid) ignored SIGTERM for ${secs}s; sending SIGKILL"
+			kill -KILL "$pid" 2>/dev/null || true
+		fi
+	fi
+	wait "$pid" 2>/dev/null || true
+}
+
+# shellcheck disable=SC2317  # invoked by the EXIT trap
+cleanup() {
+	local rc=$?
+	trap - EXIT INT TERM HUP
+	# lockgate first, so it can drain replies while Redis is still up.
+	# Its shutdown_grace_ms is 5 s by default.
+	if [ -n "$LOCKGATE_PID" ]; then stop_pid "$LOCKGATE_PID" lockgate 8; fi
+	if [ -n "$REDIS_PID" ]; then stop_pid "$REDIS_PID" redis-server 5; fi
+	rm -rf "$WORKDIR"
+	exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+trap 'exit 129' HUP
+
+rcli() { redis-cli -h 127.0.0.1 "$@" </dev/null 2>&1; }
+
+# Redis gets its own session (setsid) so that Ctrl-C in the terminal reaches
+# only this script and lockgate: Redis stays up while lockgate drains.
+SETSID=()
+if have setsid; then SETSID=(setsid); fi
+
+start_redis() {
+	local port pid i
+	for _ in 1 2 3 4 5; do
+		port="$(pick_free_port)"
+		${SETSID[@]+"${SETSID[@]}"} redis-server \
+			--bind 127.0.0.1 --port "$port" \
+			--save '' --appendonly no \
+			--dir "$WORKDIR" --logfile "$WORKDIR/redis.log" \
+			--daemonize no </dev/null &
+		pid=$!
+		for ((i = 0; i < 50; i++)); do
+			kill -0 "$pid" 2>/dev/null || break
+			if [ "$(rcli -p "$port" ping)" = PONG ]; then
+				# Make sure the Redis that answers is the one we started.
+				REDIS_PID="$(rcli -p "$port" info server |
+					sed -n 's/^process_id:\([0-9]*\).*/\1/p')"
+				if [ "$REDIS_PID" = "$pid" ]; then
+					REDIS_PORT="$port"
+					return 0
+				fi
+				REDIS_PID=""
+				break
+			fi
+			sleep 0.1
+		done
+		warn "redis-server did not come up on port $port; retrying on another port"
+		stop_pid "$pid" redis-server 2
+	done
+	[ -f "$WORKDIR/redis.log" ] && tail -n 20 "$WORKDIR/redis.log" >&2
+	die "could not start redis-server"
+}
+
+log "starting redis-server (no persistence) in $WORKDIR"
+start_redis
+log "redis-server pid $REDIS_PID on 127.0.0.1:$REDIS_PORT"
+
+LOCKGATE_ARGS=(--config "$CONFIG" --listen "127.0.0.1:$LOCKGATE_PORT"
+	--upstream "127.0.0.1:$REDIS_PORT")
+log "starting: $LOCKGATE_BIN ${LOCKGATE_ARGS[*]}"
+if [ "$MODE" = smoke ]; then
+	"$LOCKGATE_BIN" "${LOCKGATE_ARGS[@]}" </dev/null >"$WORKDIR/lockgate.log" 2>&1 &
+else
+	"$LOCKGATE_BIN" "${LOCKGATE_ARGS[@]}" </dev/null &
+fi
+LOCKGATE_PID=$!
+
+lockgate_failed() {
+	[ -f "$WORKDIR/lockgate.log" ] && tail -n 40 "$WORKDIR/lockgate.log" >&2
+	die "$*"
+}
+
+ready=0
+for ((i = 0; i < 150; i++)); do
+	kill -0 "$LOCKGATE_PID" 2>/dev/null || break
+	if [ "$(rcli -p "$LOCKGATE_PORT" ping)" = PONG ]; then
+		ready=1
+		break
+	fi
+	sleep 0.1
+done
+if [ "$ready" -ne 1 ]; then
+	kill -0 "$LOCKGATE_PID" 2>/dev/null || {
+		st=0
+		wait "$LOCKGATE_PID" || st=$?
+		LOCKGATE_PID=""
+		lockgate_failed "lockgate exited during startup (status $st)"
+	}
+	lockgate_failed "lockgate did not answer PING on 127.0.0.1:$LOCKGATE_PORT within 15 s"
+fi
+log "lockgate pid $LOCKGATE_PID on 127.0.0.1:$LOCKGATE_PORT"
+
+if [ "$MODE" = smoke ]; then
+	key="demo:smoke:$$:$RANDOM"
+	value="hello-from-lockgate-$RANDOM"
+	fail=0
+	check() { # check WHAT GOT WANT
+		if [ "$2" = "$3" ]; then
+			printf '  %-50s -> %s\n' "$1" "$2"
+		else
+			printf '  %-50s -> %s   (expected %s)\n' "$1" "$2" "$3"
+			fail=1
+		fi
+	}
+	echo "smoke test through lockgate 127.0.0.1:$LOCKGATE_PORT (redis 127.0.0.1:$REDIS_PORT):"
+	check "redis-cli -p $LOCKGATE_PORT ping" "$(rcli -p "$LOCKGATE_PORT" ping)" PONG
+	check "redis-cli -p $LOCKGATE_PORT set $key ..." \
+		"$(rcli -p "$LOCKGATE_PORT" set "$key" "$value")" OK
+	check "redis-cli -p $LOCKGATE_PORT get $key" \
+		"$(rcli -p "$LOCKGATE_PORT" get "$key")" "$value"
+	# The write must have landed on the Redis behind lockgate.
+	check "redis-cli -p $REDIS_PORT get $key (direct)" \
+		"$(rcli -p "$REDIS_PORT" get "$key")" "$value"
+	check "redis-cli -p $LOCKGATE_PORT del $key" \
+		"$(rcli -p "$LOCKGATE_PORT" del "$key")" 1
+	kill -0 "$LOCKGATE_PID" 2>/dev/null || { fail=1 && echo "  lockgate is no longer running"; }
+	if [ "$fail" -ne 0 ]; then
+		lockgate_failed "smoke test FAILED"
+	fi
+	echo "smoke test passed"
+	exit 0
+fi
+
+cat <<EOF
+
+  lockgate is listening on 127.0.0.1:$LOCKGATE_PORT (pid $LOCKGATE_PID)
+  in front of redis-server 127.0.0.1:$REDIS_PORT (pid $REDIS_PID, no persistence)
+
+  Connect with:   redis-cli -p $LOCKGATE_PORT
+  Try:            redis-cli -p $LOCKGATE_PORT set greeting hello
+                  redis-cli -p $LOCKGATE_PORT get greeting
+
+  Press Ctrl-C to stop both.
+
+EOF
+
+st=0
+wait "$LOCKGATE_PID" || st=$?
+LOCKGATE_PID=""
+warn "lockgate exited on its own (status $st)"
+exit "$st"

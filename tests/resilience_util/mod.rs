@@ -1,0 +1,353 @@
+//! Helpers shared by the auth/RESP3, fault, binary and client tests (on top
+//! of `tests/support`): raw byte exchanges that read until the server closes,
+//! `CLIENT LIST` queries on the real Redis, async polling, child processes
+//! with a time limit, and a listener that never completes a connection.
+
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::io::Read;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpSocket, TcpStream};
+
+use crate::support::{cmd, WAIT};
+
+/// Where the RESP2 or RESP3 frame starting at `pos` ends, `Ok(None)` when
+/// `buf` holds only part of it. Unlike the harness's decoder it understands
+/// RESP2 nulls (`$-1`, `*-1`) as well as every RESP3 type.
+pub fn frame_end(buf: &[u8], pos: usize) -> Result<Option<usize>, String> {
+    let Some(&kind) = buf.get(pos) else {
+        return Ok(None);
+    };
+    let Some(cr) = buf[pos..].windows(2).position(|w| w == b"\r\n") else {
+        return Ok(None);
+    };
+    let line = &buf[pos + 1..pos + cr];
+    let after = pos + cr + 2;
+    let number = || -> Result<i64, String> {
+        std::str::from_utf8(line)
+            .ok()
+            .and_then(|t| t.parse().ok())
+            .ok_or_else(|| format!("bad length line {:?}", String::from_utf8_lossy(line)))
+    };
+    match kind {
+        b'+' | b'-' | b':' | b',' | b'#' | b'_' | b'(' => Ok(Some(after)),
+        b'$' | b'!' | b'=' => {
+            let n = number()?;
+            if n < 0 {
+                return Ok(Some(after));
+            }
+            let end = after + n as usize + 2;
+            Ok((buf.len() >= end).then_some(end))
+        }
+        b'*' | b'~' | b'>' | b'%' | b'|' => {
+            let n = number()?;
+            if n < 0 {
+                return Ok(Some(after));
+            }
+            let items = if matches!(kind, b'%' | b'|') {
+                2 * n
+            } else {
+                n
+            };
+            let mut at = after;
+            for _ in 0..items {
+                match frame_end(buf, at)? {
+                    Some(end) => at = end,
+                    None => return Ok(None),
+                }
+            }
+            Ok(Some(at))
+        }
+        other => Err(format!("unknown RESP type byte {:?}", other as char)),
+    }
+}
+
+/// A client that speaks raw bytes and reads whole RESP2/RESP3 frames
+/// (including RESP2 nulls, which the harness's `RawClient` cannot decode).
+pub struct Conn {
+    /// The socket.
+    pub stream: TcpStream,
+    buf: Vec<u8>,
+}
+
+impl Conn {
+    /// Connects to `addr` within [`WAIT`].
+    pub async fn connect(addr: impl tokio::net::ToSocketAddrs) -> Conn {
+        let stream = tokio::time::timeout(WAIT, TcpStream::connect(addr))
+            .await
+            .expect("connect in time")
+            .expect("connect");
+        stream.set_nodelay(true).expect("nodelay");
+        Conn {
+            stream,
+            buf: Vec::new(),
+        }
+    }
+
+    /// Writes raw bytes.
+    pub async fn send(&mut self, bytes: &[u8]) {
+        self.stream.write_all(bytes).await.expect("write");
+    }
+
+    /// One whole frame, or `None` on EOF or after `wait`.
+    pub async fn try_read(&mut self, wait: Duration) -> Option<Vec<u8>> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            match frame_end(&self.buf, 0) {
+                Ok(Some(end)) => return Some(self.buf.drain(..end).collect()),
+                Ok(None) => {}
+                Err(e) => panic!("not RESP: {e}: {:?}", show(&self.buf)),
+            }
+            let mut chunk = [0u8; 16 * 1024];
+            match tokio::time::timeout_at(deadline, self.stream.read(&mut chunk)).await {
+                Ok(Ok(0)) | Ok(Err(_)) | Err(_) => return None,
+                Ok(Ok(n)) => self.buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+    }
+
+    /// One whole frame within [`WAIT`].
+    pub async fn read(&mut self) -> Vec<u8> {
+        match self.try_read(WAIT).await {
+            Some(frame) => frame,
+            None => panic!(
+                "no whole reply within {WAIT:?} (or EOF); partial: {:?}",
+                show(&self.buf)
+            ),
+        }
+    }
+
+    /// Sends a command and reads one reply.
+    pub async fn call(&mut self, args: &[&str]) -> Vec<u8> {
+        self.send(&cmd(args)).await;
+        self.read().await
+    }
+
+    /// Sends a command and reads one reply, as text.
+    pub async fn call_s(&mut self, args: &[&str]) -> String {
+        show(&self.call(args).await)
+    }
+
+    /// True when the server closes the connection within `wait` (bytes that
+    /// arrive meanwhile are discarded).
+    pub async fn closed_within(&mut self, wait: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + wait;
+        let mut chunk = [0u8; 4096];
+        loop {
+            match tokio::time::timeout_at(deadline, self.stream.read(&mut chunk)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => return true,
+                Ok(Ok(_)) => continue,
+                Err(_) => return false,
+            }
+        }
+    }
+
+    /// Reads whole frames (as text) until the server closes the connection;
+    /// panics if it stays open and silent for [`WAIT`] or leaves a partial
+    /// frame.
+    pub async fn frames_to_close(&mut self) -> Vec<String> {
+        let mut frames = Vec::new();
+        while let Some(frame) = self.try_read(WAIT).await {
+            frames.push(show(&frame));
+        }
+        assert!(
+            self.buf.is_empty(),
+            "partial frame before the close: {:?} (frames: {frames:?})",
+            show(&self.buf)
+        );
+        assert!(
+            self.closed_within(Duration::from_millis(50)).await,
+            "connection neither closed nor sent anything for {WAIT:?}; frames so far: {frames:?}"
+        );
+        frames
+    }
+}
+
+/// Polls the async `check` every 10 ms until it is true or [`WAIT`] passes.
+pub async fn until<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + WAIT;
+    while !check().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Reads everything the server sends until it closes the connection.
+/// Panics if it does not close within [`WAIT`].
+pub async fn read_to_close(stream: &mut TcpStream) -> Vec<u8> {
+    let mut out = Vec::new();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let mut chunk = [0u8; 4096];
+    loop {
+        match tokio::time::timeout_at(deadline, stream.read(&mut chunk)).await {
+            Ok(Ok(0)) => return out,
+            Ok(Ok(n)) => out.extend_from_slice(&chunk[..n]),
+            // A reset after the last bytes also ends the connection.
+            Ok(Err(_)) => return out,
+            Err(_) => panic!(
+                "connection not closed within {WAIT:?}; got so far: {:?}",
+                String::from_utf8_lossy(&out)
+            ),
+        }
+    }
+}
+
+/// Connects to `addr`, writes `bytes` and returns everything read until the
+/// server closes the connection (see [`read_to_close`]).
+pub async fn exchange_to_close(addr: impl tokio::net::ToSocketAddrs, bytes: &[u8]) -> Vec<u8> {
+    let mut stream = tokio::time::timeout(WAIT, TcpStream::connect(addr))
+        .await
+        .expect("connect in time")
+        .expect("connect");
+    stream.write_all(bytes).await.expect("write");
+    read_to_close(&mut stream).await
+}
+
+/// One Redis reply as text, for messages.
+pub fn show(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// `CLIENT LIST` on a direct connection to Redis, as lines, without the line
+/// of the connection that asked. `auth` is sent first when given.
+pub async fn client_list(redis_addr: &str, auth: Option<&str>) -> Vec<String> {
+    let mut d = Conn::connect(redis_addr).await;
+    if let Some(pw) = auth {
+        assert_eq!(d.call(&["AUTH", pw]).await, b"+OK\r\n");
+    }
+    let reply = d.call(&["CLIENT", "LIST"]).await;
+    let text = show(&reply);
+    let body = text
+        .split_once("\r\n")
+        .map(|(_, rest)| rest)
+        .unwrap_or_default();
+    body.lines()
+        .map(str::trim)
+        .filter(|l| l.starts_with("id="))
+        .filter(|l| !l.contains("cmd=client|list"))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Waits until some connection on Redis is blocked in `command` (e.g.
+/// `blpop`), so a test knows the command reached Redis.
+pub async fn wait_blocked(redis_addr: &str, command: &str) {
+    let needle = format!("cmd={command}");
+    until(
+        &format!("a client blocked in {command} on Redis"),
+        || async {
+            client_list(redis_addr, None)
+                .await
+                .iter()
+                .any(|l| l.contains(&needle) && l.contains("flags=b"))
+        },
+    )
+    .await
+}
+
+/// A `HOST:PORT` that accepts TCP connections at the kernel level for no one:
+/// the listener has a backlog of 0 and is filled by one connection that is
+/// never accepted, so further SYNs are dropped and connects hang until the
+/// connector's own timeout. Keep the returned value alive while it is used.
+pub struct Blackhole {
+    /// The address whose connects hang.
+    pub addr: String,
+    _listener: tokio::net::TcpListener,
+    _fillers: Vec<TcpStream>,
+}
+
+impl Blackhole {
+    /// Binds on loopback and fills the accept queue.
+    pub async fn new() -> Blackhole {
+        let socket = TcpSocket::new_v4().expect("socket");
+        socket
+            .bind("127.0.0.1:0".parse().expect("addr"))
+            .expect("bind");
+        let listener = socket.listen(0).expect("listen");
+        let addr = listener.local_addr().expect("addr");
+        let mut fillers = Vec::new();
+        for _ in 0..8 {
+            match tokio::time::timeout(Duration::from_millis(200), TcpStream::connect(addr)).await {
+                Ok(Ok(s)) => fillers.push(s),
+                Ok(Err(e)) => panic!("filling the backlog of {addr}: {e}"),
+                Err(_) => {
+                    return Blackhole {
+                        addr: addr.to_string(),
+                        _listener: listener,
+                        _fillers: fillers,
+                    }
+                }
+            }
+        }
+        panic!("the accept queue of {addr} never filled: connects would not hang");
+    }
+}
+
+/// Runs `command` to completion with its output captured; kills it and
+/// panics if it takes longer than `limit`. Blocking: call it from
+/// `spawn_blocking` inside async tests.
+pub fn run_limited(command: &mut Command, limit: Duration) -> Output {
+    let what = format!("{command:?}");
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {what}: {e}"));
+    let mut out_pipe = child.stdout.take().expect("stdout");
+    let mut err_pipe = child.stderr.take().expect("stderr");
+    let out_reader = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = out_pipe.read_to_end(&mut v);
+        v
+    });
+    let err_reader = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = err_pipe.read_to_end(&mut v);
+        v
+    });
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            break status;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            let stdout = out_reader.join().unwrap_or_default();
+            let stderr = err_reader.join().unwrap_or_default();
+            panic!(
+                "{what} did not finish within {limit:?}\nstdout:\n{}\nstderr:\n{}",
+                show(&stdout),
+                show(&stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    Output {
+        status,
+        stdout: out_reader.join().unwrap_or_default(),
+        stderr: err_reader.join().unwrap_or_default(),
+    }
+}
+
+/// Sends `args` on a fresh direct connection to Redis and returns the reply.
+pub async fn direct(redis_addr: &str, args: &[&str]) -> Vec<u8> {
+    Conn::connect(redis_addr).await.call(args).await
+}
+
+/// Decodes one whole RESP3 frame (RESP2 nulls excepted) for structural checks.
+pub fn decode3(raw: &[u8]) -> redis_protocol::resp3::types::OwnedFrame {
+    redis_protocol::resp3::decode::complete::decode(raw)
+        .unwrap_or_else(|e| panic!("not RESP3: {e:?}: {:?}", show(raw)))
+        .unwrap_or_else(|| panic!("not a whole frame: {:?}", show(raw)))
+        .0
+}
