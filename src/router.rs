@@ -52,6 +52,8 @@ pub struct SessionView {
     pub raw: bool,
     /// Inside `MULTI`: Redis queues commands and answers `+QUEUED`.
     pub in_multi: bool,
+    /// `QUIT` was sent: Redis answers it, closes, and answers nothing after.
+    pub quit: bool,
 }
 
 /// The arguments of the command being routed (name first).
@@ -98,7 +100,7 @@ pub fn route(
     if kind == CommandKind::Reset {
         return Route::Forward(Expect::Reset);
     }
-    if view.raw {
+    if view.raw || view.quit {
         return Route::Forward(Expect::Nothing);
     }
     let key = args.get(1);
@@ -171,6 +173,7 @@ impl SessionView {
         }
         match kind {
             CommandKind::Multi => next.in_multi = true,
+            CommandKind::Quit if !self.in_multi => next.quit = true,
             CommandKind::Exec | CommandKind::Discard | CommandKind::Reset => next.in_multi = false,
             _ => {}
         }

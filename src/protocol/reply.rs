@@ -56,7 +56,7 @@ enum State {
 }
 
 /// Resumable scanner for a stream of RESP2/RESP3 frames. See the module doc.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct ReplyScanner {
     state: State,
     /// Elements still owed by each open aggregate, innermost last.

@@ -26,6 +26,14 @@ pub enum Pending {
     EnterRaw,
     /// Close the client connection once everything before it is written.
     Close,
+    /// A `RESET` lockgate sent itself as a barrier while replies were not
+    /// counted: everything Redis sends before its `+RESET` is the client's,
+    /// the `+RESET` itself is swallowed.
+    Barrier,
+    /// The client half-closed and lockgate passed that on to Redis, which
+    /// answers what it has read and then closes: the session ends at the
+    /// upstream's EOF, not at an empty queue.
+    ClientEof,
 }
 
 /// The entries of one read batch, with consecutive forwarded replies merged.
@@ -66,6 +74,11 @@ impl Batch {
     /// Records that the connection closes after what came before.
     pub fn close(&mut self) {
         self.entries.push(Pending::Close);
+    }
+
+    /// Records a barrier `RESET` sent by lockgate (see [`Pending::Barrier`]).
+    pub fn barrier(&mut self) {
+        self.entries.push(Pending::Barrier);
     }
 }
 

@@ -61,7 +61,14 @@ pub async fn read_loop(
                 read = client.read_buf(buf) => read,
             };
             match read {
-                Ok(0) => return ReaderEnd::Eof,
+                Ok(0) => {
+                    // Pass the half-close on: Redis answers what it has read,
+                    // frees the connection (unblocking a BLPOP without popping,
+                    // as if the client had gone), and closes.
+                    let _ = tx.send(vec![Pending::ClientEof]).await;
+                    let _ = upstream.shutdown().await;
+                    return ReaderEnd::Eof;
+                }
                 Ok(n) => ProxyMetrics::add(&ctx.metrics.client_bytes_in, n as u64),
                 Err(e) => return ReaderEnd::Failed(SessionError::ClientIo(e)),
             }
@@ -193,6 +200,13 @@ fn route_batch(
                 ProxyMetrics::inc(&ctx.metrics.protocol_errors);
                 ctx.metrics.error(e.source_kind());
                 tracing::debug!(error = %e, "malformed request; closing");
+                if view.raw {
+                    // Replies are not counted, so the error would jump ahead
+                    // of replies still on their way; a RESET marks where they
+                    // end (the connection is closing anyway).
+                    out.pieces.own(encode::command(&[b"RESET"]));
+                    out.batch.barrier();
+                }
                 out.batch.local(LocalReply::err(&e));
                 out.batch.close();
                 out.failed = true;

@@ -44,8 +44,10 @@ struct Replies {
     resp3: bool,
     raw: bool,
     out: BytesMut,
-    /// The lock-script reply being collected, if one is.
+    /// The lock-script (or barrier) reply being collected, if one is.
     capture: Option<Vec<u8>>,
+    /// The client half-closed and Redis was told: end at the upstream's EOF.
+    await_eof: bool,
 }
 
 /// Copies replies to the client until the session is over (see [`WriterEnd`]).
@@ -65,6 +67,7 @@ pub async fn write_loop(
         raw: false,
         out: BytesMut::new(),
         capture: None,
+        await_eof: false,
     };
     let mut buf = BytesMut::with_capacity(chunk);
     let mut reader_done = false;
@@ -78,7 +81,8 @@ pub async fn write_loop(
             return WriterEnd::Closed;
         }
         if reader_done
-            && (st.queue.is_empty() || st.raw)
+            && !st.await_eof
+            && st.queue.is_empty()
             && st.scanner.at_boundary()
             && st.capture.is_none()
         {
@@ -90,7 +94,7 @@ pub async fn write_loop(
         tokio::select! {
             biased;
             msg = rx.recv(), if !reader_done => match msg {
-                Some(entries) => st.queue.extend(entries),
+                Some(entries) => st.accept(entries),
                 None => {
                     reader_done = true;
                     deadline = Instant::now() + grace;
@@ -99,7 +103,10 @@ pub async fn write_loop(
             read = upstream.read_buf(&mut buf) => match read {
                 Ok(0) => {
                     while let Ok(entries) = rx.try_recv() {
-                        st.queue.extend(entries);
+                        st.accept(entries);
+                    }
+                    if st.await_eof {
+                        return WriterEnd::Drained;
                     }
                     let owed = st.raw || st.queue.iter().any(|p| !matches!(p, Pending::Local(_)));
                     return WriterEnd::UpstreamClosed { owed };
@@ -120,6 +127,42 @@ pub async fn write_loop(
 }
 
 impl Replies {
+    /// Takes a batch of entries from the reader half.
+    fn accept(&mut self, entries: Vec<Pending>) {
+        for entry in entries {
+            if entry == Pending::ClientEof {
+                self.await_eof = true;
+            } else {
+                self.queue.push_back(entry);
+            }
+        }
+    }
+
+    /// True when the next frame must be collected rather than forwarded: a
+    /// lock script's `{reply, facts}`, or anything while a barrier `RESET`
+    /// is awaited.
+    fn captures_next(&self) -> bool {
+        match self.queue.front() {
+            Some(Pending::Lock(_)) => !self.raw,
+            Some(Pending::Barrier) => true,
+            _ => false,
+        }
+    }
+
+    /// The frame after a reply that is followed by a local entry: push
+    /// frames already buffered belong before lockgate's reply, as Redis sent
+    /// them before it read the next command. Returns the bytes they take.
+    fn pushes_ahead(&self, buf: &[u8]) -> usize {
+        let mut scanner = self.scanner.clone();
+        let mut pos = 0;
+        while let Ok((used, Some(end))) = scanner.advance(&buf[pos..]) {
+            if end.kind == FrameKind::Reply {
+                break;
+            }
+            pos += used;
+        }
+        pos
+    }
     /// Handles the entries at the front that need no bytes from Redis:
     /// renders local replies into `out`, switches to raw mode. Returns true
     /// when a `Close` entry is reached.
@@ -200,10 +243,10 @@ async fn forward(
                 // Entries are sent before their commands go upstream, so the
                 // entry for the next reply is already in the channel.
                 while let Ok(entries) = rx.try_recv() {
-                    st.queue.extend(entries);
+                    st.accept(entries);
                 }
             }
-            if !st.raw && matches!(st.queue.front(), Some(Pending::Lock(_))) {
+            if st.captures_next() {
                 write_client(ctx, client, &buf[..pos]).await?;
                 buf.advance(pos);
                 pos = 0;
@@ -225,7 +268,15 @@ async fn forward(
         }
         let Some(end) = end else { break };
         if let Some(captured) = st.capture.take() {
-            if end.kind == FrameKind::Reply {
+            if st.queue.front() == Some(&Pending::Barrier) {
+                if end.is(b"+RESET\r\n") {
+                    st.queue.pop_front();
+                    st.raw = false;
+                    st.resp3 = false;
+                } else {
+                    st.out.extend_from_slice(&captured);
+                }
+            } else if end.kind == FrameKind::Reply {
                 if let Some(Pending::Lock(pending)) = st.queue.pop_front() {
                     let (reply, facts) = unwrap_lock_reply(&captured);
                     st.out.extend_from_slice(reply);
@@ -249,6 +300,13 @@ async fn forward(
         }
         st.attribute(ctx, &end);
         if st.front_is_local() {
+            let ahead = pos + st.pushes_ahead(&buf[pos..]);
+            while pos < ahead {
+                match st.scanner.advance(&buf[pos..ahead]) {
+                    Ok((used, _)) if used > 0 => pos += used,
+                    _ => break,
+                }
+            }
             write_client(ctx, client, &buf[..pos]).await?;
             buf.advance(pos);
             pos = 0;
