@@ -6,7 +6,45 @@
 /// A compiled list of glob patterns.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct KeyPatterns {
-    patterns: Vec<Vec<u8>>,
+    patterns: Vec<Compiled>,
+}
+
+/// A pattern in the cheapest form that matches exactly the same keys: the
+/// usual `lock:*`, `*:lock` and `*:lock:*` need one comparison, not a glob
+/// walk (this runs for every `SET` and `DEL` that passes through).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Compiled {
+    Exact(Vec<u8>),
+    Prefix(Vec<u8>),
+    Suffix(Vec<u8>),
+    Contains(Vec<u8>),
+    Glob(Vec<u8>),
+}
+
+impl Compiled {
+    fn new(pattern: &[u8]) -> Compiled {
+        let is_meta = |c: &u8| matches!(c, b'*' | b'?' | b'[' | b'\\');
+        let literal = |s: &[u8]| !s.iter().any(is_meta);
+        match pattern {
+            [b'*', mid @ .., b'*'] if !mid.is_empty() && literal(mid) => {
+                Compiled::Contains(mid.to_vec())
+            }
+            [b'*', rest @ ..] if literal(rest) => Compiled::Suffix(rest.to_vec()),
+            [rest @ .., b'*'] if literal(rest) => Compiled::Prefix(rest.to_vec()),
+            _ if literal(pattern) => Compiled::Exact(pattern.to_vec()),
+            _ => Compiled::Glob(pattern.to_vec()),
+        }
+    }
+
+    fn matches(&self, key: &[u8]) -> bool {
+        match self {
+            Compiled::Exact(p) => key == p.as_slice(),
+            Compiled::Prefix(p) => key.starts_with(p),
+            Compiled::Suffix(p) => key.ends_with(p),
+            Compiled::Contains(p) => memchr::memmem::find(key, p).is_some(),
+            Compiled::Glob(p) => glob_match(p, key),
+        }
+    }
 }
 
 impl KeyPatterns {
@@ -17,13 +55,16 @@ impl KeyPatterns {
         S: AsRef<[u8]>,
     {
         KeyPatterns {
-            patterns: patterns.into_iter().map(|p| p.as_ref().to_vec()).collect(),
+            patterns: patterns
+                .into_iter()
+                .map(|p| Compiled::new(p.as_ref()))
+                .collect(),
         }
     }
 
     /// Index of the first pattern matching `key`.
     pub fn find(&self, key: &[u8]) -> Option<usize> {
-        self.patterns.iter().position(|p| glob_match(p, key))
+        self.patterns.iter().position(|p| p.matches(key))
     }
 
     /// True when `key` is a lock key.
@@ -146,6 +187,26 @@ mod tests {
         ];
         for (p, t, want) in cases {
             assert_eq!(glob_match(p.as_bytes(), t.as_bytes()), *want, "{p} ~ {t}");
+        }
+    }
+
+    #[test]
+    fn compiled_forms_agree_with_the_glob() {
+        let patterns = [
+            "lock:*", "*:lock", "*:lock:*", "lock", "*", "**", "a*b", "*\\*", "h?x*",
+        ];
+        let keys = [
+            "lock:a", "x:lock", "a:lock:b", "lock", "", "ab", "axb", "*", "a*", "hqx1", "lock:",
+        ];
+        for p in patterns {
+            let compiled = Compiled::new(p.as_bytes());
+            for k in keys {
+                assert_eq!(
+                    compiled.matches(k.as_bytes()),
+                    glob_match(p.as_bytes(), k.as_bytes()),
+                    "{p} ~ {k}"
+                );
+            }
         }
     }
 

@@ -64,6 +64,9 @@ pub struct Acquisition {
     pub since: Instant,
     /// The lease it was granted, in milliseconds (0 if unknown).
     pub lease_ms: u64,
+    /// The value it was acquired with (empty if not known, e.g. `GETEX`):
+    /// background renewal and release check it is still the lock's.
+    pub value: Bytes,
 }
 
 /// The lock keys one client connection has tried, acquired or lost;
@@ -101,7 +104,14 @@ impl ConnLocks {
     }
 
     /// Records a new attempt (or takeover) on `key` with `token`.
-    pub fn attempt(&mut self, key: Bytes, token: Bytes, standing: Standing, lease_ms: u64) {
+    pub fn attempt(
+        &mut self,
+        key: Bytes,
+        token: Bytes,
+        value: Bytes,
+        standing: Standing,
+        lease_ms: u64,
+    ) {
         if !self.map.contains_key(&key) && self.map.len() >= self.max {
             if let Some(oldest) = self
                 .map
@@ -120,6 +130,7 @@ impl ConnLocks {
                 standing,
                 since: Instant::now(),
                 lease_ms,
+                value,
             },
         );
     }
@@ -178,7 +189,13 @@ mod tests {
     fn table_is_bounded() {
         let mut c = ConnLocks::new(2);
         for k in ["a", "b", "c"] {
-            c.attempt(Bytes::from(k), Bytes::from("t"), Standing::Held, 10);
+            c.attempt(
+                Bytes::from(k),
+                Bytes::from("t"),
+                Bytes::new(),
+                Standing::Held,
+                10,
+            );
         }
         assert_eq!(c.len(), 2);
         assert_eq!(c.evicted, 1);
@@ -188,7 +205,13 @@ mod tests {
     #[test]
     fn settle_only_matches_the_same_token() {
         let mut c = ConnLocks::new(4);
-        c.attempt(Bytes::from("k"), Bytes::from("t1"), Standing::Trying, 10);
+        c.attempt(
+            Bytes::from("k"),
+            Bytes::from("t1"),
+            Bytes::new(),
+            Standing::Trying,
+            10,
+        );
         c.settle(b"k", b"t0", Standing::Held, None);
         assert_eq!(c.get(b"k").map(|a| a.standing), Some(Standing::Trying));
         c.settle(b"k", b"t1", Standing::Lost, None);

@@ -218,7 +218,13 @@ impl LockService {
                     Ttl::Default => ("PX", Bytes::from(lease.to_string())),
                     Ttl::Given(kind, v) => (*kind, v.clone()),
                 };
-                conn.attempt(key.clone(), token.clone(), Standing::Trying, lease);
+                conn.attempt(
+                    key.clone(),
+                    token.clone(),
+                    value.clone(),
+                    Standing::Trying,
+                    lease,
+                );
                 let owner = owner_key(&key);
                 let cmd = eval(
                     script::ACQUIRE,
@@ -267,7 +273,12 @@ impl LockService {
                 ProxyMetrics::inc(&self.metrics.takeovers);
                 let token = self.tokens.next();
                 let lease = self.lease_ms(&key);
-                conn.attempt(key.clone(), token.clone(), Standing::Held, lease);
+                // SET and GETSET write a known value; GETEX/GETDEL keep or drop it.
+                let value = match command {
+                    "SET" | "GETSET" => args.first().cloned().unwrap_or_default(),
+                    _ => Bytes::new(),
+                };
+                conn.attempt(key.clone(), token.clone(), value, Standing::Held, lease);
                 let owner = owner_key(&key);
                 let lease_s = lease.to_string();
                 let mut argv: Vec<&[u8]> =

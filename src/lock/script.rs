@@ -141,20 +141,39 @@ if ARGV[1] == '1' then return {reply, after} end
 return reply
 "#;
 
-/// Renewal by the watchdog: extend only if the owner record still holds
-/// this token. KEYS: lock, owner record. ARGV: token, lease ms.
+/// Renewal by the watchdog: extend only while the owner record still holds
+/// this token and the lock still holds the value acquired with it (a client
+/// may release with its own Lua, which leaves the owner record behind), and
+/// never shorten a longer lease the client asked for. KEYS: lock, owner
+/// record. ARGV: token, lease ms, value (`''`: not known, not checked).
 /// Reply: 1 renewed, 0 not ours any more.
 pub const RENEW: &str = r#"
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-redis.call('PEXPIRE', KEYS[2], ARGV[2])
+local v = redis.call('GET', KEYS[1])
+if not v or (ARGV[3] ~= '' and v ~= ARGV[3]) then
+  redis.call('DEL', KEYS[2])
+  return 0
+end
+local lease = tonumber(ARGV[2])
+local pttl = redis.call('PTTL', KEYS[1])
+if pttl < lease then
+  redis.call('PEXPIRE', KEYS[1], lease)
+  pttl = lease
+end
+redis.call('PEXPIRE', KEYS[2], pttl)
 return 1
 "#;
 
-/// Release by token only (release on disconnect). KEYS: lock, owner record.
-/// ARGV: token. Reply: 1 released, 0 not ours.
+/// Release by token (release on disconnect), with the same checks as
+/// [`RENEW`]. KEYS: lock, owner record. ARGV: token, value (`''`: not
+/// checked). Reply: 1 released, 0 not ours.
 pub const RELEASE_TOKEN: &str = r#"
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
+local v = redis.call('GET', KEYS[1])
+if not v or (ARGV[2] ~= '' and v ~= ARGV[2]) then
+  redis.call('DEL', KEYS[2])
+  return 0
+end
 redis.call('DEL', KEYS[1], KEYS[2])
 return 1
 "#;

@@ -8,7 +8,7 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -128,11 +128,17 @@ pub async fn run(service: &LockService, background: &Background, conn: &Mutex<Co
         let due = renewals(service, conn);
         let tick = due
             .iter()
-            .map(|(_, _, lease)| Duration::from_millis((lease / 3).max(10)))
+            .map(|r| Duration::from_millis((r.lease_ms / 3).max(10)))
             .min()
             .unwrap_or(Duration::from_millis(service.tick_ms()));
-        for (key, token, lease) in due {
-            let lease_s = lease.to_string();
+        for Due {
+            key,
+            token,
+            value,
+            lease_ms,
+        } in due
+        {
+            let lease_s = lease_ms.to_string();
             let owner = owner_key(&key);
             let cmd = encode::command(&[
                 b"EVAL",
@@ -142,6 +148,7 @@ pub async fn run(service: &LockService, background: &Background, conn: &Mutex<Co
                 &owner,
                 &token,
                 lease_s.as_bytes(),
+                &value,
             ]);
             match background.call(&cmd).await {
                 Ok(reply) if reply.as_slice() == b":1\r\n" => {
@@ -159,19 +166,28 @@ pub async fn run(service: &LockService, background: &Background, conn: &Mutex<Co
     }
 }
 
-/// Held locks due for renewal: (key, token, lease ms).
-fn renewals(
-    service: &LockService,
-    conn: &Mutex<ConnLocks>,
-) -> Vec<(bytes::Bytes, bytes::Bytes, u64)> {
+/// A held lock due for background work.
+struct Due {
+    key: Bytes,
+    token: Bytes,
+    value: Bytes,
+    lease_ms: u64,
+}
+
+/// Held watchdog locks still within their `max_hold_ms`.
+fn renewals(service: &LockService, conn: &Mutex<ConnLocks>) -> Vec<Due> {
     let Ok(c) = conn.lock() else {
         return Vec::new();
     };
     c.held()
         .filter_map(|(key, a)| {
             let o = service.override_for(key)?;
-            (o.watchdog && (a.since.elapsed().as_millis() as u64) < o.max_hold_ms)
-                .then(|| (key.clone(), a.token.clone(), service.lease_ms(key)))
+            (o.watchdog && (a.since.elapsed().as_millis() as u64) < o.max_hold_ms).then(|| Due {
+                key: key.clone(),
+                token: a.token.clone(),
+                value: a.value.clone(),
+                lease_ms: service.lease_ms(key),
+            })
         })
         .collect()
 }
@@ -183,7 +199,7 @@ pub async fn release_on_disconnect(
     background: &Background,
     conn: &Mutex<ConnLocks>,
 ) {
-    let due: Vec<(bytes::Bytes, bytes::Bytes)> = match conn.lock() {
+    let due: Vec<Due> = match conn.lock() {
         Ok(c) => c
             .held()
             .filter(|(key, _)| {
@@ -191,11 +207,19 @@ pub async fn release_on_disconnect(
                     .override_for(key)
                     .is_some_and(|o| o.release_on_disconnect)
             })
-            .map(|(k, a)| (k.clone(), a.token.clone()))
+            .map(|(k, a)| Due {
+                key: k.clone(),
+                token: a.token.clone(),
+                value: a.value.clone(),
+                lease_ms: a.lease_ms,
+            })
             .collect(),
         Err(_) => return,
     };
-    for (key, token) in due {
+    for Due {
+        key, token, value, ..
+    } in due
+    {
         let owner = owner_key(&key);
         let cmd = encode::command(&[
             b"EVAL",
@@ -204,6 +228,7 @@ pub async fn release_on_disconnect(
             &key,
             &owner,
             &token,
+            &value,
         ]);
         match background.call(&cmd).await {
             Ok(reply) if reply.as_slice() == b":1\r\n" => {
