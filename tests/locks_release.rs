@@ -248,9 +248,22 @@ async fn a_pooled_connection_that_lost_may_release_the_holders_lock() {
     pooled_connection_that_lost(false, &["DEL", "lock:pool"]).await;
 }
 
+/// Releasing is allowed after a lost attempt (pooled apps), but extending
+/// is not: issue 3 item 4 says a client whose SETNX lost must not extend the
+/// holder's lease, in the pipelined, MULTI and separate-command forms alike.
 #[tokio::test]
-async fn a_pooled_connection_that_lost_may_extend_the_holders_lock() {
-    pooled_connection_that_lost(false, &["PEXPIRE", "lock:pool", "90000"]).await;
+async fn a_connection_that_lost_may_not_extend_the_holders_lock() {
+    let redis = RedisServer::start();
+    let lg = Lockgate::start_with(config(&redis.addr(), "a", 60_000)).await;
+    let mut r = RawClient::connect(redis.addr()).await;
+    let mut y = RawClient::connect(lg.addr).await;
+    let mut x = RawClient::connect(lg.addr).await;
+    assert_eq!(y.call(&["SETNX", "lock:pool", "t1"]).await, ":1\r\n");
+    assert_eq!(x.call(&["SETNX", "lock:pool", "t2"]).await, ":0\r\n");
+    assert_eq!(x.call(&["PEXPIRE", "lock:pool", "90000"]).await, ":0\r\n");
+    assert_lease(&mut r, "lock:pool", 55_000, 60_000).await;
+    assert_eq!(m(&lg.ctx.locks.metrics.extend_denied), 1);
+    assert_eq!(m(&lg.ctx.locks.metrics.lease_expired_before_release), 0);
 }
 
 #[tokio::test]

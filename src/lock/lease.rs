@@ -89,9 +89,25 @@ impl ConnLocks {
         }
     }
 
-    /// The token this connection last used for `key`, or empty if none: the
-    /// scripts take an empty token as "this connection never acquired it".
+    /// The token of this connection's acquisition of `key` if it holds it,
+    /// else empty: the scripts take an empty token as "this connection never
+    /// acquired it" (the instance rule). An attempt still in flight counts
+    /// as not acquired: if it succeeds, its owner record has this instance's
+    /// prefix and the instance rule lets it go; if it lost, this connection
+    /// is like any other pooled connection of the instance.
     pub fn token(&self, key: &[u8]) -> Bytes {
+        self.map
+            .get(key)
+            .filter(|a| a.standing == Standing::Held)
+            .map(|a| a.token.clone())
+            .unwrap_or_default()
+    }
+
+    /// The token of this connection's latest attempt on `key`, whatever its
+    /// outcome, else empty. Extensions check it exactly: a connection whose
+    /// SETNX lost must not move the holder's lease with the EXPIRE that
+    /// follows it (pipelined, in MULTI, or as a separate command).
+    pub fn attempt_token(&self, key: &[u8]) -> Bytes {
         self.map
             .get(key)
             .map(|a| a.token.clone())

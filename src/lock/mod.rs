@@ -261,7 +261,7 @@ impl LockService {
                 (cmd, LockPending::Release { keys: lock_keys })
             }
             LockOp::Extend { key, command, args } => {
-                let token = conn.token(&key);
+                let token = conn.attempt_token(&key);
                 let owner = owner_key(&key);
                 let mut argv: Vec<&[u8]> =
                     vec![info, ownership, prefix, &token, command.as_bytes()];
@@ -273,12 +273,12 @@ impl LockService {
                 ProxyMetrics::inc(&self.metrics.takeovers);
                 let token = self.tokens.next();
                 let lease = self.lease_ms(&key);
-                // SET and GETSET write a known value; GETEX/GETDEL keep or drop it.
-                let value = match command {
-                    "SET" | "GETSET" => args.first().cloned().unwrap_or_default(),
-                    _ => Bytes::new(),
-                };
-                conn.attempt(key.clone(), token.clone(), value, Standing::Held, lease);
+                // A takeover makes the lock this instance's, not this
+                // connection's: in the GETSET-timestamp recipe several
+                // clients GETSET and only the one that read the stale value
+                // holds the lock, so any of them may release it (the
+                // instance rule), as on plain Redis.
+                conn.remove(&key);
                 let owner = owner_key(&key);
                 let lease_s = lease.to_string();
                 let mut argv: Vec<&[u8]> =
@@ -346,14 +346,7 @@ impl LockService {
                     }
                 }
             }
-            LockPending::Takeover { key, token } => {
-                let pttl = facts.first().copied().unwrap_or(-1);
-                if pttl > 0 {
-                    conn.settle(&key, &token, Standing::Held, Some(pttl as u64));
-                } else {
-                    conn.remove(&key);
-                }
-            }
+            LockPending::Takeover { .. } => {}
         }
     }
 

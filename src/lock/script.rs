@@ -50,8 +50,11 @@ pub const RELEASE: &str = r#"
 local n = tonumber(ARGV[2])
 local cmd, any, prefix = ARGV[3], ARGV[4] == 'any', ARGV[5]
 local total, released, denied, lapsed = 0, 0, 0, 0
+local seen = {}
 for i = 1, n do
   local key, rec, tok = KEYS[2 * i - 1], KEYS[2 * i], ARGV[5 + i]
+  if seen[key] then tok = '' end
+  seen[key] = true
   local owner = redis.call('GET', rec)
   local allowed
   if any then

@@ -1,0 +1,280 @@
+//! A shared, pipelined connection from lockgate to one Redis node (the
+//! primary for lockgate's own lock calls, or one lock master of the quorum).
+//! Lock commands are short, so all clients share one connection per node:
+//! requests are written in order and replies matched in order. The
+//! connection is re-established with back-off; every call is bounded by a
+//! timeout, and a node that does not answer in time is simply a "no".
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use crate::protocol::encode;
+use crate::protocol::reply::ReplyScanner;
+use crate::upstream;
+
+/// Longest pause between two connection attempts to a node.
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+
+/// Why a call to a node failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NodeError {
+    /// No answer within the call's timeout (a hung or slow node).
+    #[error("node {0} timed out")]
+    Timeout(String),
+    /// The node is not connected (down, refusing, or reconnecting).
+    #[error("node {0} unavailable")]
+    Down(String),
+    /// Too many calls already queued for this node.
+    #[error("node {0} overloaded (queue full)")]
+    Busy(String),
+}
+
+struct Call {
+    command: Bytes,
+    reply: oneshot::Sender<Bytes>,
+}
+
+/// What is known about a node's connection, for health and rejoin.
+#[derive(Debug, Default)]
+pub struct NodeState {
+    /// Connected now.
+    pub up: AtomicBool,
+    /// Times a connection was (re-)established.
+    pub connects: AtomicU64,
+    /// Calls that timed out.
+    pub timeouts: AtomicU64,
+    /// Calls refused because the node was down or overloaded.
+    pub failures: AtomicU64,
+    /// The node's `run_id` as of the latest connection.
+    pub run_id: Mutex<String>,
+}
+
+/// A handle to one node; cheap to clone.
+#[derive(Clone)]
+pub struct Node {
+    addr: Arc<str>,
+    calls: mpsc::Sender<Call>,
+    /// Connection state, shared with the connection task.
+    pub state: Arc<NodeState>,
+}
+
+impl std::fmt::Debug for Node {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Node").field("addr", &self.addr).finish()
+    }
+}
+
+/// How to reach and authenticate with a node.
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    /// `HOST:PORT`.
+    pub addr: String,
+    /// Connect timeout.
+    pub connect_timeout: Duration,
+    /// Optional ACL user.
+    pub username: String,
+    /// Optional password (empty: no AUTH).
+    pub password: String,
+    /// Most calls queued for the node at once.
+    pub max_queued: usize,
+}
+
+impl Node {
+    /// Starts the connection task for `config`; it stops when `shutdown`
+    /// is cancelled. Must be called inside a Tokio runtime.
+    pub fn spawn(config: NodeConfig, shutdown: CancellationToken) -> Node {
+        let (tx, rx) = mpsc::channel(config.max_queued.max(1));
+        let state = Arc::new(NodeState::default());
+        let node = Node {
+            addr: Arc::from(config.addr.as_str()),
+            calls: tx,
+            state: state.clone(),
+        };
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = shutdown.cancelled() => {}
+                _ = connection_loop(config, rx, state) => {}
+            }
+        });
+        node
+    }
+
+    /// The node's address.
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    /// Sends one command and waits up to `timeout` for its raw reply.
+    pub async fn call(&self, command: Bytes, timeout: Duration) -> Result<Bytes, NodeError> {
+        if !self.state.up.load(Ordering::Relaxed) {
+            self.state.failures.fetch_add(1, Ordering::Relaxed);
+            return Err(NodeError::Down(self.addr.to_string()));
+        }
+        let (reply, rx) = oneshot::channel();
+        if self.calls.try_send(Call { command, reply }).is_err() {
+            self.state.failures.fetch_add(1, Ordering::Relaxed);
+            return Err(NodeError::Busy(self.addr.to_string()));
+        }
+        match tokio::time::timeout(timeout, rx).await {
+            Ok(Ok(bytes)) => Ok(bytes),
+            Ok(Err(_)) => Err(NodeError::Down(self.addr.to_string())),
+            Err(_) => {
+                self.state.timeouts.fetch_add(1, Ordering::Relaxed);
+                Err(NodeError::Timeout(self.addr.to_string()))
+            }
+        }
+    }
+}
+
+async fn connection_loop(config: NodeConfig, mut calls: mpsc::Receiver<Call>, state: Arc<NodeState>) {
+    let mut backoff = Duration::from_millis(10);
+    loop {
+        match open(&config).await {
+            Ok((stream, run_id)) => {
+                backoff = Duration::from_millis(10);
+                if let Ok(mut r) = state.run_id.lock() {
+                    *r = run_id;
+                }
+                state.connects.fetch_add(1, Ordering::Relaxed);
+                state.up.store(true, Ordering::Relaxed);
+                serve(stream, &mut calls).await;
+                state.up.store(false, Ordering::Relaxed);
+                tracing::debug!(node = %config.addr, "lock node connection lost");
+            }
+            Err(e) => tracing::debug!(node = %config.addr, error = %e, "lock node unreachable"),
+        }
+        // Calls queued while down fail at once rather than wait.
+        while let Ok(call) = calls.try_recv() {
+            drop(call);
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
+/// Connects, authenticates and reads the node's `run_id`.
+async fn open(config: &NodeConfig) -> Result<(tokio::net::TcpStream, String), String> {
+    let mut stream = upstream::connect(&config.addr, config.connect_timeout)
+        .await
+        .map_err(|e| e.to_string())?;
+    if !config.password.is_empty() {
+        let mut args: Vec<&[u8]> = vec![b"AUTH"];
+        if !config.username.is_empty() {
+            args.push(config.username.as_bytes());
+        }
+        args.push(config.password.as_bytes());
+        let reply = request(&mut stream, &encode::command(&args), config.connect_timeout).await?;
+        if reply.first() == Some(&b'-') {
+            return Err(String::from_utf8_lossy(&reply).trim().to_string());
+        }
+    }
+    let info = request(&mut stream, &encode::command(&[b"INFO", b"server"]), config.connect_timeout).await?;
+    let run_id = String::from_utf8_lossy(&info)
+        .lines()
+        .find_map(|l| l.strip_prefix("run_id:").map(|v| v.trim().to_string()))
+        .unwrap_or_default();
+    Ok((stream, run_id))
+}
+
+/// One request/reply exchange on a fresh connection (before pipelining).
+pub(crate) async fn request(
+    stream: &mut tokio::net::TcpStream,
+    command: &[u8],
+    timeout: Duration,
+) -> Result<Vec<u8>, String> {
+    let io = async {
+        stream.write_all(command).await.map_err(|e| e.to_string())?;
+        let mut buf = BytesMut::with_capacity(512);
+        let mut scanner = ReplyScanner::new(64);
+        let mut pos = 0;
+        loop {
+            if stream.read_buf(&mut buf).await.map_err(|e| e.to_string())? == 0 {
+                return Err("connection closed".to_string());
+            }
+            loop {
+                let (used, end) = scanner.advance(&buf[pos..]).map_err(|e| e.to_string())?;
+                pos += used;
+                match end {
+                    Some(_) => return Ok(buf[..pos].to_vec()),
+                    None if used == 0 => break,
+                    None => {}
+                }
+            }
+        }
+    };
+    tokio::time::timeout(timeout, io)
+        .await
+        .unwrap_or_else(|_| Err("timed out".to_string()))
+}
+
+/// Pipelines calls over one connection until it fails.
+async fn serve(stream: tokio::net::TcpStream, calls: &mut mpsc::Receiver<Call>) {
+    let (mut rd, mut wr) = stream.into_split();
+    let waiting: Mutex<VecDeque<oneshot::Sender<Bytes>>> = Mutex::new(VecDeque::new());
+    let writer = async {
+        let mut out = BytesMut::new();
+        while let Some(call) = calls.recv().await {
+            let mut batch = vec![call];
+            while let Ok(more) = calls.try_recv() {
+                batch.push(more);
+                if batch.len() >= 256 {
+                    break;
+                }
+            }
+            if let Ok(mut w) = waiting.lock() {
+                for call in batch {
+                    out.extend_from_slice(&call.command);
+                    w.push_back(call.reply);
+                }
+            }
+            if wr.write_all(&out).await.is_err() {
+                return;
+            }
+            out.clear();
+        }
+    };
+    let reader = async {
+        let mut buf = BytesMut::with_capacity(16 * 1024);
+        let mut scanner = ReplyScanner::new(64);
+        // `pos`: scanned so far; the current frame starts at 0.
+        let mut pos = 0;
+        loop {
+            match rd.read_buf(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+            let mut start = 0;
+            loop {
+                let Ok((used, end)) = scanner.advance(&buf[pos..]) else { return };
+                pos += used;
+                match end {
+                    Some(end) if end.kind == crate::protocol::reply::FrameKind::Reply => {
+                        let frame = Bytes::copy_from_slice(&buf[start..pos]);
+                        start = pos;
+                        let next = waiting.lock().ok().and_then(|mut w| w.pop_front());
+                        if let Some(tx) = next {
+                            let _ = tx.send(frame);
+                        }
+                    }
+                    Some(_) => start = pos,
+                    None => break,
+                }
+            }
+            // Keep only the unfinished frame's bytes; the scanner keeps its
+            // place inside it.
+            let _ = buf.split_to(start);
+            pos -= start;
+        }
+    };
+    tokio::select! {
+        _ = writer => {}
+        _ = reader => {}
+    }
+}
