@@ -145,6 +145,9 @@ pub struct LocksConfig {
     pub max_locks_per_connection: usize,
     /// Most distinct key prefixes counted for `SETNX` outside `keys`.
     pub max_unmatched_prefixes: usize,
+    /// Most calls queued on one of lockgate's own connections (to the
+    /// primary or a lock master); one more fails at once as overloaded.
+    pub max_queued_calls: usize,
     /// Per-pattern settings; the first whose pattern matches a key applies.
     pub overrides: Vec<LockOverride>,
 }
@@ -171,6 +174,7 @@ impl Default for LocksConfig {
             instance_id: String::new(),
             max_locks_per_connection: 1_024,
             max_unmatched_prefixes: 1_000,
+            max_queued_calls: 10_000,
             overrides: Vec::new(),
         }
     }
@@ -292,6 +296,7 @@ impl Config {
             return Err(invalid("limits.max_inline_bytes", "must be at least 16"));
         }
         positive("locks.default_lease_ms", self.locks.default_lease_ms)?;
+        positive("locks.max_queued_calls", self.locks.max_queued_calls as u64)?;
         positive(
             "locks.max_locks_per_connection",
             self.locks.max_locks_per_connection as u64,

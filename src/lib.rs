@@ -105,9 +105,11 @@ pub async fn run_with(
             }
         }
     };
+    let stop = ctx.stop.clone();
     let serve = async {
         server::serve(listener, ctx, token.clone()).await;
         token.cancel();
+        stop.cancel();
     };
     tokio::join!(serve, watcher);
 }

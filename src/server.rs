@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::Config;
-use crate::lock::watchdog::Background;
+use crate::lock::node::{Node, NodeConfig};
 use crate::lock::LockService;
 use crate::metrics::{ProxyMetrics, RateLimit};
 use crate::protocol::request::RequestLimits;
@@ -38,17 +38,33 @@ pub struct ServerContext {
     pub accept_warn: RateLimit,
     /// The lock room.
     pub locks: LockService,
-    /// lockgate's own connection to the primary (watchdog, release on
-    /// disconnect).
-    pub background: Background,
+    /// lockgate's own shared connection to the primary (watchdog, release
+    /// on disconnect, the `LOCKGATE LOCK` fencing API).
+    pub primary: Node,
+    /// Stops lockgate's own connections when the server has drained.
+    pub stop: CancellationToken,
 }
 
 impl ServerContext {
-    /// A context for `config`, which must already be validated.
+    /// A context for `config`, which must already be validated. Starts
+    /// lockgate's own connection to the primary, so it must run inside a
+    /// Tokio runtime.
     pub fn new(config: Config) -> ServerContext {
+        let stop = CancellationToken::new();
+        let primary = Node::spawn(
+            NodeConfig {
+                addr: config.upstream.addr.clone(),
+                connect_timeout: Duration::from_millis(config.upstream.connect_timeout_ms),
+                username: config.upstream.username.clone(),
+                password: config.upstream.password.clone(),
+                max_queued: config.locks.max_queued_calls,
+            },
+            stop.clone(),
+        );
         ServerContext {
             locks: LockService::new(&config),
-            background: Background::new(&config.upstream),
+            primary,
+            stop,
             config,
             metrics: ProxyMetrics::default(),
             upstream_warn: RateLimit::new(WARN_INTERVAL),

@@ -26,6 +26,7 @@
 pub mod keys;
 pub mod lease;
 pub mod metrics;
+pub mod node;
 pub mod ops;
 pub mod script;
 pub mod watchdog;

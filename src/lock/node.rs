@@ -113,7 +113,10 @@ impl Node {
 
     /// Sends one command and waits up to `timeout` for its raw reply.
     pub async fn call(&self, command: Bytes, timeout: Duration) -> Result<Bytes, NodeError> {
-        if !self.state.up.load(Ordering::Relaxed) {
+        // Known down: fail at once (a quorum answers as soon as a majority
+        // is known). Before the first connection, calls wait in the queue.
+        if !self.state.up.load(Ordering::Relaxed) && self.state.connects.load(Ordering::Relaxed) > 0
+        {
             self.state.failures.fetch_add(1, Ordering::Relaxed);
             return Err(NodeError::Down(self.addr.to_string()));
         }
@@ -133,7 +136,11 @@ impl Node {
     }
 }
 
-async fn connection_loop(config: NodeConfig, mut calls: mpsc::Receiver<Call>, state: Arc<NodeState>) {
+async fn connection_loop(
+    config: NodeConfig,
+    mut calls: mpsc::Receiver<Call>,
+    state: Arc<NodeState>,
+) {
     let mut backoff = Duration::from_millis(10);
     loop {
         match open(&config).await {
@@ -175,7 +182,12 @@ async fn open(config: &NodeConfig) -> Result<(tokio::net::TcpStream, String), St
             return Err(String::from_utf8_lossy(&reply).trim().to_string());
         }
     }
-    let info = request(&mut stream, &encode::command(&[b"INFO", b"server"]), config.connect_timeout).await?;
+    let info = request(
+        &mut stream,
+        &encode::command(&[b"INFO", b"server"]),
+        config.connect_timeout,
+    )
+    .await?;
     let run_id = String::from_utf8_lossy(&info)
         .lines()
         .find_map(|l| l.strip_prefix("run_id:").map(|v| v.trim().to_string()))
@@ -252,7 +264,9 @@ async fn serve(stream: tokio::net::TcpStream, calls: &mut mpsc::Receiver<Call>) 
             }
             let mut start = 0;
             loop {
-                let Ok((used, end)) = scanner.advance(&buf[pos..]) else { return };
+                let Ok((used, end)) = scanner.advance(&buf[pos..]) else {
+                    return;
+                };
                 pos += used;
                 match end {
                     Some(end) if end.kind == crate::protocol::reply::FrameKind::Reply => {

@@ -1,129 +1,28 @@
 //! Work on locks that no client command carries: the watchdog renewing the
 //! leases of opted-in locks while their connection lives, and the release
 //! of locks whose connection closed (`release_on_disconnect`). Both go over
-//! one connection of lockgate's own to the primary ([`Background`]), never
+//! lockgate's own shared connection to the primary ([`Node`]), never
 //! over a client's, whose state (MULTI, blocking commands) must not be
 //! disturbed.
 
 use std::sync::Mutex;
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use bytes::Bytes;
 
 use super::lease::{ConnLocks, Standing};
+use super::node::Node;
 use super::{owner_key, script, LockService};
-use crate::config::UpstreamConfig;
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode;
-use crate::protocol::reply::ReplyScanner;
-use crate::upstream;
 
-/// Why a background call failed.
-#[derive(Debug, thiserror::Error)]
-pub enum BackgroundError {
-    /// The primary could not be reached.
-    #[error(transparent)]
-    Connect(#[from] upstream::UpstreamError),
-    /// The connection failed mid-call or timed out.
-    #[error("background connection: {0}")]
-    Io(String),
-    /// Redis answered with an error.
-    #[error("background call refused: {0}")]
-    Refused(String),
-}
-
-/// lockgate's own connection to the primary: one request at a time,
-/// reconnected on demand, authenticated with `upstream.username/password`.
-#[derive(Debug)]
-pub struct Background {
-    config: UpstreamConfig,
-    conn: tokio::sync::Mutex<Option<TcpStream>>,
-}
-
-impl Background {
-    /// A background client for the primary in `config` (not connected yet).
-    pub fn new(config: &UpstreamConfig) -> Background {
-        Background {
-            config: config.clone(),
-            conn: tokio::sync::Mutex::new(None),
-        }
-    }
-
-    /// Sends one command and returns its raw reply; the connection is
-    /// dropped after any failure so the next call starts clean.
-    pub async fn call(&self, command: &[u8]) -> Result<Vec<u8>, BackgroundError> {
-        let timeout = Duration::from_millis(self.config.connect_timeout_ms.max(1000));
-        let mut guard = self.conn.lock().await;
-        if guard.is_none() {
-            let mut stream = upstream::connect(&self.config.addr, timeout).await?;
-            if !self.config.password.is_empty() {
-                let mut args: Vec<&[u8]> = vec![b"AUTH"];
-                if !self.config.username.is_empty() {
-                    args.push(self.config.username.as_bytes());
-                }
-                args.push(self.config.password.as_bytes());
-                let reply = exchange(&mut stream, &encode::command(&args), timeout).await?;
-                if reply.first() == Some(&b'-') {
-                    return Err(BackgroundError::Refused(
-                        String::from_utf8_lossy(&reply).trim().to_string(),
-                    ));
-                }
-            }
-            *guard = Some(stream);
-        }
-        let Some(stream) = guard.as_mut() else {
-            return Err(BackgroundError::Io("not connected".to_string()));
-        };
-        match exchange(stream, command, timeout).await {
-            Ok(reply) => Ok(reply),
-            Err(e) => {
-                *guard = None;
-                Err(e)
-            }
-        }
-    }
-}
-
-async fn exchange(
-    stream: &mut TcpStream,
-    command: &[u8],
-    timeout: Duration,
-) -> Result<Vec<u8>, BackgroundError> {
-    let io = async {
-        stream.write_all(command).await?;
-        let mut buf = BytesMut::with_capacity(256);
-        let mut scanner = ReplyScanner::new(64);
-        let mut pos = 0;
-        loop {
-            if stream.read_buf(&mut buf).await? == 0 {
-                return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof));
-            }
-            loop {
-                let (used, end) = scanner
-                    .advance(&buf[pos..])
-                    .map_err(|e| std::io::Error::other(e.to_string()))?;
-                pos += used;
-                match end {
-                    Some(_) => return Ok(buf[..pos].to_vec()),
-                    None if used == 0 => break,
-                    None => {}
-                }
-            }
-        }
-    };
-    match tokio::time::timeout(timeout, io).await {
-        Ok(Ok(reply)) => Ok(reply),
-        Ok(Err(e)) => Err(BackgroundError::Io(e.to_string())),
-        Err(_) => Err(BackgroundError::Io("timed out".to_string())),
-    }
-}
+/// Longest wait for one renewal or release on lockgate's own connection.
+const CALL_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Renews, every tick, the held locks of one connection whose pattern has
 /// `watchdog = true`, each until `max_hold_ms` after it was acquired.
 /// Returns never; the session drops it when the connection ends.
-pub async fn run(service: &LockService, background: &Background, conn: &Mutex<ConnLocks>) {
+pub async fn run(service: &LockService, primary: &Node, conn: &Mutex<ConnLocks>) {
     loop {
         let due = renewals(service, conn);
         let tick = due
@@ -150,8 +49,8 @@ pub async fn run(service: &LockService, background: &Background, conn: &Mutex<Co
                 lease_s.as_bytes(),
                 &value,
             ]);
-            match background.call(&cmd).await {
-                Ok(reply) if reply.as_slice() == b":1\r\n" => {
+            match primary.call(cmd, CALL_TIMEOUT).await {
+                Ok(reply) if reply.as_ref() == b":1\r\n" => {
                     ProxyMetrics::inc(&service.metrics.watchdog_renewals);
                 }
                 Ok(_) => {
@@ -194,11 +93,7 @@ fn renewals(service: &LockService, conn: &Mutex<ConnLocks>) -> Vec<Due> {
 
 /// Releases, by exact token, the held locks of a closed connection whose
 /// pattern has `release_on_disconnect = true`.
-pub async fn release_on_disconnect(
-    service: &LockService,
-    background: &Background,
-    conn: &Mutex<ConnLocks>,
-) {
+pub async fn release_on_disconnect(service: &LockService, primary: &Node, conn: &Mutex<ConnLocks>) {
     let due: Vec<Due> = match conn.lock() {
         Ok(c) => c
             .held()
@@ -230,8 +125,8 @@ pub async fn release_on_disconnect(
             &token,
             &value,
         ]);
-        match background.call(&cmd).await {
-            Ok(reply) if reply.as_slice() == b":1\r\n" => {
+        match primary.call(cmd, CALL_TIMEOUT).await {
+            Ok(reply) if reply.as_ref() == b":1\r\n" => {
                 ProxyMetrics::inc(&service.metrics.released_on_disconnect);
             }
             Ok(_) => {}

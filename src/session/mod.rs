@@ -121,13 +121,13 @@ async fn serve(ctx: &ServerContext, mut client: TcpStream, shutdown: &Cancellati
     let (read_end, write_end) = if ctx.locks.has_watchdog() {
         tokio::select! {
             ends = halves => ends,
-            _ = watchdog::run(&ctx.locks, &ctx.background, &conn) => return,
+            _ = watchdog::run(&ctx.locks, &ctx.primary, &conn) => return,
         }
     } else {
         halves.await
     };
     if ctx.locks.has_release_on_disconnect() {
-        watchdog::release_on_disconnect(&ctx.locks, &ctx.background, &conn).await;
+        watchdog::release_on_disconnect(&ctx.locks, &ctx.primary, &conn).await;
     }
     if let ReaderEnd::Failed(e) = &read_end {
         ctx.metrics.error(e.source_kind());
