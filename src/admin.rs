@@ -1,6 +1,13 @@
-//! `LOCKGATE …` admin commands over RESP, answered by lockgate itself.
+//! `LOCKGATE …` commands over RESP, answered by lockgate itself: the
+//! operators' counters (`STATS`, `UNMATCHED [n]`) and the fencing-token API
+//! for new code (`LOCK key ttl-ms [WAIT ms]`, `UNLOCK key token`,
+//! `EXTEND key token ttl-ms`).
+
+use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
+use tokio::sync::oneshot;
 
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
@@ -10,10 +17,29 @@ use crate::server::ServerContext;
 /// Default number of rows of list answers.
 const DEFAULT_ROWS: usize = 20;
 
+/// Longest `WAIT` a `LOCKGATE LOCK` may ask for.
+const MAX_WAIT: Duration = Duration::from_secs(60);
+
+/// An admin answer: ready now, or worked out by a task of its own.
+#[derive(Debug)]
+pub enum AdminReply {
+    /// The reply.
+    Now(LocalReply),
+    /// The reply, once the task is done.
+    Later(oneshot::Receiver<LocalReply>),
+}
+
 /// Answers one `LOCKGATE` command.
-pub fn handle(ctx: &ServerContext, args: CommandArgs<'_>) -> LocalReply {
+pub fn handle(ctx: &Arc<ServerContext>, args: CommandArgs<'_>) -> AdminReply {
     let sub = args.get(1).to_ascii_uppercase();
     match sub.as_slice() {
+        b"LOCK" | b"UNLOCK" | b"EXTEND" => fencing(ctx, &sub, args),
+        _ => AdminReply::Now(counters(ctx, &sub, args)),
+    }
+}
+
+fn counters(ctx: &ServerContext, sub: &[u8], args: CommandArgs<'_>) -> LocalReply {
+    match sub {
         b"UNMATCHED" => {
             let n = match rows(args.get(2)) {
                 Ok(n) => n,
@@ -34,10 +60,83 @@ pub fn handle(ctx: &ServerContext, args: CommandArgs<'_>) -> LocalReply {
         }
         b"STATS" => stats(ctx),
         _ => LocalReply::err(format!(
-            "lockgate: unknown LOCKGATE subcommand '{}'; try STATS or UNMATCHED [n]",
+            "lockgate: unknown LOCKGATE subcommand '{}'; try STATS, UNMATCHED [n], LOCK, UNLOCK or EXTEND",
             String::from_utf8_lossy(args.get(1))
         )),
     }
+}
+
+fn number(arg: &[u8]) -> Option<u64> {
+    std::str::from_utf8(arg).ok()?.parse().ok()
+}
+
+/// Parses a fencing command and starts the task that answers it.
+fn fencing(ctx: &Arc<ServerContext>, sub: &[u8], args: CommandArgs<'_>) -> AdminReply {
+    let usage =
+        |u: &str| AdminReply::Now(LocalReply::err(format!("lockgate: usage: LOCKGATE {u}")));
+    let key = Bytes::copy_from_slice(args.get(2));
+    let timeout = Duration::from_millis(ctx.config.upstream.connect_timeout_ms);
+    let (tx, rx) = oneshot::channel();
+    let ctx2 = ctx.clone();
+    match sub {
+        b"LOCK" => {
+            let ttl = number(args.get(3)).filter(|&t| t > 0);
+            let wait = match (args.len(), args.get(4).to_ascii_uppercase().as_slice()) {
+                (4, _) => Some(0),
+                (6, b"WAIT") => number(args.get(5)),
+                _ => None,
+            };
+            let (Some(ttl), Some(wait)) = (ttl, wait) else {
+                return usage("LOCK key ttl-ms [WAIT ms]");
+            };
+            let wait = Duration::from_millis(wait).min(MAX_WAIT);
+            spawn(ctx, tx, async move {
+                ctx2.locks
+                    .fence_lock(&ctx2.primary, key, ttl, wait, timeout)
+                    .await
+            });
+        }
+        b"UNLOCK" => {
+            if args.len() != 4 {
+                return usage("UNLOCK key token");
+            }
+            let token = Bytes::copy_from_slice(args.get(3));
+            spawn(ctx, tx, async move {
+                ctx2.locks
+                    .fence_unlock(&ctx2.primary, key, token, timeout)
+                    .await
+            });
+        }
+        _ => {
+            let ttl = number(args.get(4)).filter(|&t| t > 0);
+            let (true, Some(ttl)) = (args.len() == 5, ttl) else {
+                return usage("EXTEND key token ttl-ms");
+            };
+            let token = Bytes::copy_from_slice(args.get(3));
+            spawn(ctx, tx, async move {
+                ctx2.locks
+                    .fence_extend(&ctx2.primary, key, token, ttl, timeout)
+                    .await
+            });
+        }
+    }
+    AdminReply::Later(rx)
+}
+
+/// Runs `work` on a task of its own that stops at shutdown.
+fn spawn(
+    ctx: &ServerContext,
+    tx: oneshot::Sender<LocalReply>,
+    work: impl std::future::Future<Output = LocalReply> + Send + 'static,
+) {
+    let stop = ctx.stop.clone();
+    tokio::spawn(async move {
+        let reply = tokio::select! {
+            reply = work => reply,
+            _ = stop.cancelled() => LocalReply::err("lockgate: shutting down"),
+        };
+        let _ = tx.send(reply);
+    });
 }
 
 fn rows(arg: &[u8]) -> Result<usize, LocalReply> {

@@ -23,6 +23,7 @@
 //! - [`metrics`]: counters. - [`watchdog`]: lease renewal and release on
 //!   disconnect over a connection of lockgate's own.
 
+pub mod fence;
 pub mod keys;
 pub mod lease;
 pub mod metrics;
@@ -187,6 +188,11 @@ impl LockService {
     /// `instance_id:`, the prefix of this instance's tokens.
     pub fn instance_prefix(&self) -> &str {
         self.tokens.prefix()
+    }
+
+    /// A new acquisition token of this instance.
+    pub fn next_token(&self) -> Bytes {
+        self.tokens.next()
     }
 
     /// A fresh per-connection record table.

@@ -184,3 +184,34 @@ return 1
 /// A fixed error reply, for refusals that must take a command's place in a
 /// transaction. ARGV: the error text (with its code).
 pub const ERROR: &str = "return redis.error_reply(ARGV[1])";
+
+/// Fencing-token acquisition (`LOCKGATE LOCK`): the lock's value is the
+/// token, a per-key counter (`lockgate:fence:{key}`, never expiring) that
+/// only grows. KEYS: lock, owner record, counter. ARGV: ttl ms, instance
+/// token for the owner record. Reply: `{token, 0}` when acquired, `{0,
+/// holder's pttl}` when not.
+pub const FENCE_LOCK: &str = r#"
+if redis.call('EXISTS', KEYS[1]) == 1 then return {0, redis.call('PTTL', KEYS[1])} end
+local t = redis.call('INCR', KEYS[3])
+redis.call('SET', KEYS[1], t, 'PX', ARGV[1])
+redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[1])
+return {t, 0}
+"#;
+
+/// `LOCKGATE UNLOCK`: delete only if the lock still holds this token.
+/// KEYS: lock, owner record. ARGV: token. Reply: 1 released, 0 not.
+pub const FENCE_UNLOCK: &str = r#"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1], KEYS[2])
+return 1
+"#;
+
+/// `LOCKGATE EXTEND`: extend only a lock that still holds this token, so
+/// an expired lock is never resurrected. KEYS: lock, owner record. ARGV:
+/// token, ttl ms. Reply: 1 extended, 0 not.
+pub const FENCE_EXTEND: &str = r#"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('PEXPIRE', KEYS[2], ARGV[2])
+return 1
+"#;

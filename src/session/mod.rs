@@ -84,7 +84,7 @@ pub async fn run(
     .await
 }
 
-async fn serve(ctx: &ServerContext, mut client: TcpStream, shutdown: &CancellationToken) {
+async fn serve(ctx: &Arc<ServerContext>, mut client: TcpStream, shutdown: &CancellationToken) {
     // Nagle only adds latency; lockgate batches writes itself.
     let _ = client.set_nodelay(true);
     let mut buf = BytesMut::with_capacity(ctx.config.proxy.read_chunk_bytes);

@@ -7,8 +7,19 @@ use crate::lock::LockPending;
 use crate::protocol::encode::LocalReply;
 use crate::router::Expect;
 
+/// A reply lockgate is still working out (a fencing `LOCK … WAIT`, later a
+/// quorum call); the writer holds every later reply back until it is ready.
+#[derive(Debug)]
+pub struct Deferred(pub tokio::sync::oneshot::Receiver<LocalReply>);
+
+impl PartialEq for Deferred {
+    fn eq(&self, _: &Deferred) -> bool {
+        false
+    }
+}
+
 /// One step of the reply stream, in command order.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, PartialEq)]
 pub enum Pending {
     /// This many replies from Redis, forwarded as they are.
     Upstream(u32),
@@ -19,6 +30,8 @@ pub enum Pending {
     Reset,
     /// A reply lockgate makes, written once everything before it is.
     Local(LocalReply),
+    /// A reply lockgate is still working out.
+    Deferred(Deferred),
     /// One reply from Redis to a lock script: `{client reply, facts…}`;
     /// the writer passes the client reply on and the facts to the lock room.
     Lock(LockPending),
@@ -64,6 +77,11 @@ impl Batch {
     /// Records a lock script whose reply carries facts.
     pub fn lock(&mut self, pending: LockPending) {
         self.entries.push(Pending::Lock(pending));
+    }
+
+    /// Records a reply that will be ready later.
+    pub fn deferred(&mut self, rx: tokio::sync::oneshot::Receiver<LocalReply>) {
+        self.entries.push(Pending::Deferred(Deferred(rx)));
     }
 
     /// Records a reply lockgate makes itself.

@@ -3,7 +3,7 @@
 //! client's own bytes in one write per read batch.
 
 use std::ops::Range;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -40,7 +40,7 @@ pub enum ReaderEnd {
 /// session is cancelled, or a request is malformed. `buf` may already hold
 /// bytes read before the upstream connection existed.
 pub async fn read_loop(
-    ctx: &ServerContext,
+    ctx: &Arc<ServerContext>,
     buf: &mut BytesMut,
     client: &mut ReadHalf<'_>,
     upstream: &mut WriteHalf<'_>,
@@ -164,7 +164,7 @@ struct Routed {
 
 /// Parses every complete request in `buf` and routes it.
 fn route_batch(
-    ctx: &ServerContext,
+    ctx: &Arc<ServerContext>,
     parser: &mut RequestParser,
     view: &mut SessionView,
     conn: &Mutex<ConnLocks>,
@@ -220,7 +220,7 @@ fn route_batch(
 
 /// Carries out one routing decision for the command at `whole` in the buffer.
 fn carry_out(
-    ctx: &ServerContext,
+    ctx: &Arc<ServerContext>,
     route: &Route,
     args: CommandArgs<'_>,
     view: &SessionView,
@@ -274,6 +274,9 @@ fn carry_out(
                 out.batch.local(reply);
             }
         }
-        Route::Admin => out.batch.local(admin::handle(ctx, args)),
+        Route::Admin => match admin::handle(ctx, args) {
+            admin::AdminReply::Now(reply) => out.batch.local(reply),
+            admin::AdminReply::Later(rx) => out.batch.deferred(rx),
+        },
     }
 }

@@ -16,6 +16,7 @@ use super::pending::Pending;
 use super::SessionError;
 use crate::lock::lease::ConnLocks;
 use crate::metrics::ProxyMetrics;
+use crate::protocol::encode::LocalReply;
 use crate::protocol::reply::{FrameEnd, FrameKind, ReplyScanner};
 use crate::server::ServerContext;
 
@@ -48,6 +49,8 @@ struct Replies {
     capture: Option<Vec<u8>>,
     /// The client half-closed and Redis was told: end at the upstream's EOF.
     await_eof: bool,
+    /// A deferred reply is awaited: later frames stay in the buffer.
+    blocked: bool,
 }
 
 /// Copies replies to the client until the session is over (see [`WriterEnd`]).
@@ -68,8 +71,11 @@ pub async fn write_loop(
         out: BytesMut::new(),
         capture: None,
         await_eof: false,
+        blocked: false,
     };
     let mut buf = BytesMut::with_capacity(chunk);
+    // The deferred reply at the front, once everything before it is out.
+    let mut deferred: Option<tokio::sync::oneshot::Receiver<LocalReply>> = None;
     let mut reader_done = false;
     let mut deadline = Instant::now();
     loop {
@@ -80,7 +86,16 @@ pub async fn write_loop(
         if closing {
             return WriterEnd::Closed;
         }
+        if deferred.is_none() && st.scanner.at_boundary() && st.capture.is_none() {
+            if let Some(Pending::Deferred(_)) = st.queue.front() {
+                if let Some(Pending::Deferred(d)) = st.queue.pop_front() {
+                    deferred = Some(d.0);
+                }
+            }
+        }
+        st.blocked = deferred.is_some();
         if reader_done
+            && deferred.is_none()
             && !st.await_eof
             && st.queue.is_empty()
             && st.scanner.at_boundary()
@@ -91,8 +106,25 @@ pub async fn write_loop(
         if buf.capacity() - buf.len() < chunk / 4 {
             buf.reserve(chunk);
         }
+        // While a deferred reply is awaited, later replies wait in `buf`;
+        // stop reading Redis once that holds a few chunks (back-pressure).
+        let read_upstream = !st.blocked || buf.len() < chunk * 4;
         tokio::select! {
             biased;
+            ready = async { deferred.as_mut()?.await.ok() }, if deferred.is_some() => {
+                deferred = None;
+                st.blocked = false;
+                ready
+                    .unwrap_or_else(|| LocalReply::err("lockgate: internal error (reply lost)"))
+                    .encode(st.resp3, &mut st.out);
+                if !buf.is_empty() {
+                    match forward(ctx, client, &mut buf, &mut st, &mut rx, conn).await {
+                        Ok(true) => return WriterEnd::Closed,
+                        Ok(false) => {}
+                        Err(e) => return WriterEnd::Failed(e),
+                    }
+                }
+            }
             msg = rx.recv(), if !reader_done => match msg {
                 Some(entries) => st.accept(entries),
                 None => {
@@ -100,7 +132,7 @@ pub async fn write_loop(
                     deadline = Instant::now() + grace;
                 }
             },
-            read = upstream.read_buf(&mut buf) => match read {
+            read = upstream.read_buf(&mut buf), if read_upstream => match read {
                 Ok(0) => {
                     while let Ok(entries) = rx.try_recv() {
                         st.accept(entries);
@@ -220,7 +252,7 @@ impl Replies {
     fn front_is_local(&self) -> bool {
         matches!(
             self.queue.front(),
-            Some(Pending::Local(_) | Pending::EnterRaw | Pending::Close)
+            Some(Pending::Local(_) | Pending::EnterRaw | Pending::Close | Pending::Deferred(_))
         )
     }
 }
@@ -237,8 +269,14 @@ async fn forward(
     conn: &Mutex<ConnLocks>,
 ) -> Result<bool, SessionError> {
     let mut pos = 0;
+    // Local replies rendered before the first frame (a deferred reply that
+    // just became ready) go first.
+    flush_out(ctx, client, &mut st.out).await?;
     loop {
         if st.scanner.at_boundary() && st.capture.is_none() {
+            if st.blocked || matches!(st.queue.front(), Some(Pending::Deferred(_))) {
+                break;
+            }
             if st.queue.is_empty() {
                 // Entries are sent before their commands go upstream, so the
                 // entry for the next reply is already in the channel.

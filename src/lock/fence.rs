@@ -1,0 +1,193 @@
+//! The fencing-token API for new code: `LOCKGATE LOCK key ttl-ms [WAIT ms]`
+//! → `[token, validity-ms]` or nil, `LOCKGATE UNLOCK key token`,
+//! `LOCKGATE EXTEND key token ttl-ms`. Tokens are strictly increasing per
+//! key, so storage can refuse a write from a paused ex-holder whose token
+//! is older than one it has seen.
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+
+use super::node::Node;
+use super::{owner_key, script, LockService};
+use crate::metrics::ProxyMetrics;
+use crate::protocol::encode::{self, LocalReply};
+
+/// Drift allowance of a lease, as Redlock computes validity.
+const CLOCK_DRIFT_FACTOR: f64 = 0.01;
+/// Longest pause between two attempts of a `LOCK … WAIT`.
+const WAIT_STEP: Duration = Duration::from_millis(25);
+
+/// `lockgate:fence:{key}`: the key's token counter.
+pub fn counter_key(key: &[u8]) -> Bytes {
+    let mut k = b"lockgate:fence:{".to_vec();
+    k.extend_from_slice(key);
+    k.push(b'}');
+    Bytes::from(k)
+}
+
+/// The integers of a reply (`:n` lines), in order.
+fn integers(reply: &[u8]) -> Vec<i64> {
+    reply
+        .split(|&c| c == b'\n')
+        .filter_map(|l| l.strip_prefix(b":").and_then(|l| l.strip_suffix(b"\r")))
+        .filter_map(crate::protocol::request::parse_int)
+        .collect()
+}
+
+fn node_error(reply: &[u8]) -> Option<LocalReply> {
+    reply.first().filter(|&&c| c == b'-').map(|_| {
+        LocalReply::Error(Bytes::copy_from_slice(
+            reply.strip_prefix(b"-").unwrap_or(reply).trim_ascii_end(),
+        ))
+    })
+}
+
+impl LockService {
+    /// `LOCKGATE LOCK`: tries until acquired or `wait` has passed.
+    pub async fn fence_lock(
+        &self,
+        node: &Node,
+        key: Bytes,
+        ttl_ms: u64,
+        wait: Duration,
+        timeout: Duration,
+    ) -> LocalReply {
+        let deadline = Instant::now() + wait;
+        let owner = owner_key(&key);
+        let counter = counter_key(&key);
+        let ttl = ttl_ms.to_string();
+        loop {
+            ProxyMetrics::inc(&self.metrics.attempts);
+            let started = Instant::now();
+            let instance_token = self.next_token();
+            let cmd = encode::command(&[
+                b"EVAL",
+                script::FENCE_LOCK.as_bytes(),
+                b"3",
+                &key,
+                &owner,
+                &counter,
+                ttl.as_bytes(),
+                &instance_token,
+            ]);
+            let reply = match node.call(cmd, timeout).await {
+                Ok(reply) => reply,
+                Err(e) => return LocalReply::err(format!("lockgate: {e}")),
+            };
+            if let Some(err) = node_error(&reply) {
+                return err;
+            }
+            let facts = integers(&reply);
+            let (token, pttl) = (
+                facts.first().copied().unwrap_or(0),
+                facts.get(1).copied().unwrap_or(0),
+            );
+            if token > 0 {
+                let elapsed = started.elapsed().as_millis() as i64;
+                let drift = (ttl_ms as f64 * CLOCK_DRIFT_FACTOR) as i64 + 2;
+                let validity = ttl_ms as i64 - elapsed - drift;
+                if validity > 0 {
+                    ProxyMetrics::inc(&self.metrics.acquired);
+                    return LocalReply::Array(vec![
+                        LocalReply::Integer(token),
+                        LocalReply::Integer(validity),
+                    ]);
+                }
+                // Too slow to be useful: give it back.
+                let _ = self
+                    .fence_unlock(node, key.clone(), Bytes::from(token.to_string()), timeout)
+                    .await;
+            } else {
+                ProxyMetrics::inc(&self.metrics.contended);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return LocalReply::Null;
+            }
+            let step = WAIT_STEP.min(Duration::from_millis(pttl.max(1) as u64));
+            tokio::time::sleep(step.min(deadline - now)).await;
+        }
+    }
+
+    /// `LOCKGATE UNLOCK`: 1 if this token held the lock and released it.
+    pub async fn fence_unlock(
+        &self,
+        node: &Node,
+        key: Bytes,
+        token: Bytes,
+        timeout: Duration,
+    ) -> LocalReply {
+        let owner = owner_key(&key);
+        let cmd = encode::command(&[
+            b"EVAL",
+            script::FENCE_UNLOCK.as_bytes(),
+            b"2",
+            &key,
+            &owner,
+            &token,
+        ]);
+        self.fence_simple(node, cmd, timeout, false).await
+    }
+
+    /// `LOCKGATE EXTEND`: 1 if this token still held the lock and it was
+    /// extended; an expired lock is never brought back.
+    pub async fn fence_extend(
+        &self,
+        node: &Node,
+        key: Bytes,
+        token: Bytes,
+        ttl_ms: u64,
+        timeout: Duration,
+    ) -> LocalReply {
+        let owner = owner_key(&key);
+        let ttl = ttl_ms.to_string();
+        let cmd = encode::command(&[
+            b"EVAL",
+            script::FENCE_EXTEND.as_bytes(),
+            b"2",
+            &key,
+            &owner,
+            &token,
+            ttl.as_bytes(),
+        ]);
+        self.fence_simple(node, cmd, timeout, true).await
+    }
+
+    async fn fence_simple(
+        &self,
+        node: &Node,
+        cmd: Bytes,
+        timeout: Duration,
+        extend: bool,
+    ) -> LocalReply {
+        match node.call(cmd, timeout).await {
+            Ok(reply) => {
+                if let Some(err) = node_error(&reply) {
+                    return err;
+                }
+                let n = integers(&reply).first().copied().unwrap_or(0);
+                let counter = match (extend, n) {
+                    (false, 1) => &self.metrics.released,
+                    (false, _) => &self.metrics.release_denied,
+                    (true, 0) => &self.metrics.extend_denied,
+                    (true, _) => return LocalReply::Integer(n),
+                };
+                ProxyMetrics::inc(counter);
+                LocalReply::Integer(n)
+            }
+            Err(e) => LocalReply::err(format!("lockgate: {e}")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn integers_of_a_reply() {
+        assert_eq!(integers(b"*2\r\n:7\r\n:-2\r\n"), vec![7, -2]);
+        assert_eq!(integers(b":1\r\n"), vec![1]);
+    }
+}
