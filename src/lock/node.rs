@@ -19,6 +19,9 @@ use crate::protocol::encode;
 use crate::protocol::reply::ReplyScanner;
 use crate::upstream;
 
+/// `CLIENT SETNAME` of lockgate's own connections.
+pub const INTERNAL_NAME: &str = "lockgate-internal";
+
 /// Longest pause between two connection attempts to a node.
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
 
@@ -182,6 +185,9 @@ async fn open(config: &NodeConfig) -> Result<(tokio::net::TcpStream, String), St
             return Err(String::from_utf8_lossy(&reply).trim().to_string());
         }
     }
+    // A name operators (and CLIENT LIST) can tell apart from client sessions.
+    let setname = encode::command(&[b"CLIENT", b"SETNAME", INTERNAL_NAME.as_bytes()]);
+    request(&mut stream, &setname, config.connect_timeout).await?;
     let info = request(
         &mut stream,
         &encode::command(&[b"INFO", b"server"]),

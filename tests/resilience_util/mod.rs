@@ -233,6 +233,8 @@ pub async fn client_list(redis_addr: &str, auth: Option<&str>) -> Vec<String> {
         .map(str::trim)
         .filter(|l| l.starts_with("id="))
         .filter(|l| !l.contains("cmd=client|list"))
+        // lockgate's own shared connection is not a client session.
+        .filter(|l| !l.contains(" name=lockgate-internal "))
         .map(str::to_string)
         .collect()
 }
