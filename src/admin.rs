@@ -90,7 +90,7 @@ fn fencing(ctx: &Arc<ServerContext>, sub: &[u8], args: CommandArgs<'_>) -> Admin
                 return usage("LOCK key ttl-ms [WAIT ms]");
             };
             let wait = Duration::from_millis(wait).min(MAX_WAIT);
-            spawn(ctx, tx, async move {
+            spawn_into(ctx, tx, async move {
                 ctx2.locks
                     .fence_lock(&ctx2.primary, key, ttl, wait, timeout)
                     .await
@@ -101,7 +101,7 @@ fn fencing(ctx: &Arc<ServerContext>, sub: &[u8], args: CommandArgs<'_>) -> Admin
                 return usage("UNLOCK key token");
             }
             let token = Bytes::copy_from_slice(args.get(3));
-            spawn(ctx, tx, async move {
+            spawn_into(ctx, tx, async move {
                 ctx2.locks
                     .fence_unlock(&ctx2.primary, key, token, timeout)
                     .await
@@ -113,7 +113,7 @@ fn fencing(ctx: &Arc<ServerContext>, sub: &[u8], args: CommandArgs<'_>) -> Admin
                 return usage("EXTEND key token ttl-ms");
             };
             let token = Bytes::copy_from_slice(args.get(3));
-            spawn(ctx, tx, async move {
+            spawn_into(ctx, tx, async move {
                 ctx2.locks
                     .fence_extend(&ctx2.primary, key, token, ttl, timeout)
                     .await
@@ -123,8 +123,18 @@ fn fencing(ctx: &Arc<ServerContext>, sub: &[u8], args: CommandArgs<'_>) -> Admin
     AdminReply::Later(rx)
 }
 
-/// Runs `work` on a task of its own that stops at shutdown.
-fn spawn(
+/// Runs `work` on a task of its own that stops at shutdown; its reply
+/// arrives on the returned channel.
+pub fn spawn(
+    ctx: &ServerContext,
+    work: impl std::future::Future<Output = LocalReply> + Send + 'static,
+) -> oneshot::Receiver<LocalReply> {
+    let (tx, rx) = oneshot::channel();
+    spawn_into(ctx, tx, work);
+    rx
+}
+
+fn spawn_into(
     ctx: &ServerContext,
     tx: oneshot::Sender<LocalReply>,
     work: impl std::future::Future<Output = LocalReply> + Send + 'static,

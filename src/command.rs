@@ -48,6 +48,17 @@ pub enum CommandKind {
     Persist,
     /// `LOCKGATE …`: lockgate's own admin commands.
     Lockgate,
+    /// Reads the quorum answers for lock keys: `GET`, `EXISTS`, `TTL`,
+    /// `PTTL`, `TYPE`; `true` when every argument is a key (`EXISTS`).
+    Read(bool),
+    /// `EVAL`, `EVALSHA` (and `_RO`): keys follow `numkeys`.
+    Eval,
+    /// `SCRIPT …` (`LOAD` bodies are remembered for the quorum).
+    Script,
+    /// Commands over several keys that cannot span the primary and the
+    /// quorum: `MGET`, `MSET`, `MSETNX`, `TOUCH`, `WATCH`, `RENAME`, `COPY`…;
+    /// `true` when every argument is a key, `false` for key/value pairs.
+    MultiKey(bool),
     /// Anything else: one request, one reply.
     Other,
 }
@@ -83,6 +94,14 @@ pub fn classify(name: &[u8], arg1: &[u8], arg2: &[u8]) -> CommandKind {
         b"PEXPIREAT" => CommandKind::Expire("PEXPIREAT"),
         b"PERSIST" => CommandKind::Persist,
         b"LOCKGATE" => CommandKind::Lockgate,
+        b"GET" | b"TTL" | b"PTTL" | b"TYPE" => CommandKind::Read(false),
+        b"EXISTS" => CommandKind::Read(true),
+        b"EVAL" | b"EVALSHA" | b"EVAL_RO" | b"EVALSHA_RO" => CommandKind::Eval,
+        b"SCRIPT" => CommandKind::Script,
+        b"MGET" | b"TOUCH" | b"WATCH" | b"RENAME" | b"RENAMENX" | b"COPY" => {
+            CommandKind::MultiKey(true)
+        }
+        b"MSET" | b"MSETNX" => CommandKind::MultiKey(false),
         b"CLIENT"
             if arg1.eq_ignore_ascii_case(b"REPLY")
                 && (arg2.eq_ignore_ascii_case(b"OFF") || arg2.eq_ignore_ascii_case(b"SKIP")) =>

@@ -150,6 +150,53 @@ pub struct LocksConfig {
     pub max_queued_calls: usize,
     /// Per-pattern settings; the first whose pattern matches a key applies.
     pub overrides: Vec<LockOverride>,
+    /// Lock keys on N independent masters with the Redlock quorum; without
+    /// masters, lock keys live on the primary.
+    pub quorum: QuorumConfig,
+}
+
+/// The Redlock quorum (`[locks.quorum]`).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct QuorumConfig {
+    /// Lock masters (`HOST:PORT`), independent Redis servers; empty: no
+    /// quorum. At least 3; odd recommended (an even N needs N/2+1).
+    pub masters: Vec<String>,
+    /// Longest wait for one master's answer, in milliseconds; a master that
+    /// does not answer in time counts as "no".
+    pub node_timeout_ms: u64,
+    /// Clock drift allowance, as a fraction of the lease:
+    /// validity = lease − elapsed − (lease × drift + 2 ms).
+    pub clock_drift_factor: f64,
+    /// How long a master that restarted (new run_id) or was unreachable sits
+    /// out acquisitions, in milliseconds. 0: the longest lease lockgate has
+    /// granted, never less than `default_lease_ms`.
+    pub rejoin_delay_ms: u64,
+    /// When fewer than a majority of masters can take part in an
+    /// acquisition: `"error"` (reply an error) or `"not_acquired"`.
+    pub on_quorum_loss: QuorumLoss,
+}
+
+impl Default for QuorumConfig {
+    fn default() -> Self {
+        QuorumConfig {
+            masters: Vec::new(),
+            node_timeout_ms: 50,
+            clock_drift_factor: 0.01,
+            rejoin_delay_ms: 0,
+            on_quorum_loss: QuorumLoss::Error,
+        }
+    }
+}
+
+/// What an acquisition answers without a quorum of masters.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum QuorumLoss {
+    /// `-ERR lockgate: lock quorum unavailable (…)`.
+    Error,
+    /// The command's "not acquired" reply (`:0`, nil).
+    NotAcquired,
 }
 
 impl Default for LocksConfig {
@@ -176,6 +223,7 @@ impl Default for LocksConfig {
             max_unmatched_prefixes: 1_000,
             max_queued_calls: 10_000,
             overrides: Vec::new(),
+            quorum: QuorumConfig::default(),
         }
     }
 }
@@ -297,6 +345,26 @@ impl Config {
         }
         positive("locks.default_lease_ms", self.locks.default_lease_ms)?;
         positive("locks.max_queued_calls", self.locks.max_queued_calls as u64)?;
+        let q = &self.locks.quorum;
+        if !q.masters.is_empty() && q.masters.len() < 3 {
+            return Err(invalid(
+                "locks.quorum.masters",
+                "needs at least 3 masters (or none)",
+            ));
+        }
+        if q.masters.iter().any(|m| !m.contains(':')) {
+            return Err(invalid(
+                "locks.quorum.masters",
+                "expected HOST:PORT entries",
+            ));
+        }
+        positive("locks.quorum.node_timeout_ms", q.node_timeout_ms)?;
+        if !(0.0..0.5).contains(&q.clock_drift_factor) {
+            return Err(invalid(
+                "locks.quorum.clock_drift_factor",
+                "must be in [0, 0.5)",
+            ));
+        }
         positive(
             "locks.max_locks_per_connection",
             self.locks.max_locks_per_connection as u64,

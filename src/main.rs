@@ -27,6 +27,10 @@ struct Cli {
     /// The primary Redis (overrides upstream.addr).
     #[arg(long, value_name = "HOST:PORT")]
     upstream: Option<String>,
+    /// Lock masters for the Redlock quorum, comma-separated HOST:PORT
+    /// (overrides locks.quorum.masters).
+    #[arg(long, value_name = "HOST:PORT,…", value_delimiter = ',')]
+    lock_masters: Option<Vec<String>>,
     /// Validate the configuration and exit: 0 if valid, 64 if not.
     #[arg(long)]
     check: bool,
@@ -45,6 +49,9 @@ fn load(cli: &Cli) -> Result<Config, lockgate::config::ConfigError> {
     }
     if let Some(upstream) = &cli.upstream {
         config.upstream.addr = upstream.clone();
+    }
+    if let Some(masters) = &cli.lock_masters {
+        config.locks.quorum.masters = masters.clone();
     }
     config.validate()?;
     Ok(config)

@@ -43,6 +43,13 @@ pub enum Route {
     RefusePersist,
     /// A `LOCKGATE …` admin command, answered by lockgate.
     Admin,
+    /// A read of lock keys, answered by the quorum's majority.
+    QuorumRead,
+    /// A client script on lock keys only, run on every master.
+    QuorumEval,
+    /// Refused with this message (`-ERR lockgate: …`): e.g. a command that
+    /// mixes lock keys with other keys while they live on different stores.
+    Refuse(String),
 }
 
 /// What the router knows about the connection (kept by the session).
@@ -90,12 +97,14 @@ impl<'a> CommandArgs<'a> {
     }
 }
 
-/// Decides the route of one non-empty command of kind `kind`.
+/// Decides the route of one non-empty command of kind `kind`. `quorum`:
+/// lock keys live on the lock masters, not on the primary.
 pub fn route(
     kind: CommandKind,
     args: CommandArgs<'_>,
     view: &SessionView,
     locks: &LockService,
+    quorum: bool,
 ) -> Route {
     if kind == CommandKind::Reset {
         return Route::Forward(Expect::Reset);
@@ -106,6 +115,11 @@ pub fn route(
     let key = args.get(1);
     let lock_key = || args.len() > 1 && locks.is_lock_key(key);
     let lock_op = |op: Option<LockOp>| op.map_or(Route::Forward(Expect::One), Route::Lock);
+    if quorum {
+        if let Some(route) = quorum_route(kind, args, view, locks) {
+            return route;
+        }
+    }
     match kind {
         CommandKind::Subscribe
         | CommandKind::Monitor
@@ -162,6 +176,70 @@ pub fn route(
     }
 }
 
+/// Where a command goes when lock keys live on the quorum, if that differs
+/// from the single-Redis route.
+fn quorum_route(
+    kind: CommandKind,
+    args: CommandArgs<'_>,
+    view: &SessionView,
+    locks: &LockService,
+) -> Option<Route> {
+    let keys: Vec<&[u8]> = match kind {
+        CommandKind::Read(true)
+        | CommandKind::MultiKey(true)
+        | CommandKind::Del
+        | CommandKind::Unlink => (1..args.len()).map(|i| args.get(i)).collect(),
+        CommandKind::MultiKey(false) => (1..args.len()).step_by(2).map(|i| args.get(i)).collect(),
+        CommandKind::Eval => {
+            let n = std::str::from_utf8(args.get(2))
+                .ok()?
+                .parse::<usize>()
+                .ok()?;
+            (3..(3 + n).min(args.len())).map(|i| args.get(i)).collect()
+        }
+        CommandKind::Read(false) => vec![args.get(1)],
+        CommandKind::SetNx
+        | CommandKind::Set
+        | CommandKind::GetSet
+        | CommandKind::GetDel
+        | CommandKind::GetEx
+        | CommandKind::Expire(_) => vec![args.get(1)],
+        _ => return None,
+    };
+    let locked: Vec<&[u8]> = keys
+        .iter()
+        .copied()
+        .filter(|k| locks.is_lock_key(k))
+        .collect();
+    if locked.is_empty() {
+        return None;
+    }
+    let name = String::from_utf8_lossy(args.get(0)).to_uppercase();
+    if locked.len() < keys.len() {
+        let shown: Vec<String> = locked
+            .iter()
+            .map(|k| String::from_utf8_lossy(k).into_owned())
+            .collect();
+        return Some(Route::Refuse(format!(
+            "lockgate: {name} mixes lock keys ({}) with other keys; they live on different stores",
+            shown.join(", ")
+        )));
+    }
+    if view.in_multi {
+        return Some(Route::Refuse(format!(
+            "lockgate: {name} on lock keys inside MULTI is not supported with the lock quorum"
+        )));
+    }
+    match kind {
+        CommandKind::Read(_) => Some(Route::QuorumRead),
+        CommandKind::Eval => Some(Route::QuorumEval),
+        CommandKind::MultiKey(_) => Some(Route::Refuse(format!(
+            "lockgate: {name} is not supported on lock keys with the lock quorum"
+        ))),
+        _ => None,
+    }
+}
+
 impl SessionView {
     /// The view after a command of `kind` was routed to `route`.
     pub fn after(self, kind: CommandKind, route: &Route) -> SessionView {
@@ -200,7 +278,7 @@ mod tests {
         p.parse(buf.as_bytes()).unwrap().unwrap();
         let args = CommandArgs::new(&p, buf.as_bytes());
         let kind = classify(args.get(0), args.get(1), args.get(2));
-        route(kind, args, view, &locks)
+        route(kind, args, view, &locks, false)
     }
 
     #[test]

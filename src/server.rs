@@ -12,6 +12,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::Config;
 use crate::lock::node::{Node, NodeConfig};
+use crate::lock::quorum::Quorum;
 use crate::lock::LockService;
 use crate::metrics::{ProxyMetrics, RateLimit};
 use crate::protocol::request::RequestLimits;
@@ -43,6 +44,8 @@ pub struct ServerContext {
     pub primary: Node,
     /// Stops lockgate's own connections when the server has drained.
     pub stop: CancellationToken,
+    /// The lock masters, when lock keys live on a quorum.
+    pub quorum: Option<Arc<Quorum>>,
 }
 
 impl ServerContext {
@@ -63,6 +66,7 @@ impl ServerContext {
         );
         ServerContext {
             locks: LockService::new(&config),
+            quorum: Quorum::start(&config, &stop),
             primary,
             stop,
             config,

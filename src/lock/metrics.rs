@@ -37,4 +37,8 @@ pub struct LockMetrics {
     pub watchdog_renewals: AtomicU64,
     /// Locks released because their connection closed.
     pub released_on_disconnect: AtomicU64,
+    /// Quorum operations that failed for want of a majority of masters.
+    pub quorum_failures: AtomicU64,
+    /// Commands refused because they mix lock keys with other keys (quorum).
+    pub mixed_refused: AtomicU64,
 }

@@ -29,6 +29,8 @@ pub mod lease;
 pub mod metrics;
 pub mod node;
 pub mod ops;
+pub mod quorum;
+pub mod quorum_ops;
 pub mod script;
 pub mod watchdog;
 
@@ -422,6 +424,33 @@ impl LockService {
             String::from_utf8_lossy(key)
         ))
     }
+}
+
+/// Splits a lock script's `{reply, facts…}` into the client's reply bytes
+/// and the facts. Anything else (a script error, say) is the client's reply
+/// as it is, with no facts.
+pub fn split_reply(frame: &[u8]) -> (&[u8], Vec<i64>) {
+    let whole = (frame, Vec::new());
+    if frame.first() != Some(&b'*') {
+        return whole;
+    }
+    let Some(nl) = memchr::memchr(b'\n', frame) else {
+        return whole;
+    };
+    let body = &frame[nl + 1..];
+    let mut scanner = crate::protocol::reply::ReplyScanner::new(64);
+    let Ok((len, Some(_))) = scanner.advance(body) else {
+        return whole;
+    };
+    let mut facts = Vec::new();
+    for line in body[len..].split(|&c| c == b'\n') {
+        if let Some(digits) = line.strip_prefix(b":").and_then(|l| l.strip_suffix(b"\r")) {
+            if let Some(n) = crate::protocol::request::parse_int(digits) {
+                facts.push(n);
+            }
+        }
+    }
+    (&body[..len], facts)
 }
 
 fn fact(facts: &[i64], i: usize) -> u64 {

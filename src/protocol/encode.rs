@@ -19,6 +19,8 @@ pub enum LocalReply {
     Bulk(Bytes),
     /// An array of replies.
     Array(Vec<LocalReply>),
+    /// A complete reply as Redis sent it (from a lock master).
+    Raw(Bytes),
 }
 
 impl LocalReply {
@@ -52,6 +54,7 @@ impl LocalReply {
             LocalReply::Null if resp3 => out.put_slice(b"_\r\n"),
             LocalReply::Null => out.put_slice(b"$-1\r\n"),
             LocalReply::Bulk(b) => bulk(out, b),
+            LocalReply::Raw(bytes) => out.put_slice(bytes),
             LocalReply::Array(items) => {
                 out.put_u8(b'*');
                 out.put_slice(items.len().to_string().as_bytes());

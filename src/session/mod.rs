@@ -98,7 +98,7 @@ async fn serve(ctx: &Arc<ServerContext>, mut client: TcpStream, shutdown: &Cance
     let (mut client_r, mut client_w) = client.split();
     let (mut up_r, mut up_w) = upstream.split();
     let (tx, rx) = mpsc::channel(ctx.config.proxy.max_inflight_batches);
-    let conn = Mutex::new(ctx.locks.conn_locks());
+    let conn = Arc::new(Mutex::new(ctx.locks.conn_locks()));
     let reader_cancel = shutdown.child_token();
     let reader = async {
         reader::read_loop(

@@ -23,6 +23,9 @@ use crate::protocol::request::{RequestKind, RequestParser};
 use crate::router::{self, CommandArgs, Expect, Route, SessionView};
 use crate::server::ServerContext;
 
+/// Most script bodies remembered for masters that lost them.
+const MAX_REMEMBERED_SCRIPTS: usize = 10_000;
+
 /// How the reader half ended.
 #[derive(Debug)]
 pub enum ReaderEnd {
@@ -45,7 +48,7 @@ pub async fn read_loop(
     client: &mut ReadHalf<'_>,
     upstream: &mut WriteHalf<'_>,
     tx: mpsc::Sender<Vec<Pending>>,
-    conn: &Mutex<ConnLocks>,
+    conn: &Arc<Mutex<ConnLocks>>,
     cancel: &CancellationToken,
 ) -> ReaderEnd {
     let chunk = ctx.config.proxy.read_chunk_bytes;
@@ -167,7 +170,7 @@ fn route_batch(
     ctx: &Arc<ServerContext>,
     parser: &mut RequestParser,
     view: &mut SessionView,
-    conn: &Mutex<ConnLocks>,
+    conn: &Arc<Mutex<ConnLocks>>,
     buf: &[u8],
 ) -> Routed {
     let mut out = Routed {
@@ -192,7 +195,8 @@ fn route_batch(
                 commands += 1;
                 let args = CommandArgs::new(parser, rest);
                 let kind = command::classify(args.get(0), args.get(1), args.get(2));
-                let route = router::route(kind, args, view, &ctx.locks);
+                let route = router::route(kind, args, view, &ctx.locks, ctx.quorum.is_some());
+                remember_script(ctx, kind, args);
                 carry_out(ctx, &route, args, view, conn, whole, &mut out);
                 *view = view.after(kind, &route);
             }
@@ -218,13 +222,55 @@ fn route_batch(
     out
 }
 
+/// For an `EVALSHA` on the quorum: the same call as `EVAL` with the body
+/// lockgate has seen, for masters that answer `NOSCRIPT`.
+fn eval_fallback(q: &crate::lock::quorum::Quorum, args: CommandArgs<'_>) -> Option<bytes::Bytes> {
+    let name = args.get(0).to_ascii_uppercase();
+    if !name.starts_with(b"EVALSHA") {
+        return None;
+    }
+    let sha = String::from_utf8_lossy(args.get(1)).to_ascii_lowercase();
+    let body = q.scripts.get(&sha)?.clone();
+    let mut all = args.all();
+    all[0] = if name == b"EVALSHA_RO" {
+        b"EVAL_RO"
+    } else {
+        b"EVAL"
+    };
+    all[1] = &body;
+    Some(encode::command(&all))
+}
+
+/// Remembers script bodies (`EVAL`, `SCRIPT LOAD`) for the quorum, and
+/// loads `SCRIPT LOAD`ed ones on every master as well.
+fn remember_script(ctx: &Arc<ServerContext>, kind: command::CommandKind, args: CommandArgs<'_>) {
+    let Some(q) = &ctx.quorum else { return };
+    let body = match kind {
+        command::CommandKind::Eval if args.get(0).eq_ignore_ascii_case(b"EVAL") => args.get(1),
+        command::CommandKind::Script if args.get(1).eq_ignore_ascii_case(b"LOAD") => args.get(2),
+        _ => return,
+    };
+    let sha = sha1_smol::Sha1::from(body).digest().to_string();
+    if q.scripts.len() < MAX_REMEMBERED_SCRIPTS || q.scripts.contains_key(&sha) {
+        q.scripts.insert(sha, bytes::Bytes::copy_from_slice(body));
+    }
+    if kind == command::CommandKind::Script {
+        let load = encode::command(&[b"SCRIPT", b"LOAD", body]);
+        let q = q.clone();
+        drop(admin::spawn(ctx, async move {
+            q.ask_all(&load).await;
+            LocalReply::Null
+        }));
+    }
+}
+
 /// Carries out one routing decision for the command at `whole` in the buffer.
 fn carry_out(
     ctx: &Arc<ServerContext>,
     route: &Route,
     args: CommandArgs<'_>,
     view: &SessionView,
-    conn: &Mutex<ConnLocks>,
+    conn: &Arc<Mutex<ConnLocks>>,
     whole: Range<usize>,
     out: &mut Routed,
 ) {
@@ -237,6 +283,15 @@ fn carry_out(
             ctx.locks.note_unmatched(args.get(1));
             out.pieces.client(whole);
             out.batch.expect(Expect::One);
+        }
+        Route::Lock(op) if ctx.quorum.is_some() => {
+            let (ctx2, conn, op) = (ctx.clone(), conn.clone(), op.clone());
+            out.batch.deferred(admin::spawn(ctx, async move {
+                match &ctx2.quorum {
+                    Some(q) => ctx2.locks.on_quorum(q, op, conn).await,
+                    None => LocalReply::err("lockgate: internal error (no quorum)"),
+                }
+            }));
         }
         Route::Lock(op) => {
             let planned = match conn.lock() {
@@ -273,6 +328,25 @@ fn carry_out(
             } else {
                 out.batch.local(reply);
             }
+        }
+        Route::QuorumRead | Route::QuorumEval => {
+            let command = encode::command(&args.all());
+            let fallback = match route {
+                Route::QuorumEval => ctx.quorum.as_ref().and_then(|q| eval_fallback(q, args)),
+                _ => None,
+            };
+            let (ctx2, eval) = (ctx.clone(), matches!(route, Route::QuorumEval));
+            out.batch.deferred(admin::spawn(ctx, async move {
+                match &ctx2.quorum {
+                    Some(q) if eval => ctx2.locks.quorum_eval(q, command, fallback).await,
+                    Some(q) => ctx2.locks.quorum_read(q, command).await,
+                    None => LocalReply::err("lockgate: internal error (no quorum)"),
+                }
+            }));
+        }
+        Route::Refuse(message) => {
+            ProxyMetrics::inc(&ctx.locks.metrics.mixed_refused);
+            out.batch.local(LocalReply::err(message));
         }
         Route::Admin => match admin::handle(ctx, args) {
             admin::AdminReply::Now(reply) => out.batch.local(reply),

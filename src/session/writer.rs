@@ -316,7 +316,7 @@ async fn forward(
                 }
             } else if end.kind == FrameKind::Reply {
                 if let Some(Pending::Lock(pending)) = st.queue.pop_front() {
-                    let (reply, facts) = unwrap_lock_reply(&captured);
+                    let (reply, facts) = crate::lock::split_reply(&captured);
                     st.out.extend_from_slice(reply);
                     if let Ok(mut c) = conn.lock() {
                         ctx.locks.complete(pending, &facts, &mut c);
@@ -360,33 +360,6 @@ async fn forward(
         buf.advance(pos);
     }
     Ok(false)
-}
-
-/// Splits a lock script's `{reply, facts…}` into the client's reply bytes
-/// and the facts. Anything else (a script error, say) is the client's reply
-/// as it is, with no facts.
-fn unwrap_lock_reply(frame: &[u8]) -> (&[u8], Vec<i64>) {
-    let whole = (frame, Vec::new());
-    if frame.first() != Some(&b'*') {
-        return whole;
-    }
-    let Some(nl) = memchr::memchr(b'\n', frame) else {
-        return whole;
-    };
-    let body = &frame[nl + 1..];
-    let mut scanner = ReplyScanner::new(64);
-    let Ok((len, Some(_))) = scanner.advance(body) else {
-        return whole;
-    };
-    let mut facts = Vec::new();
-    for line in body[len..].split(|&c| c == b'\n') {
-        if let Some(digits) = line.strip_prefix(b":").and_then(|l| l.strip_suffix(b"\r")) {
-            if let Some(n) = crate::protocol::request::parse_int(digits) {
-                facts.push(n);
-            }
-        }
-    }
-    (&body[..len], facts)
 }
 
 async fn flush_out(

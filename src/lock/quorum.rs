@@ -1,0 +1,331 @@
+//! The Redlock quorum: lock keys on N independent masters. Every operation
+//! goes to all masters in parallel, each bounded by `node_timeout_ms`, and
+//! the answer is the majority's. A master that restarted (new `run_id`) or
+//! was unreachable sits out acquisitions for `rejoin_delay` (counting as
+//! "no") while still receiving releases, so a restart without persistence
+//! cannot hand a lock out twice.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use tokio_util::sync::CancellationToken;
+
+use super::node::{Node, NodeConfig};
+use crate::config::{Config, QuorumConfig, QuorumLoss};
+use crate::protocol::encode::LocalReply;
+
+/// How often the masters' connections are checked for restarts.
+const WATCH_INTERVAL: Duration = Duration::from_millis(50);
+
+/// One lock master and whether it may take part in acquisitions.
+#[derive(Debug)]
+pub struct Master {
+    /// The shared connection.
+    pub node: Node,
+    /// Acquisitions skip this master until then (restart or outage).
+    sitting_out_until: Mutex<Option<Instant>>,
+    /// Its `run_id` when last seen, and the connection count then.
+    seen: Mutex<(String, u64)>,
+}
+
+/// A master's state as operators see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MasterState {
+    /// Connected and taking part.
+    Up,
+    /// Connected, sitting out acquisitions for this much longer.
+    SittingOut(Duration),
+    /// Not connected.
+    Down,
+}
+
+impl Master {
+    /// Up, sitting out, or down.
+    pub fn state(&self) -> MasterState {
+        if !self.node.state.up.load(Ordering::Relaxed) {
+            return MasterState::Down;
+        }
+        let until = self.sitting_out_until.lock().ok().and_then(|u| *u);
+        match until.map(|u| u.saturating_duration_since(Instant::now())) {
+            Some(left) if !left.is_zero() => MasterState::SittingOut(left),
+            _ => MasterState::Up,
+        }
+    }
+
+    fn eligible(&self) -> bool {
+        self.state() == MasterState::Up
+    }
+}
+
+/// The quorum of lock masters.
+#[derive(Debug)]
+pub struct Quorum {
+    /// The masters, in configuration order.
+    pub masters: Vec<Arc<Master>>,
+    config: QuorumConfig,
+    default_lease_ms: u64,
+    /// Longest lease granted so far, in ms (the default rejoin delay).
+    max_lease_ms: AtomicU64,
+    /// Script bodies seen (EVAL, SCRIPT LOAD) by SHA1, for NOSCRIPT.
+    pub scripts: dashmap::DashMap<String, Bytes>,
+}
+
+/// What the masters answered to one command.
+#[derive(Debug, Clone, Default)]
+pub struct Answers {
+    /// One entry per master that answered: its raw reply.
+    pub replies: Vec<Bytes>,
+    /// Masters asked.
+    pub asked: usize,
+}
+
+impl Quorum {
+    /// The quorum for `config`, or `None` without masters. Starts one
+    /// connection task per master (and a watcher), stopped by `stop`.
+    pub fn start(config: &Config, stop: &CancellationToken) -> Option<Arc<Quorum>> {
+        let q = &config.locks.quorum;
+        if q.masters.is_empty() {
+            return None;
+        }
+        let masters = q
+            .masters
+            .iter()
+            .map(|addr| {
+                Arc::new(Master {
+                    node: Node::spawn(
+                        NodeConfig {
+                            addr: addr.clone(),
+                            connect_timeout: Duration::from_millis(
+                                config.upstream.connect_timeout_ms,
+                            ),
+                            username: config.upstream.username.clone(),
+                            password: config.upstream.password.clone(),
+                            max_queued: config.locks.max_queued_calls,
+                        },
+                        stop.clone(),
+                    ),
+                    sitting_out_until: Mutex::new(None),
+                    seen: Mutex::new((String::new(), 0)),
+                })
+            })
+            .collect();
+        let quorum = Arc::new(Quorum {
+            masters,
+            config: q.clone(),
+            default_lease_ms: config.locks.default_lease_ms,
+            max_lease_ms: AtomicU64::new(config.locks.default_lease_ms),
+            scripts: dashmap::DashMap::new(),
+        });
+        let watched = quorum.clone();
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = stop.cancelled() => {}
+                _ = watched.watch() => {}
+            }
+        });
+        Some(quorum)
+    }
+
+    /// N/2 + 1.
+    pub fn majority(&self) -> usize {
+        self.masters.len() / 2 + 1
+    }
+
+    /// The per-master timeout.
+    pub fn node_timeout(&self) -> Duration {
+        Duration::from_millis(self.config.node_timeout_ms)
+    }
+
+    /// How long a returning master sits out.
+    pub fn rejoin_delay(&self) -> Duration {
+        let ms = match self.config.rejoin_delay_ms {
+            0 => self
+                .max_lease_ms
+                .load(Ordering::Relaxed)
+                .max(self.default_lease_ms),
+            ms => ms,
+        };
+        Duration::from_millis(ms)
+    }
+
+    /// Records a granted lease (for the default rejoin delay).
+    pub fn granted(&self, lease_ms: u64) {
+        self.max_lease_ms.fetch_max(lease_ms, Ordering::Relaxed);
+    }
+
+    /// Validity left of a lease of `lease_ms` acquired in `elapsed`, in ms.
+    pub fn validity_ms(&self, lease_ms: u64, elapsed: Duration) -> i64 {
+        let drift = (lease_ms as f64 * self.config.clock_drift_factor) as i64 + 2;
+        lease_ms as i64 - elapsed.as_millis() as i64 - drift
+    }
+
+    /// What an acquisition answers when fewer than a majority can take part.
+    pub fn loss_reply(&self, not_acquired: LocalReply) -> LocalReply {
+        match self.config.on_quorum_loss {
+            QuorumLoss::NotAcquired => not_acquired,
+            QuorumLoss::Error => {
+                let up = self.masters.iter().filter(|m| m.eligible()).count();
+                LocalReply::err(format!(
+                    "lockgate: lock quorum unavailable ({up} of {} masters up)",
+                    self.masters.len()
+                ))
+            }
+        }
+    }
+
+    /// The error for a command fewer than a majority answered.
+    pub fn no_quorum(&self, answered: usize) -> LocalReply {
+        LocalReply::err(format!(
+            "lockgate: no quorum ({answered} of {} lock masters answered)",
+            self.masters.len()
+        ))
+    }
+
+    /// Masters that may take part in an acquisition now.
+    pub fn eligible(&self) -> Vec<Arc<Master>> {
+        self.masters
+            .iter()
+            .filter(|m| m.eligible())
+            .cloned()
+            .collect()
+    }
+
+    /// Sends `command` to every master in `to` in parallel and collects the
+    /// answers that come within the node timeout. `enough` is asked after
+    /// each answer and may end the wait early (a majority known).
+    pub async fn ask(
+        &self,
+        to: &[Arc<Master>],
+        command: &Bytes,
+        mut enough: impl FnMut(&[Bytes]) -> bool,
+    ) -> Answers {
+        let timeout = self.node_timeout();
+        let mut pending: FuturesUnordered<_> = to
+            .iter()
+            .map(|m| {
+                let node = m.node.clone();
+                let command = command.clone();
+                async move { node.call(command, timeout).await }
+            })
+            .collect();
+        let mut answers = Answers {
+            replies: Vec::with_capacity(to.len()),
+            asked: to.len(),
+        };
+        while let Some(result) = pending.next().await {
+            if let Ok(reply) = result {
+                answers.replies.push(reply);
+                if enough(&answers.replies) {
+                    break;
+                }
+            }
+        }
+        answers
+    }
+
+    /// Sends `command` to all masters (including those sitting out).
+    pub async fn ask_all(&self, command: &Bytes) -> Answers {
+        let all = self.masters.clone();
+        self.ask(&all, command, |_| false).await
+    }
+
+    /// Notices restarts (a new connection whose `run_id` changed) and
+    /// outages (a lost connection), and sits those masters out.
+    async fn watch(&self) {
+        loop {
+            for m in &self.masters {
+                let connects = m.node.state.connects.load(Ordering::Relaxed);
+                let up = m.node.state.up.load(Ordering::Relaxed);
+                let run_id = m
+                    .node
+                    .state
+                    .run_id
+                    .lock()
+                    .map(|r| r.clone())
+                    .unwrap_or_default();
+                let Ok(mut seen) = m.seen.lock() else {
+                    continue;
+                };
+                let first = seen.1 == 0;
+                if up && connects != seen.1 {
+                    if !first {
+                        let why = if run_id != seen.0 {
+                            "restarted (new run_id)"
+                        } else {
+                            "reconnected"
+                        };
+                        let delay = self.rejoin_delay();
+                        if let Ok(mut until) = m.sitting_out_until.lock() {
+                            *until = Some(Instant::now() + delay);
+                        }
+                        tracing::warn!(
+                            master = m.node.addr(),
+                            why,
+                            sit_out_ms = delay.as_millis() as u64,
+                            "lock master sits out acquisitions before rejoining"
+                        );
+                    }
+                    *seen = (run_id, connects);
+                }
+            }
+            tokio::time::sleep(WATCH_INTERVAL).await;
+        }
+    }
+}
+
+/// Merges integer answers the Redlock way: the largest value a majority
+/// reports at least (for TTLs, the smallest within the majority).
+pub fn majority_integer(values: &[i64], majority: usize) -> Option<i64> {
+    if values.len() < majority {
+        return None;
+    }
+    let mut sorted = values.to_vec();
+    sorted.sort_unstable_by(|a, b| b.cmp(a));
+    sorted.get(majority - 1).copied()
+}
+
+/// The reply at least `majority` masters gave byte for byte, if any.
+pub fn majority_identical(replies: &[Bytes], majority: usize) -> Option<&Bytes> {
+    replies
+        .iter()
+        .find(|r| replies.iter().filter(|o| o == r).count() >= majority)
+}
+
+/// The integer of a `:n` reply.
+pub fn integer(reply: &[u8]) -> Option<i64> {
+    let digits = reply.strip_prefix(b":")?.strip_suffix(b"\r\n")?;
+    crate::protocol::request::parse_int(digits)
+}
+
+/// Milliseconds since the Unix epoch, for `EXAT`/`PXAT` leases.
+pub fn now_unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn integers_merge_to_what_a_majority_reports() {
+        assert_eq!(majority_integer(&[100, 98, 99, -2, -2], 3), Some(98));
+        assert_eq!(majority_integer(&[1, 1, 0], 2), Some(1));
+        assert_eq!(majority_integer(&[1, 0, 0], 2), Some(0));
+        assert_eq!(majority_integer(&[5, 5], 3), None);
+    }
+
+    #[test]
+    fn identical_majority() {
+        let r = |s: &'static str| Bytes::from_static(s.as_bytes());
+        let replies = [r("$1\r\na\r\n"), r("$1\r\nb\r\n"), r("$1\r\na\r\n")];
+        assert_eq!(majority_identical(&replies, 2), Some(&replies[0]));
+        assert_eq!(majority_identical(&replies[..2], 2), None);
+    }
+}

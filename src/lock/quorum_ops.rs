@@ -1,0 +1,304 @@
+//! Lock operations on the quorum. The commands are the same Lua as on one
+//! Redis ([`LockService::plan`]); what differs is that they go to every
+//! master and the answer is merged: an acquisition stands only with a
+//! majority and positive validity (else it is released everywhere), other
+//! operations take the majority's answer.
+
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use bytes::Bytes;
+
+use super::lease::{ConnLocks, Standing};
+use super::ops::{LockOp, Shape, Ttl};
+use super::quorum::{integer, majority_identical, majority_integer, now_unix_ms, Quorum};
+use super::{owner_key, script, split_reply, LockPending, LockService};
+use crate::metrics::ProxyMetrics;
+use crate::protocol::encode::{self, LocalReply};
+
+/// A master's reply as a reply lockgate writes: nulls become the client's
+/// protocol's null, errors and integers keep their meaning, the rest passes
+/// as bytes.
+pub fn as_local(reply: &[u8]) -> LocalReply {
+    match reply {
+        b"$-1\r\n" | b"*-1\r\n" | b"_\r\n" => LocalReply::Null,
+        [b'-', rest @ ..] => LocalReply::Error(Bytes::copy_from_slice(rest.trim_ascii_end())),
+        _ => match integer(reply) {
+            Some(n) => LocalReply::Integer(n),
+            None => LocalReply::Raw(Bytes::copy_from_slice(reply)),
+        },
+    }
+}
+
+/// The lease in ms a TTL option stands for now, or an error reply.
+fn lease_of(ttl: &Ttl, default_ms: u64) -> Result<u64, LocalReply> {
+    let Ttl::Given(kind, v) = ttl else {
+        return Ok(default_ms);
+    };
+    let n = std::str::from_utf8(v)
+        .ok()
+        .and_then(|s| s.parse::<i64>().ok())
+        .ok_or_else(|| LocalReply::err("value is not an integer or out of range"))?;
+    let now = now_unix_ms() as i64;
+    let ms = match *kind {
+        "EX" => n.saturating_mul(1000),
+        "PX" => n,
+        "EXAT" => n.saturating_mul(1000) - now,
+        _ => n - now,
+    };
+    if ms <= 0 {
+        return Err(LocalReply::err("invalid expire time in 'set' command"));
+    }
+    Ok(ms as u64)
+}
+
+fn not_acquired(shape: Shape) -> LocalReply {
+    match shape {
+        Shape::SetNx => LocalReply::Integer(0),
+        _ => LocalReply::Null,
+    }
+}
+
+impl LockService {
+    /// Carries out `op` on the quorum for a client connection whose records
+    /// are `conn`, and returns the client's reply.
+    pub async fn on_quorum(
+        &self,
+        q: &Quorum,
+        op: LockOp,
+        conn: Arc<Mutex<ConnLocks>>,
+    ) -> LocalReply {
+        if let LockOp::Acquire {
+            key, ttl, shape, ..
+        } = &op
+        {
+            let lease = match lease_of(ttl, self.lease_ms(key)) {
+                Ok(ms) => ms,
+                Err(reply) => return reply,
+            };
+            return self
+                .quorum_acquire(q, op.clone(), *shape, lease, conn)
+                .await;
+        }
+        let planned = match conn.lock() {
+            Ok(mut c) => self.plan(op, &mut c, false),
+            Err(_) => return LocalReply::err("lockgate: internal error (lock table poisoned)"),
+        };
+        let Some(pending) = planned.pending else {
+            return LocalReply::err("lockgate: internal error (no outcome planned)");
+        };
+        let answers = q.ask_all(&planned.command).await;
+        if answers.replies.len() < q.majority() {
+            return q.no_quorum(answers.replies.len());
+        }
+        let split: Vec<(&[u8], Vec<i64>)> =
+            answers.replies.iter().map(|r| split_reply(r)).collect();
+        let facts = merge_facts(&split, q.majority());
+        let reply = match &pending {
+            LockPending::Takeover { .. } => {
+                let replies: Vec<Bytes> = split
+                    .iter()
+                    .map(|(r, _)| Bytes::copy_from_slice(r))
+                    .collect();
+                match majority_identical(&replies, q.majority()) {
+                    Some(r) => as_local(r),
+                    None => {
+                        LocalReply::err("lockgate: lock masters disagree on the takeover's reply")
+                    }
+                }
+            }
+            _ => {
+                let ints: Vec<i64> = split.iter().filter_map(|(r, _)| integer(r)).collect();
+                match majority_integer(&ints, q.majority()) {
+                    Some(n) => LocalReply::Integer(n),
+                    None => match split.first() {
+                        Some((r, _)) if r.first() == Some(&b'-') => as_local(r),
+                        _ => q.no_quorum(ints.len()),
+                    },
+                }
+            }
+        };
+        if let Ok(mut c) = conn.lock() {
+            self.complete(pending, &facts, &mut c);
+        }
+        reply
+    }
+
+    /// Redlock acquisition: the acquire script on every eligible master in
+    /// parallel; acquired iff a majority said yes and validity is positive,
+    /// else released on every master before answering.
+    async fn quorum_acquire(
+        &self,
+        q: &Quorum,
+        op: LockOp,
+        shape: Shape,
+        lease_ms: u64,
+        conn: Arc<Mutex<ConnLocks>>,
+    ) -> LocalReply {
+        let LockOp::Acquire { key, value, .. } = &op else {
+            return LocalReply::err("lockgate: internal error (not an acquisition)");
+        };
+        let (key, value) = (key.clone(), value.clone());
+        let eligible = q.eligible();
+        if eligible.len() < q.majority() {
+            ProxyMetrics::inc(&self.metrics.quorum_failures);
+            return q.loss_reply(not_acquired(shape));
+        }
+        let planned = match conn.lock() {
+            Ok(mut c) => self.plan(op, &mut c, false),
+            Err(_) => return LocalReply::err("lockgate: internal error (lock table poisoned)"),
+        };
+        let Some(LockPending::Acquire { token, .. }) = planned.pending.clone() else {
+            return LocalReply::err("lockgate: internal error (no acquisition planned)");
+        };
+        let (n, majority) = (q.masters.len(), q.majority());
+        let started = Instant::now();
+        let yes = |replies: &[Bytes]| {
+            replies
+                .iter()
+                .filter(|r| split_reply(r).1.first() == Some(&1))
+                .count()
+        };
+        let answers = q
+            .ask(&eligible, &planned.command, |replies| {
+                let y = yes(replies);
+                y >= majority || replies.len() - y > n - majority
+            })
+            .await;
+        let granted = yes(&answers.replies);
+        let validity = q.validity_ms(lease_ms, started.elapsed());
+        if granted >= majority && validity > 0 {
+            q.granted(lease_ms);
+            if let (Some(pending), Ok(mut c)) = (planned.pending, conn.lock()) {
+                self.complete(pending, &[1, lease_ms as i64], &mut c);
+            }
+            return match shape {
+                Shape::SetNx => LocalReply::Integer(1),
+                Shape::Set => LocalReply::Status("OK"),
+                Shape::SetGet => LocalReply::Null,
+            };
+        }
+        // Not acquired: undo it everywhere, also where the answer was late.
+        let owner = owner_key(&key);
+        let undo = encode::command(&[
+            b"EVAL",
+            script::RELEASE_TOKEN.as_bytes(),
+            b"2",
+            &key,
+            &owner,
+            &token,
+            &value,
+        ]);
+        q.ask_all(&undo).await;
+        if let Ok(mut c) = conn.lock() {
+            c.settle(&key, &token, Standing::Lost, None);
+        }
+        if answers.replies.len() < majority {
+            ProxyMetrics::inc(&self.metrics.quorum_failures);
+            return q.loss_reply(not_acquired(shape));
+        }
+        ProxyMetrics::inc(&self.metrics.contended);
+        match shape {
+            Shape::SetGet => {
+                let olds: Vec<Bytes> = answers
+                    .replies
+                    .iter()
+                    .filter(|r| split_reply(r).1.first() == Some(&0))
+                    .map(|r| Bytes::copy_from_slice(split_reply(r).0))
+                    .collect();
+                olds.first()
+                    .map(|o| as_local(o))
+                    .unwrap_or(LocalReply::Null)
+            }
+            _ => not_acquired(shape),
+        }
+    }
+
+    /// A read (`GET`, `EXISTS`, `TTL`, `PTTL`, `TYPE`) of lock keys: the
+    /// majority's answer; integers (TTLs) the smallest within the majority.
+    pub async fn quorum_read(&self, q: &Quorum, command: Bytes) -> LocalReply {
+        let answers = q.ask_all(&command).await;
+        merge_replies(q, &answers.replies)
+    }
+
+    /// A client script whose keys are all lock keys, run on every master;
+    /// a master that lost the script gets it again as `EVAL` with the body
+    /// lockgate has seen.
+    pub async fn quorum_eval(
+        &self,
+        q: &Quorum,
+        command: Bytes,
+        fallback: Option<Bytes>,
+    ) -> LocalReply {
+        let mut answers = q.ask_all(&command).await;
+        if let Some(eval) = fallback {
+            if answers.replies.iter().any(|r| r.starts_with(b"-NOSCRIPT")) {
+                answers = q.ask_all(&eval).await;
+            }
+        }
+        merge_replies(q, &answers.replies)
+    }
+}
+
+/// Facts merged per position by the majority rule.
+fn merge_facts(split: &[(&[u8], Vec<i64>)], majority: usize) -> Vec<i64> {
+    let width = split.iter().map(|(_, f)| f.len()).max().unwrap_or(0);
+    (0..width)
+        .map(|i| {
+            let column: Vec<i64> = split
+                .iter()
+                .filter_map(|(_, f)| f.get(i).copied())
+                .collect();
+            majority_integer(&column, majority).unwrap_or(0)
+        })
+        .collect()
+}
+
+/// The majority-identical reply; for integers that differ, the smallest
+/// within the majority; otherwise an error naming the disagreement.
+fn merge_replies(q: &Quorum, replies: &[Bytes]) -> LocalReply {
+    if replies.len() < q.majority() {
+        return q.no_quorum(replies.len());
+    }
+    if let Some(r) = majority_identical(replies, q.majority()) {
+        return as_local(r);
+    }
+    let ints: Vec<i64> = replies.iter().filter_map(|r| integer(r)).collect();
+    if let Some(n) = majority_integer(&ints, q.majority()) {
+        return LocalReply::Integer(n);
+    }
+    LocalReply::err(format!(
+        "lockgate: lock masters disagree ({} answers, no majority alike)",
+        replies.len()
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn master_replies_become_local_replies() {
+        assert_eq!(as_local(b"$-1\r\n"), LocalReply::Null);
+        assert_eq!(as_local(b":7\r\n"), LocalReply::Integer(7));
+        assert_eq!(
+            as_local(b"-ERR x\r\n"),
+            LocalReply::Error(Bytes::from_static(b"ERR x"))
+        );
+        assert_eq!(
+            as_local(b"$1\r\na\r\n"),
+            LocalReply::Raw(Bytes::from_static(b"$1\r\na\r\n"))
+        );
+    }
+
+    #[test]
+    fn leases_from_options() {
+        assert_eq!(lease_of(&Ttl::Default, 30), Ok(30));
+        assert_eq!(
+            lease_of(&Ttl::Given("EX", Bytes::from_static(b"2")), 30),
+            Ok(2000)
+        );
+        assert!(lease_of(&Ttl::Given("PX", Bytes::from_static(b"x")), 30).is_err());
+        assert!(lease_of(&Ttl::Given("PX", Bytes::from_static(b"0")), 30).is_err());
+    }
+}
