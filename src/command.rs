@@ -134,7 +134,8 @@ mod tests {
             CommandKind::ClientReplyOff
         );
         assert_eq!(classify(b"CLIENT", b"REPLY", b"ON"), CommandKind::Other);
-        assert_eq!(classify(b"GET", b"k", b""), CommandKind::Other);
+        assert_eq!(classify(b"GET", b"k", b""), CommandKind::Read(false));
+        assert_eq!(classify(b"HGET", b"k", b"f"), CommandKind::Other);
         assert_eq!(
             classify(b"pexpireat", b"k", b"1"),
             CommandKind::Expire("PEXPIREAT")
