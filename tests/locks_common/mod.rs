@@ -28,52 +28,20 @@ macro_rules! until {
     }};
 }
 
-/// Reading replies frame by frame with the RESP headers, so RESP2 nils
-/// (`$-1`, `*-1`) are read too (`RawClient::read_raw` decodes with the RESP3
-/// decoder, which takes `$-1` for a streamed string and fails).
+/// Replies as text (`\r\n` kept), so assertions compare and print them as
+/// strings. Frames are read by `RawClient::read_raw`, which understands RESP2
+/// nils (`$-1`, `*-1`) as well as every RESP3 type.
 #[allow(async_fn_in_trait)]
 pub trait Call {
-    /// Reads one whole reply (RESP2 or RESP3) as raw bytes, within `WAIT`.
-    async fn reply_raw(&mut self) -> Vec<u8>;
-    /// Reads one whole reply as text (`\r\n` kept), so failures print it.
-    async fn reply(&mut self) -> String {
-        String::from_utf8(self.reply_raw().await).expect("an ASCII reply")
-    }
+    /// Reads one whole reply as text, within `WAIT`.
+    async fn reply(&mut self) -> String;
     /// Sends a command and reads its reply as text.
     async fn call(&mut self, args: &[&str]) -> String;
 }
 
 impl Call for RawClient {
-    async fn reply_raw(&mut self) -> Vec<u8> {
-        let mut out = Vec::new();
-        let mut frames = 1usize;
-        while frames > 0 {
-            frames -= 1;
-            let start = out.len();
-            while !out.ends_with(b"\r\n") || out.len() - start < 3 {
-                out.extend(self.read_exact_bytes(1).await);
-            }
-            let line = String::from_utf8_lossy(&out[start + 1..out.len() - 2]).into_owned();
-            let n = || -> i64 {
-                line.parse().unwrap_or_else(|_| {
-                    panic!(
-                        "bad RESP header {:?}",
-                        String::from_utf8_lossy(&out[start..])
-                    )
-                })
-            };
-            match out[start] {
-                b'$' | b'=' | b'!' if n() >= 0 => {
-                    let body = self.read_exact_bytes(n() as usize + 2).await;
-                    out.extend(body);
-                }
-                b'*' | b'~' | b'>' if n() > 0 => frames += n() as usize,
-                b'%' if n() > 0 => frames += 2 * n() as usize,
-                b'|' => frames += 2 * n() as usize + 1,
-                _ => {}
-            }
-        }
-        out
+    async fn reply(&mut self) -> String {
+        String::from_utf8(self.read_raw().await).expect("an ASCII reply")
     }
 
     async fn call(&mut self, args: &[&str]) -> String {

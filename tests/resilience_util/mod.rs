@@ -13,61 +13,10 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 
-use crate::support::{cmd, WAIT};
-
-/// Where the RESP2 or RESP3 frame starting at `pos` ends, `Ok(None)` when
-/// `buf` holds only part of it. Unlike the harness's decoder it understands
-/// RESP2 nulls (`$-1`, `*-1`) as well as every RESP3 type.
-pub fn frame_end(buf: &[u8], pos: usize) -> Result<Option<usize>, String> {
-    let Some(&kind) = buf.get(pos) else {
-        return Ok(None);
-    };
-    let Some(cr) = buf[pos..].windows(2).position(|w| w == b"\r\n") else {
-        return Ok(None);
-    };
-    let line = &buf[pos + 1..pos + cr];
-    let after = pos + cr + 2;
-    let number = || -> Result<i64, String> {
-        std::str::from_utf8(line)
-            .ok()
-            .and_then(|t| t.parse().ok())
-            .ok_or_else(|| format!("bad length line {:?}", String::from_utf8_lossy(line)))
-    };
-    match kind {
-        b'+' | b'-' | b':' | b',' | b'#' | b'_' | b'(' => Ok(Some(after)),
-        b'$' | b'!' | b'=' => {
-            let n = number()?;
-            if n < 0 {
-                return Ok(Some(after));
-            }
-            let end = after + n as usize + 2;
-            Ok((buf.len() >= end).then_some(end))
-        }
-        b'*' | b'~' | b'>' | b'%' | b'|' => {
-            let n = number()?;
-            if n < 0 {
-                return Ok(Some(after));
-            }
-            let items = if matches!(kind, b'%' | b'|') {
-                2 * n
-            } else {
-                n
-            };
-            let mut at = after;
-            for _ in 0..items {
-                match frame_end(buf, at)? {
-                    Some(end) => at = end,
-                    None => return Ok(None),
-                }
-            }
-            Ok(Some(at))
-        }
-        other => Err(format!("unknown RESP type byte {:?}", other as char)),
-    }
-}
+use crate::support::{cmd, frame_len, WAIT};
 
 /// A client that speaks raw bytes and reads whole RESP2/RESP3 frames
-/// (including RESP2 nulls, which the harness's `RawClient` cannot decode).
+/// (RESP2 nils included), framed by `support::frame_len`.
 pub struct Conn {
     /// The socket.
     pub stream: TcpStream,
@@ -97,10 +46,8 @@ impl Conn {
     pub async fn try_read(&mut self, wait: Duration) -> Option<Vec<u8>> {
         let deadline = tokio::time::Instant::now() + wait;
         loop {
-            match frame_end(&self.buf, 0) {
-                Ok(Some(end)) => return Some(self.buf.drain(..end).collect()),
-                Ok(None) => {}
-                Err(e) => panic!("not RESP: {e}: {:?}", show(&self.buf)),
+            if let Some(end) = frame_len(&self.buf) {
+                return Some(self.buf.drain(..end).collect());
             }
             let mut chunk = [0u8; 16 * 1024];
             match tokio::time::timeout_at(deadline, self.stream.read(&mut chunk)).await {
