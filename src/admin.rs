@@ -9,6 +9,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::sync::oneshot;
 
+use crate::lock::fence;
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
 use crate::router::CommandArgs;
@@ -91,9 +92,14 @@ fn fencing(ctx: &Arc<ServerContext>, sub: &[u8], args: CommandArgs<'_>) -> Admin
             };
             let wait = Duration::from_millis(wait).min(MAX_WAIT);
             spawn_into(ctx, tx, async move {
-                ctx2.locks
-                    .fence_lock(&ctx2.primary, key, ttl, wait, timeout)
-                    .await
+                match &ctx2.quorum {
+                    Some(q) => ctx2.locks.quorum_fence_lock(q, key, ttl, wait).await,
+                    None => {
+                        ctx2.locks
+                            .fence_lock(&ctx2.primary, key, ttl, wait, timeout)
+                            .await
+                    }
+                }
             });
         }
         b"UNLOCK" => {
@@ -102,9 +108,17 @@ fn fencing(ctx: &Arc<ServerContext>, sub: &[u8], args: CommandArgs<'_>) -> Admin
             }
             let token = Bytes::copy_from_slice(args.get(3));
             spawn_into(ctx, tx, async move {
-                ctx2.locks
-                    .fence_unlock(&ctx2.primary, key, token, timeout)
-                    .await
+                match &ctx2.quorum {
+                    Some(q) => {
+                        let cmd = fence::unlock_command(&key, &token);
+                        ctx2.locks.quorum_fence_simple(q, cmd).await
+                    }
+                    None => {
+                        ctx2.locks
+                            .fence_unlock(&ctx2.primary, key, token, timeout)
+                            .await
+                    }
+                }
             });
         }
         _ => {
@@ -114,9 +128,17 @@ fn fencing(ctx: &Arc<ServerContext>, sub: &[u8], args: CommandArgs<'_>) -> Admin
             };
             let token = Bytes::copy_from_slice(args.get(3));
             spawn_into(ctx, tx, async move {
-                ctx2.locks
-                    .fence_extend(&ctx2.primary, key, token, ttl, timeout)
-                    .await
+                match &ctx2.quorum {
+                    Some(q) => {
+                        let cmd = fence::extend_command(&key, &token, ttl);
+                        ctx2.locks.quorum_fence_simple(q, cmd).await
+                    }
+                    None => {
+                        ctx2.locks
+                            .fence_extend(&ctx2.primary, key, token, ttl, timeout)
+                            .await
+                    }
+                }
             });
         }
     }

@@ -26,8 +26,36 @@ pub fn counter_key(key: &[u8]) -> Bytes {
     Bytes::from(k)
 }
 
+/// `EVAL FENCE_UNLOCK` for `key` and `token`.
+pub fn unlock_command(key: &[u8], token: &[u8]) -> Bytes {
+    let owner = owner_key(key);
+    encode::command(&[
+        b"EVAL",
+        script::FENCE_UNLOCK.as_bytes(),
+        b"2",
+        key,
+        &owner,
+        token,
+    ])
+}
+
+/// `EVAL FENCE_EXTEND` for `key`, `token` and a new lease.
+pub fn extend_command(key: &[u8], token: &[u8], ttl_ms: u64) -> Bytes {
+    let owner = owner_key(key);
+    let ttl = ttl_ms.to_string();
+    encode::command(&[
+        b"EVAL",
+        script::FENCE_EXTEND.as_bytes(),
+        b"2",
+        key,
+        &owner,
+        token,
+        ttl.as_bytes(),
+    ])
+}
+
 /// The integers of a reply (`:n` lines), in order.
-fn integers(reply: &[u8]) -> Vec<i64> {
+pub fn integers(reply: &[u8]) -> Vec<i64> {
     reply
         .split(|&c| c == b'\n')
         .filter_map(|l| l.strip_prefix(b":").and_then(|l| l.strip_suffix(b"\r")))
@@ -118,16 +146,8 @@ impl LockService {
         token: Bytes,
         timeout: Duration,
     ) -> LocalReply {
-        let owner = owner_key(&key);
-        let cmd = encode::command(&[
-            b"EVAL",
-            script::FENCE_UNLOCK.as_bytes(),
-            b"2",
-            &key,
-            &owner,
-            &token,
-        ]);
-        self.fence_simple(node, cmd, timeout, false).await
+        self.fence_simple(node, unlock_command(&key, &token), timeout, false)
+            .await
     }
 
     /// `LOCKGATE EXTEND`: 1 if this token still held the lock and it was
@@ -140,18 +160,8 @@ impl LockService {
         ttl_ms: u64,
         timeout: Duration,
     ) -> LocalReply {
-        let owner = owner_key(&key);
-        let ttl = ttl_ms.to_string();
-        let cmd = encode::command(&[
-            b"EVAL",
-            script::FENCE_EXTEND.as_bytes(),
-            b"2",
-            &key,
-            &owner,
-            &token,
-            ttl.as_bytes(),
-        ]);
-        self.fence_simple(node, cmd, timeout, true).await
+        self.fence_simple(node, extend_command(&key, &token, ttl_ms), timeout, true)
+            .await
     }
 
     async fn fence_simple(

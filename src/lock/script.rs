@@ -215,3 +215,27 @@ redis.call('PEXPIRE', KEYS[1], ARGV[2])
 redis.call('PEXPIRE', KEYS[2], ARGV[2])
 return 1
 "#;
+
+/// Quorum fencing, step 1 on each master: take the lock under an instance
+/// token and report the key's token counter. KEYS: lock, owner record,
+/// counter. ARGV: ttl ms, instance token. Reply: `{1, 0, counter}` taken,
+/// `{0, pttl, 0}` held by someone else.
+pub const QFENCE_ACQUIRE: &str = r#"
+if redis.call('EXISTS', KEYS[1]) == 1 then return {0, redis.call('PTTL', KEYS[1]), 0} end
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[1])
+redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[1])
+return {1, 0, tonumber(redis.call('GET', KEYS[3]) or '0')}
+"#;
+
+/// Quorum fencing, step 2 on the acquiring majority: the lock's value
+/// becomes the token (max counter + 1) and the counter is raised to it, so
+/// any later majority (which overlaps this one) reads at least this token.
+/// KEYS: lock, owner record, counter. ARGV: instance token, token.
+/// Reply: 1 committed, 0 the lock is no longer ours.
+pub const QFENCE_COMMIT: &str = r#"
+if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[2], 'KEEPTTL')
+local c = tonumber(redis.call('GET', KEYS[3]) or '0')
+if c < tonumber(ARGV[2]) then redis.call('SET', KEYS[3], ARGV[2]) end
+return 1
+"#;
