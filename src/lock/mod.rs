@@ -30,6 +30,7 @@ pub mod metrics;
 pub mod node;
 pub mod ops;
 pub mod quorum;
+pub mod quorum_fence;
 pub mod quorum_ops;
 pub mod script;
 pub mod watchdog;

@@ -1,0 +1,140 @@
+//! The fencing-token API on the quorum (see [`super::fence`] for one
+//! Redis): a token is read from and written back to the same majority, and
+//! any two majorities overlap, so tokens only grow, also when a minority of
+//! masters restarts empty.
+
+use std::time::Instant;
+
+use bytes::Bytes;
+
+use super::quorum::{integer, Quorum};
+use super::{owner_key, script, LockService};
+use crate::metrics::ProxyMetrics;
+use crate::protocol::encode::{self, LocalReply};
+
+impl LockService {
+    /// `LOCKGATE LOCK` on the quorum: take the lock on a majority under an
+    /// instance token while reading their token counters, then write
+    /// max + 1 as the lock's value and counter on that majority before
+    /// answering `[token, validity-ms]`. Tries until `wait` has passed.
+    pub async fn quorum_fence_lock(
+        &self,
+        q: &Quorum,
+        key: Bytes,
+        ttl_ms: u64,
+        wait: std::time::Duration,
+    ) -> LocalReply {
+        let deadline = Instant::now() + wait;
+        let owner = owner_key(&key);
+        let counter = super::fence::counter_key(&key);
+        let ttl = ttl_ms.to_string();
+        let majority = q.majority();
+        loop {
+            ProxyMetrics::inc(&self.metrics.attempts);
+            let eligible = q.eligible();
+            if eligible.len() < majority {
+                ProxyMetrics::inc(&self.metrics.quorum_failures);
+                return q.loss_reply(LocalReply::Null);
+            }
+            let instance_token = self.next_token();
+            let started = Instant::now();
+            let take = encode::command(&[
+                b"EVAL",
+                script::QFENCE_ACQUIRE.as_bytes(),
+                b"3",
+                &key,
+                &owner,
+                &counter,
+                ttl.as_bytes(),
+                &instance_token,
+            ]);
+            let facts = |r: &Bytes| super::fence::integers(r);
+            let answers = q.ask(&eligible, &take, |_| false).await;
+            let takers: Vec<usize> = (0..answers.replies.len())
+                .filter(|&i| facts(&answers.replies[i]).first() == Some(&1))
+                .collect();
+            let mut acquired = None;
+            if takers.len() >= majority {
+                let token = takers
+                    .iter()
+                    .filter_map(|&i| facts(&answers.replies[i]).get(2).copied())
+                    .max()
+                    .unwrap_or(0)
+                    + 1;
+                let token_s = token.to_string();
+                let commit = encode::command(&[
+                    b"EVAL",
+                    script::QFENCE_COMMIT.as_bytes(),
+                    b"3",
+                    &key,
+                    &owner,
+                    &counter,
+                    &instance_token,
+                    token_s.as_bytes(),
+                ]);
+                let committed = q.ask(&eligible, &commit, |_| false).await;
+                let ok = committed
+                    .replies
+                    .iter()
+                    .filter(|r| integer(r) == Some(1))
+                    .count();
+                let validity = q.validity_ms(ttl_ms, started.elapsed());
+                if ok >= majority && validity > 0 {
+                    acquired = Some((token, validity));
+                }
+            }
+            if let Some((token, validity)) = acquired {
+                q.granted(ttl_ms);
+                ProxyMetrics::inc(&self.metrics.acquired);
+                return LocalReply::Array(vec![
+                    LocalReply::Integer(token),
+                    LocalReply::Integer(validity),
+                ]);
+            }
+            let undo = encode::command(&[
+                b"EVAL",
+                script::RELEASE_TOKEN.as_bytes(),
+                b"2",
+                &key,
+                &owner,
+                &instance_token,
+                b"",
+            ]);
+            q.ask_all(&undo).await;
+            if answers.replies.len() < majority {
+                ProxyMetrics::inc(&self.metrics.quorum_failures);
+                return q.loss_reply(LocalReply::Null);
+            }
+            ProxyMetrics::inc(&self.metrics.contended);
+            let now = Instant::now();
+            if now >= deadline {
+                return LocalReply::Null;
+            }
+            let held_ms = answers
+                .replies
+                .iter()
+                .filter_map(|r| facts(r).get(1).copied())
+                .filter(|&p| p > 0)
+                .min()
+                .unwrap_or(1);
+            let step = std::time::Duration::from_millis(held_ms as u64)
+                .min(std::time::Duration::from_millis(25));
+            tokio::time::sleep(step.min(deadline - now)).await;
+        }
+    }
+
+    /// `LOCKGATE UNLOCK`/`EXTEND` on the quorum: the script on every master,
+    /// 1 iff a majority did it.
+    pub async fn quorum_fence_simple(&self, q: &Quorum, command: Bytes) -> LocalReply {
+        let answers = q.ask_all(&command).await;
+        if answers.replies.len() < q.majority() {
+            return q.no_quorum(answers.replies.len());
+        }
+        let done = answers
+            .replies
+            .iter()
+            .filter(|r| integer(r) == Some(1))
+            .count();
+        LocalReply::Integer(i64::from(done >= q.majority()))
+    }
+}
