@@ -225,7 +225,11 @@ fn quorum_route(
             shown.join(", ")
         )));
     }
-    if view.in_multi {
+    let lock_op = !matches!(
+        kind,
+        CommandKind::Read(_) | CommandKind::Eval | CommandKind::MultiKey(_)
+    );
+    if view.in_multi && !lock_op {
         return Some(Route::Refuse(format!(
             "lockgate: {name} on lock keys inside MULTI is not supported with the lock quorum"
         )));

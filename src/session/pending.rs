@@ -43,6 +43,9 @@ pub enum Pending {
     /// counted: everything Redis sends before its `+RESET` is the client's,
     /// the `+RESET` itself is swallowed.
     Barrier,
+    /// One reply from Redis to a command lockgate sent itself (the
+    /// `DISCARD` that replaces the `EXEC` of a quorum transaction): dropped.
+    Swallow,
     /// The client half-closed and lockgate passed that on to Redis, which
     /// answers what it has read and then closes: the session ends at the
     /// upstream's EOF, not at an empty queue.
@@ -92,6 +95,11 @@ impl Batch {
     /// Records that the connection closes after what came before.
     pub fn close(&mut self) {
         self.entries.push(Pending::Close);
+    }
+
+    /// Records a reply of Redis the client must not see.
+    pub fn swallow(&mut self) {
+        self.entries.push(Pending::Swallow);
     }
 
     /// Records a barrier `RESET` sent by lockgate (see [`Pending::Barrier`]).

@@ -54,6 +54,7 @@ pub async fn read_loop(
     let chunk = ctx.config.proxy.read_chunk_bytes;
     let mut parser = RequestParser::new(ctx.limits());
     let mut view = SessionView::default();
+    let mut quorum_tx = QuorumTx::default();
     loop {
         if buf.is_empty() || buf.len() < parser.needed() {
             let want = parser.needed().saturating_sub(buf.len()).max(chunk);
@@ -79,7 +80,7 @@ pub async fn read_loop(
                 continue;
             }
         }
-        let routed = route_batch(ctx, &mut parser, &mut view, conn, buf);
+        let routed = route_batch(ctx, &mut parser, &mut view, conn, &mut quorum_tx, buf);
         let (batch, failed) = (routed.batch, routed.failed);
         let forward = routed.pieces.assemble(buf.split_to(routed.used).freeze());
         if !batch.entries.is_empty() {
@@ -171,6 +172,7 @@ fn route_batch(
     parser: &mut RequestParser,
     view: &mut SessionView,
     conn: &Arc<Mutex<ConnLocks>>,
+    tx: &mut QuorumTx,
     buf: &[u8],
 ) -> Routed {
     let mut out = Routed {
@@ -197,7 +199,9 @@ fn route_batch(
                 let kind = command::classify(args.get(0), args.get(1), args.get(2));
                 let route = router::route(kind, args, view, &ctx.locks, ctx.quorum.is_some());
                 remember_script(ctx, kind, args);
-                carry_out(ctx, &route, args, view, conn, whole, &mut out);
+                if !quorum_transaction(ctx, kind, &route, view, conn, tx, whole.clone(), &mut out) {
+                    carry_out(ctx, &route, args, view, conn, whole, &mut out);
+                }
                 *view = view.after(kind, &route);
             }
             Err(e) => {
@@ -261,6 +265,81 @@ fn remember_script(ctx: &Arc<ServerContext>, kind: command::CommandKind, args: C
             q.ask_all(&load).await;
             LocalReply::Null
         }));
+    }
+}
+
+/// A transaction's lock operations while lock keys live on the quorum:
+/// Redis cannot queue them (they do not go to the primary), so lockgate
+/// answers `+QUEUED` and runs them itself at `EXEC`.
+#[derive(Debug, Default)]
+pub struct QuorumTx {
+    ops: Vec<crate::lock::ops::LockOp>,
+    /// Commands queued on the primary in the same transaction.
+    primary: usize,
+}
+
+/// Handles what a transaction means under the quorum; true when the
+/// command was dealt with here (the caller then does nothing more).
+#[allow(clippy::too_many_arguments)]
+fn quorum_transaction(
+    ctx: &Arc<ServerContext>,
+    kind: command::CommandKind,
+    route: &Route,
+    view: &SessionView,
+    conn: &Arc<Mutex<ConnLocks>>,
+    tx: &mut QuorumTx,
+    whole: Range<usize>,
+    out: &mut Routed,
+) -> bool {
+    if ctx.quorum.is_none() {
+        return false;
+    }
+    match (kind, route) {
+        (command::CommandKind::Multi, _) if !view.in_multi => {
+            *tx = QuorumTx::default();
+            false
+        }
+        (command::CommandKind::Discard, _) => {
+            *tx = QuorumTx::default();
+            false
+        }
+        (command::CommandKind::Exec, _) if view.in_multi && !tx.ops.is_empty() => {
+            // Redis holds an empty (or ordinary) transaction: drop it there.
+            let _ = whole;
+            out.pieces.own(encode::command(&[b"DISCARD"]));
+            out.batch.swallow();
+            let taken = std::mem::take(tx);
+            if taken.primary > 0 {
+                ProxyMetrics::inc(&ctx.locks.metrics.mixed_refused);
+                out.batch.local(LocalReply::Error(bytes::Bytes::from_static(
+                    b"EXECABORT lockgate: the transaction mixes lock keys with other keys; they live on different stores",
+                )));
+                return true;
+            }
+            let (ctx2, conn) = (ctx.clone(), conn.clone());
+            out.batch.deferred(admin::spawn(ctx, async move {
+                let Some(q) = &ctx2.quorum else {
+                    return LocalReply::err("lockgate: internal error (no quorum)");
+                };
+                let mut replies = Vec::with_capacity(taken.ops.len());
+                for op in taken.ops {
+                    replies.push(ctx2.locks.on_quorum(q, op, conn.clone()).await);
+                }
+                LocalReply::Array(replies)
+            }));
+            true
+        }
+        (_, Route::Lock(op)) if view.in_multi => {
+            tx.ops.push(op.clone());
+            out.batch.local(LocalReply::Status("QUEUED"));
+            true
+        }
+        (command::CommandKind::Exec, _) => false,
+        (_, Route::Forward(_)) if view.in_multi => {
+            tx.primary += 1;
+            false
+        }
+        _ => false,
     }
 }
 

@@ -176,7 +176,7 @@ impl Replies {
     fn captures_next(&self) -> bool {
         match self.queue.front() {
             Some(Pending::Lock(_)) => !self.raw,
-            Some(Pending::Barrier) => true,
+            Some(Pending::Barrier | Pending::Swallow) => true,
             _ => false,
         }
     }
@@ -306,7 +306,11 @@ async fn forward(
         }
         let Some(end) = end else { break };
         if let Some(captured) = st.capture.take() {
-            if st.queue.front() == Some(&Pending::Barrier) {
+            if st.queue.front() == Some(&Pending::Swallow) && end.kind == FrameKind::Reply {
+                st.queue.pop_front();
+            } else if st.queue.front() == Some(&Pending::Swallow) {
+                st.out.extend_from_slice(&captured);
+            } else if st.queue.front() == Some(&Pending::Barrier) {
                 if end.is(b"+RESET\r\n") {
                     st.queue.pop_front();
                     st.raw = false;
