@@ -33,9 +33,15 @@
 //!   (patterns), [`lock::ops`] (commands → ops), [`lock::script`] (the Lua),
 //!   [`lock::lease`] (tokens, per-connection records), [`lock::watchdog`]
 //!   (renewal, release on disconnect over lockgate's own connection),
+//!   [`lock::node`] (lockgate's own shared, pipelined connection to one
+//!   Redis), [`lock::fence`] (the fencing-token API on one Redis),
+//!   [`lock::quorum`] (the masters, majority merges, rejoin after a
+//!   restart), [`lock::quorum_ops`] (Redlock acquisition and the other ops
+//!   on the quorum), [`lock::quorum_fence`] (fencing tokens on the quorum),
 //!   [`lock::LockService`] (plan an op, learn its outcome; states the
 //!   safety invariants).
-//! - [`admin`]: `LOCKGATE STATS | UNMATCHED [n]` over RESP.
+//! - [`admin`]: `LOCKGATE STATS | UNMATCHED [n] | LOCK | UNLOCK | EXTEND`
+//!   over RESP.
 //! - [`upstream`]: connecting to the primary, with a timeout and a precise
 //!   error.
 //! - [`metrics`]: counters and the rate limit for repeated warnings.
@@ -56,6 +62,11 @@
 //! place (so order costs nothing), and the writer unwraps the script's
 //! `{reply, facts}` answer: the reply goes to the client with exactly the
 //! original command's shape, the facts to [`lock::LockService::complete`].
+//!
+//! With a lock quorum, lock commands cannot ride the client's connection:
+//! the reader spawns the quorum operation and queues a
+//! [`session::pending::Pending::Deferred`] entry; the writer holds every
+//! later reply back until that one is ready, so the order still holds.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
