@@ -9,8 +9,8 @@ mod support;
 
 use lockgate::metrics::ProxyMetrics;
 use redis_protocol::resp3::types::OwnedFrame;
-use resilience_util::{client_list, decode3, show, until, Conn};
-use support::{cmd, Lockgate, RedisServer, WAIT};
+use resilience_util::{client_list, decode3, until};
+use support::{cmd, show, Lockgate, RawClient, RedisServer, WAIT};
 
 const WRONGPASS: &[u8] = b"-WRONGPASS invalid username-password pair or user is disabled.\r\n";
 const INVALIDATE_K: &[u8] = b">2\r\n$10\r\ninvalidate\r\n*1\r\n$1\r\nk\r\n";
@@ -19,43 +19,43 @@ const INVALIDATE_K: &[u8] = b">2\r\n$10\r\ninvalidate\r\n*1\r\n$1\r\nk\r\n";
 async fn requirepass_noauth_before_ok_after() {
     let redis = RedisServer::start_with(&["--requirepass", "pw"]);
     let lg = Lockgate::start(&redis.addr()).await;
-    let mut c = Conn::connect(lg.addr).await;
-    let mut d = Conn::connect(redis.addr()).await;
+    let mut c = RawClient::connect(lg.addr).await;
+    let mut d = RawClient::connect(redis.addr()).await;
 
-    let before = c.call(&["GET", "k"]).await;
+    let before = c.call_raw(&["GET", "k"]).await;
     assert!(before.starts_with(b"-NOAUTH"), "got {}", show(&before));
     assert_eq!(
         before,
-        d.call(&["GET", "k"]).await,
+        d.call_raw(&["GET", "k"]).await,
         "NOAUTH as Redis says it"
     );
 
     // A wrong password: Redis's own error, byte for byte, and still no access.
-    let wrong = c.call(&["AUTH", "nope"]).await;
+    let wrong = c.call_raw(&["AUTH", "nope"]).await;
     assert_eq!(wrong, WRONGPASS, "got {}", show(&wrong));
-    assert_eq!(wrong, d.call(&["AUTH", "nope"]).await);
-    let wrong_user = c.call(&["AUTH", "nobody", "pw"]).await;
-    assert_eq!(wrong_user, d.call(&["AUTH", "nobody", "pw"]).await);
-    let still = c.call(&["PING"]).await;
+    assert_eq!(wrong, d.call_raw(&["AUTH", "nope"]).await);
+    let wrong_user = c.call_raw(&["AUTH", "nobody", "pw"]).await;
+    assert_eq!(wrong_user, d.call_raw(&["AUTH", "nobody", "pw"]).await);
+    let still = c.call_raw(&["PING"]).await;
     assert!(still.starts_with(b"-NOAUTH"), "got {}", show(&still));
 
-    assert_eq!(c.call(&["AUTH", "pw"]).await, b"+OK\r\n");
-    assert_eq!(c.call(&["SET", "k", "v"]).await, b"+OK\r\n");
-    assert_eq!(c.call(&["GET", "k"]).await, b"$1\r\nv\r\n");
-    assert_eq!(d.call(&["AUTH", "pw"]).await, b"+OK\r\n");
-    assert_eq!(d.call(&["GET", "k"]).await, b"$1\r\nv\r\n", "on Redis");
+    assert_eq!(c.call_raw(&["AUTH", "pw"]).await, b"+OK\r\n");
+    assert_eq!(c.call_raw(&["SET", "k", "v"]).await, b"+OK\r\n");
+    assert_eq!(c.call_raw(&["GET", "k"]).await, b"$1\r\nv\r\n");
+    assert_eq!(d.call_raw(&["AUTH", "pw"]).await, b"+OK\r\n");
+    assert_eq!(d.call_raw(&["GET", "k"]).await, b"$1\r\nv\r\n", "on Redis");
 
     // Authentication is per connection: a second client starts without it.
-    let mut c2 = Conn::connect(lg.addr).await;
-    let other = c2.call(&["GET", "k"]).await;
+    let mut c2 = RawClient::connect(lg.addr).await;
+    let other = c2.call_raw(&["GET", "k"]).await;
     assert!(other.starts_with(b"-NOAUTH"), "got {}", show(&other));
 
     // HELLO with AUTH in one go, switching to RESP3.
-    let mut c3 = Conn::connect(lg.addr).await;
-    let hello = c3.call(&["HELLO", "3", "AUTH", "default", "pw"]).await;
+    let mut c3 = RawClient::connect(lg.addr).await;
+    let hello = c3.call_raw(&["HELLO", "3", "AUTH", "default", "pw"]).await;
     assert!(hello.starts_with(b"%"), "HELLO 3 AUTH: {}", show(&hello));
-    assert_eq!(c3.call(&["GET", "nokey"]).await, b"_\r\n");
-    let bad_hello = c3.call(&["HELLO", "3", "AUTH", "default", "bad"]).await;
+    assert_eq!(c3.call_raw(&["GET", "nokey"]).await, b"_\r\n");
+    let bad_hello = c3.call_raw(&["HELLO", "3", "AUTH", "default", "bad"]).await;
     assert_eq!(bad_hello, WRONGPASS, "got {}", show(&bad_hello));
     lg.stop().await;
 }
@@ -64,35 +64,35 @@ async fn requirepass_noauth_before_ok_after() {
 async fn acl_user_auth_and_permissions() {
     let redis = RedisServer::start_with(&["--requirepass", "pw"]);
     let lg = Lockgate::start(&redis.addr()).await;
-    let mut admin = Conn::connect(lg.addr).await;
-    assert_eq!(admin.call(&["AUTH", "pw"]).await, b"+OK\r\n");
+    let mut admin = RawClient::connect(lg.addr).await;
+    assert_eq!(admin.call_raw(&["AUTH", "pw"]).await, b"+OK\r\n");
     let setuser = admin
-        .call(&["ACL", "SETUSER", "alice", "on", ">alicepw", "~*", "+@all"])
+        .call_raw(&["ACL", "SETUSER", "alice", "on", ">alicepw", "~*", "+@all"])
         .await;
     assert_eq!(setuser, b"+OK\r\n", "got {}", show(&setuser));
     let setuser = admin
-        .call(&["ACL", "SETUSER", "bob", "on", ">bobpw", "~bob:*", "+get"])
+        .call_raw(&["ACL", "SETUSER", "bob", "on", ">bobpw", "~bob:*", "+get"])
         .await;
     assert_eq!(setuser, b"+OK\r\n", "got {}", show(&setuser));
 
-    let mut d = Conn::connect(redis.addr()).await;
-    let mut c = Conn::connect(lg.addr).await;
-    let wrong = c.call(&["AUTH", "alice", "pw"]).await;
+    let mut d = RawClient::connect(redis.addr()).await;
+    let mut c = RawClient::connect(lg.addr).await;
+    let wrong = c.call_raw(&["AUTH", "alice", "pw"]).await;
     assert_eq!(wrong, WRONGPASS, "got {}", show(&wrong));
-    assert_eq!(wrong, d.call(&["AUTH", "alice", "pw"]).await);
-    assert_eq!(c.call(&["AUTH", "alice", "alicepw"]).await, b"+OK\r\n");
-    assert_eq!(c.call(&["ACL", "WHOAMI"]).await, b"$5\r\nalice\r\n");
-    assert_eq!(c.call(&["SET", "a:k", "1"]).await, b"+OK\r\n");
+    assert_eq!(wrong, d.call_raw(&["AUTH", "alice", "pw"]).await);
+    assert_eq!(c.call_raw(&["AUTH", "alice", "alicepw"]).await, b"+OK\r\n");
+    assert_eq!(c.call_raw(&["ACL", "WHOAMI"]).await, b"$5\r\nalice\r\n");
+    assert_eq!(c.call_raw(&["SET", "a:k", "1"]).await, b"+OK\r\n");
 
     // A restricted user gets Redis's own NOPERM errors, byte for byte.
-    let mut b = Conn::connect(lg.addr).await;
-    assert_eq!(b.call(&["AUTH", "bob", "bobpw"]).await, b"+OK\r\n");
-    assert_eq!(d.call(&["AUTH", "bob", "bobpw"]).await, b"+OK\r\n");
-    assert_eq!(b.call(&["GET", "bob:x"]).await, b"$-1\r\n");
+    let mut b = RawClient::connect(lg.addr).await;
+    assert_eq!(b.call_raw(&["AUTH", "bob", "bobpw"]).await, b"+OK\r\n");
+    assert_eq!(d.call_raw(&["AUTH", "bob", "bobpw"]).await, b"+OK\r\n");
+    assert_eq!(b.call_raw(&["GET", "bob:x"]).await, b"$-1\r\n");
     for args in [&["GET", "a:k"][..], &["SET", "bob:x", "1"][..]] {
-        let via = b.call(args).await;
+        let via = b.call_raw(args).await;
         assert!(via.starts_with(b"-NOPERM"), "{args:?}: {}", show(&via));
-        assert_eq!(via, d.call(args).await, "{args:?}");
+        assert_eq!(via, d.call_raw(args).await, "{args:?}");
     }
     lg.stop().await;
 }
@@ -101,14 +101,14 @@ async fn acl_user_auth_and_permissions() {
 async fn hello_3_gives_resp3_replies_and_hello_2_goes_back() {
     let redis = RedisServer::start();
     let lg = Lockgate::start(&redis.addr()).await;
-    let mut c = Conn::connect(lg.addr).await;
-    assert_eq!(c.call(&["HSET", "h", "f", "v"]).await, b":1\r\n");
+    let mut c = RawClient::connect(lg.addr).await;
+    assert_eq!(c.call_raw(&["HSET", "h", "f", "v"]).await, b":1\r\n");
     assert_eq!(
-        c.call(&["HGETALL", "h"]).await,
+        c.call_raw(&["HGETALL", "h"]).await,
         b"*2\r\n$1\r\nf\r\n$1\r\nv\r\n"
     );
 
-    let hello = decode3(&c.call(&["HELLO", "3"]).await);
+    let hello = decode3(&c.call_raw(&["HELLO", "3"]).await);
     let OwnedFrame::Map { data, .. } = &hello else {
         panic!("HELLO 3 is not a map: {hello:?}");
     };
@@ -122,40 +122,40 @@ async fn hello_3_gives_resp3_replies_and_hello_2_goes_back() {
     );
 
     assert_eq!(
-        c.call(&["HGETALL", "h"]).await,
+        c.call_raw(&["HGETALL", "h"]).await,
         b"%1\r\n$1\r\nf\r\n$1\r\nv\r\n"
     );
-    assert_eq!(c.call(&["GET", "nokey"]).await, b"_\r\n");
-    assert_eq!(c.call(&["HGET", "h", "nofield"]).await, b"_\r\n");
+    assert_eq!(c.call_raw(&["GET", "nokey"]).await, b"_\r\n");
+    assert_eq!(c.call_raw(&["HGET", "h", "nofield"]).await, b"_\r\n");
     assert_eq!(
-        c.call(&["SMEMBERS", "noset"]).await,
+        c.call_raw(&["SMEMBERS", "noset"]).await,
         b"~0\r\n",
         "sets are `~` in RESP3"
     );
 
-    let back = c.call(&["HELLO", "2"]).await;
+    let back = c.call_raw(&["HELLO", "2"]).await;
     assert!(back.starts_with(b"*14\r\n"), "HELLO 2: {}", show(&back));
     assert_eq!(
-        c.call(&["HGETALL", "h"]).await,
+        c.call_raw(&["HGETALL", "h"]).await,
         b"*2\r\n$1\r\nf\r\n$1\r\nv\r\n"
     );
-    assert_eq!(c.call(&["GET", "nokey"]).await, b"$-1\r\n");
+    assert_eq!(c.call_raw(&["GET", "nokey"]).await, b"$-1\r\n");
 
     // An unsupported protocol version is Redis's error, and nothing changes.
-    let mut d = Conn::connect(redis.addr()).await;
-    let bad = c.call(&["HELLO", "4"]).await;
+    let mut d = RawClient::connect(redis.addr()).await;
+    let bad = c.call_raw(&["HELLO", "4"]).await;
     assert!(bad.starts_with(b"-NOPROTO"), "got {}", show(&bad));
-    assert_eq!(bad, d.call(&["HELLO", "4"]).await);
-    assert_eq!(c.call(&["GET", "nokey"]).await, b"$-1\r\n");
+    assert_eq!(bad, d.call_raw(&["HELLO", "4"]).await);
+    assert_eq!(c.call_raw(&["GET", "nokey"]).await, b"$-1\r\n");
     lg.stop().await;
 }
 
 /// Sets `c` up as a RESP3 connection with client tracking on, tracking `k`.
-async fn tracked(c: &mut Conn) {
-    let hello = c.call(&["HELLO", "3"]).await;
+async fn tracked(c: &mut RawClient) {
+    let hello = c.call_raw(&["HELLO", "3"]).await;
     assert!(hello.starts_with(b"%"), "HELLO 3: {}", show(&hello));
-    assert_eq!(c.call(&["CLIENT", "TRACKING", "ON"]).await, b"+OK\r\n");
-    let got = c.call(&["GET", "k"]).await;
+    assert_eq!(c.call_raw(&["CLIENT", "TRACKING", "ON"]).await, b"+OK\r\n");
+    let got = c.call_raw(&["GET", "k"]).await;
     assert!(
         got.starts_with(b"$") || got == b"_\r\n",
         "GET k: {}",
@@ -167,24 +167,24 @@ async fn tracked(c: &mut Conn) {
 async fn tracking_invalidation_push_arrives_in_order() {
     let redis = RedisServer::start();
     let lg = Lockgate::start(&redis.addr()).await;
-    let mut direct = Conn::connect(redis.addr()).await;
-    assert_eq!(direct.call(&["SET", "k", "v1"]).await, b"+OK\r\n");
+    let mut direct = RawClient::connect(redis.addr()).await;
+    assert_eq!(direct.call_raw(&["SET", "k", "v1"]).await, b"+OK\r\n");
 
-    let mut c = Conn::connect(lg.addr).await;
+    let mut c = RawClient::connect(lg.addr).await;
     tracked(&mut c).await;
 
     // Another client (itself through lockgate) changes the key.
-    let mut other = Conn::connect(lg.addr).await;
-    assert_eq!(other.call(&["SET", "k", "v2"]).await, b"+OK\r\n");
+    let mut other = RawClient::connect(lg.addr).await;
+    assert_eq!(other.call_raw(&["SET", "k", "v2"]).await, b"+OK\r\n");
     // The push was sent by Redis before the PING was: push, then PONG.
     c.send(&cmd(&["PING"])).await;
-    let push = decode3(&c.read().await);
+    let push = decode3(&c.read_raw().await);
     assert!(
         matches!(&push, OwnedFrame::Push { data, .. } if data.len() == 2),
         "expected an invalidation push, got {push:?}"
     );
-    assert_eq!(c.read().await, b"+PONG\r\n", "the PONG still comes");
-    assert_eq!(c.call(&["GET", "k"]).await, b"$2\r\nv2\r\n");
+    assert_eq!(c.read_raw().await, b"+PONG\r\n", "the PONG still comes");
+    assert_eq!(c.call_raw(&["GET", "k"]).await, b"$2\r\nv2\r\n");
 
     // Invalidation caused by the connection itself lands between replies of a
     // pipeline; lockgate's own reply (a protocol error) must come after the
@@ -198,7 +198,7 @@ async fn tracking_invalidation_push_arrives_in_order() {
     c.send(&pipeline).await;
     let via = c.frames_to_close().await;
 
-    let mut d = Conn::connect(redis.addr()).await;
+    let mut d = RawClient::connect(redis.addr()).await;
     tracked(&mut d).await;
     d.send(&pipeline).await;
     let reference = d.frames_to_close().await;
@@ -220,7 +220,7 @@ async fn tracking_invalidation_push_arrives_in_order() {
 async fn tracking_push_between_pipelined_replies() {
     let redis = RedisServer::start();
     let lg = Lockgate::start(&redis.addr()).await;
-    let mut c = Conn::connect(lg.addr).await;
+    let mut c = RawClient::connect(lg.addr).await;
     tracked(&mut c).await;
     // GET k tracks, SET k invalidates (push), GET k tracks again, PING.
     c.send(
@@ -235,7 +235,7 @@ async fn tracking_push_between_pipelined_replies() {
     .await;
     let mut frames = Vec::new();
     for _ in 0..6 {
-        frames.push(show(&c.read().await));
+        frames.push(show(&c.read_raw().await));
     }
     assert_eq!(
         frames,
@@ -270,7 +270,7 @@ async fn push_before_a_protocol_error_is_delivered() {
         "-ERR Protocol error: expected '$', got '*'\r\n".to_string(),
     ];
     for (name, addr) in [("Redis", redis.addr()), ("lockgate", lg.addr.to_string())] {
-        let mut c = Conn::connect(addr.as_str()).await;
+        let mut c = RawClient::connect(addr.as_str()).await;
         tracked(&mut c).await;
         c.send(&pipeline).await;
         assert_eq!(c.frames_to_close().await, expected, "{name}");
@@ -282,24 +282,27 @@ async fn push_before_a_protocol_error_is_delivered() {
 async fn client_setname_getname_setinfo_id() {
     let redis = RedisServer::start();
     let lg = Lockgate::start(&redis.addr()).await;
-    let mut c = Conn::connect(lg.addr).await;
-    let mut d = Conn::connect(redis.addr()).await;
+    let mut c = RawClient::connect(lg.addr).await;
+    let mut d = RawClient::connect(redis.addr()).await;
 
     // CLIENT ID through lockgate is the id of lockgate's upstream connection.
-    let id = c.call(&["CLIENT", "ID"]).await;
+    let id = c.call_raw(&["CLIENT", "ID"]).await;
     assert!(id.starts_with(b":"), "got {}", show(&id));
     let id: u64 = show(&id[1..id.len() - 2]).parse().expect("an integer id");
 
     assert_eq!(
-        c.call(&["CLIENT", "GETNAME"]).await,
-        d.call(&["CLIENT", "GETNAME"]).await
+        c.call_raw(&["CLIENT", "GETNAME"]).await,
+        d.call_raw(&["CLIENT", "GETNAME"]).await
     );
-    assert_eq!(c.call(&["CLIENT", "GETNAME"]).await, b"$-1\r\n");
-    assert_eq!(c.call(&["CLIENT", "SETNAME", "app-1"]).await, b"+OK\r\n");
-    assert_eq!(c.call(&["CLIENT", "GETNAME"]).await, b"$5\r\napp-1\r\n");
-    let bad = c.call(&["CLIENT", "SETNAME", "has space"]).await;
+    assert_eq!(c.call_raw(&["CLIENT", "GETNAME"]).await, b"$-1\r\n");
+    assert_eq!(
+        c.call_raw(&["CLIENT", "SETNAME", "app-1"]).await,
+        b"+OK\r\n"
+    );
+    assert_eq!(c.call_raw(&["CLIENT", "GETNAME"]).await, b"$5\r\napp-1\r\n");
+    let bad = c.call_raw(&["CLIENT", "SETNAME", "has space"]).await;
     assert!(bad.starts_with(b"-ERR"), "got {}", show(&bad));
-    assert_eq!(bad, d.call(&["CLIENT", "SETNAME", "has space"]).await);
+    assert_eq!(bad, d.call_raw(&["CLIENT", "SETNAME", "has space"]).await);
 
     // Redis sees the name on the connection with that id.
     let lines = client_list(&redis.addr(), None).await;
@@ -308,7 +311,7 @@ async fn client_setname_getname_setinfo_id() {
         .find(|l| l.starts_with(&format!("id={id} ")))
         .unwrap_or_else(|| panic!("no connection id={id} on Redis: {lines:?}"));
     assert!(mine.contains(" name=app-1 "), "{mine}");
-    let info = show(&c.call(&["CLIENT", "INFO"]).await);
+    let info = show(&c.call_raw(&["CLIENT", "INFO"]).await);
     assert!(info.contains(&format!("id={id} ")), "{info}");
 
     // CLIENT SETINFO does not exist in 7.0: lockgate passes Redis's error on.
@@ -316,12 +319,12 @@ async fn client_setname_getname_setinfo_id() {
         &["CLIENT", "SETINFO", "lib-name", "lockgate-test"][..],
         &["CLIENT", "SETINFO", "lib-ver", "1.0"][..],
     ] {
-        let via = c.call(args).await;
-        let reference = d.call(args).await;
+        let via = c.call_raw(args).await;
+        let reference = d.call_raw(args).await;
         assert!(reference.starts_with(b"-ERR"), "{}", show(&reference));
         assert_eq!(show(&via), show(&reference), "{args:?}");
     }
-    assert_eq!(c.call(&["PING"]).await, b"+PONG\r\n");
+    assert_eq!(c.call_raw(&["PING"]).await, b"+PONG\r\n");
     lg.stop().await;
 }
 
@@ -329,37 +332,37 @@ async fn client_setname_getname_setinfo_id() {
 async fn reset_restores_a_fresh_connection() {
     let redis = RedisServer::start();
     let lg = Lockgate::start(&redis.addr()).await;
-    let mut c = Conn::connect(lg.addr).await;
-    assert_eq!(c.call(&["HSET", "h", "f", "v"]).await, b":1\r\n");
-    let hello = c.call(&["HELLO", "3"]).await;
+    let mut c = RawClient::connect(lg.addr).await;
+    assert_eq!(c.call_raw(&["HSET", "h", "f", "v"]).await, b":1\r\n");
+    let hello = c.call_raw(&["HELLO", "3"]).await;
     assert!(hello.starts_with(b"%"), "{}", show(&hello));
-    assert_eq!(c.call(&["SELECT", "3"]).await, b"+OK\r\n");
-    assert_eq!(c.call(&["CLIENT", "SETNAME", "x"]).await, b"+OK\r\n");
-    assert_eq!(c.call(&["MULTI"]).await, b"+OK\r\n");
-    assert_eq!(c.call(&["PING"]).await, b"+QUEUED\r\n");
+    assert_eq!(c.call_raw(&["SELECT", "3"]).await, b"+OK\r\n");
+    assert_eq!(c.call_raw(&["CLIENT", "SETNAME", "x"]).await, b"+OK\r\n");
+    assert_eq!(c.call_raw(&["MULTI"]).await, b"+OK\r\n");
+    assert_eq!(c.call_raw(&["PING"]).await, b"+QUEUED\r\n");
 
-    assert_eq!(c.call(&["RESET"]).await, b"+RESET\r\n");
+    assert_eq!(c.call_raw(&["RESET"]).await, b"+RESET\r\n");
     assert_eq!(
-        c.call(&["HGETALL", "h"]).await,
+        c.call_raw(&["HGETALL", "h"]).await,
         b"*2\r\n$1\r\nf\r\n$1\r\nv\r\n",
         "RESP2 and db 0 again"
     );
-    assert_eq!(c.call(&["CLIENT", "GETNAME"]).await, b"$-1\r\n");
-    assert_eq!(c.call(&["EXEC"]).await, b"-ERR EXEC without MULTI\r\n");
+    assert_eq!(c.call_raw(&["CLIENT", "GETNAME"]).await, b"$-1\r\n");
+    assert_eq!(c.call_raw(&["EXEC"]).await, b"-ERR EXEC without MULTI\r\n");
 
     // RESET also leaves subscribed mode.
     assert_eq!(
-        c.call(&["SUBSCRIBE", "ch"]).await,
+        c.call_raw(&["SUBSCRIBE", "ch"]).await,
         b"*3\r\n$9\r\nsubscribe\r\n$2\r\nch\r\n:1\r\n"
     );
-    assert_eq!(c.call(&["RESET"]).await, b"+RESET\r\n");
+    assert_eq!(c.call_raw(&["RESET"]).await, b"+RESET\r\n");
     assert_eq!(
-        c.call(&["PING"]).await,
+        c.call_raw(&["PING"]).await,
         b"+PONG\r\n",
         "not the pub/sub PONG"
     );
-    let mut pubr = Conn::connect(redis.addr()).await;
-    assert_eq!(pubr.call(&["PUBLISH", "ch", "m"]).await, b":0\r\n");
+    let mut pubr = RawClient::connect(redis.addr()).await;
+    assert_eq!(pubr.call_raw(&["PUBLISH", "ch", "m"]).await, b":0\r\n");
     lg.stop().await;
 }
 
@@ -377,31 +380,31 @@ async fn reset_in_subscribed_mode_then_protocol_error_keeps_order() {
         "-ERR Protocol error: invalid multibulk length\r\n",
     ];
     let mut conns = [
-        ("Redis", Conn::connect(redis.addr()).await),
-        ("lockgate", Conn::connect(lg.addr).await),
+        ("Redis", RawClient::connect(redis.addr()).await),
+        ("lockgate", RawClient::connect(lg.addr).await),
     ];
     for (name, c) in conns.iter_mut() {
         assert_eq!(
-            c.call(&["SUBSCRIBE", "ch"]).await,
+            c.call_raw(&["SUBSCRIBE", "ch"]).await,
             b"*3\r\n$9\r\nsubscribe\r\n$2\r\nch\r\n:1\r\n",
             "{name}"
         );
-        let mut pubr = Conn::connect(redis.addr()).await;
+        let mut pubr = RawClient::connect(redis.addr()).await;
         until("the earlier subscriber to be gone", || async {
-            Conn::connect(redis.addr())
+            RawClient::connect(redis.addr())
                 .await
-                .call(&["PUBSUB", "NUMSUB", "ch"])
+                .call_raw(&["PUBSUB", "NUMSUB", "ch"])
                 .await
                 == b"*2\r\n$2\r\nch\r\n:1\r\n"
         })
         .await;
         assert_eq!(
-            pubr.call(&["PUBLISH", "ch", "m"]).await,
+            pubr.call_raw(&["PUBLISH", "ch", "m"]).await,
             b":1\r\n",
             "{name}"
         );
         assert_eq!(
-            c.read().await,
+            c.read_raw().await,
             b"*3\r\n$7\r\nmessage\r\n$2\r\nch\r\n$1\r\nm\r\n",
             "{name}"
         );
@@ -415,9 +418,9 @@ async fn reset_in_subscribed_mode_then_protocol_error_keeps_order() {
 async fn quit_replies_ok_then_closes() {
     let redis = RedisServer::start();
     let lg = Lockgate::start(&redis.addr()).await;
-    let mut c = Conn::connect(lg.addr).await;
-    assert_eq!(c.call(&["PING"]).await, b"+PONG\r\n");
-    assert_eq!(c.call(&["QUIT"]).await, b"+OK\r\n");
+    let mut c = RawClient::connect(lg.addr).await;
+    assert_eq!(c.call_raw(&["PING"]).await, b"+PONG\r\n");
+    assert_eq!(c.call_raw(&["QUIT"]).await, b"+OK\r\n");
     assert!(c.closed_within(WAIT).await, "closed after QUIT");
     until("lockgate's upstream connection to go", || async {
         client_list(&redis.addr(), None).await.is_empty()
@@ -426,9 +429,9 @@ async fn quit_replies_ok_then_closes() {
     assert_eq!(ProxyMetrics::get(&lg.ctx.metrics.upstream_dropped), 0);
 
     // Inline QUIT too.
-    let mut c = Conn::connect(lg.addr).await;
+    let mut c = RawClient::connect(lg.addr).await;
     c.send(b"QUIT\r\n").await;
-    assert_eq!(c.read().await, b"+OK\r\n");
+    assert_eq!(c.read_raw().await, b"+OK\r\n");
     assert!(c.closed_within(WAIT).await, "closed after inline QUIT");
     lg.stop().await;
 }
@@ -445,14 +448,14 @@ async fn pipelined_quit_matches_redis() {
     .concat();
     let reference = resilience_util::exchange_to_close(redis.addr(), &pipeline).await;
     assert_eq!(reference, b"+OK\r\n+OK\r\n", "Redis itself");
-    let mut d = Conn::connect(redis.addr()).await;
-    assert_eq!(d.call(&["DEL", "before", "after"]).await, b":1\r\n");
+    let mut d = RawClient::connect(redis.addr()).await;
+    assert_eq!(d.call_raw(&["DEL", "before", "after"]).await, b":1\r\n");
 
     let via = resilience_util::exchange_to_close(lg.addr, &pipeline).await;
     assert_eq!(show(&via), show(&reference));
-    assert_eq!(d.call(&["EXISTS", "before"]).await, b":1\r\n");
+    assert_eq!(d.call_raw(&["EXISTS", "before"]).await, b":1\r\n");
     assert_eq!(
-        d.call(&["EXISTS", "after"]).await,
+        d.call_raw(&["EXISTS", "after"]).await,
         b":0\r\n",
         "nothing after QUIT runs"
     );

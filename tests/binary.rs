@@ -9,8 +9,8 @@ use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use resilience_util::{run_limited, show, wait_blocked, Conn};
-use support::{cmd, free_port, RedisServer, WAIT};
+use resilience_util::{run_limited, wait_blocked};
+use support::{cmd, free_port, show, RawClient, RedisServer, WAIT};
 
 const BIN: &str = env!("CARGO_BIN_EXE_lockgate");
 /// Exit code for an invalid configuration (EX_USAGE).
@@ -199,9 +199,9 @@ async fn sigterm_drains_in_flight_replies_and_exits_0() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 
-    let mut idle = Conn::connect(listen.as_str()).await;
+    let mut idle = RawClient::connect(listen.as_str()).await;
     assert_eq!(idle.call_s(&["PING"]).await, "+PONG\r\n");
-    let mut blocked = Conn::connect(listen.as_str()).await;
+    let mut blocked = RawClient::connect(listen.as_str()).await;
     let sent = Instant::now();
     blocked.send(&cmd(&["BLPOP", "nokey", "1"])).await;
     wait_blocked(&redis.addr(), "blpop").await;
@@ -229,7 +229,7 @@ async fn sigterm_drains_in_flight_replies_and_exits_0() {
     // The in-flight BLPOP still gets its reply (nil after its 1 s timeout),
     // then the connection is closed.
     assert_eq!(
-        show(&blocked.read().await),
+        show(&blocked.read_raw().await),
         "*-1\r\n",
         "the in-flight reply"
     );

@@ -11,8 +11,8 @@ mod support;
 use std::process::Command;
 use std::time::Duration;
 
-use resilience_util::{run_limited, show};
-use support::{Lockgate, RedisServer};
+use resilience_util::run_limited;
+use support::{show, Lockgate, RedisServer};
 
 const PIP_INSTALL: &str = "python3 -m pip install -q redis";
 

@@ -10,10 +10,8 @@ use std::time::{Duration, Instant};
 
 use lockgate::metrics::ProxyMetrics;
 use lockgate::Config;
-use resilience_util::{
-    client_list, direct, exchange_to_close, show, until, wait_blocked, Blackhole, Conn,
-};
-use support::{cmd, Lockgate, RedisServer, WAIT};
+use resilience_util::{client_list, direct, exchange_to_close, until, wait_blocked, Blackhole};
+use support::{cmd, show, Lockgate, RawClient, RedisServer, WAIT};
 use tokio::io::AsyncWriteExt;
 
 /// Slack for scheduling on a loaded 2-core machine.
@@ -47,7 +45,7 @@ async fn upstream_down_then_the_same_connection_recovers_after_restart() {
     let m = &lg.ctx.metrics;
 
     let started = Instant::now();
-    let mut c = Conn::connect(lg.addr).await;
+    let mut c = RawClient::connect(lg.addr).await;
     assert_eq!(c.call_s(&["PING"]).await, refused(&addr));
     assert!(
         started.elapsed() < Duration::from_millis(500) + MARGIN,
@@ -65,10 +63,10 @@ async fn upstream_down_then_the_same_connection_recovers_after_restart() {
     )
     .await;
     for i in 0..3 {
-        assert_eq!(show(&c.read().await), refused(&addr), "reply {i}");
+        assert_eq!(show(&c.read_raw().await), refused(&addr), "reply {i}");
     }
     // Other clients are answered as well, not queued behind the first.
-    let mut c2 = Conn::connect(lg.addr).await;
+    let mut c2 = RawClient::connect(lg.addr).await;
     assert_eq!(c2.call_s(&["PING"]).await, refused(&addr));
     assert!(get(&m.upstream_unavailable_replies) >= 5);
     assert!(get(&m.upstream_connect_errors) >= 2);
@@ -118,7 +116,7 @@ async fn reconnect_attempts_wait_for_the_interval() {
     let mut cfg = config(&addr);
     cfg.upstream.reconnect_interval_ms = 600_000;
     let lg = Lockgate::start_with(cfg).await;
-    let mut c = Conn::connect(lg.addr).await;
+    let mut c = RawClient::connect(lg.addr).await;
     for _ in 0..5 {
         assert_eq!(c.call_s(&["PING"]).await, refused(&addr));
     }
@@ -132,7 +130,7 @@ async fn reconnect_attempts_wait_for_the_interval() {
     assert_eq!(c.call_s(&["PING"]).await, refused(&addr));
     assert_eq!(get(&lg.ctx.metrics.upstream_connect_errors), 1);
     // A new client connects at once.
-    let mut fresh = Conn::connect(lg.addr).await;
+    let mut fresh = RawClient::connect(lg.addr).await;
     assert_eq!(fresh.call_s(&["PING"]).await, "+PONG\r\n");
     lg.stop().await;
 }
@@ -150,7 +148,7 @@ async fn upstream_connect_timeout_is_reported_per_client_in_parallel() {
     let started = Instant::now();
     let mut clients = Vec::new();
     for _ in 0..3 {
-        let mut c = Conn::connect(lg.addr).await;
+        let mut c = RawClient::connect(lg.addr).await;
         c.send(&cmd(&["PING"])).await;
         clients.push(c);
     }
@@ -160,7 +158,7 @@ async fn upstream_connect_timeout_is_reported_per_client_in_parallel() {
     })
     .await;
     for c in clients.iter_mut() {
-        assert_eq!(show(&c.read().await), expected);
+        assert_eq!(show(&c.read_raw().await), expected);
     }
     let took = started.elapsed();
     assert!(
@@ -179,10 +177,10 @@ async fn upstream_killed_under_a_blocked_command_closes_the_client() {
     let mut redis = RedisServer::start();
     let addr = redis.addr();
     let lg = Lockgate::start_with(config(&addr)).await;
-    let mut c = Conn::connect(lg.addr).await;
+    let mut c = RawClient::connect(lg.addr).await;
     c.send(&cmd(&["BLPOP", "nokey", "0"])).await;
     wait_blocked(&addr, "blpop").await;
-    let mut bystander = Conn::connect(lg.addr).await;
+    let mut bystander = RawClient::connect(lg.addr).await;
     assert_eq!(bystander.call_s(&["PING"]).await, "+PONG\r\n");
 
     redis.stop();
@@ -199,7 +197,7 @@ async fn upstream_killed_under_a_blocked_command_closes_the_client() {
     // it is disconnected, as a direct client of the dead Redis would be.
     assert!(bystander.closed_within(WAIT).await, "idle client closed");
     assert_eq!(get(&lg.ctx.metrics.upstream_dropped), 1, "it owed nothing");
-    let mut fresh = Conn::connect(lg.addr).await;
+    let mut fresh = RawClient::connect(lg.addr).await;
     assert_eq!(fresh.call_s(&["PING"]).await, refused(&addr));
     lg.stop().await;
 }
@@ -328,7 +326,7 @@ async fn malformed_requests_get_redis_errors_and_are_closed() {
         ),
     ];
 
-    let mut bystander = Conn::connect(lg.addr).await;
+    let mut bystander = RawClient::connect(lg.addr).await;
     for (i, case) in cases.iter().enumerate() {
         let before = get(&lg.ctx.metrics.protocol_errors);
         let via = exchange_to_close(lg.addr, &case.bytes).await;
@@ -350,7 +348,7 @@ async fn malformed_requests_get_redis_errors_and_are_closed() {
             "{}",
             case.name
         );
-        let mut next = Conn::connect(lg.addr).await;
+        let mut next = RawClient::connect(lg.addr).await;
         assert_eq!(
             next.call_s(&["ECHO", &i.to_string()]).await,
             format!("${}\r\n{i}\r\n", i.to_string().len()),
@@ -372,12 +370,12 @@ async fn over_max_clients_is_refused_until_one_leaves() {
     let mut cfg = config(&redis.addr());
     cfg.proxy.max_clients = 2;
     let lg = Lockgate::start_with(cfg).await;
-    let mut a = Conn::connect(lg.addr).await;
-    let mut b = Conn::connect(lg.addr).await;
+    let mut a = RawClient::connect(lg.addr).await;
+    let mut b = RawClient::connect(lg.addr).await;
     assert_eq!(a.call_s(&["PING"]).await, "+PONG\r\n");
     assert_eq!(b.call_s(&["PING"]).await, "+PONG\r\n");
 
-    let mut third = Conn::connect(lg.addr).await;
+    let mut third = RawClient::connect(lg.addr).await;
     assert_eq!(
         third.frames_to_close().await,
         vec!["-ERR max number of clients reached\r\n"]
@@ -391,11 +389,11 @@ async fn over_max_clients_is_refused_until_one_leaves() {
         get(&lg.ctx.metrics.connections_active) == 1
     })
     .await;
-    let mut fourth = Conn::connect(lg.addr).await;
+    let mut fourth = RawClient::connect(lg.addr).await;
     assert_eq!(fourth.call_s(&["PING"]).await, "+PONG\r\n");
     assert_eq!(get(&lg.ctx.metrics.connections_rejected), 1);
     // Full again.
-    let mut fifth = Conn::connect(lg.addr).await;
+    let mut fifth = RawClient::connect(lg.addr).await;
     assert_eq!(
         fifth.frames_to_close().await,
         vec!["-ERR max number of clients reached\r\n"]
@@ -452,7 +450,7 @@ async fn client_hanging_up_mid_pipeline_leaves_nothing_behind() {
         "commands behind the BLPOP never ran"
     );
     // lockgate still works.
-    let mut c = Conn::connect(lg.addr).await;
+    let mut c = RawClient::connect(lg.addr).await;
     assert_eq!(c.call_s(&["PING"]).await, "+PONG\r\n");
     lg.stop().await;
 }
@@ -477,10 +475,10 @@ async fn half_closed_client_still_gets_its_replies() {
     for (name, commands) in cases {
         let mut got = Vec::new();
         for addr in [redis.addr(), lg.addr.to_string()] {
-            let mut c = Conn::connect(addr.as_str()).await;
+            let mut c = RawClient::connect(addr.as_str()).await;
             if name.starts_with("subscribed") {
                 assert_eq!(
-                    c.call(&["SUBSCRIBE", "ch"]).await,
+                    c.call_raw(&["SUBSCRIBE", "ch"]).await,
                     b"*3\r\n$9\r\nsubscribe\r\n$2\r\nch\r\n:1\r\n"
                 );
             }

@@ -5,8 +5,8 @@
 mod passthrough_util;
 mod support;
 
-use passthrough_util::{pipeline, show, split_frames, Conn, Rng};
-use support::{cmd, Lockgate, RedisServer};
+use passthrough_util::{pipeline, split_frames, Rng};
+use support::{cmd, show, Lockgate, RawClient, RedisServer};
 
 /// Appends one of a mix of commands over a small shared key space, so that
 /// keys change type and replies include errors (`WRONGTYPE`, not an integer,
@@ -99,12 +99,12 @@ async fn ten_thousand_command_pipeline_in_one_write_is_byte_identical() {
     assert_same_stream(&via, &direct);
 
     // Both Redis servers ended in the same state too.
-    let mut a = Conn::connect(redis.addr()).await;
-    let mut b = Conn::connect(twin.addr()).await;
+    let mut a = RawClient::connect(redis.addr()).await;
+    let mut b = RawClient::connect(twin.addr()).await;
     for i in 0..40 {
         let key = format!("key:{i}");
-        let dump_a = a.call(&["DUMP", &key]).await;
-        let dump_b = b.call(&["DUMP", &key]).await;
+        let dump_a = a.call_raw(&["DUMP", &key]).await;
+        let dump_b = b.call_raw(&["DUMP", &key]).await;
         assert_eq!(dump_a, dump_b, "{key} differs after the pipeline");
     }
     lg.stop().await;
@@ -162,28 +162,31 @@ async fn commands_answered_nothing_keep_the_order() {
     }
 
     // Many empty commands around every real one, across many writes.
-    let mut c = Conn::connect(lg.addr).await;
+    let mut c = RawClient::connect(lg.addr).await;
     for i in 0..200 {
         let mut req = b"*0\r\n".to_vec();
         req.extend_from_slice(&cmd(&["ECHO", &i.to_string()]));
         req.extend_from_slice(b"*0\r\n\r\n");
         c.send(&req).await;
         let s = i.to_string();
-        assert_eq!(show(&c.frame().await), format!("${}\r\n{s}\r\n", s.len()));
+        assert_eq!(
+            show(&c.read_raw().await),
+            format!("${}\r\n{s}\r\n", s.len())
+        );
     }
     // A write holding only `*0` is answered nothing, and the next command is
     // answered normally.
     c.send(b"*0\r\n").await;
-    assert_eq!(c.call(&["PING"]).await, b"+PONG\r\n");
+    assert_eq!(c.call_raw(&["PING"]).await, b"+PONG\r\n");
     lg.stop().await;
 }
 
 /// Runs one connection's commands one at a time, returning every reply.
 async fn transcript(addr: impl tokio::net::ToSocketAddrs, commands: &[&[&str]]) -> Vec<Vec<u8>> {
-    let mut c = Conn::connect(addr).await;
+    let mut c = RawClient::connect(addr).await;
     let mut replies = Vec::new();
     for args in commands {
-        replies.push(c.call(args).await);
+        replies.push(c.call_raw(args).await);
     }
     replies
 }
@@ -274,34 +277,34 @@ async fn multi_exec_discard_execabort_match_redis() {
 /// WATCH on `w` by `a`, a write by `b` in between or not; returns every
 /// reply of `a` and `b` in order.
 async fn watch_scenario(a_addr: &str, b_addr: &str) -> Vec<Vec<u8>> {
-    let mut a = Conn::connect(a_addr).await;
-    let mut b = Conn::connect(b_addr).await;
+    let mut a = RawClient::connect(a_addr).await;
+    let mut b = RawClient::connect(b_addr).await;
     let mut log = Vec::new();
-    log.push(a.call(&["SET", "w", "start"]).await);
+    log.push(a.call_raw(&["SET", "w", "start"]).await);
     // Aborted: another client changes the watched key.
-    log.push(a.call(&["WATCH", "w"]).await);
-    log.push(a.call(&["GET", "w"]).await);
-    log.push(b.call(&["SET", "w", "other"]).await);
-    log.push(a.call(&["MULTI"]).await);
-    log.push(a.call(&["SET", "w", "mine"]).await);
-    log.push(a.call(&["EXEC"]).await);
-    log.push(a.call(&["GET", "w"]).await);
+    log.push(a.call_raw(&["WATCH", "w"]).await);
+    log.push(a.call_raw(&["GET", "w"]).await);
+    log.push(b.call_raw(&["SET", "w", "other"]).await);
+    log.push(a.call_raw(&["MULTI"]).await);
+    log.push(a.call_raw(&["SET", "w", "mine"]).await);
+    log.push(a.call_raw(&["EXEC"]).await);
+    log.push(a.call_raw(&["GET", "w"]).await);
     // Not aborted: nobody touches it.
-    log.push(a.call(&["WATCH", "w"]).await);
-    log.push(a.call(&["MULTI"]).await);
-    log.push(a.call(&["SET", "w", "mine"]).await);
-    log.push(a.call(&["EXEC"]).await);
+    log.push(a.call_raw(&["WATCH", "w"]).await);
+    log.push(a.call_raw(&["MULTI"]).await);
+    log.push(a.call_raw(&["SET", "w", "mine"]).await);
+    log.push(a.call_raw(&["EXEC"]).await);
     // UNWATCH: a later write by someone else no longer aborts.
-    log.push(a.call(&["WATCH", "w"]).await);
-    log.push(a.call(&["UNWATCH"]).await);
-    log.push(b.call(&["SET", "w", "again"]).await);
-    log.push(a.call(&["MULTI"]).await);
-    log.push(a.call(&["GET", "w"]).await);
-    log.push(a.call(&["EXEC"]).await);
+    log.push(a.call_raw(&["WATCH", "w"]).await);
+    log.push(a.call_raw(&["UNWATCH"]).await);
+    log.push(b.call_raw(&["SET", "w", "again"]).await);
+    log.push(a.call_raw(&["MULTI"]).await);
+    log.push(a.call_raw(&["GET", "w"]).await);
+    log.push(a.call_raw(&["EXEC"]).await);
     // WATCH inside MULTI is refused, the transaction still runs.
-    log.push(a.call(&["MULTI"]).await);
-    log.push(a.call(&["WATCH", "w"]).await);
-    log.push(a.call(&["EXEC"]).await);
+    log.push(a.call_raw(&["MULTI"]).await);
+    log.push(a.call_raw(&["WATCH", "w"]).await);
+    log.push(a.call_raw(&["EXEC"]).await);
     log
 }
 
@@ -335,21 +338,27 @@ async fn watch_aborts_exec_when_another_client_writes() {
 async fn select_is_per_client() {
     let redis = RedisServer::start();
     let lg = Lockgate::start(&redis.addr()).await;
-    let mut a = Conn::connect(lg.addr).await;
-    let mut b = Conn::connect(lg.addr).await;
-    assert_eq!(a.call(&["SELECT", "2"]).await, b"+OK\r\n");
-    assert_eq!(a.call(&["SET", "sel:k", "in-two"]).await, b"+OK\r\n");
+    let mut a = RawClient::connect(lg.addr).await;
+    let mut b = RawClient::connect(lg.addr).await;
+    assert_eq!(a.call_raw(&["SELECT", "2"]).await, b"+OK\r\n");
+    assert_eq!(a.call_raw(&["SET", "sel:k", "in-two"]).await, b"+OK\r\n");
     // B is still in db 0 and sees nothing.
-    assert_eq!(b.call(&["GET", "sel:k"]).await, b"$-1\r\n");
-    assert_eq!(b.call(&["DBSIZE"]).await, b":0\r\n");
-    assert_eq!(b.call(&["SET", "sel:k", "in-zero"]).await, b"+OK\r\n");
-    assert_eq!(a.call(&["GET", "sel:k"]).await, b"$6\r\nin-two\r\n");
-    assert_eq!(b.call(&["GET", "sel:k"]).await, b"$7\r\nin-zero\r\n");
+    assert_eq!(b.call_raw(&["GET", "sel:k"]).await, b"$-1\r\n");
+    assert_eq!(b.call_raw(&["DBSIZE"]).await, b":0\r\n");
+    assert_eq!(b.call_raw(&["SET", "sel:k", "in-zero"]).await, b"+OK\r\n");
+    assert_eq!(a.call_raw(&["GET", "sel:k"]).await, b"$6\r\nin-two\r\n");
+    assert_eq!(b.call_raw(&["GET", "sel:k"]).await, b"$7\r\nin-zero\r\n");
     // Redis agrees on where each value is.
-    let mut direct = Conn::connect(redis.addr()).await;
-    assert_eq!(direct.call(&["GET", "sel:k"]).await, b"$7\r\nin-zero\r\n");
-    assert_eq!(direct.call(&["SELECT", "2"]).await, b"+OK\r\n");
-    assert_eq!(direct.call(&["GET", "sel:k"]).await, b"$6\r\nin-two\r\n");
+    let mut direct = RawClient::connect(redis.addr()).await;
+    assert_eq!(
+        direct.call_raw(&["GET", "sel:k"]).await,
+        b"$7\r\nin-zero\r\n"
+    );
+    assert_eq!(direct.call_raw(&["SELECT", "2"]).await, b"+OK\r\n");
+    assert_eq!(
+        direct.call_raw(&["GET", "sel:k"]).await,
+        b"$6\r\nin-two\r\n"
+    );
     // SELECT inside one pipelined write applies from that point on.
     let mut req = cmd(&["SELECT", "3"]);
     req.extend_from_slice(&cmd(&["SET", "sel:k", "in-three"]));
@@ -358,13 +367,13 @@ async fn select_is_per_client() {
     req.extend_from_slice(&cmd(&["SELECT", "99"]));
     b.send(&req).await;
     assert_eq!(
-        show(&b.frames(5).await),
+        show(&b.read_raw_frames(5).await),
         "+OK\r\n+OK\r\n+OK\r\n$7\r\nin-zero\r\n-ERR DB index is out of range\r\n"
     );
-    assert_eq!(a.call(&["GET", "sel:k"]).await, b"$6\r\nin-two\r\n");
+    assert_eq!(a.call_raw(&["GET", "sel:k"]).await, b"$6\r\nin-two\r\n");
     // A new connection starts in db 0: the upstream connection is not reused.
     drop(a);
-    let mut a2 = Conn::connect(lg.addr).await;
-    assert_eq!(a2.call(&["GET", "sel:k"]).await, b"$7\r\nin-zero\r\n");
+    let mut a2 = RawClient::connect(lg.addr).await;
+    assert_eq!(a2.call_raw(&["GET", "sel:k"]).await, b"$7\r\nin-zero\r\n");
     lg.stop().await;
 }

@@ -5,8 +5,8 @@
 mod passthrough_util;
 mod support;
 
-use passthrough_util::{pipeline, show, Conn, Fnv, Rng};
-use support::{cmd, encode, Lockgate, RedisServer};
+use passthrough_util::{pipeline, Fnv, Rng};
+use support::{cmd, encode, show, Lockgate, RawClient, RedisServer};
 
 const SCRIPT: &str = "return {KEYS[1], ARGV[1], redis.call('INCR', KEYS[1])}";
 const LIBRARY: &str =
@@ -17,53 +17,53 @@ const LIBRARY2: &str = "#!lua name=lib2\n\
 
 /// Script and function commands, run one by one on one connection.
 async fn scripting_scenario(addr: &str) -> Vec<Vec<u8>> {
-    let mut c = Conn::connect(addr).await;
+    let mut c = RawClient::connect(addr).await;
     let mut log = Vec::new();
-    log.push(c.call(&["EVAL", SCRIPT, "1", "cnt", "x"]).await);
-    log.push(c.call(&["EVAL", "return nil", "0"]).await);
+    log.push(c.call_raw(&["EVAL", SCRIPT, "1", "cnt", "x"]).await);
+    log.push(c.call_raw(&["EVAL", "return nil", "0"]).await);
     log.push(
-        c.call(&["EVAL", "return redis.status_reply('FINE')", "0"])
+        c.call_raw(&["EVAL", "return redis.status_reply('FINE')", "0"])
             .await,
     );
     log.push(
-        c.call(&["EVAL", "return {1, {2, {3, 'deep'}}, false}", "0"])
+        c.call_raw(&["EVAL", "return {1, {2, {3, 'deep'}}, false}", "0"])
             .await,
     );
     log.push(
-        c.call(&["EVAL", "return redis.error_reply('MYERR oops')", "0"])
+        c.call_raw(&["EVAL", "return redis.error_reply('MYERR oops')", "0"])
             .await,
     );
     log.push(
-        c.call(&["EVAL", "return redis.call('INCR', KEYS[1])", "1", "s"])
+        c.call_raw(&["EVAL", "return redis.call('INCR', KEYS[1])", "1", "s"])
             .await,
     );
-    log.push(c.call(&["SET", "s", "text"]).await);
+    log.push(c.call_raw(&["SET", "s", "text"]).await);
     log.push(
-        c.call(&["EVAL", "return redis.call('INCR', KEYS[1])", "1", "s"])
+        c.call_raw(&["EVAL", "return redis.call('INCR', KEYS[1])", "1", "s"])
             .await,
     );
-    let sha = c.call(&["SCRIPT", "LOAD", SCRIPT]).await;
+    let sha = c.call_raw(&["SCRIPT", "LOAD", SCRIPT]).await;
     log.push(sha.clone());
     let sha = show(&sha[5..45]);
-    log.push(c.call(&["EVALSHA", &sha, "1", "cnt", "y"]).await);
-    log.push(c.call(&["SCRIPT", "EXISTS", &sha, "0000"]).await);
-    log.push(c.call(&["EVALSHA", &"0".repeat(40), "0"]).await);
-    log.push(c.call(&["FUNCTION", "LOAD", LIBRARY]).await);
-    log.push(c.call(&["FCALL", "f", "0"]).await);
-    log.push(c.call(&["FUNCTION", "LOAD", LIBRARY]).await);
-    log.push(c.call(&["FUNCTION", "LOAD", "REPLACE", LIBRARY]).await);
-    log.push(c.call(&["FUNCTION", "LOAD", LIBRARY2]).await);
-    log.push(c.call(&["FCALL", "echo2", "1", "s", "arg"]).await);
-    log.push(c.call(&["FCALL_RO", "ro", "1", "s"]).await);
-    log.push(c.call(&["FCALL_RO", "f", "0"]).await);
-    log.push(c.call(&["FCALL", "nosuch", "0"]).await);
+    log.push(c.call_raw(&["EVALSHA", &sha, "1", "cnt", "y"]).await);
+    log.push(c.call_raw(&["SCRIPT", "EXISTS", &sha, "0000"]).await);
+    log.push(c.call_raw(&["EVALSHA", &"0".repeat(40), "0"]).await);
+    log.push(c.call_raw(&["FUNCTION", "LOAD", LIBRARY]).await);
+    log.push(c.call_raw(&["FCALL", "f", "0"]).await);
+    log.push(c.call_raw(&["FUNCTION", "LOAD", LIBRARY]).await);
+    log.push(c.call_raw(&["FUNCTION", "LOAD", "REPLACE", LIBRARY]).await);
+    log.push(c.call_raw(&["FUNCTION", "LOAD", LIBRARY2]).await);
+    log.push(c.call_raw(&["FCALL", "echo2", "1", "s", "arg"]).await);
+    log.push(c.call_raw(&["FCALL_RO", "ro", "1", "s"]).await);
+    log.push(c.call_raw(&["FCALL_RO", "f", "0"]).await);
+    log.push(c.call_raw(&["FCALL", "nosuch", "0"]).await);
     // Scripts inside a transaction.
-    log.push(c.call(&["MULTI"]).await);
-    log.push(c.call(&["EVALSHA", &sha, "1", "cnt", "z"]).await);
-    log.push(c.call(&["FCALL", "f", "0"]).await);
-    log.push(c.call(&["EXEC"]).await);
-    log.push(c.call(&["FUNCTION", "DELETE", "mylib"]).await);
-    log.push(c.call(&["FCALL", "f", "0"]).await);
+    log.push(c.call_raw(&["MULTI"]).await);
+    log.push(c.call_raw(&["EVALSHA", &sha, "1", "cnt", "z"]).await);
+    log.push(c.call_raw(&["FCALL", "f", "0"]).await);
+    log.push(c.call_raw(&["EXEC"]).await);
+    log.push(c.call_raw(&["FUNCTION", "DELETE", "mylib"]).await);
+    log.push(c.call_raw(&["FCALL", "f", "0"]).await);
     log
 }
 
@@ -113,27 +113,27 @@ async fn inline_commands_over_a_raw_socket() {
     let redis = RedisServer::start();
     let twin = RedisServer::start();
     let lg = Lockgate::start(&redis.addr()).await;
-    let mut c = Conn::connect(lg.addr).await;
+    let mut c = RawClient::connect(lg.addr).await;
     c.send(b"PING\r\n").await;
-    assert_eq!(c.frame().await, b"+PONG\r\n");
+    assert_eq!(c.read_raw().await, b"+PONG\r\n");
     c.send(b"SET k \"a b\"\r\n").await;
-    assert_eq!(c.frame().await, b"+OK\r\n");
+    assert_eq!(c.read_raw().await, b"+OK\r\n");
     // A blank line gets no reply: the next frame answers GET.
     c.send(b"\r\n").await;
     c.send(b"GET k\r\n").await;
-    assert_eq!(c.frame().await, b"$3\r\na b\r\n");
+    assert_eq!(c.read_raw().await, b"$3\r\na b\r\n");
     // Escapes in double quotes, single quotes, bare LF line ends, and a
     // line split across writes.
     c.send(b"SET k2 \"x\\r\\ny\\x00z\\\"\"\n").await;
-    assert_eq!(c.frame().await, b"+OK\r\n");
-    assert_eq!(c.call(&["GET", "k2"]).await, b"$7\r\nx\r\ny\0z\"\r\n");
+    assert_eq!(c.read_raw().await, b"+OK\r\n");
+    assert_eq!(c.call_raw(&["GET", "k2"]).await, b"$7\r\nx\r\ny\0z\"\r\n");
     c.send(b"SET k3 'it\\'s'\r").await;
     c.send(b"\n  get   k3  \r\n").await;
-    assert_eq!(show(&c.frames(2).await), "+OK\r\n$4\r\nit's\r\n");
+    assert_eq!(show(&c.read_raw_frames(2).await), "+OK\r\n$4\r\nit's\r\n");
     c.send(b"ECHO ").await;
     c.send(b"split").await;
     c.send(b"\r\n").await;
-    assert_eq!(c.frame().await, b"$5\r\nsplit\r\n");
+    assert_eq!(c.read_raw().await, b"$5\r\nsplit\r\n");
 
     // The whole thing in one write, compared with Redis byte for byte.
     let request: &[u8] = b"PING\r\nSET k \"a b\"\r\n\r\n\nGET k\r\n\
@@ -145,7 +145,7 @@ async fn inline_commands_over_a_raw_socket() {
     assert!(via.starts_with(b"+PONG\r\n+OK\r\n$3\r\na b\r\n+OK\r\n$6\r\nx\r\ny\0z\r\n"));
     assert!(via.ends_with(b":2\r\n+PONG\r\n"));
     // Unbalanced quotes: Redis's error, then the connection closes.
-    let mut bad = Conn::connect(lg.addr).await;
+    let mut bad = RawClient::connect(lg.addr).await;
     bad.send(b"PING\r\nSET k \"open\r\n").await;
     assert_eq!(
         show(&bad.read_to_eof().await),
@@ -158,7 +158,7 @@ async fn inline_commands_over_a_raw_socket() {
 async fn binary_keys_and_values_with_crlf_and_nul() {
     let redis = RedisServer::start();
     let lg = Lockgate::start(&redis.addr()).await;
-    let mut c = Conn::connect(lg.addr).await;
+    let mut c = RawClient::connect(lg.addr).await;
     let key: &[u8] = b"bin\r\nkey\0with*2\r\n$3\r\n";
     // A value that looks like RESP frames and like lockgate's own `+RESET`.
     let value: &[u8] = b"*1\r\n$3\r\nfoo\r\n\0\r\n+RESET\r\n-ERR x\r\n\r\n\n\r";
@@ -168,7 +168,7 @@ async fn binary_keys_and_values_with_crlf_and_nul() {
     expected.extend_from_slice(b"\r\n");
     assert_eq!(c.call_bin(&[b"GET", key]).await, expected);
     // Redis stored exactly those bytes under exactly that key.
-    let mut direct = Conn::connect(redis.addr()).await;
+    let mut direct = RawClient::connect(redis.addr()).await;
     assert_eq!(direct.call_bin(&[b"GET", key]).await, expected);
     assert_eq!(
         direct.call_bin(&[b"STRLEN", key]).await,
@@ -205,7 +205,7 @@ const PIECE: usize = 1 << 20;
 async fn hundred_megabyte_value_round_trips() {
     let redis = RedisServer::start();
     let lg = Lockgate::start(&redis.addr()).await;
-    let mut c = Conn::connect(lg.addr).await;
+    let mut c = RawClient::connect(lg.addr).await;
     // Stream the SET in 1 MB pieces, hashing what is sent.
     let mut rng = Rng::new(0xb16);
     let mut sent = Fnv::default();
@@ -221,7 +221,7 @@ async fn hundred_megabyte_value_round_trips() {
         left -= n as u64;
     }
     c.send(b"\r\n").await;
-    assert_eq!(c.frame().await, b"+OK\r\n");
+    assert_eq!(c.read_raw().await, b"+OK\r\n");
     drop(piece);
 
     // GET it back through lockgate, hashing as it streams in, followed by a
@@ -230,27 +230,27 @@ async fn hundred_megabyte_value_round_trips() {
     req.extend_from_slice(&cmd(&["ECHO", "after"]));
     c.send(&req).await;
     let header = format!("${BIG}\r\n");
-    assert_eq!(show(&c.read_exact(header.len()).await), header);
+    assert_eq!(show(&c.read_exact_bytes(header.len()).await), header);
     let mut got = Fnv::default();
     c.stream_bytes(BIG, |b| got.write(b)).await;
-    assert_eq!(c.read_exact(2).await, b"\r\n");
+    assert_eq!(c.read_exact_bytes(2).await, b"\r\n");
     assert_eq!(got.finish(), sent.finish(), "GET through lockgate");
-    assert_eq!(c.frame().await, b"$5\r\nafter\r\n");
+    assert_eq!(c.read_raw().await, b"$5\r\nafter\r\n");
 
     // Redis holds the same value.
-    let mut direct = Conn::connect(redis.addr()).await;
+    let mut direct = RawClient::connect(redis.addr()).await;
     assert_eq!(
-        show(&direct.call(&["STRLEN", "big"]).await),
+        show(&direct.call_raw(&["STRLEN", "big"]).await),
         format!(":{BIG}\r\n")
     );
     direct.send(&cmd(&["GETRANGE", "big", "-16", "-1"])).await;
-    let tail = direct.frame().await;
+    let tail = direct.read_raw().await;
     let mut rng = Rng::new(0xb16);
     let mut last = vec![0u8; PIECE];
     for _ in 0..BIG / PIECE as u64 {
         rng.fill(&mut last);
     }
     assert_eq!(&tail[5..21], &last[PIECE - 16..]);
-    assert_eq!(c.call(&["DEL", "big"]).await, b":1\r\n");
+    assert_eq!(c.call_raw(&["DEL", "big"]).await, b":1\r\n");
     lg.stop().await;
 }

@@ -7,40 +7,40 @@
 mod passthrough_util;
 mod support;
 
-use passthrough_util::{pipeline, show, Conn};
-use support::{cmd, Lockgate, RedisServer};
+use passthrough_util::pipeline;
+use support::{cmd, show, Lockgate, RawClient, RedisServer};
 
 /// A subscriber and a publisher: every frame each of them receives, in the
 /// order the scenario reads them. Each step waits for the frame it expects,
 /// so the scenario is deterministic on any Redis.
 async fn pubsub_scenario(sub_addr: &str, pub_addr: &str) -> Vec<Vec<u8>> {
-    let mut sub = Conn::connect(sub_addr).await;
-    let mut publ = Conn::connect(pub_addr).await;
+    let mut sub = RawClient::connect(sub_addr).await;
+    let mut publ = RawClient::connect(pub_addr).await;
     let mut log = Vec::new();
     sub.send(&cmd(&["SUBSCRIBE", "ch1", "ch2"])).await;
-    log.push(sub.frame().await);
-    log.push(sub.frame().await);
-    log.push(sub.call(&["PSUBSCRIBE", "news.*"]).await);
-    log.push(sub.call(&["SSUBSCRIBE", "shard:1"]).await);
+    log.push(sub.read_raw().await);
+    log.push(sub.read_raw().await);
+    log.push(sub.call_raw(&["PSUBSCRIBE", "news.*"]).await);
+    log.push(sub.call_raw(&["SSUBSCRIBE", "shard:1"]).await);
     // Subscriptions are confirmed, so messages published now are delivered.
-    log.push(publ.call(&["PUBLISH", "ch1", "hello"]).await);
-    log.push(sub.frame().await);
+    log.push(publ.call_raw(&["PUBLISH", "ch1", "hello"]).await);
+    log.push(sub.read_raw().await);
     log.push(
         publ.call_bin(&[b"PUBLISH", b"news.tech", b"a\r\n*1\r\n\0b"])
             .await,
     );
-    log.push(sub.frame().await);
-    log.push(publ.call(&["SPUBLISH", "shard:1", "s"]).await);
-    log.push(sub.frame().await);
+    log.push(sub.read_raw().await);
+    log.push(publ.call_raw(&["SPUBLISH", "shard:1", "s"]).await);
+    log.push(sub.read_raw().await);
     // PING and commands refused in subscribed mode.
-    log.push(sub.call(&["PING"]).await);
-    log.push(sub.call(&["PING", "hi"]).await);
-    log.push(sub.call(&["GET", "x"]).await);
+    log.push(sub.call_raw(&["PING"]).await);
+    log.push(sub.call_raw(&["PING", "hi"]).await);
+    log.push(sub.call_raw(&["GET", "x"]).await);
     // Unsubscribed channels get nothing: the next message is ch2's.
-    log.push(sub.call(&["UNSUBSCRIBE", "ch1"]).await);
-    log.push(publ.call(&["PUBLISH", "ch1", "lost"]).await);
-    log.push(publ.call(&["PUBLISH", "ch2", "after"]).await);
-    log.push(sub.frame().await);
+    log.push(sub.call_raw(&["UNSUBSCRIBE", "ch1"]).await);
+    log.push(publ.call_raw(&["PUBLISH", "ch1", "lost"]).await);
+    log.push(publ.call_raw(&["PUBLISH", "ch2", "after"]).await);
+    log.push(sub.read_raw().await);
     // A burst of messages arrives whole and in order.
     let mut burst = Vec::new();
     for i in 0..500 {
@@ -48,20 +48,20 @@ async fn pubsub_scenario(sub_addr: &str, pub_addr: &str) -> Vec<Vec<u8>> {
     }
     publ.send(&burst).await;
     for _ in 0..500 {
-        log.push(publ.frame().await);
+        log.push(publ.read_raw().await);
     }
     for _ in 0..500 {
-        log.push(sub.frame().await);
+        log.push(sub.read_raw().await);
     }
-    log.push(sub.call(&["PUNSUBSCRIBE", "news.*"]).await);
-    log.push(sub.call(&["SUNSUBSCRIBE"]).await);
+    log.push(sub.call_raw(&["PUNSUBSCRIBE", "news.*"]).await);
+    log.push(sub.call_raw(&["SUNSUBSCRIBE"]).await);
     // RESET leaves subscribed mode; request/reply works again.
-    log.push(sub.call(&["RESET"]).await);
-    log.push(sub.call(&["SET", "ps:k", "v"]).await);
-    log.push(sub.call(&["GET", "ps:k"]).await);
-    log.push(sub.call(&["GET", "ps:missing"]).await);
-    log.push(publ.call(&["PUBLISH", "ch2", "nobody"]).await);
-    log.push(sub.call(&["PING"]).await);
+    log.push(sub.call_raw(&["RESET"]).await);
+    log.push(sub.call_raw(&["SET", "ps:k", "v"]).await);
+    log.push(sub.call_raw(&["GET", "ps:k"]).await);
+    log.push(sub.call_raw(&["GET", "ps:missing"]).await);
+    log.push(publ.call_raw(&["PUBLISH", "ch2", "nobody"]).await);
+    log.push(sub.call_raw(&["PING"]).await);
     log
 }
 
@@ -154,30 +154,30 @@ async fn subscribe_and_reset_pipelined_in_one_write() {
 async fn resp3_pubsub_push_frames_and_reset_back_to_resp2() {
     let redis = RedisServer::start();
     let lg = Lockgate::start(&redis.addr()).await;
-    let mut sub = Conn::connect(lg.addr).await;
-    let mut publ = Conn::connect(lg.addr).await;
-    let hello = sub.call(&["HELLO", "3"]).await;
+    let mut sub = RawClient::connect(lg.addr).await;
+    let mut publ = RawClient::connect(lg.addr).await;
+    let hello = sub.call_raw(&["HELLO", "3"]).await;
     assert!(hello.starts_with(b"%7\r\n"), "{}", show(&hello));
     assert_eq!(
-        show(&sub.call(&["SUBSCRIBE", "r3"]).await),
+        show(&sub.call_raw(&["SUBSCRIBE", "r3"]).await),
         ">3\r\n$9\r\nsubscribe\r\n$2\r\nr3\r\n:1\r\n"
     );
     // In RESP3 ordinary commands work while subscribed, and pushes come
     // between their replies.
-    assert_eq!(sub.call(&["SET", "k", "v"]).await, b"+OK\r\n");
-    assert_eq!(publ.call(&["PUBLISH", "r3", "m"]).await, b":1\r\n");
+    assert_eq!(sub.call_raw(&["SET", "k", "v"]).await, b"+OK\r\n");
+    assert_eq!(publ.call_raw(&["PUBLISH", "r3", "m"]).await, b":1\r\n");
     sub.send(&cmd(&["GET", "nope"])).await;
     assert_eq!(
-        show(&sub.frame().await),
+        show(&sub.read_raw().await),
         ">3\r\n$7\r\nmessage\r\n$2\r\nr3\r\n$1\r\nm\r\n"
     );
-    assert_eq!(sub.frame().await, b"_\r\n");
-    assert_eq!(sub.call(&["PING"]).await, b"+PONG\r\n");
-    assert_eq!(sub.call(&["RESET"]).await, b"+RESET\r\n");
+    assert_eq!(sub.read_raw().await, b"_\r\n");
+    assert_eq!(sub.call_raw(&["PING"]).await, b"+PONG\r\n");
+    assert_eq!(sub.call_raw(&["RESET"]).await, b"+RESET\r\n");
     // Back to RESP2, unsubscribed.
-    assert_eq!(sub.call(&["GET", "nope"]).await, b"$-1\r\n");
-    assert_eq!(publ.call(&["PUBLISH", "r3", "m"]).await, b":0\r\n");
-    assert_eq!(sub.call(&["GET", "k"]).await, b"$1\r\nv\r\n");
+    assert_eq!(sub.call_raw(&["GET", "nope"]).await, b"$-1\r\n");
+    assert_eq!(publ.call_raw(&["PUBLISH", "r3", "m"]).await, b":0\r\n");
+    assert_eq!(sub.call_raw(&["GET", "k"]).await, b"$1\r\nv\r\n");
     lg.stop().await;
 }
 
@@ -194,9 +194,9 @@ async fn malformed_request_in_subscribed_mode_keeps_reply_order() {
     request.extend_from_slice(b"*1\r\n$-5\r\n");
     let mut outputs = Vec::new();
     for addr in [twin.addr(), lg.addr.to_string()] {
-        let mut c = Conn::connect(addr).await;
+        let mut c = RawClient::connect(addr).await;
         assert_eq!(
-            show(&c.call(&["SUBSCRIBE", "c"]).await),
+            show(&c.call_raw(&["SUBSCRIBE", "c"]).await),
             "*3\r\n$9\r\nsubscribe\r\n$1\r\nc\r\n:1\r\n"
         );
         c.send(&request).await;
@@ -214,30 +214,30 @@ async fn malformed_request_in_subscribed_mode_keeps_reply_order() {
 /// frame received, and what the stream holds after a final malformed request
 /// (which shows whether replies are counted again after RESET).
 async fn reply_mode_scenario(addr: &str) -> Vec<Vec<u8>> {
-    let mut c = Conn::connect(addr).await;
-    let mut other = Conn::connect(addr).await;
+    let mut c = RawClient::connect(addr).await;
+    let mut other = RawClient::connect(addr).await;
     let mut log = Vec::new();
     // OFF: nothing comes back until ON.
     c.send(&cmd(&["CLIENT", "REPLY", "OFF"])).await;
     c.send(&cmd(&["SET", "a", "1"])).await;
     c.send(&cmd(&["INCR", "a"])).await;
-    log.push(c.call(&["CLIENT", "REPLY", "ON"]).await);
-    log.push(c.call(&["GET", "a"]).await);
+    log.push(c.call_raw(&["CLIENT", "REPLY", "ON"]).await);
+    log.push(c.call_raw(&["GET", "a"]).await);
     // SKIP: only the next command's reply is dropped.
     c.send(&cmd(&["CLIENT", "REPLY", "SKIP"])).await;
     c.send(&cmd(&["INCR", "a"])).await;
-    log.push(c.call(&["GET", "a"]).await);
+    log.push(c.call_raw(&["GET", "a"]).await);
     // MONITOR streams other clients' commands until RESET.
-    log.push(c.call(&["MONITOR"]).await);
-    assert_eq!(other.call(&["SET", "mon", "x"]).await, b"+OK\r\n");
-    let line = c.frame().await;
+    log.push(c.call_raw(&["MONITOR"]).await);
+    assert_eq!(other.call_raw(&["SET", "mon", "x"]).await, b"+OK\r\n");
+    let line = c.read_raw().await;
     assert!(
         line.starts_with(b"+") && line.ends_with(b"\"SET\" \"mon\" \"x\"\r\n"),
         "monitor line {:?}",
         show(&line)
     );
-    log.push(c.call(&["RESET"]).await);
-    log.push(c.call(&["GET", "mon"]).await);
+    log.push(c.call_raw(&["RESET"]).await);
+    log.push(c.call_raw(&["GET", "mon"]).await);
     // Counting again: a malformed request is answered after the replies
     // before it.
     let mut req = cmd(&["GET", "a"]);
@@ -305,11 +305,11 @@ async fn unsubscribing_from_everything_returns_to_request_reply() {
         $1\r\n2\r\n";
     let direct = pipeline(twin.addr(), request.clone(), None, 9).await;
     assert_eq!(show(&direct), expected, "Redis itself");
-    let mut c = Conn::connect(lg.addr).await;
+    let mut c = RawClient::connect(lg.addr).await;
     c.send(&request).await;
-    assert_eq!(show(&c.frames(9).await), expected);
+    assert_eq!(show(&c.read_raw_frames(9).await), expected);
     // Request/reply on the same connection afterwards.
-    assert_eq!(c.call(&["GET", "u"]).await, b"$1\r\n2\r\n");
-    assert_eq!(c.call(&["PING"]).await, b"+PONG\r\n");
+    assert_eq!(c.call_raw(&["GET", "u"]).await, b"$1\r\n2\r\n");
+    assert_eq!(c.call_raw(&["PING"]).await, b"+PONG\r\n");
     lg.stop().await;
 }

@@ -1,24 +1,18 @@
 //! Helpers shared by the pass-through tests (`passthrough.rs`,
-//! `passthrough_payloads.rs`, `pubsub.rs`, `blocking.rs`). The including
-//! test crate must also declare `mod support;`.
-//!
-//! [`Conn`] reads whole RESP2/RESP3 frames as raw bytes, nil replies
-//! (`$-1`, `*-1`) included: the harness's `RawClient` decodes with
-//! `redis_protocol`'s RESP3 decoder, which rejects RESP2 nils ("Expected
-//! complete frame"), and these tests need nils everywhere.
+//! `passthrough_payloads.rs`, `pubsub.rs`, `blocking.rs`), on top of the
+//! harness's `RawClient`. The including test crate must also declare
+//! `mod support;`.
 
 #![allow(dead_code)]
 
 use std::time::Duration;
 
-use bytes::{Buf, BytesMut};
+use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpStream, ToSocketAddrs};
+use tokio::net::ToSocketAddrs;
 use tokio::time::Instant;
 
-use crate::support::WAIT;
-
-pub use crate::support::frame_len;
+use crate::support::{frame_len, show, RawClient, WAIT};
 
 /// Splits a byte stream of complete frames into its frames.
 pub fn split_frames(mut stream: &[u8]) -> Vec<&[u8]> {
@@ -29,138 +23,6 @@ pub fn split_frames(mut stream: &[u8]) -> Vec<&[u8]> {
         stream = &stream[len..];
     }
     frames
-}
-
-/// Shows a byte string readably in assertion messages.
-pub fn show(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
-
-/// A raw client socket that reads whole frames, nils included.
-pub struct Conn {
-    /// The socket.
-    pub stream: TcpStream,
-    buf: BytesMut,
-}
-
-impl Conn {
-    /// Connects to `addr` (within [`WAIT`]).
-    pub async fn connect(addr: impl ToSocketAddrs) -> Conn {
-        let stream = tokio::time::timeout(WAIT, TcpStream::connect(addr))
-            .await
-            .expect("connect in time")
-            .expect("connect");
-        stream.set_nodelay(true).expect("nodelay");
-        Conn {
-            stream,
-            buf: BytesMut::new(),
-        }
-    }
-
-    /// Writes raw bytes.
-    pub async fn send(&mut self, bytes: &[u8]) {
-        self.stream.write_all(bytes).await.expect("write");
-    }
-
-    /// One whole frame, or `None` on timeout or EOF.
-    pub async fn try_frame(&mut self, wait: Duration) -> Option<Vec<u8>> {
-        let deadline = Instant::now() + wait;
-        loop {
-            if let Some(len) = frame_len(&self.buf) {
-                return Some(self.buf.split_to(len).to_vec());
-            }
-            let read = tokio::time::timeout_at(deadline, self.stream.read_buf(&mut self.buf)).await;
-            match read {
-                Ok(Ok(0)) | Err(_) => return None,
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) => panic!("read: {e}"),
-            }
-        }
-    }
-
-    /// One whole frame (within [`WAIT`]).
-    pub async fn frame(&mut self) -> Vec<u8> {
-        match self.try_frame(WAIT).await {
-            Some(f) => f,
-            None => panic!(
-                "no whole reply within {WAIT:?}; buffered: {:?}",
-                show(&self.buf[..self.buf.len().min(200)])
-            ),
-        }
-    }
-
-    /// `n` whole frames, concatenated as they came.
-    pub async fn frames(&mut self, n: usize) -> Vec<u8> {
-        let mut out = Vec::new();
-        for _ in 0..n {
-            out.extend_from_slice(&self.frame().await);
-        }
-        out
-    }
-
-    /// Sends a command given as strings, reads its reply.
-    pub async fn call(&mut self, args: &[&str]) -> Vec<u8> {
-        self.send(&crate::support::cmd(args)).await;
-        self.frame().await
-    }
-
-    /// Sends a command given as byte strings, reads its reply.
-    pub async fn call_bin(&mut self, args: &[&[u8]]) -> Vec<u8> {
-        self.send(&crate::support::encode(args)).await;
-        self.frame().await
-    }
-
-    /// Reads exactly `n` raw bytes of the stream.
-    pub async fn read_exact(&mut self, n: usize) -> Vec<u8> {
-        while self.buf.len() < n {
-            let read = tokio::time::timeout(WAIT, self.stream.read_buf(&mut self.buf))
-                .await
-                .expect("bytes in time")
-                .expect("read");
-            assert!(read > 0, "EOF after {} of {n} bytes", self.buf.len());
-        }
-        self.buf.split_to(n).to_vec()
-    }
-
-    /// Reads the stream until EOF (within [`WAIT`]); returns what came.
-    pub async fn read_to_eof(&mut self) -> Vec<u8> {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            match tokio::time::timeout_at(deadline, self.stream.read_buf(&mut self.buf)).await {
-                Ok(Ok(0)) | Ok(Err(_)) => return self.buf.split().to_vec(),
-                Ok(Ok(_)) => {}
-                Err(_) => panic!(
-                    "connection not closed within {WAIT:?}; got {:?}",
-                    show(&self.buf)
-                ),
-            }
-        }
-    }
-
-    /// Feeds the next `n` raw bytes of the stream to `sink` as they arrive,
-    /// without holding them all (for replies of hundreds of MB).
-    pub async fn stream_bytes(&mut self, mut n: u64, mut sink: impl FnMut(&[u8])) {
-        loop {
-            let take = n.min(self.buf.len() as u64) as usize;
-            sink(&self.buf[..take]);
-            self.buf.advance(take);
-            n -= take as u64;
-            if n == 0 {
-                return;
-            }
-            self.buf.reserve(1 << 20);
-            let read = tokio::time::timeout(WAIT, self.stream.read_buf(&mut self.buf))
-                .await
-                .expect("bytes in time")
-                .expect("read");
-            assert!(read > 0, "EOF with {n} bytes still to come");
-        }
-    }
-
-    /// Bytes already read but not yet returned.
-    pub fn buffered(&self) -> &[u8] {
-        &self.buf
-    }
 }
 
 /// Sends `request` on a new connection to `addr`, in one write or in pieces
@@ -174,7 +36,7 @@ pub async fn pipeline(
     pieces: Option<Vec<usize>>,
     replies: usize,
 ) -> Vec<u8> {
-    let conn = Conn::connect(addr).await;
+    let conn = RawClient::connect(addr).await;
     let (mut rd, mut wr) = conn.stream.into_split();
     let writer = tokio::spawn(async move {
         match pieces {
@@ -227,10 +89,10 @@ pub async fn pipeline(
 /// Waits (bounded by [`WAIT`]) until Redis at `redis_addr` reports exactly
 /// `n` blocked clients in `INFO clients`.
 pub async fn wait_blocked_clients(redis_addr: &str, n: u64) {
-    let mut c = Conn::connect(redis_addr).await;
+    let mut c = RawClient::connect(redis_addr).await;
     let deadline = Instant::now() + WAIT;
     loop {
-        let info = c.call(&["INFO", "clients"]).await;
+        let info = c.call_raw(&["INFO", "clients"]).await;
         let text = String::from_utf8_lossy(&info);
         let blocked: u64 = text
             .lines()

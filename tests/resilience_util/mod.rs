@@ -1,7 +1,8 @@
 //! Helpers shared by the auth/RESP3, fault, binary and client tests (on top
-//! of `tests/support`): raw byte exchanges that read until the server closes,
-//! `CLIENT LIST` queries on the real Redis, async polling, child processes
-//! with a time limit, and a listener that never completes a connection.
+//! of `tests/support` and its `RawClient`): a raw exchange read until the
+//! server closes, `CLIENT LIST` queries on the real Redis, async polling,
+//! child processes with a time limit, and a listener that never completes a
+//! connection.
 
 #![allow(dead_code)]
 
@@ -10,109 +11,9 @@ use std::io::Read;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 
-use crate::support::{cmd, frame_len, WAIT};
-
-/// A client that speaks raw bytes and reads whole RESP2/RESP3 frames
-/// (RESP2 nils included), framed by `support::frame_len`.
-pub struct Conn {
-    /// The socket.
-    pub stream: TcpStream,
-    buf: Vec<u8>,
-}
-
-impl Conn {
-    /// Connects to `addr` within [`WAIT`].
-    pub async fn connect(addr: impl tokio::net::ToSocketAddrs) -> Conn {
-        let stream = tokio::time::timeout(WAIT, TcpStream::connect(addr))
-            .await
-            .expect("connect in time")
-            .expect("connect");
-        stream.set_nodelay(true).expect("nodelay");
-        Conn {
-            stream,
-            buf: Vec::new(),
-        }
-    }
-
-    /// Writes raw bytes.
-    pub async fn send(&mut self, bytes: &[u8]) {
-        self.stream.write_all(bytes).await.expect("write");
-    }
-
-    /// One whole frame, or `None` on EOF or after `wait`.
-    pub async fn try_read(&mut self, wait: Duration) -> Option<Vec<u8>> {
-        let deadline = tokio::time::Instant::now() + wait;
-        loop {
-            if let Some(end) = frame_len(&self.buf) {
-                return Some(self.buf.drain(..end).collect());
-            }
-            let mut chunk = [0u8; 16 * 1024];
-            match tokio::time::timeout_at(deadline, self.stream.read(&mut chunk)).await {
-                Ok(Ok(0)) | Ok(Err(_)) | Err(_) => return None,
-                Ok(Ok(n)) => self.buf.extend_from_slice(&chunk[..n]),
-            }
-        }
-    }
-
-    /// One whole frame within [`WAIT`].
-    pub async fn read(&mut self) -> Vec<u8> {
-        match self.try_read(WAIT).await {
-            Some(frame) => frame,
-            None => panic!(
-                "no whole reply within {WAIT:?} (or EOF); partial: {:?}",
-                show(&self.buf)
-            ),
-        }
-    }
-
-    /// Sends a command and reads one reply.
-    pub async fn call(&mut self, args: &[&str]) -> Vec<u8> {
-        self.send(&cmd(args)).await;
-        self.read().await
-    }
-
-    /// Sends a command and reads one reply, as text.
-    pub async fn call_s(&mut self, args: &[&str]) -> String {
-        show(&self.call(args).await)
-    }
-
-    /// True when the server closes the connection within `wait` (bytes that
-    /// arrive meanwhile are discarded).
-    pub async fn closed_within(&mut self, wait: Duration) -> bool {
-        let deadline = tokio::time::Instant::now() + wait;
-        let mut chunk = [0u8; 4096];
-        loop {
-            match tokio::time::timeout_at(deadline, self.stream.read(&mut chunk)).await {
-                Ok(Ok(0)) | Ok(Err(_)) => return true,
-                Ok(Ok(_)) => continue,
-                Err(_) => return false,
-            }
-        }
-    }
-
-    /// Reads whole frames (as text) until the server closes the connection;
-    /// panics if it stays open and silent for [`WAIT`] or leaves a partial
-    /// frame.
-    pub async fn frames_to_close(&mut self) -> Vec<String> {
-        let mut frames = Vec::new();
-        while let Some(frame) = self.try_read(WAIT).await {
-            frames.push(show(&frame));
-        }
-        assert!(
-            self.buf.is_empty(),
-            "partial frame before the close: {:?} (frames: {frames:?})",
-            show(&self.buf)
-        );
-        assert!(
-            self.closed_within(Duration::from_millis(50)).await,
-            "connection neither closed nor sent anything for {WAIT:?}; frames so far: {frames:?}"
-        );
-        frames
-    }
-}
+use crate::support::{show, RawClient, WAIT};
 
 /// Polls the async `check` every 10 ms until it is true or [`WAIT`] passes.
 pub async fn until<F, Fut>(what: &str, mut check: F)
@@ -127,50 +28,22 @@ where
     }
 }
 
-/// Reads everything the server sends until it closes the connection.
-/// Panics if it does not close within [`WAIT`].
-pub async fn read_to_close(stream: &mut TcpStream) -> Vec<u8> {
-    let mut out = Vec::new();
-    let deadline = tokio::time::Instant::now() + WAIT;
-    let mut chunk = [0u8; 4096];
-    loop {
-        match tokio::time::timeout_at(deadline, stream.read(&mut chunk)).await {
-            Ok(Ok(0)) => return out,
-            Ok(Ok(n)) => out.extend_from_slice(&chunk[..n]),
-            // A reset after the last bytes also ends the connection.
-            Ok(Err(_)) => return out,
-            Err(_) => panic!(
-                "connection not closed within {WAIT:?}; got so far: {:?}",
-                String::from_utf8_lossy(&out)
-            ),
-        }
-    }
-}
-
 /// Connects to `addr`, writes `bytes` and returns everything read until the
-/// server closes the connection (see [`read_to_close`]).
+/// server closes the connection (see `RawClient::read_to_eof`).
 pub async fn exchange_to_close(addr: impl tokio::net::ToSocketAddrs, bytes: &[u8]) -> Vec<u8> {
-    let mut stream = tokio::time::timeout(WAIT, TcpStream::connect(addr))
-        .await
-        .expect("connect in time")
-        .expect("connect");
-    stream.write_all(bytes).await.expect("write");
-    read_to_close(&mut stream).await
-}
-
-/// One Redis reply as text, for messages.
-pub fn show(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
+    let mut c = RawClient::connect(addr).await;
+    c.send(bytes).await;
+    c.read_to_eof().await
 }
 
 /// `CLIENT LIST` on a direct connection to Redis, as lines, without the line
 /// of the connection that asked. `auth` is sent first when given.
 pub async fn client_list(redis_addr: &str, auth: Option<&str>) -> Vec<String> {
-    let mut d = Conn::connect(redis_addr).await;
+    let mut d = RawClient::connect(redis_addr).await;
     if let Some(pw) = auth {
-        assert_eq!(d.call(&["AUTH", pw]).await, b"+OK\r\n");
+        assert_eq!(d.call_raw(&["AUTH", pw]).await, b"+OK\r\n");
     }
-    let reply = d.call(&["CLIENT", "LIST"]).await;
+    let reply = d.call_raw(&["CLIENT", "LIST"]).await;
     let text = show(&reply);
     let body = text
         .split_once("\r\n")
@@ -290,7 +163,7 @@ pub fn run_limited(command: &mut Command, limit: Duration) -> Output {
 
 /// Sends `args` on a fresh direct connection to Redis and returns the reply.
 pub async fn direct(redis_addr: &str, args: &[&str]) -> Vec<u8> {
-    Conn::connect(redis_addr).await.call(args).await
+    RawClient::connect(redis_addr).await.call_raw(args).await
 }
 
 /// Decodes one whole RESP3 frame (RESP2 nulls excepted) for structural checks.

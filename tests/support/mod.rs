@@ -9,10 +9,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::BytesMut;
+use bytes::{Buf, BytesMut};
 use lockgate::{Config, ServerContext};
-use redis_protocol::resp3::decode::complete::decode;
-use redis_protocol::resp3::types::OwnedFrame;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
@@ -199,7 +197,9 @@ impl Drop for Lockgate {
     }
 }
 
-/// A client that speaks raw bytes and reads whole RESP frames.
+/// The one raw test client: writes raw bytes and reads whole RESP2/RESP3
+/// frames (RESP2 nils `$-1`/`*-1` included) as raw bytes, framed by
+/// [`frame_len`]. Every wait is bounded by [`WAIT`] or the caller's limit.
 pub struct RawClient {
     /// The socket.
     pub stream: TcpStream,
@@ -223,8 +223,13 @@ pub fn cmd(args: &[&str]) -> Vec<u8> {
     encode(&args)
 }
 
+/// Shows a byte string readably in assertion messages.
+pub fn show(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
 impl RawClient {
-    /// Connects to `addr`.
+    /// Connects to `addr` (within [`WAIT`]).
     pub async fn connect(addr: impl tokio::net::ToSocketAddrs) -> RawClient {
         let stream = tokio::time::timeout(WAIT, TcpStream::connect(addr))
             .await
@@ -244,16 +249,24 @@ impl RawClient {
 
     /// Reads one whole frame and returns its raw bytes (within [`WAIT`]).
     pub async fn read_raw(&mut self) -> Vec<u8> {
-        self.try_read_raw(WAIT).await.expect("a reply in time")
+        match self.try_read_raw(WAIT).await {
+            Some(frame) => frame,
+            None => panic!(
+                "no whole reply within {WAIT:?} (or EOF); buffered: {:?}",
+                show(&self.buf[..self.buf.len().min(200)])
+            ),
+        }
     }
 
-    /// Reads one whole frame, or `None` on timeout or EOF.
+    /// Reads one whole frame, or `None` on timeout or EOF. Panics on a read
+    /// error, so a reset is never taken for "no reply".
     pub async fn try_read_raw(&mut self, wait: Duration) -> Option<Vec<u8>> {
         let deadline = tokio::time::Instant::now() + wait;
         loop {
             if let Some(len) = frame_len(&self.buf) {
                 return Some(self.buf.split_to(len).to_vec());
             }
+            self.buf.reserve(16 * 1024);
             let read = tokio::time::timeout_at(deadline, self.stream.read_buf(&mut self.buf)).await;
             match read {
                 Ok(Ok(0)) | Err(_) => return None,
@@ -263,16 +276,40 @@ impl RawClient {
         }
     }
 
-    /// Reads one frame, decoded (RESP3 decoder: not for RESP2 nils).
-    pub async fn read(&mut self) -> OwnedFrame {
-        let raw = self.read_raw().await;
-        decode(&raw).expect("decode").expect("complete").0
+    /// Reads `n` whole frames (each within [`WAIT`]), concatenated as they
+    /// came.
+    pub async fn read_raw_frames(&mut self, n: usize) -> Vec<u8> {
+        let mut out = Vec::new();
+        for _ in 0..n {
+            out.extend_from_slice(&self.read_raw().await);
+        }
+        out
     }
 
-    /// Sends a command and reads its raw reply.
+    /// Reads one whole frame as text (`\r\n` kept); panics unless it is
+    /// UTF-8.
+    pub async fn read_s(&mut self) -> String {
+        let raw = self.read_raw().await;
+        String::from_utf8(raw)
+            .unwrap_or_else(|e| panic!("not a UTF-8 reply: {:?}", show(e.as_bytes())))
+    }
+
+    /// Sends a command given as strings and reads its raw reply.
     pub async fn call_raw(&mut self, args: &[&str]) -> Vec<u8> {
         self.send(&cmd(args)).await;
         self.read_raw().await
+    }
+
+    /// Sends a command given as byte strings and reads its raw reply.
+    pub async fn call_bin(&mut self, args: &[&[u8]]) -> Vec<u8> {
+        self.send(&encode(args)).await;
+        self.read_raw().await
+    }
+
+    /// Sends a command and reads its reply as text (see [`Self::read_s`]).
+    pub async fn call_s(&mut self, args: &[&str]) -> String {
+        self.send(&cmd(args)).await;
+        self.read_s().await
     }
 
     /// Reads exactly `n` bytes of raw stream (for byte-for-byte comparisons).
@@ -285,6 +322,75 @@ impl RawClient {
             assert!(read > 0, "EOF after {} of {n} bytes", self.buf.len());
         }
         self.buf.split_to(n).to_vec()
+    }
+
+    /// Feeds the next `n` raw bytes of the stream to `sink` as they arrive,
+    /// without holding them all (for replies of hundreds of MB).
+    pub async fn stream_bytes(&mut self, mut n: u64, mut sink: impl FnMut(&[u8])) {
+        loop {
+            let take = n.min(self.buf.len() as u64) as usize;
+            sink(&self.buf[..take]);
+            self.buf.advance(take);
+            n -= take as u64;
+            if n == 0 {
+                return;
+            }
+            self.buf.reserve(1 << 20);
+            let read = tokio::time::timeout(WAIT, self.stream.read_buf(&mut self.buf))
+                .await
+                .expect("bytes in time")
+                .expect("read");
+            assert!(read > 0, "EOF with {n} bytes still to come");
+        }
+    }
+
+    /// Bytes already read but not yet returned.
+    pub fn buffered(&self) -> &[u8] {
+        &self.buf
+    }
+
+    /// Reads the stream until the server closes it (EOF, or a reset after
+    /// the last bytes) within [`WAIT`]; returns everything not yet returned.
+    pub async fn read_to_eof(&mut self) -> Vec<u8> {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            match tokio::time::timeout_at(deadline, self.stream.read_buf(&mut self.buf)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => return self.buf.split().to_vec(),
+                Ok(Ok(_)) => {}
+                Err(_) => panic!(
+                    "connection not closed within {WAIT:?}; got {:?}",
+                    show(&self.buf)
+                ),
+            }
+        }
+    }
+
+    /// Reads whole frames (as text) until the server closes the connection
+    /// (EOF, or a reset after the last bytes); panics if it stays open and
+    /// silent for [`WAIT`] or leaves a partial frame.
+    pub async fn frames_to_close(&mut self) -> Vec<String> {
+        let mut frames = Vec::new();
+        let mut deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            if let Some(len) = frame_len(&self.buf) {
+                frames.push(show(&self.buf.split_to(len)));
+                deadline = tokio::time::Instant::now() + WAIT;
+                continue;
+            }
+            match tokio::time::timeout_at(deadline, self.stream.read_buf(&mut self.buf)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => break,
+                Ok(Ok(_)) => {}
+                Err(_) => panic!(
+                    "connection neither closed nor sent anything for {WAIT:?}; frames so far: {frames:?}"
+                ),
+            }
+        }
+        assert!(
+            self.buf.is_empty(),
+            "partial frame before the close: {:?} (frames: {frames:?})",
+            show(&self.buf)
+        );
+        frames
     }
 
     /// Waits until the server closes the connection (true) or `wait` passes.
