@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use tokio::sync::oneshot;
 
 use crate::lock::fence;
 use crate::metrics::ProxyMetrics;
@@ -21,13 +20,16 @@ const DEFAULT_ROWS: usize = 20;
 /// Longest `WAIT` a `LOCKGATE LOCK` may ask for.
 const MAX_WAIT: Duration = Duration::from_secs(60);
 
-/// An admin answer: ready now, or worked out by a task of its own.
-#[derive(Debug)]
+/// Work whose reply lockgate writes once it is done (see
+/// `session::jobs`): it runs after the session's earlier such work.
+pub type Work = std::pin::Pin<Box<dyn std::future::Future<Output = LocalReply> + Send>>;
+
+/// An admin answer: ready now, or work to do first.
 pub enum AdminReply {
     /// The reply.
     Now(LocalReply),
-    /// The reply, once the task is done.
-    Later(oneshot::Receiver<LocalReply>),
+    /// The reply, once this work is done.
+    Later(Work),
 }
 
 /// Answers one `LOCKGATE` command.
@@ -77,9 +79,8 @@ fn fencing(ctx: &Arc<ServerContext>, sub: &[u8], args: CommandArgs<'_>) -> Admin
         |u: &str| AdminReply::Now(LocalReply::err(format!("lockgate: usage: LOCKGATE {u}")));
     let key = Bytes::copy_from_slice(args.get(2));
     let timeout = Duration::from_millis(ctx.config.upstream.connect_timeout_ms);
-    let (tx, rx) = oneshot::channel();
     let ctx2 = ctx.clone();
-    match sub {
+    let work: Work = match sub {
         b"LOCK" => {
             let ttl = number(args.get(3)).filter(|&t| t > 0);
             let wait = match (args.len(), args.get(4).to_ascii_uppercase().as_slice()) {
@@ -91,7 +92,7 @@ fn fencing(ctx: &Arc<ServerContext>, sub: &[u8], args: CommandArgs<'_>) -> Admin
                 return usage("LOCK key ttl-ms [WAIT ms]");
             };
             let wait = Duration::from_millis(wait).min(MAX_WAIT);
-            spawn_into(ctx, tx, async move {
+            Box::pin(async move {
                 match &ctx2.quorum {
                     Some(q) => ctx2.locks.quorum_fence_lock(q, key, ttl, wait).await,
                     None => {
@@ -100,14 +101,14 @@ fn fencing(ctx: &Arc<ServerContext>, sub: &[u8], args: CommandArgs<'_>) -> Admin
                             .await
                     }
                 }
-            });
+            })
         }
         b"UNLOCK" => {
             if args.len() != 4 {
                 return usage("UNLOCK key token");
             }
             let token = Bytes::copy_from_slice(args.get(3));
-            spawn_into(ctx, tx, async move {
+            Box::pin(async move {
                 match &ctx2.quorum {
                     Some(q) => {
                         let cmd = fence::unlock_command(&key, &token);
@@ -119,7 +120,7 @@ fn fencing(ctx: &Arc<ServerContext>, sub: &[u8], args: CommandArgs<'_>) -> Admin
                             .await
                     }
                 }
-            });
+            })
         }
         _ => {
             let ttl = number(args.get(4)).filter(|&t| t > 0);
@@ -127,7 +128,7 @@ fn fencing(ctx: &Arc<ServerContext>, sub: &[u8], args: CommandArgs<'_>) -> Admin
                 return usage("EXTEND key token ttl-ms");
             };
             let token = Bytes::copy_from_slice(args.get(3));
-            spawn_into(ctx, tx, async move {
+            Box::pin(async move {
                 match &ctx2.quorum {
                     Some(q) => {
                         let cmd = fence::extend_command(&key, &token, ttl);
@@ -139,36 +140,10 @@ fn fencing(ctx: &Arc<ServerContext>, sub: &[u8], args: CommandArgs<'_>) -> Admin
                             .await
                     }
                 }
-            });
+            })
         }
-    }
-    AdminReply::Later(rx)
-}
-
-/// Runs `work` on a task of its own that stops at shutdown; its reply
-/// arrives on the returned channel.
-pub fn spawn(
-    ctx: &ServerContext,
-    work: impl std::future::Future<Output = LocalReply> + Send + 'static,
-) -> oneshot::Receiver<LocalReply> {
-    let (tx, rx) = oneshot::channel();
-    spawn_into(ctx, tx, work);
-    rx
-}
-
-fn spawn_into(
-    ctx: &ServerContext,
-    tx: oneshot::Sender<LocalReply>,
-    work: impl std::future::Future<Output = LocalReply> + Send + 'static,
-) {
-    let stop = ctx.stop.clone();
-    tokio::spawn(async move {
-        let reply = tokio::select! {
-            reply = work => reply,
-            _ = stop.cancelled() => LocalReply::err("lockgate: shutting down"),
-        };
-        let _ = tx.send(reply);
-    });
+    };
+    AdminReply::Later(work)
 }
 
 fn rows(arg: &[u8]) -> Result<usize, LocalReply> {

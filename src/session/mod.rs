@@ -10,6 +10,7 @@
 //! `upstream.reconnect_interval_ms`; once connected, it carries on with
 //! the commands not yet answered.
 
+pub mod jobs;
 pub mod pending;
 pub mod reader;
 pub mod writer;
@@ -100,6 +101,8 @@ async fn serve(ctx: &Arc<ServerContext>, mut client: TcpStream, shutdown: &Cance
     let (tx, rx) = mpsc::channel(ctx.config.proxy.max_inflight_batches);
     let conn = Arc::new(Mutex::new(ctx.locks.conn_locks()));
     let reader_cancel = shutdown.child_token();
+    let writer_done = CancellationToken::new();
+    let (job_queue, runner) = jobs::queue(ctx.config.proxy.max_inflight_batches);
     let reader = async {
         reader::read_loop(
             ctx,
@@ -108,6 +111,7 @@ async fn serve(ctx: &Arc<ServerContext>, mut client: TcpStream, shutdown: &Cance
             &mut up_w,
             tx,
             &conn,
+            job_queue,
             &reader_cancel,
         )
         .await
@@ -115,9 +119,13 @@ async fn serve(ctx: &Arc<ServerContext>, mut client: TcpStream, shutdown: &Cance
     let writer = async {
         let end = writer::write_loop(ctx, &mut client_w, &mut up_r, rx, &conn).await;
         reader_cancel.cancel();
+        writer_done.cancel();
         end
     };
-    let halves = async { tokio::join!(reader, writer) };
+    let halves = async {
+        let (read_end, write_end, ()) = tokio::join!(reader, writer, runner.run(&writer_done));
+        (read_end, write_end)
+    };
     let (read_end, write_end) = if ctx.locks.has_watchdog() {
         tokio::select! {
             ends = halves => ends,

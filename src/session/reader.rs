@@ -11,6 +11,7 @@ use tokio::net::tcp::{ReadHalf, WriteHalf};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use super::jobs::Jobs;
 use super::pending::{Batch, Pending};
 use super::SessionError;
 use crate::admin;
@@ -49,8 +50,10 @@ pub async fn read_loop(
     upstream: &mut WriteHalf<'_>,
     tx: mpsc::Sender<Vec<Pending>>,
     conn: &Arc<Mutex<ConnLocks>>,
+    jobs: Jobs,
     cancel: &CancellationToken,
 ) -> ReaderEnd {
+    let jobs = &jobs;
     let chunk = ctx.config.proxy.read_chunk_bytes;
     let mut parser = RequestParser::new(ctx.limits());
     let mut view = SessionView::default();
@@ -80,7 +83,7 @@ pub async fn read_loop(
                 continue;
             }
         }
-        let routed = route_batch(ctx, &mut parser, &mut view, conn, &mut quorum_tx, buf);
+        let routed = route_batch(ctx, &mut parser, &mut view, conn, &mut quorum_tx, jobs, buf);
         let (batch, failed) = (routed.batch, routed.failed);
         let forward = routed.pieces.assemble(buf.split_to(routed.used).freeze());
         if !batch.entries.is_empty() {
@@ -157,6 +160,8 @@ impl Pieces {
 
 /// One read batch, routed.
 struct Routed {
+    /// Where work with deferred replies is queued.
+    jobs: Jobs,
     batch: Batch,
     pieces: Pieces,
     /// Bytes consumed from the front of the read buffer.
@@ -166,6 +171,16 @@ struct Routed {
     failed: bool,
 }
 
+impl Routed {
+    /// Queues `work`; its reply takes the command's place in the order.
+    fn defer(&mut self, work: admin::Work) {
+        match self.jobs.defer(work) {
+            Ok(rx) => self.batch.deferred(rx),
+            Err(reply) => self.batch.local(reply),
+        }
+    }
+}
+
 /// Parses every complete request in `buf` and routes it.
 fn route_batch(
     ctx: &Arc<ServerContext>,
@@ -173,9 +188,11 @@ fn route_batch(
     view: &mut SessionView,
     conn: &Arc<Mutex<ConnLocks>>,
     tx: &mut QuorumTx,
+    jobs: &Jobs,
     buf: &[u8],
 ) -> Routed {
     let mut out = Routed {
+        jobs: jobs.clone(),
         batch: Batch::default(),
         pieces: Pieces::default(),
         used: 0,
@@ -261,10 +278,13 @@ fn remember_script(ctx: &Arc<ServerContext>, kind: command::CommandKind, args: C
     if kind == command::CommandKind::Script {
         let load = encode::command(&[b"SCRIPT", b"LOAD", body]);
         let q = q.clone();
-        drop(admin::spawn(ctx, async move {
-            q.ask_all(&load).await;
-            LocalReply::Null
-        }));
+        let stop = ctx.stop.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = q.ask_all(&load) => {}
+                _ = stop.cancelled() => {}
+            }
+        });
     }
 }
 
@@ -317,7 +337,7 @@ fn quorum_transaction(
                 return true;
             }
             let (ctx2, conn) = (ctx.clone(), conn.clone());
-            out.batch.deferred(admin::spawn(ctx, async move {
+            out.defer(Box::pin(async move {
                 let Some(q) = &ctx2.quorum else {
                     return LocalReply::err("lockgate: internal error (no quorum)");
                 };
@@ -365,7 +385,7 @@ fn carry_out(
         }
         Route::Lock(op) if ctx.quorum.is_some() => {
             let (ctx2, conn, op) = (ctx.clone(), conn.clone(), op.clone());
-            out.batch.deferred(admin::spawn(ctx, async move {
+            out.defer(Box::pin(async move {
                 match &ctx2.quorum {
                     Some(q) => ctx2.locks.on_quorum(q, op, conn).await,
                     None => LocalReply::err("lockgate: internal error (no quorum)"),
@@ -415,7 +435,7 @@ fn carry_out(
                 _ => None,
             };
             let (ctx2, eval) = (ctx.clone(), matches!(route, Route::QuorumEval));
-            out.batch.deferred(admin::spawn(ctx, async move {
+            out.defer(Box::pin(async move {
                 match &ctx2.quorum {
                     Some(q) if eval => ctx2.locks.quorum_eval(q, command, fallback).await,
                     Some(q) => ctx2.locks.quorum_read(q, command).await,
@@ -429,7 +449,7 @@ fn carry_out(
         }
         Route::Admin => match admin::handle(ctx, args) {
             admin::AdminReply::Now(reply) => out.batch.local(reply),
-            admin::AdminReply::Later(rx) => out.batch.deferred(rx),
+            admin::AdminReply::Later(work) => out.defer(work),
         },
     }
 }

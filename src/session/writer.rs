@@ -79,7 +79,8 @@ pub async fn write_loop(
     let mut reader_done = false;
     let mut deadline = Instant::now();
     loop {
-        let closing = st.settle();
+        // Nothing after a deferred reply may be written before it.
+        let closing = deferred.is_none() && st.settle();
         if let Err(e) = flush_out(ctx, client, &mut st.out).await {
             return WriterEnd::Failed(e);
         }
@@ -117,6 +118,17 @@ pub async fn write_loop(
                 ready
                     .unwrap_or_else(|| LocalReply::err("lockgate: internal error (reply lost)"))
                     .encode(st.resp3, &mut st.out);
+                // Replies of lockgate's own right behind it go next, before
+                // any buffered reply from Redis is matched.
+                if st.settle() {
+                    return match flush_out(ctx, client, &mut st.out).await {
+                        Ok(()) => WriterEnd::Closed,
+                        Err(e) => WriterEnd::Failed(e),
+                    };
+                }
+                if st.queue.front().is_some_and(|p| matches!(p, Pending::Deferred(_))) {
+                    continue;
+                }
                 if !buf.is_empty() {
                     match forward(ctx, client, &mut buf, &mut st, &mut rx, conn).await {
                         Ok(true) => return WriterEnd::Closed,
