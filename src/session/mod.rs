@@ -104,17 +104,13 @@ async fn serve(ctx: &Arc<ServerContext>, mut client: TcpStream, shutdown: &Cance
     let writer_done = CancellationToken::new();
     let (job_queue, runner) = jobs::queue(ctx.config.proxy.max_inflight_batches);
     let reader = async {
-        reader::read_loop(
-            ctx,
-            &mut buf,
-            &mut client_r,
-            &mut up_w,
+        let links = reader::Links {
             tx,
-            &conn,
-            job_queue,
-            &reader_cancel,
-        )
-        .await
+            conn: &conn,
+            jobs: job_queue,
+            cancel: &reader_cancel,
+        };
+        reader::read_loop(ctx, &mut buf, &mut client_r, &mut up_w, links).await
     };
     let writer = async {
         let end = writer::write_loop(ctx, &mut client_w, &mut up_r, rx, &conn).await;

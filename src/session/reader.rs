@@ -40,6 +40,18 @@ pub enum ReaderEnd {
     Failed(SessionError),
 }
 
+/// What the reader half shares with the rest of its session.
+pub struct Links<'a> {
+    /// Entries for the writer half.
+    pub tx: mpsc::Sender<Vec<Pending>>,
+    /// The connection's lock records.
+    pub conn: &'a Arc<Mutex<ConnLocks>>,
+    /// Where deferred work goes.
+    pub jobs: Jobs,
+    /// Stops the reader (shutdown, or the writer half ended).
+    pub cancel: &'a CancellationToken,
+}
+
 /// Reads, routes and forwards client commands until the client closes, the
 /// session is cancelled, or a request is malformed. `buf` may already hold
 /// bytes read before the upstream connection existed.
@@ -48,11 +60,14 @@ pub async fn read_loop(
     buf: &mut BytesMut,
     client: &mut ReadHalf<'_>,
     upstream: &mut WriteHalf<'_>,
-    tx: mpsc::Sender<Vec<Pending>>,
-    conn: &Arc<Mutex<ConnLocks>>,
-    jobs: Jobs,
-    cancel: &CancellationToken,
+    links: Links<'_>,
 ) -> ReaderEnd {
+    let Links {
+        tx,
+        conn,
+        jobs,
+        cancel,
+    } = links;
     let jobs = &jobs;
     let chunk = ctx.config.proxy.read_chunk_bytes;
     let mut parser = RequestParser::new(ctx.limits());
