@@ -9,7 +9,7 @@ mod support;
 
 use lockgate::metrics::ProxyMetrics;
 use redis_protocol::resp3::types::OwnedFrame;
-use resilience_util::{client_list, decode3, until};
+use resilience_util::{client_list, decode3};
 use support::{cmd, show, Lockgate, RawClient, RedisServer, WAIT};
 
 const WRONGPASS: &[u8] = b"-WRONGPASS invalid username-password pair or user is disabled.\r\n";
@@ -390,14 +390,14 @@ async fn reset_in_subscribed_mode_then_protocol_error_keeps_order() {
             "{name}"
         );
         let mut pubr = RawClient::connect(redis.addr()).await;
-        until("the earlier subscriber to be gone", || async {
+        until!(
+            "the earlier subscriber to be gone",
             RawClient::connect(redis.addr())
                 .await
                 .call_raw(&["PUBSUB", "NUMSUB", "ch"])
                 .await
                 == b"*2\r\n$2\r\nch\r\n:1\r\n"
-        })
-        .await;
+        );
         assert_eq!(
             pubr.call_raw(&["PUBLISH", "ch", "m"]).await,
             b":1\r\n",
@@ -422,10 +422,10 @@ async fn quit_replies_ok_then_closes() {
     assert_eq!(c.call_raw(&["PING"]).await, b"+PONG\r\n");
     assert_eq!(c.call_raw(&["QUIT"]).await, b"+OK\r\n");
     assert!(c.closed_within(WAIT).await, "closed after QUIT");
-    until("lockgate's upstream connection to go", || async {
+    until!(
+        "lockgate's upstream connection to go",
         client_list(&redis.addr(), None).await.is_empty()
-    })
-    .await;
+    );
     assert_eq!(ProxyMetrics::get(&lg.ctx.metrics.upstream_dropped), 0);
 
     // Inline QUIT too.
@@ -460,10 +460,10 @@ async fn pipelined_quit_matches_redis() {
         "nothing after QUIT runs"
     );
     // Redis closing after QUIT is the client's wish, not a lost upstream.
-    until("the session to end", || async {
+    until!(
+        "the session to end",
         ProxyMetrics::get(&lg.ctx.metrics.connections_active) == 0
-    })
-    .await;
+    );
     assert_eq!(
         ProxyMetrics::get(&lg.ctx.metrics.upstream_dropped),
         0,

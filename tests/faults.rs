@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use lockgate::metrics::ProxyMetrics;
 use lockgate::Config;
-use resilience_util::{client_list, direct, exchange_to_close, until, wait_blocked, Blackhole};
+use resilience_util::{client_list, direct, exchange_to_close, wait_blocked, Blackhole};
 use support::{cmd, show, Lockgate, RawClient, RedisServer, WAIT};
 use tokio::io::AsyncWriteExt;
 
@@ -99,12 +99,10 @@ async fn upstream_down_then_the_same_connection_recovers_after_restart() {
         b"$1\r\nv\r\n",
         "on Redis"
     );
-    let mut tries = 0;
-    while c2.call_s(&["PING"]).await != "+PONG\r\n" {
-        tries += 1;
-        assert!(tries < 500, "second client did not recover");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until!(
+        "the second client to recover",
+        c2.call_s(&["PING"]).await == "+PONG\r\n"
+    );
     lg.stop().await;
 }
 
@@ -153,10 +151,10 @@ async fn upstream_connect_timeout_is_reported_per_client_in_parallel() {
         clients.push(c);
     }
     // All three sessions wait on their connects at the same time.
-    until("three sessions", || async {
+    until!(
+        "three sessions",
         get(&lg.ctx.metrics.connections_active) == 3
-    })
-    .await;
+    );
     for c in clients.iter_mut() {
         assert_eq!(show(&c.read_raw().await), expected);
     }
@@ -189,10 +187,10 @@ async fn upstream_killed_under_a_blocked_command_closes_the_client() {
         frames.iter().all(|f| f.starts_with('-')),
         "no made-up reply to BLPOP: {frames:?}"
     );
-    until("upstream_dropped to count the lost reply", || async {
+    until!(
+        "upstream_dropped to count the lost reply",
         get(&lg.ctx.metrics.upstream_dropped) == 1
-    })
-    .await;
+    );
     // The idle client owed nothing, but its Redis connection is gone too:
     // it is disconnected, as a direct client of the dead Redis would be.
     assert!(bystander.closed_within(WAIT).await, "idle client closed");
@@ -385,10 +383,10 @@ async fn over_max_clients_is_refused_until_one_leaves() {
     assert_eq!(a.call_s(&["PING"]).await, "+PONG\r\n");
 
     drop(b);
-    until("the session of the client that left to end", || async {
+    until!(
+        "the session of the client that left to end",
         get(&lg.ctx.metrics.connections_active) == 1
-    })
-    .await;
+    );
     let mut fourth = RawClient::connect(lg.addr).await;
     assert_eq!(fourth.call_s(&["PING"]).await, "+PONG\r\n");
     assert_eq!(get(&lg.ctx.metrics.connections_rejected), 1);
@@ -430,19 +428,19 @@ async fn client_hanging_up_mid_pipeline_leaves_nothing_behind() {
 
     drop(s);
     let dropped = Instant::now();
-    until("connections_active to return to 0", || async {
+    until!(
+        "connections_active to return to 0",
         get(&m.connections_active) == 0
-    })
-    .await;
+    );
     assert!(
         dropped.elapsed() < Duration::from_millis(300) + MARGIN,
         "the session outlived shutdown_grace_ms (300): {:?}",
         dropped.elapsed()
     );
-    until("no lockgate-made connection left on Redis", || async {
+    until!(
+        "no lockgate-made connection left on Redis",
         client_list(&addr, None).await.is_empty()
-    })
-    .await;
+    );
     assert_eq!(direct(&addr, &["EXISTS", "key:599"]).await, b":1\r\n");
     assert_eq!(
         direct(&addr, &["GET", "after-blpop"]).await,

@@ -4,9 +4,8 @@
 //! keep their shape; pipelines keep their order. State is checked on Redis
 //! directly, not only through lockgate.
 
-mod support;
-#[macro_use]
 mod locks_common;
+mod support;
 
 use locks_common::*;
 use support::{cmd, Lockgate, RawClient, RedisServer};

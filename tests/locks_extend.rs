@@ -2,9 +2,8 @@
 //! (separate, pipelined, in MULTI) through lockgate against a real
 //! redis-server. TTLs are read on Redis directly.
 
-mod support;
-#[macro_use]
 mod locks_common;
+mod support;
 
 use locks_common::*;
 use support::{cmd, Lockgate, RawClient, RedisServer};

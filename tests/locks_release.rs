@@ -3,9 +3,8 @@
 //! releases only its own acquisition, other connections only this
 //! instance's, keys without owner record are plain data.
 
-mod support;
-#[macro_use]
 mod locks_common;
+mod support;
 
 use locks_common::*;
 use support::{Lockgate, RawClient, RedisServer};

@@ -2,9 +2,8 @@
 //! inside WATCH/MULTI, and the GETSET-timestamp lock recipe of the redis.io
 //! SETNX page, end to end through lockgate against a real redis-server.
 
-mod support;
-#[macro_use]
 mod locks_common;
+mod support;
 
 use locks_common::*;
 use support::{Lockgate, RawClient, RedisServer};

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use lockgate::config::LockOverride;
 use lockgate::Config;
-use support::{eventually, Lockgate, RawClient, RedisServer};
+use support::{Lockgate, RawClient, RedisServer};
 
 /// The watchdog lease of these tests.
 const LEASE: Duration = Duration::from_millis(300);
@@ -224,7 +224,7 @@ async fn released_lock_is_not_renewed() {
         holder.call_raw(&["SETNX", "lock:wd:rel", "me"]).await,
         b":1\r\n"
     );
-    eventually("a first renewal", || load(renewals) >= 1).await;
+    until!("a first renewal", load(renewals) >= 1);
     assert_eq!(holder.call_raw(&["DEL", "lock:wd:rel"]).await, b":1\r\n");
     let owner_key = owner("lock:wd:rel");
     assert_eq!(
@@ -286,10 +286,10 @@ fn ephemeral() -> LockOverride {
 /// disconnect by then.
 async fn sessions_settle(lg: &Lockgate, total: u64, active: u64) {
     let m = &lg.ctx.metrics;
-    eventually(&format!("{active} of {total} sessions left"), || {
+    until!(
+        format!("{active} of {total} sessions left"),
         load(&m.connections_total) >= total && load(&m.connections_active) == active
-    })
-    .await;
+    );
 }
 
 /// `release_on_disconnect`: closing the acquiring connection deletes the
@@ -479,7 +479,7 @@ async fn lua_released_watchdog_lock_is_not_renewed() {
         holder.call_raw(&["SETNX", "lock:wd:lua", "me"]).await,
         b":1\r\n"
     );
-    eventually("a first renewal", || load(renewals) >= 1).await;
+    until!("a first renewal", load(renewals) >= 1);
     assert_eq!(
         holder
             .call_raw(&["EVAL", LUA_RELEASE, "1", "lock:wd:lua", "me"])
@@ -555,7 +555,7 @@ async fn lapsed_watchdog_lock_is_renewed_only_by_its_new_holder() {
     let owner_key = owner("lock:wd:t");
 
     assert_eq!(a.call_raw(&["SETNX", "lock:wd:t", "a"]).await, b":1\r\n");
-    eventually("a first renewal", || load(renewals) >= 1).await;
+    until!("a first renewal", load(renewals) >= 1);
     assert_eq!(
         direct.call_raw(&["DEL", "lock:wd:t", &owner_key]).await,
         b":2\r\n"
@@ -564,7 +564,7 @@ async fn lapsed_watchdog_lock_is_renewed_only_by_its_new_holder() {
     assert_eq!(b.call_raw(&["SETNX", "lock:wd:t", "b"]).await, b":1\r\n");
     // B's watchdog keeps it; A's must not (it is no longer A's).
     let renewed = load(renewals);
-    eventually("B's renewals", || load(renewals) >= renewed + 2).await;
+    until!("B's renewals", load(renewals) >= renewed + 2);
     assert_eq!(
         text(&direct.call_raw(&["GET", "lock:wd:t"]).await),
         "$1\r\nb\r\n"

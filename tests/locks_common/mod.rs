@@ -1,5 +1,6 @@
 //! Helpers shared by the lock-layer tests (`tests/locks*.rs`): a config
-//! builder, reading state straight from Redis, and a bounded async poll.
+//! builder, reading state straight from Redis, and assertions on leases.
+//! Waits use the harness's `until!`.
 
 #![allow(dead_code)]
 
@@ -7,26 +8,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::support::{cmd, RawClient};
-
-/// Polls the async condition `$cond` every 10 ms until it holds; fails the
-/// test after `support::WAIT`.
-#[macro_export]
-macro_rules! until {
-    ($what:expr, $cond:expr) => {{
-        let deadline = std::time::Instant::now() + $crate::support::WAIT;
-        loop {
-            if $cond {
-                break;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "timed out waiting for {}",
-                $what
-            );
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        }
-    }};
-}
 
 /// Replies as text (`\r\n` kept), so assertions compare and print them as
 /// strings. Frames are read by `RawClient::read_raw`, which understands RESP2

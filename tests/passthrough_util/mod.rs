@@ -5,12 +5,9 @@
 
 #![allow(dead_code)]
 
-use std::time::Duration;
-
 use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::ToSocketAddrs;
-use tokio::time::Instant;
 
 use crate::support::{frame_len, show, RawClient, WAIT};
 
@@ -90,24 +87,18 @@ pub async fn pipeline(
 /// `n` blocked clients in `INFO clients`.
 pub async fn wait_blocked_clients(redis_addr: &str, n: u64) {
     let mut c = RawClient::connect(redis_addr).await;
-    let deadline = Instant::now() + WAIT;
-    loop {
+    let mut blocked;
+    crate::until!(format!("{n} blocked clients (have {blocked})"), {
         let info = c.call_raw(&["INFO", "clients"]).await;
         let text = String::from_utf8_lossy(&info);
-        let blocked: u64 = text
+        let have: u64 = text
             .lines()
             .find_map(|l| l.strip_prefix("blocked_clients:"))
             .and_then(|v| v.trim().parse().ok())
             .expect("INFO clients has blocked_clients");
-        if blocked == n {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for {n} blocked clients (have {blocked})"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+        blocked = have;
+        have == n
+    });
 }
 
 /// A deterministic xorshift64* generator, so two runs of a workload send the

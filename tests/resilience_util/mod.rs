@@ -1,32 +1,18 @@
 //! Helpers shared by the auth/RESP3, fault, binary and client tests (on top
 //! of `tests/support` and its `RawClient`): a raw exchange read until the
-//! server closes, `CLIENT LIST` queries on the real Redis, async polling,
+//! server closes, `CLIENT LIST` queries on the real Redis,
 //! child processes with a time limit, and a listener that never completes a
 //! connection.
 
 #![allow(dead_code)]
 
-use std::future::Future;
 use std::io::Read;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use tokio::net::{TcpSocket, TcpStream};
 
-use crate::support::{show, RawClient, WAIT};
-
-/// Polls the async `check` every 10 ms until it is true or [`WAIT`] passes.
-pub async fn until<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = Instant::now() + WAIT;
-    while !check().await {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
+use crate::support::{show, RawClient};
 
 /// Connects to `addr`, writes `bytes` and returns everything read until the
 /// server closes the connection (see `RawClient::read_to_eof`).
@@ -63,16 +49,13 @@ pub async fn client_list(redis_addr: &str, auth: Option<&str>) -> Vec<String> {
 /// `blpop`), so a test knows the command reached Redis.
 pub async fn wait_blocked(redis_addr: &str, command: &str) {
     let needle = format!("cmd={command}");
-    until(
-        &format!("a client blocked in {command} on Redis"),
-        || async {
-            client_list(redis_addr, None)
-                .await
-                .iter()
-                .any(|l| l.contains(&needle) && l.contains("flags=b"))
-        },
-    )
-    .await
+    crate::until!(
+        format!("a client blocked in {command} on Redis"),
+        client_list(redis_addr, None)
+            .await
+            .iter()
+            .any(|l| l.contains(&needle) && l.contains("flags=b"))
+    );
 }
 
 /// A `HOST:PORT` that accepts TCP connections at the kernel level for no one:

@@ -471,11 +471,27 @@ fn element_end(buf: &[u8], pos: usize) -> Option<usize> {
     }
 }
 
-/// Polls `check` every 10 ms until it is true or [`WAIT`] passes.
+/// The tests' one bounded poll: checks `$cond` every 10 ms until it holds,
+/// and fails the test with "timed out waiting for {$what}" once [`WAIT`] has
+/// passed. `$cond` is any `bool` expression; it may `.await` and borrow
+/// locals mutably, e.g. `until!("lock:x to expire", !exists(&mut r,
+/// "lock:x").await)`. `$what` is only evaluated for the failure message.
+#[macro_export]
+macro_rules! until {
+    ($what:expr, $cond:expr $(,)?) => {{
+        let deadline = std::time::Instant::now() + $crate::support::WAIT;
+        while !$cond {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "timed out waiting for {}",
+                $what
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    }};
+}
+
+/// [`until!`] with a plain closure as the check.
 pub async fn eventually<F: FnMut() -> bool>(what: &str, mut check: F) {
-    let deadline = Instant::now() + WAIT;
-    while !check() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    crate::until!(what, check());
 }
