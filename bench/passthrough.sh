@@ -25,9 +25,10 @@
 # per-run numbers to bench/results/passthrough-latest.tsv. On a shared machine
 # ops/CPU-s is the steadiest figure; ops/s and p99 swing with the neighbours.
 #
-# redis-benchmark and nutcracker: nutcracker answers neither HELLO nor CLIENT
-# nor SELECT/AUTH/CONFIG by closing the connection, so never pass -3, --dbnum,
-# -a or --enable-tracking here. redis-benchmark's start-up CONFIG GET fails
+# redis-benchmark and nutcracker: nutcracker closes the connection on commands
+# it does not proxy (checked: HELLO, CONFIG; also CLIENT), so never pass -3
+# (HELLO) here, nor --enable-tracking, --dbnum or -a (CLIENT TRACKING, SELECT,
+# AUTH are not passed through as on Redis). redis-benchmark's start-up CONFIG GET fails
 # through it with "WARNING: Could not fetch server CONFIG", which is harmless
 # (it is on a connection of its own); its stderr goes to the run's log file.
 #
