@@ -26,9 +26,9 @@
 # ops/CPU-s is the steadiest figure; ops/s and p99 swing with the neighbours.
 #
 # redis-benchmark and nutcracker: nutcracker closes the connection on commands
-# it does not proxy (checked: HELLO, CONFIG; also CLIENT), so never pass -3
-# (HELLO) here, nor --enable-tracking, --dbnum or -a (CLIENT TRACKING, SELECT,
-# AUTH are not passed through as on Redis). redis-benchmark's start-up CONFIG GET fails
+# it does not proxy (checked with 0.5.0: HELLO, CONFIG, CLIENT, SELECT), so
+# never pass -3 (HELLO), --enable-tracking (CLIENT TRACKING) or --dbnum (SELECT)
+# here, nor -a (AUTH is nutcracker's own, via redis_auth). redis-benchmark's start-up CONFIG GET fails
 # through it with "WARNING: Could not fetch server CONFIG", which is harmless
 # (it is on a connection of its own); its stderr goes to the run's log file.
 #
