@@ -1,0 +1,282 @@
+#!/usr/bin/env bash
+# Pass-through benchmark: what lockgate costs compared with talking to Redis
+# directly (A), with twemproxy/nutcracker (B) and with HAProxy in mode tcp (C,
+# the leanest 1:1 byte-copying proxy), measured with redis-benchmark.
+#
+#   bench/passthrough.sh               full run (3 rounds, 72 runs, ~5-7 min)
+#   QUICK=1 bench/passthrough.sh       smoke test: small -n, 1 round
+#
+# Environment (all optional):
+#   ROUNDS=3          rounds; A/B/C/D alternate within each round and the
+#                     starting target rotates from round to round
+#   N_P1=200000       -n for the -c 50 -P 1 runs  (~2-4 s each on 2 cores)
+#   N_P16=2500000     -n for the -c 50 -P 16 runs
+#   N_C1=40000        -n for the -c 1 -P 1 latency runs
+#   KEYSPACE=100000   redis-benchmark -r
+#   DATA_SIZE=3       redis-benchmark -d
+#   RUN_TIMEOUT=120   seconds before one redis-benchmark run is given up
+#   LOCKGATE_BIN=...  use this binary instead of `cargo build --release`
+#
+# Per run it records ops/s and p50/p99 (from redis-benchmark --csv) and the CPU
+# seconds of redis-server + the proxy (utime+stime from /proc/PID/stat, before
+# and after, / CLK_TCK). It prints medians, lockgate's ratios to the others,
+# the latency each proxy adds at -c 1, and PASS/MISS against the targets; the
+# markdown summary also goes to bench/results/passthrough-latest.md and the raw
+# per-run numbers to bench/results/passthrough-latest.tsv. On a shared machine
+# ops/CPU-s is the steadiest figure; ops/s and p99 swing with the neighbours.
+#
+# redis-benchmark and nutcracker: nutcracker closes the connection on commands
+# it does not proxy (checked with 0.5.0: HELLO, CONFIG, CLIENT, SELECT), so
+# never pass -3 (HELLO), --enable-tracking (CLIENT TRACKING) or --dbnum (SELECT)
+# here, nor -a (AUTH is nutcracker's own, via redis_auth). redis-benchmark's start-up CONFIG GET fails
+# through it with "WARNING: Could not fetch server CONFIG", which is harmless
+# (it is on a connection of its own); its stderr goes to the run's log file.
+#
+# Proxies run with their defaults: nutcracker single-threaded with one server
+# connection (its design), HAProxy and lockgate with one thread per core.
+set -euo pipefail
+
+export PATH="$PATH:/usr/sbin:/sbin"
+export LC_ALL=C
+
+BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$BENCH_DIR/.." && pwd)
+HELPER="$BENCH_DIR/passthrough_report.py"
+RESULTS="$BENCH_DIR/results"
+
+QUICK=${QUICK:-0}
+if [[ $QUICK == 1 ]]; then
+  ROUNDS=${ROUNDS:-1}
+  N_P1=${N_P1:-20000}
+  N_P16=${N_P16:-200000}
+  N_C1=${N_C1:-2000}
+else
+  ROUNDS=${ROUNDS:-3}
+  N_P1=${N_P1:-200000}
+  N_P16=${N_P16:-2500000}
+  N_C1=${N_C1:-40000}
+fi
+KEYSPACE=${KEYSPACE:-100000}
+DATA_SIZE=${DATA_SIZE:-3}
+RUN_TIMEOUT=${RUN_TIMEOUT:-120}
+
+log() { printf '[passthrough] %s\n' "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+# --- tools --------------------------------------------------------------------
+missing=()
+for tool in redis-server redis-cli redis-benchmark nutcracker haproxy python3 timeout; do
+  command -v "$tool" >/dev/null 2>&1 || missing+=("$tool")
+done
+if ((${#missing[@]})); then
+  log "missing: ${missing[*]}; installing redis-server redis-tools nutcracker haproxy"
+  sudo=()
+  if [[ $(id -u) != 0 ]]; then
+    command -v sudo >/dev/null 2>&1 || die "not root and no sudo: install redis-server redis-tools nutcracker haproxy"
+    sudo=(sudo)
+  fi
+  "${sudo[@]}" apt-get update
+  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y redis-server redis-tools nutcracker haproxy
+  for tool in "${missing[@]}"; do
+    command -v "$tool" >/dev/null 2>&1 || die "$tool still missing after apt-get install"
+  done
+fi
+
+CLK_TCK=$(getconf CLK_TCK)
+
+# --- lockgate -----------------------------------------------------------------
+if [[ -n ${LOCKGATE_BIN:-} ]]; then
+  [[ -x $LOCKGATE_BIN ]] || die "LOCKGATE_BIN=$LOCKGATE_BIN is not executable"
+else
+  log "building lockgate (cargo build --release)"
+  (cd "$REPO" && cargo build --release --quiet) || die "cargo build --release failed"
+  LOCKGATE_BIN="$REPO/target/release/lockgate"
+fi
+
+# --- processes: everything started here is killed by PID at exit -------------
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/lockgate-passthrough.XXXXXX")
+PIDS=()
+cleanup() {
+  local pid i
+  for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for pid in "${PIDS[@]}"; do
+    for ((i = 0; i < 30; i++)); do
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 0.1
+    done
+    kill -KILL "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  done
+  rm -rf "$TMP"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# Waits until PORT answers PING (through a proxy: Redis behind it too).
+wait_ready() {
+  local name=$1 pid=$2 port=$3 logf=$4 i
+  for ((i = 0; i < 100; i++)); do
+    kill -0 "$pid" 2>/dev/null || { cat "$logf" >&2 || true; die "$name exited at start (log above)"; }
+    if [[ $(redis-cli -h 127.0.0.1 -p "$port" ping 2>/dev/null) == PONG ]]; then return 0; fi
+    sleep 0.1
+  done
+  cat "$logf" >&2 || true
+  die "$name not answering PING on port $port after 10 s"
+}
+
+mapfile -t PORTS < <(python3 "$HELPER" ports 5)
+P_REDIS=${PORTS[0]} P_TWEM=${PORTS[1]} P_HAPROXY=${PORTS[2]} P_LOCKGATE=${PORTS[3]} P_TWEM_STATS=${PORTS[4]}
+
+redis-server --bind 127.0.0.1 --port "$P_REDIS" --save '' --appendonly no \
+  --protected-mode no --daemonize no --dir "$TMP" --logfile "$TMP/redis.log" &
+REDIS_PID=$!
+PIDS+=("$REDIS_PID")
+wait_ready redis-server "$REDIS_PID" "$P_REDIS" "$TMP/redis.log"
+
+cat >"$TMP/nutcracker.yml" <<EOF
+bench:
+  listen: 127.0.0.1:$P_TWEM
+  redis: true
+  hash: fnv1a_64
+  distribution: ketama
+  auto_eject_hosts: false
+  servers:
+   - 127.0.0.1:$P_REDIS:1
+EOF
+nutcracker -t -c "$TMP/nutcracker.yml" >/dev/null 2>&1 || die "nutcracker rejects $TMP/nutcracker.yml"
+nutcracker -c "$TMP/nutcracker.yml" -s "$P_TWEM_STATS" -a 127.0.0.1 \
+  -p "$TMP/nutcracker.pid" -o "$TMP/nutcracker.log" &
+TWEM_PID=$!
+PIDS+=("$TWEM_PID")
+wait_ready nutcracker "$TWEM_PID" "$P_TWEM" "$TMP/nutcracker.log"
+
+cat >"$TMP/haproxy.cfg" <<EOF
+global
+  maxconn 4096
+defaults
+  mode tcp
+  timeout connect 5s
+  timeout client 1h
+  timeout server 1h
+frontend redis_in
+  bind 127.0.0.1:$P_HAPROXY
+  default_backend redis
+backend redis
+  server r1 127.0.0.1:$P_REDIS
+EOF
+haproxy -c -q -f "$TMP/haproxy.cfg" || die "haproxy rejects $TMP/haproxy.cfg"
+haproxy -db -f "$TMP/haproxy.cfg" >"$TMP/haproxy.log" 2>&1 &
+HAPROXY_PID=$!
+PIDS+=("$HAPROXY_PID")
+wait_ready haproxy "$HAPROXY_PID" "$P_HAPROXY" "$TMP/haproxy.log"
+
+RUST_LOG=warn "$LOCKGATE_BIN" --listen "127.0.0.1:$P_LOCKGATE" --upstream "127.0.0.1:$P_REDIS" \
+  >"$TMP/lockgate.log" 2>&1 &
+LOCKGATE_PID=$!
+PIDS+=("$LOCKGATE_PID")
+wait_ready lockgate "$LOCKGATE_PID" "$P_LOCKGATE" "$TMP/lockgate.log"
+
+declare -A PORT_OF=([direct]=$P_REDIS [twemproxy]=$P_TWEM [haproxy]=$P_HAPROXY [lockgate]=$P_LOCKGATE)
+declare -A PID_OF=([direct]="" [twemproxy]=$TWEM_PID [haproxy]=$HAPROXY_PID [lockgate]=$LOCKGATE_PID)
+TARGETS=(direct twemproxy haproxy lockgate)
+
+# Every path really passes data: a SET through it is read back directly.
+for t in "${TARGETS[@]}"; do
+  [[ $(redis-cli -h 127.0.0.1 -p "${PORT_OF[$t]}" set "passthrough:probe:$t" ok) == OK ]] ||
+    die "SET through $t failed"
+  [[ $(redis-cli -h 127.0.0.1 -p "$P_REDIS" get "passthrough:probe:$t") == ok ]] ||
+    die "value written through $t not in Redis"
+done
+log "redis :$P_REDIS  nutcracker :$P_TWEM  haproxy :$P_HAPROXY  lockgate :$P_LOCKGATE (tmp $TMP)"
+
+# utime+stime of a process (all its threads), in clock ticks.
+cpu_ticks() {
+  local stat rest f
+  read -r stat <"/proc/$1/stat"
+  rest=${stat##*) }            # the fields after "(comm)", starting at field 3
+  read -r -a f <<<"$rest"
+  echo $((f[11] + f[12]))      # fields 14 (utime) and 15 (stime)
+}
+procs_ticks() {
+  local sum=0 pid
+  for pid in "$@"; do sum=$((sum + $(cpu_ticks "$pid"))); done
+  echo "$sum"
+}
+now_ns() { date +%s%N; }
+
+# --- runs ---------------------------------------------------------------------
+mkdir -p "$RESULTS"
+TSV="$TMP/runs.tsv"
+printf 'round\tworkload\ttarget\tn\trps\tavg_ms\tp50_ms\tp99_ms\tcpu_s\twall_s\n' >"$TSV"
+
+# workload id, test, clients, pipeline, n
+WORKLOADS=(
+  "set_p1 set 50 1 $N_P1"
+  "get_p1 get 50 1 $N_P1"
+  "set_p16 set 50 16 $N_P16"
+  "get_p16 get 50 16 $N_P16"
+  "set_c1 set 1 1 $N_C1"
+  "get_c1 get 1 1 $N_C1"
+)
+
+run_one() {
+  local round=$1 wl=$2 test=$3 clients=$4 pipe=$5 n=$6 target=$7
+  local port=${PORT_OF[$target]} pids=("$REDIS_PID") t0 t1 c0 c1 out row rps avg p50 p99 cpu wall
+  if [[ -n ${PID_OF[$target]} ]]; then pids+=("${PID_OF[$target]}"); fi
+  out="$TMP/r$round-$wl-$target"
+  c0=$(procs_ticks "${pids[@]}")
+  t0=$(now_ns)
+  if ! timeout "$RUN_TIMEOUT" redis-benchmark -h 127.0.0.1 -p "$port" -t "$test" \
+    -c "$clients" -P "$pipe" -n "$n" -r "$KEYSPACE" -d "$DATA_SIZE" --precision 3 --csv \
+    >"$out.csv" 2>"$out.err"; then
+    cat "$out.err" >&2
+    die "redis-benchmark $test -c $clients -P $pipe against $target failed or timed out"
+  fi
+  t1=$(now_ns)
+  c1=$(procs_ticks "${pids[@]}")
+  row=$(python3 "$HELPER" csvrow "$out.csv")
+  read -r rps avg p50 p99 <<<"$row"
+  cpu=$(awk -v d=$((c1 - c0)) -v hz="$CLK_TCK" 'BEGIN { printf "%.2f", d / hz }')
+  wall=$(awk -v d=$((t1 - t0)) 'BEGIN { printf "%.2f", d / 1e9 }')
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' \
+    "$round" "$wl" "$target" "$n" "$rps" "$avg" "$p50" "$p99" "$cpu" "$wall" >>"$TSV"
+  printf '[passthrough] round %s %-8s %-9s %10s ops/s  p50 %s p99 %s ms  cpu %5ss  wall %5ss\n' \
+    "$round" "$wl" "$target" "$rps" "$p50" "$p99" "$cpu" "$wall" >&2
+}
+
+log "rounds=$ROUNDS n: P1=$N_P1 P16=$N_P16 c1=$N_C1 (QUICK=$QUICK)"
+LOAD_AT_START=$(cut -d' ' -f1-3 /proc/loadavg)
+for ((round = 1; round <= ROUNDS; round++)); do
+  for w in "${WORKLOADS[@]}"; do
+    read -r wl test clients pipe n <<<"$w"
+    for ((k = 0; k < ${#TARGETS[@]}; k++)); do
+      target=${TARGETS[$(((k + round - 1) % ${#TARGETS[@]}))]}
+      run_one "$round" "$wl" "$test" "$clients" "$pipe" "$n" "$target"
+    done
+  done
+done
+
+# --- report -------------------------------------------------------------------
+rev=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)
+if [[ -n $(git -C "$REPO" status --porcelain -- src Cargo.toml Cargo.lock 2>/dev/null) ]]; then
+  rev="$rev+dirty"
+fi
+{
+  printf 'date\t%s\n' "$(date -u '+%Y-%m-%d %H:%M UTC')"
+  printf 'lockgate\t%s\n' "$("$LOCKGATE_BIN" --version | awk '{print $2}') @ $rev"
+  printf 'redis\t%s\n' "$(redis-server --version | sed -n 's/.* v=\([^ ]*\).*/\1/p')"
+  printf 'nutcracker\t%s\n' "$(nutcracker --version 2>&1 | sed -n 's/.*nutcracker-\([^ ]*\).*/\1/p' | head -1)"
+  printf 'haproxy\t%s\n' "$(haproxy -v | sed -n '1s/^HAProxy version \([^ ]*\).*/\1/p')"
+  printf 'cpus\t%s\n' "$(nproc)"
+  printf 'load\t%s\n' "$LOAD_AT_START"
+  printf 'rounds\t%s\n' "$ROUNDS"
+  printf 'n_p1\t%s\nn_p16\t%s\nn_c1\t%s\n' "$N_P1" "$N_P16" "$N_C1"
+  printf 'keyspace\t%s\ndata_size\t%s\nquick\t%s\n' "$KEYSPACE" "$DATA_SIZE" "$QUICK"
+} >"$TMP/meta.tsv"
+
+cp "$TSV" "$RESULTS/passthrough-latest.tsv"
+echo
+python3 "$HELPER" report "$TSV" "$TMP/meta.tsv" "$RESULTS/passthrough-latest.md"
+echo
+log "written: bench/results/passthrough-latest.md (summary), bench/results/passthrough-latest.tsv (per run)"
