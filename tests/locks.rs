@@ -8,13 +8,11 @@ mod locks_common;
 mod support;
 
 use locks_common::*;
-use support::{cmd, Lockgate, RawClient, RedisServer};
+use support::{cmd, RawClient};
 
 #[tokio::test]
 async fn setnx_is_one_eval_with_lease_and_owner_record() {
-    let redis = RedisServer::start();
-    let lg = Lockgate::start_with(config(&redis.addr(), "a", 20_000)).await;
-    let mut r = RawClient::connect(redis.addr()).await;
+    let (_redis, lg, mut r) = setup("a", 20_000).await;
     let mut c1 = RawClient::connect(lg.addr).await;
     let mut c2 = RawClient::connect(lg.addr).await;
     // Both upstream connections exist before the counters are reset.
@@ -52,9 +50,7 @@ async fn setnx_is_one_eval_with_lease_and_owner_record() {
 
 #[tokio::test]
 async fn set_nx_reply_shapes_resp2_and_resp3() {
-    let redis = RedisServer::start();
-    let lg = Lockgate::start_with(config(&redis.addr(), "a", 20_000)).await;
-    let mut r = RawClient::connect(redis.addr()).await;
+    let (_redis, lg, mut r) = setup("a", 20_000).await;
     let mut c1 = RawClient::connect(lg.addr).await;
     let mut c2 = RawClient::connect(lg.addr).await;
 
@@ -87,9 +83,7 @@ async fn set_nx_reply_shapes_resp2_and_resp3() {
 /// exactly what SET NX / SETNX / SET NX GET would have answered.
 #[tokio::test]
 async fn acquisitions_inside_multi_keep_their_exec_slots() {
-    let redis = RedisServer::start();
-    let lg = Lockgate::start_with(config(&redis.addr(), "a", 20_000)).await;
-    let mut r = RawClient::connect(redis.addr()).await;
+    let (_redis, lg, mut r) = setup("a", 20_000).await;
     let mut h = RawClient::connect(lg.addr).await;
     assert_eq!(h.call(&["SETNX", "lock:held", "h"]).await, ":1\r\n");
 
@@ -121,9 +115,7 @@ async fn acquisitions_inside_multi_keep_their_exec_slots() {
 
 #[tokio::test]
 async fn set_nx_keeps_the_clients_own_ttl() {
-    let redis = RedisServer::start();
-    let lg = Lockgate::start_with(config(&redis.addr(), "a", 20_000)).await;
-    let mut r = RawClient::connect(redis.addr()).await;
+    let (_redis, lg, mut r) = setup("a", 20_000).await;
     let mut c = RawClient::connect(lg.addr).await;
 
     let ok = "+OK\r\n";
@@ -159,9 +151,7 @@ async fn set_nx_keeps_the_clients_own_ttl() {
 
 #[tokio::test]
 async fn set_nx_get_returns_nil_then_the_old_value() {
-    let redis = RedisServer::start();
-    let lg = Lockgate::start_with(config(&redis.addr(), "a", 20_000)).await;
-    let mut r = RawClient::connect(redis.addr()).await;
+    let (_redis, lg, mut r) = setup("a", 20_000).await;
     let mut c1 = RawClient::connect(lg.addr).await;
     let mut c2 = RawClient::connect(lg.addr).await;
 
@@ -184,9 +174,7 @@ async fn set_nx_get_returns_nil_then_the_old_value() {
 
 #[tokio::test]
 async fn setnx_on_ordinary_keys_passes_through_and_is_counted() {
-    let redis = RedisServer::start();
-    let lg = Lockgate::start_with(config(&redis.addr(), "a", 300)).await;
-    let mut r = RawClient::connect(redis.addr()).await;
+    let (_redis, lg, mut r) = setup("a", 300).await;
     let mut c = RawClient::connect(lg.addr).await;
     assert_eq!(c.call(&["PING"]).await, "+PONG\r\n");
     assert_eq!(r.call(&["CONFIG", "RESETSTAT"]).await, "+OK\r\n");
@@ -215,9 +203,7 @@ async fn setnx_on_ordinary_keys_passes_through_and_is_counted() {
 
 #[tokio::test]
 async fn errors_from_redis_keep_their_shape() {
-    let redis = RedisServer::start();
-    let lg = Lockgate::start_with(config(&redis.addr(), "a", 20_000)).await;
-    let mut r = RawClient::connect(redis.addr()).await;
+    let (_redis, lg, mut r) = setup("a", 20_000).await;
     let mut c = RawClient::connect(lg.addr).await;
 
     // A lock key holding a hash: SETNX / SET NX answer as Redis would.
@@ -253,9 +239,7 @@ async fn errors_from_redis_keep_their_shape() {
 
 #[tokio::test]
 async fn pipelines_mixing_lock_and_ordinary_commands_keep_order() {
-    let redis = RedisServer::start();
-    let lg = Lockgate::start_with(config(&redis.addr(), "a", 20_000)).await;
-    let mut r = RawClient::connect(redis.addr()).await;
+    let (_redis, lg, mut r) = setup("a", 20_000).await;
     let mut holder = RawClient::connect(lg.addr).await;
     let mut c = RawClient::connect(lg.addr).await;
     assert_eq!(holder.call(&["SETNX", "lock:held", "h"]).await, ":1\r\n");

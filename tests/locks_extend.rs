@@ -6,15 +6,13 @@ mod locks_common;
 mod support;
 
 use locks_common::*;
-use support::{cmd, Lockgate, RawClient, RedisServer};
+use support::{cmd, RawClient};
 
 const REFUSED: &str = "-ERR lockgate: PERSIST refused on lock key 'lock:e'";
 
 #[tokio::test]
 async fn expire_family_moves_lock_and_owner_record_together() {
-    let redis = RedisServer::start();
-    let lg = Lockgate::start_with(config(&redis.addr(), "a", 20_000)).await;
-    let mut r = RawClient::connect(redis.addr()).await;
+    let (_redis, lg, mut r) = setup("a", 20_000).await;
     let mut c = RawClient::connect(lg.addr).await;
 
     assert_eq!(c.call(&["SETNX", "lock:e", "v"]).await, ":1\r\n");
@@ -47,9 +45,7 @@ async fn expire_family_moves_lock_and_owner_record_together() {
 
 #[tokio::test]
 async fn persist_on_a_lock_key_is_refused_also_inside_multi() {
-    let redis = RedisServer::start();
-    let lg = Lockgate::start_with(config(&redis.addr(), "a", 20_000)).await;
-    let mut r = RawClient::connect(redis.addr()).await;
+    let (_redis, lg, mut r) = setup("a", 20_000).await;
     let mut c = RawClient::connect(lg.addr).await;
 
     assert_eq!(c.call(&["SETNX", "lock:e", "v"]).await, ":1\r\n");
@@ -98,9 +94,7 @@ async fn multi_setnx_expire(c: &mut RawClient, key: &str, val: &str, secs: &str)
 
 #[tokio::test]
 async fn setnx_expire_in_multi_loser_does_not_touch_the_holders_lease() {
-    let redis = RedisServer::start();
-    let lg = Lockgate::start_with(config(&redis.addr(), "a", 20_000)).await;
-    let mut r = RawClient::connect(redis.addr()).await;
+    let (_redis, lg, mut r) = setup("a", 20_000).await;
     let mut holder = RawClient::connect(lg.addr).await;
     let mut loser = RawClient::connect(lg.addr).await;
 
@@ -126,9 +120,7 @@ async fn setnx_expire_in_multi_loser_does_not_touch_the_holders_lease() {
 
 #[tokio::test]
 async fn setnx_expire_pipelined_and_separate_behave_the_same() {
-    let redis = RedisServer::start();
-    let lg = Lockgate::start_with(config(&redis.addr(), "a", 20_000)).await;
-    let mut r = RawClient::connect(redis.addr()).await;
+    let (_redis, lg, mut r) = setup("a", 20_000).await;
     let mut holder = RawClient::connect(lg.addr).await;
     let mut loser = RawClient::connect(lg.addr).await;
 
@@ -169,9 +161,7 @@ async fn setnx_expire_pipelined_and_separate_behave_the_same() {
 
 #[tokio::test]
 async fn a_crash_between_setnx_and_expire_leaves_a_lock_that_expires() {
-    let redis = RedisServer::start();
-    let lg = Lockgate::start_with(config(&redis.addr(), "a", 300)).await;
-    let mut r = RawClient::connect(redis.addr()).await;
+    let (_redis, lg, mut r) = setup("a", 300).await;
     let mut app = RawClient::connect(lg.addr).await;
     assert_eq!(app.call(&["SETNX", "lock:crash", "v"]).await, ":1\r\n");
     drop(app); // the process dies before its EXPIRE
@@ -189,9 +179,7 @@ async fn a_crash_between_setnx_and_expire_leaves_a_lock_that_expires() {
 
 #[tokio::test]
 async fn an_owner_whose_lease_lapsed_cannot_extend_the_next_holder() {
-    let redis = RedisServer::start();
-    let lg = Lockgate::start_with(config(&redis.addr(), "a", 300)).await;
-    let mut r = RawClient::connect(redis.addr()).await;
+    let (_redis, lg, mut r) = setup("a", 300).await;
     let mut a = RawClient::connect(lg.addr).await;
     let mut b = RawClient::connect(lg.addr).await;
 

@@ -13,9 +13,7 @@ use support::{Lockgate, RawClient, RedisServer};
 /// long TTL; A's `verb` must not delete B's lock, and a connection C that
 /// never acquired the key may.
 async fn lapsed_owner_cannot_release_next_holder(verb: &str) {
-    let redis = RedisServer::start();
-    let lg = Lockgate::start_with(config(&redis.addr(), "a", 300)).await;
-    let mut r = RawClient::connect(redis.addr()).await;
+    let (_redis, lg, mut r) = setup("a", 300).await;
     let mut a = RawClient::connect(lg.addr).await;
     let mut b = RawClient::connect(lg.addr).await;
     let mut c = RawClient::connect(lg.addr).await;
@@ -59,9 +57,7 @@ async fn unlink_by_a_lapsed_owner_is_refused() {
 
 #[tokio::test]
 async fn the_owner_releases_its_own_lock() {
-    let redis = RedisServer::start();
-    let lg = Lockgate::start_with(config(&redis.addr(), "a", 20_000)).await;
-    let mut r = RawClient::connect(redis.addr()).await;
+    let (_redis, lg, mut r) = setup("a", 20_000).await;
     let mut a = RawClient::connect(lg.addr).await;
     for verb in ["DEL", "unlink"] {
         assert_eq!(a.call(&["SETNX", "lock:o", "v"]).await, ":1\r\n");
@@ -124,9 +120,7 @@ async fn another_instances_lock_is_not_released_by_a_stranger() {
 
 #[tokio::test]
 async fn keys_without_owner_record_and_mixed_del() {
-    let redis = RedisServer::start();
-    let lg = Lockgate::start_with(config(&redis.addr(), "a", 20_000)).await;
-    let mut r = RawClient::connect(redis.addr()).await;
+    let (_redis, lg, mut r) = setup("a", 20_000).await;
     let mut c = RawClient::connect(lg.addr).await;
 
     // Set directly on Redis: plain data, deleted as before.
@@ -212,9 +206,7 @@ async fn ownership_any_deletes_anyones_lock() {
 /// "Who may release") it may act on an acquisition made through this
 /// instance.
 async fn pooled_connection_that_lost(lost_in_multi: bool, args: &[&str]) {
-    let redis = RedisServer::start();
-    let lg = Lockgate::start_with(config(&redis.addr(), "a", 60_000)).await;
-    let mut r = RawClient::connect(redis.addr()).await;
+    let (_redis, lg, mut r) = setup("a", 60_000).await;
     let mut y = RawClient::connect(lg.addr).await;
     let mut x = RawClient::connect(lg.addr).await;
 
@@ -252,9 +244,7 @@ async fn a_pooled_connection_that_lost_may_release_the_holders_lock() {
 /// holder's lease, in the pipelined, MULTI and separate-command forms alike.
 #[tokio::test]
 async fn a_connection_that_lost_may_not_extend_the_holders_lock() {
-    let redis = RedisServer::start();
-    let lg = Lockgate::start_with(config(&redis.addr(), "a", 60_000)).await;
-    let mut r = RawClient::connect(redis.addr()).await;
+    let (_redis, lg, mut r) = setup("a", 60_000).await;
     let mut y = RawClient::connect(lg.addr).await;
     let mut x = RawClient::connect(lg.addr).await;
     assert_eq!(y.call(&["SETNX", "lock:pool", "t1"]).await, ":1\r\n");
@@ -274,9 +264,7 @@ async fn a_connection_that_lost_in_multi_may_release_the_holders_lock() {
 /// lapsed lease.
 #[tokio::test]
 async fn del_naming_an_own_lock_twice_is_not_a_denial() {
-    let redis = RedisServer::start();
-    let lg = Lockgate::start_with(config(&redis.addr(), "a", 60_000)).await;
-    let mut r = RawClient::connect(redis.addr()).await;
+    let (_redis, lg, mut r) = setup("a", 60_000).await;
     let mut c = RawClient::connect(lg.addr).await;
     let l = &lg.ctx.locks.metrics;
 

@@ -10,9 +10,7 @@ use support::{Lockgate, RawClient, RedisServer};
 
 #[tokio::test]
 async fn getset_takes_the_lock_over_and_keeps_the_lease() {
-    let redis = RedisServer::start();
-    let lg = Lockgate::start_with(config(&redis.addr(), "a", 20_000)).await;
-    let mut r = RawClient::connect(redis.addr()).await;
+    let (_redis, lg, mut r) = setup("a", 20_000).await;
     let mut h = RawClient::connect(lg.addr).await;
     let mut t = RawClient::connect(lg.addr).await;
 
@@ -44,9 +42,7 @@ async fn getset_takes_the_lock_over_and_keeps_the_lease() {
 
 #[tokio::test]
 async fn set_without_nx_gives_a_lease_and_getdel_getex_keep_the_record_right() {
-    let redis = RedisServer::start();
-    let lg = Lockgate::start_with(config(&redis.addr(), "a", 20_000)).await;
-    let mut r = RawClient::connect(redis.addr()).await;
+    let (_redis, lg, mut r) = setup("a", 20_000).await;
     let mut c = RawClient::connect(lg.addr).await;
 
     // No TTL before: the default lease, and an owner record.
@@ -94,9 +90,7 @@ async fn set_without_nx_gives_a_lease_and_getdel_getex_keep_the_record_right() {
 
 #[tokio::test]
 async fn owner_releases_inside_watch_multi() {
-    let redis = RedisServer::start();
-    let lg = Lockgate::start_with(config(&redis.addr(), "a", 20_000)).await;
-    let mut r = RawClient::connect(redis.addr()).await;
+    let (_redis, lg, mut r) = setup("a", 20_000).await;
     let mut c = RawClient::connect(lg.addr).await;
 
     assert_eq!(c.call(&["SETNX", "lock:w", "me"]).await, ":1\r\n");
@@ -121,15 +115,16 @@ async fn owner_releases_inside_watch_multi() {
     assert_eq!(get(&mut r, "lock:w").await.as_deref(), Some("other"));
 }
 
+/// [`setup`] for the GETSET recipe, whose lock key is `lock.foo`.
+async fn recipe_setup() -> (RedisServer, Lockgate, RawClient) {
+    setup_with("a", 60_000, |c| c.locks.keys.push("lock.*".into())).await
+}
+
 /// The GETSET recipe of https://redis.io/commands/setnx (lock.foo holding
 /// an expiry Unix timestamp), one contender.
 #[tokio::test]
 async fn getset_timestamp_recipe_works_end_to_end() {
-    let redis = RedisServer::start();
-    let mut cfg = config(&redis.addr(), "a", 60_000);
-    cfg.locks.keys.push("lock.*".into());
-    let lg = Lockgate::start_with(cfg).await;
-    let mut r = RawClient::connect(redis.addr()).await;
+    let (_redis, lg, mut r) = recipe_setup().await;
     let mut c1 = RawClient::connect(lg.addr).await;
     let mut c2 = RawClient::connect(lg.addr).await;
 
@@ -167,11 +162,7 @@ async fn getset_timestamp_recipe_works_end_to_end() {
 /// able to release it, as on plain Redis.
 #[tokio::test]
 async fn getset_timestamp_recipe_losing_getset_does_not_steal_the_release() {
-    let redis = RedisServer::start();
-    let mut cfg = config(&redis.addr(), "a", 60_000);
-    cfg.locks.keys.push("lock.*".into());
-    let lg = Lockgate::start_with(cfg).await;
-    let mut r = RawClient::connect(redis.addr()).await;
+    let (_redis, lg, mut r) = recipe_setup().await;
     let mut c1 = RawClient::connect(lg.addr).await;
     let mut c2 = RawClient::connect(lg.addr).await;
     let mut c3 = RawClient::connect(lg.addr).await;

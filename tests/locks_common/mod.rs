@@ -7,7 +7,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use crate::support::{cmd, RawClient};
+use crate::support::{cmd, Lockgate, RawClient, RedisServer};
 
 /// Replies as text (`\r\n` kept), so assertions compare and print them as
 /// strings. Frames are read by `RawClient::read_raw`, which understands RESP2
@@ -39,6 +39,27 @@ pub fn config(redis: &str, instance: &str, lease_ms: u64) -> lockgate::Config {
     c.locks.default_lease_ms = lease_ms;
     c.locks.instance_id = instance.to_string();
     c
+}
+
+/// A fresh Redis, lockgate in front of it with [`config`]`(redis, instance,
+/// lease_ms)`, and a connection straight to that Redis. Bind the server to a
+/// name (`_redis` when unused), never `_`: dropping it stops Redis.
+pub async fn setup(instance: &str, lease_ms: u64) -> (RedisServer, Lockgate, RawClient) {
+    setup_with(instance, lease_ms, |_| {}).await
+}
+
+/// [`setup`] with the config changed by `adjust` before lockgate starts.
+pub async fn setup_with(
+    instance: &str,
+    lease_ms: u64,
+    adjust: impl FnOnce(&mut lockgate::Config),
+) -> (RedisServer, Lockgate, RawClient) {
+    let redis = RedisServer::start();
+    let mut c = config(&redis.addr(), instance, lease_ms);
+    adjust(&mut c);
+    let lg = Lockgate::start_with(c).await;
+    let r = RawClient::connect(redis.addr()).await;
+    (redis, lg, r)
 }
 
 /// The owner record of lock key `key`.
