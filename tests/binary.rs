@@ -9,8 +9,8 @@ use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use resilience_util::{run_limited, wait_blocked};
-use support::{cmd, free_port, show, RawClient, RedisServer, WAIT};
+use resilience_util::wait_blocked;
+use support::{cmd, free_port, run_limited, show, RawClient, RedisServer, WAIT};
 
 const BIN: &str = env!("CARGO_BIN_EXE_lockgate");
 /// Exit code for an invalid configuration (EX_USAGE).

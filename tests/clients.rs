@@ -11,17 +11,9 @@ mod support;
 use std::process::Command;
 use std::time::Duration;
 
-use resilience_util::run_limited;
-use support::{show, Lockgate, RedisServer};
+use support::{run_limited_async, show, Lockgate, RedisServer};
 
 const PIP_INSTALL: &str = "python3 -m pip install -q redis";
-
-/// Runs a blocking command off the runtime (lockgate runs in-process).
-async fn run(mut command: Command, limit: Duration) -> std::process::Output {
-    tokio::task::spawn_blocking(move || run_limited(&mut command, limit))
-        .await
-        .expect("runner thread")
-}
 
 fn require_redis_py() {
     let probe = Command::new("python3")
@@ -52,7 +44,7 @@ async fn redis_py_works_through_lockgate() {
         .arg(script)
         .arg(lg.addr.ip().to_string())
         .arg(lg.addr.port().to_string());
-    let out = run(command, Duration::from_secs(120)).await;
+    let out = run_limited_async(command, None, Duration::from_secs(120)).await;
     let stdout = show(&out.stdout);
     assert!(
         out.status.success() && stdout.contains("redis-py smoke OK"),
@@ -76,39 +68,9 @@ async fn redis_cli(port: u16, args: &[&str], input: Option<&str>) -> String {
     command
         .args(["-h", "127.0.0.1", "-p", &port.to_string()])
         .args(args);
-    let out = match input {
-        None => run(command, Duration::from_secs(30)).await,
-        Some(text) => {
-            let text = text.to_string();
-            tokio::task::spawn_blocking(move || {
-                use std::io::Write;
-                let mut child = command
-                    .stdin(std::process::Stdio::piped())
-                    .stdout(std::process::Stdio::piped())
-                    .stderr(std::process::Stdio::piped())
-                    .spawn()
-                    .unwrap_or_else(|e| panic!("cannot run redis-cli: {e}"));
-                child
-                    .stdin
-                    .take()
-                    .expect("stdin")
-                    .write_all(text.as_bytes())
-                    .expect("write stdin");
-                // stdin is closed here; redis-cli runs the lines and exits.
-                let deadline = std::time::Instant::now() + Duration::from_secs(30);
-                while child.try_wait().expect("try_wait").is_none() {
-                    if std::time::Instant::now() >= deadline {
-                        let _ = child.kill();
-                        panic!("redis-cli with stdin did not finish in 30 s");
-                    }
-                    std::thread::sleep(Duration::from_millis(10));
-                }
-                child.wait_with_output().expect("output")
-            })
-            .await
-            .expect("runner thread")
-        }
-    };
+    // With input, stdin is closed after it: redis-cli runs the lines and exits.
+    let input = input.map(|text| text.as_bytes().to_vec());
+    let out = run_limited_async(command, input, Duration::from_secs(30)).await;
     assert!(
         out.status.success(),
         "redis-cli {args:?} failed: {}\n{}",

@@ -3,15 +3,16 @@
 //! are taken over on acquisition, but the client's value is never changed,
 //! so client scripts that compare it keep working.
 
+mod locks_common;
 mod support;
 
-use std::io::Read;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
-use support::{Lockgate, RawClient, RedisServer};
+use locks_common::{m, pttl};
+use support::{run_limited_async, show, Lockgate, RawClient, RedisServer};
 
 /// The compare-and-delete release every Redis lock tutorial uses.
 const RELEASE: &str = r#"if redis.call("get",KEYS[1]) == ARGV[1] then return redis.call("del",KEYS[1]) else return 0 end"#;
@@ -21,44 +22,19 @@ const SCRIPT_WAIT: Duration = Duration::from_secs(60);
 
 /// Runs `tests/py/redis_py_lock.py` against lockgate and fails with its
 /// output unless it exits 0. A missing `python3` or redis-py is a failure,
-/// never a skip.
+/// never a skip (set PYTHON to a Python 3 with redis-py 8).
 async fn run_redis_py(lg: SocketAddr, protocol: u8, prefix: &str) {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/py/redis_py_lock.py");
     let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".to_string());
-    let mut child = Command::new(&python)
+    let mut command = Command::new(&python);
+    command
         .arg(&script)
         .arg(lg.ip().to_string())
         .arg(lg.port().to_string())
         .arg(protocol.to_string())
-        .arg(prefix)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| {
-            panic!("cannot run `{python}` (set PYTHON to a Python 3 with redis-py 8): {e}")
-        });
-    let out = drain(child.stdout.take().expect("stdout"));
-    let err = drain(child.stderr.take().expect("stderr"));
-    // The script talks to lockgate, which runs on this test's runtime: wait
-    // without blocking it.
-    let deadline = Instant::now() + SCRIPT_WAIT;
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait for python") {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "redis-py script (protocol {protocol}) still running after {SCRIPT_WAIT:?}\nstdout:\n{}\nstderr:\n{}",
-                out.join().expect("stdout"),
-                err.join().expect("stderr")
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
-    let (out, err) = (out.join().expect("stdout"), err.join().expect("stderr"));
+        .arg(prefix);
+    let output = run_limited_async(command, None, SCRIPT_WAIT).await;
+    let (status, out, err) = (output.status, show(&output.stdout), show(&output.stderr));
     assert!(
         status.success(),
         "redis-py lock script (protocol {protocol}) failed with {status}\nstdout:\n{out}\nstderr:\n{err}"
@@ -69,55 +45,26 @@ async fn run_redis_py(lg: SocketAddr, protocol: u8, prefix: &str) {
     );
 }
 
-fn drain(mut from: impl Read + Send + 'static) -> std::thread::JoinHandle<String> {
-    std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = from.read_to_string(&mut s);
-        s
-    })
-}
-
-/// The integer of a `:N` reply.
-fn int(raw: &[u8]) -> i64 {
-    let text = std::str::from_utf8(raw).expect("utf-8 reply");
-    text.strip_prefix(':')
-        .and_then(|t| t.trim_end().parse().ok())
-        .unwrap_or_else(|| panic!("expected an integer reply, got {text:?}"))
+/// Unmodified redis-py `Lock` in RESP `protocol`, on keys under `prefix`.
+async fn redis_py_lock(protocol: u8, prefix: &str) {
+    let redis = RedisServer::start();
+    let lg = Lockgate::start(&redis.addr()).await;
+    run_redis_py(lg.addr, protocol, prefix).await;
+    // The acquisitions really went through the lock layer.
+    let l = &lg.ctx.locks.metrics;
+    assert!(m(&l.acquired) >= 5, "acquired = {}", m(&l.acquired));
+    assert!(m(&l.contended) >= 2, "contended = {}", m(&l.contended));
+    lg.stop().await;
 }
 
 #[tokio::test]
 async fn redis_py_lock_resp2() {
-    let redis = RedisServer::start();
-    let lg = Lockgate::start(&redis.addr()).await;
-    run_redis_py(lg.addr, 2, "lock:py2").await;
-    // The acquisitions really went through the lock layer.
-    let m = &lg.ctx.locks.metrics;
-    assert!(load(&m.acquired) >= 5, "acquired = {}", load(&m.acquired));
-    assert!(
-        load(&m.contended) >= 2,
-        "contended = {}",
-        load(&m.contended)
-    );
-    lg.stop().await;
+    redis_py_lock(2, "lock:py2").await;
 }
 
 #[tokio::test]
 async fn redis_py_lock_resp3() {
-    let redis = RedisServer::start();
-    let lg = Lockgate::start(&redis.addr()).await;
-    run_redis_py(lg.addr, 3, "lock:py3").await;
-    let m = &lg.ctx.locks.metrics;
-    assert!(load(&m.acquired) >= 5, "acquired = {}", load(&m.acquired));
-    assert!(
-        load(&m.contended) >= 2,
-        "contended = {}",
-        load(&m.contended)
-    );
-    lg.stop().await;
-}
-
-fn load(counter: &std::sync::atomic::AtomicU64) -> u64 {
-    counter.load(std::sync::atomic::Ordering::Relaxed)
+    redis_py_lock(3, "lock:py3").await;
 }
 
 /// A raw EVAL compare-and-delete through lockgate sees the client's own
@@ -142,9 +89,7 @@ async fn raw_eval_release_sees_the_clients_value() {
         b"$5\r\ntok-1\r\n"
     );
     assert_eq!(c.call_raw(&["GET", "lock:raw"]).await, b"$5\r\ntok-1\r\n");
-    let owner_pttl = int(&direct
-        .call_raw(&["PTTL", "lockgate:owner:{lock:raw}"])
-        .await);
+    let owner_pttl = pttl(&mut direct, "lockgate:owner:{lock:raw}").await;
     assert!(
         owner_pttl > 0 && owner_pttl <= 5000,
         "owner record PTTL {owner_pttl}"

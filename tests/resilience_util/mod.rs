@@ -1,14 +1,11 @@
 //! Helpers shared by the auth/RESP3, fault, binary and client tests (on top
 //! of `tests/support` and its `RawClient`): a raw exchange read until the
-//! server closes, `CLIENT LIST` queries on the real Redis,
-//! child processes with a time limit, and a listener that never completes a
-//! connection.
+//! server closes, `CLIENT LIST` queries on the real Redis, and a listener
+//! that never completes a connection.
 
 #![allow(dead_code)]
 
-use std::io::Read;
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::net::{TcpSocket, TcpStream};
 
@@ -93,54 +90,6 @@ impl Blackhole {
             }
         }
         panic!("the accept queue of {addr} never filled: connects would not hang");
-    }
-}
-
-/// Runs `command` to completion with its output captured; kills it and
-/// panics if it takes longer than `limit`. Blocking: call it from
-/// `spawn_blocking` inside async tests.
-pub fn run_limited(command: &mut Command, limit: Duration) -> Output {
-    let what = format!("{command:?}");
-    let mut child = command
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot run {what}: {e}"));
-    let mut out_pipe = child.stdout.take().expect("stdout");
-    let mut err_pipe = child.stderr.take().expect("stderr");
-    let out_reader = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = out_pipe.read_to_end(&mut v);
-        v
-    });
-    let err_reader = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = err_pipe.read_to_end(&mut v);
-        v
-    });
-    let deadline = Instant::now() + limit;
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("try_wait") {
-            break status;
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            let stdout = out_reader.join().unwrap_or_default();
-            let stderr = err_reader.join().unwrap_or_default();
-            panic!(
-                "{what} did not finish within {limit:?}\nstdout:\n{}\nstderr:\n{}",
-                show(&stdout),
-                show(&stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    Output {
-        status,
-        stdout: out_reader.join().unwrap_or_default(),
-        stderr: err_reader.join().unwrap_or_default(),
     }
 }
 

@@ -4,8 +4,9 @@
 
 #![allow(dead_code)]
 
+use std::io::{Read, Write};
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -127,7 +128,6 @@ impl Drop for RedisServer {
 
 /// True when something on `port` answers PING (maybe with NOAUTH).
 fn ping_blocking(port: u16) -> bool {
-    use std::io::{Read, Write};
     let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
         return false;
     };
@@ -469,6 +469,88 @@ fn element_end(buf: &[u8], pos: usize) -> Option<usize> {
             String::from_utf8_lossy(&buf[pos..buf.len().min(pos + 64)])
         ),
     }
+}
+
+/// Runs `command` to completion with its output captured; kills it and
+/// panics if it takes longer than `limit`. Blocking: async tests use
+/// [`run_limited_async`].
+pub fn run_limited(command: &mut Command, limit: Duration) -> Output {
+    run_limited_with_input(command, None, limit)
+}
+
+/// [`run_limited`] with `input` written to the command's stdin (then
+/// closed); without input stdin is empty.
+pub fn run_limited_with_input(
+    command: &mut Command,
+    input: Option<&[u8]>,
+    limit: Duration,
+) -> Output {
+    let what = format!("{command:?}");
+    let stdin = if input.is_some() {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    };
+    let mut child = command
+        .stdin(stdin)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {what}: {e}"));
+    let mut out_pipe = child.stdout.take().expect("stdout");
+    let mut err_pipe = child.stderr.take().expect("stderr");
+    let out_reader = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = out_pipe.read_to_end(&mut v);
+        v
+    });
+    let err_reader = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = err_pipe.read_to_end(&mut v);
+        v
+    });
+    if let Some(bytes) = input {
+        // Dropped at the end of this block: the command sees EOF.
+        let mut stdin = child.stdin.take().expect("stdin");
+        stdin.write_all(bytes).expect("write stdin");
+    }
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            break status;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            let stdout = out_reader.join().unwrap_or_default();
+            let stderr = err_reader.join().unwrap_or_default();
+            panic!(
+                "{what} did not finish within {limit:?}\nstdout:\n{}\nstderr:\n{}",
+                show(&stdout),
+                show(&stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    Output {
+        status,
+        stdout: out_reader.join().unwrap_or_default(),
+        stderr: err_reader.join().unwrap_or_default(),
+    }
+}
+
+/// [`run_limited_with_input`] on a blocking thread, so lockgate, which runs
+/// on the test's own runtime, keeps serving the command meanwhile.
+pub async fn run_limited_async(
+    mut command: Command,
+    input: Option<Vec<u8>>,
+    limit: Duration,
+) -> Output {
+    tokio::task::spawn_blocking(move || {
+        run_limited_with_input(&mut command, input.as_deref(), limit)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// The tests' one bounded poll: checks `$cond` every 10 ms until it holds,
