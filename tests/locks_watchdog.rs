@@ -4,14 +4,15 @@
 //! watch the key for a few leases (bounded, short); every other wait polls
 //! for the event itself.
 
+mod locks_common;
 mod support;
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use lockgate::config::LockOverride;
 use lockgate::Config;
-use support::{Lockgate, RawClient, RedisServer};
+use locks_common::{int_of, m, owner, pttl};
+use support::{show, Lockgate, RawClient, RedisServer};
 
 /// The watchdog lease of these tests.
 const LEASE: Duration = Duration::from_millis(300);
@@ -37,38 +38,27 @@ fn watchdog(max_hold_ms: u64) -> LockOverride {
     }
 }
 
-fn load(counter: &AtomicU64) -> u64 {
-    counter.load(Ordering::Relaxed)
+/// A fresh Redis, lockgate in front of it with `overrides`, and a
+/// connection straight to that Redis in RESP3 (a missing key is then `_`,
+/// not RESP2's `$-1`). Bind the server to a name, never `_`: dropping it
+/// stops Redis.
+async fn start(overrides: Vec<LockOverride>) -> (RedisServer, Lockgate, RawClient) {
+    start_with(overrides, |_| {}).await
 }
 
-fn owner(key: &str) -> String {
-    format!("lockgate:owner:{{{key}}}")
-}
-
-/// A connection straight to Redis, in RESP3 (the harness decodes RESP3:
-/// a missing key is then `_`, not RESP2's `$-1`).
-async fn direct(redis: &RedisServer) -> RawClient {
-    let mut c = RawClient::connect(redis.addr()).await;
-    let hello = c.call_raw(&["HELLO", "3"]).await;
+/// [`start`] with the config changed by `adjust` before lockgate starts.
+async fn start_with(
+    overrides: Vec<LockOverride>,
+    adjust: impl FnOnce(&mut Config),
+) -> (RedisServer, Lockgate, RawClient) {
+    let redis = RedisServer::start();
+    let mut c = config(&redis, overrides);
+    adjust(&mut c);
+    let lg = Lockgate::start_with(c).await;
+    let mut direct = RawClient::connect(redis.addr()).await;
+    let hello = direct.call_raw(&["HELLO", "3"]).await;
     assert!(hello.starts_with(b"%"), "HELLO 3: {hello:?}");
-    c
-}
-
-/// A raw reply as text, for readable assertion messages.
-fn text(raw: &[u8]) -> String {
-    String::from_utf8_lossy(raw).into_owned()
-}
-
-/// The integer of a `:N` reply.
-fn int(raw: &[u8]) -> i64 {
-    let text = std::str::from_utf8(raw).expect("utf-8 reply");
-    text.strip_prefix(':')
-        .and_then(|t| t.trim_end().parse().ok())
-        .unwrap_or_else(|| panic!("expected an integer reply, got {text:?}"))
-}
-
-async fn pttl(direct: &mut RawClient, key: &str) -> i64 {
-    int(&direct.call_raw(&["PTTL", key]).await)
+    (redis, lg, direct)
 }
 
 /// Polls Redis until none of `keys` exists; panics if that takes longer
@@ -82,7 +72,7 @@ async fn gone_within(
     loop {
         let mut args = vec!["EXISTS"];
         args.extend_from_slice(keys);
-        let left = int(&direct.call_raw(&args).await);
+        let left = int_of(direct, &args).await;
         let elapsed = since.elapsed();
         if left == 0 {
             return elapsed;
@@ -124,9 +114,7 @@ async fn stay_alive(direct: &mut RawClient, keys: &[&str], span: Duration) -> u3
 /// about one lease (no release on disconnect for this pattern).
 #[tokio::test]
 async fn watchdog_renews_while_the_connection_lives() {
-    let redis = RedisServer::start();
-    let lg = Lockgate::start_with(config(&redis, vec![watchdog(2_000)])).await;
-    let mut direct = direct(&redis).await;
+    let (_redis, lg, mut direct) = start(vec![watchdog(2_000)]).await;
     let mut holder = RawClient::connect(lg.addr).await;
 
     assert_eq!(
@@ -142,11 +130,11 @@ async fn watchdog_renews_while_the_connection_lives() {
     let looks = stay_alive(&mut direct, &["lock:wd:1", &owner("lock:wd:1")], 4 * LEASE).await;
     assert!(looks >= 4, "looked only {looks} times");
     assert_eq!(
-        text(&direct.call_raw(&["GET", "lock:wd:1"]).await),
+        show(&direct.call_raw(&["GET", "lock:wd:1"]).await),
         "$2\r\nme\r\n",
         "value untouched"
     );
-    let renewals = load(&lg.ctx.locks.metrics.watchdog_renewals);
+    let renewals = m(&lg.ctx.locks.metrics.watchdog_renewals);
     // Every lease/3 over 1.2 s: about 12; at least one per lease.
     assert!(renewals >= 4, "watchdog_renewals = {renewals}");
 
@@ -155,16 +143,16 @@ async fn watchdog_renews_while_the_connection_lives() {
     let keys = ["lock:wd:1", &owner("lock:wd:1")];
     let after = gone_within(&mut direct, &keys, closed, LEASE + MARGIN).await;
     eprintln!("expired {after:?} after disconnect");
-    let settled = load(&lg.ctx.locks.metrics.watchdog_renewals);
+    let settled = m(&lg.ctx.locks.metrics.watchdog_renewals);
     // Nothing renews it any more: it stays gone.
     tokio::time::sleep(LEASE).await;
     assert_eq!(direct.call_raw(&["EXISTS", "lock:wd:1"]).await, b":0\r\n");
     assert_eq!(
-        load(&lg.ctx.locks.metrics.watchdog_renewals),
+        m(&lg.ctx.locks.metrics.watchdog_renewals),
         settled,
         "renewals after the disconnect"
     );
-    assert_eq!(load(&lg.ctx.locks.metrics.released_on_disconnect), 0);
+    assert_eq!(m(&lg.ctx.locks.metrics.released_on_disconnect), 0);
     lg.stop().await;
 }
 
@@ -173,9 +161,7 @@ async fn watchdog_renews_while_the_connection_lives() {
 /// before it outlived its first lease (the watchdog did run).
 #[tokio::test]
 async fn watchdog_stops_at_max_hold() {
-    let redis = RedisServer::start();
-    let lg = Lockgate::start_with(config(&redis, vec![watchdog(700)])).await;
-    let mut direct = direct(&redis).await;
+    let (_redis, lg, mut direct) = start(vec![watchdog(700)]).await;
     let mut holder = RawClient::connect(lg.addr).await;
 
     let sent = Instant::now();
@@ -195,14 +181,14 @@ async fn watchdog_stops_at_max_hold() {
         lived >= Duration::from_millis(700),
         "expired after {lived:?}: the watchdog should have renewed it until ~700 ms"
     );
-    assert!(load(&lg.ctx.locks.metrics.watchdog_renewals) > 0);
+    assert!(m(&lg.ctx.locks.metrics.watchdog_renewals) > 0);
     // The connection is still open and served.
     assert_eq!(holder.call_raw(&["PING"]).await, b"+PONG\r\n");
     // And the watchdog leaves it alone from now on.
-    let settled = load(&lg.ctx.locks.metrics.watchdog_renewals);
+    let settled = m(&lg.ctx.locks.metrics.watchdog_renewals);
     tokio::time::sleep(LEASE).await;
     assert_eq!(
-        load(&lg.ctx.locks.metrics.watchdog_renewals),
+        m(&lg.ctx.locks.metrics.watchdog_renewals),
         settled,
         "renewals past max_hold"
     );
@@ -214,9 +200,7 @@ async fn watchdog_stops_at_max_hold() {
 /// on Redis keeps its own short TTL.
 #[tokio::test]
 async fn released_lock_is_not_renewed() {
-    let redis = RedisServer::start();
-    let lg = Lockgate::start_with(config(&redis, vec![watchdog(5_000)])).await;
-    let mut direct = direct(&redis).await;
+    let (_redis, lg, mut direct) = start(vec![watchdog(5_000)]).await;
     let mut holder = RawClient::connect(lg.addr).await;
     let renewals = &lg.ctx.locks.metrics.watchdog_renewals;
 
@@ -224,7 +208,7 @@ async fn released_lock_is_not_renewed() {
         holder.call_raw(&["SETNX", "lock:wd:rel", "me"]).await,
         b":1\r\n"
     );
-    until!("a first renewal", load(renewals) >= 1);
+    until!("a first renewal", m(renewals) >= 1);
     assert_eq!(holder.call_raw(&["DEL", "lock:wd:rel"]).await, b":1\r\n");
     let owner_key = owner("lock:wd:rel");
     assert_eq!(
@@ -233,7 +217,7 @@ async fn released_lock_is_not_renewed() {
             .await,
         b":0\r\n"
     );
-    let at_release = load(renewals);
+    let at_release = m(renewals);
 
     // Someone sets the key again behind lockgate's back, with 200 ms.
     assert_eq!(
@@ -263,12 +247,12 @@ async fn released_lock_is_not_renewed() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // At most one renewal already in flight when the DEL ran.
-    let now = load(renewals);
+    let now = m(renewals);
     assert!(
         now <= at_release + 1,
         "renewals went on after the release: {at_release} -> {now}"
     );
-    assert_eq!(load(&lg.ctx.locks.metrics.released), 1);
+    assert_eq!(m(&lg.ctx.locks.metrics.released), 1);
     lg.stop().await;
 }
 
@@ -285,10 +269,10 @@ fn ephemeral() -> LockOverride {
 /// `active` are still open: a closed session has run its release on
 /// disconnect by then.
 async fn sessions_settle(lg: &Lockgate, total: u64, active: u64) {
-    let m = &lg.ctx.metrics;
+    let metrics = &lg.ctx.metrics;
     until!(
         format!("{active} of {total} sessions left"),
-        load(&m.connections_total) >= total && load(&m.connections_active) == active
+        m(&metrics.connections_total) >= total && m(&metrics.connections_active) == active
     );
 }
 
@@ -296,9 +280,7 @@ async fn sessions_settle(lg: &Lockgate, total: u64, active: u64) {
 /// lock and its owner record at once, long before the 30 s lease.
 #[tokio::test]
 async fn release_on_disconnect_frees_the_lock() {
-    let redis = RedisServer::start();
-    let lg = Lockgate::start_with(config(&redis, vec![ephemeral()])).await;
-    let mut direct = direct(&redis).await;
+    let (_redis, lg, mut direct) = start(vec![ephemeral()]).await;
     let mut holder = RawClient::connect(lg.addr).await;
 
     assert_eq!(
@@ -312,7 +294,7 @@ async fn release_on_disconnect_frees_the_lock() {
         direct.call_raw(&["EXISTS", "lock:eph:1", &owner_key]).await,
         b":2\r\n"
     );
-    assert_eq!(load(&lg.ctx.locks.metrics.released_on_disconnect), 0);
+    assert_eq!(m(&lg.ctx.locks.metrics.released_on_disconnect), 0);
 
     drop(holder);
     let closed = Instant::now();
@@ -325,7 +307,7 @@ async fn release_on_disconnect_frees_the_lock() {
     .await;
     eprintln!("released {took:?} after disconnect");
     sessions_settle(&lg, 1, 0).await;
-    assert_eq!(load(&lg.ctx.locks.metrics.released_on_disconnect), 1);
+    assert_eq!(m(&lg.ctx.locks.metrics.released_on_disconnect), 1);
 
     // Free for the next client at once.
     let mut next = RawClient::connect(lg.addr).await;
@@ -340,9 +322,7 @@ async fn release_on_disconnect_frees_the_lock() {
 /// connection does not release the new holder's lock when it closes.
 #[tokio::test]
 async fn release_on_disconnect_spares_the_next_holder() {
-    let redis = RedisServer::start();
-    let lg = Lockgate::start_with(config(&redis, vec![ephemeral()])).await;
-    let mut direct = direct(&redis).await;
+    let (_redis, lg, mut direct) = start(vec![ephemeral()]).await;
     let mut a = RawClient::connect(lg.addr).await;
     let owner_key = owner("lock:eph:2");
 
@@ -367,18 +347,18 @@ async fn release_on_disconnect_spares_the_next_holder() {
     drop(a);
     sessions_settle(&lg, 2, 1).await;
     assert_eq!(
-        text(&direct.call_raw(&["GET", "lock:eph:2"]).await),
+        show(&direct.call_raw(&["GET", "lock:eph:2"]).await),
         "$1\r\nb\r\n",
         "B's lock survives A's close"
     );
     assert_eq!(
-        text(&direct.call_raw(&["GET", &owner_key]).await),
-        text(&b_token),
+        show(&direct.call_raw(&["GET", &owner_key]).await),
+        show(&b_token),
         "B's owner record survives"
     );
     let left = pttl(&mut direct, "lock:eph:2").await;
     assert!(left > 29_000, "B's lease untouched, PTTL {left}");
-    assert_eq!(load(&lg.ctx.locks.metrics.released_on_disconnect), 0);
+    assert_eq!(m(&lg.ctx.locks.metrics.released_on_disconnect), 0);
 
     // B's own close releases it.
     drop(b);
@@ -390,7 +370,7 @@ async fn release_on_disconnect_spares_the_next_holder() {
     )
     .await;
     sessions_settle(&lg, 2, 0).await;
-    assert_eq!(load(&lg.ctx.locks.metrics.released_on_disconnect), 1);
+    assert_eq!(m(&lg.ctx.locks.metrics.released_on_disconnect), 1);
     lg.stop().await;
 }
 
@@ -399,11 +379,8 @@ async fn release_on_disconnect_spares_the_next_holder() {
 /// connection open.
 #[tokio::test]
 async fn plain_lock_expires_after_its_lease() {
-    let redis = RedisServer::start();
-    let mut c = config(&redis, vec![watchdog(5_000)]);
-    c.locks.default_lease_ms = 300;
-    let lg = Lockgate::start_with(c).await;
-    let mut direct = direct(&redis).await;
+    let (_redis, lg, mut direct) =
+        start_with(vec![watchdog(5_000)], |c| c.locks.default_lease_ms = 300).await;
     let mut holder = RawClient::connect(lg.addr).await;
 
     let sent = Instant::now();
@@ -416,7 +393,7 @@ async fn plain_lock_expires_after_its_lease() {
     let keys = ["lock:plain", &owner("lock:plain")];
     let lived = gone_within(&mut direct, &keys, sent, LEASE + MARGIN).await;
     eprintln!("plain lock lived {lived:?}");
-    assert_eq!(load(&lg.ctx.locks.metrics.watchdog_renewals), 0);
+    assert_eq!(m(&lg.ctx.locks.metrics.watchdog_renewals), 0);
     assert_eq!(holder.call_raw(&["PING"]).await, b"+PONG\r\n");
     lg.stop().await;
 }
@@ -431,9 +408,7 @@ const LUA_RELEASE: &str = r#"if redis.call("get",KEYS[1]) == ARGV[1] then return
 /// (700 ms) with the holder still inside its critical section.
 #[tokio::test]
 async fn watchdog_never_shortens_the_clients_own_lease() {
-    let redis = RedisServer::start();
-    let lg = Lockgate::start_with(config(&redis, vec![watchdog(700)])).await;
-    let mut direct = direct(&redis).await;
+    let (_redis, lg, mut direct) = start(vec![watchdog(700)]).await;
     let mut holder = RawClient::connect(lg.addr).await;
 
     let sent = Instant::now();
@@ -467,9 +442,7 @@ const LUA_ACQUIRE: &str = r#"return redis.call("set",KEYS[1],ARGV[1],"NX","PX",A
 /// that lease, and the released lock's owner record expires.
 #[tokio::test]
 async fn lua_released_watchdog_lock_is_not_renewed() {
-    let redis = RedisServer::start();
-    let lg = Lockgate::start_with(config(&redis, vec![watchdog(5_000)])).await;
-    let mut direct = direct(&redis).await;
+    let (_redis, lg, mut direct) = start(vec![watchdog(5_000)]).await;
     let mut holder = RawClient::connect(lg.addr).await;
     let mut next = RawClient::connect(lg.addr).await;
     let renewals = &lg.ctx.locks.metrics.watchdog_renewals;
@@ -479,7 +452,7 @@ async fn lua_released_watchdog_lock_is_not_renewed() {
         holder.call_raw(&["SETNX", "lock:wd:lua", "me"]).await,
         b":1\r\n"
     );
-    until!("a first renewal", load(renewals) >= 1);
+    until!("a first renewal", m(renewals) >= 1);
     assert_eq!(
         holder
             .call_raw(&["EVAL", LUA_RELEASE, "1", "lock:wd:lua", "me"])
@@ -511,9 +484,7 @@ async fn lua_released_watchdog_lock_is_not_renewed() {
 /// the first connection's close must not delete the next holder's lock.
 #[tokio::test]
 async fn release_on_disconnect_spares_a_lock_taken_after_a_lua_release() {
-    let redis = RedisServer::start();
-    let lg = Lockgate::start_with(config(&redis, vec![ephemeral()])).await;
-    let mut direct = direct(&redis).await;
+    let (_redis, lg, mut direct) = start(vec![ephemeral()]).await;
     let mut a = RawClient::connect(lg.addr).await;
     let mut b = RawClient::connect(lg.addr).await;
 
@@ -532,12 +503,12 @@ async fn release_on_disconnect_spares_a_lock_taken_after_a_lua_release() {
     drop(a);
     sessions_settle(&lg, 2, 1).await;
     assert_eq!(
-        text(&direct.call_raw(&["GET", "lock:eph:3"]).await),
+        show(&direct.call_raw(&["GET", "lock:eph:3"]).await),
         "$1\r\nb\r\n",
         "B's lock was deleted when A closed (released_on_disconnect = {})",
-        load(&lg.ctx.locks.metrics.released_on_disconnect)
+        m(&lg.ctx.locks.metrics.released_on_disconnect)
     );
-    assert_eq!(load(&lg.ctx.locks.metrics.released_on_disconnect), 0);
+    assert_eq!(m(&lg.ctx.locks.metrics.released_on_disconnect), 0);
     lg.stop().await;
 }
 
@@ -547,15 +518,13 @@ async fn release_on_disconnect_spares_a_lock_taken_after_a_lua_release() {
 /// first holder's connection is still open.
 #[tokio::test]
 async fn lapsed_watchdog_lock_is_renewed_only_by_its_new_holder() {
-    let redis = RedisServer::start();
-    let lg = Lockgate::start_with(config(&redis, vec![watchdog(5_000)])).await;
-    let mut direct = direct(&redis).await;
+    let (_redis, lg, mut direct) = start(vec![watchdog(5_000)]).await;
     let mut a = RawClient::connect(lg.addr).await;
     let renewals = &lg.ctx.locks.metrics.watchdog_renewals;
     let owner_key = owner("lock:wd:t");
 
     assert_eq!(a.call_raw(&["SETNX", "lock:wd:t", "a"]).await, b":1\r\n");
-    until!("a first renewal", load(renewals) >= 1);
+    until!("a first renewal", m(renewals) >= 1);
     assert_eq!(
         direct.call_raw(&["DEL", "lock:wd:t", &owner_key]).await,
         b":2\r\n"
@@ -563,10 +532,10 @@ async fn lapsed_watchdog_lock_is_renewed_only_by_its_new_holder() {
     let mut b = RawClient::connect(lg.addr).await;
     assert_eq!(b.call_raw(&["SETNX", "lock:wd:t", "b"]).await, b":1\r\n");
     // B's watchdog keeps it; A's must not (it is no longer A's).
-    let renewed = load(renewals);
-    until!("B's renewals", load(renewals) >= renewed + 2);
+    let renewed = m(renewals);
+    until!("B's renewals", m(renewals) >= renewed + 2);
     assert_eq!(
-        text(&direct.call_raw(&["GET", "lock:wd:t"]).await),
+        show(&direct.call_raw(&["GET", "lock:wd:t"]).await),
         "$1\r\nb\r\n"
     );
 
