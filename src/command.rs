@@ -48,6 +48,8 @@ pub enum CommandKind {
     Persist,
     /// `LOCKGATE …`: lockgate's own admin commands.
     Lockgate,
+    /// `SELECT db`.
+    Select,
     /// Reads the quorum answers for lock keys: `GET`, `EXISTS`, `TTL`,
     /// `PTTL`, `TYPE`; `true` when every argument is a key (`EXISTS`).
     Read(bool),
@@ -94,6 +96,7 @@ pub fn classify(name: &[u8], arg1: &[u8], arg2: &[u8]) -> CommandKind {
         b"PEXPIREAT" => CommandKind::Expire("PEXPIREAT"),
         b"PERSIST" => CommandKind::Persist,
         b"LOCKGATE" => CommandKind::Lockgate,
+        b"SELECT" => CommandKind::Select,
         b"GET" | b"TTL" | b"PTTL" | b"TYPE" => CommandKind::Read(false),
         b"EXISTS" => CommandKind::Read(true),
         b"EVAL" | b"EVALSHA" | b"EVAL_RO" | b"EVALSHA_RO" => CommandKind::Eval,

@@ -153,6 +153,42 @@ pub struct LocksConfig {
     /// Lock keys on N independent masters with the Redlock quorum; without
     /// masters, lock keys live on the primary.
     pub quorum: QuorumConfig,
+    /// Retry storms: how spinning acquisitions are absorbed and parked.
+    pub retry: RetryConfig,
+}
+
+/// Retry-storm control (`[locks.retry]`): while a lock is known held, spin
+/// loops cost Redis almost nothing and the lock is handed over in order.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct RetryConfig {
+    /// At most one upstream attempt per key per this interval (ms) while
+    /// the key is known held; other attempts are answered "not acquired"
+    /// locally. 0: off (every attempt goes upstream).
+    pub probe_interval_ms: u64,
+    /// How long a failed attempt may wait (ms) for the lock to be released
+    /// and handed to it, oldest first. 0: off (answer at once).
+    pub park_ms: u64,
+    /// Most lock keys tracked at once (the least recently used idle entry
+    /// is dropped past it, counted).
+    pub max_keys: usize,
+    /// Most attempts parked on one key; more are answered at once.
+    pub max_waiters_per_key: usize,
+    /// One connection attempting one key more often than this per second
+    /// gets its "not acquired" replies delayed (smoothing). 0: off.
+    pub max_attempts_per_sec: u64,
+}
+
+impl Default for RetryConfig {
+    fn default() -> Self {
+        RetryConfig {
+            probe_interval_ms: 100,
+            park_ms: 50,
+            max_keys: 100_000,
+            max_waiters_per_key: 10_000,
+            max_attempts_per_sec: 1_000,
+        }
+    }
 }
 
 /// The Redlock quorum (`[locks.quorum]`).
@@ -224,6 +260,7 @@ impl Default for LocksConfig {
             max_queued_calls: 10_000,
             overrides: Vec::new(),
             quorum: QuorumConfig::default(),
+            retry: RetryConfig::default(),
         }
     }
 }
@@ -254,6 +291,10 @@ pub struct LockOverride {
     /// Release the lock as soon as the acquiring connection closes
     /// (ZooKeeper's ephemeral nodes).
     pub release_on_disconnect: bool,
+    /// `locks.retry.probe_interval_ms` for these keys (unset: the global).
+    pub probe_interval_ms: Option<u64>,
+    /// `locks.retry.park_ms` for these keys (unset: the global).
+    pub park_ms: Option<u64>,
 }
 
 impl Default for LockOverride {
@@ -264,6 +305,8 @@ impl Default for LockOverride {
             watchdog: false,
             max_hold_ms: 300_000,
             release_on_disconnect: false,
+            probe_interval_ms: None,
+            park_ms: None,
         }
     }
 }
@@ -359,6 +402,7 @@ impl Config {
             ));
         }
         positive("locks.quorum.node_timeout_ms", q.node_timeout_ms)?;
+        positive("locks.retry.max_keys", self.locks.retry.max_keys as u64)?;
         if !(0.0..0.5).contains(&q.clock_drift_factor) {
             return Err(invalid(
                 "locks.quorum.clock_drift_factor",

@@ -61,6 +61,8 @@ pub struct SessionView {
     pub in_multi: bool,
     /// `QUIT` was sent: Redis answers it, closes, and answers nothing after.
     pub quit: bool,
+    /// The database `SELECT`ed (as sent; `u64::MAX` if unreadable).
+    pub db: u64,
 }
 
 /// The arguments of the command being routed (name first).
@@ -176,6 +178,50 @@ pub fn route(
     }
 }
 
+/// Commands whose first argument is not a key (a channel, a subcommand, a
+/// count…): a lock-key-looking first argument means nothing for them.
+const NOT_KEY_FIRST: &[&[u8]] = &[
+    b"PUBLISH",
+    b"SPUBLISH",
+    b"CLIENT",
+    b"CONFIG",
+    b"SCRIPT",
+    b"FUNCTION",
+    b"OBJECT",
+    b"MEMORY",
+    b"DEBUG",
+    b"ACL",
+    b"COMMAND",
+    b"CLUSTER",
+    b"XREAD",
+    b"XREADGROUP",
+    b"XGROUP",
+    b"XINFO",
+    b"KEYS",
+    b"SCAN",
+    b"ECHO",
+    b"PING",
+    b"AUTH",
+    b"INFO",
+    b"FCALL",
+    b"FCALL_RO",
+    b"PUBSUB",
+    b"SLOWLOG",
+    b"LATENCY",
+    b"WAIT",
+    b"BITOP",
+    b"LMPOP",
+    b"ZMPOP",
+    b"BLMPOP",
+    b"BZMPOP",
+    b"SINTERCARD",
+    b"ZINTERCARD",
+    b"ZUNION",
+    b"ZINTER",
+    b"ZDIFF",
+    b"MIGRATE",
+];
+
 /// Where a command goes when lock keys live on the quorum, if that differs
 /// from the single-Redis route.
 fn quorum_route(
@@ -204,6 +250,18 @@ fn quorum_route(
         | CommandKind::GetDel
         | CommandKind::GetEx
         | CommandKind::Expire(_) => vec![args.get(1)],
+        CommandKind::Other if args.len() > 1 && locks.is_lock_key(args.get(1)) => {
+            let name = args.get(0).to_ascii_uppercase();
+            if NOT_KEY_FIRST.contains(&name.as_slice()) {
+                return None;
+            }
+            // Any other command on a lock key would act on the primary,
+            // where the lock does not live.
+            return Some(Route::Refuse(format!(
+                "lockgate: {} is not supported on lock keys with the lock quorum",
+                String::from_utf8_lossy(&name)
+            )));
+        }
         _ => return None,
     };
     let locked: Vec<&[u8]> = keys
@@ -256,7 +314,11 @@ impl SessionView {
         match kind {
             CommandKind::Multi => next.in_multi = true,
             CommandKind::Quit if !self.in_multi => next.quit = true,
-            CommandKind::Exec | CommandKind::Discard | CommandKind::Reset => next.in_multi = false,
+            CommandKind::Exec | CommandKind::Discard => next.in_multi = false,
+            CommandKind::Reset => {
+                next.in_multi = false;
+                next.db = 0;
+            }
             _ => {}
         }
         next

@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::Config;
+use crate::lock::announce;
 use crate::lock::node::{Node, NodeConfig};
 use crate::lock::quorum::Quorum;
 use crate::lock::LockService;
@@ -55,17 +56,24 @@ impl ServerContext {
     pub fn new(config: Config) -> ServerContext {
         let stop = CancellationToken::new();
         let primary = Node::spawn(
-            NodeConfig {
-                addr: config.upstream.addr.clone(),
-                connect_timeout: Duration::from_millis(config.upstream.connect_timeout_ms),
-                username: config.upstream.username.clone(),
-                password: config.upstream.password.clone(),
-                max_queued: config.locks.max_queued_calls,
-            },
+            NodeConfig::for_addr(&config, &config.upstream.addr),
             stop.clone(),
         );
+        let locks = LockService::new(&config);
+        // Releases are announced where the locks live.
+        let stores = match config.locks.quorum.masters.is_empty() {
+            true => vec![config.upstream.addr.clone()],
+            false => config.locks.quorum.masters.clone(),
+        };
+        for addr in &stores {
+            announce::spawn(
+                NodeConfig::for_addr(&config, addr),
+                locks.storm.clone(),
+                stop.clone(),
+            );
+        }
         ServerContext {
-            locks: LockService::new(&config),
+            locks,
             quorum: Quorum::start(&config, &stop),
             primary,
             stop,
@@ -172,4 +180,54 @@ async fn reject(mut stream: TcpStream) {
         stream.write_all(b"-ERR max number of clients reached\r\n"),
     )
     .await;
+}
+
+impl crate::lock::storm::Acquirer for ServerContext {
+    fn acquire(
+        &self,
+        ask: crate::lock::storm::Ask,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = (bool, i64)> + Send + '_>> {
+        Box::pin(async move {
+            use crate::lock::ops::{LockOp, Ttl};
+            let lease = ask.lease_ms;
+            let op = LockOp::Acquire {
+                key: ask.key.clone(),
+                value: ask.value.clone(),
+                ttl: Ttl::Given("PX", bytes::Bytes::from(lease.to_string())),
+                shape: ask.shape,
+            };
+            if let Some(q) = &self.quorum {
+                let out = self
+                    .locks
+                    .quorum_acquire(q, op, ask.shape, lease, ask.conn)
+                    .await;
+                return (out.acquired, out.pttl);
+            }
+            let planned = match ask.conn.lock() {
+                Ok(mut c) => self.locks.plan(op, &mut c, false),
+                Err(_) => return (false, 0),
+            };
+            let Some(pending) = planned.pending else {
+                return (false, 0);
+            };
+            let timeout = Duration::from_millis(self.config.upstream.connect_timeout_ms);
+            match self.primary.call(planned.command, timeout).await {
+                Ok(reply) => {
+                    let (_, facts) = crate::lock::split_reply(&reply);
+                    if let Ok(mut c) = ask.conn.lock() {
+                        self.locks.complete(pending, &facts, &mut c);
+                    }
+                    (
+                        facts.first() == Some(&1),
+                        facts.get(1).copied().unwrap_or(0),
+                    )
+                }
+                Err(_) => (false, 0),
+            }
+        })
+    }
+
+    fn stopped(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>> {
+        Box::pin(self.stop.cancelled())
+    }
 }

@@ -67,6 +67,10 @@ pub struct Acquisition {
     /// The value it was acquired with (empty if not known, e.g. `GETEX`):
     /// background renewal and release check it is still the lock's.
     pub value: Bytes,
+    /// When this connection first tried for the key in its current run of
+    /// attempts (kept while it keeps losing): parked attempts are handed
+    /// the lock in this order.
+    pub first_try: Instant,
 }
 
 /// The lock keys one client connection has tried, acquired or lost;
@@ -114,6 +118,26 @@ impl ConnLocks {
             .unwrap_or_default()
     }
 
+    /// Records an attempt answered "not acquired" without asking Redis.
+    pub fn lost(&mut self, key: Bytes, token: Bytes) {
+        if self
+            .map
+            .get(&key)
+            .is_some_and(|a| a.standing != Standing::Held)
+        {
+            if let Some(a) = self.map.get_mut(&key) {
+                a.standing = Standing::Lost;
+            }
+            return;
+        }
+        self.attempt(key, token, Bytes::new(), Standing::Lost, 0);
+    }
+
+    /// When this connection's current run of attempts on `key` began.
+    pub fn first_try(&self, key: &[u8]) -> Option<std::time::Instant> {
+        self.map.get(key).map(|a| a.first_try)
+    }
+
     /// The record for `key`.
     pub fn get(&self, key: &[u8]) -> Option<&Acquisition> {
         self.map.get(key)
@@ -139,9 +163,14 @@ impl ConnLocks {
                 self.evicted += 1;
             }
         }
+        let first_try = match self.map.get(&key) {
+            Some(a) if a.standing != Standing::Held => a.first_try,
+            _ => Instant::now(),
+        };
         self.map.insert(
             key,
             Acquisition {
+                first_try,
                 token,
                 standing,
                 since: Instant::now(),

@@ -23,6 +23,7 @@
 //! - [`metrics`]: counters. - [`watchdog`]: lease renewal and release on
 //!   disconnect over a connection of lockgate's own.
 
+pub mod announce;
 pub mod fence;
 pub mod keys;
 pub mod lease;
@@ -33,6 +34,7 @@ pub mod quorum;
 pub mod quorum_fence;
 pub mod quorum_ops;
 pub mod script;
+pub mod storm;
 pub mod watchdog;
 
 use std::time::Duration;
@@ -60,6 +62,8 @@ pub enum LockPending {
         key: Bytes,
         /// The token tried.
         token: Bytes,
+        /// If it fails: park it (retry storms), with these settings.
+        park: Option<Park>,
     },
     /// A release of these lock keys.
     Release {
@@ -78,6 +82,21 @@ pub enum LockPending {
         /// The new owner token.
         token: Bytes,
     },
+}
+
+/// How a failed attempt is parked (see [`storm`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Park {
+    /// The client's value.
+    pub value: Bytes,
+    /// What the client expects back.
+    pub shape: ops::Shape,
+    /// The lease to acquire with on its behalf, ms.
+    pub lease_ms: u64,
+    /// How long it may wait, ms.
+    pub park_ms: u64,
+    /// The key's probe interval, ms.
+    pub probe_ms: u64,
 }
 
 /// A lock op turned into a Redis command.
@@ -102,6 +121,9 @@ pub struct LockService {
     unmatched: DashMap<Bytes, u64>,
     /// Lock counters.
     pub metrics: LockMetrics,
+    /// The contention table (retry storms).
+    pub storm: std::sync::Arc<storm::Storm>,
+    retry: crate::config::RetryConfig,
     lapse_warn: RateLimit,
     unmatched_warn: RateLimit,
 }
@@ -133,6 +155,8 @@ impl LockService {
             max_unmatched: c.max_unmatched_prefixes,
             unmatched: DashMap::new(),
             metrics: LockMetrics::default(),
+            storm: std::sync::Arc::new(storm::Storm::new(&c.retry)),
+            retry: c.retry.clone(),
             lapse_warn: RateLimit::new(WARN_INTERVAL),
             unmatched_warn: RateLimit::new(WARN_INTERVAL),
         }
@@ -157,6 +181,17 @@ impl LockService {
             Some(o) if o.lease_ms > 0 => o.lease_ms,
             _ => self.default_lease_ms,
         }
+    }
+
+    /// (probe interval, park time) in ms for `key`: the pattern's own, or
+    /// `locks.retry`'s.
+    pub fn retry_for(&self, key: &[u8]) -> (u64, u64) {
+        let o = self.override_for(key);
+        (
+            o.and_then(|o| o.probe_interval_ms)
+                .unwrap_or(self.retry.probe_interval_ms),
+            o.and_then(|o| o.park_ms).unwrap_or(self.retry.park_ms),
+        )
     }
 
     /// True when some pattern has the watchdog on.
@@ -248,7 +283,14 @@ impl LockService {
                         shape.as_str().as_bytes(),
                     ],
                 );
-                (cmd, LockPending::Acquire { key, token })
+                (
+                    cmd,
+                    LockPending::Acquire {
+                        key,
+                        token,
+                        park: None,
+                    },
+                )
             }
             LockOp::Release {
                 lock_keys,
@@ -310,11 +352,12 @@ impl LockService {
     /// and the counters.
     pub fn complete(&self, pending: LockPending, facts: &[i64], conn: &mut ConnLocks) {
         match pending {
-            LockPending::Acquire { key, token } => {
+            LockPending::Acquire { key, token, .. } => {
                 let Some(&acquired) = facts.first() else {
                     return;
                 };
                 let pttl = facts.get(1).copied().unwrap_or(-1);
+                self.storm.learn(&key, acquired == 1, pttl);
                 if acquired == 1 {
                     ProxyMetrics::inc(&self.metrics.acquired);
                     conn.settle(
@@ -332,6 +375,11 @@ impl LockService {
                 let (released, denied, lapsed) = (fact(facts, 0), fact(facts, 1), fact(facts, 2));
                 ProxyMetrics::add(&self.metrics.released, released);
                 ProxyMetrics::add(&self.metrics.release_denied, denied);
+                if released > 0 {
+                    for key in &keys {
+                        self.storm.released(key);
+                    }
+                }
                 let mut lapsed_left = lapsed;
                 for key in &keys {
                     if let Some(rec) = conn.remove(key) {

@@ -89,6 +89,20 @@ pub struct NodeConfig {
     pub max_queued: usize,
 }
 
+impl NodeConfig {
+    /// lockgate's own connection settings for `addr`, from the upstream's
+    /// timeout and credentials.
+    pub fn for_addr(config: &crate::config::Config, addr: &str) -> NodeConfig {
+        NodeConfig {
+            addr: addr.to_string(),
+            connect_timeout: Duration::from_millis(config.upstream.connect_timeout_ms),
+            username: config.upstream.username.clone(),
+            password: config.upstream.password.clone(),
+            max_queued: config.locks.max_queued_calls,
+        }
+    }
+}
+
 impl Node {
     /// Starts the connection task for `config`; it stops when `shutdown`
     /// is cancelled. Must be called inside a Tokio runtime.

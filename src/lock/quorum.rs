@@ -55,8 +55,44 @@ impl Master {
         }
     }
 
-    fn eligible(&self) -> bool {
-        self.state() == MasterState::Up
+    /// Takes note of the connection as it is now: a connection newer than
+    /// the one last seen (a restart, or a return after being unreachable)
+    /// starts a sit-out of `rejoin_delay`. Called before every eligibility
+    /// check, so a master can never count between reconnecting and being
+    /// noticed.
+    fn observe(&self, rejoin_delay: Duration) {
+        let connects = self.node.state.connects.load(Ordering::Relaxed);
+        let Ok(mut seen) = self.seen.lock() else {
+            return;
+        };
+        if connects == seen.1 {
+            return;
+        }
+        let run_id = self
+            .node
+            .state
+            .run_id
+            .lock()
+            .map(|r| r.clone())
+            .unwrap_or_default();
+        // Only the very first connection is trusted without a sit-out.
+        if !(seen.1 == 0 && connects == 1) {
+            let why = if run_id != seen.0 {
+                "restarted (new run_id)"
+            } else {
+                "reconnected"
+            };
+            if let Ok(mut until) = self.sitting_out_until.lock() {
+                *until = Some(Instant::now() + rejoin_delay);
+            }
+            tracing::warn!(
+                master = self.node.addr(),
+                why,
+                sit_out_ms = rejoin_delay.as_millis() as u64,
+                "lock master sits out acquisitions before rejoining"
+            );
+        }
+        *seen = (run_id, connects);
     }
 }
 
@@ -95,18 +131,7 @@ impl Quorum {
             .iter()
             .map(|addr| {
                 Arc::new(Master {
-                    node: Node::spawn(
-                        NodeConfig {
-                            addr: addr.clone(),
-                            connect_timeout: Duration::from_millis(
-                                config.upstream.connect_timeout_ms,
-                            ),
-                            username: config.upstream.username.clone(),
-                            password: config.upstream.password.clone(),
-                            max_queued: config.locks.max_queued_calls,
-                        },
-                        stop.clone(),
-                    ),
+                    node: Node::spawn(NodeConfig::for_addr(config, addr), stop.clone()),
                     sitting_out_until: Mutex::new(None),
                     seen: Mutex::new((String::new(), 0)),
                 })
@@ -168,7 +193,7 @@ impl Quorum {
         match self.config.on_quorum_loss {
             QuorumLoss::NotAcquired => not_acquired,
             QuorumLoss::Error => {
-                let up = self.masters.iter().filter(|m| m.eligible()).count();
+                let up = self.eligible().len();
                 LocalReply::err(format!(
                     "lockgate: lock quorum unavailable ({up} of {} masters up)",
                     self.masters.len()
@@ -187,11 +212,27 @@ impl Quorum {
 
     /// Masters that may take part in an acquisition now.
     pub fn eligible(&self) -> Vec<Arc<Master>> {
+        let delay = self.rejoin_delay();
         self.masters
             .iter()
-            .filter(|m| m.eligible())
+            .filter(|m| {
+                m.observe(delay);
+                m.state() == MasterState::Up
+            })
             .cloned()
             .collect()
+    }
+
+    /// Each master's answer to `command` (`None`: none in time), for the
+    /// masters `to` (indexes), in that order.
+    pub async fn ask_each(&self, to: &[usize], command: &Bytes) -> Vec<Option<Bytes>> {
+        let timeout = self.node_timeout();
+        let calls = to.iter().map(|&i| {
+            let node = self.masters[i].node.clone();
+            let command = command.clone();
+            async move { node.call(command, timeout).await.ok() }
+        });
+        futures_util::future::join_all(calls).await
     }
 
     /// Sends `command` to every master in `to` in parallel and collects the
@@ -237,40 +278,9 @@ impl Quorum {
     /// outages (a lost connection), and sits those masters out.
     async fn watch(&self) {
         loop {
+            let delay = self.rejoin_delay();
             for m in &self.masters {
-                let connects = m.node.state.connects.load(Ordering::Relaxed);
-                let up = m.node.state.up.load(Ordering::Relaxed);
-                let run_id = m
-                    .node
-                    .state
-                    .run_id
-                    .lock()
-                    .map(|r| r.clone())
-                    .unwrap_or_default();
-                let Ok(mut seen) = m.seen.lock() else {
-                    continue;
-                };
-                let first = seen.1 == 0;
-                if up && connects != seen.1 {
-                    if !first {
-                        let why = if run_id != seen.0 {
-                            "restarted (new run_id)"
-                        } else {
-                            "reconnected"
-                        };
-                        let delay = self.rejoin_delay();
-                        if let Ok(mut until) = m.sitting_out_until.lock() {
-                            *until = Some(Instant::now() + delay);
-                        }
-                        tracing::warn!(
-                            master = m.node.addr(),
-                            why,
-                            sit_out_ms = delay.as_millis() as u64,
-                            "lock master sits out acquisitions before rejoining"
-                        );
-                    }
-                    *seen = (run_id, connects);
-                }
+                m.observe(delay);
             }
             tokio::time::sleep(WATCH_INTERVAL).await;
         }

@@ -30,8 +30,29 @@ pub fn as_local(reply: &[u8]) -> LocalReply {
     }
 }
 
+/// What an acquisition on the quorum came to.
+#[derive(Debug)]
+pub struct Outcome {
+    /// The client's reply.
+    pub reply: LocalReply,
+    /// Acquired (by a majority, with validity left).
+    pub acquired: bool,
+    /// The lease granted (acquired) or the holder's remaining lease, ms.
+    pub pttl: i64,
+}
+
+impl Outcome {
+    fn failed(reply: LocalReply) -> Outcome {
+        Outcome {
+            reply,
+            acquired: false,
+            pttl: 0,
+        }
+    }
+}
+
 /// The lease in ms a TTL option stands for now, or an error reply.
-fn lease_of(ttl: &Ttl, default_ms: u64) -> Result<u64, LocalReply> {
+pub fn lease_of(ttl: &Ttl, default_ms: u64) -> Result<u64, LocalReply> {
     let Ttl::Given(kind, v) = ttl else {
         return Ok(default_ms);
     };
@@ -78,7 +99,8 @@ impl LockService {
             };
             return self
                 .quorum_acquire(q, op.clone(), *shape, lease, conn)
-                .await;
+                .await
+                .reply;
         }
         let planned = match conn.lock() {
             Ok(mut c) => self.plan(op, &mut c, false),
@@ -127,29 +149,37 @@ impl LockService {
     /// Redlock acquisition: the acquire script on every eligible master in
     /// parallel; acquired iff a majority said yes and validity is positive,
     /// else released on every master before answering.
-    async fn quorum_acquire(
+    pub async fn quorum_acquire(
         &self,
         q: &Quorum,
         op: LockOp,
         shape: Shape,
         lease_ms: u64,
         conn: Arc<Mutex<ConnLocks>>,
-    ) -> LocalReply {
+    ) -> Outcome {
         let LockOp::Acquire { key, value, .. } = &op else {
-            return LocalReply::err("lockgate: internal error (not an acquisition)");
+            return Outcome::failed(LocalReply::err(
+                "lockgate: internal error (not an acquisition)",
+            ));
         };
         let (key, value) = (key.clone(), value.clone());
         let eligible = q.eligible();
         if eligible.len() < q.majority() {
             ProxyMetrics::inc(&self.metrics.quorum_failures);
-            return q.loss_reply(not_acquired(shape));
+            return Outcome::failed(q.loss_reply(not_acquired(shape)));
         }
         let planned = match conn.lock() {
             Ok(mut c) => self.plan(op, &mut c, false),
-            Err(_) => return LocalReply::err("lockgate: internal error (lock table poisoned)"),
+            Err(_) => {
+                return Outcome::failed(LocalReply::err(
+                    "lockgate: internal error (lock table poisoned)",
+                ))
+            }
         };
         let Some(LockPending::Acquire { token, .. }) = planned.pending.clone() else {
-            return LocalReply::err("lockgate: internal error (no acquisition planned)");
+            return Outcome::failed(LocalReply::err(
+                "lockgate: internal error (no acquisition planned)",
+            ));
         };
         let (n, majority) = (q.masters.len(), q.majority());
         let started = Instant::now();
@@ -172,10 +202,10 @@ impl LockService {
             if let (Some(pending), Ok(mut c)) = (planned.pending, conn.lock()) {
                 self.complete(pending, &[1, lease_ms as i64], &mut c);
             }
-            return match shape {
-                Shape::SetNx => LocalReply::Integer(1),
-                Shape::Set => LocalReply::Status("OK"),
-                Shape::SetGet => LocalReply::Null,
+            return Outcome {
+                reply: super::storm::shaped(shape, true),
+                acquired: true,
+                pttl: lease_ms as i64,
             };
         }
         // Not acquired: undo it everywhere, also where the answer was late.
@@ -193,12 +223,25 @@ impl LockService {
         if let Ok(mut c) = conn.lock() {
             c.settle(&key, &token, Standing::Lost, None);
         }
-        if answers.replies.len() < majority {
+        // Enough "no"s that a majority is impossible: contention. Otherwise
+        // too few masters answered: the quorum is lost, not the race.
+        let refused = answers.replies.len() - granted;
+        if granted < majority && refused <= n - majority {
             ProxyMetrics::inc(&self.metrics.quorum_failures);
-            return q.loss_reply(not_acquired(shape));
+            return Outcome::failed(q.loss_reply(not_acquired(shape)));
         }
         ProxyMetrics::inc(&self.metrics.contended);
-        match shape {
+        // The holder's remaining lease, as the majority of "no"s sees it.
+        let pttls: Vec<i64> = answers
+            .replies
+            .iter()
+            .map(|r| split_reply(r).1)
+            .filter(|f| f.first() == Some(&0))
+            .filter_map(|f| f.get(1).copied())
+            .collect();
+        let pttl = pttls.iter().copied().min().unwrap_or(0);
+        self.storm.learn(&key, false, pttl);
+        let reply = match shape {
             Shape::SetGet => {
                 let olds: Vec<Bytes> = answers
                     .replies
@@ -211,6 +254,11 @@ impl LockService {
                     .unwrap_or(LocalReply::Null)
             }
             _ => not_acquired(shape),
+        };
+        Outcome {
+            reply,
+            acquired: false,
+            pttl,
         }
     }
 
@@ -230,13 +278,28 @@ impl LockService {
         command: Bytes,
         fallback: Option<Bytes>,
     ) -> LocalReply {
-        let mut answers = q.ask_all(&command).await;
+        let all: Vec<usize> = (0..q.masters.len()).collect();
+        let mut answers = q.ask_each(&all, &command).await;
         if let Some(eval) = fallback {
-            if answers.replies.iter().any(|r| r.starts_with(b"-NOSCRIPT")) {
-                answers = q.ask_all(&eval).await;
+            // Only the masters that lost the script run it again, so it
+            // runs exactly once everywhere.
+            let lost: Vec<usize> = all
+                .iter()
+                .copied()
+                .filter(|&i| {
+                    answers[i]
+                        .as_ref()
+                        .is_some_and(|r| r.starts_with(b"-NOSCRIPT"))
+                })
+                .collect();
+            if !lost.is_empty() {
+                for (i, again) in lost.iter().zip(q.ask_each(&lost, &eval).await) {
+                    answers[*i] = again;
+                }
             }
         }
-        merge_replies(q, &answers.replies)
+        let replies: Vec<Bytes> = answers.into_iter().flatten().collect();
+        merge_replies(q, &replies)
     }
 }
 

@@ -71,6 +71,7 @@ for i = 1, n do
   if allowed then
     local d = redis.call(cmd, key)
     total = total + d
+    if d > 0 then redis.call('PUBLISH', 'lockgate:released', key) end
     if owner then
       redis.call(cmd, rec)
       released = released + d
@@ -178,6 +179,7 @@ if not v or (ARGV[2] ~= '' and v ~= ARGV[2]) then
   return 0
 end
 redis.call('DEL', KEYS[1], KEYS[2])
+redis.call('PUBLISH', 'lockgate:released', KEYS[1])
 return 1
 "#;
 
@@ -203,6 +205,7 @@ return {t, 0}
 pub const FENCE_UNLOCK: &str = r#"
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1], KEYS[2])
+redis.call('PUBLISH', 'lockgate:released', KEYS[1])
 return 1
 "#;
 

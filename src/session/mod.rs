@@ -11,6 +11,7 @@
 //! the commands not yet answered.
 
 pub mod jobs;
+pub mod parking;
 pub mod pending;
 pub mod reader;
 pub mod writer;

@@ -12,12 +12,14 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::jobs::Jobs;
+use super::parking::{self, Early};
 use super::pending::{Batch, Pending};
 use super::SessionError;
 use crate::admin;
 use crate::command;
 use crate::lock::lease::ConnLocks;
 use crate::lock::script;
+use crate::lock::LockPending;
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::{self, LocalReply};
 use crate::protocol::request::{RequestKind, RequestParser};
@@ -177,6 +179,8 @@ impl Pieces {
 struct Routed {
     /// Where work with deferred replies is queued.
     jobs: Jobs,
+    /// The command being routed is the last one read so far.
+    last: bool,
     batch: Batch,
     pieces: Pieces,
     /// Bytes consumed from the front of the read buffer.
@@ -208,6 +212,7 @@ fn route_batch(
 ) -> Routed {
     let mut out = Routed {
         jobs: jobs.clone(),
+        last: false,
         batch: Batch::default(),
         pieces: Pieces::default(),
         used: 0,
@@ -231,6 +236,16 @@ fn route_batch(
                 let kind = command::classify(args.get(0), args.get(1), args.get(2));
                 let route = router::route(kind, args, view, &ctx.locks, ctx.quorum.is_some());
                 remember_script(ctx, kind, args);
+                if kind == command::CommandKind::Select {
+                    view.db = std::str::from_utf8(args.get(1))
+                        .ok()
+                        .and_then(|d| d.parse().ok())
+                        .unwrap_or(u64::MAX);
+                }
+                // Only a command the client waits on (nothing pipelined
+                // behind it) may be parked: parking a pipelined attempt
+                // would hold every reply behind it.
+                out.last = out.used == buf.len();
                 if !quorum_transaction(ctx, kind, &route, view, conn, tx, whole.clone(), &mut out) {
                     carry_out(ctx, &route, args, view, conn, whole, &mut out);
                 }
@@ -399,15 +414,21 @@ fn carry_out(
             out.batch.expect(Expect::One);
         }
         Route::Lock(op) if ctx.quorum.is_some() => {
+            let park = match parking::admit(ctx, op, conn, !view.in_multi, out.last) {
+                Early::Now(reply) => return out.batch.local(reply),
+                Early::Parked(rx) => return out.batch.deferred(rx),
+                Early::Probe(park) => park,
+            };
             let (ctx2, conn, op) = (ctx.clone(), conn.clone(), op.clone());
-            out.defer(Box::pin(async move {
-                match &ctx2.quorum {
-                    Some(q) => ctx2.locks.on_quorum(q, op, conn).await,
-                    None => LocalReply::err("lockgate: internal error (no quorum)"),
-                }
-            }));
+            out.defer(Box::pin(parking::quorum_attempt(ctx2, op, conn, park)));
         }
         Route::Lock(op) => {
+            let tracked = !view.in_multi && view.db == 0;
+            let park = match parking::admit(ctx, op, conn, tracked, out.last) {
+                Early::Now(reply) => return out.batch.local(reply),
+                Early::Parked(rx) => return out.batch.deferred(rx),
+                Early::Probe(park) => park,
+            };
             let planned = match conn.lock() {
                 Ok(mut c) => ctx.locks.plan(op.clone(), &mut c, view.in_multi),
                 Err(_) => {
@@ -420,6 +441,9 @@ fn carry_out(
             };
             out.pieces.own(planned.command);
             match planned.pending {
+                Some(LockPending::Acquire { key, token, .. }) => {
+                    out.batch.lock(LockPending::Acquire { key, token, park })
+                }
                 Some(p) => out.batch.lock(p),
                 None => out.batch.expect(Expect::One),
             }

@@ -3,7 +3,7 @@
 //! (entries from the reader half) land exactly between the right two.
 
 use std::collections::VecDeque;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
@@ -51,15 +51,17 @@ struct Replies {
     await_eof: bool,
     /// A deferred reply is awaited: later frames stay in the buffer.
     blocked: bool,
+    /// The deferred reply at the front, once everything before it is out.
+    deferred: Option<tokio::sync::oneshot::Receiver<LocalReply>>,
 }
 
 /// Copies replies to the client until the session is over (see [`WriterEnd`]).
 pub async fn write_loop(
-    ctx: &ServerContext,
+    ctx: &Arc<ServerContext>,
     client: &mut WriteHalf<'_>,
     upstream: &mut ReadHalf<'_>,
     mut rx: mpsc::Receiver<Vec<Pending>>,
-    conn: &Mutex<ConnLocks>,
+    conn: &Arc<Mutex<ConnLocks>>,
 ) -> WriterEnd {
     let chunk = ctx.config.proxy.read_chunk_bytes;
     let grace = Duration::from_millis(ctx.config.proxy.shutdown_grace_ms);
@@ -72,31 +74,30 @@ pub async fn write_loop(
         capture: None,
         await_eof: false,
         blocked: false,
+        deferred: None,
     };
     let mut buf = BytesMut::with_capacity(chunk);
-    // The deferred reply at the front, once everything before it is out.
-    let mut deferred: Option<tokio::sync::oneshot::Receiver<LocalReply>> = None;
     let mut reader_done = false;
     let mut deadline = Instant::now();
     loop {
         // Nothing after a deferred reply may be written before it.
-        let closing = deferred.is_none() && st.settle();
+        let closing = st.deferred.is_none() && st.settle();
         if let Err(e) = flush_out(ctx, client, &mut st.out).await {
             return WriterEnd::Failed(e);
         }
         if closing {
             return WriterEnd::Closed;
         }
-        if deferred.is_none() && st.scanner.at_boundary() && st.capture.is_none() {
+        if st.deferred.is_none() && st.scanner.at_boundary() && st.capture.is_none() {
             if let Some(Pending::Deferred(_)) = st.queue.front() {
                 if let Some(Pending::Deferred(d)) = st.queue.pop_front() {
-                    deferred = Some(d.0);
+                    st.deferred = Some(d.0);
                 }
             }
         }
-        st.blocked = deferred.is_some();
+        st.blocked = st.deferred.is_some();
         if reader_done
-            && deferred.is_none()
+            && st.deferred.is_none()
             && !st.await_eof
             && st.queue.is_empty()
             && st.scanner.at_boundary()
@@ -112,8 +113,8 @@ pub async fn write_loop(
         let read_upstream = !st.blocked || buf.len() < chunk * 4;
         tokio::select! {
             biased;
-            ready = async { deferred.as_mut()?.await.ok() }, if deferred.is_some() => {
-                deferred = None;
+            ready = async { st.deferred.as_mut()?.await.ok() }, if st.deferred.is_some() => {
+                st.deferred = None;
                 st.blocked = false;
                 ready
                     .unwrap_or_else(|| LocalReply::err("lockgate: internal error (reply lost)"))
@@ -273,12 +274,12 @@ impl Replies {
 /// interleaving local replies where they belong and unwrapping lock-script
 /// replies. Returns true when a `Close` entry was reached.
 async fn forward(
-    ctx: &ServerContext,
+    ctx: &Arc<ServerContext>,
     client: &mut WriteHalf<'_>,
     buf: &mut BytesMut,
     st: &mut Replies,
     rx: &mut mpsc::Receiver<Vec<Pending>>,
-    conn: &Mutex<ConnLocks>,
+    conn: &Arc<Mutex<ConnLocks>>,
 ) -> Result<bool, SessionError> {
     let mut pos = 0;
     // Local replies rendered before the first frame (a deferred reply that
@@ -333,16 +334,24 @@ async fn forward(
             } else if end.kind == FrameKind::Reply {
                 if let Some(Pending::Lock(pending)) = st.queue.pop_front() {
                     let (reply, facts) = crate::lock::split_reply(&captured);
-                    st.out.extend_from_slice(reply);
+                    let park = super::parking::after_failure(&pending, &facts);
                     if let Ok(mut c) = conn.lock() {
                         ctx.locks.complete(pending, &facts, &mut c);
+                    }
+                    match park.and_then(|p| super::parking::park(ctx, p, conn)) {
+                        // A failed attempt waits for a handoff instead.
+                        Some(rx) => {
+                            st.deferred = Some(rx);
+                            st.blocked = true;
+                        }
+                        None => st.out.extend_from_slice(reply),
                     }
                 }
             } else {
                 // A push frame ahead of the lock reply: pass it on as is.
                 st.out.extend_from_slice(&captured);
             }
-            let closing = st.settle();
+            let closing = st.deferred.is_none() && st.settle();
             flush_out(ctx, client, &mut st.out).await?;
             if closing {
                 return Ok(true);

@@ -1,0 +1,432 @@
+//! Retry storms. For each contended lock key lockgate keeps what it last
+//! learned (held until when, when it last asked Redis) and the attempts
+//! parked on it. While a key is known held, at most one attempt per
+//! `probe_interval` goes to Redis; the others are answered "not acquired"
+//! locally, or parked for up to `park_ms`: when the lock is released (by
+//! this instance, announced by another on `lockgate:released`, or its lease
+//! running out), lockgate acquires it for the oldest parked attempt (FIFO
+//! by first attempt) and answers it "acquired".
+//!
+//! Answering "not acquired" early is always safe for mutual exclusion;
+//! every "acquired" is a real acquisition on Redis (or the quorum).
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use dashmap::DashMap;
+use tokio::sync::{oneshot, Notify};
+use tokio::time::Instant;
+
+use super::lease::ConnLocks;
+use super::ops::Shape;
+use crate::config::RetryConfig;
+use crate::metrics::ProxyMetrics;
+use crate::protocol::encode::LocalReply;
+
+/// The pub/sub channel releases are announced on.
+pub const RELEASED_CHANNEL: &str = "lockgate:released";
+
+/// Counters of the storm room.
+#[derive(Debug, Default)]
+pub struct StormMetrics {
+    /// Attempts answered without asking Redis (the key was known held).
+    pub absorbed: AtomicU64,
+    /// Attempts parked to wait for a release.
+    pub parked: AtomicU64,
+    /// Parked attempts that got the lock (handed over).
+    pub handoffs: AtomicU64,
+    /// Parked attempts answered "not acquired" when their park time ended.
+    pub park_timeouts: AtomicU64,
+    /// Attempts not parked because the key's queue was full.
+    pub waiters_rejected: AtomicU64,
+    /// Idle keys dropped from the table because it was full.
+    pub evictions: AtomicU64,
+    /// Keys not tracked because the table was full of busy keys.
+    pub untracked: AtomicU64,
+    /// Release announcements received.
+    pub announcements: AtomicU64,
+    /// Replies delayed because one connection hammered one key.
+    pub smoothed: AtomicU64,
+}
+
+/// What a parked attempt needs to be acquired on its behalf.
+#[derive(Debug, Clone)]
+pub struct Ask {
+    /// The lock key.
+    pub key: Bytes,
+    /// The client's value.
+    pub value: Bytes,
+    /// What the client expects back.
+    pub shape: Shape,
+    /// The lease to acquire with, ms.
+    pub lease_ms: u64,
+    /// The client connection's lock records (the acquisition is its).
+    pub conn: Arc<Mutex<ConnLocks>>,
+}
+
+/// The reply for an attempt by `shape`: acquired or not.
+pub fn shaped(shape: Shape, acquired: bool) -> LocalReply {
+    match (shape, acquired) {
+        (Shape::SetNx, true) => LocalReply::Integer(1),
+        (Shape::SetNx, false) => LocalReply::Integer(0),
+        (Shape::Set, true) => LocalReply::Status("OK"),
+        // SET … NX GET answers the old value: none when it was free.
+        _ => LocalReply::Null,
+    }
+}
+
+/// A place in a key's queue: a parked attempt (with a reply channel), or,
+/// after its park time ended, a place kept for the same connection's next
+/// attempt for a while, so a spin loop keeps its turn between attempts.
+struct Waiter {
+    id: u64,
+    /// The connection (its lock records' address): one place per connection.
+    owner: usize,
+    since: std::time::Instant,
+    /// Parked until (live), or the place is kept until (reserved).
+    deadline: Instant,
+    /// `Some` while parked.
+    reply: Option<oneshot::Sender<LocalReply>>,
+    ask: Ask,
+}
+
+impl Waiter {
+    fn live(&self) -> bool {
+        self.reply.is_some()
+    }
+}
+
+#[derive(Default)]
+struct KeyInner {
+    held_until: Option<Instant>,
+    last_probe: Option<Instant>,
+    waiters: VecDeque<Waiter>,
+    driving: bool,
+}
+
+/// One tracked key.
+#[derive(Default)]
+pub struct KeyState {
+    inner: Mutex<KeyInner>,
+    wake: Notify,
+}
+
+/// The contention table.
+pub struct Storm {
+    table: DashMap<Bytes, Arc<KeyState>>,
+    config: RetryConfig,
+    next_id: AtomicU64,
+    /// Counters.
+    pub metrics: StormMetrics,
+}
+
+impl std::fmt::Debug for Storm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Storm")
+            .field("keys", &self.table.len())
+            .finish()
+    }
+}
+
+/// What to do with an acquisition attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// Ask Redis (nothing known, or a probe is due).
+    Probe,
+    /// The key is known held and was probed recently: answer locally.
+    Absorb,
+}
+
+/// What the handoff driver needs from the rest of lockgate: acquire a lock
+/// for a parked attempt, on the primary or the quorum.
+pub trait Acquirer: Send + Sync + 'static {
+    /// Acquires for `ask`; returns (acquired, remaining lease of the holder
+    /// in ms when not acquired).
+    fn acquire(
+        &self,
+        ask: Ask,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = (bool, i64)> + Send + '_>>;
+    /// Completes when lockgate stops.
+    fn stopped(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>>;
+}
+
+impl Storm {
+    /// A table with `config`'s limits.
+    pub fn new(config: &RetryConfig) -> Storm {
+        Storm {
+            table: DashMap::new(),
+            config: config.clone(),
+            next_id: AtomicU64::new(1),
+            metrics: StormMetrics::default(),
+        }
+    }
+
+    fn state(&self, key: &[u8], create: bool) -> Option<Arc<KeyState>> {
+        if let Some(s) = self.table.get(key) {
+            return Some(s.clone());
+        }
+        if !create {
+            return None;
+        }
+        if self.table.len() >= self.config.max_keys && !self.evict_one() {
+            ProxyMetrics::inc(&self.metrics.untracked);
+            return None;
+        }
+        Some(
+            self.table
+                .entry(Bytes::copy_from_slice(key))
+                .or_default()
+                .clone(),
+        )
+    }
+
+    /// Drops one idle key (no waiters, no driver, lease over).
+    fn evict_one(&self) -> bool {
+        let now = Instant::now();
+        let idle = self.table.iter().take(64).find_map(|e| {
+            let inner = e.value().inner.lock().ok()?;
+            let over = inner.held_until.is_none_or(|u| u <= now);
+            (inner.waiters.is_empty() && !inner.driving && over).then(|| e.key().clone())
+        });
+        match idle {
+            Some(key) => {
+                self.table.remove(&key);
+                ProxyMetrics::inc(&self.metrics.evictions);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Decides whether an attempt on `key` goes to Redis.
+    pub fn admit(&self, key: &[u8], probe_ms: u64) -> Admission {
+        if probe_ms == 0 {
+            return Admission::Probe;
+        }
+        let Some(state) = self.state(key, false) else {
+            return Admission::Probe;
+        };
+        let Ok(mut inner) = state.inner.lock() else {
+            return Admission::Probe;
+        };
+        let now = Instant::now();
+        let held = inner.held_until.is_some_and(|u| u > now);
+        let probed = inner
+            .last_probe
+            .is_some_and(|p| now.duration_since(p) < Duration::from_millis(probe_ms));
+        // Attempts queue behind those already waiting (FIFO); the driver
+        // asks Redis on the queue's behalf.
+        if (held && probed) || !inner.waiters.is_empty() {
+            ProxyMetrics::inc(&self.metrics.absorbed);
+            return Admission::Absorb;
+        }
+        inner.last_probe = Some(now);
+        Admission::Probe
+    }
+
+    /// Learns the outcome of an attempt that went to Redis: held by us for
+    /// `lease_ms`, or by someone else for `pttl_ms` more.
+    pub fn learn(&self, key: &[u8], acquired: bool, ms: i64) {
+        let Some(state) = self.state(key, !acquired) else {
+            return;
+        };
+        let now = Instant::now();
+        if let Ok(mut inner) = state.inner.lock() {
+            inner.last_probe = Some(now);
+            inner.held_until = (ms > 0).then(|| now + Duration::from_millis(ms as u64));
+        };
+    }
+
+    /// The lock on `key` was released: wake its parked attempts.
+    pub fn released(&self, key: &[u8]) {
+        if let Some(state) = self.state(key, false) {
+            if let Ok(mut inner) = state.inner.lock() {
+                inner.held_until = None;
+                inner.last_probe = None;
+            }
+            state.wake.notify_one();
+        }
+    }
+
+    /// A release announced on `lockgate:released` (maybe by another
+    /// instance).
+    pub fn announced(&self, key: &[u8]) {
+        ProxyMetrics::inc(&self.metrics.announcements);
+        self.released(key);
+    }
+
+    /// Parks an attempt that did not get the lock, first made at `since`,
+    /// for `park_ms`; the reply (acquired or not) comes on the channel.
+    /// `None`: not parked (the queue is full); answer at once.
+    pub fn park(
+        self: &Arc<Self>,
+        acquirer: Arc<dyn Acquirer>,
+        ask: Ask,
+        since: std::time::Instant,
+        park_ms: u64,
+        probe_ms: u64,
+    ) -> Option<oneshot::Receiver<LocalReply>> {
+        let state = self.state(&ask.key, true)?;
+        let (tx, rx) = oneshot::channel();
+        let key = ask.key.clone();
+        let owner = Arc::as_ptr(&ask.conn) as usize;
+        let start_driver = {
+            let mut inner = state.inner.lock().ok()?;
+            let deadline = Instant::now() + Duration::from_millis(park_ms);
+            if let Some(place) = inner.waiters.iter_mut().find(|w| w.owner == owner) {
+                // Back in its kept place.
+                place.reply = Some(tx);
+                place.deadline = deadline;
+                place.ask = ask;
+            } else {
+                if inner.waiters.len() >= self.config.max_waiters_per_key {
+                    ProxyMetrics::inc(&self.metrics.waiters_rejected);
+                    return None;
+                }
+                let waiter = Waiter {
+                    id: self.next_id.fetch_add(1, Ordering::Relaxed),
+                    owner,
+                    since,
+                    deadline,
+                    reply: Some(tx),
+                    ask,
+                };
+                let at = inner.waiters.partition_point(|w| w.since <= since);
+                inner.waiters.insert(at, waiter);
+            }
+            let start = !inner.driving;
+            inner.driving = true;
+            start
+        };
+        ProxyMetrics::inc(&self.metrics.parked);
+        if start_driver {
+            let storm = self.clone();
+            tokio::spawn(async move { storm.drive(acquirer, key, state, park_ms, probe_ms).await });
+        } else {
+            state.wake.notify_one();
+        }
+        Some(rx)
+    }
+
+    /// Hands the lock on `key` to its queued attempts, oldest first, until
+    /// none is left. A parked attempt whose time ends is answered "not
+    /// acquired" and keeps its place for `max(park, probe)` ms, so the
+    /// lock waits for the oldest spinner's next attempt rather than going
+    /// to a younger one.
+    async fn drive(
+        self: Arc<Self>,
+        acquirer: Arc<dyn Acquirer>,
+        key: Bytes,
+        state: Arc<KeyState>,
+        park_ms: u64,
+        probe_ms: u64,
+    ) {
+        let keep = Duration::from_millis(park_ms.max(probe_ms).max(1));
+        loop {
+            let now = Instant::now();
+            let (attempt, wake_at) = {
+                let Ok(mut inner) = state.inner.lock() else {
+                    return;
+                };
+                for w in inner
+                    .waiters
+                    .iter_mut()
+                    .filter(|w| w.live() && w.deadline <= now)
+                {
+                    ProxyMetrics::inc(&self.metrics.park_timeouts);
+                    if let Some(reply) = w.reply.take() {
+                        let _ = reply.send(shaped(w.ask.shape, false));
+                    }
+                    w.deadline = now + keep;
+                }
+                inner.waiters.retain(|w| w.live() || w.deadline > now);
+                if inner.waiters.is_empty() {
+                    inner.driving = false;
+                    return;
+                }
+                let free = inner.held_until.is_none_or(|u| u <= now);
+                let probe_due = probe_ms > 0
+                    && inner
+                        .last_probe
+                        .is_none_or(|p| now.duration_since(p) >= Duration::from_millis(probe_ms));
+                let front = inner
+                    .waiters
+                    .front()
+                    .filter(|w| w.live())
+                    .map(|w| (w.id, w.ask.clone()));
+                let attempt = front.filter(|_| free || probe_due);
+                if attempt.is_some() {
+                    inner.last_probe = Some(now);
+                }
+                let mut wake_at = inner
+                    .waiters
+                    .iter()
+                    .map(|w| w.deadline)
+                    .min()
+                    .unwrap_or(now);
+                if let Some(u) = inner.held_until.filter(|&u| u > now) {
+                    wake_at = wake_at.min(u);
+                }
+                if let Some(p) = inner.last_probe.filter(|_| probe_ms > 0) {
+                    wake_at = wake_at.min(p + Duration::from_millis(probe_ms));
+                }
+                (attempt, wake_at.max(now + Duration::from_millis(1)))
+            };
+            if let Some((id, ask)) = attempt {
+                let lease = ask.lease_ms;
+                let (acquired, pttl) = acquirer.acquire(ask).await;
+                let Ok(mut inner) = state.inner.lock() else {
+                    return;
+                };
+                let now = Instant::now();
+                if acquired {
+                    inner.held_until = Some(now + Duration::from_millis(lease));
+                    if let Some(at) = inner.waiters.iter().position(|w| w.id == id) {
+                        if let Some(w) = inner.waiters.remove(at) {
+                            ProxyMetrics::inc(&self.metrics.handoffs);
+                            let delivered =
+                                w.reply.map(|r| r.send(shaped(w.ask.shape, true)).is_ok());
+                            if delivered != Some(true) {
+                                // Its park ended (or it went away) while the
+                                // lock was being taken for it: the lease
+                                // runs out unless it releases.
+                                tracing::debug!(key = %String::from_utf8_lossy(&key), "handoff to an attempt no longer waiting");
+                            }
+                        }
+                    }
+                } else {
+                    inner.held_until = (pttl > 0).then(|| now + Duration::from_millis(pttl as u64));
+                }
+                continue;
+            }
+            tokio::select! {
+                _ = state.wake.notified() => {}
+                _ = tokio::time::sleep_until(wake_at) => {}
+                _ = acquirer.stopped() => {
+                    if let Ok(mut inner) = state.inner.lock() {
+                        for w in inner.waiters.drain(..) {
+                            if let Some(reply) = w.reply {
+                                let _ = reply.send(shaped(w.ask.shape, false));
+                            }
+                        }
+                        inner.driving = false;
+                    }
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Keys tracked now.
+    pub fn len(&self) -> usize {
+        self.table.len()
+    }
+
+    /// True when no key is tracked.
+    pub fn is_empty(&self) -> bool {
+        self.table.is_empty()
+    }
+}

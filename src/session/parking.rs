@@ -1,0 +1,153 @@
+//! Where a session meets the retry-storm room ([`crate::lock::storm`]): an
+//! attempt on a key known held is absorbed (answered, or parked, without
+//! asking Redis), and an attempt Redis refused may be parked until the lock
+//! is handed to it.
+
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use tokio::sync::oneshot;
+
+use crate::lock::lease::ConnLocks;
+use crate::lock::ops::{LockOp, Shape};
+use crate::lock::storm::{shaped, Admission, Ask};
+use crate::lock::{LockPending, Park};
+use crate::metrics::ProxyMetrics;
+use crate::protocol::encode::LocalReply;
+use crate::server::ServerContext;
+
+/// What became of an attempt before it reached Redis.
+pub enum Early {
+    /// Go to Redis; if it fails, park it with these settings.
+    Probe(Option<Park>),
+    /// Answered without Redis: now, or once parked.
+    Now(LocalReply),
+    /// Parked: the reply comes later.
+    Parked(oneshot::Receiver<LocalReply>),
+}
+
+/// Decides an acquisition before it goes upstream. `tracked`: lockgate may
+/// answer for the connection (not inside MULTI, where Redis must queue the
+/// command; database 0, which the contention table describes). `parkable`:
+/// also nothing is pipelined behind it, so it may wait.
+pub fn admit(
+    ctx: &Arc<ServerContext>,
+    op: &LockOp,
+    conn: &Arc<Mutex<ConnLocks>>,
+    tracked: bool,
+    parkable: bool,
+) -> Early {
+    let LockOp::Acquire {
+        key,
+        value,
+        ttl,
+        shape,
+    } = op
+    else {
+        return Early::Probe(None);
+    };
+    if !tracked || *shape == Shape::SetGet {
+        return Early::Probe(None);
+    }
+    let (probe_ms, park_ms) = ctx.locks.retry_for(key);
+    let Ok(lease_ms) = crate::lock::quorum_ops::lease_of(ttl, ctx.locks.lease_ms(key)) else {
+        return Early::Probe(None);
+    };
+    let park = Park {
+        value: value.clone(),
+        shape: *shape,
+        lease_ms,
+        park_ms,
+        probe_ms,
+    };
+    let park_ms = if parkable { park_ms } else { 0 };
+    match ctx.locks.storm.admit(key, probe_ms) {
+        Admission::Probe => Early::Probe((park_ms > 0).then_some(Park { park_ms, ..park })),
+        Admission::Absorb => {
+            // An attempt on a held key, answered without asking Redis.
+            ProxyMetrics::inc(&ctx.locks.metrics.attempts);
+            ProxyMetrics::inc(&ctx.locks.metrics.contended);
+            // Recorded as lost, so an EXPIRE that follows cannot move the
+            // holder's lease.
+            let token = ctx.locks.next_token();
+            if let Ok(mut c) = conn.lock() {
+                c.lost(key.clone(), token);
+            }
+            if park_ms == 0 {
+                return Early::Now(shaped(*shape, false));
+            }
+            match park_it(ctx, key.clone(), park, conn) {
+                Some(rx) => Early::Parked(rx),
+                None => Early::Now(shaped(*shape, false)),
+            }
+        }
+    }
+}
+
+/// The key and park settings of a failed acquisition that may be parked.
+pub fn after_failure(pending: &LockPending, facts: &[i64]) -> Option<(Bytes, Park)> {
+    match pending {
+        LockPending::Acquire {
+            key,
+            park: Some(park),
+            ..
+        } if facts.first() == Some(&0) => Some((key.clone(), park.clone())),
+        _ => None,
+    }
+}
+
+/// Parks a failed attempt on `key`; `None` when it cannot wait.
+pub fn park(
+    ctx: &Arc<ServerContext>,
+    failed: (Bytes, Park),
+    conn: &Arc<Mutex<ConnLocks>>,
+) -> Option<oneshot::Receiver<LocalReply>> {
+    park_it(ctx, failed.0, failed.1, conn)
+}
+
+fn park_it(
+    ctx: &Arc<ServerContext>,
+    key: Bytes,
+    park: Park,
+    conn: &Arc<Mutex<ConnLocks>>,
+) -> Option<oneshot::Receiver<LocalReply>> {
+    let since = conn.lock().ok()?.first_try(&key)?;
+    let ask = Ask {
+        key,
+        value: park.value,
+        shape: park.shape,
+        lease_ms: park.lease_ms,
+        conn: conn.clone(),
+    };
+    let acquirer: Arc<dyn crate::lock::storm::Acquirer> = ctx.clone();
+    ctx.locks
+        .storm
+        .park(acquirer, ask, since, park.park_ms, park.probe_ms)
+}
+
+/// An acquisition on the quorum that may wait for a handoff if refused.
+pub async fn quorum_attempt(
+    ctx: Arc<ServerContext>,
+    op: LockOp,
+    conn: Arc<Mutex<ConnLocks>>,
+    park: Option<Park>,
+) -> LocalReply {
+    let Some(q) = ctx.quorum.clone() else {
+        return LocalReply::err("lockgate: internal error (no quorum)");
+    };
+    let (LockOp::Acquire { key, shape, .. }, Some(park)) = (&op, park) else {
+        return ctx.locks.on_quorum(&q, op, conn).await;
+    };
+    let (key, shape) = (key.clone(), *shape);
+    let outcome = ctx
+        .locks
+        .quorum_acquire(&q, op.clone(), shape, park.lease_ms, conn.clone())
+        .await;
+    if outcome.acquired || outcome.pttl <= 0 {
+        return outcome.reply;
+    }
+    match park_it(&ctx, key, park, &conn) {
+        Some(rx) => rx.await.unwrap_or(outcome.reply),
+        None => outcome.reply,
+    }
+}
