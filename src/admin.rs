@@ -160,7 +160,8 @@ fn rows(arg: &[u8]) -> Result<usize, LocalReply> {
 fn stats(ctx: &ServerContext) -> LocalReply {
     let p = &ctx.metrics;
     let l = &ctx.locks.metrics;
-    let rows: [(&str, &std::sync::atomic::AtomicU64); 16] = [
+    let s = &ctx.locks.storm.metrics;
+    let rows: &[(&str, &std::sync::atomic::AtomicU64)] = &[
         ("connections_active", &p.connections_active),
         ("connections_total", &p.connections_total),
         ("commands_total", &p.commands_total),
@@ -180,6 +181,14 @@ fn stats(ctx: &ServerContext) -> LocalReply {
         ("lock_persist_refused", &l.persist_refused),
         ("lock_unmatched_setnx", &l.unmatched_setnx),
         ("lock_watchdog_renewals", &l.watchdog_renewals),
+        ("lock_quorum_failures", &l.quorum_failures),
+        ("lock_mixed_refused", &l.mixed_refused),
+        ("lock_absorbed", &s.absorbed),
+        ("lock_parked", &s.parked),
+        ("lock_handoffs", &s.handoffs),
+        ("lock_park_timeouts", &s.park_timeouts),
+        ("lock_release_announcements", &s.announcements),
+        ("lock_smoothed", &s.smoothed),
     ];
     let mut out = Vec::with_capacity(rows.len() * 2);
     for (name, counter) in rows {

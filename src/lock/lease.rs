@@ -71,6 +71,8 @@ pub struct Acquisition {
     /// attempts (kept while it keeps losing): parked attempts are handed
     /// the lock in this order.
     pub first_try: Instant,
+    /// When this connection last tried for the key.
+    pub last_try: Instant,
 }
 
 /// The lock keys one client connection has tried, acquired or lost;
@@ -118,19 +120,21 @@ impl ConnLocks {
             .unwrap_or_default()
     }
 
-    /// Records an attempt answered "not acquired" without asking Redis.
-    pub fn lost(&mut self, key: Bytes, token: Bytes) {
-        if self
+    /// Records an attempt answered "not acquired" without asking Redis;
+    /// returns the time since this connection's previous attempt on `key`.
+    pub fn lost(&mut self, key: Bytes, token: Bytes) -> Option<std::time::Duration> {
+        if let Some(a) = self
             .map
-            .get(&key)
-            .is_some_and(|a| a.standing != Standing::Held)
+            .get_mut(&key)
+            .filter(|a| a.standing != Standing::Held)
         {
-            if let Some(a) = self.map.get_mut(&key) {
-                a.standing = Standing::Lost;
-            }
-            return;
+            a.standing = Standing::Lost;
+            let gap = a.last_try.elapsed();
+            a.last_try = Instant::now();
+            return Some(gap);
         }
         self.attempt(key, token, Bytes::new(), Standing::Lost, 0);
+        None
     }
 
     /// When this connection's current run of attempts on `key` began.
@@ -171,6 +175,7 @@ impl ConnLocks {
             key,
             Acquisition {
                 first_try,
+                last_try: Instant::now(),
                 token,
                 standing,
                 since: Instant::now(),

@@ -24,6 +24,8 @@ pub enum Early {
     Now(LocalReply),
     /// Parked: the reply comes later.
     Parked(oneshot::Receiver<LocalReply>),
+    /// Answered without Redis, after this delay (smoothing).
+    Delayed(LocalReply, std::time::Duration),
 }
 
 /// Decides an acquisition before it goes upstream. `tracked`: lockgate may
@@ -70,15 +72,25 @@ pub fn admit(
             // Recorded as lost, so an EXPIRE that follows cannot move the
             // holder's lease.
             let token = ctx.locks.next_token();
-            if let Ok(mut c) = conn.lock() {
-                c.lost(key.clone(), token);
+            let since_last = conn
+                .lock()
+                .ok()
+                .and_then(|mut c| c.lost(key.clone(), token));
+            if park_ms > 0 {
+                if let Some(rx) = park_it(ctx, key.clone(), park, conn) {
+                    return Early::Parked(rx);
+                }
             }
-            if park_ms == 0 {
-                return Early::Now(shaped(*shape, false));
-            }
-            match park_it(ctx, key.clone(), park, conn) {
-                Some(rx) => Early::Parked(rx),
-                None => Early::Now(shaped(*shape, false)),
+            // Smoothing: a connection hammering one key faster than
+            // max_attempts_per_sec waits out the rest of its interval.
+            let rate = ctx.config.locks.retry.max_attempts_per_sec;
+            let interval = std::time::Duration::from_micros(1_000_000 / rate.max(1));
+            match since_last {
+                Some(gap) if rate > 0 && gap < interval => {
+                    ProxyMetrics::inc(&ctx.locks.storm.metrics.smoothed);
+                    Early::Delayed(shaped(*shape, false), interval - gap)
+                }
+                _ => Early::Now(shaped(*shape, false)),
             }
         }
     }

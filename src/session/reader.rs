@@ -416,6 +416,12 @@ fn carry_out(
         Route::Lock(op) if ctx.quorum.is_some() => {
             let park = match parking::admit(ctx, op, conn, !view.in_multi, out.last) {
                 Early::Now(reply) => return out.batch.local(reply),
+                Early::Delayed(reply, wait) => {
+                    return out.defer(Box::pin(async move {
+                        tokio::time::sleep(wait).await;
+                        reply
+                    }))
+                }
                 Early::Parked(rx) => return out.batch.deferred(rx),
                 Early::Probe(park) => park,
             };
@@ -426,6 +432,12 @@ fn carry_out(
             let tracked = !view.in_multi && view.db == 0;
             let park = match parking::admit(ctx, op, conn, tracked, out.last) {
                 Early::Now(reply) => return out.batch.local(reply),
+                Early::Delayed(reply, wait) => {
+                    return out.defer(Box::pin(async move {
+                        tokio::time::sleep(wait).await;
+                        reply
+                    }))
+                }
                 Early::Parked(rx) => return out.batch.deferred(rx),
                 Early::Probe(park) => park,
             };
