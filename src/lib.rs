@@ -20,7 +20,9 @@
 //! - [`session`]: one client. [`session::reader`] reads and routes commands
 //!   and forwards the client's bytes; [`session::writer`] copies replies
 //!   back in order and writes lockgate's own replies between them;
-//!   [`session::pending`] is what the two halves tell each other.
+//!   [`session::pending`] is what the two halves tell each other;
+//!   [`session::jobs`] runs a session's deferred work in command order;
+//!   [`session::parking`] is where an attempt meets the storm room.
 //! - [`protocol`]: pure RESP framing, no I/O: [`protocol::request`] (client
 //!   commands, multibulk and inline, limits checked on headers),
 //!   [`protocol::reply`] (resumable frame scanner for RESP2/RESP3 replies),
@@ -38,6 +40,9 @@
 //!   [`lock::quorum`] (the masters, majority merges, rejoin after a
 //!   restart), [`lock::quorum_ops`] (Redlock acquisition and the other ops
 //!   on the quorum), [`lock::quorum_fence`] (fencing tokens on the quorum),
+//!   [`lock::storm`] (retry storms: the contention table, probe cap,
+//!   parking and FIFO handoff), [`lock::announce`] (release announcements
+//!   between instances on `lockgate:released`),
 //!   [`lock::LockService`] (plan an op, learn its outcome; states the
 //!   safety invariants).
 //! - [`admin`]: `LOCKGATE STATS | UNMATCHED [n] | LOCK | UNLOCK | EXTEND`
