@@ -13,6 +13,7 @@ use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
 use crate::router::CommandArgs;
 use crate::server::ServerContext;
+use crate::views;
 
 /// Default number of rows of list answers.
 const DEFAULT_ROWS: usize = 20;
@@ -62,8 +63,17 @@ fn counters(ctx: &ServerContext, sub: &[u8], args: CommandArgs<'_>) -> LocalRepl
             )
         }
         b"STATS" => stats(ctx),
+        b"HOTKEYS" => match rows(args.get(2)) {
+            Ok(n) => views::hotkeys(ctx, n),
+            Err(e) => e,
+        },
+        b"LOCKS" => views::locks(ctx, args.get(2)),
+        b"MASTERS" => views::masters(ctx),
+        b"CONFIG" => views::config(ctx),
+        b"RELOAD" => views::reload(ctx),
+        b"AUTH" => LocalReply::Status("OK"),
         _ => LocalReply::err(format!(
-            "lockgate: unknown LOCKGATE subcommand '{}'; try STATS, UNMATCHED [n], LOCK, UNLOCK or EXTEND",
+            "lockgate: unknown LOCKGATE subcommand '{}'; try STATS, HOTKEYS [n], LOCKS [pattern], MASTERS, CONFIG, RELOAD, UNMATCHED [n], LOCK, UNLOCK, EXTEND",
             String::from_utf8_lossy(args.get(1))
         )),
     }

@@ -65,6 +65,67 @@ pub enum CommandKind {
     Other,
 }
 
+/// Command names counted one by one in `lockgate_commands_total`; every
+/// other name counts as `other`, so the label set stays bounded.
+pub const LABELS: &[&str] = &[
+    "other",
+    "get",
+    "set",
+    "setnx",
+    "del",
+    "unlink",
+    "expire",
+    "pexpire",
+    "ttl",
+    "pttl",
+    "exists",
+    "getset",
+    "incr",
+    "decr",
+    "mget",
+    "mset",
+    "hget",
+    "hset",
+    "hgetall",
+    "lpush",
+    "rpush",
+    "lpop",
+    "rpop",
+    "blpop",
+    "brpop",
+    "sadd",
+    "zadd",
+    "publish",
+    "subscribe",
+    "eval",
+    "evalsha",
+    "multi",
+    "exec",
+    "watch",
+    "ping",
+    "select",
+    "auth",
+    "hello",
+    "client",
+    "lockgate",
+];
+
+/// Index of `name` in [`LABELS`] (0: other). Case-insensitive.
+pub fn label_index(name: &[u8]) -> usize {
+    if name.len() > 12 {
+        return 0;
+    }
+    let mut lower = [0u8; 12];
+    for (o, c) in lower.iter_mut().zip(name) {
+        *o = c.to_ascii_lowercase();
+    }
+    let lower = &lower[..name.len()];
+    LABELS
+        .iter()
+        .position(|l| l.as_bytes() == lower)
+        .unwrap_or(0)
+}
+
 /// Classifies a command by its name (`arg0`) and, for `CLIENT`, its
 /// subcommand and argument.
 pub fn classify(name: &[u8], arg1: &[u8], arg2: &[u8]) -> CommandKind {

@@ -7,10 +7,10 @@
 use std::net::SocketAddr;
 use std::path::Path;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// Everything lockgate can be told. Sections mirror `config/lockgate.toml`.
-#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
     /// The client-facing RESP listener.
@@ -21,10 +21,59 @@ pub struct Config {
     pub limits: LimitsConfig,
     /// Which keys are locks and how they are leased and released.
     pub locks: LocksConfig,
+    /// The operators' side: HTTP endpoints and `LOCKGATE` commands.
+    pub admin: AdminConfig,
+    /// Logging.
+    pub log: LogConfig,
+}
+
+/// Logging (`[log]`).
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogConfig {
+    /// `tracing` filter directives, e.g. `info` or `lockgate=debug`;
+    /// `RUST_LOG`, when set, wins at start-up. Changes on reload.
+    pub filter: String,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig {
+            filter: "info".to_string(),
+        }
+    }
+}
+
+/// The operators' side (`[admin]`).
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdminConfig {
+    /// HTTP listener for `/metrics`, `/healthz`, `/readyz` and the status
+    /// page `/` (`HOST:PORT`); empty: no HTTP listener. Also `--admin-listen`.
+    pub listen: String,
+    /// Answer `LOCKGATE …` commands over RESP. Off: they pass to Redis
+    /// (which refuses them as unknown).
+    pub resp_commands: bool,
+    /// If set, a connection must send `LOCKGATE AUTH <password>` before any
+    /// other `LOCKGATE` command. Shown masked by `LOCKGATE CONFIG`.
+    pub password: String,
+    /// How many hottest lock keys are reported (K of the top-K sketch).
+    pub hot_keys: usize,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        AdminConfig {
+            listen: "127.0.0.1:9480".to_string(),
+            resp_commands: true,
+            password: String::new(),
+            hot_keys: 20,
+        }
+    }
 }
 
 /// The client-facing side: where to listen and how many clients to serve.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct ProxyConfig {
     /// Address apps connect to instead of Redis (`HOST:PORT`).
@@ -59,7 +108,7 @@ impl Default for ProxyConfig {
 
 /// The primary Redis: one upstream connection per client connection, so every
 /// stateful command (SELECT, MULTI, SUBSCRIBE, AUTH, …) behaves as on Redis.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct UpstreamConfig {
     /// Address of the primary Redis (`HOST:PORT`).
@@ -93,7 +142,7 @@ impl Default for UpstreamConfig {
 }
 
 /// Limits on client input, checked on headers before the payload is buffered.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct LimitsConfig {
     /// Largest bulk string argument, in bytes (Redis's `proto-max-bulk-len`).
@@ -123,7 +172,7 @@ impl Default for LimitsConfig {
 
 /// Lock keys: which keys lockgate takes over, with what lease, and who may
 /// release them. Only keys matching `keys` are ever changed by lockgate.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct LocksConfig {
     /// Glob patterns (Redis `KEYS` syntax) of lock keys. A `SETNX` on any
@@ -159,7 +208,7 @@ pub struct LocksConfig {
 
 /// Retry-storm control (`[locks.retry]`): while a lock is known held, spin
 /// loops cost Redis almost nothing and the lock is handed over in order.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct RetryConfig {
     /// At most one upstream attempt per key per this interval (ms) while
@@ -192,7 +241,7 @@ impl Default for RetryConfig {
 }
 
 /// The Redlock quorum (`[locks.quorum]`).
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct QuorumConfig {
     /// Lock masters (`HOST:PORT`), independent Redis servers; empty: no
@@ -226,7 +275,7 @@ impl Default for QuorumConfig {
 }
 
 /// What an acquisition answers without a quorum of masters.
-#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum QuorumLoss {
     /// `-ERR lockgate: lock quorum unavailable (…)`.
@@ -266,7 +315,7 @@ impl Default for LocksConfig {
 }
 
 /// Who may release or extend a lock (see `LocksConfig::ownership`).
-#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum Ownership {
     /// Owner-checked release (the default).
@@ -276,7 +325,7 @@ pub enum Ownership {
 }
 
 /// Settings for lock keys matching one pattern (`[[locks.overrides]]`).
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct LockOverride {
     /// Glob pattern; should also match one of `locks.keys` to have effect.
@@ -364,6 +413,17 @@ impl Config {
         })
     }
 
+    /// The configuration as TOML, with passwords masked (`LOCKGATE CONFIG`).
+    pub fn to_masked_toml(&self) -> String {
+        let mut shown = self.clone();
+        for secret in [&mut shown.upstream.password, &mut shown.admin.password] {
+            if !secret.is_empty() {
+                *secret = "********".to_string();
+            }
+        }
+        toml::to_string(&shown).unwrap_or_else(|e| format!("# cannot render: {e}"))
+    }
+
     /// Checks every value; run before any port is bound.
     pub fn validate(&self) -> Result<(), ConfigError> {
         parse_addr("proxy.listen", &self.proxy.listen)?;
@@ -387,6 +447,10 @@ impl Config {
             return Err(invalid("limits.max_inline_bytes", "must be at least 16"));
         }
         positive("locks.default_lease_ms", self.locks.default_lease_ms)?;
+        if !self.admin.listen.is_empty() {
+            parse_addr("admin.listen", &self.admin.listen)?;
+        }
+        positive("admin.hot_keys", self.admin.hot_keys as u64)?;
         positive("locks.max_queued_calls", self.locks.max_queued_calls as u64)?;
         let q = &self.locks.quorum;
         if !q.masters.is_empty() && q.masters.len() < 3 {

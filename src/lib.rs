@@ -80,6 +80,9 @@ pub mod admin;
 pub mod command;
 pub mod config;
 pub mod error;
+pub mod exposition;
+pub mod hotkeys;
+pub mod http;
 pub mod lock;
 pub mod metrics;
 pub mod protocol;
@@ -88,6 +91,7 @@ pub mod server;
 pub mod session;
 pub mod shutdown;
 pub mod upstream;
+pub mod views;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -111,6 +115,20 @@ pub async fn run_with(
     listener: TcpListener,
     shutdown: impl Future<Output = ()>,
 ) {
+    run_with_admin(ctx, listener, None, shutdown).await
+}
+
+/// Like [`run_with`], also serving the operators' HTTP endpoints on
+/// `admin` (see [`http`]).
+pub async fn run_with_admin(
+    ctx: Arc<ServerContext>,
+    listener: TcpListener,
+    admin: Option<TcpListener>,
+    shutdown: impl Future<Output = ()>,
+) {
+    if let Some(admin) = admin {
+        tokio::spawn(http::serve(admin, ctx.clone(), ctx.stop.clone()));
+    }
     let token = CancellationToken::new();
     let watcher = {
         let token = token.clone();

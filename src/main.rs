@@ -15,7 +15,7 @@ const EXIT_CONFIG: u8 = 64;
 ///
 /// Point your app at lockgate's port instead of Redis. Ordinary commands
 /// pass through unchanged; see config/lockgate.toml for every setting.
-#[derive(Debug, Parser)]
+#[derive(Debug, Clone, Parser)]
 #[command(name = "lockgate", version, about, long_about)]
 struct Cli {
     /// TOML configuration file; flags override it. Without it, defaults.
@@ -31,6 +31,9 @@ struct Cli {
     /// (overrides locks.quorum.masters).
     #[arg(long, value_name = "HOST:PORT,…", value_delimiter = ',')]
     lock_masters: Option<Vec<String>>,
+    /// HTTP admin listener, HOST:PORT (overrides admin.listen; "" disables).
+    #[arg(long, value_name = "HOST:PORT")]
+    admin_listen: Option<String>,
     /// Validate the configuration and exit: 0 if valid, 64 if not.
     #[arg(long)]
     check: bool,
@@ -39,20 +42,29 @@ struct Cli {
     threads: Option<usize>,
 }
 
-fn load(cli: &Cli) -> Result<Config, lockgate::config::ConfigError> {
-    let mut config = match &cli.config {
-        Some(path) => Config::from_file(path)?,
-        None => Config::default(),
-    };
+/// The command-line overrides, applied to a configuration read from file.
+fn overrides(cli: &Cli, mut config: Config) -> Config {
     if let Some(listen) = &cli.listen {
         config.proxy.listen = listen.clone();
     }
     if let Some(upstream) = &cli.upstream {
         config.upstream.addr = upstream.clone();
     }
+    if let Some(admin) = &cli.admin_listen {
+        config.admin.listen = admin.clone();
+    }
     if let Some(masters) = &cli.lock_masters {
         config.locks.quorum.masters = masters.clone();
     }
+    config
+}
+
+fn load(cli: &Cli) -> Result<Config, lockgate::config::ConfigError> {
+    let config = match &cli.config {
+        Some(path) => Config::from_file(path)?,
+        None => Config::default(),
+    };
+    let config = overrides(cli, config);
     config.validate()?;
     Ok(config)
 }
@@ -70,13 +82,27 @@ fn main() -> ExitCode {
         println!("lockgate: configuration is valid");
         return ExitCode::SUCCESS;
     }
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
+    use tracing_subscriber::prelude::*;
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&config.log.filter));
+    let (filter, filter_handle) = tracing_subscriber::reload::Layer::new(filter);
+    tracing_subscriber::registry()
+        .with(filter)
+        .with(tracing_subscriber::fmt::layer())
         .init();
-    match serve(config, cli.threads) {
+    let hook = cli.config.clone().map(|path| {
+        let cli = cli.clone();
+        lockgate::server::ReloadHook {
+            path,
+            effective: Box::new(move |c| overrides(&cli, c)),
+            set_log_filter: Box::new(move |f| {
+                let parsed = tracing_subscriber::EnvFilter::try_new(f)
+                    .map_err(|e| format!("invalid log.filter `{f}`: {e}"))?;
+                filter_handle.reload(parsed).map_err(|e| e.to_string())
+            }),
+        }
+    });
+    match serve(config, cli.threads, hook) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e:#}");
@@ -85,7 +111,11 @@ fn main() -> ExitCode {
     }
 }
 
-fn serve(config: Config, threads: Option<usize>) -> anyhow::Result<()> {
+fn serve(
+    config: Config,
+    threads: Option<usize>,
+    hook: Option<lockgate::server::ReloadHook>,
+) -> anyhow::Result<()> {
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     builder.enable_all();
     if let Some(n) = threads {
@@ -101,8 +131,42 @@ fn serve(config: Config, threads: Option<usize>) -> anyhow::Result<()> {
             upstream = %config.upstream.addr,
             "lockgate ready"
         );
-        lockgate::run(config, listener, lockgate::shutdown::signal()).await;
+        let admin = match config.admin.listen.as_str() {
+            "" => None,
+            addr => Some(
+                tokio::net::TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("binding the admin listener {addr}"))?,
+            ),
+        };
+        if let Some(admin) = &admin {
+            tracing::info!(admin = %admin.local_addr()?, "operators' endpoints: /metrics /healthz /readyz /");
+        }
+        let ctx = std::sync::Arc::new(lockgate::ServerContext::new(config));
+        if let Ok(mut slot) = ctx.reload.lock() {
+            *slot = hook;
+        }
+        tokio::spawn(reload_on_sighup(ctx.clone()));
+        lockgate::run_with_admin(ctx, listener, admin, lockgate::shutdown::signal()).await;
         tracing::info!("lockgate stopped");
         Ok(())
     })
+}
+
+/// SIGHUP re-reads the configuration file (see `ServerContext::reload`).
+async fn reload_on_sighup(ctx: std::sync::Arc<lockgate::ServerContext>) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let Ok(mut hup) = signal(SignalKind::hangup()) else {
+        tracing::warn!("cannot listen for SIGHUP; use LOCKGATE RELOAD");
+        return;
+    };
+    loop {
+        tokio::select! {
+            _ = hup.recv() => match ctx.reload() {
+                Ok(what) => tracing::info!(outcome = %what, "SIGHUP: configuration reloaded"),
+                Err(e) => tracing::warn!(error = %e, "SIGHUP: new configuration refused; the old one stays"),
+            },
+            _ = ctx.stop.cancelled() => return,
+        }
+    }
 }

@@ -43,6 +43,25 @@ pub struct ProxyMetrics {
     pub errors_upstream: AtomicU64,
     /// See `errors_client`.
     pub errors_internal: AtomicU64,
+    /// Commands by name, indexed like [`crate::command::LABELS`].
+    pub commands: CommandCounts,
+}
+
+/// One counter per [`crate::command::LABELS`] entry.
+#[derive(Debug)]
+pub struct CommandCounts(pub [AtomicU64; crate::command::LABELS.len()]);
+
+impl Default for CommandCounts {
+    fn default() -> Self {
+        CommandCounts(std::array::from_fn(|_| AtomicU64::new(0)))
+    }
+}
+
+impl std::ops::Index<usize> for CommandCounts {
+    type Output = AtomicU64;
+    fn index(&self, i: usize) -> &AtomicU64 {
+        self.0.get(i).unwrap_or(&self.0[0])
+    }
 }
 
 impl ProxyMetrics {

@@ -63,6 +63,9 @@ pub struct SessionView {
     pub quit: bool,
     /// The database `SELECT`ed (as sent; `u64::MAX` if unreadable).
     pub db: u64,
+    /// `LOCKGATE` commands allowed (no admin password, or `LOCKGATE AUTH`
+    /// given on this connection).
+    pub admin_ok: bool,
 }
 
 /// The arguments of the command being routed (name first).

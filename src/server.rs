@@ -47,6 +47,33 @@ pub struct ServerContext {
     pub stop: CancellationToken,
     /// The lock masters, when lock keys live on a quorum.
     pub quorum: Option<Arc<Quorum>>,
+    /// Where to re-read the configuration on SIGHUP / `LOCKGATE RELOAD`,
+    /// and how to change the log filter then (set by the binary).
+    pub reload: std::sync::Mutex<Option<ReloadHook>>,
+    /// The configuration in force, as `LOCKGATE CONFIG` shows it.
+    pub current: std::sync::RwLock<Config>,
+}
+
+/// What a reload needs from the binary.
+pub struct ReloadHook {
+    /// The configuration file.
+    pub path: std::path::PathBuf,
+    /// Turns the file's config into the effective one (applies the
+    /// command-line overrides).
+    pub effective: Box<dyn Fn(Config) -> Config + Send + Sync>,
+    /// Sets the log filter (`log.filter`); errors name the bad directive.
+    pub set_log_filter: LogFilterSetter,
+}
+
+/// Sets the log filter; errors name the bad directive.
+pub type LogFilterSetter = Box<dyn Fn(&str) -> Result<(), String> + Send + Sync>;
+
+impl std::fmt::Debug for ReloadHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReloadHook")
+            .field("path", &self.path)
+            .finish()
+    }
 }
 
 impl ServerContext {
@@ -73,6 +100,8 @@ impl ServerContext {
             );
         }
         ServerContext {
+            reload: std::sync::Mutex::new(None),
+            current: std::sync::RwLock::new(config.clone()),
             locks,
             quorum: Quorum::start(&config, &stop),
             primary,
@@ -82,6 +111,57 @@ impl ServerContext {
             upstream_warn: RateLimit::new(WARN_INTERVAL),
             accept_warn: RateLimit::new(WARN_INTERVAL),
         }
+    }
+
+    /// Re-reads the configuration file and puts what may change at run
+    /// time in force (lock patterns, leases, ownership, overrides, storm
+    /// settings, log filter) without touching any connection. An invalid
+    /// file is refused and the running configuration kept. Returns what
+    /// was done, for the log and `LOCKGATE RELOAD`.
+    pub fn reload(&self) -> Result<String, String> {
+        let guard = self
+            .reload
+            .lock()
+            .map_err(|_| "reload hook poisoned".to_string())?;
+        let Some(hook) = guard.as_ref() else {
+            return Err("no configuration file to reload (started without --config)".to_string());
+        };
+        let new = Config::from_file(&hook.path).map_err(|e| e.to_string())?;
+        let new = (hook.effective)(new);
+        new.validate().map_err(|e| e.to_string())?;
+        let old = self
+            .current
+            .read()
+            .map(|c| c.clone())
+            .map_err(|_| "config lock poisoned".to_string())?;
+        let mut ignored = Vec::new();
+        if new.proxy != old.proxy {
+            ignored.push("proxy");
+        }
+        if new.upstream != old.upstream {
+            ignored.push("upstream");
+        }
+        if new.limits != old.limits {
+            ignored.push("limits");
+        }
+        if new.locks.quorum != old.locks.quorum {
+            ignored.push("locks.quorum");
+        }
+        if new.admin.listen != old.admin.listen {
+            ignored.push("admin.listen");
+        }
+        (hook.set_log_filter)(&new.log.filter)?;
+        self.locks.reload(&new);
+        if let Ok(mut current) = self.current.write() {
+            *current = new;
+        }
+        Ok(match ignored.is_empty() {
+            true => "reloaded".to_string(),
+            false => format!(
+                "reloaded; needs a restart to change: {}",
+                ignored.join(", ")
+            ),
+        })
     }
 
     /// The request limits from the configuration.

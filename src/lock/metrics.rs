@@ -2,9 +2,15 @@
 
 use std::sync::atomic::AtomicU64;
 
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+
 /// What happened to lock keys. Every refusal and every safety signal counts.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct LockMetrics {
+    /// Seconds from a connection's first attempt on a lock to acquiring it.
+    pub wait_seconds: Histogram,
+    /// Seconds a lock was held, from acquisition to an owner's release.
+    pub hold_seconds: Histogram,
     /// Acquisition attempts on lock keys (SETNX, SET NX).
     pub attempts: AtomicU64,
     /// Attempts that acquired.
@@ -41,4 +47,32 @@ pub struct LockMetrics {
     pub quorum_failures: AtomicU64,
     /// Commands refused because they mix lock keys with other keys (quorum).
     pub mixed_refused: AtomicU64,
+}
+
+impl Default for LockMetrics {
+    fn default() -> Self {
+        // 1 ms to ~33 s, doubling.
+        let buckets = || exponential_buckets(0.001, 2.0, 16);
+        LockMetrics {
+            wait_seconds: Histogram::new(buckets()),
+            hold_seconds: Histogram::new(buckets()),
+            attempts: AtomicU64::default(),
+            acquired: AtomicU64::default(),
+            contended: AtomicU64::default(),
+            released: AtomicU64::default(),
+            release_denied: AtomicU64::default(),
+            extend_denied: AtomicU64::default(),
+            lease_expired_before_release: AtomicU64::default(),
+            takeovers: AtomicU64::default(),
+            persist_refused: AtomicU64::default(),
+            unmatched_setnx: AtomicU64::default(),
+            unmatched_overflow: AtomicU64::default(),
+            conn_table_evictions: AtomicU64::default(),
+            in_transaction: AtomicU64::default(),
+            watchdog_renewals: AtomicU64::default(),
+            released_on_disconnect: AtomicU64::default(),
+            quorum_failures: AtomicU64::default(),
+            mixed_refused: AtomicU64::default(),
+        }
+    }
 }

@@ -43,6 +43,7 @@ use bytes::{Bytes, BytesMut};
 use dashmap::DashMap;
 
 use crate::config::{Config, LockOverride, Ownership};
+use crate::hotkeys::Event;
 use crate::metrics::{ProxyMetrics, RateLimit};
 use crate::protocol::encode::{self, LocalReply};
 use keys::KeyPatterns;
@@ -108,13 +109,37 @@ pub struct Planned {
     pub pending: Option<LockPending>,
 }
 
-/// The lock service: the only way into the lock room.
+/// The lock rules that a reload may change: patterns, leases, ownership,
+/// per-pattern settings, retry-storm settings.
 #[derive(Debug)]
-pub struct LockService {
+pub struct Rules {
     patterns: KeyPatterns,
     overrides: Vec<(KeyPatterns, LockOverride)>,
     default_lease_ms: u64,
     any: bool,
+    retry: crate::config::RetryConfig,
+}
+
+impl Rules {
+    fn new(c: &crate::config::LocksConfig) -> Rules {
+        Rules {
+            patterns: KeyPatterns::new(&c.keys),
+            overrides: c
+                .overrides
+                .iter()
+                .map(|o| (KeyPatterns::new([&o.pattern]), o.clone()))
+                .collect(),
+            default_lease_ms: c.default_lease_ms,
+            any: c.ownership == Ownership::Any,
+            retry: c.retry.clone(),
+        }
+    }
+}
+
+/// The lock service: the only way into the lock room.
+#[derive(Debug)]
+pub struct LockService {
+    rules: std::sync::RwLock<std::sync::Arc<Rules>>,
     tokens: Tokens,
     max_conn_locks: usize,
     max_unmatched: usize,
@@ -123,7 +148,8 @@ pub struct LockService {
     pub metrics: LockMetrics,
     /// The contention table (retry storms).
     pub storm: std::sync::Arc<storm::Storm>,
-    retry: crate::config::RetryConfig,
+    /// The hottest lock keys (bounded top-K sketch).
+    pub hot: crate::hotkeys::HotKeys,
     lapse_warn: RateLimit,
     unmatched_warn: RateLimit,
 }
@@ -142,44 +168,56 @@ impl LockService {
             c.instance_id.clone()
         };
         LockService {
-            patterns: KeyPatterns::new(&c.keys),
-            overrides: c
-                .overrides
-                .iter()
-                .map(|o| (KeyPatterns::new([&o.pattern]), o.clone()))
-                .collect(),
-            default_lease_ms: c.default_lease_ms,
-            any: c.ownership == Ownership::Any,
+            rules: std::sync::RwLock::new(std::sync::Arc::new(Rules::new(c))),
             tokens: Tokens::new(&instance),
             max_conn_locks: c.max_locks_per_connection,
             max_unmatched: c.max_unmatched_prefixes,
             unmatched: DashMap::new(),
             metrics: LockMetrics::default(),
             storm: std::sync::Arc::new(storm::Storm::new(&c.retry)),
-            retry: c.retry.clone(),
+            hot: crate::hotkeys::HotKeys::new(config.admin.hot_keys),
             lapse_warn: RateLimit::new(WARN_INTERVAL),
             unmatched_warn: RateLimit::new(WARN_INTERVAL),
         }
     }
 
+    /// The rules in force now.
+    pub fn rules(&self) -> std::sync::Arc<Rules> {
+        match self.rules.read() {
+            Ok(r) => r.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// Puts the lock rules of `config` in force (hot reload). Commands
+    /// routed from now on see them; acquisitions already made keep theirs.
+    pub fn reload(&self, config: &Config) {
+        let new = std::sync::Arc::new(Rules::new(&config.locks));
+        match self.rules.write() {
+            Ok(mut r) => *r = new,
+            Err(poisoned) => *poisoned.into_inner() = new,
+        }
+    }
+
     /// True when `key` is a lock key.
     pub fn is_lock_key(&self, key: &[u8]) -> bool {
-        self.patterns.matches(key)
+        self.rules().patterns.matches(key)
     }
 
     /// The per-pattern settings for `key`, if any.
-    pub fn override_for(&self, key: &[u8]) -> Option<&LockOverride> {
-        self.overrides
+    pub fn override_for(&self, key: &[u8]) -> Option<LockOverride> {
+        self.rules()
+            .overrides
             .iter()
             .find(|(p, _)| p.matches(key))
-            .map(|(_, o)| o)
+            .map(|(_, o)| o.clone())
     }
 
     /// The lease for `key` in milliseconds.
     pub fn lease_ms(&self, key: &[u8]) -> u64 {
         match self.override_for(key) {
             Some(o) if o.lease_ms > 0 => o.lease_ms,
-            _ => self.default_lease_ms,
+            _ => self.rules().default_lease_ms,
         }
     }
 
@@ -187,38 +225,45 @@ impl LockService {
     /// `locks.retry`'s.
     pub fn retry_for(&self, key: &[u8]) -> (u64, u64) {
         let o = self.override_for(key);
+        let retry = &self.rules().retry;
         (
-            o.and_then(|o| o.probe_interval_ms)
-                .unwrap_or(self.retry.probe_interval_ms),
-            o.and_then(|o| o.park_ms).unwrap_or(self.retry.park_ms),
+            o.as_ref()
+                .and_then(|o| o.probe_interval_ms)
+                .unwrap_or(retry.probe_interval_ms),
+            o.and_then(|o| o.park_ms).unwrap_or(retry.park_ms),
         )
     }
 
     /// True when some pattern has the watchdog on.
     pub fn has_watchdog(&self) -> bool {
-        self.overrides.iter().any(|(_, o)| o.watchdog)
+        self.rules().overrides.iter().any(|(_, o)| o.watchdog)
     }
 
     /// True when some pattern releases its locks on disconnect.
     pub fn has_release_on_disconnect(&self) -> bool {
-        self.overrides.iter().any(|(_, o)| o.release_on_disconnect)
+        self.rules()
+            .overrides
+            .iter()
+            .any(|(_, o)| o.release_on_disconnect)
     }
 
     /// How often the watchdog looks for locks to renew: a third of the
     /// shortest watchdog lease, at least 10 ms.
     pub fn tick_ms(&self) -> u64 {
-        self.overrides
+        let rules = self.rules();
+        rules
+            .overrides
             .iter()
             .filter(|(_, o)| o.watchdog)
             .map(|(_, o)| {
                 if o.lease_ms > 0 {
                     o.lease_ms
                 } else {
-                    self.default_lease_ms
+                    rules.default_lease_ms
                 }
             })
             .min()
-            .unwrap_or(self.default_lease_ms)
+            .unwrap_or(rules.default_lease_ms)
             .div_ceil(3)
             .max(10)
     }
@@ -246,7 +291,11 @@ impl LockService {
         if in_multi {
             ProxyMetrics::inc(&self.metrics.in_transaction);
         }
-        let ownership: &[u8] = if self.any { b"any" } else { b"instance" };
+        let ownership: &[u8] = if self.rules().any {
+            b"any"
+        } else {
+            b"instance"
+        };
         let prefix = self.tokens.prefix().as_bytes();
         let evicted = conn.evicted;
         let (command, pending) = match op {
@@ -257,6 +306,7 @@ impl LockService {
                 shape,
             } => {
                 ProxyMetrics::inc(&self.metrics.attempts);
+                self.hot.record(&key, Event::Attempt);
                 let token = self.tokens.next();
                 let lease = self.lease_ms(&key);
                 let (kind, amount) = match &ttl {
@@ -360,6 +410,17 @@ impl LockService {
                 self.storm.learn(&key, acquired == 1, pttl);
                 if acquired == 1 {
                     ProxyMetrics::inc(&self.metrics.acquired);
+                    self.hot.record(&key, Event::Acquired);
+                    if let Some(first) = conn.first_try(&key) {
+                        let wait = first.elapsed();
+                        self.metrics.wait_seconds.observe(wait.as_secs_f64());
+                        self.hot.record(
+                            &key,
+                            Event::Waited {
+                                wait_ms: wait.as_millis() as u64,
+                            },
+                        );
+                    }
                     conn.settle(
                         &key,
                         &token,
@@ -383,6 +444,16 @@ impl LockService {
                 let mut lapsed_left = lapsed;
                 for key in &keys {
                     if let Some(rec) = conn.remove(key) {
+                        if released > 0 && rec.standing == Standing::Held {
+                            let held = rec.since.elapsed();
+                            self.metrics.hold_seconds.observe(held.as_secs_f64());
+                            self.hot.record(
+                                key,
+                                Event::Released {
+                                    held_ms: held.as_millis() as u64,
+                                },
+                            );
+                        }
                         if lapsed_left > 0 && rec.standing == Standing::Held {
                             lapsed_left -= 1;
                             self.lapsed(key, &rec, "release");

@@ -202,6 +202,15 @@ impl Quorum {
         }
     }
 
+    /// What an acquisition answers when enough masters were up but fewer
+    /// than a majority answered within the node timeout.
+    pub fn late_reply(&self, answered: usize, not_acquired: LocalReply) -> LocalReply {
+        match self.config.on_quorum_loss {
+            QuorumLoss::NotAcquired => not_acquired,
+            QuorumLoss::Error => self.no_quorum(answered),
+        }
+    }
+
     /// The error for a command fewer than a majority answered.
     pub fn no_quorum(&self, answered: usize) -> LocalReply {
         LocalReply::err(format!(

@@ -228,7 +228,8 @@ impl LockService {
         let refused = answers.replies.len() - granted;
         if granted < majority && refused <= n - majority {
             ProxyMetrics::inc(&self.metrics.quorum_failures);
-            return Outcome::failed(q.loss_reply(not_acquired(shape)));
+            // Enough masters were up, but too few answered in time.
+            return Outcome::failed(q.late_reply(answers.replies.len(), not_acquired(shape)));
         }
         ProxyMetrics::inc(&self.metrics.contended);
         // The holder's remaining lease, as the majority of "no"s sees it.

@@ -105,6 +105,8 @@ struct KeyInner {
     last_probe: Option<Instant>,
     waiters: VecDeque<Waiter>,
     driving: bool,
+    /// The holder last learned acquired through this instance.
+    ours: bool,
 }
 
 /// One tracked key.
@@ -230,13 +232,17 @@ impl Storm {
     /// Learns the outcome of an attempt that went to Redis: held by us for
     /// `lease_ms`, or by someone else for `pttl_ms` more.
     pub fn learn(&self, key: &[u8], acquired: bool, ms: i64) {
-        let Some(state) = self.state(key, !acquired) else {
+        let Some(state) = self.state(key, true) else {
             return;
         };
         let now = Instant::now();
         if let Ok(mut inner) = state.inner.lock() {
+            // A failed probe does not tell who holds it: keep what we knew
+            // while that lease lasts.
+            let ours_before = inner.ours && inner.held_until.is_some_and(|u| u > now);
             inner.last_probe = Some(now);
             inner.held_until = (ms > 0).then(|| now + Duration::from_millis(ms as u64));
+            inner.ours = acquired || ours_before;
         };
     }
 
@@ -384,6 +390,7 @@ impl Storm {
                 let now = Instant::now();
                 if acquired {
                     inner.held_until = Some(now + Duration::from_millis(lease));
+                    inner.ours = true;
                     if let Some(at) = inner.waiters.iter().position(|w| w.id == id) {
                         if let Some(w) = inner.waiters.remove(at) {
                             ProxyMetrics::inc(&self.metrics.handoffs);
@@ -418,6 +425,64 @@ impl Storm {
                 }
             }
         }
+    }
+
+    /// Keys this instance knows are held, matching `pattern` (a glob),
+    /// at most `max`: (key, holder, remaining lease ms, parked attempts).
+    pub fn held(&self, pattern: &[u8], max: usize) -> Vec<(Bytes, &'static str, u64, usize)> {
+        let now = Instant::now();
+        let mut out = Vec::new();
+        for e in self.table.iter() {
+            if out.len() >= max {
+                break;
+            }
+            if !super::keys::glob_match(pattern, e.key()) {
+                continue;
+            }
+            let Ok(inner) = e.value().inner.lock() else {
+                continue;
+            };
+            if let Some(until) = inner.held_until.filter(|&u| u > now) {
+                let holder = if inner.ours {
+                    "this instance"
+                } else {
+                    "another client"
+                };
+                let parked = inner.waiters.iter().filter(|w| w.live()).count();
+                out.push((
+                    e.key().clone(),
+                    holder,
+                    until.duration_since(now).as_millis() as u64,
+                    parked,
+                ));
+            }
+        }
+        out
+    }
+
+    /// Attempts parked on `key` now.
+    pub fn waiting(&self, key: &[u8]) -> usize {
+        self.state(key, false)
+            .and_then(|s| {
+                s.inner
+                    .lock()
+                    .ok()
+                    .map(|i| i.waiters.iter().filter(|w| w.live()).count())
+            })
+            .unwrap_or(0)
+    }
+
+    /// Who holds `key` as last learned: this instance, another client, or
+    /// nobody known.
+    pub fn holder(&self, key: &[u8]) -> Option<&'static str> {
+        let state = self.state(key, false)?;
+        let inner = state.inner.lock().ok()?;
+        let held = inner.held_until.is_some_and(|u| u > Instant::now());
+        held.then_some(if inner.ours {
+            "this instance"
+        } else {
+            "another client"
+        })
     }
 
     /// Keys tracked now.

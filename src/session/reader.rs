@@ -73,7 +73,10 @@ pub async fn read_loop(
     let jobs = &jobs;
     let chunk = ctx.config.proxy.read_chunk_bytes;
     let mut parser = RequestParser::new(ctx.limits());
-    let mut view = SessionView::default();
+    let mut view = SessionView {
+        admin_ok: ctx.config.admin.password.is_empty(),
+        ..SessionView::default()
+    };
     let mut quorum_tx = QuorumTx::default();
     loop {
         if buf.is_empty() || buf.len() < parser.needed() {
@@ -233,9 +236,16 @@ fn route_batch(
                 }
                 commands += 1;
                 let args = CommandArgs::new(parser, rest);
+                ProxyMetrics::inc(&ctx.metrics.commands[command::label_index(args.get(0))]);
                 let kind = command::classify(args.get(0), args.get(1), args.get(2));
                 let route = router::route(kind, args, view, &ctx.locks, ctx.quorum.is_some());
                 remember_script(ctx, kind, args);
+                if kind == command::CommandKind::Lockgate
+                    && args.get(1).eq_ignore_ascii_case(b"AUTH")
+                    && args.get(2) == ctx.config.admin.password.as_bytes()
+                {
+                    view.admin_ok = true;
+                }
                 if kind == command::CommandKind::Select {
                     view.db = std::str::from_utf8(args.get(1))
                         .ok()
@@ -497,6 +507,20 @@ fn carry_out(
         Route::Refuse(message) => {
             ProxyMetrics::inc(&ctx.locks.metrics.mixed_refused);
             out.batch.local(LocalReply::err(message));
+        }
+        Route::Admin if !ctx.config.admin.resp_commands => {
+            out.pieces.client(whole);
+            out.batch.expect(Expect::One);
+        }
+        Route::Admin if !view.admin_ok && !args.get(1).eq_ignore_ascii_case(b"AUTH") => {
+            out.batch.local(LocalReply::Error(bytes::Bytes::from_static(
+                b"NOPERM lockgate: LOCKGATE AUTH <password> required first",
+            )));
+        }
+        Route::Admin if args.get(1).eq_ignore_ascii_case(b"AUTH") && !view.admin_ok => {
+            out.batch.local(LocalReply::Error(bytes::Bytes::from_static(
+                b"WRONGPASS lockgate: invalid LOCKGATE password",
+            )));
         }
         Route::Admin => match admin::handle(ctx, args) {
             admin::AdminReply::Now(reply) => out.batch.local(reply),

@@ -1,0 +1,113 @@
+//! The operators' views over RESP: `LOCKGATE HOTKEYS [n]`, `LOCKS
+//! [pattern]`, `MASTERS`, `CONFIG`, `RELOAD` (see [`crate::admin`] for the
+//! dispatch and [`crate::http`] for the same facts over HTTP).
+
+use bytes::Bytes;
+
+use crate::lock::quorum::MasterState;
+use crate::protocol::encode::LocalReply;
+use crate::server::ServerContext;
+
+/// Most rows `LOCKGATE LOCKS` answers.
+const MAX_LOCK_ROWS: usize = 1_000;
+
+fn bulk(s: impl Into<Bytes>) -> LocalReply {
+    LocalReply::Bulk(s.into())
+}
+
+fn text(s: &str) -> LocalReply {
+    LocalReply::Bulk(Bytes::copy_from_slice(s.as_bytes()))
+}
+
+/// `HOTKEYS [n]`: the hottest lock keys, one array each: key, attempts
+/// (estimate), attempts/s, acquired, absorbed, parked now, holder.
+pub fn hotkeys(ctx: &ServerContext, n: usize) -> LocalReply {
+    LocalReply::Array(
+        ctx.locks
+            .hot
+            .top(n)
+            .into_iter()
+            .map(|h| {
+                let holder = ctx.locks.storm.holder(&h.key).unwrap_or("-");
+                LocalReply::Array(vec![
+                    bulk(h.key.clone()),
+                    LocalReply::Integer(h.count as i64),
+                    text(&format!("{:.1}", h.rate_per_sec)),
+                    LocalReply::Integer(h.acquired as i64),
+                    LocalReply::Integer(h.absorbed as i64),
+                    LocalReply::Integer(ctx.locks.storm.waiting(&h.key) as i64),
+                    text(holder),
+                ])
+            })
+            .collect(),
+    )
+}
+
+/// `LOCKS [pattern]`: what this instance knows is held: key, holder,
+/// remaining lease ms, parked attempts.
+pub fn locks(ctx: &ServerContext, pattern: &[u8]) -> LocalReply {
+    let pattern: &[u8] = if pattern.is_empty() { b"*" } else { pattern };
+    LocalReply::Array(
+        ctx.locks
+            .storm
+            .held(pattern, MAX_LOCK_ROWS)
+            .into_iter()
+            .map(|(key, holder, ttl, parked)| {
+                LocalReply::Array(vec![
+                    bulk(key),
+                    text(holder),
+                    LocalReply::Integer(ttl as i64),
+                    LocalReply::Integer(parked as i64),
+                ])
+            })
+            .collect(),
+    )
+}
+
+/// `MASTERS`: each lock master: address, state, ms until it rejoins.
+pub fn masters(ctx: &ServerContext) -> LocalReply {
+    let Some(q) = &ctx.quorum else {
+        return LocalReply::Array(Vec::new());
+    };
+    LocalReply::Array(
+        q.masters
+            .iter()
+            .map(|m| {
+                let (state, left) = match m.state() {
+                    MasterState::Up => ("up", 0),
+                    MasterState::SittingOut(d) => ("sitting out", d.as_millis() as i64),
+                    MasterState::Down => ("down", 0),
+                };
+                LocalReply::Array(vec![
+                    text(m.node.addr()),
+                    text(state),
+                    LocalReply::Integer(left),
+                ])
+            })
+            .collect(),
+    )
+}
+
+/// `CONFIG`: the configuration in force as TOML, secrets masked.
+pub fn config(ctx: &ServerContext) -> LocalReply {
+    match ctx.current.read() {
+        Ok(c) => text(&c.to_masked_toml()),
+        Err(_) => LocalReply::err("lockgate: configuration unavailable"),
+    }
+}
+
+/// `RELOAD`: re-read the configuration file (as SIGHUP does).
+pub fn reload(ctx: &ServerContext) -> LocalReply {
+    match ctx.reload() {
+        Ok(what) => {
+            tracing::info!(outcome = %what, "LOCKGATE RELOAD: configuration reloaded");
+            text(&what)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "LOCKGATE RELOAD: new configuration refused; the old one stays");
+            LocalReply::err(format!(
+                "lockgate: reload refused, old configuration kept: {e}"
+            ))
+        }
+    }
+}
