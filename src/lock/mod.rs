@@ -201,7 +201,11 @@ impl LockService {
 
     /// True when `key` is a lock key.
     pub fn is_lock_key(&self, key: &[u8]) -> bool {
-        self.rules().patterns.matches(key)
+        // On the path of every SET and DEL: read in place, no Arc clone.
+        match self.rules.read() {
+            Ok(r) => r.patterns.matches(key),
+            Err(poisoned) => poisoned.into_inner().patterns.matches(key),
+        }
     }
 
     /// The per-pattern settings for `key`, if any.
