@@ -7,7 +7,8 @@
 #    redis-server/redis-tools (apt-get), the Rust toolchain (rustup) with its
 #    rustfmt and clippy components, and the Python redis client
 #    (redis-py 8.x, which opens every connection with HELLO 3 and
-#    CLIENT SETINFO, like current client libraries do).
+#    CLIENT SETINFO, like current client libraries do), pottery and
+#    prometheus_client (pip), and Chromium for the status-page test (apt).
 # 2. checks, in order; each runs even when an earlier one failed, and the
 #    summary names every step that failed:
 #      fmt      cargo fmt --check
@@ -72,11 +73,29 @@ ensure_python_redis() {
 	log "python redis $version installed"
 }
 
+# Other Python modules the tests drive lockgate with: pottery's Redlock
+# (a client of the quorum) and the Prometheus text parser (/metrics).
+ensure_python_module() {
+	local module="$1" spec="$2"
+	python3 -c "import $module" >/dev/null 2>&1 && return 0
+	log "python3 -m pip install -q '$spec'"
+	PIP_BREAK_SYSTEM_PACKAGES=1 PIP_ROOT_USER_ACTION=ignore \
+		PIP_DISABLE_PIP_VERSION_CHECK=1 \
+		python3 -m pip install -q "$spec" </dev/null ||
+		die "pip install '$spec' failed"
+	python3 -c "import $module" >/dev/null 2>&1 ||
+		die "python3 still cannot import $module after pip install"
+}
+
 log "setup: system dependencies"
 ensure_redis
 ensure_cargo
 ensure_rust_components
 ensure_python_redis
+ensure_python_module pottery pottery
+ensure_python_module prometheus_client prometheus_client
+# The status page is checked in headless Chromium (Debian's package).
+[ -x /usr/bin/chromium ] || apt_install chromium
 log "setup done: $(cargo --version), $(redis-server --version | cut -d' ' -f1-3)," \
 	"python redis $(python3 -c 'import redis; print(redis.__version__)')"
 
