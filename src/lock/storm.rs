@@ -283,7 +283,12 @@ impl Storm {
             let mut inner = state.inner.lock().ok()?;
             let deadline = Instant::now() + Duration::from_millis(park_ms);
             if let Some(place) = inner.waiters.iter_mut().find(|w| w.owner == owner) {
-                // Back in its kept place.
+                // Back in its kept place. If an earlier attempt of the same
+                // connection is still parked there, it is answered now.
+                if let Some(earlier) = place.reply.take() {
+                    ProxyMetrics::inc(&self.metrics.park_timeouts);
+                    let _ = earlier.send(shaped(place.ask.shape, false));
+                }
                 place.reply = Some(tx);
                 place.deadline = deadline;
                 place.ask = ask;
