@@ -45,8 +45,12 @@
 //!   between instances on `lockgate:released`),
 //!   [`lock::LockService`] (plan an op, learn its outcome; states the
 //!   safety invariants).
-//! - [`admin`]: `LOCKGATE STATS | UNMATCHED [n] | LOCK | UNLOCK | EXTEND`
-//!   over RESP.
+//! - [`admin`]: `LOCKGATE …` over RESP: the dispatch, counters, the
+//!   fencing API (`LOCK | UNLOCK | EXTEND`); [`views`]: `HOTKEYS`, `LOCKS`,
+//!   `MASTERS`, `CONFIG`, `RELOAD`.
+//! - [`http`]: the operators' HTTP side (`/metrics`, `/healthz`, `/readyz`,
+//!   the status page); [`exposition`]: Prometheus text from every room's
+//!   counters; [`hotkeys`]: the bounded top-K sketch of hot lock keys.
 //! - [`upstream`]: connecting to the primary, with a timeout and a precise
 //!   error.
 //! - [`metrics`]: counters and the rate limit for repeated warnings.

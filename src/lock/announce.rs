@@ -12,11 +12,10 @@ use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
-use super::node::{request, NodeConfig, INTERNAL_NAME};
+use super::node::{handshake, NodeConfig};
 use super::storm::{Storm, RELEASED_CHANNEL};
 use crate::protocol::encode;
 use crate::protocol::reply::ReplyScanner;
-use crate::upstream;
 
 /// Longest pause between two subscription attempts.
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
@@ -47,19 +46,7 @@ async fn subscribed(
     storm: &Storm,
     backoff: &mut Duration,
 ) -> Result<(), String> {
-    let mut stream = upstream::connect(&node.addr, node.connect_timeout)
-        .await
-        .map_err(|e| e.to_string())?;
-    if !node.password.is_empty() {
-        let mut args: Vec<&[u8]> = vec![b"AUTH"];
-        if !node.username.is_empty() {
-            args.push(node.username.as_bytes());
-        }
-        args.push(node.password.as_bytes());
-        request(&mut stream, &encode::command(&args), node.connect_timeout).await?;
-    }
-    let name = encode::command(&[b"CLIENT", b"SETNAME", INTERNAL_NAME.as_bytes()]);
-    request(&mut stream, &name, node.connect_timeout).await?;
+    let mut stream = handshake(node).await?;
     stream
         .write_all(&encode::command(&[
             b"SUBSCRIBE",

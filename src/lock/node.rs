@@ -185,6 +185,25 @@ async fn connection_loop(
 
 /// Connects, authenticates and reads the node's `run_id`.
 async fn open(config: &NodeConfig) -> Result<(tokio::net::TcpStream, String), String> {
+    let mut stream = handshake(config).await?;
+    let info = request(
+        &mut stream,
+        &encode::command(&[b"INFO", b"server"]),
+        config.connect_timeout,
+    )
+    .await?;
+    let run_id = String::from_utf8_lossy(&info)
+        .lines()
+        .find_map(|l| l.strip_prefix("run_id:").map(|v| v.trim().to_string()))
+        .unwrap_or_default();
+    Ok((stream, run_id))
+}
+
+/// A new connection of lockgate's own to `config.addr`: connected,
+/// authenticated with `upstream.username/password`, and named
+/// [`INTERNAL_NAME`] so operators (and `CLIENT LIST`) can tell it from
+/// client sessions.
+pub(crate) async fn handshake(config: &NodeConfig) -> Result<tokio::net::TcpStream, String> {
     let mut stream = upstream::connect(&config.addr, config.connect_timeout)
         .await
         .map_err(|e| e.to_string())?;
@@ -199,20 +218,9 @@ async fn open(config: &NodeConfig) -> Result<(tokio::net::TcpStream, String), St
             return Err(String::from_utf8_lossy(&reply).trim().to_string());
         }
     }
-    // A name operators (and CLIENT LIST) can tell apart from client sessions.
     let setname = encode::command(&[b"CLIENT", b"SETNAME", INTERNAL_NAME.as_bytes()]);
     request(&mut stream, &setname, config.connect_timeout).await?;
-    let info = request(
-        &mut stream,
-        &encode::command(&[b"INFO", b"server"]),
-        config.connect_timeout,
-    )
-    .await?;
-    let run_id = String::from_utf8_lossy(&info)
-        .lines()
-        .find_map(|l| l.strip_prefix("run_id:").map(|v| v.trim().to_string()))
-        .unwrap_or_default();
-    Ok((stream, run_id))
+    Ok(stream)
 }
 
 /// One request/reply exchange on a fresh connection (before pipelining).
