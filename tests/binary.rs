@@ -179,6 +179,8 @@ async fn sigterm_drains_in_flight_replies_and_exits_0() {
     let log = std::fs::File::create(dir.path().join("lockgate.log")).expect("log file");
     let child = Command::new(BIN)
         .args(["--config", &path, "--listen", &listen])
+        // The default admin port may be taken by another process here.
+        .args(["--admin-listen", &format!("127.0.0.1:{}", free_port())])
         .args(["--upstream", &redis.addr()])
         .stdin(Stdio::null())
         .stdout(log.try_clone().expect("log"))

@@ -76,6 +76,12 @@ pub enum LockPending {
         /// The lock key.
         key: Bytes,
     },
+    /// A client script on these lock keys: its reply passes as it is, and
+    /// what lockgate knew of the keys is dropped (it may have released them).
+    Script {
+        /// The lock keys among the script's keys.
+        keys: Vec<Bytes>,
+    },
     /// A takeover with `token`.
     Takeover {
         /// The lock key.
@@ -480,6 +486,11 @@ impl LockService {
                 }
             }
             LockPending::Takeover { .. } => {}
+            LockPending::Script { keys } => {
+                for key in &keys {
+                    self.storm.released(key);
+                }
+            }
         }
     }
 

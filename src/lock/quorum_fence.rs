@@ -101,9 +101,16 @@ impl LockService {
                 b"",
             ]);
             q.ask_all(&undo).await;
-            if answers.replies.len() < majority {
+            let refused = answers.replies.len() - takers.len();
+            if takers.len() < majority && refused <= q.masters.len() - majority {
+                // Up, but too few answered in time: try again while WAIT
+                // lasts, else say so (not "masters down").
                 ProxyMetrics::inc(&self.metrics.quorum_failures);
-                return q.loss_reply(LocalReply::Null);
+                if Instant::now() >= deadline {
+                    return q.late_reply(answers.replies.len(), LocalReply::Null);
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                continue;
             }
             ProxyMetrics::inc(&self.metrics.contended);
             let now = Instant::now();

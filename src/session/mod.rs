@@ -13,7 +13,9 @@
 pub mod jobs;
 pub mod parking;
 pub mod pending;
+pub mod quorum_tx;
 pub mod reader;
+pub mod routing;
 pub mod writer;
 
 use std::io;

@@ -333,7 +333,11 @@ async fn forward(
                 }
             } else if end.kind == FrameKind::Reply {
                 if let Some(Pending::Lock(pending)) = st.queue.pop_front() {
-                    let (reply, facts) = crate::lock::split_reply(&captured);
+                    let (reply, facts) = match pending {
+                        // A client script's reply is the client's, whole.
+                        crate::lock::LockPending::Script { .. } => (&captured[..], Vec::new()),
+                        _ => crate::lock::split_reply(&captured),
+                    };
                     let park = super::parking::after_failure(&pending, &facts);
                     if let Ok(mut c) = conn.lock() {
                         ctx.locks.complete(pending, &facts, &mut c);

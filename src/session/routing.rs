@@ -1,0 +1,324 @@
+//! Routing one read batch: parse every complete command, route it, and
+//! collect what goes upstream (the client's own bytes, or commands lockgate
+//! writes in place of lock commands) and what the writer half must expect.
+
+use super::jobs::Jobs;
+use super::parking::{self, Early};
+use super::pending::Batch;
+use super::quorum_tx::{eval_fallback, quorum_transaction, remember_script, QuorumTx};
+use crate::admin;
+use crate::command;
+use crate::lock::lease::ConnLocks;
+use crate::lock::script;
+use crate::lock::LockPending;
+use crate::metrics::ProxyMetrics;
+use crate::protocol::encode::{self, LocalReply};
+use crate::protocol::request::{RequestKind, RequestParser};
+use crate::router::{self, CommandArgs, Expect, Route, SessionView};
+use crate::server::ServerContext;
+use bytes::{Bytes, BytesMut};
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+
+/// What goes upstream for one read batch: ranges of the client's own
+/// bytes, and commands lockgate wrote in place of lock commands.
+#[derive(Debug, Default)]
+pub(super) struct Pieces(Vec<Piece>);
+
+#[derive(Debug)]
+enum Piece {
+    Client(Range<usize>),
+    Own(Bytes),
+}
+
+impl Pieces {
+    pub(super) fn client(&mut self, range: Range<usize>) {
+        if let Some(Piece::Client(last)) = self.0.last_mut() {
+            if last.end == range.start {
+                last.end = range.end;
+                return;
+            }
+        }
+        self.0.push(Piece::Client(range));
+    }
+
+    pub(super) fn own(&mut self, bytes: Bytes) {
+        self.0.push(Piece::Own(bytes));
+    }
+
+    /// The bytes to write upstream, given the batch's client bytes. The
+    /// common case (only client bytes, contiguous) is zero-copy.
+    pub(super) fn assemble(self, client: Bytes) -> Bytes {
+        match self.0.as_slice() {
+            [] => Bytes::new(),
+            [Piece::Client(r)] => client.slice(r.clone()),
+            pieces => {
+                let mut out = BytesMut::new();
+                for p in pieces {
+                    match p {
+                        Piece::Client(r) => out.extend_from_slice(&client[r.clone()]),
+                        Piece::Own(b) => out.extend_from_slice(b),
+                    }
+                }
+                out.freeze()
+            }
+        }
+    }
+}
+
+/// One read batch, routed.
+pub(super) struct Routed {
+    /// Where work with deferred replies is queued.
+    pub(super) jobs: Jobs,
+    /// The command being routed is the last one read so far.
+    pub(super) last: bool,
+    pub(super) batch: Batch,
+    pub(super) pieces: Pieces,
+    /// Bytes consumed from the front of the read buffer.
+    pub(super) used: usize,
+    /// A malformed request ended the batch (its error and a close are the
+    /// batch's last entries).
+    pub(super) failed: bool,
+}
+
+impl Routed {
+    /// Queues `work`; its reply takes the command's place in the order.
+    pub(super) fn defer(&mut self, work: admin::Work) {
+        match self.jobs.defer(work) {
+            Ok(rx) => self.batch.deferred(rx),
+            Err(reply) => self.batch.local(reply),
+        }
+    }
+}
+
+/// Parses every complete request in `buf` and routes it.
+pub(super) fn route_batch(
+    ctx: &Arc<ServerContext>,
+    parser: &mut RequestParser,
+    view: &mut SessionView,
+    conn: &Arc<Mutex<ConnLocks>>,
+    tx: &mut QuorumTx,
+    jobs: &Jobs,
+    buf: &[u8],
+) -> Routed {
+    let mut out = Routed {
+        jobs: jobs.clone(),
+        last: false,
+        batch: Batch::default(),
+        pieces: Pieces::default(),
+        used: 0,
+        failed: false,
+    };
+    let mut commands = 0u64;
+    loop {
+        let pos = out.used;
+        let rest = &buf[pos..];
+        match parser.parse(rest) {
+            Ok(None) => break,
+            Ok(Some(req)) => {
+                out.used += req.len;
+                let whole = pos..pos + req.len;
+                if req.kind == RequestKind::Empty {
+                    out.pieces.client(whole);
+                    continue;
+                }
+                commands += 1;
+                let args = CommandArgs::new(parser, rest);
+                ProxyMetrics::inc(&ctx.metrics.commands[command::label_index(args.get(0))]);
+                let kind = command::classify(args.get(0), args.get(1), args.get(2));
+                let route = router::route(kind, args, view, &ctx.locks, ctx.quorum.is_some());
+                remember_script(ctx, kind, args);
+                if kind == command::CommandKind::Lockgate
+                    && args.get(1).eq_ignore_ascii_case(b"AUTH")
+                    && args.get(2) == ctx.config.admin.password.as_bytes()
+                {
+                    view.admin_ok = true;
+                }
+                if kind == command::CommandKind::Select {
+                    view.db = std::str::from_utf8(args.get(1))
+                        .ok()
+                        .and_then(|d| d.parse().ok())
+                        .unwrap_or(u64::MAX);
+                }
+                // Only a command the client waits on (nothing pipelined
+                // behind it) may be parked: parking a pipelined attempt
+                // would hold every reply behind it.
+                out.last = out.used == buf.len();
+                if !quorum_transaction(ctx, kind, &route, view, conn, tx, whole.clone(), &mut out) {
+                    carry_out(ctx, &route, args, view, conn, whole, &mut out);
+                }
+                *view = view.after(kind, &route);
+            }
+            Err(e) => {
+                ProxyMetrics::inc(&ctx.metrics.protocol_errors);
+                ctx.metrics.error(e.source_kind());
+                tracing::debug!(error = %e, "malformed request; closing");
+                if view.raw {
+                    // Replies are not counted, so the error would jump ahead
+                    // of replies still on their way; a RESET marks where they
+                    // end (the connection is closing anyway).
+                    out.pieces.own(encode::command(&[b"RESET"]));
+                    out.batch.barrier();
+                }
+                out.batch.local(LocalReply::err(&e));
+                out.batch.close();
+                out.failed = true;
+                break;
+            }
+        }
+    }
+    ProxyMetrics::add(&ctx.metrics.commands_total, commands);
+    out
+}
+
+/// The lock keys of a client script (`EVAL`/`EVALSHA`) on the primary:
+/// it may release or extend them (redis-py, Redisson release with Lua), so
+/// what the storm room knows about them is dropped once it has run.
+fn script_lock_keys(
+    ctx: &ServerContext,
+    args: CommandArgs<'_>,
+    expect: Expect,
+) -> Option<Vec<bytes::Bytes>> {
+    if expect != Expect::One || ctx.quorum.is_some() {
+        return None;
+    }
+    if command::classify(args.get(0), b"", b"") != command::CommandKind::Eval {
+        return None;
+    }
+    let n: usize = std::str::from_utf8(args.get(2)).ok()?.parse().ok()?;
+    let keys: Vec<bytes::Bytes> = (3..(3 + n).min(args.len()))
+        .map(|i| args.get(i))
+        .filter(|k| ctx.locks.is_lock_key(k))
+        .map(bytes::Bytes::copy_from_slice)
+        .collect();
+    (!keys.is_empty()).then_some(keys)
+}
+
+/// Carries out one routing decision for the command at `whole` in the buffer.
+fn carry_out(
+    ctx: &Arc<ServerContext>,
+    route: &Route,
+    args: CommandArgs<'_>,
+    view: &SessionView,
+    conn: &Arc<Mutex<ConnLocks>>,
+    whole: Range<usize>,
+    out: &mut Routed,
+) {
+    match route {
+        Route::Forward(expect) => {
+            out.pieces.client(whole);
+            match script_lock_keys(ctx, args, *expect) {
+                Some(keys) => out.batch.lock(LockPending::Script { keys }),
+                None => out.batch.expect(*expect),
+            }
+        }
+        Route::ForwardUnmatched => {
+            ctx.locks.note_unmatched(args.get(1));
+            out.pieces.client(whole);
+            out.batch.expect(Expect::One);
+        }
+        Route::Lock(op) if ctx.quorum.is_some() => {
+            let park = match parking::admit(ctx, op, conn, !view.in_multi, out.last) {
+                Early::Now(reply) => return out.batch.local(reply),
+                Early::Delayed(reply, wait) => {
+                    return out.defer(Box::pin(async move {
+                        tokio::time::sleep(wait).await;
+                        reply
+                    }))
+                }
+                Early::Parked(rx) => return out.batch.deferred(rx),
+                Early::Probe(park) => park,
+            };
+            let (ctx2, conn, op) = (ctx.clone(), conn.clone(), op.clone());
+            out.defer(Box::pin(parking::quorum_attempt(ctx2, op, conn, park)));
+        }
+        Route::Lock(op) => {
+            let tracked = !view.in_multi && view.db == 0;
+            let park = match parking::admit(ctx, op, conn, tracked, out.last) {
+                Early::Now(reply) => return out.batch.local(reply),
+                Early::Delayed(reply, wait) => {
+                    return out.defer(Box::pin(async move {
+                        tokio::time::sleep(wait).await;
+                        reply
+                    }))
+                }
+                Early::Parked(rx) => return out.batch.deferred(rx),
+                Early::Probe(park) => park,
+            };
+            let planned = match conn.lock() {
+                Ok(mut c) => ctx.locks.plan(op.clone(), &mut c, view.in_multi),
+                Err(_) => {
+                    ctx.metrics.error(crate::error::ErrorSource::Internal);
+                    out.batch.local(LocalReply::err(
+                        "lockgate: internal error (lock table poisoned)",
+                    ));
+                    return;
+                }
+            };
+            out.pieces.own(planned.command);
+            match planned.pending {
+                Some(LockPending::Acquire { key, token, .. }) => {
+                    out.batch.lock(LockPending::Acquire { key, token, park })
+                }
+                Some(p) => out.batch.lock(p),
+                None => out.batch.expect(Expect::One),
+            }
+        }
+        Route::RefusePersist => {
+            let reply = ctx.locks.refuse_persist(args.get(1));
+            if view.in_multi {
+                // Inside MULTI the refusal must take the command's slot in
+                // the EXEC array, so Redis itself answers it.
+                let LocalReply::Error(text) = &reply else {
+                    return;
+                };
+                out.pieces.own(encode::command(&[
+                    b"EVAL",
+                    script::ERROR.as_bytes(),
+                    b"0",
+                    text,
+                ]));
+                out.batch.expect(Expect::One);
+            } else {
+                out.batch.local(reply);
+            }
+        }
+        Route::QuorumRead | Route::QuorumEval => {
+            let command = encode::command(&args.all());
+            let fallback = match route {
+                Route::QuorumEval => ctx.quorum.as_ref().and_then(|q| eval_fallback(q, args)),
+                _ => None,
+            };
+            let (ctx2, eval) = (ctx.clone(), matches!(route, Route::QuorumEval));
+            out.defer(Box::pin(async move {
+                match &ctx2.quorum {
+                    Some(q) if eval => ctx2.locks.quorum_eval(q, command, fallback).await,
+                    Some(q) => ctx2.locks.quorum_read(q, command).await,
+                    None => LocalReply::err("lockgate: internal error (no quorum)"),
+                }
+            }));
+        }
+        Route::Refuse(message) => {
+            ProxyMetrics::inc(&ctx.locks.metrics.mixed_refused);
+            out.batch.local(LocalReply::err(message));
+        }
+        Route::Admin if !ctx.config.admin.resp_commands => {
+            out.pieces.client(whole);
+            out.batch.expect(Expect::One);
+        }
+        Route::Admin if !view.admin_ok && !args.get(1).eq_ignore_ascii_case(b"AUTH") => {
+            out.batch.local(LocalReply::Error(bytes::Bytes::from_static(
+                b"NOPERM lockgate: LOCKGATE AUTH <password> required first",
+            )));
+        }
+        Route::Admin if args.get(1).eq_ignore_ascii_case(b"AUTH") && !view.admin_ok => {
+            out.batch.local(LocalReply::Error(bytes::Bytes::from_static(
+                b"WRONGPASS lockgate: invalid LOCKGATE password",
+            )));
+        }
+        Route::Admin => match admin::handle(ctx, args) {
+            admin::AdminReply::Now(reply) => out.batch.local(reply),
+            admin::AdminReply::Later(work) => out.defer(work),
+        },
+    }
+}
