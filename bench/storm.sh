@@ -1,0 +1,339 @@
+#!/usr/bin/env bash
+# Retry-storm benchmark: the incident lockgate exists for (issue 5, "the
+# incident, side by side"). Many clients contend for one lock key through
+# each target, alternating in one run:
+#   direct     redis-server
+#   twemproxy  nutcracker (one pool, one server) in front of its own redis-server
+#   lockgate   lockgate (default config) in front of its own redis-server
+# and two workloads, DURATION seconds each:
+#   a (poll)   150 clients: SETNX lock:storm <id>, sleep 1 ms, again (the
+#              'Redis in Action' loop with time.sleep(.001))
+#   b (spin)   50 clients: SETNX with no sleep
+# A winner holds the lock 200 ms, DELs it through the same target and goes
+# back to trying. The clients are examples/storm.rs (raw RESP, one connection
+# each, every reply awaited before the next attempt).
+#
+#   bench/storm.sh             full run (2 workloads x 3 targets x 10 s: ~1.5 min
+#                              after the build)
+#   QUICK=1 bench/storm.sh     smoke test: 2 s runs, short idle baseline
+#
+# Environment (all optional):
+#   DURATION=10       seconds per run (QUICK=1: 2)
+#   ROUNDS=1          rounds; the order of the targets rotates from workload
+#                     to workload and round to round; the report shows medians
+#   HOLD_MS=200       how long a winner holds the lock
+#   POLL_CLIENTS=150  POLL_SLEEP_US=1000  SPIN_CLIENTS=50
+#   IDLE_S=5          seconds of idle baseline per Redis (QUICK=1: 2)
+#   RUN_TIMEOUT=      seconds before one run is given up (default DURATION+60)
+#   LOCKGATE_BIN=...  use this lockgate binary instead of building it
+#   STORM_BIN=...     use this load generator instead of building it
+#
+# Per run it records, on the target's own Redis: INFO commandstats (reset just
+# before), the CPU of redis-server (utime+stime from /proc/PID/stat, and the
+# ns-precise /proc/PID/task/*/schedstat) and of the proxy, and the load
+# generator's JSON line (acquisitions, per-client counts, wait and handoff
+# percentiles, unfinished waits). The markdown summary, with lockgate's
+# PASS/MISS against the issue's targets, is printed and written to
+# bench/results/storm-latest.md; the raw runs go to
+# bench/results/storm-latest.jsonl and the rest of the report's input to
+# storm-latest.meta.tsv (bench/storm_report.py re-renders them). The box is small and shared: compare
+# targets within one run, not absolute numbers across runs.
+#
+# nutcracker closes the connection on commands it does not proxy (HELLO,
+# CLIENT, SELECT, CONFIG): the generator sends only SETNX and DEL, and the
+# resets and INFO go to each Redis directly.
+set -euo pipefail
+
+export PATH="$PATH:/usr/sbin:/sbin"
+export LC_ALL=C
+
+BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$BENCH_DIR/.." && pwd)
+HELPER="$BENCH_DIR/storm_report.py"
+RESULTS="$BENCH_DIR/results"
+
+QUICK=${QUICK:-0}
+if [[ $QUICK == 1 ]]; then
+  DURATION=${DURATION:-2}
+  IDLE_S=${IDLE_S:-2}
+else
+  DURATION=${DURATION:-10}
+  IDLE_S=${IDLE_S:-5}
+fi
+ROUNDS=${ROUNDS:-1}
+HOLD_MS=${HOLD_MS:-200}
+POLL_CLIENTS=${POLL_CLIENTS:-150}
+POLL_SLEEP_US=${POLL_SLEEP_US:-1000}
+SPIN_CLIENTS=${SPIN_CLIENTS:-50}
+RUN_TIMEOUT=${RUN_TIMEOUT:-$((${DURATION%.*} + 60))}
+
+log() { printf '[storm] %s\n' "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+# --- tools --------------------------------------------------------------------
+missing=()
+for tool in redis-server redis-cli nutcracker python3 timeout; do
+  command -v "$tool" >/dev/null 2>&1 || missing+=("$tool")
+done
+if ((${#missing[@]})); then
+  log "missing: ${missing[*]}; installing redis-server redis-tools nutcracker"
+  sudo=()
+  if [[ $(id -u) != 0 ]]; then
+    command -v sudo >/dev/null 2>&1 || die "not root and no sudo: install redis-server redis-tools nutcracker"
+    sudo=(sudo)
+  fi
+  "${sudo[@]}" apt-get update
+  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y redis-server redis-tools nutcracker
+  for tool in "${missing[@]}"; do
+    command -v "$tool" >/dev/null 2>&1 || die "$tool still missing after apt-get install"
+  done
+fi
+
+CLK_TCK=$(getconf CLK_TCK)
+
+# --- lockgate and the load generator ------------------------------------------
+build=()
+[[ -n ${LOCKGATE_BIN:-} ]] || build+=(--bin lockgate)
+[[ -n ${STORM_BIN:-} ]] || build+=(--example storm)
+if ((${#build[@]})); then
+  log "building (cargo build --release ${build[*]})"
+  (cd "$REPO" && cargo build --release --quiet "${build[@]}") || die "cargo build --release failed"
+fi
+LOCKGATE_BIN=${LOCKGATE_BIN:-$REPO/target/release/lockgate}
+STORM_BIN=${STORM_BIN:-$REPO/target/release/examples/storm}
+[[ -x $LOCKGATE_BIN ]] || die "LOCKGATE_BIN=$LOCKGATE_BIN is not executable"
+[[ -x $STORM_BIN ]] || die "STORM_BIN=$STORM_BIN is not executable"
+
+# --- processes: everything started here is killed by PID at exit -------------
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/lockgate-storm.XXXXXX")
+PIDS=()
+cleanup() {
+  local pid i
+  for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for pid in "${PIDS[@]}"; do
+    for ((i = 0; i < 30; i++)); do
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 0.1
+    done
+    kill -KILL "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  done
+  rm -rf "$TMP"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# Waits until PORT answers PING (through a proxy: Redis behind it too).
+wait_ready() {
+  local name=$1 pid=$2 port=$3 logf=$4 i
+  for ((i = 0; i < 100; i++)); do
+    kill -0 "$pid" 2>/dev/null || { cat "$logf" >&2 || true; die "$name exited at start (log above)"; }
+    if [[ $(redis-cli -h 127.0.0.1 -p "$port" ping 2>/dev/null) == PONG ]]; then return 0; fi
+    sleep 0.1
+  done
+  cat "$logf" >&2 || true
+  die "$name not answering PING on port $port after 10 s"
+}
+
+mapfile -t PORTS < <(python3 "$BENCH_DIR/passthrough_report.py" ports 6)
+P_REDIS_A=${PORTS[0]} P_REDIS_B=${PORTS[1]} P_REDIS_C=${PORTS[2]}
+P_TWEM=${PORTS[3]} P_TWEM_STATS=${PORTS[4]} P_LOCKGATE=${PORTS[5]}
+
+start_redis() {
+  local name=$1 port=$2
+  mkdir -p "$TMP/$name"
+  redis-server --bind 127.0.0.1 --port "$port" --save '' --appendonly no \
+    --protected-mode no --daemonize no --dir "$TMP/$name" --logfile "$TMP/$name.log" &
+  LAST_PID=$!
+  PIDS+=("$LAST_PID")
+  wait_ready "redis-server ($name)" "$LAST_PID" "$port" "$TMP/$name.log"
+}
+start_redis redis-direct "$P_REDIS_A"
+REDIS_A_PID=$LAST_PID
+start_redis redis-twemproxy "$P_REDIS_B"
+REDIS_B_PID=$LAST_PID
+start_redis redis-lockgate "$P_REDIS_C"
+REDIS_C_PID=$LAST_PID
+
+cat >"$TMP/nutcracker.yml" <<EOF
+storm:
+  listen: 127.0.0.1:$P_TWEM
+  redis: true
+  hash: fnv1a_64
+  distribution: ketama
+  auto_eject_hosts: false
+  servers:
+   - 127.0.0.1:$P_REDIS_B:1
+EOF
+nutcracker -t -c "$TMP/nutcracker.yml" >/dev/null 2>&1 || die "nutcracker rejects $TMP/nutcracker.yml"
+nutcracker -c "$TMP/nutcracker.yml" -s "$P_TWEM_STATS" -a 127.0.0.1 \
+  -p "$TMP/nutcracker.pid" -o "$TMP/nutcracker.log" &
+TWEM_PID=$!
+PIDS+=("$TWEM_PID")
+wait_ready nutcracker "$TWEM_PID" "$P_TWEM" "$TMP/nutcracker.log"
+
+RUST_LOG=warn "$LOCKGATE_BIN" --listen "127.0.0.1:$P_LOCKGATE" --upstream "127.0.0.1:$P_REDIS_C" \
+  >"$TMP/lockgate.log" 2>&1 &
+LOCKGATE_PID=$!
+PIDS+=("$LOCKGATE_PID")
+wait_ready lockgate "$LOCKGATE_PID" "$P_LOCKGATE" "$TMP/lockgate.log"
+
+TARGETS=(direct twemproxy lockgate)
+declare -A PORT_OF=([direct]=$P_REDIS_A [twemproxy]=$P_TWEM [lockgate]=$P_LOCKGATE)
+declare -A REDIS_PORT_OF=([direct]=$P_REDIS_A [twemproxy]=$P_REDIS_B [lockgate]=$P_REDIS_C)
+declare -A REDIS_PID_OF=([direct]=$REDIS_A_PID [twemproxy]=$REDIS_B_PID [lockgate]=$REDIS_C_PID)
+declare -A PROXY_PID_OF=([direct]="" [twemproxy]=$TWEM_PID [lockgate]=$LOCKGATE_PID)
+
+rcli() { redis-cli -h 127.0.0.1 -p "$@"; }
+
+# Every path reaches its own Redis, and SETNX/DEL on a lock key work through
+# it; through lockgate the lock gets a lease (it is taken over, not passed on).
+for t in "${TARGETS[@]}"; do
+  p=${PORT_OF[$t]} r=${REDIS_PORT_OF[$t]}
+  [[ $(rcli "$p" set "storm:probe:$t" ok) == OK ]] || die "SET through $t failed"
+  [[ $(rcli "$r" get "storm:probe:$t") == ok ]] || die "value written through $t not in its Redis"
+  [[ $(rcli "$p" setnx lock:storm:probe a) == 1 ]] || die "SETNX through $t did not acquire a free lock"
+  [[ $(rcli "$p" setnx lock:storm:probe b) == 0 ]] || die "second SETNX through $t acquired a held lock"
+  if [[ $t == lockgate ]]; then
+    pttl=$(rcli "$r" pttl lock:storm:probe)
+    ((pttl > 0)) || die "SETNX through lockgate left no lease on the lock (PTTL $pttl)"
+  fi
+  [[ $(rcli "$p" del lock:storm:probe) == 1 ]] || die "DEL through $t did not release the lock"
+done
+log "redis :$P_REDIS_A/:$P_REDIS_B/:$P_REDIS_C  nutcracker :$P_TWEM  lockgate :$P_LOCKGATE (tmp $TMP)"
+
+# utime+stime of a process (all its threads), in clock ticks.
+cpu_ticks() {
+  local stat rest f
+  read -r stat <"/proc/$1/stat"
+  rest=${stat##*) }            # the fields after "(comm)", starting at field 3
+  read -r -a f <<<"$rest"
+  echo $((f[11] + f[12]))      # fields 14 (utime) and 15 (stime)
+}
+# CPU time of a process (all its threads), in ns: field 1 of each thread's
+# schedstat. /proc/PID/stat counts whole ticks, too coarse for an idle Redis.
+cpu_ns() {
+  local sum=0 t v _
+  for t in /proc/"$1"/task/*/schedstat; do
+    read -r v _ 2>/dev/null <"$t" || continue
+    sum=$((sum + v))
+  done
+  echo "$sum"
+}
+now_ns() { date +%s%N; }
+
+reset_redis() {
+  local r=$1
+  [[ $(rcli "$r" flushall) == OK ]] || die "FLUSHALL on :$r failed"
+  [[ $(rcli "$r" config resetstat) == OK ]] || die "CONFIG RESETSTAT on :$r failed"
+}
+
+# --- idle baseline: each Redis's own CPU with its proxy connected -------------
+mkdir -p "$RESULTS"
+META="$TMP/meta.tsv"
+: >"$META"
+for t in "${TARGETS[@]}"; do reset_redis "${REDIS_PORT_OF[$t]}"; done
+declare -A IDLE0
+for t in "${TARGETS[@]}"; do IDLE0[$t]=$(cpu_ns "${REDIS_PID_OF[$t]}"); done
+t0=$(now_ns)
+sleep "$IDLE_S"
+t1=$(now_ns)
+for t in "${TARGETS[@]}"; do
+  c1=$(cpu_ns "${REDIS_PID_OF[$t]}")
+  rate=$(awk -v c=$((c1 - IDLE0[$t])) -v w=$((t1 - t0)) 'BEGIN { printf "%.9f", c / w }')
+  printf 'idle_%s\t%s\n' "$t" "$rate" >>"$META"
+  log "idle $t redis: $(awk -v r="$rate" 'BEGIN { printf "%.2f", r * 1000 }') ms CPU/s"
+done
+
+# --- runs ---------------------------------------------------------------------
+RUNS="$TMP/runs.jsonl"
+: >"$RUNS"
+
+# workload id, clients, sleep between attempts (µs)
+WORKLOADS=(
+  "poll $POLL_CLIENTS $POLL_SLEEP_US"
+  "spin $SPIN_CLIENTS 0"
+)
+
+run_one() {
+  local round=$1 wl=$2 clients=$3 sleep_us=$4 target=$5
+  local port=${PORT_OF[$target]} rport=${REDIS_PORT_OF[$target]} rpid=${REDIS_PID_OF[$target]}
+  local ppid=${PROXY_PID_OF[$target]} out="$TMP/r$round-$wl-$target"
+  local t0 t1 rt0 rt1 rn0 rn1 pt0=0 pt1=0
+  reset_redis "$rport"
+  : >"$out.lg0"
+  : >"$out.lg1"
+  if [[ $target == lockgate ]]; then rcli "$port" lockgate stats >"$out.lg0"; fi
+  if [[ -n $ppid ]]; then pt0=$(cpu_ticks "$ppid"); fi
+  rt0=$(cpu_ticks "$rpid")
+  rn0=$(cpu_ns "$rpid")
+  t0=$(now_ns)
+  if ! timeout "$RUN_TIMEOUT" "$STORM_BIN" --port "$port" --clients "$clients" \
+    --sleep-us "$sleep_us" --hold-ms "$HOLD_MS" --duration-s "$DURATION" \
+    >"$out.json" 2>"$out.err"; then
+    cat "$out.err" >&2
+    die "load generator ($wl) against $target failed or timed out"
+  fi
+  t1=$(now_ns)
+  rn1=$(cpu_ns "$rpid")
+  rt1=$(cpu_ticks "$rpid")
+  if [[ -n $ppid ]]; then pt1=$(cpu_ticks "$ppid"); fi
+  rcli "$rport" info commandstats >"$out.cmdstats"
+  if [[ $target == lockgate ]]; then rcli "$port" lockgate stats >"$out.lg1"; fi
+  python3 "$HELPER" record "$RUNS" "$out.json" "$out.cmdstats" "$out.lg0" "$out.lg1" \
+    round="$round" workload="$wl" target="$target" \
+    wall_s="$(awk -v d=$((t1 - t0)) 'BEGIN { printf "%.6f", d / 1e9 }')" \
+    redis_ticks=$((rt1 - rt0)) redis_ns=$((rn1 - rn0)) proxy_ticks=$((pt1 - pt0))
+  python3 - "$out.json" "$out.cmdstats" "$round" "$wl" "$target" <<'EOF' >&2
+import json, sys
+g = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+calls = sum(int(l.split("calls=")[1].split(",")[0]) for l in open(sys.argv[2])
+            if l.startswith("cmdstat_") and not l.startswith(("cmdstat_config", "cmdstat_info")))
+acq = g["acquisitions"]
+print(f"[storm] round {sys.argv[3]} {sys.argv[4]:<4} {sys.argv[5]:<9} {calls / g['elapsed_s']:>9.0f} cmds/s  "
+      f"{acq:>3} acquisitions ({g['distinct_acquirers']} clients)  "
+      f"wait p99 {g['wait_ms']['p99'] / 1000:.2f} s  errors {g['errors']}")
+EOF
+}
+
+log "duration ${DURATION}s x 2 workloads x 3 targets x $ROUNDS round(s), hold ${HOLD_MS} ms (QUICK=$QUICK)"
+LOAD_AT_START=$(cut -d' ' -f1-3 /proc/loadavg)
+for ((round = 1; round <= ROUNDS; round++)); do
+  for ((w = 0; w < ${#WORKLOADS[@]}; w++)); do
+    read -r wl clients sleep_us <<<"${WORKLOADS[$w]}"
+    for ((k = 0; k < ${#TARGETS[@]}; k++)); do
+      target=${TARGETS[$(((k + w + round - 1) % ${#TARGETS[@]}))]}
+      run_one "$round" "$wl" "$clients" "$sleep_us" "$target"
+    done
+  done
+done
+
+# --- report -------------------------------------------------------------------
+rev=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)
+if [[ -n $(git -C "$REPO" status --porcelain -- src Cargo.toml Cargo.lock 2>/dev/null) ]]; then
+  rev="$rev+dirty"
+fi
+{
+  printf 'date\t%s\n' "$(date -u '+%Y-%m-%d %H:%M UTC')"
+  printf 'lockgate\t%s\n' "$("$LOCKGATE_BIN" --version | awk '{print $2}') @ $rev"
+  printf 'redis\t%s\n' "$(redis-server --version | sed -n 's/.* v=\([^ ]*\).*/\1/p')"
+  printf 'nutcracker\t%s\n' "$(nutcracker --version 2>&1 | sed -n 's/.*nutcracker-\([^ ]*\).*/\1/p' | head -1)"
+  printf 'cpus\t%s\n' "$(nproc)"
+  printf 'load\t%s\n' "$LOAD_AT_START"
+  printf 'rounds\t%s\nduration\t%s\nhold_ms\t%s\nquick\t%s\n' "$ROUNDS" "$DURATION" "$HOLD_MS" "$QUICK"
+  printf 'poll_clients\t%s\npoll_sleep_us\t%s\nspin_clients\t%s\n' "$POLL_CLIENTS" "$POLL_SLEEP_US" "$SPIN_CLIENTS"
+  printf 'clk_tck\t%s\n' "$CLK_TCK"
+  # The retry defaults as documented in config/lockgate.toml (lockgate runs without a file).
+  for k in probe_interval_ms park_ms; do
+    printf '%s\t%s\n' "$k" "$(sed -n "/^\[locks.retry\]/,/^\[/s/^$k *= *\([0-9]*\).*/\1/p" "$REPO/config/lockgate.toml" | head -1)"
+  done
+} >>"$META"
+
+cp "$RUNS" "$RESULTS/storm-latest.jsonl"
+cp "$META" "$RESULTS/storm-latest.meta.tsv"
+echo
+python3 "$HELPER" report "$RUNS" "$META" "$RESULTS/storm-latest.md"
+echo
+log "written: bench/results/storm-latest.md (summary), bench/results/storm-latest.jsonl (per run),"
+log "  bench/results/storm-latest.meta.tsv (the rest of the report's input)"
