@@ -123,9 +123,7 @@ fn serve(
     }
     let runtime = builder.build().context("starting the runtime")?;
     runtime.block_on(async {
-        let listener = tokio::net::TcpListener::bind(&config.proxy.listen)
-            .await
-            .with_context(|| format!("binding {}", config.proxy.listen))?;
+        let listener = bind(&config.proxy.listen).with_context(|| format!("binding {}", config.proxy.listen))?;
         tracing::info!(
             listen = %listener.local_addr()?,
             upstream = %config.upstream.addr,
@@ -151,6 +149,19 @@ fn serve(
         tracing::info!("lockgate stopped");
         Ok(())
     })
+}
+
+/// A listener with a backlog of 1024 (std's default of 128 makes a burst of
+/// connecting clients wait for SYN retries), as Redis uses 511.
+fn bind(addr: &str) -> anyhow::Result<tokio::net::TcpListener> {
+    let addr: std::net::SocketAddr = addr.parse()?;
+    let socket = match addr {
+        std::net::SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+        std::net::SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    Ok(socket.listen(1024)?)
 }
 
 /// SIGHUP re-reads the configuration file (see `ServerContext::reload`).

@@ -107,6 +107,9 @@ struct KeyInner {
     driving: bool,
     /// The holder last learned acquired through this instance.
     ours: bool,
+    /// Counts releases seen, so an answer that was on its way while a
+    /// release arrived does not overwrite it with a stale "held".
+    releases: u64,
 }
 
 /// One tracked key.
@@ -252,6 +255,7 @@ impl Storm {
             if let Ok(mut inner) = state.inner.lock() {
                 inner.held_until = None;
                 inner.last_probe = None;
+                inner.releases += 1;
             }
             state.wake.notify_one();
         }
@@ -359,7 +363,11 @@ impl Storm {
                     return;
                 }
                 let free = inner.held_until.is_none_or(|u| u <= now);
+                // A lock held through this instance needs no probing: its
+                // release (DEL, client Lua, disconnect) or lease deadline is
+                // seen here. Probes only cover releases lockgate may miss.
                 let probe_due = probe_ms > 0
+                    && !inner.ours
                     && inner
                         .last_probe
                         .is_none_or(|p| now.duration_since(p) >= Duration::from_millis(probe_ms));
@@ -388,11 +396,13 @@ impl Storm {
             };
             if let Some((id, ask)) = attempt {
                 let lease = ask.lease_ms;
+                let releases_before = state.inner.lock().map(|i| i.releases).unwrap_or(0);
                 let (acquired, pttl) = acquirer.acquire(ask).await;
                 let Ok(mut inner) = state.inner.lock() else {
                     return;
                 };
                 let now = Instant::now();
+                let released_meanwhile = inner.releases != releases_before;
                 if acquired {
                     inner.held_until = Some(now + Duration::from_millis(lease));
                     inner.ours = true;
@@ -409,7 +419,7 @@ impl Storm {
                             }
                         }
                     }
-                } else {
+                } else if !released_meanwhile {
                     inner.held_until = (pttl > 0).then(|| now + Duration::from_millis(pttl as u64));
                 }
                 continue;
