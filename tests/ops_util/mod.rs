@@ -1,0 +1,877 @@
+//! Shared by `tests/ops.rs` and `tests/ops_reload.rs`: lockgate in-process
+//! with its admin HTTP listener (both on port 0), a tiny HTTP/1.1 client
+//! over a `TcpStream`, a Prometheus text parser for the numbers, the Python
+//! `prometheus_client` parsers as the independent judge of the format, and
+//! headless Chromium driven over `--remote-debugging-pipe` (CDP through two
+//! FIFOs) for the status page.
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lockgate::{Config, ServerContext};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use crate::support::{cmd, run_limited_async, show, RawClient, WAIT};
+
+/// lockgate in this process: the RESP listener and the admin HTTP listener
+/// on port 0, stopped (and its admin listener with it) on drop.
+pub struct Ops {
+    /// Where clients connect (RESP).
+    pub addr: SocketAddr,
+    /// The admin HTTP listener.
+    pub admin: SocketAddr,
+    /// The shared context.
+    pub ctx: Arc<ServerContext>,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<()>>,
+}
+
+/// A configuration for tests in front of `upstream`: a fixed instance id,
+/// fast reconnects, a short drain.
+pub fn base_config(upstream: &str) -> Config {
+    let mut c = Config::default();
+    c.upstream.addr = upstream.to_string();
+    c.upstream.reconnect_interval_ms = 50;
+    c.proxy.shutdown_grace_ms = 300;
+    c.locks.instance_id = "ops-test".to_string();
+    c
+}
+
+impl Ops {
+    /// Starts lockgate with `config` (validated first; its listen
+    /// addresses are ignored: both listeners are on port 0).
+    pub async fn start(config: Config) -> Ops {
+        config.validate().expect("valid test config");
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind RESP");
+        let admin_listener = TcpListener::bind("127.0.0.1:0").await.expect("bind admin");
+        let addr = listener.local_addr().expect("RESP addr");
+        let admin = admin_listener.local_addr().expect("admin addr");
+        let ctx = Arc::new(ServerContext::new(config));
+        let (tx, rx) = oneshot::channel::<()>();
+        let task = tokio::spawn(lockgate::run_with_admin(
+            ctx.clone(),
+            listener,
+            Some(admin_listener),
+            async {
+                let _ = rx.await;
+            },
+        ));
+        Ops {
+            addr,
+            admin,
+            ctx,
+            stop: Some(tx),
+            task: Some(task),
+        }
+    }
+
+    /// A new client connection.
+    pub async fn client(&self) -> RawClient {
+        RawClient::connect(self.addr).await
+    }
+
+    /// `GET path` on the admin listener.
+    pub async fn get(&self, path: &str) -> HttpReply {
+        http_get(self.admin, path).await
+    }
+
+    /// `/metrics`, checked for status and content type, parsed.
+    pub async fn metrics(&self) -> Metrics {
+        let r = self.get("/metrics").await;
+        assert_eq!(r.status, 200, "/metrics answered {}: {}", r.status, r.body);
+        let ct = r.header("content-type").unwrap_or("");
+        assert!(
+            ct.starts_with("application/openmetrics-text") || ct.starts_with("text/plain"),
+            "/metrics content-type {ct:?}"
+        );
+        Metrics::parse(&r.body)
+    }
+
+    /// `/status.json`, parsed.
+    pub async fn status_json(&self) -> serde_json::Value {
+        let r = self.get("/status.json").await;
+        assert_eq!(r.status, 200, "/status.json answered {}", r.status);
+        serde_json::from_str(&r.body)
+            .unwrap_or_else(|e| panic!("/status.json is not JSON ({e}): {}", r.body))
+    }
+
+    /// Signals shutdown and waits (bounded) until lockgate returned.
+    pub async fn stop(mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        if let Some(task) = self.task.take() {
+            tokio::time::timeout(WAIT, task)
+                .await
+                .expect("lockgate stops in time")
+                .expect("lockgate task");
+        }
+    }
+}
+
+impl Drop for Ops {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+        // Stops the admin listener and lockgate's own connections.
+        self.ctx.stop.cancel();
+    }
+}
+
+/// One HTTP response.
+#[derive(Debug, Clone)]
+pub struct HttpReply {
+    /// The status code.
+    pub status: u16,
+    /// Header names lower-cased, in order.
+    pub headers: Vec<(String, String)>,
+    /// The body (de-chunked), as text.
+    pub body: String,
+}
+
+impl HttpReply {
+    /// The first header called `name` (lower case).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// `GET path` over HTTP/1.1 with `Connection: close`, read to EOF (bounded
+/// by [`WAIT`]).
+pub async fn http_get(addr: SocketAddr, path: &str) -> HttpReply {
+    let exchange = async {
+        let mut s = TcpStream::connect(addr).await.expect("connect admin");
+        let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+        s.write_all(req.as_bytes()).await.expect("write request");
+        let mut raw = Vec::new();
+        s.read_to_end(&mut raw).await.expect("read response");
+        raw
+    };
+    let raw = tokio::time::timeout(WAIT, exchange)
+        .await
+        .unwrap_or_else(|_| panic!("GET {path}: no whole response within {WAIT:?}"));
+    parse_http(&raw, path)
+}
+
+/// Like [`http_get`], but `None` when nothing listens yet (or the
+/// connection fails before a whole response).
+pub async fn try_http_get(addr: SocketAddr, path: &str) -> Option<HttpReply> {
+    let exchange = async {
+        let mut s = TcpStream::connect(addr).await.ok()?;
+        let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+        s.write_all(req.as_bytes()).await.ok()?;
+        let mut raw = Vec::new();
+        s.read_to_end(&mut raw).await.ok()?;
+        Some(raw)
+    };
+    let raw = tokio::time::timeout(WAIT, exchange).await.ok()??;
+    raw.windows(4)
+        .any(|w| w == b"\r\n\r\n")
+        .then(|| parse_http(&raw, path))
+}
+
+fn parse_http(raw: &[u8], path: &str) -> HttpReply {
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .unwrap_or_else(|| panic!("GET {path}: no header end in {:?}", show(raw)));
+    let head = String::from_utf8_lossy(&raw[..split]).into_owned();
+    let mut lines = head.split("\r\n");
+    let status_line = lines.next().unwrap_or("");
+    let mut parts = status_line.splitn(3, ' ');
+    assert_eq!(
+        parts.next(),
+        Some("HTTP/1.1"),
+        "GET {path}: status line {status_line:?}"
+    );
+    let status: u16 = parts
+        .next()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("GET {path}: status line {status_line:?}"));
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    let mut body = raw[split + 4..].to_vec();
+    let header = |n: &str| headers.iter().find(|(h, _)| h == n).map(|(_, v)| v.clone());
+    if header("transfer-encoding").is_some_and(|t| t.eq_ignore_ascii_case("chunked")) {
+        body = dechunk(&body, path);
+    } else if let Some(len) = header("content-length") {
+        let len: usize = len.parse().expect("content-length");
+        assert_eq!(body.len(), len, "GET {path}: body length vs content-length");
+    }
+    let body = String::from_utf8(body)
+        .unwrap_or_else(|e| panic!("GET {path}: body not UTF-8: {:?}", show(e.as_bytes())));
+    HttpReply {
+        status,
+        headers,
+        body,
+    }
+}
+
+fn dechunk(mut data: &[u8], path: &str) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let eol = data
+            .windows(2)
+            .position(|w| w == b"\r\n")
+            .unwrap_or_else(|| panic!("GET {path}: bad chunk header"));
+        let size_text = String::from_utf8_lossy(&data[..eol]);
+        let size_text = size_text.split(';').next().unwrap_or("").trim();
+        let size = usize::from_str_radix(size_text, 16)
+            .unwrap_or_else(|_| panic!("GET {path}: bad chunk size {size_text:?}"));
+        data = &data[eol + 2..];
+        if size == 0 {
+            return out;
+        }
+        assert!(data.len() >= size + 2, "GET {path}: truncated chunk");
+        out.extend_from_slice(&data[..size]);
+        data = &data[size + 2..];
+    }
+}
+
+/// One sample line of the exposition.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample {
+    /// The sample name (`…_total`, `…_bucket`, …).
+    pub name: String,
+    /// Its labels.
+    pub labels: BTreeMap<String, String>,
+    /// Its value.
+    pub value: f64,
+}
+
+/// A scrape of `/metrics`.
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    /// The text as served.
+    pub text: String,
+    /// Every sample line, in order.
+    pub samples: Vec<Sample>,
+}
+
+impl Metrics {
+    /// Parses the sample lines of the Prometheus / OpenMetrics text format
+    /// (comments skipped; panics on a line it cannot read).
+    pub fn parse(text: &str) -> Metrics {
+        let samples = text
+            .lines()
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+            .map(parse_sample)
+            .collect();
+        Metrics {
+            text: text.to_string(),
+            samples,
+        }
+    }
+
+    /// The value of the sample `name` with exactly `labels`.
+    pub fn get(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        let want: BTreeMap<String, String> = labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        self.samples
+            .iter()
+            .find(|s| s.name == name && s.labels == want)
+            .map(|s| s.value)
+    }
+
+    /// Like [`Self::get`], panicking with the sample names when absent.
+    pub fn value(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        self.get(name, labels).unwrap_or_else(|| {
+            let names: std::collections::BTreeSet<&str> =
+                self.samples.iter().map(|s| s.name.as_str()).collect();
+            panic!("no sample {name}{labels:?} in /metrics; names: {names:?}")
+        })
+    }
+
+    /// A counter or gauge without labels, as an integer.
+    pub fn int(&self, name: &str) -> i64 {
+        let v = self.value(name, &[]);
+        assert_eq!(v.fract(), 0.0, "{name} = {v} is not an integer");
+        v as i64
+    }
+
+    /// Every sample called `name`.
+    pub fn series(&self, name: &str) -> Vec<&Sample> {
+        self.samples.iter().filter(|s| s.name == name).collect()
+    }
+}
+
+fn parse_sample(line: &str) -> Sample {
+    let bad = |why: &str| -> ! { panic!("cannot read sample line ({why}): {line:?}") };
+    let name_end = line.find(['{', ' ']).unwrap_or_else(|| bad("no value"));
+    let name = line[..name_end].to_string();
+    let mut labels = BTreeMap::new();
+    let mut rest = &line[name_end..];
+    if let Some(after) = rest.strip_prefix('{') {
+        let mut chars = after.char_indices().peekable();
+        let end = loop {
+            let mut key = String::new();
+            for (_, c) in chars.by_ref() {
+                if c == '=' {
+                    break;
+                }
+                key.push(c);
+            }
+            if chars.next().map(|(_, c)| c) != Some('"') {
+                bad("label value not quoted");
+            }
+            let mut value = String::new();
+            let mut closed = false;
+            while let Some((_, c)) = chars.next() {
+                match c {
+                    '\\' => match chars.next().map(|(_, c)| c) {
+                        Some('n') => value.push('\n'),
+                        Some(c) => value.push(c),
+                        None => bad("dangling escape"),
+                    },
+                    '"' => {
+                        closed = true;
+                        break;
+                    }
+                    c => value.push(c),
+                }
+            }
+            if !closed {
+                bad("unterminated label value");
+            }
+            labels.insert(key, value);
+            match chars.next() {
+                Some((i, '}')) => break i + 1,
+                Some((_, ',')) => {
+                    if let Some(&(i, '}')) = chars.peek() {
+                        break i + 1;
+                    }
+                }
+                _ => bad("expected , or }"),
+            }
+        };
+        rest = &after[end..];
+    }
+    let value_text = rest
+        .split_whitespace()
+        .next()
+        .unwrap_or_else(|| bad("no value"));
+    let value: f64 = value_text.parse().unwrap_or_else(|_| bad("bad value"));
+    Sample {
+        name,
+        labels,
+        value,
+    }
+}
+
+/// What the Python `prometheus_client` parsers made of a text: every
+/// sample as (family, family type, sample name, labels, value).
+#[derive(Debug)]
+pub struct PyParsed {
+    /// `prometheus_client.parser` (the Prometheus text format).
+    pub prometheus: Vec<PySample>,
+    /// `prometheus_client.openmetrics.parser` (the format the endpoint's
+    /// content type announces), or its error.
+    pub openmetrics: Result<Vec<PySample>, String>,
+}
+
+/// One sample as a Python parser saw it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PySample {
+    /// The family name.
+    pub family: String,
+    /// The family type (counter, gauge, histogram, unknown, …).
+    pub kind: String,
+    /// The sample name.
+    pub name: String,
+    /// Its labels.
+    pub labels: BTreeMap<String, String>,
+    /// Its value.
+    pub value: f64,
+}
+
+const PY_PARSE: &str = r#"
+import json, sys
+try:
+    from prometheus_client.parser import text_string_to_metric_families as prom
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families as om
+except ImportError as e:
+    sys.stderr.write("cannot import prometheus_client: %s\n" % e)
+    sys.exit(3)
+text = sys.stdin.read()
+def dump(families):
+    return [{"family": f.name, "kind": f.type, "name": s.name, "labels": s.labels,
+             "value": repr(float(s.value))} for f in families for s in f.samples]
+out = {"prometheus": dump(prom(text))}
+try:
+    out["openmetrics"] = dump(om(text))
+except Exception as e:
+    out["openmetrics_error"] = repr(e)
+print(json.dumps(out))
+"#;
+
+/// Runs the Python `prometheus_client` parsers over `text`. Fails the test
+/// with how to install the module when it is missing, and with Python's
+/// error when the Prometheus text parser refuses the text.
+pub async fn python_parse(text: &str) -> PyParsed {
+    let mut command = Command::new("python3");
+    command.args(["-c", PY_PARSE]);
+    let out = run_limited_async(command, Some(text.as_bytes().to_vec()), WAIT).await;
+    if out.status.code() == Some(3) {
+        panic!(
+            "python3 has no prometheus_client module ({}); this test needs it: \
+             `python3 -m pip install prometheus_client` (scripts/test.sh installs it)",
+            show(&out.stderr).trim()
+        );
+    }
+    assert!(
+        out.status.success(),
+        "prometheus_client.parser refused /metrics ({}):\n{}\n--- text ---\n{text}",
+        out.status,
+        show(&out.stderr)
+    );
+    // Values travel as Python's repr and are parsed here: serde_json's
+    // own float parsing is not always correctly rounded.
+    #[derive(serde::Deserialize)]
+    struct RawSample {
+        family: String,
+        kind: String,
+        name: String,
+        labels: BTreeMap<String, String>,
+        value: String,
+    }
+    #[derive(serde::Deserialize)]
+    struct Raw {
+        prometheus: Vec<RawSample>,
+        openmetrics: Option<Vec<RawSample>>,
+        openmetrics_error: Option<String>,
+    }
+    let raw: Raw = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("python output not JSON ({e}): {}", show(&out.stdout)));
+    let samples = |v: Vec<RawSample>| -> Vec<PySample> {
+        v.into_iter()
+            .map(|s| PySample {
+                value: s
+                    .value
+                    .parse()
+                    .unwrap_or_else(|_| panic!("python value {:?}", s.value)),
+                family: s.family,
+                kind: s.kind,
+                name: s.name,
+                labels: s.labels,
+            })
+            .collect()
+    };
+    PyParsed {
+        prometheus: samples(raw.prometheus),
+        openmetrics: match (raw.openmetrics, raw.openmetrics_error) {
+            (Some(s), _) => Ok(samples(s)),
+            (None, e) => Err(e.unwrap_or_default()),
+        },
+    }
+}
+
+/// Sends `args` and returns the reply as text, adding the bytes each way
+/// to `io` (sent, received).
+pub async fn counted(c: &mut RawClient, args: &[&str], io: &mut (u64, u64)) -> String {
+    let req = cmd(args);
+    c.send(&req).await;
+    let reply = c.read_raw().await;
+    io.0 += req.len() as u64;
+    io.1 += reply.len() as u64;
+    show(&reply)
+}
+
+/// An integer reply's value.
+pub fn int(reply: &str) -> i64 {
+    reply
+        .strip_prefix(':')
+        .and_then(|r| r.strip_suffix("\r\n"))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("not an integer reply: {reply:?}"))
+}
+
+/// `PTTL key` through `c`.
+pub async fn pttl(c: &mut RawClient, key: &str) -> i64 {
+    int(&c.call_s(&["PTTL", key]).await)
+}
+
+/// A decoded RESP reply (enough for the admin views).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Resp {
+    /// `+…`
+    Status(String),
+    /// `-…`
+    Error(String),
+    /// `:…`
+    Int(i64),
+    /// `$…` (nil as `None`).
+    Bulk(Option<String>),
+    /// `*…` (nil as an empty array).
+    Array(Vec<Resp>),
+}
+
+impl Resp {
+    /// Decodes one whole RESP2 frame.
+    pub fn parse(raw: &[u8]) -> Resp {
+        let (r, used) = Resp::parse_at(raw, 0);
+        assert_eq!(used, raw.len(), "trailing bytes after {:?}", show(raw));
+        r
+    }
+
+    fn parse_at(raw: &[u8], pos: usize) -> (Resp, usize) {
+        let eol = raw[pos..]
+            .windows(2)
+            .position(|w| w == b"\r\n")
+            .map(|i| pos + i)
+            .unwrap_or_else(|| panic!("no CRLF in {:?}", show(raw)));
+        let line = String::from_utf8_lossy(&raw[pos + 1..eol]).into_owned();
+        let next = eol + 2;
+        match raw[pos] {
+            b'+' => (Resp::Status(line), next),
+            b'-' => (Resp::Error(line), next),
+            b':' => (Resp::Int(line.parse().expect("integer")), next),
+            b'$' => {
+                let n: i64 = line.parse().expect("bulk length");
+                if n < 0 {
+                    return (Resp::Bulk(None), next);
+                }
+                let end = next + n as usize;
+                let s = String::from_utf8_lossy(&raw[next..end]).into_owned();
+                (Resp::Bulk(Some(s)), end + 2)
+            }
+            b'*' => {
+                let n: i64 = line.parse().expect("array length");
+                let mut items = Vec::new();
+                let mut p = next;
+                for _ in 0..n.max(0) {
+                    let (item, q) = Resp::parse_at(raw, p);
+                    items.push(item);
+                    p = q;
+                }
+                (Resp::Array(items), p)
+            }
+            other => panic!(
+                "unexpected RESP type {:?} in {:?}",
+                other as char,
+                show(raw)
+            ),
+        }
+    }
+
+    /// The elements of an array (panics otherwise).
+    pub fn items(&self) -> &[Resp] {
+        match self {
+            Resp::Array(v) => v,
+            other => panic!("expected an array, got {other:?}"),
+        }
+    }
+
+    /// The text of a bulk or status reply (panics otherwise).
+    pub fn text(&self) -> &str {
+        match self {
+            Resp::Bulk(Some(s)) | Resp::Status(s) => s,
+            other => panic!("expected a bulk string, got {other:?}"),
+        }
+    }
+
+    /// The value of an integer reply (panics otherwise).
+    pub fn int(&self) -> i64 {
+        match self {
+            Resp::Int(n) => *n,
+            other => panic!("expected an integer, got {other:?}"),
+        }
+    }
+}
+
+/// Sends `args` and decodes the reply.
+pub async fn call(c: &mut RawClient, args: &[&str]) -> Resp {
+    Resp::parse(&c.call_raw(args).await)
+}
+
+/// Where Debian's chromium package puts the browser.
+pub const CHROMIUM: &str = "/usr/bin/chromium";
+
+/// Fails the test with how to install Chromium when it is missing.
+pub fn require_chromium() {
+    if !Path::new(CHROMIUM).exists() {
+        panic!(
+            "{CHROMIUM} is missing: the status page test needs headless Chromium \
+             (`apt-get install -y chromium`; scripts/test.sh installs it)"
+        );
+    }
+}
+
+/// The flags every headless run here uses.
+pub const CHROMIUM_FLAGS: &[&str] = &[
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+];
+
+/// Runs `chromium … --virtual-time-budget=3000 --dump-dom url` (bounded;
+/// its whole process group is killed if it overruns) and returns the DOM.
+pub async fn dump_dom(url: &str) -> String {
+    require_chromium();
+    let url = url.to_string();
+    tokio::task::spawn_blocking(move || {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let out_path = dir.path().join("dom.html");
+        let err_path = dir.path().join("stderr.txt");
+        let mut command = Command::new(CHROMIUM);
+        command
+            .args(CHROMIUM_FLAGS)
+            .arg(format!(
+                "--user-data-dir={}",
+                dir.path().join("profile").display()
+            ))
+            .args(["--virtual-time-budget=3000", "--dump-dom", &url])
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&out_path).expect("dom file"))
+            .stderr(std::fs::File::create(&err_path).expect("stderr file"));
+        std::os::unix::process::CommandExt::process_group(&mut command, 0);
+        let mut child = command.spawn().expect("spawn chromium");
+        let limit = Duration::from_secs(60);
+        let deadline = Instant::now() + limit;
+        let status = loop {
+            if let Some(status) = child.try_wait().expect("try_wait") {
+                break status;
+            }
+            if Instant::now() >= deadline {
+                kill_group(&mut child);
+                panic!(
+                    "chromium --dump-dom did not finish within {limit:?}; stderr:\n{}",
+                    std::fs::read_to_string(&err_path).unwrap_or_default()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let dom = std::fs::read_to_string(&out_path).unwrap_or_default();
+        assert!(
+            status.success() && dom.contains("</html>"),
+            "chromium --dump-dom {url} failed ({status}); stderr:\n{}",
+            std::fs::read_to_string(&err_path).unwrap_or_default()
+        );
+        dom
+    })
+    .await
+    .expect("dump-dom task")
+}
+
+/// Kills `child`'s whole process group (it was started as its leader) and
+/// reaps it.
+fn kill_group(child: &mut Child) {
+    let _ = Command::new("kill")
+        .args(["-KILL", "--", &format!("-{}", child.id())])
+        .status();
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// A headless Chromium driven over the DevTools protocol on
+/// `--remote-debugging-pipe` (fd 3 in, fd 4 out, NUL-separated JSON), here
+/// through two FIFOs. The test reads the live page's DOM whenever it wants,
+/// in real time (no reload, no virtual time).
+pub struct Browser {
+    child: Option<Child>,
+    to_browser: std::fs::File,
+    from_browser: tokio::sync::mpsc::UnboundedReceiver<serde_json::Value>,
+    session: String,
+    next_id: u64,
+    dir: tempfile::TempDir,
+}
+
+impl Browser {
+    /// Starts Chromium and opens `url` in a new page.
+    pub async fn open(url: &str) -> Browser {
+        require_chromium();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let fifo_in = dir.path().join("cdp-in");
+        let fifo_out = dir.path().join("cdp-out");
+        for f in [&fifo_in, &fifo_out] {
+            let st = Command::new("mkfifo").arg(f).status().expect("run mkfifo");
+            assert!(st.success(), "mkfifo {}", f.display());
+        }
+        // Opened read+write: on Linux that never blocks, whichever side
+        // comes first.
+        let open = |p: &PathBuf| {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(p)
+                .unwrap_or_else(|e| panic!("open {}: {e}", p.display()))
+        };
+        let to_browser = open(&fifo_in);
+        let mut from = open(&fifo_out);
+        let mut flags: Vec<String> = CHROMIUM_FLAGS.iter().map(|s| s.to_string()).collect();
+        flags.push(format!(
+            "--user-data-dir={}",
+            dir.path().join("profile").display()
+        ));
+        flags.push("--remote-debugging-pipe".to_string());
+        flags.push("about:blank".to_string());
+        let mut command = Command::new("sh");
+        command
+            .arg("-c")
+            .arg(r#"exec "$@" 3<"$CDP_IN" 4>"$CDP_OUT""#)
+            .arg("sh")
+            .arg(CHROMIUM)
+            .args(&flags)
+            .env("CDP_IN", &fifo_in)
+            .env("CDP_OUT", &fifo_out)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.path().join("stderr.txt")).expect("stderr file"));
+        std::os::unix::process::CommandExt::process_group(&mut command, 0);
+        let child = command.spawn().expect("spawn chromium");
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        std::thread::spawn(move || {
+            use std::io::Read;
+            let mut buf: Vec<u8> = Vec::new();
+            let mut chunk = vec![0u8; 64 * 1024];
+            loop {
+                let n = match from.read(&mut chunk) {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => n,
+                };
+                buf.extend_from_slice(&chunk[..n]);
+                while let Some(end) = buf.iter().position(|&b| b == 0) {
+                    let msg: Vec<u8> = buf.drain(..=end).collect();
+                    if let Ok(v) = serde_json::from_slice(&msg[..msg.len() - 1]) {
+                        if tx.send(v).is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+        });
+        let mut b = Browser {
+            child: Some(child),
+            to_browser,
+            from_browser: rx,
+            session: String::new(),
+            next_id: 0,
+            dir,
+        };
+        let target = b
+            .call(
+                None,
+                "Target.createTarget",
+                serde_json::json!({ "url": url }),
+            )
+            .await;
+        let target_id = target["targetId"].as_str().expect("targetId").to_string();
+        let attached = b
+            .call(
+                None,
+                "Target.attachToTarget",
+                serde_json::json!({ "targetId": target_id, "flatten": true }),
+            )
+            .await;
+        b.session = attached["sessionId"]
+            .as_str()
+            .expect("sessionId")
+            .to_string();
+        b
+    }
+
+    /// Chromium's stderr so far (for failure messages).
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("stderr.txt")).unwrap_or_default()
+    }
+
+    async fn call(
+        &mut self,
+        session: Option<&str>,
+        method: &str,
+        params: serde_json::Value,
+    ) -> serde_json::Value {
+        use std::io::Write;
+        self.next_id += 1;
+        let id = self.next_id;
+        let mut msg = serde_json::json!({ "id": id, "method": method, "params": params });
+        if let Some(s) = session {
+            msg["sessionId"] = serde_json::Value::String(s.to_string());
+        }
+        let mut bytes = serde_json::to_vec(&msg).expect("json");
+        bytes.push(0);
+        self.to_browser
+            .write_all(&bytes)
+            .expect("write to chromium");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let got = tokio::time::timeout_at(deadline, self.from_browser.recv()).await;
+            let v = match got {
+                Ok(Some(v)) => v,
+                Ok(None) | Err(_) => panic!(
+                    "no answer from chromium to {method} (it stopped, or took over 30 s); stderr:\n{}",
+                    self.stderr()
+                ),
+            };
+            if v["id"].as_u64() == Some(id) {
+                if let Some(e) = v.get("error") {
+                    panic!("chromium refused {method}: {e}");
+                }
+                return v["result"].clone();
+            }
+        }
+    }
+
+    /// Evaluates `expression` in the page and returns its value (JSON).
+    pub async fn eval(&mut self, expression: &str) -> serde_json::Value {
+        let session = self.session.clone();
+        let r = self
+            .call(
+                Some(&session),
+                "Runtime.evaluate",
+                serde_json::json!({ "expression": expression, "returnByValue": true }),
+            )
+            .await;
+        if let Some(e) = r.get("exceptionDetails") {
+            panic!("page script failed: {e}");
+        }
+        r["result"]["value"].clone()
+    }
+
+    /// Closes the browser and waits (bounded) for it to exit.
+    pub async fn close(mut self) {
+        let _ = tokio::time::timeout(
+            Duration::from_secs(10),
+            self.call(None, "Browser.close", serde_json::json!({})),
+        )
+        .await;
+        if let Some(mut child) = self.child.take() {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline {
+                if child.try_wait().ok().flatten().is_some() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            kill_group(&mut child);
+        }
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            kill_group(&mut child);
+        }
+    }
+}
