@@ -123,6 +123,9 @@ fn serve(
     }
     let runtime = builder.build().context("starting the runtime")?;
     runtime.block_on(async {
+        // Taken over before any port is bound, so an early SIGHUP never
+        // kills the process.
+        let hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
         let listener = bind(&config.proxy.listen).with_context(|| format!("binding {}", config.proxy.listen))?;
         tracing::info!(
             listen = %listener.local_addr()?,
@@ -144,7 +147,7 @@ fn serve(
         if let Ok(mut slot) = ctx.reload.lock() {
             *slot = hook;
         }
-        tokio::spawn(reload_on_sighup(ctx.clone()));
+        tokio::spawn(reload_on_sighup(ctx.clone(), hup));
         lockgate::run_with_admin(ctx, listener, admin, lockgate::shutdown::signal()).await;
         tracing::info!("lockgate stopped");
         Ok(())
@@ -165,9 +168,11 @@ fn bind(addr: &str) -> anyhow::Result<tokio::net::TcpListener> {
 }
 
 /// SIGHUP re-reads the configuration file (see `ServerContext::reload`).
-async fn reload_on_sighup(ctx: std::sync::Arc<lockgate::ServerContext>) {
-    use tokio::signal::unix::{signal, SignalKind};
-    let Ok(mut hup) = signal(SignalKind::hangup()) else {
+async fn reload_on_sighup(
+    ctx: std::sync::Arc<lockgate::ServerContext>,
+    hup: Option<tokio::signal::unix::Signal>,
+) {
+    let Some(mut hup) = hup else {
         tracing::warn!("cannot listen for SIGHUP; use LOCKGATE RELOAD");
         return;
     };

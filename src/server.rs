@@ -147,13 +147,26 @@ impl ServerContext {
         if new.locks.quorum != old.locks.quorum {
             ignored.push("locks.quorum");
         }
-        if new.admin.listen != old.admin.listen {
-            ignored.push("admin.listen");
+        if new.admin != old.admin {
+            ignored.push("admin");
         }
         (hook.set_log_filter)(&new.log.filter)?;
         self.locks.reload(&new);
+        // What is in force: the reloadable sections from the file, the rest
+        // as the process started with.
+        let in_force = Config {
+            proxy: old.proxy,
+            upstream: old.upstream,
+            limits: old.limits,
+            admin: old.admin,
+            locks: crate::config::LocksConfig {
+                quorum: old.locks.quorum,
+                ..new.locks
+            },
+            log: new.log,
+        };
         if let Ok(mut current) = self.current.write() {
-            *current = new;
+            *current = in_force;
         }
         Ok(match ignored.is_empty() {
             true => "reloaded".to_string(),
@@ -279,12 +292,12 @@ impl crate::lock::storm::Acquirer for ServerContext {
             if let Some(q) = &self.quorum {
                 let out = self
                     .locks
-                    .quorum_acquire(q, op, ask.shape, lease, ask.conn)
+                    .quorum_acquire(q, op, ask.shape, lease, ask.conn, true)
                     .await;
                 return (out.acquired, out.pttl);
             }
             let planned = match ask.conn.lock() {
-                Ok(mut c) => self.locks.plan(op, &mut c, false),
+                Ok(mut c) => self.locks.plan_for_handoff(op, &mut c),
                 Err(_) => return (false, 0),
             };
             let Some(pending) = planned.pending else {

@@ -127,6 +127,11 @@ pub struct Rules {
 }
 
 impl Rules {
+    /// `locks.retry.max_attempts_per_sec` in force.
+    pub fn max_attempts_per_sec(&self) -> u64 {
+        self.retry.max_attempts_per_sec
+    }
+
     fn new(c: &crate::config::LocksConfig) -> Rules {
         Rules {
             patterns: KeyPatterns::new(&c.keys),
@@ -297,6 +302,17 @@ impl LockService {
     /// acquisitions in `conn`. `in_multi`: the command will be queued by
     /// Redis, so its reply must be the bare client reply.
     pub fn plan(&self, op: LockOp, conn: &mut ConnLocks, in_multi: bool) -> Planned {
+        self.plan_with(op, conn, in_multi, true)
+    }
+
+    /// [`LockService::plan`] for an acquisition lockgate makes on a parked
+    /// client's behalf (a handoff or the driver's probe): the client's
+    /// attempt was counted when it arrived, so this one is not.
+    pub fn plan_for_handoff(&self, op: LockOp, conn: &mut ConnLocks) -> Planned {
+        self.plan_with(op, conn, false, false)
+    }
+
+    fn plan_with(&self, op: LockOp, conn: &mut ConnLocks, in_multi: bool, count: bool) -> Planned {
         let info: &[u8] = if in_multi { b"0" } else { b"1" };
         if in_multi {
             ProxyMetrics::inc(&self.metrics.in_transaction);
@@ -315,8 +331,10 @@ impl LockService {
                 ttl,
                 shape,
             } => {
-                ProxyMetrics::inc(&self.metrics.attempts);
-                self.hot.record(&key, Event::Attempt);
+                if count {
+                    ProxyMetrics::inc(&self.metrics.attempts);
+                    self.hot.record(&key, Event::Attempt);
+                }
                 let token = self.tokens.next();
                 let lease = self.lease_ms(&key);
                 let (kind, amount) = match &ttl {

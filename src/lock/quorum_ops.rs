@@ -98,7 +98,7 @@ impl LockService {
                 Err(reply) => return reply,
             };
             return self
-                .quorum_acquire(q, op.clone(), *shape, lease, conn)
+                .quorum_acquire(q, op.clone(), *shape, lease, conn, false)
                 .await
                 .reply;
         }
@@ -156,6 +156,7 @@ impl LockService {
         shape: Shape,
         lease_ms: u64,
         conn: Arc<Mutex<ConnLocks>>,
+        handoff: bool,
     ) -> Outcome {
         let LockOp::Acquire { key, value, .. } = &op else {
             return Outcome::failed(LocalReply::err(
@@ -169,6 +170,7 @@ impl LockService {
             return Outcome::failed(q.loss_reply(not_acquired(shape)));
         }
         let planned = match conn.lock() {
+            Ok(mut c) if handoff => self.plan_for_handoff(op, &mut c),
             Ok(mut c) => self.plan(op, &mut c, false),
             Err(_) => {
                 return Outcome::failed(LocalReply::err(

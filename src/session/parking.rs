@@ -85,7 +85,7 @@ pub fn admit(
             }
             // Smoothing: a connection hammering one key faster than
             // max_attempts_per_sec waits out the rest of its interval.
-            let rate = ctx.config.locks.retry.max_attempts_per_sec;
+            let rate = ctx.locks.rules().max_attempts_per_sec();
             let interval = std::time::Duration::from_micros(1_000_000 / rate.max(1));
             match since_last {
                 Some(gap) if rate > 0 && gap < interval => {
@@ -155,7 +155,7 @@ pub async fn quorum_attempt(
     let (key, shape) = (key.clone(), *shape);
     let outcome = ctx
         .locks
-        .quorum_acquire(&q, op.clone(), shape, park.lease_ms, conn.clone())
+        .quorum_acquire(&q, op.clone(), shape, park.lease_ms, conn.clone(), false)
         .await;
     if outcome.acquired || outcome.pttl <= 0 {
         return outcome.reply;
