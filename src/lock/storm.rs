@@ -240,6 +240,11 @@ impl Storm {
         };
         let now = Instant::now();
         if let Ok(mut inner) = state.inner.lock() {
+            // A "held" answer to a probe sent before the latest release
+            // (no probe admitted since) is stale: the release wins.
+            if !acquired && inner.releases > 0 && inner.last_probe.is_none() {
+                return;
+            }
             // A failed probe does not tell who holds it: keep what we knew
             // while that lease lasts.
             let ours_before = inner.ours && inner.held_until.is_some_and(|u| u > now);
