@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use super::node::Node;
-use super::{owner_key, script, LockService};
+use super::{script, LockService};
 use crate::metrics::ProxyMetrics;
-use crate::protocol::encode::{self, LocalReply};
+use crate::protocol::encode::LocalReply;
 
 /// Drift allowance of a lease, as Redlock computes validity.
 const CLOCK_DRIFT_FACTOR: f64 = 0.01;
@@ -28,30 +28,13 @@ pub fn counter_key(key: &[u8]) -> Bytes {
 
 /// `EVAL FENCE_UNLOCK` for `key` and `token`.
 pub fn unlock_command(key: &[u8], token: &[u8]) -> Bytes {
-    let owner = owner_key(key);
-    encode::command(&[
-        b"EVAL",
-        script::FENCE_UNLOCK.as_bytes(),
-        b"2",
-        key,
-        &owner,
-        token,
-    ])
+    super::eval_on(script::FENCE_UNLOCK, key, &[], &[token])
 }
 
 /// `EVAL FENCE_EXTEND` for `key`, `token` and a new lease.
 pub fn extend_command(key: &[u8], token: &[u8], ttl_ms: u64) -> Bytes {
-    let owner = owner_key(key);
     let ttl = ttl_ms.to_string();
-    encode::command(&[
-        b"EVAL",
-        script::FENCE_EXTEND.as_bytes(),
-        b"2",
-        key,
-        &owner,
-        token,
-        ttl.as_bytes(),
-    ])
+    super::eval_on(script::FENCE_EXTEND, key, &[], &[token, ttl.as_bytes()])
 }
 
 /// The integers of a reply (`:n` lines), in order.
@@ -82,23 +65,18 @@ impl LockService {
         timeout: Duration,
     ) -> LocalReply {
         let deadline = Instant::now() + wait;
-        let owner = owner_key(&key);
         let counter = counter_key(&key);
         let ttl = ttl_ms.to_string();
         loop {
             ProxyMetrics::inc(&self.metrics.attempts);
             let started = Instant::now();
             let instance_token = self.next_token();
-            let cmd = encode::command(&[
-                b"EVAL",
-                script::FENCE_LOCK.as_bytes(),
-                b"3",
+            let cmd = super::eval_on(
+                script::FENCE_LOCK,
                 &key,
-                &owner,
-                &counter,
-                ttl.as_bytes(),
-                &instance_token,
-            ]);
+                &[&counter],
+                &[ttl.as_bytes(), &instance_token],
+            );
             let reply = match node.call(cmd, timeout).await {
                 Ok(reply) => reply,
                 Err(e) => return LocalReply::err(format!("lockgate: {e}")),

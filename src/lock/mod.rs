@@ -619,6 +619,15 @@ pub fn owner_key(key: &[u8]) -> Bytes {
     k.freeze()
 }
 
+/// `EVAL script` on `key`, its owner record and the `extra` keys, with
+/// `argv`: the shape of every script lockgate runs on one lock.
+pub fn eval_on(script: &str, key: &[u8], extra: &[&[u8]], argv: &[&[u8]]) -> Bytes {
+    let owner = owner_key(key);
+    let mut keys: Vec<&[u8]> = vec![key, &owner];
+    keys.extend_from_slice(extra);
+    eval(script, &keys, argv)
+}
+
 /// `EVAL script numkeys keys… argv…` as RESP.
 fn eval(script: &str, keys: &[&[u8]], argv: &[&[u8]]) -> Bytes {
     let numkeys = keys.len().to_string();

@@ -8,9 +8,9 @@ use std::time::Instant;
 use bytes::Bytes;
 
 use super::quorum::{integer, Quorum};
-use super::{owner_key, script, LockService};
+use super::{script, LockService};
 use crate::metrics::ProxyMetrics;
-use crate::protocol::encode::{self, LocalReply};
+use crate::protocol::encode::LocalReply;
 
 impl LockService {
     /// `LOCKGATE LOCK` on the quorum: take the lock on a majority under an
@@ -25,7 +25,6 @@ impl LockService {
         wait: std::time::Duration,
     ) -> LocalReply {
         let deadline = Instant::now() + wait;
-        let owner = owner_key(&key);
         let counter = super::fence::counter_key(&key);
         let ttl = ttl_ms.to_string();
         let majority = q.majority();
@@ -38,16 +37,12 @@ impl LockService {
             }
             let instance_token = self.next_token();
             let started = Instant::now();
-            let take = encode::command(&[
-                b"EVAL",
-                script::QFENCE_ACQUIRE.as_bytes(),
-                b"3",
+            let take = super::eval_on(
+                script::QFENCE_ACQUIRE,
                 &key,
-                &owner,
-                &counter,
-                ttl.as_bytes(),
-                &instance_token,
-            ]);
+                &[&counter],
+                &[ttl.as_bytes(), &instance_token],
+            );
             let facts = |r: &Bytes| super::fence::integers(r);
             let answers = q.ask(&eligible, &take, |_| false).await;
             let takers: Vec<usize> = (0..answers.replies.len())
@@ -62,16 +57,12 @@ impl LockService {
                     .unwrap_or(0)
                     + 1;
                 let token_s = token.to_string();
-                let commit = encode::command(&[
-                    b"EVAL",
-                    script::QFENCE_COMMIT.as_bytes(),
-                    b"3",
+                let commit = super::eval_on(
+                    script::QFENCE_COMMIT,
                     &key,
-                    &owner,
-                    &counter,
-                    &instance_token,
-                    token_s.as_bytes(),
-                ]);
+                    &[&counter],
+                    &[&instance_token, token_s.as_bytes()],
+                );
                 let committed = q.ask(&eligible, &commit, |_| false).await;
                 let ok = committed
                     .replies
@@ -91,15 +82,7 @@ impl LockService {
                     LocalReply::Integer(validity),
                 ]);
             }
-            let undo = encode::command(&[
-                b"EVAL",
-                script::RELEASE_TOKEN.as_bytes(),
-                b"2",
-                &key,
-                &owner,
-                &instance_token,
-                b"",
-            ]);
+            let undo = super::eval_on(script::RELEASE_TOKEN, &key, &[], &[&instance_token, b""]);
             q.ask_all(&undo).await;
             let refused = answers.replies.len() - takers.len();
             if takers.len() < majority && refused <= q.masters.len() - majority {

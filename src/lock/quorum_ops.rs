@@ -12,9 +12,9 @@ use bytes::Bytes;
 use super::lease::{ConnLocks, Standing};
 use super::ops::{LockOp, Shape, Ttl};
 use super::quorum::{integer, majority_identical, majority_integer, now_unix_ms, Quorum};
-use super::{owner_key, script, split_reply, LockPending, LockService};
+use super::{script, split_reply, LockPending, LockService};
 use crate::metrics::ProxyMetrics;
-use crate::protocol::encode::{self, LocalReply};
+use crate::protocol::encode::LocalReply;
 
 /// A master's reply as a reply lockgate writes: nulls become the client's
 /// protocol's null, errors and integers keep their meaning, the rest passes
@@ -211,16 +211,7 @@ impl LockService {
             };
         }
         // Not acquired: undo it everywhere, also where the answer was late.
-        let owner = owner_key(&key);
-        let undo = encode::command(&[
-            b"EVAL",
-            script::RELEASE_TOKEN.as_bytes(),
-            b"2",
-            &key,
-            &owner,
-            &token,
-            &value,
-        ]);
+        let undo = super::eval_on(script::RELEASE_TOKEN, &key, &[], &[&token, &value]);
         q.ask_all(&undo).await;
         if let Ok(mut c) = conn.lock() {
             c.settle(&key, &token, Standing::Lost, None);

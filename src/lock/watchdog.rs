@@ -12,9 +12,8 @@ use bytes::Bytes;
 
 use super::lease::{ConnLocks, Standing};
 use super::node::Node;
-use super::{owner_key, script, LockService};
+use super::{script, LockService};
 use crate::metrics::ProxyMetrics;
-use crate::protocol::encode;
 
 /// Longest wait for one renewal or release on lockgate's own connection.
 const CALL_TIMEOUT: Duration = Duration::from_secs(1);
@@ -38,17 +37,12 @@ pub async fn run(service: &LockService, primary: &Node, conn: &Mutex<ConnLocks>)
         } in due
         {
             let lease_s = lease_ms.to_string();
-            let owner = owner_key(&key);
-            let cmd = encode::command(&[
-                b"EVAL",
-                script::RENEW.as_bytes(),
-                b"2",
+            let cmd = super::eval_on(
+                script::RENEW,
                 &key,
-                &owner,
-                &token,
-                lease_s.as_bytes(),
-                &value,
-            ]);
+                &[],
+                &[&token, lease_s.as_bytes(), &value],
+            );
             match primary.call(cmd, CALL_TIMEOUT).await {
                 Ok(reply) if reply.as_ref() == b":1\r\n" => {
                     ProxyMetrics::inc(&service.metrics.watchdog_renewals);
@@ -115,16 +109,7 @@ pub async fn release_on_disconnect(service: &LockService, primary: &Node, conn: 
         key, token, value, ..
     } in due
     {
-        let owner = owner_key(&key);
-        let cmd = encode::command(&[
-            b"EVAL",
-            script::RELEASE_TOKEN.as_bytes(),
-            b"2",
-            &key,
-            &owner,
-            &token,
-            &value,
-        ]);
+        let cmd = super::eval_on(script::RELEASE_TOKEN, &key, &[], &[&token, &value]);
         match primary.call(cmd, CALL_TIMEOUT).await {
             Ok(reply) if reply.as_ref() == b":1\r\n" => {
                 ProxyMetrics::inc(&service.metrics.released_on_disconnect);
