@@ -82,6 +82,22 @@ pub(super) struct Routed {
 }
 
 impl Routed {
+    /// Takes an attempt answered before Redis (see [`parking::admit`]):
+    /// `None` when it is answered (now, later, or parked), else the park
+    /// settings to go upstream with.
+    fn early(&mut self, early: Early) -> Option<Option<crate::lock::Park>> {
+        match early {
+            Early::Now(reply) => self.batch.local(reply),
+            Early::Delayed(reply, wait) => self.defer(Box::pin(async move {
+                tokio::time::sleep(wait).await;
+                reply
+            })),
+            Early::Parked(rx) => self.batch.deferred(rx),
+            Early::Probe(park) => return Some(park),
+        }
+        None
+    }
+
     /// Queues `work`; its reply takes the command's place in the order.
     pub(super) fn defer(&mut self, work: admin::Work) {
         match self.jobs.defer(work) {
@@ -218,32 +234,17 @@ fn carry_out(
             out.batch.expect(Expect::One);
         }
         Route::Lock(op) if ctx.quorum.is_some() => {
-            let park = match parking::admit(ctx, op, conn, !view.in_multi, out.last) {
-                Early::Now(reply) => return out.batch.local(reply),
-                Early::Delayed(reply, wait) => {
-                    return out.defer(Box::pin(async move {
-                        tokio::time::sleep(wait).await;
-                        reply
-                    }))
-                }
-                Early::Parked(rx) => return out.batch.deferred(rx),
-                Early::Probe(park) => park,
+            let Some(park) = out.early(parking::admit(ctx, op, conn, !view.in_multi, out.last))
+            else {
+                return;
             };
             let (ctx2, conn, op) = (ctx.clone(), conn.clone(), op.clone());
             out.defer(Box::pin(parking::quorum_attempt(ctx2, op, conn, park)));
         }
         Route::Lock(op) => {
             let tracked = !view.in_multi && view.db == 0;
-            let park = match parking::admit(ctx, op, conn, tracked, out.last) {
-                Early::Now(reply) => return out.batch.local(reply),
-                Early::Delayed(reply, wait) => {
-                    return out.defer(Box::pin(async move {
-                        tokio::time::sleep(wait).await;
-                        reply
-                    }))
-                }
-                Early::Parked(rx) => return out.batch.deferred(rx),
-                Early::Probe(park) => park,
+            let Some(park) = out.early(parking::admit(ctx, op, conn, tracked, out.last)) else {
+                return;
             };
             let planned = match conn.lock() {
                 Ok(mut c) => ctx.locks.plan(op.clone(), &mut c, view.in_multi),
