@@ -9,6 +9,9 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+mod locks;
+pub use locks::{LockOverride, LocksConfig, Ownership, QuorumConfig, QuorumLoss, RetryConfig};
+
 /// Everything lockgate can be told. Sections mirror `config/lockgate.toml`.
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
@@ -166,196 +169,6 @@ impl Default for LimitsConfig {
             max_inline_bytes: 64 * 1024,
             max_request_bytes: 1024 * 1024 * 1024,
             max_reply_depth: 512,
-        }
-    }
-}
-
-/// Lock keys: which keys lockgate takes over, with what lease, and who may
-/// release them. Only keys matching `keys` are ever changed by lockgate.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
-#[serde(default, deny_unknown_fields)]
-pub struct LocksConfig {
-    /// Glob patterns (Redis `KEYS` syntax) of lock keys. A `SETNX` on any
-    /// other key passes through untouched (it may be "set a default if
-    /// missing" on real data) and is counted by prefix.
-    pub keys: Vec<String>,
-    /// Lease given to a lock acquired without a TTL (`SETNX`, `SET … NX`),
-    /// in milliseconds.
-    pub default_lease_ms: u64,
-    /// Who may release or extend a lock: `"instance"` (the connection that
-    /// acquired it, or any connection of this instance for an acquisition
-    /// made through this instance) or `"any"` (legacy: no owner check).
-    pub ownership: Ownership,
-    /// This sidecar's identity in owner records; must differ between
-    /// sidecars. Empty: the hostname and the listen port (`host:6380`).
-    pub instance_id: String,
-    /// Most lock keys remembered per client connection (the oldest record
-    /// is dropped past it, and counted).
-    pub max_locks_per_connection: usize,
-    /// Most distinct key prefixes counted for `SETNX` outside `keys`.
-    pub max_unmatched_prefixes: usize,
-    /// Most calls queued on one of lockgate's own connections (to the
-    /// primary or a lock master); one more fails at once as overloaded.
-    pub max_queued_calls: usize,
-    /// Per-pattern settings; the first whose pattern matches a key applies.
-    pub overrides: Vec<LockOverride>,
-    /// Lock keys on N independent masters with the Redlock quorum; without
-    /// masters, lock keys live on the primary.
-    pub quorum: QuorumConfig,
-    /// Retry storms: how spinning acquisitions are absorbed and parked.
-    pub retry: RetryConfig,
-}
-
-/// Retry-storm control (`[locks.retry]`): while a lock is known held, spin
-/// loops cost Redis almost nothing and the lock is handed over in order.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
-#[serde(default, deny_unknown_fields)]
-pub struct RetryConfig {
-    /// At most one upstream attempt per key per this interval (ms) while
-    /// the key is known held; other attempts are answered "not acquired"
-    /// locally. 0: off (every attempt goes upstream).
-    pub probe_interval_ms: u64,
-    /// How long a failed attempt may wait (ms) for the lock to be released
-    /// and handed to it, oldest first. 0: off (answer at once).
-    pub park_ms: u64,
-    /// Most lock keys tracked at once (the least recently used idle entry
-    /// is dropped past it, counted).
-    pub max_keys: usize,
-    /// Most attempts parked on one key; more are answered at once.
-    pub max_waiters_per_key: usize,
-    /// One connection attempting one key more often than this per second
-    /// gets its "not acquired" replies delayed (smoothing). 0: off.
-    pub max_attempts_per_sec: u64,
-}
-
-impl Default for RetryConfig {
-    fn default() -> Self {
-        RetryConfig {
-            probe_interval_ms: 100,
-            park_ms: 50,
-            max_keys: 100_000,
-            max_waiters_per_key: 10_000,
-            max_attempts_per_sec: 1_000,
-        }
-    }
-}
-
-/// The Redlock quorum (`[locks.quorum]`).
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
-#[serde(default, deny_unknown_fields)]
-pub struct QuorumConfig {
-    /// Lock masters (`HOST:PORT`), independent Redis servers; empty: no
-    /// quorum. At least 3; odd recommended (an even N needs N/2+1).
-    pub masters: Vec<String>,
-    /// Longest wait for one master's answer, in milliseconds; a master that
-    /// does not answer in time counts as "no".
-    pub node_timeout_ms: u64,
-    /// Clock drift allowance, as a fraction of the lease:
-    /// validity = lease − elapsed − (lease × drift + 2 ms).
-    pub clock_drift_factor: f64,
-    /// How long a master that restarted (new run_id) or was unreachable sits
-    /// out acquisitions, in milliseconds. 0: the longest lease lockgate has
-    /// granted, never less than `default_lease_ms`.
-    pub rejoin_delay_ms: u64,
-    /// When fewer than a majority of masters can take part in an
-    /// acquisition: `"error"` (reply an error) or `"not_acquired"`.
-    pub on_quorum_loss: QuorumLoss,
-}
-
-impl Default for QuorumConfig {
-    fn default() -> Self {
-        QuorumConfig {
-            masters: Vec::new(),
-            node_timeout_ms: 50,
-            clock_drift_factor: 0.01,
-            rejoin_delay_ms: 0,
-            on_quorum_loss: QuorumLoss::Error,
-        }
-    }
-}
-
-/// What an acquisition answers without a quorum of masters.
-#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "snake_case")]
-pub enum QuorumLoss {
-    /// `-ERR lockgate: lock quorum unavailable (…)`.
-    Error,
-    /// The command's "not acquired" reply (`:0`, nil).
-    NotAcquired,
-}
-
-impl Default for LocksConfig {
-    fn default() -> Self {
-        LocksConfig {
-            keys: [
-                "lock:*",
-                "lock_*",
-                "locks:*",
-                "*:lock",
-                "*:lock:*",
-                "*_lock",
-                "*:locks:*",
-                "mutex:*",
-                "*:mutex",
-            ]
-            .iter()
-            .map(|s| s.to_string())
-            .collect(),
-            default_lease_ms: 30_000,
-            ownership: Ownership::Instance,
-            instance_id: String::new(),
-            max_locks_per_connection: 1_024,
-            max_unmatched_prefixes: 1_000,
-            max_queued_calls: 10_000,
-            overrides: Vec::new(),
-            quorum: QuorumConfig::default(),
-            retry: RetryConfig::default(),
-        }
-    }
-}
-
-/// Who may release or extend a lock (see `LocksConfig::ownership`).
-#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-pub enum Ownership {
-    /// Owner-checked release (the default).
-    Instance,
-    /// No owner check: plain `DEL`, legacy behaviour.
-    Any,
-}
-
-/// Settings for lock keys matching one pattern (`[[locks.overrides]]`).
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
-#[serde(default, deny_unknown_fields)]
-pub struct LockOverride {
-    /// Glob pattern; should also match one of `locks.keys` to have effect.
-    pub pattern: String,
-    /// Lease for these keys in milliseconds (0: `default_lease_ms`).
-    pub lease_ms: u64,
-    /// Renew the lease every lease/3 while the acquiring connection is open
-    /// and the lock not released (Redisson's watchdog).
-    pub watchdog: bool,
-    /// Longest the watchdog keeps a lock alive, in milliseconds.
-    pub max_hold_ms: u64,
-    /// Release the lock as soon as the acquiring connection closes
-    /// (ZooKeeper's ephemeral nodes).
-    pub release_on_disconnect: bool,
-    /// `locks.retry.probe_interval_ms` for these keys (unset: the global).
-    pub probe_interval_ms: Option<u64>,
-    /// `locks.retry.park_ms` for these keys (unset: the global).
-    pub park_ms: Option<u64>,
-}
-
-impl Default for LockOverride {
-    fn default() -> Self {
-        LockOverride {
-            pattern: String::new(),
-            lease_ms: 0,
-            watchdog: false,
-            max_hold_ms: 300_000,
-            release_on_disconnect: false,
-            probe_interval_ms: None,
-            park_ms: None,
         }
     }
 }
@@ -549,7 +362,7 @@ mod tests {
 
     #[test]
     fn shipped_file_matches_defaults() {
-        let text = include_str!("../config/lockgate.toml");
+        let text = include_str!("../../config/lockgate.toml");
         let cfg = Config::from_toml(text).unwrap();
         assert_eq!(cfg, Config::default());
     }
