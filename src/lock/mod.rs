@@ -30,6 +30,7 @@ pub mod lease;
 pub mod metrics;
 pub mod node;
 pub mod ops;
+mod plan;
 pub mod quorum;
 pub mod quorum_fence;
 pub mod quorum_ops;
@@ -43,13 +44,11 @@ use bytes::{Bytes, BytesMut};
 use dashmap::DashMap;
 
 use crate::config::{Config, LockOverride, Ownership};
-use crate::hotkeys::Event;
 use crate::metrics::{ProxyMetrics, RateLimit};
 use crate::protocol::encode::{self, LocalReply};
 use keys::KeyPatterns;
-use lease::{ConnLocks, Standing, Tokens};
+use lease::{ConnLocks, Tokens};
 use metrics::LockMetrics;
-use ops::{LockOp, Ttl};
 
 /// Prefix of owner records: `lockgate:owner:{key}`.
 pub const OWNER_PREFIX: &[u8] = b"lockgate:owner:{";
@@ -298,239 +297,6 @@ impl LockService {
         ConnLocks::new(self.max_conn_locks)
     }
 
-    /// Turns `op` into the Redis command that performs it, recording
-    /// acquisitions in `conn`. `in_multi`: the command will be queued by
-    /// Redis, so its reply must be the bare client reply.
-    pub fn plan(&self, op: LockOp, conn: &mut ConnLocks, in_multi: bool) -> Planned {
-        self.plan_with(op, conn, in_multi, true)
-    }
-
-    /// [`LockService::plan`] for an acquisition lockgate makes on a parked
-    /// client's behalf (a handoff or the driver's probe): the client's
-    /// attempt was counted when it arrived, so this one is not.
-    pub fn plan_for_handoff(&self, op: LockOp, conn: &mut ConnLocks) -> Planned {
-        self.plan_with(op, conn, false, false)
-    }
-
-    fn plan_with(&self, op: LockOp, conn: &mut ConnLocks, in_multi: bool, count: bool) -> Planned {
-        let info: &[u8] = if in_multi { b"0" } else { b"1" };
-        if in_multi {
-            ProxyMetrics::inc(&self.metrics.in_transaction);
-        }
-        let ownership: &[u8] = if self.rules().any {
-            b"any"
-        } else {
-            b"instance"
-        };
-        let prefix = self.tokens.prefix().as_bytes();
-        let evicted = conn.evicted;
-        let (command, pending) = match op {
-            LockOp::Acquire {
-                key,
-                value,
-                ttl,
-                shape,
-            } => {
-                if count {
-                    ProxyMetrics::inc(&self.metrics.attempts);
-                    self.hot.record(&key, Event::Attempt);
-                }
-                let token = self.tokens.next();
-                let lease = self.lease_ms(&key);
-                let (kind, amount) = match &ttl {
-                    Ttl::Default => ("PX", Bytes::from(lease.to_string())),
-                    Ttl::Given(kind, v) => (*kind, v.clone()),
-                };
-                conn.attempt(
-                    key.clone(),
-                    token.clone(),
-                    value.clone(),
-                    Standing::Trying,
-                    lease,
-                );
-                let owner = owner_key(&key);
-                let cmd = eval(
-                    script::ACQUIRE,
-                    &[&key, &owner],
-                    &[
-                        info,
-                        &value,
-                        &token,
-                        kind.as_bytes(),
-                        &amount,
-                        shape.as_str().as_bytes(),
-                    ],
-                );
-                (
-                    cmd,
-                    LockPending::Acquire {
-                        key,
-                        token,
-                        park: None,
-                    },
-                )
-            }
-            LockOp::Release {
-                lock_keys,
-                plain,
-                unlink,
-            } => {
-                let n = lock_keys.len().to_string();
-                let owners: Vec<Bytes> = lock_keys.iter().map(|k| owner_key(k)).collect();
-                let tokens: Vec<Bytes> = lock_keys.iter().map(|k| conn.token(k)).collect();
-                let mut keys: Vec<&[u8]> = Vec::new();
-                for (k, o) in lock_keys.iter().zip(&owners) {
-                    keys.push(k);
-                    keys.push(o);
-                }
-                keys.extend(plain.iter().map(|k| &k[..]));
-                let verb: &[u8] = if unlink { b"UNLINK" } else { b"DEL" };
-                let mut argv: Vec<&[u8]> = vec![info, n.as_bytes(), verb, ownership, prefix];
-                argv.extend(tokens.iter().map(|t| &t[..]));
-                let cmd = eval(script::RELEASE, &keys, &argv);
-                (cmd, LockPending::Release { keys: lock_keys })
-            }
-            LockOp::Extend { key, command, args } => {
-                let token = conn.attempt_token(&key);
-                let owner = owner_key(&key);
-                let mut argv: Vec<&[u8]> =
-                    vec![info, ownership, prefix, &token, command.as_bytes()];
-                argv.extend(args.iter().map(|a| &a[..]));
-                let cmd = eval(script::EXTEND, &[&key, &owner], &argv);
-                (cmd, LockPending::Extend { key })
-            }
-            LockOp::Takeover { key, command, args } => {
-                ProxyMetrics::inc(&self.metrics.takeovers);
-                let token = self.tokens.next();
-                let lease = self.lease_ms(&key);
-                // A takeover makes the lock this instance's, not this
-                // connection's: in the GETSET-timestamp recipe several
-                // clients GETSET and only the one that read the stale value
-                // holds the lock, so any of them may release it (the
-                // instance rule), as on plain Redis.
-                conn.remove(&key);
-                let owner = owner_key(&key);
-                let lease_s = lease.to_string();
-                let mut argv: Vec<&[u8]> =
-                    vec![info, &token, lease_s.as_bytes(), command.as_bytes()];
-                argv.extend(args.iter().map(|a| &a[..]));
-                let cmd = eval(script::TAKEOVER, &[&key, &owner], &argv);
-                (cmd, LockPending::Takeover { key, token })
-            }
-        };
-        ProxyMetrics::add(&self.metrics.conn_table_evictions, conn.evicted - evicted);
-        Planned {
-            command,
-            pending: (!in_multi).then_some(pending),
-        }
-    }
-
-    /// Learns the outcome of a planned command from the facts its script
-    /// returned after the client's reply (see [`script`]), updating `conn`
-    /// and the counters.
-    pub fn complete(&self, pending: LockPending, facts: &[i64], conn: &mut ConnLocks) {
-        match pending {
-            LockPending::Acquire { key, token, .. } => {
-                let Some(&acquired) = facts.first() else {
-                    return;
-                };
-                let pttl = facts.get(1).copied().unwrap_or(-1);
-                self.storm.learn(&key, acquired == 1, pttl);
-                if acquired == 1 {
-                    ProxyMetrics::inc(&self.metrics.acquired);
-                    self.hot.record(&key, Event::Acquired);
-                    if let Some(first) = conn.first_try(&key) {
-                        let wait = first.elapsed();
-                        self.metrics.wait_seconds.observe(wait.as_secs_f64());
-                        self.hot.record(
-                            &key,
-                            Event::Waited {
-                                wait_ms: wait.as_millis() as u64,
-                            },
-                        );
-                    }
-                    conn.settle(
-                        &key,
-                        &token,
-                        Standing::Held,
-                        (pttl > 0).then_some(pttl as u64),
-                    );
-                } else {
-                    ProxyMetrics::inc(&self.metrics.contended);
-                    conn.settle(&key, &token, Standing::Lost, None);
-                }
-            }
-            LockPending::Release { keys } => {
-                let (released, denied, lapsed) = (fact(facts, 0), fact(facts, 1), fact(facts, 2));
-                ProxyMetrics::add(&self.metrics.released, released);
-                ProxyMetrics::add(&self.metrics.release_denied, denied);
-                if released > 0 {
-                    for key in &keys {
-                        self.storm.released(key);
-                    }
-                }
-                let mut lapsed_left = lapsed;
-                for key in &keys {
-                    if let Some(rec) = conn.remove(key) {
-                        if released > 0 && rec.standing == Standing::Held {
-                            let held = rec.since.elapsed();
-                            self.metrics.hold_seconds.observe(held.as_secs_f64());
-                            self.hot.record(
-                                key,
-                                Event::Released {
-                                    held_ms: held.as_millis() as u64,
-                                },
-                            );
-                        }
-                        if lapsed_left > 0 && rec.standing == Standing::Held {
-                            lapsed_left -= 1;
-                            self.lapsed(key, &rec, "release");
-                        }
-                    }
-                }
-            }
-            LockPending::Extend { key } => {
-                let (allowed, lapsed) = (fact(facts, 0), fact(facts, 1));
-                if allowed == 0 {
-                    ProxyMetrics::inc(&self.metrics.extend_denied);
-                }
-                if lapsed > 0 {
-                    if let Some(rec) = conn.get(&key).cloned() {
-                        if rec.standing == Standing::Held {
-                            conn.remove(&key);
-                            self.lapsed(&key, &rec, "extend");
-                        }
-                    }
-                }
-            }
-            LockPending::Takeover { .. } => {}
-            LockPending::Script { keys } => {
-                for key in &keys {
-                    self.storm.released(key);
-                }
-            }
-        }
-    }
-
-    /// Counts and (rate-limited) reports a lease that ran out before its
-    /// holder released or extended it. Never logs values or tokens.
-    fn lapsed(&self, key: &[u8], rec: &lease::Acquisition, during: &str) {
-        ProxyMetrics::inc(&self.metrics.lease_expired_before_release);
-        let held_ms = rec.since.elapsed().as_millis() as u64;
-        let overrun_ms = held_ms.saturating_sub(rec.lease_ms);
-        if let Some(more) = self.lapse_warn.check() {
-            tracing::warn!(
-                key = %String::from_utf8_lossy(key),
-                held_ms,
-                lease_ms = rec.lease_ms,
-                overrun_ms,
-                during,
-                suppressed = more,
-                "lease expired before release: the critical section outlived its lease"
-            );
-        }
-    }
-
     /// Counts a SETNX / SET NX on a key outside `locks.keys`, by prefix.
     pub fn note_unmatched(&self, key: &[u8]) {
         ProxyMetrics::inc(&self.metrics.unmatched_setnx);
@@ -604,10 +370,6 @@ pub fn split_reply(frame: &[u8]) -> (&[u8], Vec<i64>) {
         }
     }
     (&body[..len], facts)
-}
-
-fn fact(facts: &[i64], i: usize) -> u64 {
-    facts.get(i).copied().unwrap_or(0).max(0) as u64
 }
 
 /// `lockgate:owner:{key}`.
