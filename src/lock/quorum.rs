@@ -29,6 +29,9 @@ pub struct Master {
     sitting_out_until: Mutex<Option<Instant>>,
     /// Its `run_id` when last seen, and the connection count then.
     seen: Mutex<(String, u64)>,
+    /// The sit-out after a return, in ms (shared with the quorum, which
+    /// raises it with the longest lease granted).
+    rejoin_ms: Arc<AtomicU64>,
 }
 
 /// A master's state as operators see it.
@@ -45,6 +48,11 @@ pub enum MasterState {
 impl Master {
     /// Up, sitting out, or down.
     pub fn state(&self) -> MasterState {
+        // A new connection is noticed before anything is reported, so a
+        // returning master never shows (or counts) as up before sitting out.
+        self.observe(Duration::from_millis(
+            self.rejoin_ms.load(Ordering::Relaxed),
+        ));
         if !self.node.state.up.load(Ordering::Relaxed) {
             return MasterState::Down;
         }
@@ -105,6 +113,8 @@ pub struct Quorum {
     default_lease_ms: u64,
     /// Longest lease granted so far, in ms (the default rejoin delay).
     max_lease_ms: AtomicU64,
+    /// The rejoin delay in force, in ms, as the masters read it.
+    rejoin_ms: Arc<AtomicU64>,
     /// Script bodies seen (EVAL, SCRIPT LOAD) by SHA1, for NOSCRIPT.
     pub scripts: dashmap::DashMap<String, Bytes>,
 }
@@ -126,6 +136,10 @@ impl Quorum {
         if q.masters.is_empty() {
             return None;
         }
+        let rejoin_ms = Arc::new(AtomicU64::new(match q.rejoin_delay_ms {
+            0 => config.locks.default_lease_ms,
+            ms => ms,
+        }));
         let masters = q
             .masters
             .iter()
@@ -134,6 +148,7 @@ impl Quorum {
                     node: Node::spawn(NodeConfig::for_addr(config, addr), stop.clone()),
                     sitting_out_until: Mutex::new(None),
                     seen: Mutex::new((String::new(), 0)),
+                    rejoin_ms: rejoin_ms.clone(),
                 })
             })
             .collect();
@@ -142,6 +157,7 @@ impl Quorum {
             config: q.clone(),
             default_lease_ms: config.locks.default_lease_ms,
             max_lease_ms: AtomicU64::new(config.locks.default_lease_ms),
+            rejoin_ms,
             scripts: dashmap::DashMap::new(),
         });
         let watched = quorum.clone();
@@ -180,6 +196,8 @@ impl Quorum {
     /// Records a granted lease (for the default rejoin delay).
     pub fn granted(&self, lease_ms: u64) {
         self.max_lease_ms.fetch_max(lease_ms, Ordering::Relaxed);
+        self.rejoin_ms
+            .store(self.rejoin_delay().as_millis() as u64, Ordering::Relaxed);
     }
 
     /// Validity left of a lease of `lease_ms` acquired in `elapsed`, in ms.

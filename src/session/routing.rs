@@ -187,7 +187,7 @@ pub(super) fn route_batch(
     out
 }
 
-/// The lock keys of a client script (`EVAL`/`EVALSHA`) on the primary:
+/// The lock keys of a client script (`EVAL`/`EVALSHA`), on either store:
 /// it may release or extend them (redis-py, Redisson release with Lua), so
 /// what the storm room knows about them is dropped once it has run.
 fn script_lock_keys(
@@ -195,7 +195,7 @@ fn script_lock_keys(
     args: CommandArgs<'_>,
     expect: Expect,
 ) -> Option<Vec<bytes::Bytes>> {
-    if expect != Expect::One || ctx.quorum.is_some() {
+    if expect != Expect::One {
         return None;
     }
     if command::classify(args.get(0), b"", b"") != command::CommandKind::Eval {
@@ -223,7 +223,7 @@ fn carry_out(
     match route {
         Route::Forward(expect) => {
             out.pieces.client(whole);
-            match script_lock_keys(ctx, args, *expect) {
+            match script_lock_keys(ctx, args, *expect).filter(|_| ctx.quorum.is_none()) {
                 Some(keys) => out.batch.lock(LockPending::Script { keys }),
                 None => out.batch.expect(*expect),
             }
@@ -291,12 +291,19 @@ fn carry_out(
                 _ => None,
             };
             let (ctx2, eval) = (ctx.clone(), matches!(route, Route::QuorumEval));
+            // A client script may release its locks (redis-py, Redisson):
+            // once it has run, what the storm room knew of them is dropped.
+            let touched = script_lock_keys(ctx, args, Expect::One).unwrap_or_default();
             out.defer(Box::pin(async move {
-                match &ctx2.quorum {
+                let reply = match &ctx2.quorum {
                     Some(q) if eval => ctx2.locks.quorum_eval(q, command, fallback).await,
                     Some(q) => ctx2.locks.quorum_read(q, command).await,
                     None => LocalReply::err("lockgate: internal error (no quorum)"),
+                };
+                for key in &touched {
+                    ctx2.locks.storm.released(key);
                 }
+                reply
             }));
         }
         Route::Refuse(message) => {
