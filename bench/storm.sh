@@ -10,7 +10,7 @@
 #              'Redis in Action' loop with time.sleep(.001))
 #   b (spin)   50 clients: SETNX with no sleep
 # A winner holds the lock 200 ms, DELs it through the same target and goes
-# back to trying. The clients are examples/storm.rs (raw RESP, one connection
+# back to trying. The clients are bench/storm_load.rs (raw RESP, one connection
 # each, every reply awaited before the next attempt).
 #
 #   bench/storm.sh             full run (2 workloads x 3 targets x 10 s: ~1.5 min
