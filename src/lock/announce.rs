@@ -8,14 +8,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::BytesMut;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio_util::sync::CancellationToken;
 
-use super::node::{handshake, NodeConfig};
+use super::node::{handshake, FrameReader, NodeConfig};
 use super::storm::{Storm, RELEASED_CHANNEL};
 use crate::protocol::encode;
-use crate::protocol::reply::ReplyScanner;
 
 /// Longest pause between two subscription attempts.
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
@@ -55,24 +53,11 @@ async fn subscribed(
         .await
         .map_err(|e| e.to_string())?;
     *backoff = Duration::from_millis(10);
-    let mut buf = BytesMut::with_capacity(4096);
-    let mut scanner = ReplyScanner::new(8);
-    let mut pos = 0;
+    let mut frames = FrameReader::new(8);
     loop {
-        if stream.read_buf(&mut buf).await.map_err(|e| e.to_string())? == 0 {
-            return Err("connection closed".to_string());
-        }
-        loop {
-            let (used, end) = scanner.advance(&buf[pos..]).map_err(|e| e.to_string())?;
-            pos += used;
-            if end.is_none() {
-                break;
-            }
-            let frame = buf.split_to(pos);
-            pos = 0;
-            if let Some(key) = message_payload(&frame) {
-                storm.announced(key);
-            }
+        let frame = frames.next(&mut stream).await?;
+        if let Some(key) = message_payload(&frame) {
+            storm.announced(key);
         }
     }
 }

@@ -223,6 +223,56 @@ pub(crate) async fn handshake(config: &NodeConfig) -> Result<tokio::net::TcpStre
     Ok(stream)
 }
 
+/// Reads whole replies off a connection of lockgate's own, one at a time.
+pub(crate) struct FrameReader {
+    buf: BytesMut,
+    scanner: ReplyScanner,
+    pos: usize,
+}
+
+impl FrameReader {
+    /// A reader for replies nested up to `depth` deep.
+    pub(crate) fn new(depth: usize) -> FrameReader {
+        FrameReader {
+            buf: BytesMut::with_capacity(4096),
+            scanner: ReplyScanner::new(depth),
+            pos: 0,
+        }
+    }
+
+    /// The next complete top-level frame (reply or push), as its bytes.
+    pub(crate) async fn next(
+        &mut self,
+        stream: &mut tokio::net::TcpStream,
+    ) -> Result<BytesMut, String> {
+        loop {
+            loop {
+                let (used, end) = self
+                    .scanner
+                    .advance(&self.buf[self.pos..])
+                    .map_err(|e| e.to_string())?;
+                self.pos += used;
+                if end.is_some() {
+                    let frame = self.buf.split_to(self.pos);
+                    self.pos = 0;
+                    return Ok(frame);
+                }
+                if used == 0 {
+                    break;
+                }
+            }
+            if stream
+                .read_buf(&mut self.buf)
+                .await
+                .map_err(|e| e.to_string())?
+                == 0
+            {
+                return Err("connection closed".to_string());
+            }
+        }
+    }
+}
+
 /// One request/reply exchange on a fresh connection (before pipelining).
 pub(crate) async fn request(
     stream: &mut tokio::net::TcpStream,
@@ -231,23 +281,7 @@ pub(crate) async fn request(
 ) -> Result<Vec<u8>, String> {
     let io = async {
         stream.write_all(command).await.map_err(|e| e.to_string())?;
-        let mut buf = BytesMut::with_capacity(512);
-        let mut scanner = ReplyScanner::new(64);
-        let mut pos = 0;
-        loop {
-            if stream.read_buf(&mut buf).await.map_err(|e| e.to_string())? == 0 {
-                return Err("connection closed".to_string());
-            }
-            loop {
-                let (used, end) = scanner.advance(&buf[pos..]).map_err(|e| e.to_string())?;
-                pos += used;
-                match end {
-                    Some(_) => return Ok(buf[..pos].to_vec()),
-                    None if used == 0 => break,
-                    None => {}
-                }
-            }
-        }
+        FrameReader::new(64).next(stream).await.map(|f| f.to_vec())
     };
     tokio::time::timeout(timeout, io)
         .await
