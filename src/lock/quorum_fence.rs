@@ -84,7 +84,8 @@ impl LockService {
             }
             let undo = super::eval_on(script::RELEASE_TOKEN, &key, &[], &[&instance_token, b""]);
             q.ask_all(&undo).await;
-            let refused = answers.replies.len() - takers.len();
+            // Masters sitting out count as "no".
+            let refused = answers.replies.len() - takers.len() + (q.masters.len() - eligible.len());
             if takers.len() < majority && refused <= q.masters.len() - majority {
                 // Up, but too few answered in time: try again while WAIT
                 // lasts, else say so (not "masters down").

@@ -194,7 +194,7 @@ impl LockService {
         let answers = q
             .ask(&eligible, &planned.command, |replies| {
                 let y = yes(replies);
-                y >= majority || replies.len() - y > n - majority
+                y >= majority || replies.len() - y + (n - eligible.len()) > n - majority
             })
             .await;
         let granted = yes(&answers.replies);
@@ -218,7 +218,8 @@ impl LockService {
         }
         // Enough "no"s that a majority is impossible: contention. Otherwise
         // too few masters answered: the quorum is lost, not the race.
-        let refused = answers.replies.len() - granted;
+        // Masters sitting out count as "no".
+        let refused = answers.replies.len() - granted + (n - eligible.len());
         if granted < majority && refused <= n - majority {
             ProxyMetrics::inc(&self.metrics.quorum_failures);
             // Enough masters were up, but too few answered in time.

@@ -16,11 +16,9 @@ use std::time::{Duration, Instant};
 
 use lockgate::{Config, ServerContext};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
+use tokio::net::TcpStream;
 
-use crate::support::{cmd, run_limited_async, show, RawClient, WAIT};
+use crate::support::{cmd, run_limited_async, show, Lockgate, RawClient, WAIT};
 
 /// lockgate in this process: the RESP listener and the admin HTTP listener
 /// on port 0, stopped (and its admin listener with it) on drop.
@@ -31,8 +29,7 @@ pub struct Ops {
     pub admin: SocketAddr,
     /// The shared context.
     pub ctx: Arc<ServerContext>,
-    stop: Option<oneshot::Sender<()>>,
-    task: Option<JoinHandle<()>>,
+    lg: Lockgate,
 }
 
 /// A configuration for tests in front of `upstream`: a fixed instance id,
@@ -50,27 +47,12 @@ impl Ops {
     /// Starts lockgate with `config` (validated first; its listen
     /// addresses are ignored: both listeners are on port 0).
     pub async fn start(config: Config) -> Ops {
-        config.validate().expect("valid test config");
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind RESP");
-        let admin_listener = TcpListener::bind("127.0.0.1:0").await.expect("bind admin");
-        let addr = listener.local_addr().expect("RESP addr");
-        let admin = admin_listener.local_addr().expect("admin addr");
-        let ctx = Arc::new(ServerContext::new(config));
-        let (tx, rx) = oneshot::channel::<()>();
-        let task = tokio::spawn(lockgate::run_with_admin(
-            ctx.clone(),
-            listener,
-            Some(admin_listener),
-            async {
-                let _ = rx.await;
-            },
-        ));
+        let lg = Lockgate::start_with_admin(config).await;
         Ops {
-            addr,
-            admin,
-            ctx,
-            stop: Some(tx),
-            task: Some(task),
+            addr: lg.addr,
+            admin: lg.admin.expect("an admin listener"),
+            ctx: lg.ctx.clone(),
+            lg,
         }
     }
 
@@ -105,26 +87,8 @@ impl Ops {
     }
 
     /// Signals shutdown and waits (bounded) until lockgate returned.
-    pub async fn stop(mut self) {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
-        }
-        if let Some(task) = self.task.take() {
-            tokio::time::timeout(WAIT, task)
-                .await
-                .expect("lockgate stops in time")
-                .expect("lockgate task");
-        }
-    }
-}
-
-impl Drop for Ops {
-    fn drop(&mut self) {
-        if let Some(task) = self.task.take() {
-            task.abort();
-        }
-        // Stops the admin listener and lockgate's own connections.
-        self.ctx.stop.cancel();
+    pub async fn stop(self) {
+        self.lg.stop().await
     }
 }
 
