@@ -105,36 +105,9 @@ STORM_BIN=${STORM_BIN:-$REPO/target/release/examples/storm}
 [[ -x $STORM_BIN ]] || die "STORM_BIN=$STORM_BIN is not executable"
 
 # --- processes: everything started here is killed by PID at exit -------------
-TMP=$(mktemp -d "${TMPDIR:-/tmp}/lockgate-storm.XXXXXX")
-PIDS=()
-cleanup() {
-  local pid i
-  for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  for pid in "${PIDS[@]}"; do
-    for ((i = 0; i < 30; i++)); do
-      kill -0 "$pid" 2>/dev/null || break
-      sleep 0.1
-    done
-    kill -KILL "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
-  done
-  rm -rf "$TMP"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-
-# Waits until PORT answers PING (through a proxy: Redis behind it too).
-wait_ready() {
-  local name=$1 pid=$2 port=$3 logf=$4 i
-  for ((i = 0; i < 100; i++)); do
-    kill -0 "$pid" 2>/dev/null || { cat "$logf" >&2 || true; die "$name exited at start (log above)"; }
-    if [[ $(redis-cli -h 127.0.0.1 -p "$port" ping 2>/dev/null) == PONG ]]; then return 0; fi
-    sleep 0.1
-  done
-  cat "$logf" >&2 || true
-  die "$name not answering PING on port $port after 10 s"
-}
+# shellcheck source=bench/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+bench_start storm
 
 mapfile -t PORTS < <(python3 "$BENCH_DIR/passthrough_report.py" ports 6)
 P_REDIS_A=${PORTS[0]} P_REDIS_B=${PORTS[1]} P_REDIS_C=${PORTS[2]}

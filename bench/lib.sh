@@ -1,0 +1,40 @@
+# shellcheck shell=bash
+# Shared by the benchmark scripts (sourced, not run): a temp dir, the PIDs
+# of everything started (stopped at exit: TERM, then KILL after 3 s), and a
+# readiness wait. Needs `die` from the sourcing script.
+
+# bench_start NAME: makes $TMP and installs the exit traps.
+bench_start() {
+  TMP=$(mktemp -d "${TMPDIR:-/tmp}/lockgate-$1.XXXXXX")
+  trap cleanup EXIT
+  trap 'exit 130' INT
+  trap 'exit 143' TERM
+}
+
+PIDS=()
+cleanup() {
+  local pid i
+  for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for pid in "${PIDS[@]}"; do
+    for ((i = 0; i < 30; i++)); do
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 0.1
+    done
+    kill -KILL "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  done
+  rm -rf "$TMP"
+}
+
+# Waits until PORT answers PING (through a proxy: Redis behind it too).
+wait_ready() {
+  local name=$1 pid=$2 port=$3 logf=$4 i
+  for ((i = 0; i < 100; i++)); do
+    kill -0 "$pid" 2>/dev/null || { cat "$logf" >&2 || true; die "$name exited at start (log above)"; }
+    if [[ $(redis-cli -h 127.0.0.1 -p "$port" ping 2>/dev/null) == PONG ]]; then return 0; fi
+    sleep 0.1
+  done
+  cat "$logf" >&2 || true
+  die "$name not answering PING on port $port after 10 s"
+}
+
