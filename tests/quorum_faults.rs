@@ -392,3 +392,61 @@ async fn a_restarted_master_never_counts_before_sitting_out() {
     );
     assert!(holders.is_empty(), "lock:spin held on masters {holders:?}");
 }
+
+/// A majority answered but split: one master killed, one hung (late), and
+/// a lease of someone else's on one of the three that answer. Two yes of
+/// three answers is a lost race, not a lost quorum: "not acquired" (the
+/// client retries), counted as contention, undone on every master — never
+/// "no quorum (3 of 5 answered)". (The fault test once ended a LOCK WAIT
+/// that way when a master died 2 ms before its last attempt.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_split_majority_is_not_acquired_not_a_lost_quorum() {
+    let mut cl = Cluster::start(5, |_| {}).await;
+    let_the_watcher_see_the_masters().await;
+    let mut c = cl.client().await;
+    let metric = |cl: &Cluster, which: &str| {
+        let m = &cl.lg.ctx.locks.metrics;
+        match which {
+            "contended" => m.contended.load(Ordering::Relaxed),
+            _ => m.quorum_failures.load(Ordering::Relaxed),
+        }
+    };
+    kill(&mut cl, 0).await;
+    for key in ["lock:split", "lock:fsplit"] {
+        assert_eq!(
+            cl.on_master(2, &["SET", key, "someone-else", "PX", "60000"])
+                .await,
+            "+OK\r\n"
+        );
+    }
+    let paused = Paused::stop(cl.masters[1].pid()).await;
+    let (failures, contended) = (metric(&cl, "failures"), metric(&cl, "contended"));
+
+    assert_eq!(call(&mut c, &["SETNX", "lock:split", "a"]).await, ":0\r\n");
+    assert_eq!(
+        call(&mut c, &["SET", "lock:split", "a", "NX", "PX", "5000"]).await,
+        NIL
+    );
+    assert_eq!(
+        call(
+            &mut c,
+            &["LOCKGATE", "LOCK", "lock:fsplit", "1000", "WAIT", "150"]
+        )
+        .await,
+        NIL
+    );
+    assert_eq!(metric(&cl, "failures") - failures, 0, "quorum_failures");
+    assert!(metric(&cl, "contended") - contended >= 3, "contended");
+    // The two yes were undone; the foreign lease is untouched.
+    for i in [3, 4] {
+        assert_eq!(
+            cl.on_master(i, &["DBSIZE"]).await,
+            ":0\r\n",
+            "master {i} after the split attempts"
+        );
+    }
+    for key in ["lock:split", "lock:fsplit"] {
+        assert_eq!(cl.on_master(2, &["GET", key]).await, bulk("someone-else"));
+    }
+    drop(paused);
+}

@@ -220,6 +220,20 @@ impl Quorum {
         }
     }
 
+    /// Whether an acquisition that got `granted` yes out of `answered`
+    /// answers, with `eligible` masters asked, lost the quorum rather than
+    /// the race: fewer than a majority answered in time, and the missing
+    /// answers could still have made a majority (masters sitting out count
+    /// as "no"). A majority that answered with a split vote (a master
+    /// killed mid-attempt while another sits out, a holder's lease seen on
+    /// some masters only) lost the race: the client is told "not acquired"
+    /// and retries, as on contention.
+    pub fn lost_quorum(&self, granted: usize, answered: usize, eligible: usize) -> bool {
+        let (n, majority) = (self.masters.len(), self.majority());
+        let refused = answered.saturating_sub(granted) + n.saturating_sub(eligible);
+        answered < majority && refused <= n - majority
+    }
+
     /// What an acquisition answers when enough masters were up but fewer
     /// than a majority answered within the node timeout.
     pub fn late_reply(&self, answered: usize, not_acquired: LocalReply) -> LocalReply {

@@ -84,9 +84,7 @@ impl LockService {
             }
             let undo = super::eval_on(script::RELEASE_TOKEN, &key, &[], &[&instance_token, b""]);
             q.ask_all(&undo).await;
-            // Masters sitting out count as "no".
-            let refused = answers.replies.len() - takers.len() + (q.masters.len() - eligible.len());
-            if takers.len() < majority && refused <= q.masters.len() - majority {
+            if q.lost_quorum(takers.len(), answers.replies.len(), eligible.len()) {
                 // Up, but too few answered in time: try again while WAIT
                 // lasts, else say so (not "masters down").
                 ProxyMetrics::inc(&self.metrics.quorum_failures);

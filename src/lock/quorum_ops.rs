@@ -216,11 +216,7 @@ impl LockService {
         if let Ok(mut c) = conn.lock() {
             c.settle(&key, &token, Standing::Lost, None);
         }
-        // Enough "no"s that a majority is impossible: contention. Otherwise
-        // too few masters answered: the quorum is lost, not the race.
-        // Masters sitting out count as "no".
-        let refused = answers.replies.len() - granted + (n - eligible.len());
-        if granted < majority && refused <= n - majority {
+        if q.lost_quorum(granted, answers.replies.len(), eligible.len()) {
             ProxyMetrics::inc(&self.metrics.quorum_failures);
             // Enough masters were up, but too few answered in time.
             return Outcome::failed(q.late_reply(answers.replies.len(), not_acquired(shape)));
