@@ -41,7 +41,9 @@
 //!   restart), [`lock::quorum_ops`] (Redlock acquisition and the other ops
 //!   on the quorum), [`lock::quorum_fence`] (fencing tokens on the quorum),
 //!   [`lock::storm`] (retry storms: the contention table, probe cap,
-//!   parking and FIFO handoff), [`lock::announce`] (release announcements
+//!   parking and FIFO handoff; `storm::handoff`: a release through this
+//!   instance handing the lock to the oldest parked attempt in the same
+//!   script), [`lock::announce`] (release announcements
 //!   between instances on `lockgate:released`),
 //!   [`lock::LockService`] (plan an op, learn its outcome; states the
 //!   safety invariants).

@@ -69,6 +69,8 @@ pub enum LockPending {
     Release {
         /// The lock keys.
         keys: Vec<Bytes>,
+        /// The parked attempt the release hands the (one) key to, if any.
+        handoff: Option<storm::Claim>,
     },
     /// An extension.
     Extend {
@@ -162,6 +164,9 @@ pub struct LockService {
     pub hot: crate::hotkeys::HotKeys,
     lapse_warn: RateLimit,
     unmatched_warn: RateLimit,
+    /// How long a release carrying a handoff may take to be answered
+    /// (`upstream.connect_timeout_ms`, as lockgate's own calls).
+    handoff_within: Duration,
 }
 
 /// Interval between two repeats of the same lock warning.
@@ -188,6 +193,7 @@ impl LockService {
             hot: crate::hotkeys::HotKeys::new(config.admin.hot_keys),
             lapse_warn: RateLimit::new(WARN_INTERVAL),
             unmatched_warn: RateLimit::new(WARN_INTERVAL),
+            handoff_within: Duration::from_millis(config.upstream.connect_timeout_ms),
         }
     }
 

@@ -6,6 +6,7 @@ use bytes::Bytes;
 
 use super::lease::{self, ConnLocks, Standing};
 use super::ops::{LockOp, Ttl};
+use super::storm::HandedOver;
 use super::{eval, owner_key, script, LockPending, LockService, Planned};
 use crate::hotkeys::Event;
 use crate::metrics::ProxyMetrics;
@@ -15,17 +16,33 @@ impl LockService {
     /// acquisitions in `conn`. `in_multi`: the command will be queued by
     /// Redis, so its reply must be the bare client reply.
     pub fn plan(&self, op: LockOp, conn: &mut ConnLocks, in_multi: bool) -> Planned {
-        self.plan_with(op, conn, in_multi, true)
+        self.plan_with(op, conn, in_multi, true, false)
+    }
+
+    /// [`LockService::plan`] on one Redis (not the quorum): a release of
+    /// one lock key that attempts of this instance are parked on also
+    /// hands the lock to the oldest of them ([`script::RELEASE_HANDOFF`]).
+    /// The caller settles the handoff with [`LockService::finish_handoff`]
+    /// when [`LockService::complete`] reports one.
+    pub fn plan_on_primary(&self, op: LockOp, conn: &mut ConnLocks, in_multi: bool) -> Planned {
+        self.plan_with(op, conn, in_multi, true, true)
     }
 
     /// [`LockService::plan`] for an acquisition lockgate makes on a parked
     /// client's behalf (a handoff or the driver's probe): the client's
     /// attempt was counted when it arrived, so this one is not.
     pub fn plan_for_handoff(&self, op: LockOp, conn: &mut ConnLocks) -> Planned {
-        self.plan_with(op, conn, false, false)
+        self.plan_with(op, conn, false, false, false)
     }
 
-    fn plan_with(&self, op: LockOp, conn: &mut ConnLocks, in_multi: bool, count: bool) -> Planned {
+    fn plan_with(
+        &self,
+        op: LockOp,
+        conn: &mut ConnLocks,
+        in_multi: bool,
+        count: bool,
+        handoff: bool,
+    ) -> Planned {
         let info: &[u8] = if in_multi { b"0" } else { b"1" };
         if in_multi {
             ProxyMetrics::inc(&self.metrics.in_transaction);
@@ -98,10 +115,46 @@ impl LockService {
                 }
                 keys.extend(plain.iter().map(|k| &k[..]));
                 let verb: &[u8] = if unlink { b"UNLINK" } else { b"DEL" };
-                let mut argv: Vec<&[u8]> = vec![info, n.as_bytes(), verb, ownership, prefix];
-                argv.extend(tokens.iter().map(|t| &t[..]));
-                let cmd = eval(script::RELEASE, &keys, &argv);
-                (cmd, LockPending::Release { keys: lock_keys })
+                let claim = match (&lock_keys[..], &tokens[..]) {
+                    ([key], [token]) if handoff && !in_multi && plain.is_empty() => self
+                        .storm
+                        .claim(key, self.tokens.next(), self.handoff_within)
+                        .map(|c| (c, token)),
+                    _ => None,
+                };
+                let cmd = match &claim {
+                    Some((c, token)) => {
+                        let lease = c.lease_ms.to_string();
+                        eval(
+                            script::RELEASE_HANDOFF,
+                            &keys,
+                            &[
+                                info,
+                                verb,
+                                ownership,
+                                prefix,
+                                token,
+                                &c.value,
+                                &c.token,
+                                lease.as_bytes(),
+                            ],
+                        )
+                    }
+                    None => {
+                        let mut argv: Vec<&[u8]> =
+                            vec![info, n.as_bytes(), verb, ownership, prefix];
+                        argv.extend(tokens.iter().map(|t| &t[..]));
+                        eval(script::RELEASE, &keys, &argv)
+                    }
+                };
+                let handoff = claim.map(|(c, _)| c);
+                (
+                    cmd,
+                    LockPending::Release {
+                        keys: lock_keys,
+                        handoff,
+                    },
+                )
             }
             LockOp::Extend { key, command, args } => {
                 let token = conn.attempt_token(&key);
@@ -140,12 +193,23 @@ impl LockService {
 
     /// Learns the outcome of a planned command from the facts its script
     /// returned after the client's reply (see [`script`]), updating `conn`
-    /// and the counters.
-    pub fn complete(&self, pending: LockPending, facts: &[i64], conn: &mut ConnLocks) {
+    /// and the counters. A release that handed its lock over returns the
+    /// handoff, for [`LockService::finish_handoff`] once `conn` is unlocked
+    /// (the new holder's records are another connection's).
+    pub fn complete(
+        &self,
+        pending: LockPending,
+        facts: &[i64],
+        conn: &mut ConnLocks,
+    ) -> Option<HandedOver> {
+        let mut handed_over = None;
         match pending {
             LockPending::Acquire { key, token, .. } => {
                 let Some(&acquired) = facts.first() else {
-                    return;
+                    // An error reply: nothing learned, and the next attempt
+                    // must see the error too.
+                    self.storm.unprobe(&key);
+                    return None;
                 };
                 let pttl = facts.get(1).copied().unwrap_or(-1);
                 self.storm.learn(&key, acquired == 1, pttl);
@@ -173,11 +237,19 @@ impl LockService {
                     conn.settle(&key, &token, Standing::Lost, None);
                 }
             }
-            LockPending::Release { keys } => {
+            LockPending::Release { keys, handoff } => {
                 let (released, denied, lapsed) = (fact(facts, 0), fact(facts, 1), fact(facts, 2));
                 ProxyMetrics::add(&self.metrics.released, released);
                 ProxyMetrics::add(&self.metrics.release_denied, denied);
-                if released > 0 {
+                let handed = fact(facts, 3) == 1;
+                match (handoff, keys.first()) {
+                    (Some(claim), Some(key)) if handed => {
+                        handed_over = self.storm.hand_over(key, claim);
+                    }
+                    (Some(claim), Some(key)) => self.storm.unclaim(key, &claim),
+                    _ => {}
+                }
+                if released > 0 && !handed {
                     for key in &keys {
                         self.storm.released(key);
                     }
@@ -222,6 +294,40 @@ impl LockService {
                     self.storm.released(key);
                 }
             }
+        }
+        handed_over
+    }
+
+    /// Settles a handoff a release made ([`LockService::complete`]): the
+    /// new holder's connection records the acquisition (as if its own
+    /// attempt had won), then its parked attempt is answered "acquired".
+    /// Call it holding no connection's lock table.
+    pub fn finish_handoff(&self, handed: HandedOver) {
+        let claim = handed.claim.clone();
+        match handed.conn.lock() {
+            Ok(mut c) => {
+                c.attempt(
+                    handed.key.clone(),
+                    claim.token.clone(),
+                    claim.value.clone(),
+                    Standing::Trying,
+                    claim.lease_ms,
+                );
+                let pending = LockPending::Acquire {
+                    key: handed.key.clone(),
+                    token: claim.token,
+                    park: None,
+                };
+                // An acquisition hands nothing over.
+                let _ = self.complete(pending, &[1, claim.lease_ms as i64], &mut c);
+            }
+            Err(_) => return,
+        }
+        let key = handed.key.clone();
+        if !handed.deliver() {
+            // It went away while the release was on its way: the lease runs
+            // out, as after a handoff by the driver.
+            tracing::debug!(key = %String::from_utf8_lossy(&key), "handoff to an attempt no longer waiting");
         }
     }
 

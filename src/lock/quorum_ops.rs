@@ -158,6 +158,30 @@ impl LockService {
         conn: Arc<Mutex<ConnLocks>>,
         handoff: bool,
     ) -> Outcome {
+        let key = match &op {
+            LockOp::Acquire { key, .. } => Some(key.clone()),
+            _ => None,
+        };
+        let out = self
+            .quorum_attempt(q, op, shape, lease_ms, conn, handoff)
+            .await;
+        if let (Some(key), false) = (key, out.acquired || out.pttl > 0) {
+            // A lost quorum or an error, not a holder: the next attempt
+            // asks the masters again (and sees the same answer).
+            self.storm.unprobe(&key);
+        }
+        out
+    }
+
+    async fn quorum_attempt(
+        &self,
+        q: &Quorum,
+        op: LockOp,
+        shape: Shape,
+        lease_ms: u64,
+        conn: Arc<Mutex<ConnLocks>>,
+        handoff: bool,
+    ) -> Outcome {
         let LockOp::Acquire { key, value, .. } = &op else {
             return Outcome::failed(LocalReply::err(
                 "lockgate: internal error (not an acquisition)",

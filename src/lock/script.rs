@@ -17,7 +17,9 @@
 /// KEYS: lock, owner record. ARGV: info, value, token, ttl kind
 /// (`PX`/`EX`/`PXAT`/`EXAT`), ttl, shape (`setnx` → 1/0, `set` → OK/nil,
 /// `setget` → old value). Facts: acquired (1/0), the key's PTTL afterwards
-/// (the holder's remaining lease when not acquired).
+/// (the holder's remaining lease when not acquired). The owner record gets
+/// the lock's own expiry option, so an acquisition asks no PTTL unless its
+/// lease is a deadline (`PXAT`/`EXAT`).
 pub const ACQUIRE: &str = r#"
 local old = false
 if ARGV[6] == 'setget' then
@@ -26,11 +28,15 @@ if ARGV[6] == 'setget' then
 end
 local ok = redis.pcall('SET', KEYS[1], ARGV[2], 'NX', ARGV[4], ARGV[5])
 if type(ok) == 'table' and ok.err then return ok end
-local acquired = 0
-local pttl = redis.call('PTTL', KEYS[1])
+local acquired, pttl = 0, 0
 if ok then
   acquired = 1
-  if pttl > 0 then redis.call('SET', KEYS[2], ARGV[3], 'PX', pttl) end
+  redis.call('SET', KEYS[2], ARGV[3], ARGV[4], ARGV[5])
+  if ARGV[4] == 'PX' then pttl = tonumber(ARGV[5])
+  elseif ARGV[4] == 'EX' then pttl = tonumber(ARGV[5]) * 1000
+  else pttl = redis.call('PTTL', KEYS[1]) end
+else
+  pttl = redis.call('PTTL', KEYS[1])
 end
 local reply = old
 if ARGV[6] == 'setnx' then reply = acquired elseif ARGV[6] == 'set' then reply = ok end
@@ -83,6 +89,51 @@ end
 if #KEYS > 2 * n then total = total + redis.call(cmd, unpack(KEYS, 2 * n + 1)) end
 if ARGV[1] == '1' then return {total, released, denied, lapsed} end
 return total
+"#;
+
+/// [`RELEASE`] of one lock key that also hands it over, in the same step,
+/// to the oldest attempt parked on this instance (retry storms): when the
+/// release is allowed the lock is overwritten with the next holder's
+/// value, owner record and lease instead of deleted, so it is never free
+/// in between and nothing needs announcing. KEYS: lock, owner record.
+/// ARGV: info, command (`DEL`/`UNLINK`), ownership, instance prefix, token
+/// (as [`RELEASE`]), next value, next token, next lease ms. Reply: the
+/// number deleted, as DEL. Facts: released, denied, lapsed, handed (1/0).
+/// A lock key that is not a string is deleted as DEL would, not handed.
+pub const RELEASE_HANDOFF: &str = r#"
+local key, rec, tok, prefix = KEYS[1], KEYS[2], ARGV[5], ARGV[4]
+local owner = redis.call('GET', rec)
+local allowed, lapsed = true, 0
+if ARGV[3] == 'any' then
+  allowed = true
+elseif not owner then
+  allowed = tok == ''
+  if not allowed then lapsed = 1 end
+elseif tok ~= '' then
+  allowed = owner == tok
+  if not allowed then lapsed = 1 end
+else
+  allowed = string.sub(owner, 1, #prefix) == prefix
+end
+local d, handed = 0, 0
+if allowed then
+  local old = redis.pcall('SET', key, ARGV[6], 'PX', ARGV[8], 'GET')
+  if type(old) == 'table' and old.err then
+    d = redis.call(ARGV[2], key)
+    if owner then redis.call(ARGV[2], rec) end
+    if d > 0 then redis.call('PUBLISH', 'lockgate:released', key) end
+  else
+    redis.call('SET', rec, ARGV[7], 'PX', ARGV[8])
+    if old then d = 1 end
+    handed = 1
+  end
+end
+local released = 0
+if owner then released = d end
+local denied = 1
+if allowed then denied = 0 end
+if ARGV[1] == '1' then return {d, released, denied, lapsed, handed} end
+return d
 "#;
 
 /// Owner-checked `EXPIRE`/`PEXPIRE`/`EXPIREAT`/`PEXPIREAT`: the lock and its

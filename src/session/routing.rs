@@ -247,7 +247,7 @@ fn carry_out(
                 return;
             };
             let planned = match conn.lock() {
-                Ok(mut c) => ctx.locks.plan(op.clone(), &mut c, view.in_multi),
+                Ok(mut c) => ctx.locks.plan_on_primary(op.clone(), &mut c, view.in_multi),
                 Err(_) => {
                     ctx.metrics.error(crate::error::ErrorSource::Internal);
                     out.batch.local(LocalReply::err(

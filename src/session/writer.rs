@@ -339,8 +339,14 @@ async fn forward(
                         _ => crate::lock::split_reply(&captured),
                     };
                     let park = super::parking::after_failure(&pending, &facts);
-                    if let Ok(mut c) = conn.lock() {
-                        ctx.locks.complete(pending, &facts, &mut c);
+                    let handed = match conn.lock() {
+                        Ok(mut c) => ctx.locks.complete(pending, &facts, &mut c),
+                        Err(_) => None,
+                    };
+                    // The release gave the lock to a parked attempt of
+                    // another connection: settled with this one unlocked.
+                    if let Some(handed) = handed {
+                        ctx.locks.finish_handoff(handed);
                     }
                     match park.and_then(|p| super::parking::park(ctx, p, conn)) {
                         // A failed attempt waits for a handoff instead.

@@ -9,6 +9,14 @@
 //!
 //! Answering "not acquired" early is always safe for mutual exclusion;
 //! every "acquired" is a real acquisition on Redis (or the quorum).
+//!
+//! On one Redis, a release through this instance may carry the handoff
+//! itself ([`handoff`]): the releasing connection's script gives the lock
+//! straight to the oldest parked attempt, one round trip for both.
+
+mod handoff;
+
+pub use handoff::{Claim, HandedOver};
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -88,6 +96,9 @@ struct Waiter {
     since: std::time::Instant,
     /// Parked until (live), or the place is kept until (reserved).
     deadline: Instant,
+    /// A release on its way to Redis hands the lock to this attempt: it is
+    /// neither timed out nor tried for until the release's answer.
+    claimed: bool,
     /// `Some` while parked.
     reply: Option<oneshot::Sender<LocalReply>>,
     ask: Ask,
@@ -103,8 +114,17 @@ impl Waiter {
 struct KeyInner {
     held_until: Option<Instant>,
     last_probe: Option<Instant>,
+    /// A client's attempt went to Redis then and is not answered yet.
+    probing: Option<Instant>,
+    /// The driver's last attempt failed without learning a holder (an
+    /// outage, a key without lease): no new attempt before then.
+    backoff_until: Option<Instant>,
     waiters: VecDeque<Waiter>,
     driving: bool,
+    /// The driver is acquiring for the front attempt right now.
+    busy: bool,
+    /// A release carrying a handoff is on its way, answered by then.
+    handing: Option<Instant>,
     /// The holder last learned acquired through this instance.
     ours: bool,
     /// Counts releases seen, so an answer that was on its way while a
@@ -211,24 +231,32 @@ impl Storm {
         if probe_ms == 0 {
             return Admission::Probe;
         }
-        let Some(state) = self.state(key, false) else {
+        let Some(state) = self.state(key, true) else {
             return Admission::Probe;
         };
         let Ok(mut inner) = state.inner.lock() else {
             return Admission::Probe;
         };
         let now = Instant::now();
+        let interval = Duration::from_millis(probe_ms);
         let held = inner.held_until.is_some_and(|u| u > now);
         let probed = inner
             .last_probe
-            .is_some_and(|p| now.duration_since(p) < Duration::from_millis(probe_ms));
+            .is_some_and(|p| now.duration_since(p) < interval);
+        // While one attempt is on its way, another cannot win: either it
+        // takes the lock or the lock is held. (A storm's first wave would
+        // otherwise all go to Redis before the first answer.)
+        let in_flight = inner
+            .probing
+            .is_some_and(|p| now.duration_since(p) < interval);
         // Attempts queue behind those already waiting (FIFO); the driver
         // asks Redis on the queue's behalf.
-        if (held && probed) || !inner.waiters.is_empty() {
+        if (held && probed) || in_flight || !inner.waiters.is_empty() {
             ProxyMetrics::inc(&self.metrics.absorbed);
             return Admission::Absorb;
         }
         inner.last_probe = Some(now);
+        inner.probing = Some(now);
         Admission::Probe
     }
 
@@ -240,6 +268,7 @@ impl Storm {
         };
         let now = Instant::now();
         if let Ok(mut inner) = state.inner.lock() {
+            inner.probing = None;
             // A "held" answer to a probe sent before the latest release
             // (no probe admitted since) is stale: the release wins.
             if !acquired && inner.releases > 0 && inner.last_probe.is_none() {
@@ -249,9 +278,31 @@ impl Storm {
             // while that lease lasts.
             let ours_before = inner.ours && inner.held_until.is_some_and(|u| u > now);
             inner.last_probe = Some(now);
-            inner.held_until = (ms > 0).then(|| now + Duration::from_millis(ms as u64));
+            inner.held_until = match ms {
+                ms if ms > 0 => Some(now + Duration::from_millis(ms as u64)),
+                // Refused by a key without lease (the incident: SETNX whose
+                // EXPIRE never came): held until the next probe says
+                // otherwise, so a spin loop on it is absorbed too.
+                -1 if !acquired => {
+                    Some(now + Duration::from_millis(self.config.probe_interval_ms.max(1)))
+                }
+                _ => None,
+            };
             inner.ours = acquired || ours_before;
         };
+        // A driver waiting for this answer goes on.
+        state.wake.notify_one();
+    }
+
+    /// An attempt on `key` ended without an outcome to learn (an error, a
+    /// lost quorum): later attempts go to Redis again, to see the error.
+    pub fn unprobe(&self, key: &[u8]) {
+        if let Some(state) = self.state(key, false) {
+            if let Ok(mut inner) = state.inner.lock() {
+                inner.probing = None;
+            }
+            state.wake.notify_one();
+        }
     }
 
     /// The lock on `key` was released: wake its parked attempts.
@@ -260,6 +311,7 @@ impl Storm {
             if let Ok(mut inner) = state.inner.lock() {
                 inner.held_until = None;
                 inner.last_probe = None;
+                inner.backoff_until = None;
                 inner.releases += 1;
             }
             state.wake.notify_one();
@@ -311,6 +363,7 @@ impl Storm {
                     owner,
                     since,
                     deadline,
+                    claimed: false,
                     reply: Some(tx),
                     ask,
                 };
@@ -351,10 +404,11 @@ impl Storm {
                 let Ok(mut inner) = state.inner.lock() else {
                     return;
                 };
+                handoff::expire_claim(&mut inner, now);
                 for w in inner
                     .waiters
                     .iter_mut()
-                    .filter(|w| w.live() && w.deadline <= now)
+                    .filter(|w| w.live() && !w.claimed && w.deadline <= now)
                 {
                     ProxyMetrics::inc(&self.metrics.park_timeouts);
                     if let Some(reply) = w.reply.take() {
@@ -367,7 +421,14 @@ impl Storm {
                     inner.driving = false;
                     return;
                 }
-                let free = inner.held_until.is_none_or(|u| u <= now);
+                // A client's attempt on its way will take the lock or learn
+                // who holds it: wait for its answer.
+                let in_flight = inner
+                    .probing
+                    .filter(|p| now.duration_since(*p) < Duration::from_millis(probe_ms.max(1)));
+                let free = inner.held_until.is_none_or(|u| u <= now)
+                    && in_flight.is_none()
+                    && inner.backoff_until.is_none_or(|b| b <= now);
                 // A lock held through this instance needs no probing: its
                 // release (DEL, client Lua, disconnect) or lease deadline is
                 // seen here. Probes only cover releases lockgate may miss.
@@ -381,9 +442,10 @@ impl Storm {
                     .front()
                     .filter(|w| w.live())
                     .map(|w| (w.id, w.ask.clone()));
-                let attempt = front.filter(|_| free || probe_due);
+                let attempt = front.filter(|_| (free || probe_due) && inner.handing.is_none());
                 if attempt.is_some() {
                     inner.last_probe = Some(now);
+                    inner.busy = true;
                 }
                 let mut wake_at = inner
                     .waiters
@@ -397,6 +459,15 @@ impl Storm {
                 if let Some(p) = inner.last_probe.filter(|_| probe_ms > 0) {
                     wake_at = wake_at.min(p + Duration::from_millis(probe_ms));
                 }
+                if let Some(h) = inner.handing {
+                    wake_at = wake_at.min(h);
+                }
+                if let Some(p) = in_flight {
+                    wake_at = wake_at.min(p + Duration::from_millis(probe_ms.max(1)));
+                }
+                if let Some(b) = inner.backoff_until.filter(|&b| b > now) {
+                    wake_at = wake_at.min(b);
+                }
                 (attempt, wake_at.max(now + Duration::from_millis(1)))
             };
             if let Some((id, ask)) = attempt {
@@ -407,6 +478,7 @@ impl Storm {
                     return;
                 };
                 let now = Instant::now();
+                inner.busy = false;
                 let released_meanwhile = inner.releases != releases_before;
                 if acquired {
                     inner.held_until = Some(now + Duration::from_millis(lease));
@@ -426,6 +498,10 @@ impl Storm {
                     }
                 } else if !released_meanwhile {
                     inner.held_until = (pttl > 0).then(|| now + Duration::from_millis(pttl as u64));
+                    // Refused, but nobody holds it with a lease: asking
+                    // again at once would only spin.
+                    inner.backoff_until = (pttl <= 0)
+                        .then(|| now + Duration::from_millis(probe_ms.max(park_ms).max(1)));
                 }
                 continue;
             }
