@@ -219,6 +219,24 @@ for t in "${TARGETS[@]}"; do
   log "idle $t redis: $(awk -v r="$rate" 'BEGIN { printf "%.2f", r * 1000 }') ms CPU/s"
 done
 
+# --- the floor: what one lone round trip costs an idle Redis on this box ------
+# FLOOR_N PINGs at 5/s (the acquisition rate of the runs) on one connection to
+# the direct Redis: its CPU above idle per PING. An acquisition through any
+# proxy needs at least one round trip to Redis, so this bounds how low "Redis
+# CPU per acquisition" can go here (waking an idle Redis is the cost).
+FLOOR_N=${FLOOR_N:-25}
+fp=${REDIS_PID_OF[direct]}
+f0=$(cpu_ns "$fp")
+ft0=$(now_ns)
+{ for _ in $(seq "$FLOOR_N"); do echo PING; sleep 0.2; done; } | rcli "${REDIS_PORT_OF[direct]}" >/dev/null
+ft1=$(now_ns)
+f1=$(cpu_ns "$fp")
+idle_direct=$(awk -F'\t' '$1 == "idle_direct" { print $2 }' "$META")
+floor=$(awk -v c=$((f1 - f0)) -v w=$((ft1 - ft0)) -v i="$idle_direct" -v n="$FLOOR_N" \
+  'BEGIN { v = (c - i * w) / n / 1e6; if (v < 0) v = 0; printf "%.4f", v }')
+printf 'floor_ms\t%s\n' "$floor" >>"$META"
+log "one lone round trip (PING at 5/s) costs the direct Redis $floor ms CPU above idle"
+
 # --- runs ---------------------------------------------------------------------
 RUNS="$TMP/runs.jsonl"
 : >"$RUNS"
