@@ -13,6 +13,32 @@
 //! Owner records (`lockgate:owner:{key}`) hold the acquisition token
 //! `instance_id:seq` and carry the lock's lease.
 
+/// The owner check every release and extension makes, as a Lua function
+/// the scripts start with: `allows(owner, tok, prefix, any)` returns
+/// (allowed, lapsed). `owner`: the owner record (false when absent);
+/// `tok`: the token this connection acquired with (`''`: it never did);
+/// `any`: ownership `any`. A connection that acquired may act only on that
+/// acquisition (else its lease lapsed); one that never did may act on the
+/// instance's acquisitions and on keys without owner record (plain data).
+macro_rules! owner_check {
+    () => {
+        r#"
+local function allows(owner, tok, prefix, any)
+  if any then return true, 0 end
+  if not owner then
+    if tok == '' then return true, 0 end
+    return false, 1
+  end
+  if tok ~= '' then
+    if owner == tok then return true, 0 end
+    return false, 1
+  end
+  return string.sub(owner, 1, #prefix) == prefix, 0
+end
+"#
+    };
+}
+
 /// Acquire: `SET k v NX <ttl>` plus the owner record, atomically.
 /// KEYS: lock, owner record. ARGV: info, value, token, ttl kind
 /// (`PX`/`EX`/`PXAT`/`EXAT`), ttl, shape (`setnx` → 1/0, `set` → OK/nil,
@@ -52,7 +78,9 @@ return reply
 /// deleted as before, unless this connection acquired it (then its lease
 /// lapsed and the key, if any, is someone else's).
 /// Reply: the number deleted, as DEL. Facts: released, denied, lapsed.
-pub const RELEASE: &str = r#"
+pub const RELEASE: &str = concat!(
+    owner_check!(),
+    r#"
 local n = tonumber(ARGV[2])
 local cmd, any, prefix = ARGV[3], ARGV[4] == 'any', ARGV[5]
 local total, released, denied, lapsed = 0, 0, 0, 0
@@ -62,18 +90,8 @@ for i = 1, n do
   if seen[key] then tok = '' end
   seen[key] = true
   local owner = redis.call('GET', rec)
-  local allowed
-  if any then
-    allowed = true
-  elseif not owner then
-    allowed = tok == ''
-    if not allowed then lapsed = lapsed + 1 end
-  elseif tok ~= '' then
-    allowed = owner == tok
-    if not allowed then lapsed = lapsed + 1 end
-  else
-    allowed = string.sub(owner, 1, #prefix) == prefix
-  end
+  local allowed, lapse = allows(owner, tok, prefix, any)
+  lapsed = lapsed + lapse
   if allowed then
     local d = redis.call(cmd, key)
     total = total + d
@@ -89,7 +107,8 @@ end
 if #KEYS > 2 * n then total = total + redis.call(cmd, unpack(KEYS, 2 * n + 1)) end
 if ARGV[1] == '1' then return {total, released, denied, lapsed} end
 return total
-"#;
+"#
+);
 
 /// [`RELEASE`] of one lock key that also hands it over, in the same step,
 /// to the oldest attempt parked on this instance (retry storms): when the
@@ -100,21 +119,12 @@ return total
 /// (as [`RELEASE`]), next value, next token, next lease ms. Reply: the
 /// number deleted, as DEL. Facts: released, denied, lapsed, handed (1/0).
 /// A lock key that is not a string is deleted as DEL would, not handed.
-pub const RELEASE_HANDOFF: &str = r#"
-local key, rec, tok, prefix = KEYS[1], KEYS[2], ARGV[5], ARGV[4]
+pub const RELEASE_HANDOFF: &str = concat!(
+    owner_check!(),
+    r#"
+local key, rec = KEYS[1], KEYS[2]
 local owner = redis.call('GET', rec)
-local allowed, lapsed = true, 0
-if ARGV[3] == 'any' then
-  allowed = true
-elseif not owner then
-  allowed = tok == ''
-  if not allowed then lapsed = 1 end
-elseif tok ~= '' then
-  allowed = owner == tok
-  if not allowed then lapsed = 1 end
-else
-  allowed = string.sub(owner, 1, #prefix) == prefix
-end
+local allowed, lapsed = allows(owner, ARGV[5], ARGV[4], ARGV[3] == 'any')
 local d, handed = 0, 0
 if allowed then
   local old = redis.pcall('SET', key, ARGV[6], 'PX', ARGV[8], 'GET')
@@ -134,26 +144,18 @@ local denied = 1
 if allowed then denied = 0 end
 if ARGV[1] == '1' then return {d, released, denied, lapsed, handed} end
 return d
-"#;
+"#
+);
 
 /// Owner-checked `EXPIRE`/`PEXPIRE`/`EXPIREAT`/`PEXPIREAT`: the lock and its
 /// owner record move together. KEYS: lock, owner record. ARGV: info,
 /// ownership, instance prefix, token, command, its arguments after the key.
 /// Reply: as the command (0 when refused). Facts: allowed (1/0), lapsed.
-pub const EXTEND: &str = r#"
+pub const EXTEND: &str = concat!(
+    owner_check!(),
+    r#"
 local owner = redis.call('GET', KEYS[2])
-local tok, prefix = ARGV[4], ARGV[3]
-local allowed, lapsed = true, 0
-if ARGV[2] == 'any' then
-  allowed = true
-elseif not owner then
-  if tok ~= '' then allowed = false; lapsed = 1 end
-elseif tok ~= '' then
-  allowed = owner == tok
-  if not allowed then lapsed = 1 end
-else
-  allowed = string.sub(owner, 1, #prefix) == prefix
-end
+local allowed, lapsed = allows(owner, ARGV[4], ARGV[3], ARGV[2] == 'any')
 local reply = 0
 if allowed then
   reply = redis.pcall(ARGV[5], KEYS[1], unpack(ARGV, 6))
@@ -169,7 +171,8 @@ if allowed then
 end
 if ARGV[1] == '1' then return {reply, allowed and 1 or 0, lapsed} end
 return reply
-"#;
+"#
+);
 
 /// Takeover for `GETSET`, `SET` without NX, `GETDEL`, `GETEX`: run the
 /// command, keep the lease it had (or give the default if it had none), and
