@@ -158,30 +158,6 @@ impl LockService {
         conn: Arc<Mutex<ConnLocks>>,
         handoff: bool,
     ) -> Outcome {
-        let key = match &op {
-            LockOp::Acquire { key, .. } => Some(key.clone()),
-            _ => None,
-        };
-        let out = self
-            .quorum_attempt(q, op, shape, lease_ms, conn, handoff)
-            .await;
-        if let (Some(key), false) = (key, out.acquired || out.pttl > 0) {
-            // A lost quorum or an error, not a holder: the next attempt
-            // asks the masters again (and sees the same answer).
-            self.storm.unprobe(&key);
-        }
-        out
-    }
-
-    async fn quorum_attempt(
-        &self,
-        q: &Quorum,
-        op: LockOp,
-        shape: Shape,
-        lease_ms: u64,
-        conn: Arc<Mutex<ConnLocks>>,
-        handoff: bool,
-    ) -> Outcome {
         let LockOp::Acquire { key, value, .. } = &op else {
             return Outcome::failed(LocalReply::err(
                 "lockgate: internal error (not an acquisition)",
@@ -191,6 +167,9 @@ impl LockService {
         let eligible = q.eligible();
         if eligible.len() < q.majority() {
             ProxyMetrics::inc(&self.metrics.quorum_failures);
+            // A lost quorum, not a holder: the next attempt asks the
+            // masters again (and sees the same answer).
+            self.storm.unprobe(&key);
             return Outcome::failed(q.loss_reply(not_acquired(shape)));
         }
         let planned = match conn.lock() {
@@ -243,6 +222,7 @@ impl LockService {
         if q.lost_quorum(granted, answers.replies.len(), eligible.len()) {
             ProxyMetrics::inc(&self.metrics.quorum_failures);
             // Enough masters were up, but too few answered in time.
+            self.storm.unprobe(&key);
             return Outcome::failed(q.late_reply(answers.replies.len(), not_acquired(shape)));
         }
         ProxyMetrics::inc(&self.metrics.contended);
