@@ -88,13 +88,9 @@ pub fn now_ms() -> u64 {
         .as_millis() as u64
 }
 
-/// The value of an integer reply `:N\r\n` (panics on anything else).
-pub fn int(text: &str) -> i64 {
-    text.strip_prefix(':')
-        .and_then(|t| t.strip_suffix("\r\n"))
-        .and_then(|t| t.parse().ok())
-        .unwrap_or_else(|| panic!("expected an integer reply, got {text:?}"))
-}
+/// The value of an integer reply (one helper for every test crate).
+#[allow(unused_imports)]
+pub use crate::support::int;
 
 /// Sends `args` and returns its integer reply.
 pub async fn int_of(c: &mut RawClient, args: &[&str]) -> i64 {

@@ -457,14 +457,9 @@ pub async fn counted(c: &mut RawClient, args: &[&str], io: &mut (u64, u64)) -> S
     show(&reply)
 }
 
-/// An integer reply's value.
-pub fn int(reply: &str) -> i64 {
-    reply
-        .strip_prefix(':')
-        .and_then(|r| r.strip_suffix("\r\n"))
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("not an integer reply: {reply:?}"))
-}
+/// The value of an integer reply (one helper for every test crate).
+#[allow(unused_imports)]
+pub use crate::support::int;
 
 /// `PTTL key` through `c`.
 pub async fn pttl(c: &mut RawClient, key: &str) -> i64 {

@@ -135,14 +135,9 @@ pub fn owner(key: &str) -> String {
     format!("lockgate:owner:{{{key}}}")
 }
 
-/// The integer of a `:n` reply; anything else fails the test.
-pub fn int(reply: &str) -> i64 {
-    reply
-        .strip_prefix(':')
-        .and_then(|r| r.strip_suffix("\r\n"))
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("not an integer reply: {reply:?}"))
-}
+/// The value of an integer reply (one helper for every test crate).
+#[allow(unused_imports)]
+pub use crate::support::int;
 
 /// Sends `sig` (`-STOP`, `-CONT`, …) to `pid`.
 pub fn signal(pid: u32, sig: &str) {

@@ -604,3 +604,14 @@ macro_rules! until {
 pub async fn eventually<F: FnMut() -> bool>(what: &str, mut check: F) {
     crate::until!(what, check());
 }
+
+/// The value of an integer reply `:N\r\n` as text; anything else fails the
+/// test.
+#[allow(dead_code)]
+pub fn int(reply: &str) -> i64 {
+    reply
+        .strip_prefix(':')
+        .and_then(|r| r.strip_suffix("\r\n"))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("not an integer reply: {reply:?}"))
+}
