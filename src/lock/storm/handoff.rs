@@ -63,11 +63,8 @@ impl HandedOver {
 
 /// Drops a claim whose release never answered within its time.
 pub(super) fn expire_claim(inner: &mut KeyInner, now: Instant) {
-    if inner.handing.is_some_and(|until| until <= now) {
+    if inner.handing.is_some_and(|(_, until)| until <= now) {
         inner.handing = None;
-        for w in inner.waiters.iter_mut() {
-            w.claimed = false;
-        }
     }
 }
 
@@ -83,15 +80,14 @@ impl Storm {
         if inner.busy || inner.handing.is_some() {
             return None;
         }
-        let front = inner.waiters.front_mut().filter(|w| w.live())?;
-        front.claimed = true;
+        let front = inner.waiters.front().filter(|w| w.live())?;
         let claim = Claim {
             id: front.id,
             token,
             value: front.ask.value.clone(),
             lease_ms: front.ask.lease_ms,
         };
-        inner.handing = Some(Instant::now() + within);
+        inner.handing = Some((claim.id, Instant::now() + within));
         Some(claim)
     }
 
@@ -101,7 +97,9 @@ impl Storm {
     pub fn hand_over(&self, key: &[u8], claim: Claim) -> Option<HandedOver> {
         let state = self.state(key, false)?;
         let mut inner = state.inner.lock().ok()?;
-        inner.handing = None;
+        if inner.handing.is_some_and(|(id, _)| id == claim.id) {
+            inner.handing = None;
+        }
         inner.held_until = Some(Instant::now() + Duration::from_millis(claim.lease_ms));
         inner.ours = true;
         inner.last_probe = Some(Instant::now());
@@ -124,9 +122,8 @@ impl Storm {
             return;
         };
         if let Ok(mut inner) = state.inner.lock() {
-            inner.handing = None;
-            if let Some(w) = inner.waiters.iter_mut().find(|w| w.id == claim.id) {
-                w.claimed = false;
+            if inner.handing.is_some_and(|(id, _)| id == claim.id) {
+                inner.handing = None;
             }
         }
         state.wake.notify_one();

@@ -96,9 +96,6 @@ struct Waiter {
     since: std::time::Instant,
     /// Parked until (live), or the place is kept until (reserved).
     deadline: Instant,
-    /// A release on its way to Redis hands the lock to this attempt: it is
-    /// neither timed out nor tried for until the release's answer.
-    claimed: bool,
     /// `Some` while parked.
     reply: Option<oneshot::Sender<LocalReply>>,
     ask: Ask,
@@ -123,8 +120,10 @@ struct KeyInner {
     driving: bool,
     /// The driver is acquiring for the front attempt right now.
     busy: bool,
-    /// A release carrying a handoff is on its way, answered by then.
-    handing: Option<Instant>,
+    /// A release carrying a handoff to this waiter (its id) is on its way,
+    /// answered by then: the waiter is neither timed out nor tried for
+    /// until the release's answer.
+    handing: Option<(u64, Instant)>,
     /// The holder last learned acquired through this instance.
     ours: bool,
     /// Counts releases seen, so an answer that was on its way while a
@@ -363,7 +362,6 @@ impl Storm {
                     owner,
                     since,
                     deadline,
-                    claimed: false,
                     reply: Some(tx),
                     ask,
                 };
@@ -405,10 +403,11 @@ impl Storm {
                     return;
                 };
                 handoff::expire_claim(&mut inner, now);
+                let claimed = inner.handing.map(|(id, _)| id);
                 for w in inner
                     .waiters
                     .iter_mut()
-                    .filter(|w| w.live() && !w.claimed && w.deadline <= now)
+                    .filter(|w| w.live() && Some(w.id) != claimed && w.deadline <= now)
                 {
                     ProxyMetrics::inc(&self.metrics.park_timeouts);
                     if let Some(reply) = w.reply.take() {
@@ -459,7 +458,7 @@ impl Storm {
                 if let Some(p) = inner.last_probe.filter(|_| probe_ms > 0) {
                     wake_at = wake_at.min(p + Duration::from_millis(probe_ms));
                 }
-                if let Some(h) = inner.handing {
+                if let Some((_, h)) = inner.handing {
                     wake_at = wake_at.min(h);
                 }
                 if let Some(p) = in_flight {
