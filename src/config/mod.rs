@@ -157,8 +157,6 @@ pub struct LimitsConfig {
     /// Largest whole command (all arguments and headers), in bytes: bounds the
     /// read buffer of one client (Redis's `client-query-buffer-limit`).
     pub max_request_bytes: u64,
-    /// Deepest nesting accepted in a reply from Redis (RESP3 aggregates).
-    pub max_reply_depth: usize,
 }
 
 impl Default for LimitsConfig {
@@ -168,7 +166,6 @@ impl Default for LimitsConfig {
             max_multibulk_len: 1024 * 1024,
             max_inline_bytes: 64 * 1024,
             max_request_bytes: 1024 * 1024 * 1024,
-            max_reply_depth: 512,
         }
     }
 }
@@ -255,7 +252,6 @@ impl Config {
         )?;
         positive("limits.max_bulk_bytes", self.limits.max_bulk_bytes)?;
         positive("limits.max_multibulk_len", self.limits.max_multibulk_len)?;
-        positive("limits.max_reply_depth", self.limits.max_reply_depth as u64)?;
         if self.limits.max_inline_bytes < 16 {
             return Err(invalid("limits.max_inline_bytes", "must be at least 16"));
         }

@@ -53,7 +53,7 @@ async fn subscribed(
         .await
         .map_err(|e| e.to_string())?;
     *backoff = Duration::from_millis(10);
-    let mut frames = FrameReader::new(8);
+    let mut frames = FrameReader::new();
     loop {
         let frame = frames.next(&mut stream).await?;
         if let Some(key) = message_payload(&frame) {

@@ -363,7 +363,7 @@ pub fn split_reply(frame: &[u8]) -> (&[u8], Vec<i64>) {
         return whole;
     };
     let body = &frame[nl + 1..];
-    let mut scanner = crate::protocol::reply::ReplyScanner::new(64);
+    let mut scanner = crate::protocol::reply::ReplyScanner::new();
     let Ok((len, Some(_))) = scanner.advance(body) else {
         return whole;
     };

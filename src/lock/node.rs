@@ -231,11 +231,11 @@ pub(crate) struct FrameReader {
 }
 
 impl FrameReader {
-    /// A reader for replies nested up to `depth` deep.
-    pub(crate) fn new(depth: usize) -> FrameReader {
+    /// A reader at the start of a connection's replies.
+    pub(crate) fn new() -> FrameReader {
         FrameReader {
             buf: BytesMut::with_capacity(4096),
-            scanner: ReplyScanner::new(depth),
+            scanner: ReplyScanner::new(),
             pos: 0,
         }
     }
@@ -281,7 +281,7 @@ pub(crate) async fn request(
 ) -> Result<Vec<u8>, String> {
     let io = async {
         stream.write_all(command).await.map_err(|e| e.to_string())?;
-        FrameReader::new(64).next(stream).await.map(|f| f.to_vec())
+        FrameReader::new().next(stream).await.map(|f| f.to_vec())
     };
     tokio::time::timeout(timeout, io)
         .await
@@ -316,7 +316,7 @@ async fn serve(stream: tokio::net::TcpStream, calls: &mut mpsc::Receiver<Call>) 
     };
     let reader = async {
         let mut buf = BytesMut::with_capacity(16 * 1024);
-        let mut scanner = ReplyScanner::new(64);
+        let mut scanner = ReplyScanner::new();
         // `pos`: scanned so far; the current frame starts at 0.
         let mut pos = 0;
         loop {

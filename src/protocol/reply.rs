@@ -45,9 +45,10 @@ impl FrameEnd {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 enum State {
     /// At the start of an element: the type byte and header come next.
+    #[default]
     Header,
     /// Inside a simple line element (`+`, `-`, `:`, …), until `\n`.
     Line,
@@ -56,24 +57,25 @@ enum State {
 }
 
 /// Resumable scanner for a stream of RESP2/RESP3 frames. See the module doc.
-#[derive(Debug, Clone)]
+///
+/// Replies come from Redis, which is trusted: they are scanned in constant
+/// memory with no limit on nesting (a Lua script can return thousands of
+/// nested arrays). One count of the element slots still to fill in the
+/// current top-level frame replaces a stack of open aggregates: an
+/// aggregate of `n` fills its own slot and opens `n`, an attribute opens
+/// `2n` beside the slot it annotates, any other element fills one.
+#[derive(Debug, Clone, Default)]
 pub struct ReplyScanner {
     state: State,
-    /// Elements still owed by each open aggregate, innermost last.
-    stack: Vec<u64>,
-    max_depth: usize,
+    /// Element slots still to fill before the top-level frame ends.
+    left: u64,
     top: Option<FrameEnd>,
 }
 
 impl ReplyScanner {
-    /// A scanner accepting aggregates nested up to `max_depth` deep.
-    pub fn new(max_depth: usize) -> ReplyScanner {
-        ReplyScanner {
-            state: State::Header,
-            stack: Vec::new(),
-            max_depth,
-            top: None,
-        }
+    /// A scanner at the start of a stream.
+    pub fn new() -> ReplyScanner {
+        ReplyScanner::default()
     }
 
     /// True when the scanner sits between two top-level frames.
@@ -178,20 +180,17 @@ impl ReplyScanner {
                         } else {
                             n
                         };
-                        if type_byte == b'|' {
-                            // An attribute annotates the element after it, so
-                            // it does not count as one of its parent's.
-                            if let Some(parent) = self.stack.last_mut() {
-                                *parent += 1;
-                            }
-                        }
                         if elements == 0 {
                             return Ok(Some((used, true)));
                         }
-                        if self.stack.len() >= self.max_depth {
-                            return Err(ProtocolError::BadReply("nesting too deep"));
+                        if type_byte == b'|' {
+                            // An attribute annotates the element after it: its
+                            // slot stays open beside the attribute's own.
+                            self.left = self.left.saturating_add(elements);
+                        } else {
+                            // The aggregate fills its slot and opens its own.
+                            self.left = self.left.saturating_add(elements).saturating_sub(1);
                         }
-                        self.stack.push(elements);
                         Ok(Some((used, false)))
                     }
                 }
@@ -202,6 +201,9 @@ impl ReplyScanner {
 
     fn start_element(&mut self, type_byte: u8) {
         if self.top.is_none() {
+            // The frame itself is the one slot; a top-level attribute is a
+            // frame of its own (the reply it annotates is the next one).
+            self.left = u64::from(type_byte != b'|');
             let kind = match type_byte {
                 b'>' => FrameKind::Push,
                 b'|' => FrameKind::Attribute,
@@ -231,12 +233,9 @@ impl ReplyScanner {
     /// One element finished: settle the aggregates it completes and report
     /// the top-level frame if that was the last of it.
     fn element_done(&mut self) -> Option<FrameEnd> {
-        while let Some(left) = self.stack.last_mut() {
-            *left -= 1;
-            if *left > 0 {
-                return None;
-            }
-            self.stack.pop();
+        self.left = self.left.saturating_sub(1);
+        if self.left > 0 {
+            return None;
         }
         self.top.take()
     }
@@ -247,7 +246,7 @@ mod tests {
     use super::*;
 
     fn frames(input: &[u8], chunk: usize) -> Vec<(FrameKind, u64)> {
-        let mut s = ReplyScanner::new(8);
+        let mut s = ReplyScanner::new();
         let mut out = Vec::new();
         let mut pending: Vec<u8> = Vec::new();
         for piece in input.chunks(chunk) {
@@ -288,7 +287,7 @@ mod tests {
 
     #[test]
     fn recognises_short_frames_across_reads() {
-        let mut s = ReplyScanner::new(8);
+        let mut s = ReplyScanner::new();
         assert_eq!(s.advance(b"+RE").unwrap(), (3, None));
         let (used, end) = s.advance(b"SET\r\n").unwrap();
         assert_eq!(used, 5);
@@ -300,11 +299,34 @@ mod tests {
 
     #[test]
     fn bad_input_is_an_error() {
-        let mut s = ReplyScanner::new(2);
+        let mut s = ReplyScanner::new();
         assert!(s.advance(b"?x\r\n").is_err());
-        let mut s = ReplyScanner::new(2);
-        assert!(s.advance(b"*1\r\n*1\r\n*1\r\n").is_err());
-        let mut s = ReplyScanner::new(2);
+        let mut s = ReplyScanner::new();
         assert!(s.advance(b"$x\r\n").is_err());
+    }
+
+    #[test]
+    fn nesting_has_no_limit_and_no_stack() {
+        // What `EVAL "local a = {}; local b = {a}; a[1] = b; return a" 0`
+        // makes Redis send: deep one-element arrays, then the error.
+        let depth = 100_000;
+        let mut input = b"*1\r\n".repeat(depth);
+        input.extend_from_slice(b"-ERR reached lua stack limit\r\n+OK\r\n");
+        let mut s = ReplyScanner::new();
+        let (used, end) = s.advance(&input).unwrap();
+        let end = end.unwrap();
+        assert_eq!(end.kind, FrameKind::Reply);
+        assert_eq!(used as u64, end.len);
+        assert_eq!(s.advance(&input[used..]).unwrap(), (5, s.clone().advance(b"+OK\r\n").unwrap().1));
+        assert!(s.at_boundary());
+    }
+
+    #[test]
+    fn nested_attributes_keep_their_slot() {
+        let input: &[u8] = b"*2\r\n|1\r\n+a\r\n:1\r\n:5\r\n:6\r\n+OK\r\n";
+        assert_eq!(
+            frames(input, 1),
+            vec![(FrameKind::Reply, 24), (FrameKind::Reply, 5)]
+        );
     }
 }

@@ -67,7 +67,7 @@ pub async fn write_loop(
     let grace = Duration::from_millis(ctx.config.proxy.shutdown_grace_ms);
     let mut st = Replies {
         queue: VecDeque::new(),
-        scanner: ReplyScanner::new(ctx.config.limits.max_reply_depth),
+        scanner: ReplyScanner::new(),
         resp3: false,
         raw: false,
         out: BytesMut::new(),
