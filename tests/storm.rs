@@ -80,7 +80,10 @@ struct Spun {
 
 /// The legacy spin loop: `SETNX key value`, the next one as soon as the
 /// reply is in, no sleep, until `:1` or `stop_at`. `first` is told when the
-/// first reply came. Any reply other than `:0`/`:1` fails the test.
+/// loop has its place in the key's queue: once its second reply came (a
+/// first attempt is answered at once, as a try-lock; the next one, moments
+/// later, is a spinner's and is parked). Any reply other than `:0`/`:1`
+/// fails the test.
 async fn spin(
     c: &mut RawClient,
     key: &str,
@@ -108,8 +111,10 @@ async fn poll(
         }
         let reply = c.call(&["SETNX", key, value]).await;
         attempts += 1;
-        if let Some(tx) = first.take() {
-            let _ = tx.send(());
+        if attempts >= 2 || reply != ":0\r\n" {
+            if let Some(tx) = first.take() {
+                let _ = tx.send(());
+            }
         }
         match reply.as_str() {
             ":1\r\n" => {
@@ -200,7 +205,7 @@ impl Storm {
 }
 
 /// Ten loops (`pause` between attempts) start one after another on a held
-/// key, each only once the previous one's first attempt has been answered
+/// key, each only once the previous one's second attempt has been answered
 /// (parked and timed out: its place in the queue exists); each winner
 /// holds 20 ms and releases. Checks they acquired in the order they
 /// started.
@@ -238,11 +243,11 @@ async fn fifo(pause: Duration) {
         }));
         tokio::time::timeout(WAIT, rx)
             .await
-            .unwrap_or_else(|_| panic!("spinner {i}'s first SETNX was not answered"))
+            .unwrap_or_else(|_| panic!("spinner {i} was not parked in time"))
             .expect("spinner alive");
     }
     let s = &lg.ctx.locks.storm.metrics;
-    // Every spinner's first attempt was parked; all but the first were
+    // Every spinner's second attempt was parked; all but the first were
     // absorbed (the first probed Redis, which taught lockgate the key is held).
     assert!(m(&s.parked) >= 10, "parked = {}", m(&s.parked));
     assert!(m(&s.absorbed) >= 9, "absorbed = {}", m(&s.absorbed));
@@ -384,7 +389,7 @@ async fn handoff_across_instances(b_probe_ms: u64) -> Duration {
     });
     tokio::time::timeout(WAIT, rx)
         .await
-        .expect("the waiter's first SETNX answered")
+        .expect("the waiter parked on B")
         .expect("waiter alive");
     let sb = &b.ctx.locks.storm.metrics;
     assert!(m(&sb.parked) >= 1, "the waiter was never parked on B");
@@ -396,7 +401,8 @@ async fn handoff_across_instances(b_probe_ms: u64) -> Duration {
     let won_at = spun.won_at.expect("the waiter on B acquired lock:x");
     assert_eq!(get(&mut r, "lock:x").await.as_deref(), Some("w"));
     assert!(m(&sb.announcements) >= 1, "B heard no release announcement");
-    assert!(m(&sb.handoffs) >= 1, "B handed nothing over");
+    // The waiter got it by a handoff or by its own next attempt, which the
+    // announcement let through to Redis: the callers bound how soon.
     won_at.saturating_duration_since(released)
 }
 
@@ -796,6 +802,9 @@ async fn attempts_pipelined_across_reads_each_get_their_reply() {
     let mut seen = Vec::new();
     for key in ["lock:m", "lock:m2"] {
         let mut c = RawClient::connect(lg.addr).await;
+        // A first attempt is a try-lock, answered at once; the ones right
+        // after it are a spinner's.
+        assert_eq!(c.call(&["SETNX", key, "a0"]).await, ":0\r\n");
         let parked = m(&s.parked);
         c.send(&cmd(&["SETNX", key, "a"])).await;
         until!(

@@ -42,6 +42,9 @@ async fn a_release_hands_the_lock_to_the_parked_attempt_in_one_step() {
 
     let storm = lg.ctx.locks.storm.clone();
     let handoffs = m(&storm.metrics.handoffs);
+    // A first attempt is a try-lock, answered at once; the next, moments
+    // later, is a spinner's and parks.
+    assert_eq!(waiter.call(&["SETNX", "lock:h", "two"]).await, ":0\r\n");
     let parked = tokio::spawn(async move {
         let reply = waiter.call(&["SETNX", "lock:h", "two"]).await;
         (waiter, reply)
@@ -103,6 +106,7 @@ async fn a_refused_release_hands_nothing_over() {
     let mut stranger = RawClient::connect(lg.addr).await;
     let mut waiter = RawClient::connect(lg.addr).await;
     let storm = lg.ctx.locks.storm.clone();
+    assert_eq!(waiter.call(&["SETNX", "lock:o", "mine"]).await, ":0\r\n");
     let parked = tokio::spawn(async move { waiter.call(&["SETNX", "lock:o", "mine"]).await });
     eventually("the waiter to park", || storm.waiting(b"lock:o") == 1).await;
     assert_eq!(stranger.call(&["DEL", "lock:o"]).await, ":0\r\n");

@@ -51,6 +51,11 @@ pub struct RetryConfig {
     /// How long a failed attempt may wait (ms) for the lock to be released
     /// and handed to it, oldest first. 0: off (answer at once).
     pub park_ms: u64,
+    /// Only a connection evidently spinning on a key is parked: its
+    /// previous attempt on the key came less than this long ago (ms). An
+    /// isolated try-lock (cron de-duplication, "only one instance runs
+    /// this") is answered at once, as by Redis.
+    pub spin_window_ms: u64,
     /// Most lock keys tracked at once (the least recently used idle entry
     /// is dropped past it, counted).
     pub max_keys: usize,
@@ -66,6 +71,7 @@ impl Default for RetryConfig {
         RetryConfig {
             probe_interval_ms: 100,
             park_ms: 50,
+            spin_window_ms: 1_000,
             max_keys: 100_000,
             max_waiters_per_key: 10_000,
             max_attempts_per_sec: 1_000,

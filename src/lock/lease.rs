@@ -73,6 +73,25 @@ pub struct Acquisition {
     pub first_try: Instant,
     /// When this connection last tried for the key.
     pub last_try: Instant,
+    /// A newer attempt by this connection while it holds the key (a
+    /// re-entrant `SETNX`), not settled yet: if it wins (the old lease had
+    /// run out), the record moves to it; if it loses, the connection still
+    /// holds the key by `token`, and the owner record decides.
+    pub retry: Option<Retry>,
+    /// The record was made by a takeover (`GETSET`, `SET` without `NX`…),
+    /// which belongs to the instance for releases (see [`ConnLocks::token`]).
+    pub takeover: bool,
+}
+
+/// A connection's newer attempt on a key it already holds.
+#[derive(Debug, Clone)]
+pub struct Retry {
+    /// The attempt's token.
+    pub token: Bytes,
+    /// The value it tries to set.
+    pub value: Bytes,
+    /// The lease it asks for, ms.
+    pub lease_ms: u64,
 }
 
 /// The lock keys one client connection has tried, acquired or lost;
@@ -101,34 +120,56 @@ impl ConnLocks {
     /// as not acquired: if it succeeds, its owner record has this instance's
     /// prefix and the instance rule lets it go; if it lost, this connection
     /// is like any other pooled connection of the instance.
+    /// A takeover's record gives no token: in the GETSET-timestamp recipe
+    /// several clients take over and only the one that read the stale value
+    /// holds the lock, so the release follows the instance rule.
     pub fn token(&self, key: &[u8]) -> Bytes {
         self.map
             .get(key)
-            .filter(|a| a.standing == Standing::Held)
+            .filter(|a| a.standing == Standing::Held && !a.takeover)
             .map(|a| a.token.clone())
             .unwrap_or_default()
     }
 
-    /// The token of this connection's latest attempt on `key`, whatever its
-    /// outcome, else empty. Extensions check it exactly: a connection whose
-    /// SETNX lost must not move the holder's lease with the EXPIRE that
-    /// follows it (pipelined, in MULTI, or as a separate command).
-    pub fn attempt_token(&self, key: &[u8]) -> Bytes {
-        self.map
-            .get(key)
-            .map(|a| a.token.clone())
-            .unwrap_or_default()
+    /// The tokens by which this connection may hold `key`, for extensions:
+    /// its acquisition or takeover and a newer attempt still unsettled
+    /// (empty strings where there is none; both empty when the connection
+    /// never tried the key, which the scripts take as the instance rule).
+    /// Extensions check them exactly: a connection whose `SETNX` lost must
+    /// not move the holder's lease with the `EXPIRE` that follows it, but a
+    /// holder whose re-entrant `SETNX` answered 0 still holds the lock and
+    /// may move its lease.
+    pub fn attempt_tokens(&self, key: &[u8]) -> (Bytes, Bytes) {
+        match self.map.get(key) {
+            None => (Bytes::new(), Bytes::new()),
+            Some(a) => (
+                a.token.clone(),
+                a.retry
+                    .as_ref()
+                    .map(|r| r.token.clone())
+                    .unwrap_or_default(),
+            ),
+        }
+    }
+
+    /// Records a takeover of `key` with `token`: the connection holds the
+    /// lock by it (for extensions) until its next release or attempt.
+    pub fn took_over(&mut self, key: Bytes, token: Bytes, lease_ms: u64) {
+        self.attempt(key.clone(), token, Bytes::new(), Standing::Held, lease_ms);
+        if let Some(a) = self.map.get_mut(&key) {
+            a.takeover = true;
+        }
     }
 
     /// Records an attempt answered "not acquired" without asking Redis;
     /// returns the time since this connection's previous attempt on `key`.
     pub fn lost(&mut self, key: Bytes, token: Bytes) -> Option<std::time::Duration> {
-        if let Some(a) = self
-            .map
-            .get_mut(&key)
-            .filter(|a| a.standing != Standing::Held)
-        {
-            a.standing = Standing::Lost;
+        if let Some(a) = self.map.get_mut(&key) {
+            // A holder's own attempt answered "not acquired" leaves it the
+            // holder; a loser stays a loser.
+            if a.standing != Standing::Held {
+                a.standing = Standing::Lost;
+            }
             let gap = a.last_try.elapsed();
             a.last_try = Instant::now();
             return Some(gap);
@@ -167,6 +208,19 @@ impl ConnLocks {
                 self.evicted += 1;
             }
         }
+        if let Some(a) = self.map.get_mut(&key) {
+            if a.standing == Standing::Held && standing == Standing::Trying {
+                // A re-entrant attempt: the connection keeps holding the key
+                // by its current token until this one is settled.
+                a.retry = Some(Retry {
+                    token,
+                    value,
+                    lease_ms,
+                });
+                a.last_try = Instant::now();
+                return;
+            }
+        }
         let first_try = match self.map.get(&key) {
             Some(a) if a.standing != Standing::Held => a.first_try,
             _ => Instant::now(),
@@ -181,13 +235,30 @@ impl ConnLocks {
                 since: Instant::now(),
                 lease_ms,
                 value,
+                retry: None,
+                takeover: false,
             },
         );
     }
 
     /// Sets the standing of `key` if its record still carries `token`.
+    /// A re-entrant attempt (see [`Acquisition::retry`]) that won takes
+    /// the record over; one that lost leaves the holder's record as it was.
     pub fn settle(&mut self, key: &[u8], token: &[u8], standing: Standing, lease_ms: Option<u64>) {
         if let Some(a) = self.map.get_mut(key) {
+            if a.retry.as_ref().is_some_and(|r| r.token == token) {
+                let Some(retry) = a.retry.take() else {
+                    return;
+                };
+                if standing == Standing::Held {
+                    a.token = retry.token;
+                    a.value = retry.value;
+                    a.lease_ms = lease_ms.unwrap_or(retry.lease_ms);
+                    a.since = Instant::now();
+                    a.takeover = false;
+                }
+                return;
+            }
             if a.token == token {
                 a.standing = standing;
                 if standing == Standing::Held {

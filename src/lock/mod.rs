@@ -133,6 +133,11 @@ impl Rules {
         self.retry.max_attempts_per_sec
     }
 
+    /// `locks.retry.spin_window_ms` in force.
+    pub fn spin_window_ms(&self) -> u64 {
+        self.retry.spin_window_ms
+    }
+
     fn new(c: &crate::config::LocksConfig) -> Rules {
         Rules {
             patterns: KeyPatterns::new(&c.keys),

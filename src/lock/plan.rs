@@ -108,6 +108,7 @@ impl LockService {
                 let n = lock_keys.len().to_string();
                 let owners: Vec<Bytes> = lock_keys.iter().map(|k| owner_key(k)).collect();
                 let tokens: Vec<Bytes> = lock_keys.iter().map(|k| conn.token(k)).collect();
+                let alts: Vec<Bytes> = lock_keys.iter().map(|k| conn.attempt_tokens(k).1).collect();
                 let mut keys: Vec<&[u8]> = Vec::new();
                 for (k, o) in lock_keys.iter().zip(&owners) {
                     keys.push(k);
@@ -115,15 +116,15 @@ impl LockService {
                 }
                 keys.extend(plain.iter().map(|k| &k[..]));
                 let verb: &[u8] = if unlink { b"UNLINK" } else { b"DEL" };
-                let claim = match (&lock_keys[..], &tokens[..]) {
-                    ([key], [token]) if handoff && !in_multi && plain.is_empty() => self
+                let claim = match (&lock_keys[..], &tokens[..], &alts[..]) {
+                    ([key], [token], [alt]) if handoff && !in_multi && plain.is_empty() => self
                         .storm
                         .claim(key, self.tokens.next(), self.handoff_within)
-                        .map(|c| (c, token)),
+                        .map(|c| (c, token, alt)),
                     _ => None,
                 };
                 let cmd = match &claim {
-                    Some((c, token)) => {
+                    Some((c, token, alt)) => {
                         let lease = c.lease_ms.to_string();
                         eval(
                             script::RELEASE_HANDOFF,
@@ -137,6 +138,7 @@ impl LockService {
                                 &c.value,
                                 &c.token,
                                 lease.as_bytes(),
+                                alt,
                             ],
                         )
                     }
@@ -144,10 +146,11 @@ impl LockService {
                         let mut argv: Vec<&[u8]> =
                             vec![info, n.as_bytes(), verb, ownership, prefix];
                         argv.extend(tokens.iter().map(|t| &t[..]));
+                        argv.extend(alts.iter().map(|t| &t[..]));
                         eval(script::RELEASE, &keys, &argv)
                     }
                 };
-                let handoff = claim.map(|(c, _)| c);
+                let handoff = claim.map(|(c, _, _)| c);
                 (
                     cmd,
                     LockPending::Release {
@@ -157,10 +160,10 @@ impl LockService {
                 )
             }
             LockOp::Extend { key, command, args } => {
-                let token = conn.attempt_token(&key);
+                let (token, alt) = conn.attempt_tokens(&key);
                 let owner = owner_key(&key);
                 let mut argv: Vec<&[u8]> =
-                    vec![info, ownership, prefix, &token, command.as_bytes()];
+                    vec![info, ownership, prefix, &token, &alt, command.as_bytes()];
                 argv.extend(args.iter().map(|a| &a[..]));
                 let cmd = eval(script::EXTEND, &[&key, &owner], &argv);
                 (cmd, LockPending::Extend { key })
@@ -169,12 +172,13 @@ impl LockService {
                 ProxyMetrics::inc(&self.metrics.takeovers);
                 let token = self.tokens.next();
                 let lease = self.lease_ms(&key);
-                // A takeover makes the lock this instance's, not this
-                // connection's: in the GETSET-timestamp recipe several
-                // clients GETSET and only the one that read the stale value
-                // holds the lock, so any of them may release it (the
-                // instance rule), as on plain Redis.
-                conn.remove(&key);
+                // A takeover makes the lock this instance's for releases:
+                // in the GETSET-timestamp recipe several clients GETSET and
+                // only the one that read the stale value holds the lock, so
+                // any of them may release it (the instance rule), as on
+                // plain Redis. The connection that took it over holds it
+                // for extensions (`SET k v` then `EXPIRE k`).
+                conn.took_over(key.clone(), token.clone(), lease);
                 let owner = owner_key(&key);
                 let lease_s = lease.to_string();
                 let mut argv: Vec<&[u8]> =
@@ -278,6 +282,10 @@ impl LockService {
                 let (allowed, lapsed) = (fact(facts, 0), fact(facts, 1));
                 if allowed == 0 {
                     ProxyMetrics::inc(&self.metrics.extend_denied);
+                } else if let Some(&pttl) = facts.get(2) {
+                    // The holder moved its lease: lockgate's view follows
+                    // (a lease shortened to 1 s frees the lock in 1 s).
+                    self.storm.extended(&key, pttl);
                 }
                 if lapsed > 0 {
                     if let Some(rec) = conn.get(&key).cloned() {

@@ -14,23 +14,25 @@
 //! `instance_id:seq` and carry the lock's lease.
 
 /// The owner check every release and extension makes, as a Lua function
-/// the scripts start with: `allows(owner, tok, prefix, any)` returns
+/// the scripts start with: `allows(owner, tok, alt, prefix, any)` returns
 /// (allowed, lapsed). `owner`: the owner record (false when absent);
 /// `tok`: the token this connection acquired with (`''`: it never did);
-/// `any`: ownership `any`. A connection that acquired may act only on that
-/// acquisition (else its lease lapsed); one that never did may act on the
-/// instance's acquisitions and on keys without owner record (plain data).
+/// `alt`: a newer attempt of the same connection not settled yet (`''`:
+/// none), which may be the one the owner record holds; `any`: ownership
+/// `any`. A connection that acquired may act only on that acquisition
+/// (else its lease lapsed); one that never did may act on the instance's
+/// acquisitions and on keys without owner record (plain data).
 macro_rules! owner_check {
     () => {
         r#"
-local function allows(owner, tok, prefix, any)
+local function allows(owner, tok, alt, prefix, any)
   if any then return true, 0 end
   if not owner then
     if tok == '' then return true, 0 end
     return false, 1
   end
   if tok ~= '' then
-    if owner == tok then return true, 0 end
+    if owner == tok or (alt ~= '' and owner == alt) then return true, 0 end
     return false, 1
   end
   return string.sub(owner, 1, #prefix) == prefix, 0
@@ -74,7 +76,7 @@ return reply
 /// KEYS: n pairs (lock key, owner record), then ordinary keys.
 /// ARGV: info, n, command (`DEL`/`UNLINK`), ownership (`instance`/`any`),
 /// instance prefix (`id:`), then n tokens (`''` = this connection never
-/// acquired that key). A key with no owner record (set directly on Redis) is
+/// acquired that key), then n newer unsettled attempts (`''`: none). A key with no owner record (set directly on Redis) is
 /// deleted as before, unless this connection acquired it (then its lease
 /// lapsed and the key, if any, is someone else's).
 /// Reply: the number deleted, as DEL. Facts: released, denied, lapsed.
@@ -86,11 +88,11 @@ local cmd, any, prefix = ARGV[3], ARGV[4] == 'any', ARGV[5]
 local total, released, denied, lapsed = 0, 0, 0, 0
 local seen = {}
 for i = 1, n do
-  local key, rec, tok = KEYS[2 * i - 1], KEYS[2 * i], ARGV[5 + i]
+  local key, rec, tok, alt = KEYS[2 * i - 1], KEYS[2 * i], ARGV[5 + i], ARGV[5 + n + i]
   if seen[key] then tok = '' end
   seen[key] = true
   local owner = redis.call('GET', rec)
-  local allowed, lapse = allows(owner, tok, prefix, any)
+  local allowed, lapse = allows(owner, tok, alt, prefix, any)
   lapsed = lapsed + lapse
   if allowed then
     local d = redis.call(cmd, key)
@@ -116,7 +118,8 @@ return total
 /// value, owner record and lease instead of deleted, so it is never free
 /// in between and nothing needs announcing. KEYS: lock, owner record.
 /// ARGV: info, command (`DEL`/`UNLINK`), ownership, instance prefix, token
-/// (as [`RELEASE`]), next value, next token, next lease ms. Reply: the
+/// (as [`RELEASE`]), next value, next token, next lease ms, the newer
+/// unsettled attempt (as [`RELEASE`]). Reply: the
 /// number deleted, as DEL. Facts: released, denied, lapsed, handed (1/0).
 /// A lock key that is not a string is deleted as DEL would, not handed.
 pub const RELEASE_HANDOFF: &str = concat!(
@@ -124,7 +127,7 @@ pub const RELEASE_HANDOFF: &str = concat!(
     r#"
 local key, rec = KEYS[1], KEYS[2]
 local owner = redis.call('GET', rec)
-local allowed, lapsed = allows(owner, ARGV[5], ARGV[4], ARGV[3] == 'any')
+local allowed, lapsed = allows(owner, ARGV[5], ARGV[9], ARGV[4], ARGV[3] == 'any')
 local d, handed = 0, 0
 if allowed then
   local old = redis.pcall('SET', key, ARGV[6], 'PX', ARGV[8], 'GET')
@@ -149,19 +152,22 @@ return d
 
 /// Owner-checked `EXPIRE`/`PEXPIRE`/`EXPIREAT`/`PEXPIREAT`: the lock and its
 /// owner record move together. KEYS: lock, owner record. ARGV: info,
-/// ownership, instance prefix, token, command, its arguments after the key.
-/// Reply: as the command (0 when refused). Facts: allowed (1/0), lapsed.
+/// ownership, instance prefix, token, newer unsettled attempt (as
+/// [`RELEASE`]), command, its arguments after the key. Reply: as the
+/// command (0 when refused). Facts: allowed (1/0), lapsed, the lock's PTTL
+/// afterwards (so lockgate's view of the lease follows the client's).
 pub const EXTEND: &str = concat!(
     owner_check!(),
     r#"
 local owner = redis.call('GET', KEYS[2])
-local allowed, lapsed = allows(owner, ARGV[4], ARGV[3], ARGV[2] == 'any')
+local allowed, lapsed = allows(owner, ARGV[4], ARGV[5], ARGV[3], ARGV[2] == 'any')
 local reply = 0
+local pttl = -3
 if allowed then
-  reply = redis.pcall(ARGV[5], KEYS[1], unpack(ARGV, 6))
+  reply = redis.pcall(ARGV[6], KEYS[1], unpack(ARGV, 7))
   if type(reply) == 'table' and reply.err then return reply end
+  pttl = redis.call('PTTL', KEYS[1])
   if owner then
-    local pttl = redis.call('PTTL', KEYS[1])
     if pttl > 0 then
       redis.call('PEXPIRE', KEYS[2], pttl)
     elseif pttl == -2 then
@@ -169,7 +175,7 @@ if allowed then
     end
   end
 end
-if ARGV[1] == '1' then return {reply, allowed and 1 or 0, lapsed} end
+if ARGV[1] == '1' then return {reply, allowed and 1 or 0, lapsed, pttl} end
 return reply
 "#
 );

@@ -317,7 +317,10 @@ mod tests {
         let end = end.unwrap();
         assert_eq!(end.kind, FrameKind::Reply);
         assert_eq!(used as u64, end.len);
-        assert_eq!(s.advance(&input[used..]).unwrap(), (5, s.clone().advance(b"+OK\r\n").unwrap().1));
+        assert_eq!(
+            s.advance(&input[used..]).unwrap(),
+            (5, s.clone().advance(b"+OK\r\n").unwrap().1)
+        );
         assert!(s.at_boundary());
     }
 

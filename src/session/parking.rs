@@ -62,7 +62,16 @@ pub fn admit(
         park_ms,
         probe_ms,
     };
-    let park_ms = if parkable { park_ms } else { 0 };
+    // Parking is for spin loops: only a connection whose previous attempt
+    // on the key came moments ago waits. A try-lock is answered at once,
+    // and a holder's own re-entrant attempt never waits for itself.
+    let spinning = conn.lock().ok().is_some_and(|c| {
+        c.get(key).is_some_and(|a| {
+            a.standing != crate::lock::lease::Standing::Held
+                && a.last_try.elapsed().as_millis() < u128::from(ctx.locks.rules().spin_window_ms())
+        })
+    });
+    let park_ms = if parkable && spinning { park_ms } else { 0 };
     match ctx.locks.storm.admit(key, probe_ms) {
         Admission::Probe => Early::Probe((park_ms > 0).then_some(Park { park_ms, ..park })),
         Admission::Absorb => {

@@ -437,65 +437,67 @@ impl RawClient {
 /// is incomplete. Panics on bytes that are not RESP, so a corrupted stream
 /// fails the test where it happens.
 pub fn frame_len(buf: &[u8]) -> Option<usize> {
-    element_end(buf, 0)
-}
-
-fn element_end(buf: &[u8], pos: usize) -> Option<usize> {
-    let type_byte = *buf.get(pos)?;
-    let rest = buf.get(pos + 1..)?;
-    let line_len = rest.windows(2).position(|w| w == b"\r\n")?;
-    let line = &rest[..line_len];
-    let next = pos + 1 + line_len + 2;
-    let number = || -> i64 {
-        std::str::from_utf8(line)
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or_else(|| panic!("bad RESP length {:?}", String::from_utf8_lossy(line)))
-    };
-    match type_byte {
-        b'+' | b'-' | b':' | b'_' | b',' | b'#' | b'(' => Some(next),
-        b'$' | b'!' | b'=' => {
-            let n = number();
-            if n < 0 {
-                return Some(next);
+    // Iterative, with a count of element slots still to fill, so a reply
+    // nested thousands deep (a Lua script's) needs no stack.
+    let (mut pos, mut left) = (0usize, 1u64);
+    while left > 0 {
+        let type_byte = *buf.get(pos)?;
+        let rest = buf.get(pos + 1..)?;
+        let line_len = rest.windows(2).position(|w| w == b"\r\n")?;
+        let line = &rest[..line_len];
+        let next = pos + 1 + line_len + 2;
+        let number = || -> i64 {
+            std::str::from_utf8(line)
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or_else(|| panic!("bad RESP length {:?}", String::from_utf8_lossy(line)))
+        };
+        match type_byte {
+            b'+' | b'-' | b':' | b'_' | b',' | b'#' | b'(' => {
+                pos = next;
+                left -= 1;
             }
-            let end = next + n as usize + 2;
-            if buf.len() < end {
-                return None;
+            b'$' | b'!' | b'=' => {
+                let n = number();
+                pos = next;
+                if n >= 0 {
+                    let end = next + n as usize + 2;
+                    if buf.len() < end {
+                        return None;
+                    }
+                    assert_eq!(
+                        &buf[end - 2..end],
+                        b"\r\n",
+                        "bulk payload not followed by CRLF"
+                    );
+                    pos = end;
+                }
+                left -= 1;
             }
-            assert_eq!(
-                &buf[end - 2..end],
-                b"\r\n",
-                "bulk payload not followed by CRLF"
-            );
-            Some(end)
+            b'*' | b'~' | b'>' | b'%' | b'|' => {
+                let n = number();
+                pos = next;
+                let count = if matches!(type_byte, b'%' | b'|') {
+                    2 * n.max(0) as u64
+                } else {
+                    n.max(0) as u64
+                };
+                if type_byte == b'|' {
+                    // An attribute is followed by the element it annotates,
+                    // whose slot stays open.
+                    left += count;
+                } else {
+                    left = left + count - 1;
+                }
+            }
+            other => panic!(
+                "not RESP: type byte {:?} in {:?}",
+                char::from(other),
+                String::from_utf8_lossy(&buf[pos..buf.len().min(pos + 64)])
+            ),
         }
-        b'*' | b'~' | b'>' | b'%' | b'|' => {
-            let n = number();
-            if n < 0 {
-                return Some(next);
-            }
-            let count = if matches!(type_byte, b'%' | b'|') {
-                2 * n
-            } else {
-                n
-            };
-            let mut p = next;
-            for _ in 0..count {
-                p = element_end(buf, p)?;
-            }
-            if type_byte == b'|' {
-                // An attribute is followed by the element it annotates.
-                return element_end(buf, p);
-            }
-            Some(p)
-        }
-        other => panic!(
-            "not RESP: type byte {:?} in {:?}",
-            char::from(other),
-            String::from_utf8_lossy(&buf[pos..buf.len().min(pos + 64)])
-        ),
     }
+    Some(pos)
 }
 
 /// Runs `command` to completion with its output captured; kills it and

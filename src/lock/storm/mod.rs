@@ -248,8 +248,11 @@ impl Storm {
         let in_flight = inner
             .probing
             .is_some_and(|p| now.duration_since(p) < interval);
-        // Attempts queue behind those already waiting (FIFO); the driver
-        // asks Redis on the queue's behalf.
+        // Attempts queue behind those already waiting (FIFO; the driver
+        // asks Redis on the queue's behalf), also behind a spinner between
+        // two attempts, whose place is kept for at most max(park, probe):
+        // only evident spinners have places (a try-lock is never parked),
+        // so no lone attempt leaves a place behind it.
         if (held && probed) || in_flight || !inner.waiters.is_empty() {
             ProxyMetrics::inc(&self.metrics.absorbed);
             return Admission::Absorb;
@@ -290,6 +293,26 @@ impl Storm {
             inner.ours = acquired || ours_before;
         };
         // A driver waiting for this answer goes on.
+        state.wake.notify_one();
+    }
+
+    /// The holder of `key` moved its lease through this instance (`EXPIRE`
+    /// family): `pttl_ms` is what is left of it now (`-2`: the key is gone).
+    pub fn extended(&self, key: &[u8], pttl_ms: i64) {
+        if pttl_ms == -2 {
+            self.released(key);
+            return;
+        }
+        let Some(state) = self.state(key, false) else {
+            return;
+        };
+        if let Ok(mut inner) = state.inner.lock() {
+            let now = Instant::now();
+            if pttl_ms > 0 {
+                inner.held_until = Some(now + Duration::from_millis(pttl_ms as u64));
+            }
+        }
+        // A driver waiting for the old deadline looks again.
         state.wake.notify_one();
     }
 
@@ -428,11 +451,12 @@ impl Storm {
                 let free = inner.held_until.is_none_or(|u| u <= now)
                     && in_flight.is_none()
                     && inner.backoff_until.is_none_or(|b| b <= now);
-                // A lock held through this instance needs no probing: its
-                // release (DEL, client Lua, disconnect) or lease deadline is
-                // seen here. Probes only cover releases lockgate may miss.
+                // What this instance knows is a hint: a lock held through
+                // it may still be freed behind its back (deleted directly,
+                // its lease shortened by another app or instance), so the
+                // queue asks Redis at least once per probe interval
+                // whoever holds it.
                 let probe_due = probe_ms > 0
-                    && !inner.ours
                     && inner
                         .last_probe
                         .is_none_or(|p| now.duration_since(p) >= Duration::from_millis(probe_ms));
