@@ -193,6 +193,7 @@ fn stats(ctx: &ServerContext) -> LocalReply {
         ("lock_watchdog_renewals", &l.watchdog_renewals),
         ("lock_quorum_failures", &l.quorum_failures),
         ("lock_mixed_refused", &l.mixed_refused),
+        ("lock_raw_refused", &l.raw_refused),
         ("lock_absorbed", &s.absorbed),
         ("lock_parked", &s.parked),
         ("lock_handoffs", &s.handoffs),

@@ -20,12 +20,13 @@ pub enum CommandKind {
     Reset,
     /// `QUIT`: Redis replies `+OK` and closes.
     Quit,
-    /// A (P|S)(UN)SUBSCRIBE: replies stop being one per command.
-    Subscribe,
+    /// A (P|S)(UN)SUBSCRIBE: one confirmation per channel instead of one
+    /// reply, and published messages between replies.
+    Subscribe(SubKind),
     /// `MONITOR`: Redis streams every command from then on.
     Monitor,
-    /// `CLIENT REPLY OFF|SKIP`: replies are suppressed.
-    ClientReplyOff,
+    /// `CLIENT REPLY ON|OFF|SKIP`: replies suppressed or back on.
+    ClientReply(ReplyMode),
     /// `SYNC`/`PSYNC`: the connection becomes a replication stream.
     Sync,
     /// `SETNX key value`.
@@ -63,6 +64,82 @@ pub enum CommandKind {
     MultiKey(bool),
     /// Anything else: one request, one reply.
     Other,
+}
+
+/// Which subscription command: its confirmations carry this name, and it
+/// adds to or removes from one of three sets (channels, patterns, shard
+/// channels).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SubKind {
+    /// `SUBSCRIBE`.
+    Subscribe,
+    /// `PSUBSCRIBE`.
+    PSubscribe,
+    /// `SSUBSCRIBE`.
+    SSubscribe,
+    /// `UNSUBSCRIBE`.
+    Unsubscribe,
+    /// `PUNSUBSCRIBE`.
+    PUnsubscribe,
+    /// `SUNSUBSCRIBE`.
+    SUnsubscribe,
+}
+
+impl SubKind {
+    /// The name Redis puts first in this command's confirmations.
+    pub fn confirmation(self) -> &'static [u8] {
+        match self {
+            SubKind::Subscribe => b"subscribe",
+            SubKind::PSubscribe => b"psubscribe",
+            SubKind::SSubscribe => b"ssubscribe",
+            SubKind::Unsubscribe => b"unsubscribe",
+            SubKind::PUnsubscribe => b"punsubscribe",
+            SubKind::SUnsubscribe => b"sunsubscribe",
+        }
+    }
+
+    /// The kind whose confirmations are named `name`, if any.
+    pub fn from_confirmation(name: &[u8]) -> Option<SubKind> {
+        [
+            SubKind::Subscribe,
+            SubKind::PSubscribe,
+            SubKind::SSubscribe,
+            SubKind::Unsubscribe,
+            SubKind::PUnsubscribe,
+            SubKind::SUnsubscribe,
+        ]
+        .into_iter()
+        .find(|k| k.confirmation() == name)
+    }
+
+    /// The set it acts on: 0 channels, 1 patterns, 2 shard channels.
+    pub fn set(self) -> usize {
+        match self {
+            SubKind::Subscribe | SubKind::Unsubscribe => 0,
+            SubKind::PSubscribe | SubKind::PUnsubscribe => 1,
+            SubKind::SSubscribe | SubKind::SUnsubscribe => 2,
+        }
+    }
+
+    /// True for the subscribing half.
+    pub fn adds(self) -> bool {
+        matches!(
+            self,
+            SubKind::Subscribe | SubKind::PSubscribe | SubKind::SSubscribe
+        )
+    }
+}
+
+/// `CLIENT REPLY` modes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ReplyMode {
+    /// Every command is answered (the default).
+    #[default]
+    On,
+    /// No command is answered until `CLIENT REPLY ON`.
+    Off,
+    /// The next command is not answered.
+    Skip,
 }
 
 /// Command names counted one by one in `lockgate_commands_total`; every
@@ -140,8 +217,12 @@ pub fn classify(name: &[u8], arg1: &[u8], arg2: &[u8]) -> CommandKind {
         b"HELLO" => CommandKind::Hello,
         b"RESET" => CommandKind::Reset,
         b"QUIT" => CommandKind::Quit,
-        b"SUBSCRIBE" | b"PSUBSCRIBE" | b"SSUBSCRIBE" | b"UNSUBSCRIBE" | b"PUNSUBSCRIBE"
-        | b"SUNSUBSCRIBE" => CommandKind::Subscribe,
+        b"SUBSCRIBE" => CommandKind::Subscribe(SubKind::Subscribe),
+        b"PSUBSCRIBE" => CommandKind::Subscribe(SubKind::PSubscribe),
+        b"SSUBSCRIBE" => CommandKind::Subscribe(SubKind::SSubscribe),
+        b"UNSUBSCRIBE" => CommandKind::Subscribe(SubKind::Unsubscribe),
+        b"PUNSUBSCRIBE" => CommandKind::Subscribe(SubKind::PUnsubscribe),
+        b"SUNSUBSCRIBE" => CommandKind::Subscribe(SubKind::SUnsubscribe),
         b"MONITOR" => CommandKind::Monitor,
         b"SYNC" | b"PSYNC" => CommandKind::Sync,
         b"SETNX" => CommandKind::SetNx,
@@ -166,11 +247,16 @@ pub fn classify(name: &[u8], arg1: &[u8], arg2: &[u8]) -> CommandKind {
             CommandKind::MultiKey(true)
         }
         b"MSET" | b"MSETNX" => CommandKind::MultiKey(false),
-        b"CLIENT"
-            if arg1.eq_ignore_ascii_case(b"REPLY")
-                && (arg2.eq_ignore_ascii_case(b"OFF") || arg2.eq_ignore_ascii_case(b"SKIP")) =>
-        {
-            CommandKind::ClientReplyOff
+        b"CLIENT" if arg1.eq_ignore_ascii_case(b"REPLY") => {
+            if arg2.eq_ignore_ascii_case(b"OFF") {
+                CommandKind::ClientReply(ReplyMode::Off)
+            } else if arg2.eq_ignore_ascii_case(b"SKIP") {
+                CommandKind::ClientReply(ReplyMode::Skip)
+            } else if arg2.eq_ignore_ascii_case(b"ON") {
+                CommandKind::ClientReply(ReplyMode::On)
+            } else {
+                CommandKind::Other
+            }
         }
         _ => CommandKind::Other,
     }
@@ -192,12 +278,19 @@ mod tests {
     #[test]
     fn names_are_case_insensitive() {
         assert_eq!(classify(b"mUlTi", b"", b""), CommandKind::Multi);
-        assert_eq!(classify(b"psubscribe", b"a*", b""), CommandKind::Subscribe);
+        assert_eq!(
+            classify(b"psubscribe", b"a*", b""),
+            CommandKind::Subscribe(SubKind::PSubscribe)
+        );
         assert_eq!(
             classify(b"client", b"reply", b"skip"),
-            CommandKind::ClientReplyOff
+            CommandKind::ClientReply(ReplyMode::Skip)
         );
-        assert_eq!(classify(b"CLIENT", b"REPLY", b"ON"), CommandKind::Other);
+        assert_eq!(
+            classify(b"CLIENT", b"REPLY", b"ON"),
+            CommandKind::ClientReply(ReplyMode::On)
+        );
+        assert_eq!(classify(b"CLIENT", b"REPLY", b"X"), CommandKind::Other);
         assert_eq!(classify(b"GET", b"k", b""), CommandKind::Read(false));
         assert_eq!(classify(b"HGET", b"k", b"f"), CommandKind::Other);
         assert_eq!(

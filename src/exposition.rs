@@ -120,7 +120,7 @@ impl Collector for Counters {
             ),
             (
                 "raw_sessions",
-                "Sessions copying uncounted replies (subscribe, monitor)",
+                "Sessions that entered uncounted replies (MONITOR, replication)",
                 &p.raw_sessions,
             ),
             (
@@ -159,7 +159,7 @@ impl Collector for Counters {
         }
         let l = &ctx.locks.metrics;
         let s = &ctx.locks.storm.metrics;
-        let locks: [(&str, &str, &AtomicU64); 22] = [
+        let locks: [(&str, &str, &AtomicU64); 23] = [
             (
                 "lock_attempts",
                 "Acquisition attempts on lock keys",
@@ -245,6 +245,11 @@ impl Collector for Counters {
                 "lock_mixed_refused",
                 "Commands refused for mixing lock and other keys",
                 &l.mixed_refused,
+            ),
+            (
+                "lock_raw_refused",
+                "Lock commands refused on a connection in MONITOR or replication mode",
+                &l.raw_refused,
             ),
             (
                 "lock_watchdog_renewals",

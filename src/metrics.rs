@@ -33,7 +33,7 @@ pub struct ProxyMetrics {
     pub upstream_bad_replies: AtomicU64,
     /// Replies from the primary that matched no pending command.
     pub unexpected_replies: AtomicU64,
-    /// Sessions that switched to uncounted (raw) replies: subscribe, monitor…
+    /// Sessions that switched to uncounted (raw) replies: MONITOR, replication.
     pub raw_sessions: AtomicU64,
     /// Sessions cut because owed replies did not arrive within the grace period.
     pub drain_timeouts: AtomicU64,

@@ -3,7 +3,7 @@
 //! carries the decision out. Commands on lock keys become lock operations
 //! for [`crate::lock`]; everything else is forwarded untouched.
 
-use crate::command::CommandKind;
+use crate::command::{CommandKind, ReplyMode, SubKind};
 use crate::lock::ops::{self, LockOp};
 use crate::lock::LockService;
 use crate::protocol::request::RequestParser;
@@ -18,10 +18,14 @@ pub enum Expect {
     Nothing,
     /// One reply, whose type tells whether the connection now speaks RESP3.
     Hello,
-    /// From this command on, replies cannot be counted (subscribed mode,
-    /// MONITOR, CLIENT REPLY OFF, replication): bytes are copied as they come
-    /// until a `RESET` resynchronises the stream.
+    /// From this command on, replies cannot be counted (MONITOR,
+    /// replication): bytes are copied as they come until a `RESET`
+    /// resynchronises the stream.
     EnterRaw,
+    /// A subscription command with this many arguments after its name: one
+    /// confirmation per argument (or per channel of its set when there are
+    /// none), or one error; published messages in between are not replies.
+    Subscription(SubKind, u32),
     /// `RESET`: one reply; afterwards the connection speaks RESP2 again, and
     /// if replies were not being counted, its `+RESET` reply marks where
     /// counting starts again.
@@ -66,7 +70,26 @@ pub struct SessionView {
     /// `LOCKGATE` commands allowed (no admin password, or `LOCKGATE AUTH`
     /// given on this connection).
     pub admin_ok: bool,
+    /// `CLIENT REPLY` mode: Redis answers nothing while `Off`, nor the
+    /// next command after `Skip`, and lockgate writes nothing in their place.
+    pub replies: ReplyMode,
 }
+
+impl SessionView {
+    /// True when the reply to a command of `kind` is suppressed by
+    /// `CLIENT REPLY OFF|SKIP`: nothing is written for it.
+    pub fn silent(&self, kind: CommandKind) -> bool {
+        match self.replies {
+            ReplyMode::On => false,
+            ReplyMode::Skip => true,
+            ReplyMode::Off => kind != CommandKind::ClientReply(ReplyMode::On),
+        }
+    }
+}
+
+/// The refusal of a lock command on a connection whose replies cannot be
+/// counted: passing it on would leave the lock unprotected.
+pub const RAW_REFUSAL: &str = "lockgate: lock commands are refused on a connection in MONITOR or replication mode (RESET first): their replies cannot be matched there";
 
 /// The arguments of the command being routed (name first).
 #[derive(Debug, Clone, Copy)]
@@ -114,8 +137,21 @@ pub fn route(
     if kind == CommandKind::Reset {
         return Route::Forward(Expect::Reset);
     }
-    if view.raw || view.quit {
+    if view.quit {
         return Route::Forward(Expect::Nothing);
+    }
+    if view.raw {
+        // Replies are not counted: what Redis answers passes as it comes,
+        // and a lock command is refused rather than passed on unprotected.
+        let counted = SessionView {
+            raw: false,
+            ..*view
+        };
+        return match route(kind, args, &counted, locks, quorum) {
+            Route::Forward(_) | Route::ForwardUnmatched => Route::Forward(Expect::Nothing),
+            Route::Admin => Route::Admin,
+            _ => Route::Refuse(RAW_REFUSAL.to_string()),
+        };
     }
     let key = args.get(1);
     let lock_key = || args.len() > 1 && locks.is_lock_key(key);
@@ -126,10 +162,16 @@ pub fn route(
         }
     }
     match kind {
-        CommandKind::Subscribe
-        | CommandKind::Monitor
-        | CommandKind::ClientReplyOff
-        | CommandKind::Sync => Route::Forward(Expect::EnterRaw),
+        CommandKind::Subscribe(sub) if !view.in_multi => Route::Forward(Expect::Subscription(
+            sub,
+            u32::try_from(args.len().saturating_sub(1)).unwrap_or(u32::MAX),
+        )),
+        CommandKind::ClientReply(ReplyMode::Off | ReplyMode::Skip) if !view.in_multi => {
+            Route::Forward(Expect::Nothing)
+        }
+        CommandKind::Monitor | CommandKind::Sync if !view.in_multi => {
+            Route::Forward(Expect::EnterRaw)
+        }
         CommandKind::Hello if !view.in_multi => Route::Forward(Expect::Hello),
         CommandKind::Lockgate if !view.in_multi => Route::Admin,
         CommandKind::SetNx if args.len() == 3 => {
@@ -314,6 +356,15 @@ impl SessionView {
             Route::Forward(Expect::Reset) => next.raw = false,
             _ => {}
         }
+        if !self.in_multi {
+            next.replies = match kind {
+                CommandKind::ClientReply(mode) => mode,
+                CommandKind::Reset => ReplyMode::On,
+                // A skip lasts for one command.
+                _ if self.replies == ReplyMode::Skip => ReplyMode::On,
+                _ => self.replies,
+            };
+        }
         match kind {
             CommandKind::Multi => next.in_multi = true,
             CommandKind::Quit if !self.in_multi => next.quit = true,
@@ -351,18 +402,50 @@ mod tests {
     }
 
     #[test]
-    fn subscribe_goes_raw_until_reset() {
+    fn subscriptions_are_counted_and_keep_lock_handling() {
         let v = SessionView::default();
-        let r = routed("SUBSCRIBE ch", &v);
+        let r = routed("SUBSCRIBE a b", &v);
+        assert_eq!(
+            r,
+            Route::Forward(Expect::Subscription(SubKind::Subscribe, 2))
+        );
+        let v = v.after(CommandKind::Subscribe(SubKind::Subscribe), &r);
+        assert!(!v.raw);
+        assert!(matches!(
+            routed("SETNX lock:a 1", &v),
+            Route::Lock(LockOp::Acquire { .. })
+        ));
+    }
+
+    #[test]
+    fn monitor_goes_raw_and_refuses_lock_commands_until_reset() {
+        let v = SessionView::default();
+        let r = routed("MONITOR", &v);
         assert_eq!(r, Route::Forward(Expect::EnterRaw));
-        let v = v.after(CommandKind::Subscribe, &r);
+        let v = v.after(CommandKind::Monitor, &r);
         assert_eq!(
             routed("SETNX lock:a 1", &v),
-            Route::Forward(Expect::Nothing)
+            Route::Refuse(RAW_REFUSAL.to_string())
         );
+        assert_eq!(routed("GET user:1", &v), Route::Forward(Expect::Nothing));
         let r = routed("RESET", &v);
         assert_eq!(r, Route::Forward(Expect::Reset));
         assert_eq!(v.after(CommandKind::Reset, &r), SessionView::default());
+    }
+
+    #[test]
+    fn client_reply_off_skip_on() {
+        let on = SessionView::default();
+        let kind = |mode| CommandKind::ClientReply(mode);
+        let off = on.after(kind(ReplyMode::Off), &Route::Forward(Expect::Nothing));
+        assert!(off.silent(CommandKind::Other));
+        assert!(!off.silent(kind(ReplyMode::On)));
+        let skip = on.after(kind(ReplyMode::Skip), &Route::Forward(Expect::Nothing));
+        assert!(skip.silent(CommandKind::Other));
+        let after = skip.after(CommandKind::Other, &Route::Forward(Expect::One));
+        assert_eq!(after.replies, ReplyMode::On);
+        let back = off.after(kind(ReplyMode::On), &Route::Forward(Expect::One));
+        assert!(!back.silent(CommandKind::Other));
     }
 
     #[test]

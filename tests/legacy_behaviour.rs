@@ -210,3 +210,133 @@ async fn deeply_nested_replies_pass_through() {
     assert_eq!(c.read_raw().await, want);
     assert_eq!(c.call(&["PING"]).await, "+PONG\r\n");
 }
+
+/// Sends `commands` in one write to `addr` and reads `replies` frames back,
+/// concatenated.
+async fn pipelined(
+    addr: impl tokio::net::ToSocketAddrs,
+    commands: &[&[&str]],
+    replies: usize,
+) -> String {
+    let mut c = RawClient::connect(addr).await;
+    pipelined_on(&mut c, commands, replies).await
+}
+
+/// [`pipelined`] on an open connection.
+async fn pipelined_on(c: &mut RawClient, commands: &[&[&str]], replies: usize) -> String {
+    let bytes: Vec<u8> = commands.iter().flat_map(|args| cmd(args)).collect();
+    c.send(&bytes).await;
+    support::show(&c.read_raw_frames(replies).await)
+}
+
+/// `redis`'s address as a socket address.
+fn redis_addr(redis: &RedisServer) -> std::net::SocketAddr {
+    redis.addr().parse().expect("a socket address")
+}
+
+/// After `SUBSCRIBE` and `UNSUBSCRIBE`, a `SETNX` on a lock key still gets
+/// its lease (pooled clients reuse such connections): pub/sub replies are
+/// counted, not copied blindly, in RESP2 and RESP3.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_handling_stays_on_after_pub_sub() {
+    let (redis, lg, mut r) = setup_with("behaviour", 30_000, |_| {}).await;
+    let direct = RedisServer::start();
+    for hello in ["2", "3"] {
+        let key = format!("lock:after-sub-{hello}");
+        // Unsubscribing names channels where more than one is left, as
+        // Redis's order among them is its hash table's.
+        let script: &[&[&str]] = &[
+            &["SUBSCRIBE", "a", "b"],
+            &["PSUBSCRIBE", "p*"],
+            &["UNSUBSCRIBE", "b"],
+            &["UNSUBSCRIBE"],
+            &["PUNSUBSCRIBE"],
+            &["PING"],
+            &["SETNX", &key, "1"],
+        ];
+        // 2 + 1 + 1 + 1 + 1 confirmations, PING, SETNX.
+        let mut replies = Vec::new();
+        for addr in [redis_addr(&direct), lg.addr] {
+            let mut c = RawClient::connect(addr).await;
+            c.call(&["HELLO", hello]).await;
+            replies.push(pipelined_on(&mut c, script, 8).await);
+        }
+        let want = &replies[0];
+        assert_eq!(&replies[1], want, "HELLO {hello}");
+        assert!(want.ends_with(":1\r\n"), "{want}");
+        let lease = pttl(&mut r, &key).await;
+        assert!(lease > 25_000, "HELLO {hello}: lease {lease}");
+    }
+
+    // RESP3 while subscribed: ordinary commands run, pushes pass in order,
+    // and a lock command is a lock command.
+    let mut c = RawClient::connect(lg.addr).await;
+    assert!(c.call(&["HELLO", "3"]).await.starts_with('%'));
+    c.send(&cmd(&["SUBSCRIBE", "news"])).await;
+    assert!(support::show(&c.read_raw().await).contains("subscribe"));
+    assert_eq!(r.call(&["PUBLISH", "news", "hi"]).await, ":1\r\n");
+    assert!(support::show(&c.read_raw().await).contains("message"));
+    assert_eq!(c.call(&["SETNX", "lock:resp3-sub", "1"]).await, ":1\r\n");
+    assert!(pttl(&mut r, "lock:resp3-sub").await > 25_000);
+    drop(redis);
+}
+
+/// `CLIENT REPLY OFF`: Redis answers nothing and neither does lockgate,
+/// yet a lock command is still a protected lock; `ON` brings replies back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_reply_off_keeps_locks_protected() {
+    let (_redis, lg, mut r) = setup_with("behaviour", 30_000, |_| {}).await;
+    let direct = RedisServer::start();
+    let script: &[&[&str]] = &[
+        &["CLIENT", "REPLY", "OFF"],
+        &["SETNX", "lock:quiet", "1"],
+        &["PERSIST", "lock:quiet"],
+        &["CLIENT", "REPLY", "SKIP"],
+        &["GET", "lock:quiet"],
+        &["CLIENT", "REPLY", "ON"],
+        &["CLIENT", "REPLY", "SKIP"],
+        &["GET", "lock:quiet"],
+        &["GET", "lock:quiet"],
+    ];
+    let want = pipelined(direct.addr(), script, 2).await;
+    assert_eq!(want, "+OK\r\n$1\r\n1\r\n");
+    assert_eq!(pipelined(lg.addr, script, 2).await, want);
+    let lease = pttl(&mut r, "lock:quiet").await;
+    assert!(lease > 25_000, "the silent SETNX got its lease: {lease}");
+}
+
+/// `MONITOR` streams what Redis runs and its replies cannot be counted: a
+/// lock command there is refused with a clear error, never passed on bare.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_command_in_monitor_mode_is_refused() {
+    let (_redis, lg, mut r) = setup_with("behaviour", 30_000, |_| {}).await;
+    let mut c = RawClient::connect(lg.addr).await;
+    assert_eq!(c.call(&["MONITOR"]).await, "+OK\r\n");
+    let reply = c.call(&["SETNX", "lock:mon", "1"]).await;
+    assert!(
+        reply.starts_with("-ERR lockgate: lock commands are refused"),
+        "{reply}"
+    );
+    assert_eq!(r.call(&["EXISTS", "lock:mon"]).await, ":0\r\n");
+    assert_eq!(m(&lg.ctx.locks.metrics.raw_refused), 1);
+}
+
+/// A command pipelined after `LOCKGATE LOCK` runs after it: its effects
+/// and its reply follow pipeline order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_after_a_fencing_lock_run_after_it() {
+    let (_redis, lg, _r) = setup_with("behaviour", 30_000, |_| {}).await;
+    let mut c = RawClient::connect(lg.addr).await;
+    for i in 0..20 {
+        let key = format!("lock:fenced:{i}");
+        let mut bytes = cmd(&["LOCKGATE", "LOCK", &key, "5000"]);
+        bytes.extend(cmd(&["EXISTS", &key]));
+        bytes.extend(cmd(&["PTTL", &key]));
+        c.send(&bytes).await;
+        let locked = support::show(&c.read_raw().await);
+        assert!(locked.starts_with("*2\r\n:"), "{locked}");
+        assert_eq!(c.reply().await, ":1\r\n", "EXISTS ran before LOCK ({i})");
+        let left = support::int(&c.reply().await);
+        assert!((1..=5_000).contains(&left), "PTTL {left} ({i})");
+    }
+}

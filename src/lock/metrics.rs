@@ -47,6 +47,9 @@ pub struct LockMetrics {
     pub quorum_failures: AtomicU64,
     /// Commands refused because they mix lock keys with other keys (quorum).
     pub mixed_refused: AtomicU64,
+    /// Lock commands refused on a connection whose replies cannot be
+    /// counted (MONITOR, replication): never passed on unprotected.
+    pub raw_refused: AtomicU64,
 }
 
 impl Default for LockMetrics {
@@ -73,6 +76,7 @@ impl Default for LockMetrics {
             released_on_disconnect: AtomicU64::default(),
             quorum_failures: AtomicU64::default(),
             mixed_refused: AtomicU64::default(),
+            raw_refused: AtomicU64::default(),
         }
     }
 }

@@ -3,6 +3,7 @@
 //! replies into the right place. Entries are sent before the command's bytes
 //! go upstream, so a reply never arrives ahead of its entry.
 
+use crate::command::SubKind;
 use crate::lock::LockPending;
 use crate::protocol::encode::LocalReply;
 use crate::router::Expect;
@@ -37,6 +38,22 @@ pub enum Pending {
     Lock(LockPending),
     /// Stop counting replies: copy bytes until a `Reset`.
     EnterRaw,
+    /// A subscription command's confirmations (see
+    /// [`crate::router::Expect::Subscription`]): `args` channels named,
+    /// `left` confirmations still owed once the first one came.
+    Sub {
+        /// Which command.
+        kind: SubKind,
+        /// Channels (or patterns) it named.
+        args: u32,
+        /// Confirmations still owed, known once the first arrives (an
+        /// unsubscribe naming nothing gets one per member of its set).
+        left: Option<u64>,
+    },
+    /// A reply lockgate worked out for a command whose reply the client
+    /// suppressed (`CLIENT REPLY OFF|SKIP`): awaited in its place, so
+    /// order holds, and dropped.
+    Silent(Deferred),
     /// Close the client connection once everything before it is written.
     Close,
     /// A `RESET` lockgate sent itself as a barrier while replies were not
@@ -57,11 +74,17 @@ pub enum Pending {
 pub struct Batch {
     /// Entries in command order.
     pub entries: Vec<Pending>,
+    /// The command being recorded gets no reply (`CLIENT REPLY OFF|SKIP`):
+    /// Redis sends none, and lockgate writes none in its place.
+    pub silent: bool,
 }
 
 impl Batch {
     /// Records a forwarded command expecting `expect`.
     pub fn expect(&mut self, expect: Expect) {
+        if self.silent && expect != Expect::Reset {
+            return;
+        }
         match expect {
             Expect::Nothing => {}
             Expect::One => {
@@ -74,22 +97,36 @@ impl Batch {
             Expect::Hello => self.entries.push(Pending::Hello),
             Expect::Reset => self.entries.push(Pending::Reset),
             Expect::EnterRaw => self.entries.push(Pending::EnterRaw),
+            Expect::Subscription(kind, args) => self.entries.push(Pending::Sub {
+                kind,
+                args,
+                left: None,
+            }),
         }
     }
 
-    /// Records a lock script whose reply carries facts.
+    /// Records a lock script whose reply carries facts. Silent: Redis
+    /// sends no reply, so there are no facts to learn.
     pub fn lock(&mut self, pending: LockPending) {
-        self.entries.push(Pending::Lock(pending));
+        if !self.silent {
+            self.entries.push(Pending::Lock(pending));
+        }
     }
 
     /// Records a reply that will be ready later.
     pub fn deferred(&mut self, rx: tokio::sync::oneshot::Receiver<LocalReply>) {
-        self.entries.push(Pending::Deferred(Deferred(rx)));
+        if self.silent {
+            self.entries.push(Pending::Silent(Deferred(rx)));
+        } else {
+            self.entries.push(Pending::Deferred(Deferred(rx)));
+        }
     }
 
     /// Records a reply lockgate makes itself.
     pub fn local(&mut self, reply: LocalReply) {
-        self.entries.push(Pending::Local(reply));
+        if !self.silent {
+            self.entries.push(Pending::Local(reply));
+        }
     }
 
     /// Records that the connection closes after what came before.

@@ -98,6 +98,7 @@ pub async fn read_loop(
         let routed = route_batch(ctx, &mut parser, &mut view, conn, &mut quorum_tx, jobs, buf);
         let (batch, failed) = (routed.batch, routed.failed);
         let forward = routed.pieces.assemble(buf.split_to(routed.used).freeze());
+        let routed = routed.hold;
         if !batch.entries.is_empty() {
             let sent = tokio::select! {
                 biased;
@@ -120,6 +121,15 @@ pub async fn read_loop(
         }
         if failed {
             return ReaderEnd::Protocol;
+        }
+        if let Some(hold) = routed {
+            // Work lockgate does itself ends the batch: what follows it
+            // waits until it is done (or the session ends).
+            tokio::select! {
+                biased;
+                _ = cancel.cancelled() => return ReaderEnd::Cancelled,
+                _ = hold => {}
+            }
         }
     }
 }

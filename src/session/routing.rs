@@ -79,6 +79,10 @@ pub(super) struct Routed {
     /// A malformed request ended the batch (its error and a close are the
     /// batch's last entries).
     pub(super) failed: bool,
+    /// The batch ends with work lockgate does itself (a quorum operation,
+    /// a fencing call): nothing after it goes upstream before it is done,
+    /// so effects keep pipeline order (see [`Routed::defer`]).
+    pub(super) hold: Option<tokio::sync::oneshot::Receiver<()>>,
 }
 
 impl Routed {
@@ -88,7 +92,7 @@ impl Routed {
     fn early(&mut self, early: Early) -> Option<Option<crate::lock::Park>> {
         match early {
             Early::Now(reply) => self.batch.local(reply),
-            Early::Delayed(reply, wait) => self.defer(Box::pin(async move {
+            Early::Delayed(reply, wait) => self.defer_reply(Box::pin(async move {
                 tokio::time::sleep(wait).await;
                 reply
             })),
@@ -98,8 +102,23 @@ impl Routed {
         None
     }
 
-    /// Queues `work`; its reply takes the command's place in the order.
+    /// Queues `work`, which acts on a store (a quorum operation, a fencing
+    /// call); its reply takes the command's place in the order, and the
+    /// batch ends with it: commands after it are routed and sent upstream
+    /// only once it is done, as Redis would run them after it.
     pub(super) fn defer(&mut self, work: admin::Work) {
+        let (done, hold) = tokio::sync::oneshot::channel();
+        self.hold = Some(hold);
+        self.defer_reply(Box::pin(async move {
+            let reply = work.await;
+            let _ = done.send(());
+            reply
+        }));
+    }
+
+    /// Queues `work` that only makes a reply; it takes the command's place
+    /// in the order.
+    fn defer_reply(&mut self, work: admin::Work) {
         match self.jobs.defer(work) {
             Ok(rx) => self.batch.deferred(rx),
             Err(reply) => self.batch.local(reply),
@@ -124,6 +143,7 @@ pub(super) fn route_batch(
         pieces: Pieces::default(),
         used: 0,
         failed: false,
+        hold: None,
     };
     let mut commands = 0u64;
     loop {
@@ -160,10 +180,15 @@ pub(super) fn route_batch(
                 // behind it) may be parked: parking a pipelined attempt
                 // would hold every reply behind it.
                 out.last = out.used == buf.len();
+                out.batch.silent = view.silent(kind);
                 if !quorum_transaction(ctx, kind, &route, view, conn, tx, whole.clone(), &mut out) {
                     carry_out(ctx, &route, args, view, conn, whole, &mut out);
                 }
+                out.batch.silent = false;
                 *view = view.after(kind, &route);
+                if out.hold.is_some() {
+                    break;
+                }
             }
             Err(e) => {
                 ProxyMetrics::inc(&ctx.metrics.protocol_errors);
@@ -222,6 +247,9 @@ fn carry_out(
 ) {
     match route {
         Route::Forward(expect) => {
+            if *expect == Expect::EnterRaw {
+                ProxyMetrics::inc(&ctx.metrics.raw_sessions);
+            }
             out.pieces.client(whole);
             match script_lock_keys(ctx, args, *expect).filter(|_| ctx.quorum.is_none()) {
                 Some(keys) => out.batch.lock(LockPending::Script { keys }),
@@ -307,7 +335,12 @@ fn carry_out(
             }));
         }
         Route::Refuse(message) => {
-            ProxyMetrics::inc(&ctx.locks.metrics.mixed_refused);
+            let counter = if message == router::RAW_REFUSAL {
+                &ctx.locks.metrics.raw_refused
+            } else {
+                &ctx.locks.metrics.mixed_refused
+            };
+            ProxyMetrics::inc(counter);
             out.batch.local(LocalReply::err(message));
         }
         Route::Admin if !ctx.config.admin.resp_commands => {

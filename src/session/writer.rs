@@ -53,6 +53,85 @@ struct Replies {
     blocked: bool,
     /// The deferred reply at the front, once everything before it is out.
     deferred: Option<tokio::sync::oneshot::Receiver<LocalReply>>,
+    /// The deferred reply is for a command whose reply the client
+    /// suppressed: awaited, then dropped.
+    deferred_silent: bool,
+    /// Subscriptions in force: channels, patterns, shard channels, as the
+    /// confirmations Redis sent so far count them.
+    subs: [u64; 3],
+    /// What the frame being scanned is, as its first element tells.
+    frame: FrameClass,
+}
+
+/// What a top-level frame is, when the session must look inside it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FrameClass {
+    /// Anything else: a reply, or a push as the scanner reports it.
+    Other,
+    /// A published message (`message`, `pmessage`, `smessage`): not a reply
+    /// to any command, in RESP2 as in RESP3.
+    Message,
+    /// A subscription confirmation, for the `Sub` entry at the front.
+    Confirm,
+}
+
+/// What the first element of the frame at the front of a buffer says.
+enum Peek<'a> {
+    /// Not enough bytes yet.
+    More,
+    /// An array or push whose first element is this bulk string.
+    Name(&'a [u8]),
+    /// Anything else.
+    Other,
+}
+
+/// Reads the first element of an array (`*`) or push (`>`) frame, if it
+/// is a short bulk string (the longest name looked for has 12 bytes).
+fn peek_name(buf: &[u8]) -> Peek<'_> {
+    let line = |from: usize| -> Option<usize> {
+        let window = buf.get(from..)?;
+        memchr::memchr(b'\n', &window[..window.len().min(24)]).map(|nl| from + nl + 1)
+    };
+    match buf.first() {
+        None => return Peek::More,
+        Some(b'*' | b'>') => {}
+        Some(_) => return Peek::Other,
+    }
+    let Some(after_header) = line(0) else {
+        return if buf.len() < 24 {
+            Peek::More
+        } else {
+            Peek::Other
+        };
+    };
+    match buf.get(after_header) {
+        None => return Peek::More,
+        Some(b'$') => {}
+        Some(_) => return Peek::Other,
+    }
+    let Some(after_len) = line(after_header) else {
+        return if buf.len() < after_header + 24 {
+            Peek::More
+        } else {
+            Peek::Other
+        };
+    };
+    let digits = &buf[after_header + 1..after_len.saturating_sub(2).max(after_header + 1)];
+    let Some(n) = crate::protocol::request::parse_int(digits).filter(|n| (0..=12).contains(n))
+    else {
+        return Peek::Other;
+    };
+    match buf.get(after_len..after_len + n as usize) {
+        Some(name) => Peek::Name(name),
+        None => Peek::More,
+    }
+}
+
+/// The subscription count a confirmation ends with (`…:N\r\n`).
+fn confirmation_count(frame: &[u8]) -> Option<u64> {
+    let body = frame.strip_suffix(b"\r\n")?;
+    let at = memchr::memmem::rfind(body, b"\r\n:")?;
+    crate::protocol::request::parse_int(&body[at + 3..]).and_then(|n| u64::try_from(n).ok())
 }
 
 /// Copies replies to the client until the session is over (see [`WriterEnd`]).
@@ -75,6 +154,9 @@ pub async fn write_loop(
         await_eof: false,
         blocked: false,
         deferred: None,
+        deferred_silent: false,
+        subs: [0; 3],
+        frame: FrameClass::Other,
     };
     let mut buf = BytesMut::with_capacity(chunk);
     let mut reader_done = false;
@@ -89,9 +171,20 @@ pub async fn write_loop(
             return WriterEnd::Closed;
         }
         if st.deferred.is_none() && st.scanner.at_boundary() && st.capture.is_none() {
-            if let Some(Pending::Deferred(_)) = st.queue.front() {
-                if let Some(Pending::Deferred(d)) = st.queue.pop_front() {
-                    st.deferred = Some(d.0);
+            if matches!(
+                st.queue.front(),
+                Some(Pending::Deferred(_) | Pending::Silent(_))
+            ) {
+                match st.queue.pop_front() {
+                    Some(Pending::Deferred(d)) => {
+                        st.deferred = Some(d.0);
+                        st.deferred_silent = false;
+                    }
+                    Some(Pending::Silent(d)) => {
+                        st.deferred = Some(d.0);
+                        st.deferred_silent = true;
+                    }
+                    _ => {}
                 }
             }
         }
@@ -116,9 +209,11 @@ pub async fn write_loop(
             ready = async { st.deferred.as_mut()?.await.ok() }, if st.deferred.is_some() => {
                 st.deferred = None;
                 st.blocked = false;
-                ready
-                    .unwrap_or_else(|| LocalReply::err("lockgate: internal error (reply lost)"))
-                    .encode(st.resp3, &mut st.out);
+                if !std::mem::take(&mut st.deferred_silent) {
+                    ready
+                        .unwrap_or_else(|| LocalReply::err("lockgate: internal error (reply lost)"))
+                        .encode(st.resp3, &mut st.out);
+                }
                 // Replies of lockgate's own right behind it go next, before
                 // any buffered reply from Redis is matched.
                 if st.settle() {
@@ -127,7 +222,7 @@ pub async fn write_loop(
                         Err(e) => WriterEnd::Failed(e),
                     };
                 }
-                if st.queue.front().is_some_and(|p| matches!(p, Pending::Deferred(_))) {
+                if st.queue.front().is_some_and(|p| matches!(p, Pending::Deferred(_) | Pending::Silent(_))) {
                     continue;
                 }
                 if !buf.is_empty() {
@@ -212,6 +307,11 @@ impl Replies {
     /// renders local replies into `out`, switches to raw mode. Returns true
     /// when a `Close` entry is reached.
     fn settle(&mut self) -> bool {
+        // Mid-frame (while replies are not counted), nothing of lockgate's
+        // may be written into Redis's bytes.
+        if !self.scanner.at_boundary() {
+            return false;
+        }
         loop {
             match self.queue.front() {
                 Some(Pending::Local(reply)) => {
@@ -233,6 +333,7 @@ impl Replies {
                 self.queue.pop_front();
                 self.raw = false;
                 self.resp3 = false;
+                self.subs = [0; 3];
             }
             return;
         }
@@ -248,9 +349,16 @@ impl Replies {
                 b'*' => self.resp3 = false,
                 _ => {}
             },
-            Some(Pending::Reset) => self.resp3 = false,
+            Some(Pending::Reset) => {
+                self.resp3 = false;
+                self.subs = [0; 3];
+            }
             Some(Pending::Lock(_)) => {
                 // Only in raw mode is a lock reply not captured; pass it on.
+            }
+            Some(Pending::Sub { .. }) => {
+                // Not a confirmation (those are captured): an error, which
+                // answers the whole command.
             }
             _ => {
                 // A reply nobody asked for: pass it on, count it, keep going.
@@ -265,8 +373,77 @@ impl Replies {
     fn front_is_local(&self) -> bool {
         matches!(
             self.queue.front(),
-            Some(Pending::Local(_) | Pending::EnterRaw | Pending::Close | Pending::Deferred(_))
+            Some(
+                Pending::Local(_)
+                    | Pending::EnterRaw
+                    | Pending::Close
+                    | Pending::Deferred(_)
+                    | Pending::Silent(_)
+            )
         )
+    }
+
+    /// True when the next frame's first element must be read: it may be a
+    /// confirmation for the `Sub` entry at the front, or (RESP2, while
+    /// subscribed) a published message, which is no reply.
+    fn peeks(&self) -> bool {
+        matches!(self.queue.front(), Some(Pending::Sub { .. }))
+            || (!self.resp3 && self.subs.iter().any(|&n| n > 0))
+    }
+
+    /// Classifies the frame starting `buf`; `None` until enough of it is in.
+    fn classify(&self, buf: &[u8]) -> Option<FrameClass> {
+        let name = match peek_name(buf) {
+            Peek::More => return None,
+            Peek::Other => return Some(FrameClass::Other),
+            Peek::Name(name) => name,
+        };
+        if matches!(name, b"message" | b"pmessage" | b"smessage")
+            && (buf[0] == b'>' || self.subs.iter().any(|&n| n > 0))
+        {
+            return Some(FrameClass::Message);
+        }
+        let confirms = match self.queue.front() {
+            Some(Pending::Sub { kind, .. }) => kind.confirmation() == name,
+            _ => false,
+        };
+        Some(if confirms {
+            FrameClass::Confirm
+        } else {
+            FrameClass::Other
+        })
+    }
+
+    /// A confirmation for the `Sub` entry at the front: counts it and the
+    /// subscriptions it reports, and settles the entry once all came.
+    fn confirmed(&mut self, frame: &[u8]) {
+        let Some(Pending::Sub { kind, args, left }) = self.queue.front_mut() else {
+            return;
+        };
+        let (kind, set) = (*kind, kind.set());
+        let owed = left.get_or_insert_with(|| match *args {
+            0 => self.subs[set].max(1),
+            n => u64::from(n),
+        });
+        *owed = owed.saturating_sub(1);
+        let done = *owed == 0;
+        if let Some(count) = confirmation_count(frame) {
+            if set == 2 {
+                self.subs[2] = count;
+            } else {
+                // The count is channels and patterns together: the change
+                // tells whether this one was new (or gone).
+                let total = self.subs[0] + self.subs[1];
+                if kind.adds() && count > total {
+                    self.subs[set] += count - total;
+                } else if !kind.adds() && count < total {
+                    self.subs[set] = self.subs[set].saturating_sub(total - count);
+                }
+            }
+        }
+        if done {
+            self.queue.pop_front();
+        }
     }
 }
 
@@ -287,7 +464,12 @@ async fn forward(
     flush_out(ctx, client, &mut st.out).await?;
     loop {
         if st.scanner.at_boundary() && st.capture.is_none() {
-            if st.blocked || matches!(st.queue.front(), Some(Pending::Deferred(_))) {
+            if st.blocked
+                || matches!(
+                    st.queue.front(),
+                    Some(Pending::Deferred(_) | Pending::Silent(_))
+                )
+            {
                 break;
             }
             if st.queue.is_empty() {
@@ -297,7 +479,14 @@ async fn forward(
                     st.accept(entries);
                 }
             }
-            if st.captures_next() {
+            st.frame = FrameClass::Other;
+            if !st.raw && st.peeks() {
+                match st.classify(&buf[pos..]) {
+                    Some(class) => st.frame = class,
+                    None => break,
+                }
+            }
+            if st.frame == FrameClass::Confirm || st.captures_next() {
                 write_client(ctx, client, &buf[..pos]).await?;
                 buf.advance(pos);
                 pos = 0;
@@ -319,7 +508,13 @@ async fn forward(
         }
         let Some(end) = end else { break };
         if let Some(captured) = st.capture.take() {
-            if st.queue.front() == Some(&Pending::Swallow) && end.kind == FrameKind::Reply {
+            if st.frame == FrameClass::Confirm {
+                st.confirmed(&captured);
+                st.out.extend_from_slice(&captured);
+            } else if st.frame == FrameClass::Message {
+                // Published while a lock reply was awaited: the client's.
+                st.out.extend_from_slice(&captured);
+            } else if st.queue.front() == Some(&Pending::Swallow) && end.kind == FrameKind::Reply {
                 st.queue.pop_front();
             } else if st.queue.front() == Some(&Pending::Swallow) {
                 st.out.extend_from_slice(&captured);
@@ -328,6 +523,7 @@ async fn forward(
                     st.queue.pop_front();
                     st.raw = false;
                     st.resp3 = false;
+                    st.subs = [0; 3];
                 } else {
                     st.out.extend_from_slice(&captured);
                 }
@@ -368,7 +564,7 @@ async fn forward(
             }
             continue;
         }
-        if end.kind != FrameKind::Reply {
+        if end.kind != FrameKind::Reply || st.frame == FrameClass::Message {
             continue;
         }
         st.attribute(ctx, &end);
