@@ -170,22 +170,24 @@ pub async fn write_loop(
         if closing {
             return WriterEnd::Closed;
         }
-        if st.deferred.is_none() && st.scanner.at_boundary() && st.capture.is_none() {
-            if matches!(
+        if st.deferred.is_none()
+            && st.scanner.at_boundary()
+            && st.capture.is_none()
+            && matches!(
                 st.queue.front(),
                 Some(Pending::Deferred(_) | Pending::Silent(_))
-            ) {
-                match st.queue.pop_front() {
-                    Some(Pending::Deferred(d)) => {
-                        st.deferred = Some(d.0);
-                        st.deferred_silent = false;
-                    }
-                    Some(Pending::Silent(d)) => {
-                        st.deferred = Some(d.0);
-                        st.deferred_silent = true;
-                    }
-                    _ => {}
+            )
+        {
+            match st.queue.pop_front() {
+                Some(Pending::Deferred(d)) => {
+                    st.deferred = Some(d.0);
+                    st.deferred_silent = false;
                 }
+                Some(Pending::Silent(d)) => {
+                    st.deferred = Some(d.0);
+                    st.deferred_silent = true;
+                }
+                _ => {}
             }
         }
         st.blocked = st.deferred.is_some();
