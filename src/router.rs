@@ -5,6 +5,7 @@
 
 use crate::command::CommandKind;
 use crate::lock::ops::{self, LockOp};
+use crate::lock::split::{self, Split};
 use crate::lock::LockService;
 use crate::protocol::request::RequestParser;
 
@@ -47,6 +48,9 @@ pub enum Route {
     QuorumRead,
     /// A client script on lock keys only, run on every master.
     QuorumEval,
+    /// A per-key command over lock keys (and maybe other keys): the lock
+    /// keys on the quorum, the others on the primary, answers merged.
+    QuorumSplit(Split),
     /// Refused with this message (`-ERR lockgate: …`): e.g. a command that
     /// mixes lock keys with other keys while they live on different stores.
     Refuse(String),
@@ -253,18 +257,17 @@ fn quorum_route(
         | CommandKind::GetDel
         | CommandKind::GetEx
         | CommandKind::Expire(_) => vec![args.get(1)],
-        CommandKind::Other if args.len() > 1 && locks.is_lock_key(args.get(1)) => {
-            let name = args.get(0).to_ascii_uppercase();
-            if NOT_KEY_FIRST.contains(&name.as_slice()) {
-                return None;
+        CommandKind::Other => match split::cross_keys(&args.all()) {
+            Some(keys) => keys,
+            None if args.len() > 1 && locks.is_lock_key(args.get(1)) => {
+                let name = args.get(0).to_ascii_uppercase();
+                if NOT_KEY_FIRST.contains(&name.as_slice()) {
+                    return None;
+                }
+                vec![args.get(1)]
             }
-            // Any other command on a lock key would act on the primary,
-            // where the lock does not live.
-            return Some(Route::Refuse(format!(
-                "lockgate: {} is not supported on lock keys with the lock quorum",
-                String::from_utf8_lossy(&name)
-            )));
-        }
+            None => return None,
+        },
         _ => return None,
     };
     let locked: Vec<&[u8]> = keys
@@ -276,7 +279,20 @@ fn quorum_route(
         return None;
     }
     let name = String::from_utf8_lossy(args.get(0)).to_uppercase();
-    if locked.len() < keys.len() {
+    let mixed = locked.len() < keys.len();
+    if let Some(split) = Split::new(args.get(0), &keys, |k| locks.is_lock_key(k)) {
+        // Inside MULTI a split would run half the transaction elsewhere:
+        // refused below (the transaction then aborts whole). DEL/UNLINK and
+        // EXISTS of lock keys only are the quorum release and read.
+        let split_ok = match kind {
+            CommandKind::MultiKey(_) => !mixed || !view.in_multi,
+            _ => mixed && !view.in_multi,
+        };
+        if split_ok {
+            return Some(Route::QuorumSplit(split));
+        }
+    }
+    if mixed {
         let shown: Vec<String> = locked
             .iter()
             .map(|k| String::from_utf8_lossy(k).into_owned())
@@ -286,11 +302,7 @@ fn quorum_route(
             shown.join(", ")
         )));
     }
-    let lock_op = !matches!(
-        kind,
-        CommandKind::Read(_) | CommandKind::Eval | CommandKind::MultiKey(_)
-    );
-    if view.in_multi && !lock_op {
+    if view.in_multi && matches!(kind, CommandKind::Read(_) | CommandKind::Eval) {
         return Some(Route::Refuse(format!(
             "lockgate: {name} on lock keys inside MULTI is not supported with the lock quorum"
         )));
@@ -298,7 +310,9 @@ fn quorum_route(
     match kind {
         CommandKind::Read(_) => Some(Route::QuorumRead),
         CommandKind::Eval => Some(Route::QuorumEval),
-        CommandKind::MultiKey(_) => Some(Route::Refuse(format!(
+        // Any other command on a lock key would act on the primary, where
+        // the lock does not live.
+        CommandKind::MultiKey(_) | CommandKind::Other => Some(Route::Refuse(format!(
             "lockgate: {name} is not supported on lock keys with the lock quorum"
         ))),
         _ => None,

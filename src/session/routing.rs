@@ -306,6 +306,7 @@ fn carry_out(
                 reply
             }));
         }
+        Route::QuorumSplit(split) => super::quorum_split::carry_out(ctx, split, conn, out),
         Route::Refuse(message) => {
             ProxyMetrics::inc(&ctx.locks.metrics.mixed_refused);
             out.batch.local(LocalReply::err(message));

@@ -189,7 +189,7 @@ impl Replies {
     fn captures_next(&self) -> bool {
         match self.queue.front() {
             Some(Pending::Lock(_)) => !self.raw,
-            Some(Pending::Barrier | Pending::Swallow) => true,
+            Some(Pending::Barrier | Pending::Swallow | Pending::Feed(_)) => true,
             _ => false,
         }
     }
@@ -319,9 +319,12 @@ async fn forward(
         }
         let Some(end) = end else { break };
         if let Some(captured) = st.capture.take() {
-            if st.queue.front() == Some(&Pending::Swallow) && end.kind == FrameKind::Reply {
-                st.queue.pop_front();
-            } else if st.queue.front() == Some(&Pending::Swallow) {
+            let aside = matches!(st.queue.front(), Some(Pending::Swallow | Pending::Feed(_)));
+            if aside && end.kind == FrameKind::Reply {
+                if let Some(Pending::Feed(feed)) = st.queue.pop_front() {
+                    let _ = feed.0.send(captured.into());
+                }
+            } else if aside {
                 st.out.extend_from_slice(&captured);
             } else if st.queue.front() == Some(&Pending::Barrier) {
                 if end.is(b"+RESET\r\n") {
