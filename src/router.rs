@@ -302,7 +302,9 @@ fn quorum_route(
             shown.join(", ")
         )));
     }
-    if view.in_multi && matches!(kind, CommandKind::Read(_) | CommandKind::Eval) {
+    // Reads are queued by lockgate and answered from the quorum at EXEC;
+    // a script cannot be (it may act on its keys as it reads them).
+    if view.in_multi && kind == CommandKind::Eval {
         return Some(Route::Refuse(format!(
             "lockgate: {name} on lock keys inside MULTI is not supported with the lock quorum"
         )));

@@ -7,7 +7,7 @@ mod quorum_harness;
 mod support;
 
 use lockgate::lock::quorum::MasterState;
-use quorum_harness::{bulk, call, owner, quorum_config, Cluster, NIL};
+use quorum_harness::{bulk, call, int, owner, quorum_config, Cluster, NIL};
 use support::{cmd, RawClient};
 
 /// `key` on the primary in database `db`, read over a fresh connection.
@@ -242,4 +242,102 @@ async fn cross_store_atomic_commands_stay_refused() {
     for i in 0..3 {
         assert_eq!(cl.on_master(i, &["DBSIZE"]).await, ":0\r\n");
     }
+}
+
+/// A command refused while queuing aborts the transaction whole, as Redis
+/// does for a command it rejects at queue time: `EXEC` answers
+/// `-EXECABORT` and nothing queued runs, on either store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_refused_while_queuing_aborts_the_transaction() {
+    const ABORT: &str = "-EXECABORT Transaction discarded because of previous errors.\r\n";
+    let cl = Cluster::start(3, |_| {}).await;
+    let mut c = cl.client().await;
+    assert_eq!(call(&mut c, &["SETNX", "lock:x", "mine"]).await, ":1\r\n");
+    assert_eq!(call(&mut c, &["SET", "counter:x", "1"]).await, "+OK\r\n");
+
+    // Lock commands queued by lockgate.
+    assert_eq!(call(&mut c, &["MULTI"]).await, "+OK\r\n");
+    let refused = call(&mut c, &["HSET", "lock:x", "f", "v"]).await;
+    assert!(refused.starts_with("-ERR lockgate: "), "{refused:?}");
+    assert_eq!(call(&mut c, &["DEL", "lock:x"]).await, "+QUEUED\r\n");
+    assert_eq!(call(&mut c, &["EXEC"]).await, ABORT);
+    for i in 0..3 {
+        assert_eq!(cl.on_master(i, &["GET", "lock:x"]).await, bulk("mine"));
+    }
+
+    // Commands queued by Redis.
+    assert_eq!(call(&mut c, &["MULTI"]).await, "+OK\r\n");
+    assert_eq!(call(&mut c, &["INCR", "counter:x"]).await, "+QUEUED\r\n");
+    let refused = call(&mut c, &["DEL", "lock:x", "counter:x"]).await;
+    assert!(refused.contains("different stores"), "{refused:?}");
+    assert_eq!(call(&mut c, &["EXEC"]).await, ABORT);
+    assert_eq!(cl.on_primary(&["GET", "counter:x"]).await, bulk("1"));
+
+    // Not left inside a transaction; the next one runs.
+    assert_eq!(call(&mut c, &["PING"]).await, "+PONG\r\n");
+    assert_eq!(call(&mut c, &["MULTI"]).await, "+OK\r\n");
+    assert_eq!(call(&mut c, &["DEL", "lock:x"]).await, "+QUEUED\r\n");
+    assert_eq!(call(&mut c, &["EXEC"]).await, "*1\r\n:1\r\n");
+    until!("lock:x released", gone_from_masters(&cl, "lock:x").await);
+    // DISCARD forgets the error.
+    assert_eq!(call(&mut c, &["MULTI"]).await, "+OK\r\n");
+    let refused = call(&mut c, &["HSET", "lock:x", "f", "v"]).await;
+    assert!(refused.starts_with("-ERR lockgate: "), "{refused:?}");
+    assert_eq!(call(&mut c, &["DISCARD"]).await, "+OK\r\n");
+    assert_eq!(call(&mut c, &["MULTI"]).await, "+OK\r\n");
+    assert_eq!(call(&mut c, &["INCR", "counter:x"]).await, "+QUEUED\r\n");
+    assert_eq!(call(&mut c, &["EXEC"]).await, "*1\r\n:2\r\n");
+}
+
+/// Reads of lock keys inside a quorum transaction are answered from the
+/// quorum at `EXEC`, each in its place in the array; a refused `PERSIST`
+/// takes its own place too, so the array has one reply per queued command.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_inside_a_quorum_transaction_answer_at_exec() {
+    let cl = Cluster::start(3, |_| {}).await;
+    let mut c = cl.client().await;
+    assert_eq!(
+        call(&mut c, &["SET", "lock:r", "mine", "NX", "PX", "20000"]).await,
+        "+OK\r\n"
+    );
+    assert_eq!(call(&mut c, &["MULTI"]).await, "+OK\r\n");
+    let queued: &[&[&str]] = &[
+        &["GET", "lock:r"],
+        &["SETNX", "lock:s", "1"],
+        &["EXISTS", "lock:r", "lock:s", "lock:none"],
+        &["PEXPIRE", "lock:s", "9000"],
+        &["PTTL", "lock:s"],
+        &["TTL", "lock:r"],
+        &["DEL", "lock:r"],
+        &["GET", "lock:r"],
+        &["PERSIST", "lock:s"],
+    ];
+    for args in queued {
+        assert_eq!(call(&mut c, args).await, "+QUEUED\r\n", "{args:?}");
+    }
+    c.send(&cmd(&["EXEC"])).await;
+    let exec = String::from_utf8_lossy(&c.read_raw().await).into_owned();
+    let lines: Vec<&str> = exec.split("\r\n").collect();
+    assert_eq!(lines[0], "*9", "{exec:?}");
+    let head = format!("*9\r\n{}:1\r\n:2\r\n:1\r\n", bulk("mine"));
+    assert!(exec.starts_with(&head), "{exec:?}");
+    let rest = &exec[head.len()..];
+    let mut frames = rest.split_inclusive("\r\n");
+    let pttl = int(frames.next().unwrap_or_default());
+    assert!(pttl > 8_000 && pttl <= 9_000, "PTTL {pttl}: {exec:?}");
+    let ttl = int(frames.next().unwrap_or_default());
+    assert!(ttl > 15 && ttl <= 20, "TTL {ttl}: {exec:?}");
+    assert_eq!(frames.next(), Some(":1\r\n"), "{exec:?}");
+    assert_eq!(frames.next(), Some(NIL), "{exec:?}");
+    let persist = frames.next().unwrap_or_default();
+    assert!(
+        persist.starts_with("-ERR lockgate: PERSIST refused"),
+        "{exec:?}"
+    );
+    // It all ran on the quorum.
+    for i in 0..3 {
+        assert_eq!(cl.on_master(i, &["EXISTS", "lock:r"]).await, ":0\r\n");
+        assert_eq!(cl.on_master(i, &["GET", "lock:s"]).await, bulk("1"));
+    }
+    assert_eq!(cl.on_primary(&["DBSIZE"]).await, ":0\r\n");
 }

@@ -160,7 +160,7 @@ pub(super) fn route_batch(
                 // behind it) may be parked: parking a pipelined attempt
                 // would hold every reply behind it.
                 out.last = out.used == buf.len();
-                if !quorum_transaction(ctx, kind, &route, view, conn, tx, whole.clone(), &mut out) {
+                if !quorum_transaction(ctx, kind, &route, view, conn, tx, args, &mut out) {
                     carry_out(ctx, &route, args, view, conn, whole, &mut out);
                 }
                 *view = view.after(kind, &route);
