@@ -5,9 +5,12 @@
 
 use crate::command::CommandKind;
 use crate::lock::ops::{self, LockOp};
-use crate::lock::split::{self, Split};
+use crate::lock::split::Split;
 use crate::lock::LockService;
 use crate::protocol::request::RequestParser;
+
+mod quorum;
+use quorum::quorum_route;
 
 /// How many replies Redis will send for a forwarded command, as far as the
 /// session must know to keep lockgate's own replies in order.
@@ -182,142 +185,6 @@ pub fn route(
             })
         }
         _ => Route::Forward(Expect::One),
-    }
-}
-
-/// Commands whose first argument is not a key (a channel, a subcommand, a
-/// count…): a lock-key-looking first argument means nothing for them.
-const NOT_KEY_FIRST: &[&[u8]] = &[
-    b"PUBLISH",
-    b"SPUBLISH",
-    b"CLIENT",
-    b"CONFIG",
-    b"SCRIPT",
-    b"FUNCTION",
-    b"OBJECT",
-    b"MEMORY",
-    b"DEBUG",
-    b"ACL",
-    b"COMMAND",
-    b"CLUSTER",
-    b"XREAD",
-    b"XREADGROUP",
-    b"XGROUP",
-    b"XINFO",
-    b"KEYS",
-    b"SCAN",
-    b"ECHO",
-    b"PING",
-    b"AUTH",
-    b"INFO",
-    b"FCALL",
-    b"FCALL_RO",
-    b"PUBSUB",
-    b"SLOWLOG",
-    b"LATENCY",
-    b"WAIT",
-    b"BITOP",
-    b"LMPOP",
-    b"ZMPOP",
-    b"BLMPOP",
-    b"BZMPOP",
-    b"SINTERCARD",
-    b"ZINTERCARD",
-    b"ZUNION",
-    b"ZINTER",
-    b"ZDIFF",
-    b"MIGRATE",
-];
-
-/// Where a command goes when lock keys live on the quorum, if that differs
-/// from the single-Redis route.
-fn quorum_route(
-    kind: CommandKind,
-    args: CommandArgs<'_>,
-    view: &SessionView,
-    locks: &LockService,
-) -> Option<Route> {
-    let keys: Vec<&[u8]> = match kind {
-        CommandKind::Read(true)
-        | CommandKind::MultiKey(true)
-        | CommandKind::Del
-        | CommandKind::Unlink => (1..args.len()).map(|i| args.get(i)).collect(),
-        CommandKind::MultiKey(false) => (1..args.len()).step_by(2).map(|i| args.get(i)).collect(),
-        CommandKind::Eval => {
-            let n = std::str::from_utf8(args.get(2))
-                .ok()?
-                .parse::<usize>()
-                .ok()?;
-            (3..(3 + n).min(args.len())).map(|i| args.get(i)).collect()
-        }
-        CommandKind::Read(false) => vec![args.get(1)],
-        CommandKind::SetNx
-        | CommandKind::Set
-        | CommandKind::GetSet
-        | CommandKind::GetDel
-        | CommandKind::GetEx
-        | CommandKind::Expire(_) => vec![args.get(1)],
-        CommandKind::Other => match split::cross_keys(&args.all()) {
-            Some(keys) => keys,
-            None if args.len() > 1 && locks.is_lock_key(args.get(1)) => {
-                let name = args.get(0).to_ascii_uppercase();
-                if NOT_KEY_FIRST.contains(&name.as_slice()) {
-                    return None;
-                }
-                vec![args.get(1)]
-            }
-            None => return None,
-        },
-        _ => return None,
-    };
-    let locked: Vec<&[u8]> = keys
-        .iter()
-        .copied()
-        .filter(|k| locks.is_lock_key(k))
-        .collect();
-    if locked.is_empty() {
-        return None;
-    }
-    let name = String::from_utf8_lossy(args.get(0)).to_uppercase();
-    let mixed = locked.len() < keys.len();
-    if let Some(split) = Split::new(args.get(0), &keys, |k| locks.is_lock_key(k)) {
-        // Inside MULTI a split would run half the transaction elsewhere:
-        // refused below (the transaction then aborts whole). DEL/UNLINK and
-        // EXISTS of lock keys only are the quorum release and read.
-        let split_ok = match kind {
-            CommandKind::MultiKey(_) => !mixed || !view.in_multi,
-            _ => mixed && !view.in_multi,
-        };
-        if split_ok {
-            return Some(Route::QuorumSplit(split));
-        }
-    }
-    if mixed {
-        let shown: Vec<String> = locked
-            .iter()
-            .map(|k| String::from_utf8_lossy(k).into_owned())
-            .collect();
-        return Some(Route::Refuse(format!(
-            "lockgate: {name} mixes lock keys ({}) with other keys; they live on different stores",
-            shown.join(", ")
-        )));
-    }
-    // Reads are queued by lockgate and answered from the quorum at EXEC;
-    // a script cannot be (it may act on its keys as it reads them).
-    if view.in_multi && kind == CommandKind::Eval {
-        return Some(Route::Refuse(format!(
-            "lockgate: {name} on lock keys inside MULTI is not supported with the lock quorum"
-        )));
-    }
-    match kind {
-        CommandKind::Read(_) => Some(Route::QuorumRead),
-        CommandKind::Eval => Some(Route::QuorumEval),
-        // Any other command on a lock key would act on the primary, where
-        // the lock does not live.
-        CommandKind::MultiKey(_) | CommandKind::Other => Some(Route::Refuse(format!(
-            "lockgate: {name} is not supported on lock keys with the lock quorum"
-        ))),
-        _ => None,
     }
 }
 
