@@ -340,4 +340,14 @@ async fn reads_inside_a_quorum_transaction_answer_at_exec() {
         assert_eq!(cl.on_master(i, &["GET", "lock:s"]).await, bulk("1"));
     }
     assert_eq!(cl.on_primary(&["DBSIZE"]).await, ":0\r\n");
+
+    // A PERSIST among commands on the primary stays Redis's to answer.
+    assert_eq!(call(&mut c, &["MULTI"]).await, "+OK\r\n");
+    assert_eq!(call(&mut c, &["INCR", "counter:n"]).await, "+QUEUED\r\n");
+    assert_eq!(call(&mut c, &["PERSIST", "lock:s"]).await, "+QUEUED\r\n");
+    let exec = call(&mut c, &["EXEC"]).await;
+    assert!(
+        exec.starts_with("*2\r\n:1\r\n-ERR lockgate: PERSIST refused"),
+        "{exec:?}"
+    );
 }

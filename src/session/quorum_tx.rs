@@ -92,8 +92,9 @@ enum Queued {
     Read(Bytes),
     /// `MGET`/`TOUCH` of lock keys only.
     Split(Split),
-    /// A reply known at queue time (a refused `PERSIST`: an error in its
-    /// slot, as Redis gives a command failing inside `EXEC`).
+    /// A reply known at queue time (a refused `PERSIST` after lock
+    /// commands: an error in its slot, as Redis gives a command failing
+    /// inside `EXEC`).
     Reply(LocalReply),
 }
 
@@ -142,8 +143,15 @@ pub(super) fn quorum_transaction(
         (_, Route::Lock(op)) if view.in_multi => Queued::Op(op.clone()),
         (_, Route::QuorumRead) if view.in_multi => Queued::Read(encode::command(&args.all())),
         (_, Route::QuorumSplit(split)) if view.in_multi => Queued::Split(split.clone()),
-        (_, Route::RefusePersist) if view.in_multi => {
+        // A refused PERSIST joins the side the transaction is on: the
+        // quorum's, once lockgate queues commands, else Redis's (the error
+        // in its slot of Redis's own EXEC array).
+        (_, Route::RefusePersist) if view.in_multi && !tx.queued.is_empty() => {
             Queued::Reply(ctx.locks.refuse_persist(args.get(1)))
+        }
+        (_, Route::RefusePersist) if view.in_multi => {
+            tx.primary += 1;
+            return false;
         }
         (_, Route::Refuse(_)) if view.in_multi => {
             // The caller answers the refusal; EXEC then aborts.
