@@ -58,9 +58,10 @@ pub enum CommandKind {
     Eval,
     /// `SCRIPT …` (`LOAD` bodies are remembered for the quorum).
     Script,
-    /// Commands over several keys that cannot span the primary and the
-    /// quorum: `MGET`, `MSET`, `MSETNX`, `TOUCH`, `WATCH`, `RENAME`, `COPY`…;
-    /// `true` when every argument is a key, `false` for key/value pairs.
+    /// Commands over several keys whose keys the quorum routes must see:
+    /// `MGET`, `TOUCH` (split between the stores), `MSET`, `MSETNX`,
+    /// `WATCH`, `RENAME`, `COPY`… (refused across them); `true` when every
+    /// argument is a key, `false` for key/value pairs.
     MultiKey(bool),
     /// Anything else: one request, one reply.
     Other,

@@ -22,7 +22,9 @@
 //!   back in order and writes lockgate's own replies between them;
 //!   [`session::pending`] is what the two halves tell each other;
 //!   [`session::jobs`] runs a session's deferred work in command order;
-//!   [`session::parking`] is where an attempt meets the storm room.
+//!   [`session::parking`] is where an attempt meets the storm room;
+//!   [`session::quorum_tx`] and [`session::quorum_split`] carry out
+//!   transactions and split commands on the quorum.
 //! - [`protocol`]: pure RESP framing, no I/O: [`protocol::request`] (client
 //!   commands, multibulk and inline, limits checked on headers),
 //!   [`protocol::reply`] (resumable frame scanner for RESP2/RESP3 replies),
@@ -40,6 +42,8 @@
 //!   [`lock::quorum`] (the masters, majority merges, rejoin after a
 //!   restart), [`lock::quorum_ops`] (Redlock acquisition and the other ops
 //!   on the quorum), [`lock::quorum_fence`] (fencing tokens on the quorum),
+//!   [`lock::split`] (per-key commands split between the quorum and the
+//!   primary: which key goes where, how the answers merge),
 //!   [`lock::storm`] (retry storms: the contention table, probe cap,
 //!   parking and FIFO handoff; `storm::handoff`: a release through this
 //!   instance handing the lock to the oldest parked attempt in the same

@@ -5,8 +5,12 @@
 
 use crate::command::{CommandKind, ReplyMode, SubKind};
 use crate::lock::ops::{self, LockOp};
+use crate::lock::split::Split;
 use crate::lock::LockService;
 use crate::protocol::request::RequestParser;
+
+mod quorum;
+use quorum::quorum_route;
 
 /// How many replies Redis will send for a forwarded command, as far as the
 /// session must know to keep lockgate's own replies in order.
@@ -51,6 +55,9 @@ pub enum Route {
     QuorumRead,
     /// A client script on lock keys only, run on every master.
     QuorumEval,
+    /// A per-key command over lock keys (and maybe other keys): the lock
+    /// keys on the quorum, the others on the primary, answers merged.
+    QuorumSplit(Split),
     /// Refused with this message (`-ERR lockgate: …`): e.g. a command that
     /// mixes lock keys with other keys while they live on different stores.
     Refuse(String),
@@ -220,130 +227,6 @@ pub fn route(
             })
         }
         _ => Route::Forward(Expect::One),
-    }
-}
-
-/// Commands whose first argument is not a key (a channel, a subcommand, a
-/// count…): a lock-key-looking first argument means nothing for them.
-const NOT_KEY_FIRST: &[&[u8]] = &[
-    b"PUBLISH",
-    b"SPUBLISH",
-    b"CLIENT",
-    b"CONFIG",
-    b"SCRIPT",
-    b"FUNCTION",
-    b"OBJECT",
-    b"MEMORY",
-    b"DEBUG",
-    b"ACL",
-    b"COMMAND",
-    b"CLUSTER",
-    b"XREAD",
-    b"XREADGROUP",
-    b"XGROUP",
-    b"XINFO",
-    b"KEYS",
-    b"SCAN",
-    b"ECHO",
-    b"PING",
-    b"AUTH",
-    b"INFO",
-    b"FCALL",
-    b"FCALL_RO",
-    b"PUBSUB",
-    b"SLOWLOG",
-    b"LATENCY",
-    b"WAIT",
-    b"BITOP",
-    b"LMPOP",
-    b"ZMPOP",
-    b"BLMPOP",
-    b"BZMPOP",
-    b"SINTERCARD",
-    b"ZINTERCARD",
-    b"ZUNION",
-    b"ZINTER",
-    b"ZDIFF",
-    b"MIGRATE",
-];
-
-/// Where a command goes when lock keys live on the quorum, if that differs
-/// from the single-Redis route.
-fn quorum_route(
-    kind: CommandKind,
-    args: CommandArgs<'_>,
-    view: &SessionView,
-    locks: &LockService,
-) -> Option<Route> {
-    let keys: Vec<&[u8]> = match kind {
-        CommandKind::Read(true)
-        | CommandKind::MultiKey(true)
-        | CommandKind::Del
-        | CommandKind::Unlink => (1..args.len()).map(|i| args.get(i)).collect(),
-        CommandKind::MultiKey(false) => (1..args.len()).step_by(2).map(|i| args.get(i)).collect(),
-        CommandKind::Eval => {
-            let n = std::str::from_utf8(args.get(2))
-                .ok()?
-                .parse::<usize>()
-                .ok()?;
-            (3..(3 + n).min(args.len())).map(|i| args.get(i)).collect()
-        }
-        CommandKind::Read(false) => vec![args.get(1)],
-        CommandKind::SetNx
-        | CommandKind::Set
-        | CommandKind::GetSet
-        | CommandKind::GetDel
-        | CommandKind::GetEx
-        | CommandKind::Expire(_) => vec![args.get(1)],
-        CommandKind::Other if args.len() > 1 && locks.is_lock_key(args.get(1)) => {
-            let name = args.get(0).to_ascii_uppercase();
-            if NOT_KEY_FIRST.contains(&name.as_slice()) {
-                return None;
-            }
-            // Any other command on a lock key would act on the primary,
-            // where the lock does not live.
-            return Some(Route::Refuse(format!(
-                "lockgate: {} is not supported on lock keys with the lock quorum",
-                String::from_utf8_lossy(&name)
-            )));
-        }
-        _ => return None,
-    };
-    let locked: Vec<&[u8]> = keys
-        .iter()
-        .copied()
-        .filter(|k| locks.is_lock_key(k))
-        .collect();
-    if locked.is_empty() {
-        return None;
-    }
-    let name = String::from_utf8_lossy(args.get(0)).to_uppercase();
-    if locked.len() < keys.len() {
-        let shown: Vec<String> = locked
-            .iter()
-            .map(|k| String::from_utf8_lossy(k).into_owned())
-            .collect();
-        return Some(Route::Refuse(format!(
-            "lockgate: {name} mixes lock keys ({}) with other keys; they live on different stores",
-            shown.join(", ")
-        )));
-    }
-    let lock_op = !matches!(
-        kind,
-        CommandKind::Read(_) | CommandKind::Eval | CommandKind::MultiKey(_)
-    );
-    if view.in_multi && !lock_op {
-        return Some(Route::Refuse(format!(
-            "lockgate: {name} on lock keys inside MULTI is not supported with the lock quorum"
-        )));
-    }
-    match kind {
-        CommandKind::Read(_) => Some(Route::QuorumRead),
-        CommandKind::Eval => Some(Route::QuorumEval),
-        CommandKind::MultiKey(_) => Some(Route::Refuse(format!(
-            "lockgate: {name} is not supported on lock keys with the lock quorum"
-        ))),
-        _ => None,
     }
 }
 

@@ -35,6 +35,7 @@ pub mod quorum;
 pub mod quorum_fence;
 pub mod quorum_ops;
 pub mod script;
+pub mod split;
 pub mod storm;
 pub mod watchdog;
 

@@ -13,6 +13,7 @@
 pub mod jobs;
 pub mod parking;
 pub mod pending;
+pub mod quorum_split;
 pub mod quorum_tx;
 pub mod reader;
 pub mod routing;

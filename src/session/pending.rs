@@ -19,6 +19,18 @@ impl PartialEq for Deferred {
     }
 }
 
+/// Where the reply of Redis to a command lockgate sent in a client
+/// command's place goes instead of the client: the primary's part of a
+/// split command, merged with the quorum's part before the client sees it.
+#[derive(Debug)]
+pub struct Feed(pub tokio::sync::oneshot::Sender<bytes::Bytes>);
+
+impl PartialEq for Feed {
+    fn eq(&self, _: &Feed) -> bool {
+        false
+    }
+}
+
 /// One step of the reply stream, in command order.
 #[derive(Debug, PartialEq)]
 pub enum Pending {
@@ -63,6 +75,9 @@ pub enum Pending {
     /// One reply from Redis to a command lockgate sent itself (the
     /// `DISCARD` that replaces the `EXEC` of a quorum transaction): dropped.
     Swallow,
+    /// One reply from Redis, handed to the [`Feed`] instead of the client
+    /// (a [`Pending::Deferred`] entry behind it gives the client its reply).
+    Feed(Feed),
     /// The client half-closed and lockgate passed that on to Redis, which
     /// answers what it has read and then closes: the session ends at the
     /// upstream's EOF, not at an empty queue.
@@ -137,6 +152,11 @@ impl Batch {
     /// Records a reply of Redis the client must not see.
     pub fn swallow(&mut self) {
         self.entries.push(Pending::Swallow);
+    }
+
+    /// Records a reply of Redis handed to `feed` (see [`Pending::Feed`]).
+    pub fn feed(&mut self, feed: tokio::sync::oneshot::Sender<bytes::Bytes>) {
+        self.entries.push(Pending::Feed(Feed(feed)));
     }
 
     /// Records a barrier `RESET` sent by lockgate (see [`Pending::Barrier`]).

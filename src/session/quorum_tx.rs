@@ -2,14 +2,17 @@
 //! queued and run by lockgate at `EXEC`, and script bodies remembered for
 //! masters that lost them.
 
+use super::quorum_split::quorum_part;
 use super::routing::Routed;
 use crate::command;
 use crate::lock::lease::ConnLocks;
+use crate::lock::ops::LockOp;
+use crate::lock::split::Split;
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::{self, LocalReply};
 use crate::router::{CommandArgs, Route, SessionView};
 use crate::server::ServerContext;
-use std::ops::Range;
+use bytes::Bytes;
 use std::sync::{Arc, Mutex};
 
 /// Most script bodies remembered for masters that lost them.
@@ -72,10 +75,32 @@ pub(super) fn remember_script(
 /// answers `+QUEUED` and runs them itself at `EXEC`.
 #[derive(Debug, Default)]
 pub struct QuorumTx {
-    ops: Vec<crate::lock::ops::LockOp>,
+    queued: Vec<Queued>,
     /// Commands queued on the primary in the same transaction.
     primary: usize,
+    /// A command was refused while queuing: `EXEC` runs nothing (Redis's
+    /// rule for a command rejected at queue time).
+    failed: bool,
 }
+
+/// One command of a transaction that lockgate runs on the quorum at `EXEC`.
+#[derive(Debug)]
+enum Queued {
+    /// A lock operation.
+    Op(LockOp),
+    /// A read of lock keys (`GET`, `EXISTS`, `TTL`…), as sent.
+    Read(Bytes),
+    /// `MGET`/`TOUCH` of lock keys only.
+    Split(Split),
+    /// A reply known at queue time (a refused `PERSIST` after lock
+    /// commands: an error in its slot, as Redis gives a command failing
+    /// inside `EXEC`).
+    Reply(LocalReply),
+}
+
+/// What `EXEC` answers after a command was refused while queuing: Redis's
+/// own words for it.
+const EXECABORT: &[u8] = b"EXECABORT Transaction discarded because of previous errors.";
 
 /// Handles what a transaction means under the quorum; true when the
 /// command was dealt with here (the caller then does nothing more).
@@ -87,57 +112,100 @@ pub(super) fn quorum_transaction(
     view: &SessionView,
     conn: &Arc<Mutex<ConnLocks>>,
     tx: &mut QuorumTx,
-    whole: Range<usize>,
+    args: CommandArgs<'_>,
     out: &mut Routed,
 ) -> bool {
     if ctx.quorum.is_none() {
         return false;
     }
-    match (kind, route) {
+    let queued = match (kind, route) {
         (command::CommandKind::Multi, _) if !view.in_multi => {
             *tx = QuorumTx::default();
-            false
+            return false;
         }
         (command::CommandKind::Discard, _) => {
             *tx = QuorumTx::default();
-            false
+            return false;
         }
-        (command::CommandKind::Exec, _) if view.in_multi && !tx.ops.is_empty() => {
-            // Redis holds an empty (or ordinary) transaction: drop it there.
-            let _ = whole;
+        (command::CommandKind::Exec, _) if view.in_multi && tx.failed => {
+            // Redis holds the rest of the transaction: drop it there.
+            *tx = QuorumTx::default();
             out.pieces.own(encode::command(&[b"DISCARD"]));
             out.batch.swallow();
-            let taken = std::mem::take(tx);
-            if taken.primary > 0 {
-                ProxyMetrics::inc(&ctx.locks.metrics.mixed_refused);
-                out.batch.local(LocalReply::Error(bytes::Bytes::from_static(
-                    b"EXECABORT lockgate: the transaction mixes lock keys with other keys; they live on different stores",
-                )));
-                return true;
-            }
-            let (ctx2, conn) = (ctx.clone(), conn.clone());
-            out.defer(Box::pin(async move {
-                let Some(q) = &ctx2.quorum else {
-                    return LocalReply::err("lockgate: internal error (no quorum)");
-                };
-                let mut replies = Vec::with_capacity(taken.ops.len());
-                for op in taken.ops {
-                    replies.push(ctx2.locks.on_quorum(q, op, conn.clone()).await);
-                }
-                LocalReply::Array(replies)
-            }));
-            true
+            out.batch
+                .local(LocalReply::Error(Bytes::from_static(EXECABORT)));
+            return true;
         }
-        (_, Route::Lock(op)) if view.in_multi => {
-            tx.ops.push(op.clone());
-            out.batch.local(LocalReply::Status("QUEUED"));
-            true
+        (command::CommandKind::Exec, _) if view.in_multi && !tx.queued.is_empty() => {
+            exec_on_quorum(ctx, conn, std::mem::take(tx), out);
+            return true;
         }
-        (command::CommandKind::Exec, _) => false,
+        (_, Route::Lock(op)) if view.in_multi => Queued::Op(op.clone()),
+        (_, Route::QuorumRead) if view.in_multi => Queued::Read(encode::command(&args.all())),
+        (_, Route::QuorumSplit(split)) if view.in_multi => Queued::Split(split.clone()),
+        // A refused PERSIST joins the side the transaction is on: the
+        // quorum's, once lockgate queues commands, else Redis's (the error
+        // in its slot of Redis's own EXEC array).
+        (_, Route::RefusePersist) if view.in_multi && !tx.queued.is_empty() => {
+            Queued::Reply(ctx.locks.refuse_persist(args.get(1)))
+        }
+        (_, Route::RefusePersist) if view.in_multi => {
+            tx.primary += 1;
+            return false;
+        }
+        (_, Route::Refuse(_)) if view.in_multi => {
+            // The caller answers the refusal; EXEC then aborts.
+            tx.failed = true;
+            return false;
+        }
         (_, Route::Forward(_)) if view.in_multi => {
             tx.primary += 1;
-            false
+            return false;
         }
-        _ => false,
+        _ => return false,
+    };
+    tx.queued.push(queued);
+    out.batch.local(LocalReply::Status("QUEUED"));
+    true
+}
+
+/// `EXEC` of a transaction with commands queued by lockgate: Redis's side
+/// is discarded; the queued commands run on the quorum in order, unless the
+/// transaction also has commands on the primary (refused whole: the two
+/// stores cannot commit together).
+fn exec_on_quorum(
+    ctx: &Arc<ServerContext>,
+    conn: &Arc<Mutex<ConnLocks>>,
+    taken: QuorumTx,
+    out: &mut Routed,
+) {
+    // Redis holds an empty (or ordinary) transaction: drop it there.
+    out.pieces.own(encode::command(&[b"DISCARD"]));
+    out.batch.swallow();
+    if taken.primary > 0 {
+        ProxyMetrics::inc(&ctx.locks.metrics.mixed_refused);
+        out.batch.local(LocalReply::Error(Bytes::from_static(
+            b"EXECABORT lockgate: the transaction mixes lock keys with other keys; they live on different stores",
+        )));
+        return;
     }
+    let (ctx2, conn) = (ctx.clone(), conn.clone());
+    out.defer(Box::pin(async move {
+        let Some(q) = &ctx2.quorum else {
+            return LocalReply::err("lockgate: internal error (no quorum)");
+        };
+        let mut replies = Vec::with_capacity(taken.queued.len());
+        for queued in taken.queued {
+            replies.push(match queued {
+                Queued::Op(op) => ctx2.locks.on_quorum(q, op, conn.clone()).await,
+                Queued::Read(command) => ctx2.locks.quorum_read(q, command).await,
+                Queued::Split(split) => {
+                    let part = quorum_part(&ctx2, &split, conn.clone()).await;
+                    split.merge(None, part)
+                }
+                Queued::Reply(reply) => reply,
+            });
+        }
+        LocalReply::Array(replies)
+    }));
 }

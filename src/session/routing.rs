@@ -181,7 +181,7 @@ pub(super) fn route_batch(
                 // would hold every reply behind it.
                 out.last = out.used == buf.len();
                 out.batch.silent = view.silent(kind);
-                if !quorum_transaction(ctx, kind, &route, view, conn, tx, whole.clone(), &mut out) {
+                if !quorum_transaction(ctx, kind, &route, view, conn, tx, args, &mut out) {
                     carry_out(ctx, &route, args, view, conn, whole, &mut out);
                 }
                 out.batch.silent = false;
@@ -334,6 +334,7 @@ fn carry_out(
                 reply
             }));
         }
+        Route::QuorumSplit(split) => super::quorum_split::carry_out(ctx, split, conn, out),
         Route::Refuse(message) => {
             let counter = if message == router::RAW_REFUSAL {
                 &ctx.locks.metrics.raw_refused

@@ -286,7 +286,7 @@ impl Replies {
     fn captures_next(&self) -> bool {
         match self.queue.front() {
             Some(Pending::Lock(_)) => !self.raw,
-            Some(Pending::Barrier | Pending::Swallow) => true,
+            Some(Pending::Barrier | Pending::Swallow | Pending::Feed(_)) => true,
             _ => false,
         }
     }
@@ -510,15 +510,18 @@ async fn forward(
         }
         let Some(end) = end else { break };
         if let Some(captured) = st.capture.take() {
+            let aside = matches!(st.queue.front(), Some(Pending::Swallow | Pending::Feed(_)));
             if st.frame == FrameClass::Confirm {
                 st.confirmed(&captured);
                 st.out.extend_from_slice(&captured);
             } else if st.frame == FrameClass::Message {
                 // Published while a lock reply was awaited: the client's.
                 st.out.extend_from_slice(&captured);
-            } else if st.queue.front() == Some(&Pending::Swallow) && end.kind == FrameKind::Reply {
-                st.queue.pop_front();
-            } else if st.queue.front() == Some(&Pending::Swallow) {
+            } else if aside && end.kind == FrameKind::Reply {
+                if let Some(Pending::Feed(feed)) = st.queue.pop_front() {
+                    let _ = feed.0.send(captured.into());
+                }
+            } else if aside {
                 st.out.extend_from_slice(&captured);
             } else if st.queue.front() == Some(&Pending::Barrier) {
                 if end.is(b"+RESET\r\n") {

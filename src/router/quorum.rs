@@ -1,0 +1,219 @@
+//! Routes that differ when lock keys live on the lock quorum: a command
+//! cannot act on a lock key on the primary, where the lock does not live,
+//! so lock keys go to the quorum, per-key commands are split between the
+//! two stores, and what needs both stores at once is refused.
+
+use super::{CommandArgs, Route, SessionView};
+use crate::command::CommandKind;
+use crate::lock::split::{self, Split};
+use crate::lock::LockService;
+
+/// Commands whose first argument is not a key (a channel, a subcommand, a
+/// count…): a lock-key-looking first argument means nothing for them.
+const NOT_KEY_FIRST: &[&[u8]] = &[
+    b"PUBLISH",
+    b"SPUBLISH",
+    b"CLIENT",
+    b"CONFIG",
+    b"SCRIPT",
+    b"FUNCTION",
+    b"OBJECT",
+    b"MEMORY",
+    b"DEBUG",
+    b"ACL",
+    b"COMMAND",
+    b"CLUSTER",
+    b"XREAD",
+    b"XREADGROUP",
+    b"XGROUP",
+    b"XINFO",
+    b"KEYS",
+    b"SCAN",
+    b"ECHO",
+    b"PING",
+    b"AUTH",
+    b"INFO",
+    b"FCALL",
+    b"FCALL_RO",
+    b"PUBSUB",
+    b"SLOWLOG",
+    b"LATENCY",
+    b"WAIT",
+    b"BITOP",
+    b"LMPOP",
+    b"ZMPOP",
+    b"BLMPOP",
+    b"BZMPOP",
+    b"SINTERCARD",
+    b"ZINTERCARD",
+    b"ZUNION",
+    b"ZINTER",
+    b"ZDIFF",
+    b"MIGRATE",
+];
+
+/// Where a command goes when lock keys live on the quorum, if that differs
+/// from the single-Redis route.
+pub(super) fn quorum_route(
+    kind: CommandKind,
+    args: CommandArgs<'_>,
+    view: &SessionView,
+    locks: &LockService,
+) -> Option<Route> {
+    let keys: Vec<&[u8]> = match kind {
+        CommandKind::Read(true)
+        | CommandKind::MultiKey(true)
+        | CommandKind::Del
+        | CommandKind::Unlink => (1..args.len()).map(|i| args.get(i)).collect(),
+        CommandKind::MultiKey(false) => (1..args.len()).step_by(2).map(|i| args.get(i)).collect(),
+        CommandKind::Eval => {
+            let n = std::str::from_utf8(args.get(2))
+                .ok()?
+                .parse::<usize>()
+                .ok()?;
+            (3..(3 + n).min(args.len())).map(|i| args.get(i)).collect()
+        }
+        CommandKind::Read(false) => vec![args.get(1)],
+        CommandKind::SetNx
+        | CommandKind::Set
+        | CommandKind::GetSet
+        | CommandKind::GetDel
+        | CommandKind::GetEx
+        | CommandKind::Expire(_) => vec![args.get(1)],
+        CommandKind::Other => match split::cross_keys(&args.all()) {
+            Some(keys) => keys,
+            None if args.len() > 1 && locks.is_lock_key(args.get(1)) => {
+                let name = args.get(0).to_ascii_uppercase();
+                if NOT_KEY_FIRST.contains(&name.as_slice()) {
+                    return None;
+                }
+                vec![args.get(1)]
+            }
+            None => return None,
+        },
+        _ => return None,
+    };
+    let locked: Vec<&[u8]> = keys
+        .iter()
+        .copied()
+        .filter(|k| locks.is_lock_key(k))
+        .collect();
+    if locked.is_empty() {
+        return None;
+    }
+    let name = String::from_utf8_lossy(args.get(0)).to_uppercase();
+    let mixed = locked.len() < keys.len();
+    if let Some(split) = Split::new(args.get(0), &keys, |k| locks.is_lock_key(k)) {
+        // Inside MULTI a split would run half the transaction elsewhere:
+        // refused below (the transaction then aborts whole). DEL/UNLINK and
+        // EXISTS of lock keys only are the quorum release and read.
+        let split_ok = match kind {
+            CommandKind::MultiKey(_) => !mixed || !view.in_multi,
+            _ => mixed && !view.in_multi,
+        };
+        if split_ok {
+            return Some(Route::QuorumSplit(split));
+        }
+    }
+    if mixed {
+        let shown: Vec<String> = locked
+            .iter()
+            .map(|k| String::from_utf8_lossy(k).into_owned())
+            .collect();
+        return Some(Route::Refuse(format!(
+            "lockgate: {name} mixes lock keys ({}) with other keys; they live on different stores",
+            shown.join(", ")
+        )));
+    }
+    // Reads are queued by lockgate and answered from the quorum at EXEC;
+    // a script cannot be (it may act on its keys as it reads them).
+    if view.in_multi && kind == CommandKind::Eval {
+        return Some(Route::Refuse(format!(
+            "lockgate: {name} on lock keys inside MULTI is not supported with the lock quorum"
+        )));
+    }
+    match kind {
+        CommandKind::Read(_) => Some(Route::QuorumRead),
+        CommandKind::Eval => Some(Route::QuorumEval),
+        // Any other command on a lock key would act on the primary, where
+        // the lock does not live.
+        CommandKind::MultiKey(_) | CommandKind::Other => Some(Route::Refuse(format!(
+            "lockgate: {name} is not supported on lock keys with the lock quorum"
+        ))),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::command::classify;
+    use crate::config::Config;
+    use crate::protocol::request::{RequestLimits, RequestParser};
+
+    fn routed(line: &str, in_multi: bool) -> Option<Route> {
+        let locks = LockService::new(&Config::default());
+        let mut p = RequestParser::new(RequestLimits {
+            max_bulk_bytes: 1 << 20,
+            max_multibulk_len: 64,
+            max_inline_bytes: 1024,
+            max_request_bytes: 1 << 20,
+        });
+        let buf = format!("{line}\r\n");
+        p.parse(buf.as_bytes()).unwrap().unwrap();
+        let args = CommandArgs::new(&p, buf.as_bytes());
+        let kind = classify(args.get(0), args.get(1), args.get(2));
+        let view = SessionView {
+            in_multi,
+            ..SessionView::default()
+        };
+        quorum_route(kind, args, &view, &locks)
+    }
+
+    fn refused(route: Option<Route>) -> bool {
+        matches!(route, Some(Route::Refuse(_)))
+    }
+
+    #[test]
+    fn per_key_commands_split_outside_transactions() {
+        for line in [
+            "DEL lock:a user:1",
+            "unlink user:1 lock:a",
+            "EXISTS user:1 lock:a lock:a",
+            "TOUCH lock:a user:1",
+            "MGET user:1 lock:a",
+            "MGET lock:a lock:b",
+        ] {
+            assert!(
+                matches!(routed(line, false), Some(Route::QuorumSplit(_))),
+                "{line}"
+            );
+        }
+        // Lock keys only: the quorum release and read as before.
+        assert_eq!(routed("DEL lock:a lock:b", false), None);
+        assert_eq!(routed("EXISTS lock:a", false), Some(Route::QuorumRead));
+        // Inside MULTI a mix would run half the transaction elsewhere.
+        assert!(refused(routed("DEL lock:a user:1", true)));
+        assert!(matches!(
+            routed("MGET lock:a lock:b", true),
+            Some(Route::QuorumSplit(_))
+        ));
+        assert_eq!(routed("GET lock:a", true), Some(Route::QuorumRead));
+        assert!(refused(routed("EVAL x 1 lock:a", true)));
+    }
+
+    #[test]
+    fn cross_store_atomic_commands_are_refused() {
+        for line in [
+            "MSET lock:a 1 user:1 2",
+            "RENAME user:1 lock:a",
+            "SMOVE user:s lock:a m",
+            "SUNIONSTORE lock:a user:s",
+            "HSET lock:a f v",
+        ] {
+            assert!(refused(routed(line, false)), "{line}");
+        }
+        assert_eq!(routed("HSET user:1 f lock:a", false), None);
+        assert_eq!(routed("PUBLISH lock:a hi", false), None);
+    }
+}

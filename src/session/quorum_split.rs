@@ -1,0 +1,111 @@
+//! Carrying out a command split between the quorum and the primary
+//! ([`crate::lock::split`]).
+//!
+//! The primary's part goes up the client's own connection, in the client
+//! command's place: it runs after every command the client sent before and
+//! before every command it sends after, in the database the client
+//! `SELECT`ed, as the user it authenticated as. (lockgate's own connection
+//! to the primary would have none of that: it is shared, in database 0, and
+//! its commands race the client's.) The writer hands that part's reply to a
+//! [`Feed`](super::pending::Feed) instead of the client. The quorum's part
+//! is a job of the session's runner, so it keeps its order among the
+//! session's other quorum operations. A deferred entry right behind the
+//! feed gives the client the merged reply in the command's place.
+
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use futures_util::future::join_all;
+use tokio::sync::oneshot;
+
+use super::routing::Routed;
+use crate::lock::lease::ConnLocks;
+use crate::lock::ops::LockOp;
+use crate::lock::split::{Merge, Split};
+use crate::protocol::encode::{self, LocalReply};
+use crate::server::ServerContext;
+
+/// Sends the primary's part of `split` (if any) in the command's place and
+/// queues the quorum's part; the merged reply takes the command's place in
+/// the order.
+pub(super) fn carry_out(
+    ctx: &Arc<ServerContext>,
+    split: &Split,
+    conn: &Arc<Mutex<ConnLocks>>,
+    out: &mut Routed,
+) {
+    let (ctx2, conn2, part) = (ctx.clone(), conn.clone(), split.clone());
+    let quorum = Box::pin(async move { quorum_part(&ctx2, &part, conn2).await });
+    let Some(primary) = split.primary_command() else {
+        let split = split.clone();
+        out.defer(Box::pin(async move { split.merge(None, quorum.await) }));
+        return;
+    };
+    let quorum = match out.jobs.defer(quorum) {
+        Ok(rx) => rx,
+        // Too much in flight: refused whole, the primary's part unsent.
+        Err(reply) => return out.batch.local(reply),
+    };
+    let (fed, primary_reply) = oneshot::channel::<Bytes>();
+    let (merged, reply) = oneshot::channel();
+    let split = split.clone();
+    // Ends once both parts are in, or when either side is gone (the
+    // session ended: its writer and job runner drop their ends).
+    tokio::spawn(async move {
+        let (primary_reply, quorum) = tokio::join!(primary_reply, quorum);
+        let reply = match (primary_reply, quorum) {
+            (Ok(p), Ok(q)) => split.merge(Some(&p), q),
+            _ => LocalReply::err("lockgate: internal error (a part of the reply was lost)"),
+        };
+        let _ = merged.send(reply);
+    });
+    out.pieces.own(primary);
+    out.batch.feed(fed);
+    out.batch.deferred(reply);
+}
+
+/// The quorum's part of `split`: the owner-checked release of the lock keys
+/// (`DEL`, `UNLINK`), their count (`EXISTS`, `TOUCH`), or their values, one
+/// majority read per key (`MGET`).
+pub(super) async fn quorum_part(
+    ctx: &ServerContext,
+    split: &Split,
+    conn: Arc<Mutex<ConnLocks>>,
+) -> LocalReply {
+    let Some(q) = &ctx.quorum else {
+        return LocalReply::err("lockgate: internal error (no quorum)");
+    };
+    let keys = split.lock_keys();
+    match (split.name, split.merge_kind()) {
+        ("DEL" | "UNLINK", _) => {
+            let op = LockOp::Release {
+                lock_keys: keys,
+                plain: Vec::new(),
+                unlink: split.name == "UNLINK",
+            };
+            ctx.locks.on_quorum(q, op, conn).await
+        }
+        (_, Merge::Sum) => {
+            let mut args: Vec<&[u8]> = vec![split.name.as_bytes()];
+            args.extend(keys.iter().map(|k| &k[..]));
+            ctx.locks.quorum_read(q, encode::command(&args)).await
+        }
+        (_, Merge::Values) => {
+            let reads = keys
+                .iter()
+                .map(|k| ctx.locks.quorum_read(q, encode::command(&[b"GET", &k[..]])));
+            let mut values = Vec::with_capacity(keys.len());
+            for value in join_all(reads).await {
+                match value {
+                    // MGET answers nil for a key holding another type.
+                    LocalReply::Error(e) if e.starts_with(b"WRONGTYPE") => {
+                        values.push(LocalReply::Null)
+                    }
+                    LocalReply::Error(e) => return LocalReply::Error(e),
+                    v => values.push(v),
+                }
+            }
+            LocalReply::Array(values)
+        }
+    }
+}
