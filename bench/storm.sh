@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Retry-storm benchmark: the incident lockgate exists for (issue 5, "the
+# Retry-storm benchmark: the incident lockgate exists for ("the
 # incident, side by side"). Many clients contend for one lock key through
 # each target, alternating in one run:
 #   direct     redis-server

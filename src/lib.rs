@@ -5,8 +5,9 @@
 //! speaks RESP, passes every ordinary command through byte for byte on a
 //! dedicated upstream connection per client, and takes over commands on
 //! lock keys: a bare `SETNX` becomes an atomic lease with an owner record,
-//! and releases and extensions are owner-checked. The product and its semantics are in
-//! `DESIGN.md` of the project's shared folder.
+//! and releases and extensions are owner-checked. What an app sees, and
+//! where lockgate differs from Redis on purpose, is in `docs/behaviour.md`
+//! and the README.
 //!
 //! # Layout
 //!

@@ -1,5 +1,5 @@
 //! Owner-checked DEL/UNLINK of lock keys through lockgate against a real
-//! redis-server ("Who may release" in DESIGN.md): the acquiring connection
+//! redis-server ("Who may release" in docs/behaviour.md): the acquiring connection
 //! releases only its own acquisition, other connections only this
 //! instance's, keys without owner record are plain data.
 
@@ -202,7 +202,7 @@ async fn ownership_any_deletes_anyones_lock() {
 
 /// Connection pools: a thread acquires on one pooled connection and
 /// releases (or extends) on another, which may have tried the same key
-/// earlier and lost. That connection never acquired the key, so (DESIGN.md,
+/// earlier and lost. That connection never acquired the key, so (docs/behaviour.md,
 /// "Who may release") it may act on an acquisition made through this
 /// instance.
 async fn pooled_connection_that_lost(lost_in_multi: bool, args: &[&str]) {
@@ -240,7 +240,7 @@ async fn a_pooled_connection_that_lost_may_release_the_holders_lock() {
 }
 
 /// Releasing is allowed after a lost attempt (pooled apps), but extending
-/// is not: issue 3 item 4 says a client whose SETNX lost must not extend the
+/// is not: a client whose SETNX lost must not extend the
 /// holder's lease, in the pipelined, MULTI and separate-command forms alike.
 #[tokio::test]
 async fn a_connection_that_lost_may_not_extend_the_holders_lock() {

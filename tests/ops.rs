@@ -1,4 +1,4 @@
-//! The operators' view (issue 6), against real redis-server processes:
+//! The operators' view, against real redis-server processes:
 //! `/metrics` read by the Python `prometheus_client` parsers and its
 //! counters moving exactly with a known workload; the top-K hot lock keys
 //! among 100k distinct ones with bounded series and memory; the status page

@@ -1,4 +1,4 @@
-//! Hot reload (issue 6), against a real redis-server: `LOCKGATE RELOAD`
+//! Hot reload, against a real redis-server: `LOCKGATE RELOAD`
 //! changes a lock pattern while a client keeps a pipelined `SET`/`GET`
 //! stream going (every reply checked, none lost or reordered, no
 //! connection dropped), the new pattern applies to the next command of an

@@ -1,4 +1,4 @@
-//! Retry storms (DESIGN.md "Retry storms", issue 5) against real
+//! Retry storms (docs/behaviour.md, "Parking and fairness") against real
 //! redis-server: legacy `SETNX` spin loops on a held lock key are absorbed
 //! (at most one upstream probe per key per `probe_interval_ms`), parked up
 //! to `park_ms`, and handed the lock oldest first when it is released
