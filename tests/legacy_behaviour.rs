@@ -340,3 +340,27 @@ async fn commands_after_a_fencing_lock_run_after_it() {
         assert!((1..=5_000).contains(&left), "PTTL {left} ({i})");
     }
 }
+
+/// A holder releases and at once acquires again in one pipeline, while
+/// another client's attempt taught lockgate the key is held: Redis answers
+/// the new attempt from the released key, and so does lockgate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_and_reacquire_in_one_pipeline_answers_as_redis() {
+    let (_redis, lg, _r) = setup_with("behaviour", 30_000, |_| {}).await;
+    let direct = RedisServer::start();
+    let script: &[&[&str]] = &[
+        &["DEL", "lock:again"],
+        &["SET", "lock:again", "h2", "NX", "PX", "5000"],
+        &["PING"],
+    ];
+    let mut replies = Vec::new();
+    for addr in [redis_addr(&direct), lg.addr] {
+        let mut holder = RawClient::connect(addr).await;
+        assert_eq!(holder.call(&["SETNX", "lock:again", "h"]).await, ":1\r\n");
+        let mut other = RawClient::connect(addr).await;
+        assert_eq!(other.call(&["SETNX", "lock:again", "o"]).await, ":0\r\n");
+        replies.push(pipelined_on(&mut holder, script, 3).await);
+    }
+    assert_eq!(replies[0], ":1\r\n+OK\r\n+PONG\r\n");
+    assert_eq!(replies[1], replies[0]);
+}

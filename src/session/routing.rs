@@ -9,6 +9,7 @@ use super::quorum_tx::{eval_fallback, quorum_transaction, remember_script, Quoru
 use crate::admin;
 use crate::command;
 use crate::lock::lease::ConnLocks;
+use crate::lock::ops::LockOp;
 use crate::lock::script;
 use crate::lock::LockPending;
 use crate::metrics::ProxyMetrics;
@@ -83,6 +84,8 @@ pub(super) struct Routed {
     /// a fencing call): nothing after it goes upstream before it is done,
     /// so effects keep pipeline order (see [`Routed::defer`]).
     pub(super) hold: Option<tokio::sync::oneshot::Receiver<()>>,
+    /// Lock keys released earlier in this batch, on one Redis.
+    pub(super) released: Vec<Bytes>,
 }
 
 impl Routed {
@@ -144,6 +147,7 @@ pub(super) fn route_batch(
         used: 0,
         failed: false,
         hold: None,
+        released: Vec::new(),
     };
     let mut commands = 0u64;
     loop {
@@ -270,7 +274,14 @@ fn carry_out(
             out.defer(Box::pin(parking::quorum_attempt(ctx2, op, conn, park)));
         }
         Route::Lock(op) => {
-            let tracked = !view.in_multi && view.db == 0;
+            // An attempt pipelined behind a release of the same key goes to
+            // Redis: what lockgate knows of the key predates that release.
+            let after_release =
+                matches!(op, LockOp::Acquire { key, .. } if out.released.contains(key));
+            if let LockOp::Release { lock_keys, .. } = op {
+                out.released.extend(lock_keys.iter().cloned());
+            }
+            let tracked = !view.in_multi && view.db == 0 && !after_release;
             let Some(park) = out.early(parking::admit(ctx, op, conn, tracked, out.last)) else {
                 return;
             };
