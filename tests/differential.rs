@@ -800,6 +800,9 @@ impl Run {
                 kind: kind.to_string(),
                 detail,
             };
+            if tracing() {
+                println!("  {i}. {step}");
+            }
             self.settle()
                 .await
                 .map_err(|d| fail("lease never ran out", d))?;
@@ -1234,22 +1237,29 @@ async fn shrink(
                 }
             }
         }
-        let mut i = best.len();
-        while i > 0 && Instant::now() < deadline {
-            i -= 1;
-            if best.len() == 1 {
-                break;
-            }
-            let mut cand = best.clone();
-            cand.remove(i);
-            if let Err(f) = run_steps(servers, &cand).await {
-                if f.kind == failure.kind {
-                    best = cand[..=f.step.min(cand.len() - 1)].to_vec();
-                    failure = f;
-                    progress = true;
-                    i = i.min(best.len());
+        // Chunks of steps, halves first, down to single steps, each
+        // window from the end (the failing step stays last).
+        let mut chunk = (best.len() / 2).max(1);
+        loop {
+            let mut end = best.len().saturating_sub(1);
+            while end > 0 && Instant::now() < deadline {
+                let from = end.saturating_sub(chunk);
+                let mut cand = best.clone();
+                cand.drain(from..end);
+                end = from;
+                if let Err(f) = run_steps(servers, &cand).await {
+                    if f.kind == failure.kind {
+                        best = cand[..=f.step.min(cand.len() - 1)].to_vec();
+                        failure = f;
+                        progress = true;
+                        end = end.min(best.len().saturating_sub(1));
+                    }
                 }
             }
+            if chunk == 1 || Instant::now() >= deadline {
+                break;
+            }
+            chunk /= 2;
         }
     }
     (best, failure)
@@ -1321,7 +1331,7 @@ async fn lock_traffic_differs_from_redis_only_as_documented() {
             &servers,
             steps.clone(),
             failure.clone(),
-            Duration::from_secs(60),
+            Duration::from_secs(30),
         )
         .await;
         let listing: Vec<String> = shrunk
