@@ -78,10 +78,17 @@ pub struct Acquisition {
     /// run out), the record moves to it; if it loses, the connection still
     /// holds the key by `token`, and the owner record decides.
     pub retry: Option<Retry>,
+    /// Earlier attempts of this connection whose outcome was never learned
+    /// (queued in `MULTI`, or pipelined), newest last: any of them may be
+    /// the one the owner record holds. At most [`MAX_UNSETTLED`].
+    pub unsettled: Vec<Bytes>,
     /// The record was made by a takeover (`GETSET`, `SET` without `NX`…),
     /// which belongs to the instance for releases (see [`ConnLocks::token`]).
     pub takeover: bool,
 }
+
+/// Most unsettled earlier attempts remembered per key.
+pub const MAX_UNSETTLED: usize = 8;
 
 /// A connection's newer attempt on a key it already holds.
 #[derive(Debug, Clone)]
@@ -138,17 +145,20 @@ impl ConnLocks {
     /// Extensions check them exactly: a connection whose `SETNX` lost must
     /// not move the holder's lease with the `EXPIRE` that follows it, but a
     /// holder whose re-entrant `SETNX` answered 0 still holds the lock and
-    /// may move its lease.
+    /// may move its lease. The second is a newline-separated list: the newer attempt and the
+    /// earlier unsettled ones.
     pub fn attempt_tokens(&self, key: &[u8]) -> (Bytes, Bytes) {
         match self.map.get(key) {
             None => (Bytes::new(), Bytes::new()),
-            Some(a) => (
-                a.token.clone(),
-                a.retry
-                    .as_ref()
-                    .map(|r| r.token.clone())
-                    .unwrap_or_default(),
-            ),
+            Some(a) => {
+                let others: Vec<&[u8]> = a
+                    .retry
+                    .iter()
+                    .map(|r| &r.token[..])
+                    .chain(a.unsettled.iter().map(|t| &t[..]))
+                    .collect();
+                (a.token.clone(), Bytes::from(others.join(&b'\n')))
+            }
         }
     }
 
@@ -225,6 +235,19 @@ impl ConnLocks {
             Some(a) if a.standing != Standing::Held => a.first_try,
             _ => Instant::now(),
         };
+        // An attempt replaced before its outcome was learned may still be
+        // the one that won.
+        let unsettled = match self.map.get(&key) {
+            Some(a) if a.standing == Standing::Trying => {
+                let mut u = a.unsettled.clone();
+                u.push(a.token.clone());
+                if u.len() > MAX_UNSETTLED {
+                    u.remove(0);
+                }
+                u
+            }
+            _ => Vec::new(),
+        };
         self.map.insert(
             key,
             Acquisition {
@@ -236,6 +259,7 @@ impl ConnLocks {
                 lease_ms,
                 value,
                 retry: None,
+                unsettled,
                 takeover: false,
             },
         );
@@ -256,6 +280,15 @@ impl ConnLocks {
                     a.lease_ms = lease_ms.unwrap_or(retry.lease_ms);
                     a.since = Instant::now();
                     a.takeover = false;
+                }
+                return;
+            }
+            if let Some(at) = a.unsettled.iter().position(|t| t == token) {
+                let t = a.unsettled.remove(at);
+                if standing == Standing::Held {
+                    a.token = t;
+                    a.standing = Standing::Held;
+                    a.since = Instant::now();
                 }
                 return;
             }

@@ -17,8 +17,9 @@
 /// the scripts start with: `allows(owner, tok, alt, prefix, any)` returns
 /// (allowed, lapsed). `owner`: the owner record (false when absent);
 /// `tok`: the token this connection acquired with (`''`: it never did);
-/// `alt`: a newer attempt of the same connection not settled yet (`''`:
-/// none), which may be the one the owner record holds; `any`: ownership
+/// `alt`: the same connection's attempts not settled yet, newline
+/// separated (`''`: none), any of which may be the one the owner record
+/// holds; `any`: ownership
 /// `any`. A connection that acquired may act only on that acquisition
 /// (else its lease lapsed); one that never did may act on the instance's
 /// acquisitions and on keys without owner record (plain data).
@@ -32,7 +33,9 @@ local function allows(owner, tok, alt, prefix, any)
     return false, 1
   end
   if tok ~= '' then
-    if owner == tok or (alt ~= '' and owner == alt) then return true, 0 end
+    if owner == tok or (alt ~= '' and string.find('\n' .. alt .. '\n', '\n' .. owner .. '\n', 1, true)) then
+      return true, 0
+    end
     return false, 1
   end
   return string.sub(owner, 1, #prefix) == prefix, 0
