@@ -299,9 +299,10 @@ async fn metrics_parse_as_prometheus_text_and_count_a_known_workload() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_count_a_parked_attempt_handed_the_lock_once() {
-    // Two client SETNX: the holder's, and one parked until the holder's
-    // DEL hands it the lock. Two attempts, however lockgate got the lock
-    // for the parked one.
+    // Three client SETNX: the holder's, the waiter's try (answered at
+    // once), and its next one, parked until the holder's DEL hands it the
+    // lock. Three attempts, however lockgate got the lock for the parked
+    // one.
     let redis = RedisServer::start();
     let mut c = base_config(&redis.addr());
     c.locks.retry.park_ms = 5_000;
@@ -312,6 +313,10 @@ async fn metrics_count_a_parked_attempt_handed_the_lock_once() {
     assert_eq!(
         holder.call_s(&["SETNX", "lock:m:handoff", "h"]).await,
         ":1\r\n"
+    );
+    assert_eq!(
+        waiter.call_s(&["SETNX", "lock:m:handoff", "w"]).await,
+        ":0\r\n"
     );
     waiter.send(&cmd(&["SETNX", "lock:m:handoff", "w"])).await;
     let deadline = Instant::now() + WAIT;
@@ -362,17 +367,17 @@ async fn metrics_count_a_parked_attempt_handed_the_lock_once() {
         ),
     ];
     let want = [
-        ("commands{setnx}", 2),
+        ("commands{setnx}", 3),
         ("lockgate_lock_parked_total", 1),
         ("lockgate_lock_handoffs_total", 1),
         ("lockgate_lock_acquired_total", 2),
         ("lockgate_lock_released_total", 1),
-        ("lockgate_lock_attempts_total", 2),
-        ("hot_lock_attempts{lock:m:handoff}", 2),
+        ("lockgate_lock_attempts_total", 3),
+        ("hot_lock_attempts{lock:m:handoff}", 3),
     ];
     assert_eq!(
         got, want,
-        "two client attempts, one of them parked and handed the lock"
+        "three client attempts, the last one parked and handed the lock"
     );
 }
 
