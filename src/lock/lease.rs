@@ -35,6 +35,12 @@ impl Tokens {
         &self.prefix
     }
 
+    /// The number the next token will carry: every token numbered below
+    /// it was issued before this call.
+    pub fn issued(&self) -> u64 {
+        self.seq.load(Ordering::Relaxed)
+    }
+
     /// A token never issued before by this instance.
     pub fn next(&self) -> Bytes {
         let n = self.seq.fetch_add(1, Ordering::Relaxed);
@@ -85,6 +91,18 @@ pub struct Acquisition {
     /// The record was made by a takeover (`GETSET`, `SET` without `NX`…),
     /// which belongs to the instance for releases (see [`ConnLocks::token`]).
     pub takeover: bool,
+}
+
+/// The number a token ends with (`instance_id:seq`); 0 if none.
+fn token_seq(token: &[u8]) -> u64 {
+    let digits = token
+        .iter()
+        .rposition(|c| !c.is_ascii_digit())
+        .map_or(token, |at| &token[at + 1..]);
+    std::str::from_utf8(digits)
+        .ok()
+        .and_then(|d| d.parse().ok())
+        .unwrap_or(0)
 }
 
 /// Most unsettled earlier attempts remembered per key.
@@ -238,9 +256,11 @@ impl ConnLocks {
         // An attempt replaced before its outcome was learned may still be
         // the one that won.
         let unsettled = match self.map.get(&key) {
-            Some(a) if a.standing == Standing::Trying => {
+            Some(a) if a.standing != Standing::Held => {
                 let mut u = a.unsettled.clone();
-                u.push(a.token.clone());
+                if a.standing == Standing::Trying {
+                    u.push(a.token.clone());
+                }
                 if u.len() > MAX_UNSETTLED {
                     u.remove(0);
                 }
@@ -285,8 +305,16 @@ impl ConnLocks {
             }
             if let Some(at) = a.unsettled.iter().position(|t| t == token) {
                 let t = a.unsettled.remove(at);
-                if standing == Standing::Held {
-                    a.token = t;
+                // An earlier attempt won while a newer one is unanswered:
+                // the connection holds the key by it, and the newer one is
+                // its retry. (A newer takeover ran after it and holds.)
+                if standing == Standing::Held && a.standing == Standing::Trying {
+                    let newer = std::mem::replace(&mut a.token, t);
+                    a.retry = Some(Retry {
+                        token: newer,
+                        value: std::mem::take(&mut a.value),
+                        lease_ms: a.lease_ms,
+                    });
                     a.standing = Standing::Held;
                     a.since = Instant::now();
                 }
@@ -301,6 +329,37 @@ impl ConnLocks {
                     a.lease_ms = ms;
                 }
             }
+        }
+    }
+
+    /// A release planned when tokens below `upto` had been issued has been
+    /// answered: the attempts on `key` made before it are over (released
+    /// or refused); one pipelined after it stays, as the connection's next
+    /// attempt. Returns the record the release ended, if it did.
+    pub fn released(&mut self, key: &[u8], upto: u64) -> Option<Acquisition> {
+        let before = |t: &Bytes| token_seq(t) < upto;
+        let a = self.map.get_mut(key)?;
+        a.unsettled.retain(|t| !before(t));
+        if a.retry.as_ref().is_some_and(|r| before(&r.token)) {
+            a.retry = None;
+        }
+        if !before(&a.token) {
+            return None;
+        }
+        let ended = a.clone();
+        let next = a
+            .retry
+            .take()
+            .map(|r| r.token)
+            .or_else(|| a.unsettled.pop());
+        match next {
+            Some(token) => {
+                a.token = token;
+                a.standing = Standing::Trying;
+                a.takeover = false;
+                Some(ended)
+            }
+            None => self.map.remove(key),
         }
     }
 

@@ -72,6 +72,10 @@ pub enum LockPending {
         keys: Vec<Bytes>,
         /// The parked attempt the release hands the (one) key to, if any.
         handoff: Option<storm::Claim>,
+        /// Tokens numbered below this were issued before the release was
+        /// planned: only those attempts of the connection does it end (an
+        /// attempt pipelined after it is the connection's next).
+        upto: u64,
     },
     /// An extension.
     Extend {

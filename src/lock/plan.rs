@@ -156,6 +156,7 @@ impl LockService {
                     LockPending::Release {
                         keys: lock_keys,
                         handoff,
+                        upto: self.tokens.issued(),
                     },
                 )
             }
@@ -241,7 +242,11 @@ impl LockService {
                     conn.settle(&key, &token, Standing::Lost, None);
                 }
             }
-            LockPending::Release { keys, handoff } => {
+            LockPending::Release {
+                keys,
+                handoff,
+                upto,
+            } => {
                 let (released, denied, lapsed) = (fact(facts, 0), fact(facts, 1), fact(facts, 2));
                 ProxyMetrics::add(&self.metrics.released, released);
                 ProxyMetrics::add(&self.metrics.release_denied, denied);
@@ -260,7 +265,7 @@ impl LockService {
                 }
                 let mut lapsed_left = lapsed;
                 for key in &keys {
-                    if let Some(rec) = conn.remove(key) {
+                    if let Some(rec) = conn.released(key, upto) {
                         if released > 0 && rec.standing == Standing::Held {
                             let held = rec.since.elapsed();
                             self.metrics.hold_seconds.observe(held.as_secs_f64());
