@@ -384,6 +384,9 @@ struct Case<'a> {
     /// An earlier command of the same batch on the same key already
     /// differed in an allowed, state-changing way.
     tainted: bool,
+    /// Another connection of the same instance was refused this key
+    /// moments ago: it may keep a place in the key's queue.
+    queued_other: bool,
 }
 
 /// One deliberate difference: a name, when it applies, why lockgate
@@ -476,6 +479,18 @@ const RULES: &[Rule] = &[
         reason: "a parked attempt gets the lock when it is released during its park (FIFO handoff), where Redis answered before the release",
     },
     Rule {
+        name: "newcomer behind a queued spinner",
+        applies: |c| {
+            c.lock_key
+                && is_acquire(c.cmd)
+                && acquired(c.direct)
+                && not_acquired(c.lockgate)
+                && c.queued_other
+        },
+        changes_state: true,
+        reason: "while spinners are queued on a key, also between their attempts, a newcomer is answered \"not acquired\": the oldest spinner goes first (FIFO)",
+    },
+    Rule {
         name: "after an allowed difference in the same batch",
         applies: |c| c.tainted,
         changes_state: true,
@@ -528,6 +543,9 @@ struct ConnModel {
     mine: HashMap<String, String>,
     /// When it last tried for the key (a lone try-lock vs a spin loop).
     last_attempt: HashMap<String, Instant>,
+    /// When it was last refused the key (it may keep a place in the
+    /// key's queue for a while).
+    refused_at: HashMap<String, Instant>,
 }
 
 impl ConnModel {
@@ -744,6 +762,7 @@ impl Model {
             } else if multi {
                 self.conns[conn].attempt(&key, t);
             } else {
+                self.conns[conn].refused_at.insert(key.clone(), now);
                 // Refused by Redis or answered locally: lockgate records
                 // a loss either way (a holder trying again still holds).
                 let c = &mut self.conns[conn];
@@ -834,6 +853,18 @@ impl Model {
                 r.unsettled.iter_mut().for_each(fix);
             }
         }
+    }
+
+    /// Another connection of `conn`'s instance was refused `key` within
+    /// the time lockgate keeps a spinner's place (max(park, probe)), with
+    /// a margin for scheduling.
+    fn queued_other(&self, key: &str, conn: usize) -> bool {
+        let keep = Duration::from_millis(PARK_MS.max(PROBE_MS) + 2 * SLACK_MS);
+        self.conns.iter().enumerate().any(|(i, c)| {
+            i != conn
+                && i / 2 == conn / 2
+                && c.refused_at.get(key).is_some_and(|t| t.elapsed() < keep)
+        })
     }
 
     /// How long the lock on `key` has been free, if it became free in a way
@@ -1242,6 +1273,7 @@ impl Run {
                     freed_unseen: self.model.freed_unseen(&key, inst),
                     released_during: freed.is_some_and(|f| f.at >= sent),
                     tainted: tainted.contains(&key),
+                    queued_other: self.model.queued_other(&key, conn),
                 };
                 let Some(rule) = RULES.iter().find(|r| (r.applies)(&case)) else {
                     let mut detail = what();

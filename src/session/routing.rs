@@ -280,6 +280,10 @@ fn carry_out(
                 matches!(op, LockOp::Acquire { key, .. } if out.released.contains(key));
             if let LockOp::Release { lock_keys, .. } = op {
                 out.released.extend(lock_keys.iter().cloned());
+                let owner = Arc::as_ptr(conn) as usize;
+                for key in lock_keys {
+                    ctx.locks.storm.leave(key, owner);
+                }
             }
             let tracked = !view.in_multi && view.db == 0 && !after_release;
             let Some(park) = out.early(parking::admit(ctx, op, conn, tracked, out.last)) else {

@@ -327,6 +327,18 @@ impl Storm {
         }
     }
 
+    /// The connection whose lock records are at `owner` releases `key`:
+    /// it is not waiting for it any more, so the place it kept in the
+    /// key's queue between two attempts goes (it would hold newcomers
+    /// back for nobody).
+    pub fn leave(&self, key: &[u8], owner: usize) {
+        if let Some(state) = self.state(key, false) {
+            if let Ok(mut inner) = state.inner.lock() {
+                inner.waiters.retain(|w| w.live() || w.owner != owner);
+            }
+        }
+    }
+
     /// The lock on `key` was released: wake its parked attempts.
     pub fn released(&self, key: &[u8]) {
         if let Some(state) = self.state(key, false) {
