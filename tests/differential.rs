@@ -553,7 +553,9 @@ impl ConnModel {
     fn attempt(&mut self, key: &str, token: String) {
         if let Some(r) = self.recs.get_mut(key) {
             if r.standing == Standing::Held {
-                r.retry = Some(token);
+                if let Some(earlier) = r.retry.replace(token) {
+                    r.unsettled.push(earlier);
+                }
                 return;
             }
         }

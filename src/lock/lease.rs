@@ -239,12 +239,19 @@ impl ConnLocks {
         if let Some(a) = self.map.get_mut(&key) {
             if a.standing == Standing::Held && standing == Standing::Trying {
                 // A re-entrant attempt: the connection keeps holding the key
-                // by its current token until this one is settled.
-                a.retry = Some(Retry {
+                // by its current token until this one is settled; an
+                // earlier one still unanswered stays a candidate.
+                let earlier = a.retry.replace(Retry {
                     token,
                     value,
                     lease_ms,
                 });
+                if let Some(earlier) = earlier {
+                    a.unsettled.push(earlier.token);
+                    if a.unsettled.len() > MAX_UNSETTLED {
+                        a.unsettled.remove(0);
+                    }
+                }
                 a.last_try = Instant::now();
                 return;
             }
