@@ -351,7 +351,9 @@ start_target() {
 # run_unit TARGET UNIT — runs one unit against $PORT and appends its results
 # to $WORKDIR/TARGET.results as "ok|err<TAB>unit: test name" lines (a repeated
 # name gets " #2", " #3"…; every target runs the same tests in the same
-# order). A unit that ends without its summary adds one "err" line for it.
+# order). A unit that ends early (an exception, or 30 s without a test
+# finishing: a client waiting for a reply that never comes, e.g. after two
+# clients' commands reached Redis in the other order) adds one "err" line.
 run_unit() {
 	local target="$1" unit="$2" log rc=0 t0=$SECONDS before
 	log="$WORKDIR/$target/${unit//\//_}.log"
@@ -360,7 +362,7 @@ run_unit() {
 		cd "$SUITE_SRC"
 		exec setsid timeout -k 5 300 ./runtest --host 127.0.0.1 --port "$PORT" \
 			--singledb --single "$unit" --tags "${DENY_TAGS[*]/#/-}" \
-			--timeout 120 --baseport "$BASEPORT" "${SKIP_ARGS[@]}"
+			--timeout 30 --baseport "$BASEPORT" "${SKIP_ARGS[@]}"
 	) </dev/null >"$log" 2>&1 &
 	RUNTEST_PID=$!
 	wait "$RUNTEST_PID" || rc=$?
@@ -373,11 +375,12 @@ run_unit() {
 		}
 		/^\[ok\]: / { s = substr($0, 7); sub(/ \([0-9]+ ms\)$/, "", s); add("ok", s); next }
 		/^\[err\]: / { s = substr($0, 8); sub(/ in tests\/[^ ]*\.tcl$/, "", s); add("err", s); next }
-		/^\[exception\]: / { exc = 1 }
+		/^\[exception\]: / { exc = "exception" }
+		/^\[TIMEOUT\]: / { exc = "no progress for 30 s" }
 		/All tests passed without errors|tests failed/ { done = 1 }
 		END {
 			if (exc || (!done && rc != 0))
-				printf "err\t%s: (unit aborted: %s)\n", unit, exc ? "exception" : "exit " rc
+				printf "err\t%s: (unit aborted: %s)\n", unit, exc ? exc : "exit " rc
 		}' >>"$WORKDIR/$target.results"
 	printf '  %-9s %-26s %4ds  passed %3d  failed %d\n' "$target" "$unit" "$((SECONDS - t0))" \
 		"$(tail -n +"$((before + 1))" "$WORKDIR/$target.results" | grep -c '^ok' || true)" \

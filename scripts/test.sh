@@ -21,7 +21,7 @@
 #               test that passes directly fails through lockgate. Fetches
 #               the suite from Debian's redis source package into
 #               target/redis-suite/ the first time; installs tcl, dpkg-dev
-#               and haproxy when missing; ~5 min)
+#               and haproxy when missing; 4-6 min)
 #
 # Exit status: 0 when every step passed, 1 otherwise (also when setup fails).
 set -euo pipefail
