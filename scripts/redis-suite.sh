@@ -45,19 +45,14 @@ while [ $# -gt 0 ]; do
 	shift
 done
 
-# The units run, in this order: every unit with tests that run against an
-# external server on one database, minus these. Nothing runs in units whose
-# tests are all external:skip or denied below (auth, info, printver, aofrw,
-# latency-monitor, acl, acl-v2, shutdown, oom-score-adj, tls, replybufsize, querybuf,
-# pendingquerybuf, violations, networking, client-eviction, list-2 (all
-# slow), pubsubshard, the cluster units), nor in integration/ (they start
-# their own servers). Left out although they would run:
-#   dump          15 s of MIGRATE timeouts against a second server it lacks
-#   maxmemory, memefficiency, lazyfree: memory limits and accounting of the
-#                 server, with nothing of the client's path in them
-#   obuf-limits, limits, tracking: client-limit and CONFIG tests that assert
-#                 on the server's own client table, slowly
-#   wait, pause   replicas / pausing the whole server
+# The units run, in this order: every unit with a test that runs against an
+# external server on one database with DENY_TAGS denied, except dump (15 s of
+# MIGRATE timeouts for 9 tests). Nothing runs in the others: auth, info,
+# printver, aofrw, latency-monitor, acl, acl-v2, shutdown, oom-score-adj, tls,
+# replybufsize, querybuf, pendingquerybuf, networking, client-eviction,
+# limits, obuf-limits, wait, memefficiency, maxmemory, pubsubshard, list-2,
+# the cluster units (all their tests are external:skip or denied), nor in
+# integration/ (they start servers of their own).
 UNITS=(
 	unit/protocol
 	unit/keyspace
@@ -87,12 +82,17 @@ UNITS=(
 	unit/bitfield
 	unit/geo
 	unit/hyperloglog
+	unit/lazyfree
+	unit/tracking
+	unit/pause
+	unit/violations
 )
 
 # Tags whose tests cannot pass against a server the suite did not start, or
 # test the server rather than the path to it (see tests/README.md of Redis):
 # replication (SYNC), DEBUG/OBJECT, PFDEBUG, SAVE, memory limits, CONFIG
-# RESETSTAT, latency monitoring, inspecting the server's own process.
+# RESETSTAT, latency monitoring, inspecting the server's own process; and, for
+# time, large-memory (over 100 MB) and slow (long stress loops).
 DENY_TAGS=(needs:repl needs:debug needs:pfdebug needs:save needs:config-maxmemory
 	needs:config-resetstat needs:latency needs:local-process large-memory slow)
 
