@@ -16,6 +16,12 @@
 #      test     cargo test --all-targets        (RUST_BACKTRACE=1)
 #      doctest  cargo test --doc
 #      demo     scripts/demo.sh --smoke         (release build, real Redis)
+#      suite    scripts/redis-suite.sh          (Redis's own tcl test suite
+#               directly, through HAProxy and through lockgate; fails when a
+#               test that passes directly fails through lockgate. Fetches
+#               the suite from Debian's redis source package into
+#               target/redis-suite/ the first time; installs tcl, dpkg-dev
+#               and haproxy when missing; 4-6 min)
 #
 # Exit status: 0 when every step passed, 1 otherwise (also when setup fails).
 set -euo pipefail
@@ -26,7 +32,7 @@ set -euo pipefail
 case "${1:-}" in
 '') ;;
 -h | --help)
-	sed -n '2,20s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"
+	sed -n '2,26s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"
 	exit 0
 	;;
 *) die "unknown argument: $1 (scripts/test.sh takes none)" ;;
@@ -133,6 +139,7 @@ step clippy cargo clippy --all-targets -- -D warnings
 step test cargo test --all-targets
 step doctest cargo test --doc
 step demo scripts/demo.sh --smoke
+step suite scripts/redis-suite.sh
 
 printf '\n==> summary\n' >&2
 printf '  %s\n' "${RESULTS[@]}" >&2
