@@ -159,7 +159,7 @@ impl Collector for Counters {
         }
         let l = &ctx.locks.metrics;
         let s = &ctx.locks.storm.metrics;
-        let locks: [(&str, &str, &AtomicU64); 23] = [
+        let locks: [(&str, &str, &AtomicU64); 24] = [
             (
                 "lock_attempts",
                 "Acquisition attempts on lock keys",
@@ -245,6 +245,11 @@ impl Collector for Counters {
                 "lock_mixed_refused",
                 "Commands refused for mixing lock and other keys",
                 &l.mixed_refused,
+            ),
+            (
+                "lock_stale_conn_denied",
+                "Releases and extensions refused because the acquisition predates the connection",
+                &l.stale_conn_denied,
             ),
             (
                 "lock_raw_refused",

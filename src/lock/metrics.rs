@@ -50,6 +50,10 @@ pub struct LockMetrics {
     /// Lock commands refused on a connection whose replies cannot be
     /// counted (MONITOR, replication): never passed on unprotected.
     pub raw_refused: AtomicU64,
+    /// Releases and extensions refused because the acquisition predates
+    /// the connection asking (a holder's late release after its pool
+    /// reconnected: the pooled rule).
+    pub stale_conn_denied: AtomicU64,
 }
 
 impl Default for LockMetrics {
@@ -77,6 +81,7 @@ impl Default for LockMetrics {
             quorum_failures: AtomicU64::default(),
             mixed_refused: AtomicU64::default(),
             raw_refused: AtomicU64::default(),
+            stale_conn_denied: AtomicU64::default(),
         }
     }
 }

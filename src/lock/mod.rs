@@ -310,7 +310,7 @@ impl LockService {
 
     /// A fresh per-connection record table.
     pub fn conn_locks(&self) -> ConnLocks {
-        ConnLocks::new(self.max_conn_locks)
+        ConnLocks::opened(self.max_conn_locks, self.tokens.issued())
     }
 
     /// Counts a SETNX / SET NX on a key outside `locks.keys`, by prefix.

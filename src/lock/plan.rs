@@ -53,6 +53,8 @@ impl LockService {
             b"instance"
         };
         let prefix = self.tokens.prefix().as_bytes();
+        let born = conn.born.to_string();
+        let born = born.as_bytes();
         let evicted = conn.evicted;
         let (command, pending) = match op {
             LockOp::Acquire {
@@ -139,12 +141,13 @@ impl LockService {
                                 &c.token,
                                 lease.as_bytes(),
                                 alt,
+                                born,
                             ],
                         )
                     }
                     None => {
                         let mut argv: Vec<&[u8]> =
-                            vec![info, n.as_bytes(), verb, ownership, prefix];
+                            vec![info, n.as_bytes(), verb, ownership, prefix, born];
                         argv.extend(tokens.iter().map(|t| &t[..]));
                         argv.extend(alts.iter().map(|t| &t[..]));
                         eval(script::RELEASE, &keys, &argv)
@@ -163,8 +166,15 @@ impl LockService {
             LockOp::Extend { key, command, args } => {
                 let (token, alt) = conn.attempt_tokens(&key);
                 let owner = owner_key(&key);
-                let mut argv: Vec<&[u8]> =
-                    vec![info, ownership, prefix, &token, &alt, command.as_bytes()];
+                let mut argv: Vec<&[u8]> = vec![
+                    info,
+                    ownership,
+                    prefix,
+                    &token,
+                    &alt,
+                    born,
+                    command.as_bytes(),
+                ];
                 argv.extend(args.iter().map(|a| &a[..]));
                 let cmd = eval(script::EXTEND, &[&key, &owner], &argv);
                 (cmd, LockPending::Extend { key })
@@ -250,6 +260,7 @@ impl LockService {
                 let (released, denied, lapsed) = (fact(facts, 0), fact(facts, 1), fact(facts, 2));
                 ProxyMetrics::add(&self.metrics.released, released);
                 ProxyMetrics::add(&self.metrics.release_denied, denied);
+                ProxyMetrics::add(&self.metrics.stale_conn_denied, fact(facts, 4));
                 let handed = fact(facts, 3) == 1;
                 match (handoff, keys.first()) {
                     (Some(claim), Some(key)) if handed => {
@@ -285,6 +296,7 @@ impl LockService {
             }
             LockPending::Extend { key } => {
                 let (allowed, lapsed) = (fact(facts, 0), fact(facts, 1));
+                ProxyMetrics::add(&self.metrics.stale_conn_denied, fact(facts, 3));
                 if allowed == 0 {
                     ProxyMetrics::inc(&self.metrics.extend_denied);
                 } else if let Some(&pttl) = facts.get(2) {
