@@ -82,7 +82,20 @@
 //! With a lock quorum, lock commands cannot ride the client's connection:
 //! the reader spawns the quorum operation and queues a
 //! [`session::pending::Pending::Deferred`] entry; the writer holds every
-//! later reply back until that one is ready, so the order still holds.
+//! later reply back until that one is ready, and the reader sends nothing
+//! after it upstream until it is done, so replies and effects keep
+//! pipeline order. Fencing calls (`LOCKGATE LOCK`) take the same road.
+//!
+//! Replies that are not one per command are counted too: a subscription
+//! command is settled by its confirmations ([`session::pending::Pending::Sub`];
+//! published messages pass between replies), and `CLIENT REPLY OFF|SKIP`
+//! is followed by the reader ([`router::SessionView::silent`]). Only
+//! `MONITOR` and replication copy bytes uncounted, and there a lock command
+//! is refused ([`router::RAW_REFUSAL`]).
+//!
+//! Everything runs on one event loop by default (`--threads 1`), so
+//! commands of different connections reach Redis in the order they
+//! arrived, as through a byte copier.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
