@@ -15,6 +15,7 @@
 #      clippy   cargo clippy --all-targets -- -D warnings
 #      test     cargo test --all-targets        (RUST_BACKTRACE=1)
 #      doctest  cargo test --doc
+#      doc      cargo doc --no-deps, warnings denied (broken links)
 #      demo     scripts/demo.sh --smoke         (release build, real Redis)
 #      suite    scripts/redis-suite.sh          (Redis's own tcl test suite
 #               directly, through HAProxy and through lockgate; fails when a
@@ -138,6 +139,7 @@ step fmt cargo fmt --check
 step clippy cargo clippy --all-targets -- -D warnings
 step test cargo test --all-targets
 step doctest cargo test --doc
+step doc env RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --quiet
 step demo scripts/demo.sh --smoke
 step suite scripts/redis-suite.sh
 
