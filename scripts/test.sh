@@ -13,7 +13,7 @@
 #    summary names every step that failed:
 #      fmt      cargo fmt --check
 #      clippy   cargo clippy --all-targets -- -D warnings
-#      test     cargo test --all-targets        (RUST_BACKTRACE=1)
+#      test     cargo test --all-targets --no-fail-fast (RUST_BACKTRACE=1)
 #      doctest  cargo test --doc
 #      doc      cargo doc --no-deps, warnings denied (broken links)
 #      demo     scripts/demo.sh --smoke         (release build, real Redis)
@@ -137,7 +137,7 @@ step() {
 
 step fmt cargo fmt --check
 step clippy cargo clippy --all-targets -- -D warnings
-step test cargo test --all-targets
+step test cargo test --all-targets --no-fail-fast
 step doctest cargo test --doc
 step doc env RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --quiet
 step demo scripts/demo.sh --smoke
