@@ -182,17 +182,21 @@ rcli() { redis-cli -h 127.0.0.1 -p "$@"; }
 
 # Every path reaches its own Redis, and SETNX/DEL on a lock key work through
 # it; through lockgate the lock gets a lease (it is taken over, not passed on).
+# The lock is taken, checked and released on one connection, as the load
+# generator does: lockgate lets a connection that never acquired release only
+# acquisitions made after it opened, so a DEL from a fresh redis-cli is refused.
 for t in "${TARGETS[@]}"; do
   p=${PORT_OF[$t]} r=${REDIS_PORT_OF[$t]}
   [[ $(rcli "$p" set "storm:probe:$t" ok) == OK ]] || die "SET through $t failed"
   [[ $(rcli "$r" get "storm:probe:$t") == ok ]] || die "value written through $t not in its Redis"
-  [[ $(rcli "$p" setnx lock:storm:probe a) == 1 ]] || die "SETNX through $t did not acquire a free lock"
-  [[ $(rcli "$p" setnx lock:storm:probe b) == 0 ]] || die "second SETNX through $t acquired a held lock"
-  if [[ $t == lockgate ]]; then
-    pttl=$(rcli "$r" pttl lock:storm:probe)
-    ((pttl > 0)) || die "SETNX through lockgate left no lease on the lock (PTTL $pttl)"
+  mapfile -t probe < <(printf '%s\n' 'setnx lock:storm:probe a' 'setnx lock:storm:probe b' \
+    'pttl lock:storm:probe' 'del lock:storm:probe' | rcli "$p")
+  [[ ${probe[0]:-} == 1 ]] || die "SETNX through $t did not acquire a free lock (${probe[*]})"
+  [[ ${probe[1]:-} == 0 ]] || die "second SETNX through $t acquired a held lock (${probe[*]})"
+  if [[ $t == lockgate ]] && ! ((${probe[2]:-0} > 0)); then
+    die "SETNX through lockgate left no lease on the lock (PTTL ${probe[2]:-})"
   fi
-  [[ $(rcli "$p" del lock:storm:probe) == 1 ]] || die "DEL through $t did not release the lock"
+  [[ ${probe[3]:-} == 1 ]] || die "DEL through $t did not release the lock (${probe[*]})"
 done
 log "redis :$P_REDIS_A/:$P_REDIS_B/:$P_REDIS_C  nutcracker :$P_TWEM  lockgate :$P_LOCKGATE (tmp $TMP)"
 
