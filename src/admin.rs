@@ -171,6 +171,8 @@ fn stats(ctx: &ServerContext) -> LocalReply {
     let p = &ctx.metrics;
     let l = &ctx.locks.metrics;
     let s = &ctx.locks.storm.metrics;
+    let no_jumps = std::sync::atomic::AtomicU64::new(0);
+    let jumps = ctx.quorum.as_ref().map_or(&no_jumps, |q| &q.clock.jumps);
     let rows: &[(&str, &std::sync::atomic::AtomicU64)] = &[
         ("connections_active", &p.connections_active),
         ("connections_total", &p.connections_total),
@@ -192,6 +194,7 @@ fn stats(ctx: &ServerContext) -> LocalReply {
         ("lock_unmatched_setnx", &l.unmatched_setnx),
         ("lock_watchdog_renewals", &l.watchdog_renewals),
         ("lock_quorum_failures", &l.quorum_failures),
+        ("lock_quorum_clock_jumps", jumps),
         ("lock_mixed_refused", &l.mixed_refused),
         ("lock_raw_refused", &l.raw_refused),
         ("lock_stale_conn_denied", &l.stale_conn_denied),

@@ -280,6 +280,14 @@ impl Collector for Counters {
         for (name, help, v) in locks {
             counter(&mut e, name, help, v)?;
         }
+        // Exported without a quorum too (as 0), so dashboards see one set.
+        let no_jumps = AtomicU64::new(0);
+        counter(
+            &mut e,
+            "lock_quorum_clock_jumps",
+            "Lock master clock jumps seen (the master sat out acquisitions)",
+            ctx.quorum.as_ref().map_or(&no_jumps, |q| &q.clock.jumps),
+        )?;
         gauge(
             &mut e,
             "lock_tracked_keys",

@@ -43,6 +43,8 @@
 //!   [`lock::quorum`] (the masters, majority merges, rejoin after a
 //!   restart), [`lock::quorum_ops`] (Redlock acquisition and the other ops
 //!   on the quorum), [`lock::quorum_fence`] (fencing tokens on the quorum),
+//!   [`lock::clock`] (the masters' clocks: a master whose clock jumps sits
+//!   out, its vote uncounted; the stricter `clock_faults` quorum),
 //!   [`lock::split`] (per-key commands split between the quorum and the
 //!   primary: which key goes where, how the answers merge),
 //!   [`lock::storm`] (retry storms: the contention table, probe cap,

@@ -22,8 +22,11 @@
 //! - [`script`]: the Lua. - [`lease`]: tokens and per-connection records.
 //! - [`metrics`]: counters. - [`watchdog`]: lease renewal and release on
 //!   disconnect over a connection of lockgate's own.
+//! - [`clock`]: the quorum masters' clock offsets; a master whose clock
+//!   jumps sits out and its vote does not count.
 
 pub mod announce;
+pub mod clock;
 pub mod fence;
 pub mod keys;
 pub mod lease;

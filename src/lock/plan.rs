@@ -16,7 +16,15 @@ impl LockService {
     /// acquisitions in `conn`. `in_multi`: the command will be queued by
     /// Redis, so its reply must be the bare client reply.
     pub fn plan(&self, op: LockOp, conn: &mut ConnLocks, in_multi: bool) -> Planned {
-        self.plan_with(op, conn, in_multi, true, false)
+        self.plan_with(op, conn, in_multi, true, false, false)
+    }
+
+    /// [`LockService::plan`] of an acquisition on the quorum: its facts
+    /// also carry the master's clock ([`script::ACQUIRE_CLOCK_FACT`]).
+    /// `counted`: false for an attempt made on a parked client's behalf
+    /// (as [`LockService::plan_for_handoff`]).
+    pub fn plan_on_quorum(&self, op: LockOp, conn: &mut ConnLocks, counted: bool) -> Planned {
+        self.plan_with(op, conn, false, counted, false, true)
     }
 
     /// [`LockService::plan`] on one Redis (not the quorum): a release of
@@ -25,14 +33,14 @@ impl LockService {
     /// The caller settles the handoff with [`LockService::finish_handoff`]
     /// when [`LockService::complete`] reports one.
     pub fn plan_on_primary(&self, op: LockOp, conn: &mut ConnLocks, in_multi: bool) -> Planned {
-        self.plan_with(op, conn, in_multi, true, true)
+        self.plan_with(op, conn, in_multi, true, true, false)
     }
 
     /// [`LockService::plan`] for an acquisition lockgate makes on a parked
     /// client's behalf (a handoff or the driver's probe): the client's
     /// attempt was counted when it arrived, so this one is not.
     pub fn plan_for_handoff(&self, op: LockOp, conn: &mut ConnLocks) -> Planned {
-        self.plan_with(op, conn, false, false, false)
+        self.plan_with(op, conn, false, false, false, false)
     }
 
     fn plan_with(
@@ -42,8 +50,11 @@ impl LockService {
         in_multi: bool,
         count: bool,
         handoff: bool,
+        clock: bool,
     ) -> Planned {
         let info: &[u8] = if in_multi { b"0" } else { b"1" };
+        // Only acquisitions read the master's clock (`"2"`).
+        let acquire_info: &[u8] = if clock && !in_multi { b"2" } else { info };
         if in_multi {
             ProxyMetrics::inc(&self.metrics.in_transaction);
         }
@@ -85,7 +96,7 @@ impl LockService {
                     script::ACQUIRE,
                     &[&key, &owner],
                     &[
-                        info,
+                        acquire_info,
                         &value,
                         &token,
                         kind.as_bytes(),

@@ -102,6 +102,16 @@ impl Master {
         }
         *seen = (run_id, connects);
     }
+
+    /// Sits the master out of acquisitions for `delay` from now (or
+    /// longer, if it already sits out longer): its keys may have expired
+    /// early (see [`super::clock`]).
+    pub fn sit_out(&self, delay: Duration) {
+        if let Ok(mut until) = self.sitting_out_until.lock() {
+            let end = Instant::now() + delay;
+            *until = Some(until.map_or(end, |u| u.max(end)));
+        }
+    }
 }
 
 /// The quorum of lock masters.
@@ -117,6 +127,8 @@ pub struct Quorum {
     rejoin_ms: Arc<AtomicU64>,
     /// Script bodies seen (EVAL, SCRIPT LOAD) by SHA1, for NOSCRIPT.
     pub scripts: dashmap::DashMap<String, Bytes>,
+    /// The masters' clock offsets (jumps sit a master out).
+    pub clock: super::clock::ClockWatch,
 }
 
 /// What the masters answered to one command.
@@ -159,6 +171,15 @@ impl Quorum {
             max_lease_ms: AtomicU64::new(config.locks.default_lease_ms),
             rejoin_ms,
             scripts: dashmap::DashMap::new(),
+            clock: super::clock::ClockWatch::new(config),
+        });
+        let sampled = quorum.clone();
+        let sample_stop = stop.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = sample_stop.cancelled() => {}
+                _ = sampled.sample_clocks() => {}
+            }
         });
         let watched = quorum.clone();
         let stop = stop.clone();
@@ -222,14 +243,14 @@ impl Quorum {
 
     /// Whether an acquisition that got `granted` yes out of `answered`
     /// answers, with `eligible` masters asked, lost the quorum rather than
-    /// the race: fewer than a majority answered in time, and the missing
-    /// answers could still have made a majority (masters sitting out count
-    /// as "no"). A majority that answered with a split vote (a master
+    /// the race: fewer than the votes needed ([`Quorum::votes_needed`], a
+    /// majority by default) answered in time, and the missing answers could
+    /// still have made them (masters sitting out count as "no"). A majority that answered with a split vote (a master
     /// killed mid-attempt while another sits out, a holder's lease seen on
     /// some masters only) lost the race: the client is told "not acquired"
     /// and retries, as on contention.
     pub fn lost_quorum(&self, granted: usize, answered: usize, eligible: usize) -> bool {
-        let (n, majority) = (self.masters.len(), self.majority());
+        let (n, majority) = (self.masters.len(), self.votes_needed());
         let refused = answered.saturating_sub(granted) + n.saturating_sub(eligible);
         answered < majority && refused <= n - majority
     }

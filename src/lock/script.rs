@@ -54,7 +54,10 @@ end
 /// KEYS: lock, owner record. ARGV: info, value, token, ttl kind
 /// (`PX`/`EX`/`PXAT`/`EXAT`), ttl, shape (`setnx` → 1/0, `set` → OK/nil,
 /// `setget` → old value). Facts: acquired (1/0), the key's PTTL afterwards
-/// (the holder's remaining lease when not acquired). The owner record gets
+/// (the holder's remaining lease when not acquired); with info `"2"` (the
+/// quorum's acquisitions) also the master's clock (`TIME`, µs since the
+/// epoch, fact [`ACQUIRE_CLOCK_FACT`]), read in the same atomic step as
+/// the `SET NX` it vouches for (see [`super::clock`]). The owner record gets
 /// the lock's own expiry option, so an acquisition asks no PTTL unless its
 /// lease is a deadline (`PXAT`/`EXAT`).
 pub const ACQUIRE: &str = r#"
@@ -78,8 +81,15 @@ end
 local reply = old
 if ARGV[6] == 'setnx' then reply = acquired elseif ARGV[6] == 'set' then reply = ok end
 if ARGV[1] == '1' then return {reply, acquired, pttl} end
+if ARGV[1] == '2' then
+  local t = redis.call('TIME')
+  return {reply, acquired, pttl, tonumber(t[1]) * 1000000 + tonumber(t[2])}
+end
 return reply
 "#;
+
+/// Where [`ACQUIRE`]'s facts (after the reply) carry the master's clock.
+pub const ACQUIRE_CLOCK_FACT: usize = 2;
 
 /// Owner-checked release for `DEL`/`UNLINK`.
 /// KEYS: n pairs (lock key, owner record), then ordinary keys.
@@ -296,14 +306,22 @@ return 1
 
 /// Quorum fencing, step 1 on each master: take the lock under an instance
 /// token and report the key's token counter. KEYS: lock, owner record,
-/// counter. ARGV: ttl ms, instance token. Reply: `{1, 0, counter}` taken,
-/// `{0, pttl, 0}` held by someone else.
+/// counter. ARGV: ttl ms, instance token. Reply: `{1, 0, counter, clock}`
+/// taken, `{0, pttl, 0, clock}` held by someone else; `clock` is the
+/// master's `TIME` in µs (see [`super::clock`]).
 pub const QFENCE_ACQUIRE: &str = r#"
-if redis.call('EXISTS', KEYS[1]) == 1 then return {0, redis.call('PTTL', KEYS[1]), 0} end
+local function clock()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+if redis.call('EXISTS', KEYS[1]) == 1 then return {0, redis.call('PTTL', KEYS[1]), 0, clock()} end
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[1])
 redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[1])
-return {1, 0, tonumber(redis.call('GET', KEYS[3]) or '0')}
+return {1, 0, tonumber(redis.call('GET', KEYS[3]) or '0'), clock()}
 "#;
+
+/// Where [`QFENCE_ACQUIRE`]'s reply carries the master's clock.
+pub const QFENCE_CLOCK_FACT: usize = 3;
 
 /// Quorum fencing, step 2 on the acquiring majority: the lock's value
 /// becomes the token (max counter + 1) and the counter is raised to it, so
