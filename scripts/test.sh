@@ -8,7 +8,8 @@
 #    rustfmt and clippy components, and the Python redis client
 #    (redis-py 8.x, which opens every connection with HELLO 3 and
 #    CLIENT SETINFO, like current client libraries do), pottery and
-#    prometheus_client (pip), and Chromium for the status-page test (apt).
+#    prometheus_client (pip), Chromium for the status-page test and
+#    faketime for the clock-jump tests (apt).
 # 2. checks, in order; each runs even when an earlier one failed, and the
 #    summary names every step that failed:
 #      fmt      cargo fmt --check
@@ -33,7 +34,7 @@ set -euo pipefail
 case "${1:-}" in
 '') ;;
 -h | --help)
-	sed -n '2,26s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"
+	sed -n '2,28s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"
 	exit 0
 	;;
 *) die "unknown argument: $1 (scripts/test.sh takes none)" ;;
@@ -103,6 +104,8 @@ ensure_python_module pottery pottery
 ensure_python_module prometheus_client prometheus_client
 # The status page is checked in headless Chromium (Debian's package).
 [ -x /usr/bin/chromium ] || apt_install chromium
+# A lock master's clock is stepped under libfaketime in the clock tests.
+[ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] || apt_install faketime
 log "setup done: $(cargo --version), $(redis-server --version | cut -d' ' -f1-3)," \
 	"python redis $(python3 -c 'import redis; print(redis.__version__)')"
 
