@@ -1,7 +1,7 @@
 # shellcheck shell=bash
 # Shared by the benchmark scripts (sourced, not run): a temp dir, the PIDs
 # of everything started (stopped at exit: TERM, then KILL after 3 s), and a
-# readiness wait. Needs `die` from the sourcing script.
+# readiness wait. Needs `die` from scripts/common.sh (sourced first).
 
 # bench_start NAME: makes $TMP and installs the exit traps.
 bench_start() {

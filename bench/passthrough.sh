@@ -60,27 +60,12 @@ KEYSPACE=${KEYSPACE:-100000}
 DATA_SIZE=${DATA_SIZE:-3}
 RUN_TIMEOUT=${RUN_TIMEOUT:-120}
 
-log() { printf '[passthrough] %s\n' "$*" >&2; }
-die() { log "error: $*"; exit 1; }
+LOG_TAG=passthrough
+# shellcheck source=scripts/common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../scripts/common.sh"
 
 # --- tools --------------------------------------------------------------------
-missing=()
-for tool in redis-server redis-cli redis-benchmark nutcracker haproxy python3 timeout; do
-  command -v "$tool" >/dev/null 2>&1 || missing+=("$tool")
-done
-if ((${#missing[@]})); then
-  log "missing: ${missing[*]}; installing redis-server redis-tools nutcracker haproxy"
-  sudo=()
-  if [[ $(id -u) != 0 ]]; then
-    command -v sudo >/dev/null 2>&1 || die "not root and no sudo: install redis-server redis-tools nutcracker haproxy"
-    sudo=(sudo)
-  fi
-  "${sudo[@]}" apt-get update
-  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y redis-server redis-tools nutcracker haproxy
-  for tool in "${missing[@]}"; do
-    command -v "$tool" >/dev/null 2>&1 || die "$tool still missing after apt-get install"
-  done
-fi
+install_missing "redis-server redis-tools nutcracker haproxy" redis-server redis-cli redis-benchmark nutcracker haproxy python3 timeout
 
 CLK_TCK=$(getconf CLK_TCK)
 

@@ -77,27 +77,12 @@ TRY_CLIENTS=${TRY_CLIENTS:-20}
 TRY_EVERY_MS=${TRY_EVERY_MS:-1500}
 RUN_TIMEOUT=${RUN_TIMEOUT:-$((${DURATION%.*} + 60))}
 
-log() { printf '[storm] %s\n' "$*" >&2; }
-die() { log "error: $*"; exit 1; }
+LOG_TAG=storm
+# shellcheck source=scripts/common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../scripts/common.sh"
 
 # --- tools --------------------------------------------------------------------
-missing=()
-for tool in redis-server redis-cli nutcracker python3 timeout; do
-  command -v "$tool" >/dev/null 2>&1 || missing+=("$tool")
-done
-if ((${#missing[@]})); then
-  log "missing: ${missing[*]}; installing redis-server redis-tools nutcracker"
-  sudo=()
-  if [[ $(id -u) != 0 ]]; then
-    command -v sudo >/dev/null 2>&1 || die "not root and no sudo: install redis-server redis-tools nutcracker"
-    sudo=(sudo)
-  fi
-  "${sudo[@]}" apt-get update
-  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y redis-server redis-tools nutcracker
-  for tool in "${missing[@]}"; do
-    command -v "$tool" >/dev/null 2>&1 || die "$tool still missing after apt-get install"
-  done
-fi
+install_missing "redis-server redis-tools nutcracker" redis-server redis-cli nutcracker python3 timeout
 
 CLK_TCK=$(getconf CLK_TCK)
 

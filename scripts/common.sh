@@ -1,5 +1,6 @@
 # shellcheck shell=bash
-# Helpers shared by scripts/demo.sh and scripts/test.sh. Source it; don't run it.
+# Helpers shared by scripts/ and bench/ (one log/die for all). Source it;
+# don't run it. A script sets LOG_TAG first to tag its lines ([storm] …).
 #
 # Everything here provisions a fresh Debian machine on demand: a tool that is
 # already present is never reinstalled.
@@ -8,10 +9,10 @@
 LOCKGATE_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export LOCKGATE_ROOT
 
-log() { printf '==> %s\n' "$*" >&2; }
-warn() { printf 'warning: %s\n' "$*" >&2; }
+log() { printf '==> %s%s\n' "${LOG_TAG:+[$LOG_TAG] }" "$*" >&2; }
+warn() { printf 'warning: %s%s\n' "${LOG_TAG:+[$LOG_TAG] }" "$*" >&2; }
 die() {
-	printf 'error: %s\n' "$*" >&2
+	printf 'error: %s%s\n' "${LOG_TAG:+[$LOG_TAG] }" "$*" >&2
 	exit 1
 }
 
@@ -42,6 +43,21 @@ apt_install() {
 	as_root env DEBIAN_FRONTEND=noninteractive \
 		apt-get install -y -q --no-install-recommends "$@" ||
 		die "apt-get install $* failed"
+}
+
+# install_missing "PKG..." TOOL... — installs the Debian packages PKG when any
+# TOOL is missing from the PATH.
+install_missing() {
+	local pkgs="$1" tool missing=()
+	shift
+	for tool in "$@"; do have "$tool" || missing+=("$tool"); done
+	[ "${#missing[@]}" -eq 0 ] && return 0
+	log "missing: ${missing[*]}"
+	# shellcheck disable=SC2086 # a list of package names
+	apt_install $pkgs
+	for tool in "${missing[@]}"; do
+		have "$tool" || die "$tool still missing after apt-get install $pkgs"
+	done
 }
 
 # redis-server and redis-cli: the demo runs a real Redis, the tests spawn them.

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Installs what the tests need when it is missing (never reinstalls what is
+# there), on a fresh Debian machine as root:
+#
+#   scripts/setup.sh
+#
+#   apt      redis-server/redis-tools, Chromium (the status-page test),
+#            faketime (the clock-jump tests), shellcheck (the scripts check)
+#   rustup   the stable Rust toolchain with rustfmt and clippy
+#   pip      tests/py/requirements.txt (redis-py 8.x, pottery,
+#            prometheus_client)
+#
+# scripts/test.sh runs it first; `scripts/test.sh --no-setup` skips it on a
+# machine that is already provisioned. Redis's own test suite installs its
+# extra tools itself (scripts/redis-suite.sh).
+set -euo pipefail
+
+LOG_TAG=setup
+# shellcheck source=scripts/common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+case "${1:-}" in
+'') ;;
+-h | --help)
+	sed -n '2,15s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"
+	exit 0
+	;;
+*) die "unknown argument: $1 (scripts/setup.sh takes none)" ;;
+esac
+
+REQUIREMENTS="$LOCKGATE_ROOT/tests/py/requirements.txt"
+
+ensure_rust_components() {
+	local missing=()
+	cargo fmt --version >/dev/null 2>&1 || missing+=(rustfmt)
+	cargo clippy --version >/dev/null 2>&1 || missing+=(clippy)
+	[ "${#missing[@]}" -eq 0 ] && return 0
+	have rustup || die "cargo ${missing[*]} missing and rustup not found to add them"
+	log "rustup component add ${missing[*]}"
+	rustup component add "${missing[@]}" || die "rustup component add ${missing[*]} failed"
+}
+
+# True when every module of the requirements imports and redis-py is 8.x.
+python_ready() {
+	python3 - <<'PY' >/dev/null 2>&1
+import pottery, prometheus_client, redis
+assert int(redis.__version__.split(".")[0]) >= 8
+PY
+}
+
+ensure_python() {
+	have python3 || apt_install python3 python3-pip
+	python_ready && return 0
+	python3 -m pip --version >/dev/null 2>&1 || apt_install python3-pip
+	log "python3 -m pip install -q -r tests/py/requirements.txt"
+	# Debian's own python3 is "externally managed" (PEP 668); this is a test
+	# machine, so install next to the system packages anyway.
+	PIP_BREAK_SYSTEM_PACKAGES=1 PIP_ROOT_USER_ACTION=ignore \
+		PIP_DISABLE_PIP_VERSION_CHECK=1 \
+		python3 -m pip install -q -r "$REQUIREMENTS" </dev/null ||
+		die "pip install -r $REQUIREMENTS failed"
+	python_ready || die "python3 still cannot import what $REQUIREMENTS lists"
+}
+
+ensure_redis
+ensure_cargo
+ensure_rust_components
+ensure_python
+[ -x /usr/bin/chromium ] || apt_install chromium
+[ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] || apt_install faketime
+install_missing shellcheck shellcheck
+log "done: $(cargo --version), $(redis-server --version | cut -d' ' -f1-3)," \
+	"python redis $(python3 -c 'import redis; print(redis.__version__)')"
