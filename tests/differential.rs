@@ -10,7 +10,8 @@
 //! a key changed directly on Redis behind lockgate's back, SUBSCRIBE +
 //! UNSUBSCRIBE). Each step runs on the direct side, then on the lockgate
 //! side; the replies are compared command by command, then the keyspace
-//! (lockgate's `lockgate:owner:{…}` and `lockgate:fence:{…}` keys left out,
+//! (lockgate's `lockgate:owner:{…}`, `lockgate:fence:{…}` and
+//! `lockgate:waiting:{…}` keys left out,
 //! TTLs by class and remaining PTTL loosely).
 //!
 //! The only differences allowed are lockgate's deliberate ones, listed in
@@ -1400,7 +1401,11 @@ impl Run {
                 Reply::Array(Some(items)) => items.iter().map(|k| k.to_string()).collect(),
                 other => return Err(format!("KEYS: {other}")),
             };
-            keys.retain(|k| !k.contains("lockgate:owner:{") && !k.contains("lockgate:fence:{"));
+            keys.retain(|k| {
+                !k.contains("lockgate:owner:{")
+                    && !k.contains("lockgate:fence:{")
+                    && !k.contains("lockgate:waiting:{")
+            });
             keys.sort();
             sides.push(keys);
         }
