@@ -395,6 +395,22 @@ mod tests {
     }
 
     #[test]
+    fn local_preference_is_off_or_a_few_round_trips() {
+        let mut cfg = Config::default();
+        for ok in [0, MIN_LOCAL_PREFERENCE_MS, 500] {
+            cfg.locks.retry.max_local_preference_ms = ok;
+            cfg.validate().unwrap();
+        }
+        cfg.locks.retry.max_local_preference_ms = MIN_LOCAL_PREFERENCE_MS - 1;
+        let err = cfg.validate().unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("locks.retry.max_local_preference_ms"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn shipped_file_matches_defaults() {
         let text = include_str!("../../config/lockgate.toml");
         let cfg = Config::from_toml(text).unwrap();
