@@ -198,6 +198,7 @@ fn stats(ctx: &ServerContext) -> LocalReply {
         ("lock_mixed_refused", &l.mixed_refused),
         ("lock_raw_refused", &l.raw_refused),
         ("lock_stale_conn_denied", &l.stale_conn_denied),
+        ("lock_fairness_yields", &l.fairness_yields),
         ("lock_absorbed", &s.absorbed),
         ("lock_parked", &s.parked),
         ("lock_handoffs", &s.handoffs),

@@ -159,7 +159,7 @@ impl Collector for Counters {
         }
         let l = &ctx.locks.metrics;
         let s = &ctx.locks.storm.metrics;
-        let locks: [(&str, &str, &AtomicU64); 24] = [
+        let locks: [(&str, &str, &AtomicU64); 25] = [
             (
                 "lock_attempts",
                 "Acquisition attempts on lock keys",
@@ -250,6 +250,11 @@ impl Collector for Counters {
                 "lock_stale_conn_denied",
                 "Releases and extensions refused because the acquisition predates the connection",
                 &l.stale_conn_denied,
+            ),
+            (
+                "lock_fairness_yields",
+                "Acquisitions and handoffs held back for another instance waiting past max_local_preference_ms",
+                &l.fairness_yields,
             ),
             (
                 "lock_raw_refused",

@@ -54,6 +54,9 @@ pub struct LockMetrics {
     /// the connection asking (a holder's late release after its pool
     /// reconnected: the pooled rule).
     pub stale_conn_denied: AtomicU64,
+    /// Acquisitions and handoffs held back because another instance has
+    /// waited for the lock longer than `max_local_preference_ms`.
+    pub fairness_yields: AtomicU64,
 }
 
 impl Default for LockMetrics {
@@ -82,6 +85,7 @@ impl Default for LockMetrics {
             mixed_refused: AtomicU64::default(),
             raw_refused: AtomicU64::default(),
             stale_conn_denied: AtomicU64::default(),
+            fairness_yields: AtomicU64::default(),
         }
     }
 }
