@@ -171,6 +171,8 @@ fn stats(ctx: &ServerContext) -> LocalReply {
     let p = &ctx.metrics;
     let l = &ctx.locks.metrics;
     let s = &ctx.locks.storm.metrics;
+    let none = crate::lock::rejoin::RejoinMetrics::default();
+    let r = ctx.quorum.as_ref().map_or(&none, |q| &q.rejoin);
     let rows: &[(&str, &std::sync::atomic::AtomicU64)] = &[
         ("connections_active", &p.connections_active),
         ("connections_total", &p.connections_total),
@@ -194,6 +196,8 @@ fn stats(ctx: &ServerContext) -> LocalReply {
         ("lock_quorum_failures", &l.quorum_failures),
         ("lock_mixed_refused", &l.mixed_refused),
         ("lock_raw_refused", &l.raw_refused),
+        ("lock_fence_counters_copied", &r.counters_copied),
+        ("lock_fence_copy_failures", &r.copy_failures),
         ("lock_absorbed", &s.absorbed),
         ("lock_parked", &s.parked),
         ("lock_handoffs", &s.handoffs),
