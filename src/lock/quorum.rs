@@ -7,7 +7,7 @@
 //! `rejoin_delay` after it started. Such a master also votes only once the
 //! fence counters were copied to it ([`super::rejoin`]).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -37,6 +37,9 @@ pub struct Master {
     rejoin_ms: Arc<AtomicU64>,
     /// Whether its current connection holds the fence counters.
     pub admission: Admission,
+    /// Whether lockgate's first connection found it started less than the
+    /// rejoin delay before (see [`super::rejoin`]'s best-effort copies).
+    young: AtomicBool,
 }
 
 /// A master's state as operators see it.
@@ -97,14 +100,15 @@ impl Master {
             match self.young_until(rejoin_delay) {
                 None => self.admission.trust(connects),
                 Some(until) => {
+                    self.young.store(true, Ordering::Relaxed);
                     if let Ok(mut u) = self.sitting_out_until.lock() {
                         *u = Some(until);
                     }
                     self.admission.require_copy(connects);
                     tracing::warn!(
                         master = self.node.addr(),
-                        sit_out_ms = until.saturating_duration_since(Instant::now()).as_millis()
-                            as u64,
+                        sit_out_ms =
+                            until.saturating_duration_since(Instant::now()).as_millis() as u64,
                         "lock master started less than the rejoin delay ago: it sits out"
                     );
                 }
@@ -130,16 +134,25 @@ impl Master {
     }
 
     /// When a master lockgate sees for the first time ends its sit-out, if
-    /// it started less than `rejoin_delay` ago (`None`: it is older). Its
-    /// `uptime_in_seconds` is whole seconds rounded down, so it started at
-    /// most that long before it was read: taking exactly that makes the
-    /// master no older than it is. Without an uptime it is taken as new.
+    /// it started less than `rejoin_delay` ago (`None`: it is older).
+    // `uptime_in_seconds` is the difference of two whole-second clock
+    // readings (now and the start, both rounded down), so a master that
+    // reports s seconds may have run for just over s - 1: it is taken to
+    // have run max(s - 1, 0) seconds when its reply arrived, never older
+    // than it is. Without an uptime it is taken as new.
     fn young_until(&self, rejoin_delay: Duration) -> Option<Instant> {
         let uptime = self.node.state.uptime.lock().ok().and_then(|u| *u);
         let (read_at, secs) = uptime.unwrap_or((Instant::now(), 0));
-        let left = rejoin_delay.checked_sub(Duration::from_secs(secs))?;
+        let ran = Duration::from_secs(secs.saturating_sub(1));
+        let left = rejoin_delay.checked_sub(ran)?;
         let until = read_at + left;
         (until > Instant::now()).then_some(until)
+    }
+
+    /// Whether lockgate's first connection to it found it started less
+    /// than the rejoin delay before.
+    pub fn young_at_first_sight(&self) -> bool {
+        self.young.load(Ordering::Relaxed)
     }
 }
 
@@ -191,6 +204,7 @@ impl Quorum {
                     seen: Mutex::new((String::new(), 0)),
                     rejoin_ms: rejoin_ms.clone(),
                     admission: Admission::new(Duration::from_millis(q.node_timeout_ms)),
+                    young: AtomicBool::new(false),
                 })
             })
             .collect();

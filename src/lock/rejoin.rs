@@ -60,7 +60,7 @@ pub enum RejoinError {
     /// Fewer masters hold their counters than a copy needs.
     #[error("{have} of the other masters hold their fence counters, {need} needed")]
     TooFewSources {
-        /// Masters connected and admitted (or all connected, at bootstrap).
+        /// Masters connected and admitted (or all connected, best effort).
         have: usize,
         /// The majority.
         need: usize,
@@ -179,11 +179,16 @@ pub fn spawn(quorum: Arc<Quorum>, stop: CancellationToken) {
 }
 
 async fn run(q: &Quorum) {
-    // Until this lockgate has seen a majority of masters hold their
-    // counters, it has granted nothing, and when the masters it found were
-    // mostly young (a fresh deployment, a whole quorum restarted) nothing
-    // a majority held survives anyway: copies then read from every
-    // connected master, best effort, instead of waiting for ever.
+    // Copies normally read from a majority of the other masters, each
+    // holding its counters. One case cannot wait for that: until this
+    // lockgate has seen a majority of masters hold their counters it has
+    // granted nothing, and when a majority of the masters were young at
+    // first sight (a fresh deployment, a whole quorum restarted) nothing a
+    // majority held survived anyway (a failure beyond the model). Copies
+    // then read from the connected masters whatever their state, best
+    // effort, once they and the returning one make a majority, instead of
+    // waiting for ever. A minority of young masters never takes this path,
+    // so a slow connection to an old master cannot make it skip the copy.
     let mut bootstrap = true;
     loop {
         let connects = |m: usize| q.masters[m].node.state.connects.load(Ordering::Relaxed);
@@ -193,24 +198,29 @@ async fn run(q: &Quorum) {
         if admitted >= q.majority() {
             bootstrap = false;
         }
+        let young = q
+            .masters
+            .iter()
+            .filter(|m| m.young_at_first_sight())
+            .count();
+        let best_effort = bootstrap && young >= q.majority();
         let due: Vec<usize> = (0..q.masters.len())
             .filter(|&m| {
                 let master = &q.masters[m];
-                master.node.state.up.load(Ordering::Relaxed)
-                    && master.admission.due(connects(m))
+                master.node.state.up.load(Ordering::Relaxed) && master.admission.due(connects(m))
             })
             .collect();
-        let rounds = due.iter().map(|&m| round(q, m, bootstrap));
+        let rounds = due.iter().map(|&m| round(q, m, best_effort));
         futures_util::future::join_all(rounds).await;
         tokio::time::sleep(TICK).await;
     }
 }
 
 /// One copy round to master `target`; admits it on success.
-async fn round(q: &Quorum, target: usize, bootstrap: bool) {
+async fn round(q: &Quorum, target: usize, best_effort: bool) {
     let m = &q.masters[target];
     let connects = m.node.state.connects.load(Ordering::Relaxed);
-    match copy(q, target, connects, bootstrap).await {
+    match copy(q, target, connects, best_effort).await {
         Ok(copied) => {
             m.admission.admit(connects);
             q.rejoin
@@ -219,7 +229,7 @@ async fn round(q: &Quorum, target: usize, bootstrap: bool) {
             tracing::info!(
                 master = m.node.addr(),
                 copied,
-                bootstrap,
+                best_effort,
                 "lock master holds the fence counters again"
             );
         }
@@ -235,17 +245,29 @@ async fn round(q: &Quorum, target: usize, bootstrap: bool) {
     }
 }
 
-/// Copies every counter of each source (the other masters holding theirs)
-/// to `target`'s connection `connects`; succeeds once a majority of
-/// sources were copied whole. Returns the counters raised.
-async fn copy(q: &Quorum, target: usize, connects: u64, bootstrap: bool) -> Result<u64, RejoinError> {
-    let need = q.majority();
+/// Copies every counter of each source (the other masters holding theirs;
+/// `best_effort`: every other connected one) to `target`'s connection
+/// `connects`; succeeds once a majority of the masters were copied whole
+/// (not counting `target`, unless `best_effort`). Returns the counters
+/// raised.
+async fn copy(
+    q: &Quorum,
+    target: usize,
+    connects: u64,
+    best_effort: bool,
+) -> Result<u64, RejoinError> {
+    // Any majority of masters holding their counters includes one that
+    // acknowledged each committed token (docs/quorum.md).
+    let need = match best_effort {
+        false => q.majority(),
+        true => q.majority() - 1,
+    };
     let sources: Vec<(usize, u64)> = (0..q.masters.len())
         .filter(|&s| s != target)
         .filter_map(|s| {
             let st = &q.masters[s].node.state;
             let c = st.connects.load(Ordering::Relaxed);
-            let holds = bootstrap || q.masters[s].admission.is_admitted(c);
+            let holds = best_effort || q.masters[s].admission.is_admitted(c);
             (st.up.load(Ordering::Relaxed) && holds).then_some((s, c))
         })
         .collect();
@@ -316,7 +338,11 @@ impl Endpoint<'_> {
 }
 
 /// SCANs `src`'s counters page by page and raises each on `dst`.
-async fn copy_from(src: Endpoint<'_>, dst: Endpoint<'_>, timeout: Duration) -> Result<u64, RejoinError> {
+async fn copy_from(
+    src: Endpoint<'_>,
+    dst: Endpoint<'_>,
+    timeout: Duration,
+) -> Result<u64, RejoinError> {
     let count = SCAN_COUNT.to_string();
     let bad = |node: &Node, what: &str| RejoinError::Reply(node.addr().to_string(), what.into());
     let mut cursor = Bytes::from_static(b"0");
@@ -331,7 +357,8 @@ async fn copy_from(src: Endpoint<'_>, dst: Endpoint<'_>, timeout: Duration) -> R
             count.as_bytes(),
         ]);
         let reply = src.call(scan, timeout).await?;
-        let (next, keys) = parse_scan(&reply).ok_or_else(|| bad(src.node, "a malformed SCAN reply"))?;
+        let (next, keys) =
+            parse_scan(&reply).ok_or_else(|| bad(src.node, "a malformed SCAN reply"))?;
         if !keys.is_empty() {
             let mut mget: Vec<&[u8]> = vec![b"MGET"];
             mget.extend(keys.iter().map(|k| k.as_ref()));
@@ -431,7 +458,10 @@ mod tests {
         let (cursor, keys) = parse_scan(r).expect("parses");
         assert_eq!(cursor.as_ref(), b"17");
         assert_eq!(keys, vec![Bytes::from_static(b"a\r\nb"), Bytes::new()]);
-        assert_eq!(parse_scan(b"*2\r\n$1\r\n0\r\n*0\r\n").map(|s| s.1.len()), Some(0));
+        assert_eq!(
+            parse_scan(b"*2\r\n$1\r\n0\r\n*0\r\n").map(|s| s.1.len()),
+            Some(0)
+        );
         assert!(parse_scan(b"*2\r\n$1\r\n0\r\n").is_none());
         assert!(parse_scan(b"-ERR no\r\n").is_none());
     }
@@ -461,7 +491,10 @@ mod tests {
         a.failed(3);
         assert!(!a.due(3));
         a.admit(2);
-        assert!(!a.is_admitted(2), "a copy to an older connection admits nothing");
+        assert!(
+            !a.is_admitted(2),
+            "a copy to an older connection admits nothing"
+        );
         a.admit(3);
         assert!(a.is_admitted(3));
         assert!(!a.is_admitted(4));

@@ -66,12 +66,12 @@ impl Cluster {
     }
 
     /// Replaces lockgate with a new one on the same configuration (clients
-    /// must connect again), and waits until it has connected every master
-    /// that runs.
-    pub async fn restart_lockgate(&mut self) {
+    /// must connect again), and waits until it has connected the masters
+    /// `running`.
+    pub async fn restart_lockgate(&mut self, running: &[usize]) {
         let new = Lockgate::start_with(self.config.clone()).await;
         std::mem::replace(&mut self.lg, new).stop().await;
-        for i in 0..self.masters.len() {
+        for &i in running {
             self.wait_state(i, "connected", |s| *s != MasterState::Down)
                 .await;
         }
@@ -122,6 +122,25 @@ impl Cluster {
     /// `args` on the primary directly.
     pub async fn on_primary(&self, args: &[&str]) -> String {
         direct(&self.primary.addr(), args).await
+    }
+}
+
+/// Polls `INFO server` on `addr` every 50 ms until its reported
+/// `uptime_in_seconds` is at least `secs` (within [`WAIT`]).
+pub async fn until_uptime(addr: &str, secs: u64) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let info = direct(addr, &["INFO", "server"]).await;
+        let up = info
+            .lines()
+            .find_map(|l| l.strip_prefix("uptime_in_seconds:"))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(0);
+        if up >= secs {
+            return;
+        }
+        assert!(Instant::now() < deadline, "uptime of {addr} stays {up} s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
