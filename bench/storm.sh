@@ -5,15 +5,20 @@
 #   direct     redis-server
 #   twemproxy  nutcracker (one pool, one server) in front of its own redis-server
 #   lockgate   lockgate (default config) in front of its own redis-server
-# and two workloads, DURATION seconds each:
+# and three workloads, DURATION seconds each:
 #   a (poll)   150 clients: SETNX lock:storm <id>, sleep 1 ms, again (the
 #              'Redis in Action' loop with time.sleep(.001))
 #   b (spin)   50 clients: SETNX with no sleep
-# A winner holds the lock 200 ms, DELs it through the same target and goes
-# back to trying. The clients are bench/storm_load.rs (raw RESP, one connection
-# each, every reply awaited before the next attempt).
+#   c (try)    a holder keeps lock:storm for the whole run; 20 clients each
+#              send one SETNX on it every 1500 ms (staggered), never retrying
+#              sooner: try-locks (cron de-duplication), which lockgate must
+#              answer at once, not park, as its spin window is 1000 ms
+# In a and b a winner holds the lock 200 ms, DELs it through the same target
+# and goes back to trying. The clients are bench/storm_load.rs (raw RESP, one
+# connection each, every reply awaited before the next attempt; c is its
+# --try-every-ms mode).
 #
-#   bench/storm.sh             full run (2 workloads x 3 targets x 10 s: ~1.5 min
+#   bench/storm.sh             full run (3 workloads x 3 targets x 10 s: ~2 min
 #                              after the build)
 #   QUICK=1 bench/storm.sh     smoke test: 2 s runs, short idle baseline
 #
@@ -23,6 +28,7 @@
 #                     to workload and round to round; the report shows medians
 #   HOLD_MS=200       how long a winner holds the lock
 #   POLL_CLIENTS=150  POLL_SLEEP_US=1000  SPIN_CLIENTS=50
+#   TRY_CLIENTS=20    TRY_EVERY_MS=1500 (must exceed lockgate's spin_window_ms)
 #   IDLE_S=5          seconds of idle baseline per Redis (QUICK=1: 2)
 #   RUN_TIMEOUT=      seconds before one run is given up (default DURATION+60)
 #   LOCKGATE_BIN=...  use this lockgate binary instead of building it
@@ -32,7 +38,9 @@
 # before), the CPU of redis-server (utime+stime from /proc/PID/stat, and the
 # ns-precise /proc/PID/task/*/schedstat) and of the proxy, and the load
 # generator's JSON line (acquisitions, per-client counts, wait and handoff
-# percentiles, unfinished waits). The markdown summary, with lockgate's
+# percentiles, unfinished waits; for c the try-lock reply latencies) and, for
+# lockgate, its LOCKGATE STATS counters before and after (parked attempts,
+# handoffs, ...). The markdown summary, with lockgate's
 # PASS/MISS against the issue's targets, is printed and written to
 # bench/results/storm-latest.md; the raw runs go to
 # bench/results/storm-latest.jsonl and the rest of the report's input to
@@ -65,6 +73,8 @@ HOLD_MS=${HOLD_MS:-200}
 POLL_CLIENTS=${POLL_CLIENTS:-150}
 POLL_SLEEP_US=${POLL_SLEEP_US:-1000}
 SPIN_CLIENTS=${SPIN_CLIENTS:-50}
+TRY_CLIENTS=${TRY_CLIENTS:-20}
+TRY_EVERY_MS=${TRY_EVERY_MS:-1500}
 RUN_TIMEOUT=${RUN_TIMEOUT:-$((${DURATION%.*} + 60))}
 
 log() { printf '[storm] %s\n' "$*" >&2; }
@@ -90,6 +100,16 @@ if ((${#missing[@]})); then
 fi
 
 CLK_TCK=$(getconf CLK_TCK)
+
+# The retry defaults as documented in config/lockgate.toml (lockgate runs
+# without a file).
+retry_default() {
+  sed -n "/^\[locks.retry\]/,/^\[/s/^$1 *= *\([0-9]*\).*/\1/p" "$REPO/config/lockgate.toml" | head -1
+}
+SPIN_WINDOW_MS=$(retry_default spin_window_ms)
+[[ $SPIN_WINDOW_MS =~ ^[0-9]+$ ]] || die "no locks.retry.spin_window_ms in config/lockgate.toml"
+((TRY_EVERY_MS > SPIN_WINDOW_MS)) ||
+  die "TRY_EVERY_MS=$TRY_EVERY_MS must exceed spin_window_ms ($SPIN_WINDOW_MS): the try-lock clients would be spinners"
 
 # --- lockgate and the load generator ------------------------------------------
 build=()
@@ -162,17 +182,21 @@ rcli() { redis-cli -h 127.0.0.1 -p "$@"; }
 
 # Every path reaches its own Redis, and SETNX/DEL on a lock key work through
 # it; through lockgate the lock gets a lease (it is taken over, not passed on).
+# The lock is taken, checked and released on one connection, as the load
+# generator does: lockgate lets a connection that never acquired release only
+# acquisitions made after it opened, so a DEL from a fresh redis-cli is refused.
 for t in "${TARGETS[@]}"; do
   p=${PORT_OF[$t]} r=${REDIS_PORT_OF[$t]}
   [[ $(rcli "$p" set "storm:probe:$t" ok) == OK ]] || die "SET through $t failed"
   [[ $(rcli "$r" get "storm:probe:$t") == ok ]] || die "value written through $t not in its Redis"
-  [[ $(rcli "$p" setnx lock:storm:probe a) == 1 ]] || die "SETNX through $t did not acquire a free lock"
-  [[ $(rcli "$p" setnx lock:storm:probe b) == 0 ]] || die "second SETNX through $t acquired a held lock"
-  if [[ $t == lockgate ]]; then
-    pttl=$(rcli "$r" pttl lock:storm:probe)
-    ((pttl > 0)) || die "SETNX through lockgate left no lease on the lock (PTTL $pttl)"
+  mapfile -t probe < <(printf '%s\n' 'setnx lock:storm:probe a' 'setnx lock:storm:probe b' \
+    'pttl lock:storm:probe' 'del lock:storm:probe' | rcli "$p")
+  [[ ${probe[0]:-} == 1 ]] || die "SETNX through $t did not acquire a free lock (${probe[*]})"
+  [[ ${probe[1]:-} == 0 ]] || die "second SETNX through $t acquired a held lock (${probe[*]})"
+  if [[ $t == lockgate ]] && ! ((${probe[2]:-0} > 0)); then
+    die "SETNX through lockgate left no lease on the lock (PTTL ${probe[2]:-})"
   fi
-  [[ $(rcli "$p" del lock:storm:probe) == 1 ]] || die "DEL through $t did not release the lock"
+  [[ ${probe[3]:-} == 1 ]] || die "DEL through $t did not release the lock (${probe[*]})"
 done
 log "redis :$P_REDIS_A/:$P_REDIS_B/:$P_REDIS_C  nutcracker :$P_TWEM  lockgate :$P_LOCKGATE (tmp $TMP)"
 
@@ -241,14 +265,16 @@ log "one lone round trip (PING at 5/s) costs the direct Redis $floor ms CPU abov
 RUNS="$TMP/runs.jsonl"
 : >"$RUNS"
 
-# workload id, clients, sleep between attempts (µs)
+# workload id, clients, sleep between attempts (µs), try-lock interval (ms;
+# 0: the contention loop)
 WORKLOADS=(
-  "poll $POLL_CLIENTS $POLL_SLEEP_US"
-  "spin $SPIN_CLIENTS 0"
+  "poll $POLL_CLIENTS $POLL_SLEEP_US 0"
+  "spin $SPIN_CLIENTS 0 0"
+  "try $TRY_CLIENTS 0 $TRY_EVERY_MS"
 )
 
 run_one() {
-  local round=$1 wl=$2 clients=$3 sleep_us=$4 target=$5
+  local round=$1 wl=$2 clients=$3 sleep_us=$4 try_ms=$5 target=$6
   local port=${PORT_OF[$target]} rport=${REDIS_PORT_OF[$target]} rpid=${REDIS_PID_OF[$target]}
   local ppid=${PROXY_PID_OF[$target]} out="$TMP/r$round-$wl-$target"
   local t0 t1 rt0 rt1 rn0 rn1 pt0=0 pt1=0
@@ -262,7 +288,7 @@ run_one() {
   t0=$(now_ns)
   if ! timeout "$RUN_TIMEOUT" "$STORM_BIN" --port "$port" --clients "$clients" \
     --sleep-us "$sleep_us" --hold-ms "$HOLD_MS" --duration-s "$DURATION" \
-    >"$out.json" 2>"$out.err"; then
+    --try-every-ms "$try_ms" >"$out.json" 2>"$out.err"; then
     cat "$out.err" >&2
     die "load generator ($wl) against $target failed or timed out"
   fi
@@ -276,26 +302,36 @@ run_one() {
     round="$round" workload="$wl" target="$target" \
     wall_s="$(awk -v d=$((t1 - t0)) 'BEGIN { printf "%.6f", d / 1e9 }')" \
     redis_ticks=$((rt1 - rt0)) redis_ns=$((rn1 - rn0)) proxy_ticks=$((pt1 - pt0))
-  python3 - "$out.json" "$out.cmdstats" "$round" "$wl" "$target" <<'EOF' >&2
+  python3 - "$out.json" "$out.cmdstats" "$out.lg0" "$out.lg1" "$round" "$wl" "$target" <<'EOF' >&2
 import json, sys
 g = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
 calls = sum(int(l.split("calls=")[1].split(",")[0]) for l in open(sys.argv[2])
             if l.startswith("cmdstat_") and not l.startswith(("cmdstat_config", "cmdstat_info")))
-acq = g["acquisitions"]
-print(f"[storm] round {sys.argv[3]} {sys.argv[4]:<4} {sys.argv[5]:<9} {calls / g['elapsed_s']:>9.0f} cmds/s  "
-      f"{acq:>3} acquisitions ({g['distinct_acquirers']} clients)  "
-      f"wait p99 {g['wait_ms']['p99'] / 1000:.2f} s  errors {g['errors']}")
+def stats(path):
+    lines = [l.strip() for l in open(path) if l.strip()]
+    return {lines[i]: int(lines[i + 1]) for i in range(0, len(lines) - 1, 2)}
+lg0, lg1 = stats(sys.argv[3]), stats(sys.argv[4])
+parked = f"  parked {lg1['lock_parked'] - lg0.get('lock_parked', 0)}" if "lock_parked" in lg1 else ""
+head = f"[storm] round {sys.argv[5]} {sys.argv[6]:<4} {sys.argv[7]:<9} {calls / g['elapsed_s']:>9.0f} cmds/s  "
+if g.get("mode") == "try":
+    lat = g["latency_ms"]
+    print(head + f"{g['attempts']:>3} try-locks, {g['acquired']} acquired  "
+          f"reply p50 {lat['p50']:.2f} ms p99 {lat['p99']:.2f} ms{parked}  errors {g['errors']}")
+else:
+    acq = g["acquisitions"]
+    print(head + f"{acq:>3} acquisitions ({g['distinct_acquirers']} clients)  "
+          f"wait p99 {g['wait_ms']['p99'] / 1000:.2f} s{parked}  errors {g['errors']}")
 EOF
 }
 
-log "duration ${DURATION}s x 2 workloads x 3 targets x $ROUNDS round(s), hold ${HOLD_MS} ms (QUICK=$QUICK)"
+log "duration ${DURATION}s x ${#WORKLOADS[@]} workloads x ${#TARGETS[@]} targets x $ROUNDS round(s), hold ${HOLD_MS} ms (QUICK=$QUICK)"
 LOAD_AT_START=$(cut -d' ' -f1-3 /proc/loadavg)
 for ((round = 1; round <= ROUNDS; round++)); do
   for ((w = 0; w < ${#WORKLOADS[@]}; w++)); do
-    read -r wl clients sleep_us <<<"${WORKLOADS[$w]}"
+    read -r wl clients sleep_us try_ms <<<"${WORKLOADS[$w]}"
     for ((k = 0; k < ${#TARGETS[@]}; k++)); do
       target=${TARGETS[$(((k + w + round - 1) % ${#TARGETS[@]}))]}
-      run_one "$round" "$wl" "$clients" "$sleep_us" "$target"
+      run_one "$round" "$wl" "$clients" "$sleep_us" "$try_ms" "$target"
     done
   done
 done
@@ -314,10 +350,10 @@ fi
   printf 'load\t%s\n' "$LOAD_AT_START"
   printf 'rounds\t%s\nduration\t%s\nhold_ms\t%s\nquick\t%s\n' "$ROUNDS" "$DURATION" "$HOLD_MS" "$QUICK"
   printf 'poll_clients\t%s\npoll_sleep_us\t%s\nspin_clients\t%s\n' "$POLL_CLIENTS" "$POLL_SLEEP_US" "$SPIN_CLIENTS"
+  printf 'try_clients\t%s\ntry_every_ms\t%s\n' "$TRY_CLIENTS" "$TRY_EVERY_MS"
   printf 'clk_tck\t%s\n' "$CLK_TCK"
-  # The retry defaults as documented in config/lockgate.toml (lockgate runs without a file).
-  for k in probe_interval_ms park_ms; do
-    printf '%s\t%s\n' "$k" "$(sed -n "/^\[locks.retry\]/,/^\[/s/^$k *= *\([0-9]*\).*/\1/p" "$REPO/config/lockgate.toml" | head -1)"
+  for k in probe_interval_ms park_ms spin_window_ms; do
+    printf '%s\t%s\n' "$k" "$(retry_default "$k")"
   done
 } >>"$META"
 

@@ -32,6 +32,18 @@
 //! this run still held the lock (before sending its DEL): it must be 0 on
 //! every target.
 //!
+//! With `--try-every-ms N` it measures try-locks instead: an extra holder
+//! connection takes the lock before the run (its `SETNX` must return 1) and
+//! keeps it until every client has stopped, then `DEL`s it. Each of the
+//! `--clients` sends one `SETNX` every N ms, the clients staggered evenly
+//! over the first N ms, and never retries sooner: a lock held for the whole
+//! run, tried now and then (cron de-duplication), never spun on. The JSON
+//! line (`"mode":"try"`) gives the reply latency of every try-lock, how many
+//! acquired (must be 0: the lock was held) and the shortest gap between two
+//! attempts of one client (at least N ms by construction, so a proxy that
+//! tells spinners by their retry interval sees none). `--sleep-us` and
+//! `--hold-ms` do not apply.
+//!
 //! `--sleep-us` uses tokio's timer, which has 1 ms granularity: 1000 sleeps
 //! 1–2 ms (Python's `time.sleep(.001)` a little over 1 ms), so the polling
 //! clients here try somewhat less often than the book's loop.
@@ -76,6 +88,11 @@ struct Args {
     /// Runtime threads. One keeps the generator to one core of a small box.
     #[arg(long, default_value_t = 1)]
     threads: usize,
+    /// Try-lock mode: while a holder keeps the lock for the whole run, every
+    /// client sends one SETNX every this many ms, staggered, never spinning
+    /// (see the file's doc). 0: the contention loop.
+    #[arg(long, default_value_t = 0)]
+    try_every_ms: u64,
 }
 
 /// One reply, as far as SETNX and DEL need it.
@@ -330,6 +347,9 @@ async fn run(args: Arc<Args>) -> anyhow::Result<String> {
         args.duration_s > 0.0 && args.duration_s.is_finite(),
         "--duration-s must be positive"
     );
+    if args.try_every_ms > 0 {
+        return run_try(args).await;
+    }
     let addr = format!("{}:{}", args.host, args.port);
     let connecting = Instant::now();
     let mut conns = Vec::with_capacity(args.clients);
@@ -442,6 +462,151 @@ async fn run(args: Arc<Args>) -> anyhow::Result<String> {
         summary_json(&mut waits),
         summary_json(&mut handoffs),
         shared.overlaps.load(Ordering::SeqCst),
+        errors.len(),
+        errors
+            .first()
+            .map_or_else(|| "null".to_string(), |e| json_str(e)),
+    );
+    Ok(json)
+}
+
+/// One try-lock client's results.
+#[derive(Debug, Default)]
+struct TryResult {
+    attempts: u64,
+    /// Try-locks answered 1: the held lock was acquired (must stay 0).
+    acquired: u64,
+    /// Reply latency of every try-lock, from sending to the reply, µs.
+    latencies_us: Vec<u64>,
+    /// Shortest time between two attempts of this client, µs.
+    min_gap_us: Option<u64>,
+    error: Option<String>,
+}
+
+/// The try-lock loop of one client: its first `SETNX` at `first`, then one
+/// every `every` after the previous one was sent, until `deadline`. A lock
+/// it acquired after all (the holder lost it) is released at the end.
+async fn run_try_client(
+    conn: &mut Conn,
+    id: &[u8],
+    key: &[u8],
+    first: Instant,
+    every: Duration,
+    deadline: Instant,
+    out: &mut TryResult,
+) -> io::Result<()> {
+    let mut next = first;
+    let mut last_sent: Option<Instant> = None;
+    while next < deadline {
+        tokio::time::sleep_until(next).await;
+        let sent = Instant::now();
+        if let Some(prev) = last_sent {
+            let gap = micros(sent - prev);
+            out.min_gap_us = Some(out.min_gap_us.map_or(gap, |g| g.min(gap)));
+        }
+        last_sent = Some(sent);
+        out.attempts += 1;
+        let reply = conn.call(&[b"SETNX", key, id]).await?;
+        out.latencies_us.push(micros(sent.elapsed()));
+        match reply {
+            Reply::Integer(0) => {}
+            Reply::Integer(1) => out.acquired += 1,
+            other => return Err(io::Error::other(format!("SETNX answered {other}"))),
+        }
+        next = sent + every;
+    }
+    if out.acquired > 0 {
+        conn.call(&[b"DEL", key]).await?;
+    }
+    Ok(())
+}
+
+/// Try-lock mode (`--try-every-ms`): a holder keeps the lock for the whole
+/// run while the clients try it now and then; one JSON line of results.
+async fn run_try(args: Arc<Args>) -> anyhow::Result<String> {
+    let addr = format!("{}:{}", args.host, args.port);
+    let key = args.key.as_bytes();
+    let pid = std::process::id();
+    let connecting = Instant::now();
+    let mut holder = Conn::connect(&addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("connecting to {addr}: {e}"))?;
+    let mut conns = Vec::with_capacity(args.clients);
+    for _ in 0..args.clients {
+        let conn = Conn::connect(&addr)
+            .await
+            .map_err(|e| anyhow::anyhow!("connecting to {addr}: {e}"))?;
+        conns.push(conn);
+    }
+    let connect_ms = micros(connecting.elapsed()) as f64 / 1000.0;
+    let holder_id = format!("storm-{pid}-holder");
+    match holder.call(&[b"SETNX", key, holder_id.as_bytes()]).await? {
+        Reply::Integer(1) => {}
+        other => anyhow::bail!(
+            "the holder's SETNX {} answered {other}: the lock must be free at the start",
+            args.key
+        ),
+    }
+
+    let start = Instant::now();
+    let deadline = start + Duration::from_secs_f64(args.duration_s);
+    let every = Duration::from_millis(args.try_every_ms);
+    let mut tasks = Vec::with_capacity(args.clients);
+    for (i, mut conn) in conns.into_iter().enumerate() {
+        let key = args.key.clone();
+        let first = start + every.mul_f64(i as f64 / args.clients as f64);
+        tasks.push(tokio::spawn(async move {
+            let id = format!("storm-{pid}-{i}");
+            let mut out = TryResult::default();
+            if let Err(e) = run_try_client(
+                &mut conn,
+                id.as_bytes(),
+                key.as_bytes(),
+                first,
+                every,
+                deadline,
+                &mut out,
+            )
+            .await
+            {
+                out.error = Some(format!("client {i}: {e}"));
+            }
+            out
+        }));
+    }
+    let mut results = Vec::with_capacity(tasks.len());
+    for task in tasks {
+        results.push(task.await?);
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    // The holder releases only now, so no try-lock could have found it free.
+    let holder_released = matches!(holder.call(&[b"DEL", key]).await?, Reply::Integer(1));
+
+    let attempts: u64 = results.iter().map(|r| r.attempts).sum();
+    let acquired: u64 = results.iter().map(|r| r.acquired).sum();
+    let mut latencies: Vec<u64> = results
+        .iter()
+        .flat_map(|r| r.latencies_us.clone())
+        .collect();
+    let min_gap = results.iter().filter_map(|r| r.min_gap_us).min();
+    let errors: Vec<&String> = results.iter().filter_map(|r| r.error.as_ref()).collect();
+
+    let mut json = String::new();
+    let _ = write!(
+        json,
+        "{{\"mode\":\"try\",\"clients\":{},\"try_every_ms\":{},\"duration_s\":{},\"connect_ms\":{:.3},\
+         \"elapsed_s\":{:.3},\"attempts\":{},\"acquired\":{},\"latency_ms\":{},\"min_gap_ms\":{},\
+         \"holder_released\":{},\"errors\":{},\"first_error\":{}}}",
+        args.clients,
+        args.try_every_ms,
+        args.duration_s,
+        connect_ms,
+        elapsed,
+        attempts,
+        acquired,
+        summary_json(&mut latencies),
+        min_gap.map_or_else(|| "null".to_string(), |g| format!("{:.3}", g as f64 / 1000.0)),
+        holder_released,
         errors.len(),
         errors
             .first()

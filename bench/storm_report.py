@@ -24,6 +24,8 @@ import sys
 
 TARGETS = ["direct", "twemproxy", "lockgate"]
 WORKLOADS = ["poll", "spin"]
+# The try-lock workload (c): its own table, the generator's --try-every-ms mode.
+TRY = "try"
 # Commands the benchmark itself sends to Redis around a run, not counted.
 OWN_COMMANDS = {"config|resetstat", "info", "flushall", "config"}
 
@@ -171,6 +173,33 @@ def derive(run, meta):
     }
 
 
+def derive_try(run):
+    """The figures of one try-lock run (the generator's --try-every-ms mode)."""
+    g = run["gen"]
+    total = sum(run["commands"].values())
+    lg = run.get("lockgate", {})
+    return {
+        "cmds_s": total / g["elapsed_s"],
+        "cmds_try": total / g["attempts"] if g["attempts"] else float("nan"),
+        "attempts": g["attempts"],
+        "acquired": g["acquired"],
+        "lat_p50": g["latency_ms"]["p50"],
+        "lat_p99": g["latency_ms"]["p99"],
+        "lat_max": g["latency_ms"]["max"],
+        "min_gap": g["min_gap_ms"] if g["min_gap_ms"] is not None else float("nan"),
+        "holder_released": g["holder_released"],
+        "parked": lg.get("lock_parked", float("nan")),
+        "park_timeouts": lg.get("lock_park_timeouts", float("nan")),
+        "handoffs": lg.get("lock_handoffs", float("nan")),
+        "absorbed": lg.get("lock_absorbed", float("nan")),
+        "errors": g["errors"],
+        "first_error": g.get("first_error"),
+        "clients": g["clients"],
+        "every_ms": g["try_every_ms"],
+        "lockgate": lg,
+    }
+
+
 def report(runs_path, meta_path, out):
     meta = {"idle": {}}
     with open(meta_path) as f:
@@ -182,10 +211,14 @@ def report(runs_path, meta_path, out):
                 meta[k] = v
     meta["clk_tck"] = float(meta.get("clk_tck", 100))
     runs = {}
+    try_runs = {}
     with open(runs_path) as f:
         for line in f:
             run = json.loads(line)
-            runs.setdefault((run["workload"], run["target"]), []).append(derive(run, meta))
+            if run["workload"] == TRY:
+                try_runs.setdefault(run["target"], []).append(derive_try(run))
+            else:
+                runs.setdefault((run["workload"], run["target"]), []).append(derive(run, meta))
 
     cols = [(w, t) for w in WORKLOADS for t in TARGETS]
 
@@ -272,13 +305,15 @@ def report(runs_path, meta_path, out):
     emit("")
 
     lg = {w: first(w, "lockgate").get("lockgate", {}) for w in WORKLOADS}
+    lg[TRY] = try_runs.get("lockgate", [{}])[0].get("lockgate", {})
     if any(lg.values()):
         keys = ["lock_attempts", "lock_absorbed", "lock_parked", "lock_handoffs", "lock_park_timeouts", "lock_acquired", "lock_smoothed"]
         emit(
-            "lockgate's own counters over the run (round 1): "
+            "lockgate's own counters over the run (LOCKGATE STATS after minus before, round 1): "
             + "; ".join(
-                f"{w}: " + ", ".join(f"{k[len('lock_'):]} {lg[w].get(k, 0)}" for k in keys if k in lg[w])
-                for w in WORKLOADS
+                f"{name}: " + ", ".join(f"{k[len('lock_'):]} {lg[w].get(k, 0)}" for k in keys if k in lg[w])
+                for w, name in (("poll", "a"), ("spin", "b"), (TRY, "c"))
+                if lg[w]
             )
             + "."
         )
@@ -377,11 +412,24 @@ def report(runs_path, meta_path, out):
         "the window count, as in the runs). \"Every client acquires\" asks as many clients to acquire as that "
         "ideal lets: all of them when clients × hold fits in the run, otherwise one per hold that fits."
     )
+    if try_runs:
+        try_table(try_runs, meta, emit)
+
     bad = [
         f"{w}/{t}: {r['errors']} errors ({r['first_error']})"
         for (w, t), rs in sorted(runs.items())
         for r in rs
         if r["errors"]
+    ] + [
+        f"{TRY}/{t}: {r['errors']} errors ({r['first_error']})"
+        for t, rs in sorted(try_runs.items())
+        for r in rs
+        if r["errors"]
+    ] + [
+        f"{TRY}/{t}: {r['acquired']} try-locks acquired the held lock"
+        for t, rs in sorted(try_runs.items())
+        for r in rs
+        if r["acquired"] or not r["holder_released"]
     ] + [
         f"{w}/{t}: {r['overlaps']} overlapping acquisitions"
         for (w, t), rs in sorted(runs.items())
@@ -396,6 +444,63 @@ def report(runs_path, meta_path, out):
     sys.stdout.write(text)
     with open(out, "w") as f:
         f.write(text)
+
+
+def try_table(try_runs, meta, emit):
+    """Workload c: try-locks on a lock held for the whole run."""
+    targets = [t for t in TARGETS if t in try_runs]
+
+    def val(t, key):
+        return med([r[key] for r in try_runs.get(t, [])])
+
+    r0 = try_runs[targets[0]][0]
+    park_ms = meta.get("park_ms", "?")
+    emit("")
+    emit(
+        f"c = try-lock: a holder keeps `lock:storm` for the whole run while {r0['clients']} clients "
+        f"each send one `SETNX lock:storm <id>` every {r0['every_ms']} ms (staggered; longer than "
+        f"lockgate's spin window, {meta.get('spin_window_ms', '?')} ms, so never spinning), as cron "
+        "de-duplication does. Every reply must be 0. lockgate should answer them at once, as Redis "
+        f"does; before it had a spin window it parked each one for park_ms ({park_ms} ms)."
+    )
+    emit("")
+    emit("| metric | " + " | ".join(f"c {t}" for t in targets) + " |")
+    emit("|---|" + "--:|" * len(targets))
+
+    def row(label, fn):
+        emit(f"| {label} | " + " | ".join(fn(t) for t in targets) + " |")
+
+    def lgonly(fn):
+        return lambda t: fn(t) if t == "lockgate" else "–"
+
+    row(
+        "try-lock reply p50 / p99 / max, ms",
+        lambda t: f"{val(t, 'lat_p50'):.2f} / {val(t, 'lat_p99'):.2f} / {val(t, 'lat_max'):.2f}",
+    )
+    row("try-locks · acquired (must be 0)", lambda t: f"{val(t, 'attempts'):.0f} · {val(t, 'acquired'):.0f}")
+    row("shortest gap between a client's two tries, ms", lambda t: f"{val(t, 'min_gap'):.0f}")
+    row("upstream cmds/s (commandstats)", lambda t: kfmt(val(t, "cmds_s")))
+    row("upstream cmds / try-lock", lambda t: kfmt(val(t, "cmds_try")))
+    row(
+        "lockgate: parked · park timeouts · handoffs",
+        lgonly(lambda t: f"{val(t, 'parked'):.0f} · {val(t, 'park_timeouts'):.0f} · {val(t, 'handoffs'):.0f}"),
+    )
+    row("lockgate: answered without asking Redis (absorbed)", lgonly(lambda t: f"{val(t, 'absorbed'):.0f}"))
+    emit("")
+    if "lockgate" in try_runs:
+        parked, p99 = val("lockgate", "parked"), val("lockgate", "lat_p99")
+        d99 = val("direct", "lat_p99") if "direct" in try_runs else float("nan")
+        try:
+            limit = float(park_ms)
+        except ValueError:
+            limit = float("nan")
+        ok = parked == 0 and p99 < limit
+        emit("| target (lockgate) | c |")
+        emit("|---|---|")
+        emit(
+            f"| a try-lock is answered at once, not parked | {'PASS' if ok else 'MISS'} {parked:.0f} parked, "
+            f"reply p99 {p99:.2f} ms < park_ms {park_ms} ms (direct p99 {d99:.2f} ms) |"
+        )
 
 
 def main(argv):

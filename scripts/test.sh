@@ -8,13 +8,15 @@
 #    rustfmt and clippy components, and the Python redis client
 #    (redis-py 8.x, which opens every connection with HELLO 3 and
 #    CLIENT SETINFO, like current client libraries do), pottery and
-#    prometheus_client (pip), and Chromium for the status-page test (apt).
+#    prometheus_client (pip), Chromium for the status-page test and
+#    faketime for the clock-jump tests (apt).
 # 2. checks, in order; each runs even when an earlier one failed, and the
 #    summary names every step that failed:
 #      fmt      cargo fmt --check
 #      clippy   cargo clippy --all-targets -- -D warnings
-#      test     cargo test --all-targets        (RUST_BACKTRACE=1)
+#      test     cargo test --all-targets --no-fail-fast (RUST_BACKTRACE=1)
 #      doctest  cargo test --doc
+#      doc      cargo doc --no-deps, warnings denied (broken links)
 #      demo     scripts/demo.sh --smoke         (release build, real Redis)
 #      suite    scripts/redis-suite.sh          (Redis's own tcl test suite
 #               directly, through HAProxy and through lockgate; fails when a
@@ -32,7 +34,7 @@ set -euo pipefail
 case "${1:-}" in
 '') ;;
 -h | --help)
-	sed -n '2,26s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"
+	sed -n '2,28s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"
 	exit 0
 	;;
 *) die "unknown argument: $1 (scripts/test.sh takes none)" ;;
@@ -102,6 +104,8 @@ ensure_python_module pottery pottery
 ensure_python_module prometheus_client prometheus_client
 # The status page is checked in headless Chromium (Debian's package).
 [ -x /usr/bin/chromium ] || apt_install chromium
+# A lock master's clock is stepped under libfaketime in the clock tests.
+[ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] || apt_install faketime
 log "setup done: $(cargo --version), $(redis-server --version | cut -d' ' -f1-3)," \
 	"python redis $(python3 -c 'import redis; print(redis.__version__)')"
 
@@ -136,8 +140,9 @@ step() {
 
 step fmt cargo fmt --check
 step clippy cargo clippy --all-targets -- -D warnings
-step test cargo test --all-targets
+step test cargo test --all-targets --no-fail-fast
 step doctest cargo test --doc
+step doc env RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --quiet
 step demo scripts/demo.sh --smoke
 step suite scripts/redis-suite.sh
 

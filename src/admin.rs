@@ -171,8 +171,10 @@ fn stats(ctx: &ServerContext) -> LocalReply {
     let p = &ctx.metrics;
     let l = &ctx.locks.metrics;
     let s = &ctx.locks.storm.metrics;
-    let none = crate::lock::rejoin::RejoinMetrics::default();
-    let r = ctx.quorum.as_ref().map_or(&none, |q| &q.rejoin);
+    let no_jumps = std::sync::atomic::AtomicU64::new(0);
+    let jumps = ctx.quorum.as_ref().map_or(&no_jumps, |q| &q.clock.jumps);
+    let none = crate::lock::metrics::RejoinMetrics::default();
+    let r = ctx.quorum.as_ref().map_or(&none, |q| &*q.rejoin);
     let rows: &[(&str, &std::sync::atomic::AtomicU64)] = &[
         ("connections_active", &p.connections_active),
         ("connections_total", &p.connections_total),
@@ -194,10 +196,16 @@ fn stats(ctx: &ServerContext) -> LocalReply {
         ("lock_unmatched_setnx", &l.unmatched_setnx),
         ("lock_watchdog_renewals", &l.watchdog_renewals),
         ("lock_quorum_failures", &l.quorum_failures),
+        ("lock_quorum_clock_jumps", jumps),
         ("lock_mixed_refused", &l.mixed_refused),
         ("lock_raw_refused", &l.raw_refused),
+        ("lock_stale_conn_denied", &l.stale_conn_denied),
         ("lock_fence_counters_copied", &r.counters_copied),
         ("lock_fence_copy_failures", &r.copy_failures),
+        ("lock_fence_copies", &r.copies),
+        ("lock_quorum_sit_outs_restarted", &r.sit_outs_restarted),
+        ("lock_quorum_sit_outs_reconnected", &r.sit_outs_reconnected),
+        ("lock_quorum_sit_outs_young", &r.sit_outs_young),
         ("lock_absorbed", &s.absorbed),
         ("lock_parked", &s.parked),
         ("lock_handoffs", &s.handoffs),

@@ -159,9 +159,10 @@ impl Collector for Counters {
         }
         let l = &ctx.locks.metrics;
         let s = &ctx.locks.storm.metrics;
-        let none = crate::lock::rejoin::RejoinMetrics::default();
-        let r = ctx.quorum.as_ref().map_or(&none, |q| &q.rejoin);
-        let locks: [(&str, &str, &AtomicU64); 25] = [
+        // Exported without a quorum too (as 0), so dashboards see one set.
+        let none = crate::lock::metrics::RejoinMetrics::default();
+        let r = ctx.quorum.as_ref().map_or(&none, |q| &*q.rejoin);
+        let locks: [(&str, &str, &AtomicU64); 30] = [
             (
                 "lock_attempts",
                 "Acquisition attempts on lock keys",
@@ -249,6 +250,11 @@ impl Collector for Counters {
                 &l.mixed_refused,
             ),
             (
+                "lock_stale_conn_denied",
+                "Releases and extensions refused because the acquisition predates the connection",
+                &l.stale_conn_denied,
+            ),
+            (
                 "lock_raw_refused",
                 "Lock commands refused on a connection in MONITOR or replication mode",
                 &l.raw_refused,
@@ -262,6 +268,26 @@ impl Collector for Counters {
                 "lock_fence_copy_failures",
                 "Fence counter copy rounds that failed (the master keeps sitting out)",
                 &r.copy_failures,
+            ),
+            (
+                "lock_fence_copies",
+                "Fence counter copies that let a returning lock master vote again",
+                &r.copies,
+            ),
+            (
+                "lock_quorum_sit_outs_restarted",
+                "Lock master sit-outs after a restart (new run_id)",
+                &r.sit_outs_restarted,
+            ),
+            (
+                "lock_quorum_sit_outs_reconnected",
+                "Lock master sit-outs after a reconnection (same run_id)",
+                &r.sit_outs_reconnected,
+            ),
+            (
+                "lock_quorum_sit_outs_young",
+                "Lock master sit-outs at first sight, started less than the rejoin delay before",
+                &r.sit_outs_young,
             ),
             (
                 "lock_watchdog_renewals",
@@ -287,6 +313,14 @@ impl Collector for Counters {
         for (name, help, v) in locks {
             counter(&mut e, name, help, v)?;
         }
+        // Exported without a quorum too (as 0), so dashboards see one set.
+        let no_jumps = AtomicU64::new(0);
+        counter(
+            &mut e,
+            "lock_quorum_clock_jumps",
+            "Lock master clock jumps seen (the master sat out acquisitions)",
+            ctx.quorum.as_ref().map_or(&no_jumps, |q| &q.clock.jumps),
+        )?;
         gauge(
             &mut e,
             "lock_tracked_keys",

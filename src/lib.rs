@@ -43,6 +43,8 @@
 //!   [`lock::quorum`] (the masters, majority merges, rejoin after a
 //!   restart), [`lock::quorum_ops`] (Redlock acquisition and the other ops
 //!   on the quorum), [`lock::quorum_fence`] (fencing tokens on the quorum),
+//!   [`lock::clock`] (the masters' clocks: a master whose clock jumps sits
+//!   out, its vote uncounted; the stricter `clock_faults` quorum),
 //!   [`lock::split`] (per-key commands split between the quorum and the
 //!   primary: which key goes where, how the answers merge),
 //!   [`lock::storm`] (retry storms: the contention table, probe cap,
@@ -82,7 +84,20 @@
 //! With a lock quorum, lock commands cannot ride the client's connection:
 //! the reader spawns the quorum operation and queues a
 //! [`session::pending::Pending::Deferred`] entry; the writer holds every
-//! later reply back until that one is ready, so the order still holds.
+//! later reply back until that one is ready, and the reader sends nothing
+//! after it upstream until it is done, so replies and effects keep
+//! pipeline order. Fencing calls (`LOCKGATE LOCK`) take the same road.
+//!
+//! Replies that are not one per command are counted too: a subscription
+//! command is settled by its confirmations ([`session::pending::Pending::Sub`];
+//! published messages pass between replies), and `CLIENT REPLY OFF|SKIP`
+//! is followed by the reader ([`router::SessionView::silent`]). Only
+//! `MONITOR` and replication copy bytes uncounted, and there a lock command
+//! is refused ([`router::RAW_REFUSAL`]).
+//!
+//! Everything runs on one event loop by default (`--threads 1`), so
+//! commands of different connections reach Redis in the order they
+//! arrived, as through a byte copier.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]

@@ -238,13 +238,16 @@ pub async fn serve(listener: TcpListener, ctx: Arc<ServerContext>, shutdown: Can
             continue;
         };
         ProxyMetrics::inc(&ctx.metrics.connections_total);
+        // The connection's lock records are made at accept, so its birth
+        // (the pooled rule) is never later than the client's connect.
+        let conn = ctx.locks.conn_locks();
         let ctx = ctx.clone();
         let shutdown = shutdown.clone();
         let force = force.clone();
         sessions.spawn(async move {
             ProxyMetrics::inc(&ctx.metrics.connections_active);
             tokio::select! {
-                _ = crate::session::run(ctx.clone(), stream, peer, shutdown) => {}
+                _ = crate::session::run(ctx.clone(), stream, peer, conn, shutdown) => {}
                 _ = force.cancelled() => {}
             }
             ctx.metrics

@@ -546,6 +546,10 @@ struct ConnModel {
     /// When it was last refused the key (it may keep a place in the
     /// key's queue for a while).
     refused_at: HashMap<String, Instant>,
+    /// The model's token count when the connection opened: lockgate lets
+    /// a connection that never acquired a key release only acquisitions
+    /// made after it opened (the pooled rule).
+    born: u64,
 }
 
 impl ConnModel {
@@ -681,17 +685,20 @@ struct Model {
     /// lease), not directly on Redis.
     through_lockgate: HashMap<String, bool>,
     next: u64,
+    /// When each token (placeholder, then the real one) was issued, in the
+    /// model's count.
+    issued_at: HashMap<String, u64>,
 }
 
 /// The owner check of `src/lock/script.rs` (`allows`), ownership
 /// `instance`: a connection that acquired acts only on that acquisition;
 /// one that never did, on this instance's acquisitions and on keys without
 /// owner record.
-fn allows(owner: Option<&str>, tok: &str, alts: &[&str], prefix: &str) -> bool {
+fn allows(owner: Option<&str>, tok: &str, alts: &[&str], prefix: &str, young: bool) -> bool {
     match owner {
         None => tok.is_empty(),
         Some(o) if !tok.is_empty() => o == tok || alts.contains(&o),
-        Some(o) => o.starts_with(prefix),
+        Some(o) => o.starts_with(prefix) && young,
     }
 }
 
@@ -706,7 +713,9 @@ impl Model {
     /// A token lockgate issued that the test has not read yet.
     fn placeholder(&mut self, inst: usize) -> String {
         self.next += 1;
-        format!("{}:?{}", INSTANCES[inst], self.next)
+        let t = format!("{}:?{}", INSTANCES[inst], self.next);
+        self.issued_at.insert(t.clone(), self.next);
+        t
     }
 
     fn owner(&self, key: &str) -> Option<&str> {
@@ -726,7 +735,13 @@ impl Model {
             "EXPIRE" | "PEXPIRE" => c.ext_tokens(key),
             _ => return None,
         };
-        Some(allows(self.owner(key), tok, &alts, &prefix))
+        // Acquired after the connection opened (tokens the model never saw
+        // issued count as old).
+        let young = self
+            .owner(key)
+            .and_then(|o| self.issued_at.get(o))
+            .is_some_and(|&at| at >= c.born);
+        Some(allows(self.owner(key), tok, &alts, &prefix, young))
     }
 
     /// Learns from lockgate's reply `l` to `cmd` by `conn` (inside MULTI
@@ -842,6 +857,9 @@ impl Model {
 
     /// Replaces placeholder `ph` by the token read from Redis.
     fn resolve(&mut self, ph: &str, token: &str) {
+        if let Some(&at) = self.issued_at.get(ph) {
+            self.issued_at.insert(token.to_string(), at);
+        }
         let fix = |t: &mut String| {
             if t == ph {
                 *t = token.to_string();
@@ -1014,7 +1032,10 @@ impl Run {
                 Step::Drop(c) => {
                     self.direct[*c] = RawClient::connect(&self.direct_addr).await;
                     self.gated[*c] = RawClient::connect(self.gates[*c / 2].addr).await;
-                    self.model.conns[*c] = ConnModel::default();
+                    self.model.conns[*c] = ConnModel {
+                        born: self.model.next + 1,
+                        ..ConnModel::default()
+                    };
                     Vec::new()
                 }
                 Step::Behind(cmd) => {

@@ -80,6 +80,8 @@ async fn another_instances_lock_is_not_released_by_a_stranger() {
     let mut b1 = RawClient::connect(lgb.addr).await;
     let mut a1 = RawClient::connect(lga.addr).await;
     let mut b2 = RawClient::connect(lgb.addr).await;
+    // b2 is open before b1 acquires (the pooled rule).
+    assert_eq!(b2.call(&["PING"]).await, "+PONG\r\n");
 
     assert_eq!(b1.call(&["SETNX", "lock:two", "v"]).await, ":1\r\n");
     let token = owner_of(&mut r, "lock:two").await.expect("owner record");
@@ -209,6 +211,8 @@ async fn pooled_connection_that_lost(lost_in_multi: bool, args: &[&str]) {
     let (_redis, lg, mut r) = setup("a", 60_000).await;
     let mut y = RawClient::connect(lg.addr).await;
     let mut x = RawClient::connect(lg.addr).await;
+    // The pool's connections are open before the acquisition.
+    assert_eq!(x.call(&["PING"]).await, "+PONG\r\n");
 
     assert_eq!(y.call(&["SETNX", "lock:pool", "t1"]).await, ":1\r\n");
     // Another thread spun on x and lost.

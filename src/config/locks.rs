@@ -99,6 +99,16 @@ pub struct QuorumConfig {
     /// When fewer than a majority of masters can take part in an
     /// acquisition: `"error"` (reply an error) or `"not_acquired"`.
     pub on_quorum_loss: QuorumLoss,
+    /// Largest step of one master's clock between two of lockgate's
+    /// readings of it (`TIME`, in every acquisition and once a second) that
+    /// is not taken for a jump, in milliseconds. A master whose clock jumps
+    /// further sits out acquisitions like a restarted one. 0:
+    /// `clock_drift_factor × default_lease_ms + 5 ms`.
+    pub max_clock_step_ms: u64,
+    /// Masters whose clocks may be wrong at once without a lock being
+    /// handed out twice: an acquisition needs "yes" from more than
+    /// (N + clock_faults) / 2 masters. 0: a plain majority. Less than N.
+    pub clock_faults: usize,
 }
 
 impl Default for QuorumConfig {
@@ -109,6 +119,8 @@ impl Default for QuorumConfig {
             clock_drift_factor: 0.01,
             rejoin_delay_ms: 0,
             on_quorum_loss: QuorumLoss::Error,
+            max_clock_step_ms: 0,
+            clock_faults: 0,
         }
     }
 }

@@ -275,6 +275,16 @@ impl Config {
             ));
         }
         positive("locks.quorum.node_timeout_ms", q.node_timeout_ms)?;
+        if q.clock_faults > 0 && q.clock_faults >= q.masters.len() {
+            // More than (N + k) / 2 "yes" votes must be possible at all.
+            return Err(invalid(
+                "locks.quorum.clock_faults",
+                &format!(
+                    "must be less than the number of masters ({}), so that more than (N + clock_faults) / 2 of them can agree",
+                    q.masters.len()
+                ),
+            ));
+        }
         positive("locks.retry.max_keys", self.locks.retry.max_keys as u64)?;
         if !(0.0..0.5).contains(&q.clock_drift_factor) {
             return Err(invalid(
@@ -354,6 +364,22 @@ mod tests {
         let cfg = Config::from_toml("[proxy]\nmax_clients = 0\n").unwrap();
         let err = cfg.validate().unwrap_err();
         assert!(err.to_string().contains("proxy.max_clients"), "{err}");
+    }
+
+    #[test]
+    fn clock_faults_must_leave_a_quorum() {
+        let mut cfg = Config::default();
+        cfg.locks.quorum.masters = ["a:1", "b:1", "c:1"].map(String::from).to_vec();
+        cfg.locks.quorum.clock_faults = 2;
+        cfg.validate().unwrap();
+        cfg.locks.quorum.clock_faults = 3;
+        let err = cfg.validate().unwrap_err();
+        assert!(
+            err.to_string().contains("locks.quorum.clock_faults"),
+            "{err}"
+        );
+        cfg.locks.quorum.masters.clear();
+        assert!(cfg.validate().is_err(), "clock_faults without masters");
     }
 
     #[test]

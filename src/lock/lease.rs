@@ -127,15 +127,26 @@ pub struct ConnLocks {
     max: usize,
     /// Records dropped because the table was full.
     pub evicted: u64,
+    /// The number of the first token the instance issued after this
+    /// connection opened: acquisitions numbered below it were made before
+    /// it existed, so not by it (the pooled rule of `script::owner_check`).
+    pub born: u64,
 }
 
 impl ConnLocks {
     /// A table holding at most `max` keys.
     pub fn new(max: usize) -> ConnLocks {
+        ConnLocks::opened(max, 0)
+    }
+
+    /// A table holding at most `max` keys for a connection opened when the
+    /// instance's next token was numbered `born`.
+    pub fn opened(max: usize, born: u64) -> ConnLocks {
         ConnLocks {
             map: HashMap::new(),
             max: max.max(1),
             evicted: 0,
+            born,
         }
     }
 

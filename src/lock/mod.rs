@@ -22,8 +22,11 @@
 //! - [`script`]: the Lua. - [`lease`]: tokens and per-connection records.
 //! - [`metrics`]: counters. - [`watchdog`]: lease renewal and release on
 //!   disconnect over a connection of lockgate's own.
+//! - [`clock`]: the quorum masters' clock offsets; a master whose clock
+//!   jumps sits out and its vote does not count.
 
 pub mod announce;
+pub mod clock;
 pub mod fence;
 pub mod keys;
 pub mod lease;
@@ -311,7 +314,7 @@ impl LockService {
 
     /// A fresh per-connection record table.
     pub fn conn_locks(&self) -> ConnLocks {
-        ConnLocks::new(self.max_conn_locks)
+        ConnLocks::opened(self.max_conn_locks, self.tokens.issued())
     }
 
     /// Counts a SETNX / SET NX on a key outside `locks.keys`, by prefix.

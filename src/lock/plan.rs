@@ -16,7 +16,15 @@ impl LockService {
     /// acquisitions in `conn`. `in_multi`: the command will be queued by
     /// Redis, so its reply must be the bare client reply.
     pub fn plan(&self, op: LockOp, conn: &mut ConnLocks, in_multi: bool) -> Planned {
-        self.plan_with(op, conn, in_multi, true, false)
+        self.plan_with(op, conn, in_multi, true, false, false)
+    }
+
+    /// [`LockService::plan`] of an acquisition on the quorum: its facts
+    /// also carry the master's clock ([`script::ACQUIRE_CLOCK_FACT`]).
+    /// `counted`: false for an attempt made on a parked client's behalf
+    /// (as [`LockService::plan_for_handoff`]).
+    pub fn plan_on_quorum(&self, op: LockOp, conn: &mut ConnLocks, counted: bool) -> Planned {
+        self.plan_with(op, conn, false, counted, false, true)
     }
 
     /// [`LockService::plan`] on one Redis (not the quorum): a release of
@@ -25,14 +33,14 @@ impl LockService {
     /// The caller settles the handoff with [`LockService::finish_handoff`]
     /// when [`LockService::complete`] reports one.
     pub fn plan_on_primary(&self, op: LockOp, conn: &mut ConnLocks, in_multi: bool) -> Planned {
-        self.plan_with(op, conn, in_multi, true, true)
+        self.plan_with(op, conn, in_multi, true, true, false)
     }
 
     /// [`LockService::plan`] for an acquisition lockgate makes on a parked
     /// client's behalf (a handoff or the driver's probe): the client's
     /// attempt was counted when it arrived, so this one is not.
     pub fn plan_for_handoff(&self, op: LockOp, conn: &mut ConnLocks) -> Planned {
-        self.plan_with(op, conn, false, false, false)
+        self.plan_with(op, conn, false, false, false, false)
     }
 
     fn plan_with(
@@ -42,8 +50,11 @@ impl LockService {
         in_multi: bool,
         count: bool,
         handoff: bool,
+        clock: bool,
     ) -> Planned {
         let info: &[u8] = if in_multi { b"0" } else { b"1" };
+        // Only acquisitions read the master's clock (`"2"`).
+        let acquire_info: &[u8] = if clock && !in_multi { b"2" } else { info };
         if in_multi {
             ProxyMetrics::inc(&self.metrics.in_transaction);
         }
@@ -53,6 +64,8 @@ impl LockService {
             b"instance"
         };
         let prefix = self.tokens.prefix().as_bytes();
+        let born = conn.born.to_string();
+        let born = born.as_bytes();
         let evicted = conn.evicted;
         let (command, pending) = match op {
             LockOp::Acquire {
@@ -83,7 +96,7 @@ impl LockService {
                     script::ACQUIRE,
                     &[&key, &owner],
                     &[
-                        info,
+                        acquire_info,
                         &value,
                         &token,
                         kind.as_bytes(),
@@ -139,12 +152,13 @@ impl LockService {
                                 &c.token,
                                 lease.as_bytes(),
                                 alt,
+                                born,
                             ],
                         )
                     }
                     None => {
                         let mut argv: Vec<&[u8]> =
-                            vec![info, n.as_bytes(), verb, ownership, prefix];
+                            vec![info, n.as_bytes(), verb, ownership, prefix, born];
                         argv.extend(tokens.iter().map(|t| &t[..]));
                         argv.extend(alts.iter().map(|t| &t[..]));
                         eval(script::RELEASE, &keys, &argv)
@@ -163,8 +177,15 @@ impl LockService {
             LockOp::Extend { key, command, args } => {
                 let (token, alt) = conn.attempt_tokens(&key);
                 let owner = owner_key(&key);
-                let mut argv: Vec<&[u8]> =
-                    vec![info, ownership, prefix, &token, &alt, command.as_bytes()];
+                let mut argv: Vec<&[u8]> = vec![
+                    info,
+                    ownership,
+                    prefix,
+                    &token,
+                    &alt,
+                    born,
+                    command.as_bytes(),
+                ];
                 argv.extend(args.iter().map(|a| &a[..]));
                 let cmd = eval(script::EXTEND, &[&key, &owner], &argv);
                 (cmd, LockPending::Extend { key })
@@ -250,6 +271,7 @@ impl LockService {
                 let (released, denied, lapsed) = (fact(facts, 0), fact(facts, 1), fact(facts, 2));
                 ProxyMetrics::add(&self.metrics.released, released);
                 ProxyMetrics::add(&self.metrics.release_denied, denied);
+                ProxyMetrics::add(&self.metrics.stale_conn_denied, fact(facts, 4));
                 let handed = fact(facts, 3) == 1;
                 match (handoff, keys.first()) {
                     (Some(claim), Some(key)) if handed => {
@@ -285,6 +307,7 @@ impl LockService {
             }
             LockPending::Extend { key } => {
                 let (allowed, lapsed) = (fact(facts, 0), fact(facts, 1));
+                ProxyMetrics::add(&self.metrics.stale_conn_denied, fact(facts, 3));
                 if allowed == 0 {
                     ProxyMetrics::inc(&self.metrics.extend_denied);
                 } else if let Some(&pttl) = facts.get(2) {

@@ -15,9 +15,11 @@ use bytes::Bytes;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio_util::sync::CancellationToken;
 
+use super::metrics::RejoinMetrics;
 use super::node::{Node, NodeConfig};
-use super::rejoin::{Admission, RejoinMetrics};
+use super::rejoin::Admission;
 use crate::config::{Config, QuorumConfig, QuorumLoss};
+use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
 
 /// How often the masters' connections are checked for restarts.
@@ -28,7 +30,7 @@ const WATCH_INTERVAL: Duration = Duration::from_millis(50);
 pub struct Master {
     /// The shared connection.
     pub node: Node,
-    /// Acquisitions skip this master until then (restart or outage).
+    /// Acquisitions skip this master until then (see [`SitOut`]).
     sitting_out_until: Mutex<Option<Instant>>,
     /// Its `run_id` when last seen, and the connection count then.
     seen: Mutex<(String, u64)>,
@@ -40,6 +42,23 @@ pub struct Master {
     /// Whether lockgate's first connection found it started less than the
     /// rejoin delay before (see [`super::rejoin`]'s best-effort copies).
     young: AtomicBool,
+    /// The quorum's counters (sit-outs by reason).
+    metrics: Arc<RejoinMetrics>,
+}
+
+/// Why a master sits out acquisitions for a while.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SitOut {
+    /// A new `run_id`: it may have lost its locks and fence counters.
+    Restarted,
+    /// The same `run_id` on a new connection: lockgate may have missed
+    /// releases and commits while it was unreachable.
+    Reconnected,
+    /// lockgate's first sight of it, less than the rejoin delay after it
+    /// started: it may have lost locks lockgate (or a predecessor) granted.
+    Young,
+    /// Its clock stepped: its keys may have expired early.
+    ClockJump,
 }
 
 /// A master's state as operators see it.
@@ -101,9 +120,7 @@ impl Master {
                 None => self.admission.trust(connects),
                 Some(until) => {
                     self.young.store(true, Ordering::Relaxed);
-                    if let Ok(mut u) = self.sitting_out_until.lock() {
-                        *u = Some(until);
-                    }
+                    self.sit_out_until(until, SitOut::Young);
                     self.admission.require_copy(connects);
                     tracing::warn!(
                         master = self.node.addr(),
@@ -115,14 +132,12 @@ impl Master {
             }
         } else {
             self.admission.require_copy(connects);
-            let why = if run_id != seen.0 {
-                "restarted (new run_id)"
+            let (why, reason) = if run_id != seen.0 {
+                ("restarted (new run_id)", SitOut::Restarted)
             } else {
-                "reconnected"
+                ("reconnected", SitOut::Reconnected)
             };
-            if let Ok(mut until) = self.sitting_out_until.lock() {
-                *until = Some(Instant::now() + rejoin_delay);
-            }
+            self.sit_out_until(Instant::now() + rejoin_delay, reason);
             tracing::warn!(
                 master = self.node.addr(),
                 why,
@@ -154,6 +169,31 @@ impl Master {
     pub fn young_at_first_sight(&self) -> bool {
         self.young.load(Ordering::Relaxed)
     }
+
+    /// Sits the master out of acquisitions until `end` (or longer, if it
+    /// already sits out longer), for `why`. The one sit-out of a master:
+    /// restarts, reconnections, a young master at first sight and clock
+    /// jumps all end up here; missing fence counters extend it past `end`
+    /// (see [`Master::state`]).
+    pub fn sit_out_until(&self, end: Instant, why: SitOut) {
+        if let Ok(mut until) = self.sitting_out_until.lock() {
+            *until = Some(until.map_or(end, |u| u.max(end)));
+        }
+        let counter = match why {
+            SitOut::Restarted => &self.metrics.sit_outs_restarted,
+            SitOut::Reconnected => &self.metrics.sit_outs_reconnected,
+            SitOut::Young => &self.metrics.sit_outs_young,
+            // Counted as `lock_quorum_clock_jumps` by the clock watch.
+            SitOut::ClockJump => return,
+        };
+        ProxyMetrics::inc(counter);
+    }
+
+    /// Sits the master out for `delay` from now because its clock jumped:
+    /// its keys may have expired early (see [`super::clock`]).
+    pub fn sit_out(&self, delay: Duration) {
+        self.sit_out_until(Instant::now() + delay, SitOut::ClockJump);
+    }
 }
 
 /// The quorum of lock masters.
@@ -169,8 +209,11 @@ pub struct Quorum {
     rejoin_ms: Arc<AtomicU64>,
     /// Script bodies seen (EVAL, SCRIPT LOAD) by SHA1, for NOSCRIPT.
     pub scripts: dashmap::DashMap<String, Bytes>,
-    /// Fence counter copies to returning masters.
-    pub rejoin: RejoinMetrics,
+    /// Fence counter copies and sit-outs by reason (shared with the
+    /// masters).
+    pub rejoin: Arc<RejoinMetrics>,
+    /// The masters' clock offsets (jumps sit a master out).
+    pub clock: super::clock::ClockWatch,
 }
 
 /// What the masters answered to one command.
@@ -194,6 +237,7 @@ impl Quorum {
             0 => config.locks.default_lease_ms,
             ms => ms,
         }));
+        let metrics = Arc::new(RejoinMetrics::default());
         let masters = q
             .masters
             .iter()
@@ -205,6 +249,7 @@ impl Quorum {
                     rejoin_ms: rejoin_ms.clone(),
                     admission: Admission::new(Duration::from_millis(q.node_timeout_ms)),
                     young: AtomicBool::new(false),
+                    metrics: metrics.clone(),
                 })
             })
             .collect();
@@ -215,7 +260,16 @@ impl Quorum {
             max_lease_ms: AtomicU64::new(config.locks.default_lease_ms),
             rejoin_ms,
             scripts: dashmap::DashMap::new(),
-            rejoin: RejoinMetrics::default(),
+            rejoin: metrics,
+            clock: super::clock::ClockWatch::new(config),
+        });
+        let sampled = quorum.clone();
+        let sample_stop = stop.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = sample_stop.cancelled() => {}
+                _ = sampled.sample_clocks() => {}
+            }
         });
         super::rejoin::spawn(quorum.clone(), stop.clone());
         let watched = quorum.clone();
@@ -280,14 +334,14 @@ impl Quorum {
 
     /// Whether an acquisition that got `granted` yes out of `answered`
     /// answers, with `eligible` masters asked, lost the quorum rather than
-    /// the race: fewer than a majority answered in time, and the missing
-    /// answers could still have made a majority (masters sitting out count
-    /// as "no"). A majority that answered with a split vote (a master
+    /// the race: fewer than the votes needed ([`Quorum::votes_needed`], a
+    /// majority by default) answered in time, and the missing answers could
+    /// still have made them (masters sitting out count as "no"). A majority that answered with a split vote (a master
     /// killed mid-attempt while another sits out, a holder's lease seen on
     /// some masters only) lost the race: the client is told "not acquired"
     /// and retries, as on contention.
     pub fn lost_quorum(&self, granted: usize, answered: usize, eligible: usize) -> bool {
-        let (n, majority) = (self.masters.len(), self.majority());
+        let (n, majority) = (self.masters.len(), self.votes_needed());
         let refused = answered.saturating_sub(granted) + n.saturating_sub(eligible);
         answered < majority && refused <= n - majority
     }

@@ -27,7 +27,8 @@ impl LockService {
         let deadline = Instant::now() + wait;
         let counter = super::fence::counter_key(&key);
         let ttl = ttl_ms.to_string();
-        let majority = q.majority();
+        // More than (N + clock_faults) / 2: a plain majority by default.
+        let majority = q.votes_needed();
         loop {
             ProxyMetrics::inc(&self.metrics.attempts);
             let eligible = q.eligible();
@@ -43,13 +44,23 @@ impl LockService {
                 &[&counter],
                 &[ttl.as_bytes(), &instance_token],
             );
-            let facts = |r: &Bytes| super::fence::integers(r);
-            let answers = q.ask(&eligible, &take, |_| false).await;
+            let facts = |r: &[u8]| super::fence::integers(r);
+            // A master whose clock jumped takes no part (see `clock`); its
+            // counter is still read, as a higher one is never unsafe.
+            let answers = q
+                .ballot(
+                    &eligible,
+                    &take,
+                    script::QFENCE_CLOCK_FACT,
+                    facts,
+                    |_, _| false,
+                )
+                .await;
             let takers: Vec<usize> = (0..answers.replies.len())
                 .filter(|&i| facts(&answers.replies[i]).first() == Some(&1))
                 .collect();
             let mut acquired = None;
-            if takers.len() >= majority {
+            if answers.yes >= majority {
                 let token = takers
                     .iter()
                     .filter_map(|&i| facts(&answers.replies[i]).get(2).copied())
@@ -63,7 +74,8 @@ impl LockService {
                     &[&counter],
                     &[&instance_token, token_s.as_bytes()],
                 );
-                let committed = q.ask(&eligible, &commit, |_| false).await;
+                // Only on the masters whose vote counted.
+                let committed = q.ask(&answers.yes_from, &commit, |_| false).await;
                 let ok = committed
                     .replies
                     .iter()
@@ -84,7 +96,7 @@ impl LockService {
             }
             let undo = super::eval_on(script::RELEASE_TOKEN, &key, &[], &[&instance_token, b""]);
             q.ask_all(&undo).await;
-            if q.lost_quorum(takers.len(), answers.replies.len(), eligible.len()) {
+            if q.lost_quorum(answers.yes, answers.replies.len(), eligible.len()) {
                 // Up, but too few answered in time: try again while WAIT
                 // lasts, else say so (not "masters down").
                 ProxyMetrics::inc(&self.metrics.quorum_failures);

@@ -165,7 +165,7 @@ impl LockService {
         };
         let (key, value) = (key.clone(), value.clone());
         let eligible = q.eligible();
-        if eligible.len() < q.majority() {
+        if eligible.len() < q.votes_needed() {
             ProxyMetrics::inc(&self.metrics.quorum_failures);
             // A lost quorum, not a holder: the next attempt asks the
             // masters again (and sees the same answer).
@@ -173,8 +173,7 @@ impl LockService {
             return Outcome::failed(q.loss_reply(not_acquired(shape)));
         }
         let planned = match conn.lock() {
-            Ok(mut c) if handoff => self.plan_for_handoff(op, &mut c),
-            Ok(mut c) => self.plan(op, &mut c, false),
+            Ok(mut c) => self.plan_on_quorum(op, &mut c, !handoff),
             Err(_) => {
                 return Outcome::failed(LocalReply::err(
                     "lockgate: internal error (lock table poisoned)",
@@ -186,21 +185,21 @@ impl LockService {
                 "lockgate: internal error (no acquisition planned)",
             ));
         };
-        let (n, majority) = (q.masters.len(), q.majority());
+        // More than (N + clock_faults) / 2: a plain majority by default.
+        let (n, majority) = (q.masters.len(), q.votes_needed());
         let started = Instant::now();
-        let yes = |replies: &[Bytes]| {
-            replies
-                .iter()
-                .filter(|r| split_reply(r).1.first() == Some(&1))
-                .count()
-        };
+        // A "yes" from a master whose clock jumped does not count (its
+        // holder's key may have expired early there): see `clock`.
         let answers = q
-            .ask(&eligible, &planned.command, |replies| {
-                let y = yes(replies);
-                y >= majority || replies.len() - y + (n - eligible.len()) > n - majority
-            })
+            .ballot(
+                &eligible,
+                &planned.command,
+                script::ACQUIRE_CLOCK_FACT,
+                |r| split_reply(r).1,
+                |y, answered| y >= majority || answered - y + (n - eligible.len()) > n - majority,
+            )
             .await;
-        let granted = yes(&answers.replies);
+        let granted = answers.yes;
         let validity = q.validity_ms(lease_ms, started.elapsed());
         if granted >= majority && validity > 0 {
             q.granted(lease_ms);

@@ -77,15 +77,6 @@ pub enum RejoinError {
     Reconnected(String),
 }
 
-/// Counters of the rejoin copies, exported with the lock counters.
-#[derive(Debug, Default)]
-pub struct RejoinMetrics {
-    /// Fence counters raised on a returning master by a copy.
-    pub counters_copied: AtomicU64,
-    /// Copy rounds that failed (the master keeps sitting out; retried).
-    pub copy_failures: AtomicU64,
-}
-
 /// Whether a master's current connection holds the fence counters, and
 /// when a copy to it is due.
 #[derive(Debug)]
@@ -223,6 +214,7 @@ async fn round(q: &Quorum, target: usize, best_effort: bool) {
     match copy(q, target, connects, best_effort).await {
         Ok(copied) => {
             m.admission.admit(connects);
+            ProxyMetrics::inc(&q.rejoin.copies);
             q.rejoin
                 .counters_copied
                 .fetch_add(copied, Ordering::Relaxed);

@@ -14,31 +14,37 @@
 //! `instance_id:seq` and carry the lock's lease.
 
 /// The owner check every release and extension makes, as a Lua function
-/// the scripts start with: `allows(owner, tok, alt, prefix, any)` returns
-/// (allowed, lapsed). `owner`: the owner record (false when absent);
-/// `tok`: the token this connection acquired with (`''`: it never did);
-/// `alt`: the same connection's attempts not settled yet, newline
+/// the scripts start with: `allows(owner, tok, alt, prefix, any, born)`
+/// returns (allowed, lapsed, stale). `owner`: the owner record (false when
+/// absent); `tok`: the token this connection acquired with (`''`: it never
+/// did); `alt`: the same connection's attempts not settled yet, newline
 /// separated (`''`: none), any of which may be the one the owner record
-/// holds; `any`: ownership
-/// `any`. A connection that acquired may act only on that acquisition
-/// (else its lease lapsed); one that never did may act on the instance's
-/// acquisitions and on keys without owner record (plain data).
+/// holds; `any`: ownership `any`; `born`: the number of the first token
+/// this instance issued after the connection opened. A connection that
+/// acquired may act only on that acquisition (else its lease lapsed); one
+/// that never did may act on keys without owner record (plain data) and on
+/// this instance's acquisitions made since it opened (the pooled rule: a
+/// connection opened after an acquisition cannot be the pool connection
+/// that made it, so a holder's late release after a reconnect is refused,
+/// `stale`, and waits for the lease instead).
 macro_rules! owner_check {
     () => {
         r#"
-local function allows(owner, tok, alt, prefix, any)
-  if any then return true, 0 end
+local function allows(owner, tok, alt, prefix, any, born)
+  if any then return true, 0, 0 end
   if not owner then
-    if tok == '' then return true, 0 end
-    return false, 1
+    if tok == '' then return true, 0, 0 end
+    return false, 1, 0
   end
   if tok ~= '' then
     if owner == tok or (alt ~= '' and string.find('\n' .. alt .. '\n', '\n' .. owner .. '\n', 1, true)) then
-      return true, 0
+      return true, 0, 0
     end
-    return false, 1
+    return false, 1, 0
   end
-  return string.sub(owner, 1, #prefix) == prefix, 0
+  if string.sub(owner, 1, #prefix) ~= prefix then return false, 0, 0 end
+  if (tonumber(string.sub(owner, #prefix + 1)) or 0) >= tonumber(born) then return true, 0, 0 end
+  return false, 0, 1
 end
 "#
     };
@@ -48,7 +54,10 @@ end
 /// KEYS: lock, owner record. ARGV: info, value, token, ttl kind
 /// (`PX`/`EX`/`PXAT`/`EXAT`), ttl, shape (`setnx` → 1/0, `set` → OK/nil,
 /// `setget` → old value). Facts: acquired (1/0), the key's PTTL afterwards
-/// (the holder's remaining lease when not acquired). The owner record gets
+/// (the holder's remaining lease when not acquired); with info `"2"` (the
+/// quorum's acquisitions) also the master's clock (`TIME`, µs since the
+/// epoch, fact [`ACQUIRE_CLOCK_FACT`]), read in the same atomic step as
+/// the `SET NX` it vouches for (see [`super::clock`]). The owner record gets
 /// the lock's own expiry option, so an acquisition asks no PTTL unless its
 /// lease is a deadline (`PXAT`/`EXAT`).
 pub const ACQUIRE: &str = r#"
@@ -72,31 +81,42 @@ end
 local reply = old
 if ARGV[6] == 'setnx' then reply = acquired elseif ARGV[6] == 'set' then reply = ok end
 if ARGV[1] == '1' then return {reply, acquired, pttl} end
+if ARGV[1] == '2' then
+  local t = redis.call('TIME')
+  return {reply, acquired, pttl, tonumber(t[1]) * 1000000 + tonumber(t[2])}
+end
 return reply
 "#;
+
+/// Where [`ACQUIRE`]'s facts (after the reply) carry the master's clock.
+pub const ACQUIRE_CLOCK_FACT: usize = 2;
 
 /// Owner-checked release for `DEL`/`UNLINK`.
 /// KEYS: n pairs (lock key, owner record), then ordinary keys.
 /// ARGV: info, n, command (`DEL`/`UNLINK`), ownership (`instance`/`any`),
-/// instance prefix (`id:`), then n tokens (`''` = this connection never
-/// acquired that key), then n newer unsettled attempts (`''`: none). A key with no owner record (set directly on Redis) is
+/// instance prefix (`id:`), the connection's birth (see `allows`), then n
+/// tokens (`''` = this connection never acquired that key), then n lists of
+/// unsettled attempts (`''`: none). A key with no owner record (set directly on Redis) is
 /// deleted as before, unless this connection acquired it (then its lease
 /// lapsed and the key, if any, is someone else's).
-/// Reply: the number deleted, as DEL. Facts: released, denied, lapsed.
+/// Reply: the number deleted, as DEL. Facts: released, denied, lapsed, 0
+/// (where [`RELEASE_HANDOFF`] says handed), stale (denied by the pooled
+/// rule's age check).
 pub const RELEASE: &str = concat!(
     owner_check!(),
     r#"
 local n = tonumber(ARGV[2])
-local cmd, any, prefix = ARGV[3], ARGV[4] == 'any', ARGV[5]
-local total, released, denied, lapsed = 0, 0, 0, 0
+local cmd, any, prefix, born = ARGV[3], ARGV[4] == 'any', ARGV[5], ARGV[6]
+local total, released, denied, lapsed, stale = 0, 0, 0, 0, 0
 local seen = {}
 for i = 1, n do
-  local key, rec, tok, alt = KEYS[2 * i - 1], KEYS[2 * i], ARGV[5 + i], ARGV[5 + n + i]
+  local key, rec, tok, alt = KEYS[2 * i - 1], KEYS[2 * i], ARGV[6 + i], ARGV[6 + n + i]
   if seen[key] then tok = '' end
   seen[key] = true
   local owner = redis.call('GET', rec)
-  local allowed, lapse = allows(owner, tok, alt, prefix, any)
+  local allowed, lapse, young = allows(owner, tok, alt, prefix, any, born)
   lapsed = lapsed + lapse
+  stale = stale + young
   if allowed then
     local d = redis.call(cmd, key)
     total = total + d
@@ -110,7 +130,7 @@ for i = 1, n do
   end
 end
 if #KEYS > 2 * n then total = total + redis.call(cmd, unpack(KEYS, 2 * n + 1)) end
-if ARGV[1] == '1' then return {total, released, denied, lapsed} end
+if ARGV[1] == '1' then return {total, released, denied, lapsed, 0, stale} end
 return total
 "#
 );
@@ -122,15 +142,16 @@ return total
 /// in between and nothing needs announcing. KEYS: lock, owner record.
 /// ARGV: info, command (`DEL`/`UNLINK`), ownership, instance prefix, token
 /// (as [`RELEASE`]), next value, next token, next lease ms, the newer
-/// unsettled attempt (as [`RELEASE`]). Reply: the
-/// number deleted, as DEL. Facts: released, denied, lapsed, handed (1/0).
+/// unsettled attempts (as [`RELEASE`]), the connection's birth. Reply: the
+/// number deleted, as DEL. Facts: released, denied, lapsed, handed (1/0),
+/// stale.
 /// A lock key that is not a string is deleted as DEL would, not handed.
 pub const RELEASE_HANDOFF: &str = concat!(
     owner_check!(),
     r#"
 local key, rec = KEYS[1], KEYS[2]
 local owner = redis.call('GET', rec)
-local allowed, lapsed = allows(owner, ARGV[5], ARGV[9], ARGV[4], ARGV[3] == 'any')
+local allowed, lapsed, stale = allows(owner, ARGV[5], ARGV[9], ARGV[4], ARGV[3] == 'any', ARGV[10])
 local d, handed = 0, 0
 if allowed then
   local old = redis.pcall('SET', key, ARGV[6], 'PX', ARGV[8], 'GET')
@@ -148,26 +169,27 @@ local released = 0
 if owner then released = d end
 local denied = 1
 if allowed then denied = 0 end
-if ARGV[1] == '1' then return {d, released, denied, lapsed, handed} end
+if ARGV[1] == '1' then return {d, released, denied, lapsed, handed, stale} end
 return d
 "#
 );
 
 /// Owner-checked `EXPIRE`/`PEXPIRE`/`EXPIREAT`/`PEXPIREAT`: the lock and its
 /// owner record move together. KEYS: lock, owner record. ARGV: info,
-/// ownership, instance prefix, token, newer unsettled attempt (as
-/// [`RELEASE`]), command, its arguments after the key. Reply: as the
-/// command (0 when refused). Facts: allowed (1/0), lapsed, the lock's PTTL
-/// afterwards (so lockgate's view of the lease follows the client's).
+/// ownership, instance prefix, token, unsettled attempts, the connection's
+/// birth (as [`RELEASE`]), command, its arguments after the key. Reply: as
+/// the command (0 when refused). Facts: allowed (1/0), lapsed, the lock's
+/// PTTL afterwards (so lockgate's view of the lease follows the client's),
+/// stale.
 pub const EXTEND: &str = concat!(
     owner_check!(),
     r#"
 local owner = redis.call('GET', KEYS[2])
-local allowed, lapsed = allows(owner, ARGV[4], ARGV[5], ARGV[3], ARGV[2] == 'any')
+local allowed, lapsed, stale = allows(owner, ARGV[4], ARGV[5], ARGV[3], ARGV[2] == 'any', ARGV[6])
 local reply = 0
 local pttl = -3
 if allowed then
-  reply = redis.pcall(ARGV[6], KEYS[1], unpack(ARGV, 7))
+  reply = redis.pcall(ARGV[7], KEYS[1], unpack(ARGV, 8))
   if type(reply) == 'table' and reply.err then return reply end
   pttl = redis.call('PTTL', KEYS[1])
   if owner then
@@ -178,7 +200,7 @@ if allowed then
     end
   end
 end
-if ARGV[1] == '1' then return {reply, allowed and 1 or 0, lapsed, pttl} end
+if ARGV[1] == '1' then return {reply, allowed and 1 or 0, lapsed, pttl, stale} end
 return reply
 "#
 );
@@ -284,14 +306,22 @@ return 1
 
 /// Quorum fencing, step 1 on each master: take the lock under an instance
 /// token and report the key's token counter. KEYS: lock, owner record,
-/// counter. ARGV: ttl ms, instance token. Reply: `{1, 0, counter}` taken,
-/// `{0, pttl, 0}` held by someone else.
+/// counter. ARGV: ttl ms, instance token. Reply: `{1, 0, counter, clock}`
+/// taken, `{0, pttl, 0, clock}` held by someone else; `clock` is the
+/// master's `TIME` in µs (see [`super::clock`]).
 pub const QFENCE_ACQUIRE: &str = r#"
-if redis.call('EXISTS', KEYS[1]) == 1 then return {0, redis.call('PTTL', KEYS[1]), 0} end
+local function clock()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+if redis.call('EXISTS', KEYS[1]) == 1 then return {0, redis.call('PTTL', KEYS[1]), 0, clock()} end
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[1])
 redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[1])
-return {1, 0, tonumber(redis.call('GET', KEYS[3]) or '0')}
+return {1, 0, tonumber(redis.call('GET', KEYS[3]) or '0'), clock()}
 "#;
+
+/// Where [`QFENCE_ACQUIRE`]'s reply carries the master's clock.
+pub const QFENCE_CLOCK_FACT: usize = 3;
 
 /// Quorum fencing, step 2 on the acquiring majority: the lock's value
 /// becomes the token (max counter + 1) and the counter is raised to it, so

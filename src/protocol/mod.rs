@@ -6,6 +6,9 @@ pub mod encode;
 pub mod reply;
 pub mod request;
 
+#[cfg(test)]
+mod reply_props;
+
 use crate::error::ErrorSource;
 
 /// Malformed RESP. Client-side variants carry Redis's own wording, so a

@@ -33,6 +33,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::error::ErrorSource;
+use crate::lock::lease::ConnLocks;
 use crate::lock::watchdog;
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
@@ -73,23 +74,30 @@ impl SessionError {
 }
 
 /// Serves one client until it or Redis closes, or shutdown drains it.
+/// `conn`: the connection's lock records, made when it was accepted.
 pub async fn run(
     ctx: Arc<ServerContext>,
     client: TcpStream,
     peer: SocketAddr,
+    conn: ConnLocks,
     shutdown: CancellationToken,
 ) {
     let span = tracing::info_span!("conn", %peer);
     async move {
         tracing::debug!("client connected");
-        serve(&ctx, client, &shutdown).await;
+        serve(&ctx, client, conn, &shutdown).await;
         tracing::debug!("client disconnected");
     }
     .instrument(span)
     .await
 }
 
-async fn serve(ctx: &Arc<ServerContext>, mut client: TcpStream, shutdown: &CancellationToken) {
+async fn serve(
+    ctx: &Arc<ServerContext>,
+    mut client: TcpStream,
+    conn: ConnLocks,
+    shutdown: &CancellationToken,
+) {
     // Nagle only adds latency; lockgate batches writes itself.
     let _ = client.set_nodelay(true);
     let mut buf = BytesMut::with_capacity(ctx.config.proxy.read_chunk_bytes);
@@ -103,7 +111,7 @@ async fn serve(ctx: &Arc<ServerContext>, mut client: TcpStream, shutdown: &Cance
     let (mut client_r, mut client_w) = client.split();
     let (mut up_r, mut up_w) = upstream.split();
     let (tx, rx) = mpsc::channel(ctx.config.proxy.max_inflight_batches);
-    let conn = Arc::new(Mutex::new(ctx.locks.conn_locks()));
+    let conn = Arc::new(Mutex::new(conn));
     let reader_cancel = shutdown.child_token();
     let writer_done = CancellationToken::new();
     let (job_queue, runner) = jobs::queue(ctx.config.proxy.max_inflight_batches);

@@ -5,6 +5,8 @@
 
 #![allow(dead_code)]
 
+pub mod fake_clock;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -47,8 +49,15 @@ impl Cluster {
     /// configuration changed by `tweak`, and waits until lockgate has every
     /// master connected.
     pub async fn start(n: usize, tweak: impl FnOnce(&mut Config)) -> Cluster {
-        let primary = RedisServer::start();
         let masters: Vec<RedisServer> = (0..n).map(|_| RedisServer::start()).collect();
+        Cluster::start_on(masters, tweak).await
+    }
+
+    /// [`Cluster::start`] with masters the test started itself (one with
+    /// a fake clock, say).
+    pub async fn start_on(masters: Vec<RedisServer>, tweak: impl FnOnce(&mut Config)) -> Cluster {
+        let n = masters.len();
+        let primary = RedisServer::start();
         let addrs: Vec<String> = masters.iter().map(|m| m.addr()).collect();
         let mut config = quorum_config(&primary.addr(), &addrs);
         tweak(&mut config);

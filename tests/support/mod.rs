@@ -25,6 +25,7 @@ pub struct RedisServer {
     /// Its port on 127.0.0.1.
     pub port: u16,
     args: Vec<String>,
+    env: Vec<(String, String)>,
     child: Option<Child>,
     dir: tempfile::TempDir,
 }
@@ -43,11 +44,18 @@ impl RedisServer {
 
     /// Starts redis-server with extra `--name value` arguments.
     pub fn start_with(extra: &[&str]) -> RedisServer {
+        RedisServer::start_with_env(extra, &[])
+    }
+
+    /// Starts redis-server with extra arguments and extra environment
+    /// variables (`LD_PRELOAD` of libfaketime, say), kept for restarts.
+    pub fn start_with_env(extra: &[&str], env: &[(String, String)]) -> RedisServer {
         let args: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
         for _ in 0..5 {
             let mut server = RedisServer {
                 port: free_port(),
                 args: args.clone(),
+                env: env.to_vec(),
                 child: None,
                 dir: tempfile::tempdir().expect("tempdir"),
             };
@@ -66,6 +74,7 @@ impl RedisServer {
             .arg("--dir")
             .arg(self.dir.path())
             .args(&self.args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()

@@ -11,7 +11,7 @@
 //! every "acquired" is a real acquisition on Redis (or the quorum).
 //!
 //! On one Redis, a release through this instance may carry the handoff
-//! itself ([`handoff`]): the releasing connection's script gives the lock
+//! itself (`handoff`): the releasing connection's script gives the lock
 //! straight to the oldest parked attempt, one round trip for both.
 
 mod handoff;
