@@ -67,20 +67,31 @@ async fn fill(addr: &str, n: usize) {
 async fn fencing_tokens_keep_increasing_across_a_rolling_restart() {
     let mut cl = Cluster::start(5, |c| c.locks.quorum.rejoin_delay_ms = REJOIN_MS).await;
     let mut c = cl.client().await;
-    // A history: the idle key's counter at 390 on every master, and more
-    // counters than one SCAN page.
+    // A history: the idle key's counter at 389 on every master, and more
+    // counters than one SCAN page; then token 390 through LOCKGATE LOCK.
     const BULK: usize = 1_100;
     for i in 0..5 {
         let addr = cl.masters[i].addr();
         assert_eq!(
-            direct(&addr, &["SET", &counter("fence:idle"), "390"]).await,
+            direct(&addr, &["SET", &counter("fence:idle"), "389"]).await,
             "+OK\r\n"
         );
         fill(&addr, BULK).await;
     }
+    let mut idle = vec![lock_unlock(&mut c, "fence:idle").await];
+    assert_eq!(idle, [390], "the idle key's first token");
     let mut busy = vec![lock_unlock(&mut c, "fence:busy").await];
 
-    let copied_before = cl.quorum().rejoin.counters_copied.load(Ordering::Relaxed);
+    let r = cl.quorum().rejoin.clone();
+    let (copied_before, copies_before, restarts_before) = (
+        r.counters_copied.load(Ordering::Relaxed),
+        r.copies.load(Ordering::Relaxed),
+        r.sit_outs_restarted.load(Ordering::Relaxed),
+    );
+    // What the returning masters held once they voted, checked after the
+    // tokens so that a failure shows the tokens first.
+    let mut held = Vec::new();
+    let last = format!("bulk:{}", BULK - 1);
     for (round, pair) in [[4, 2], [0, 1], [3, 2]].into_iter().enumerate() {
         // Both down together, then back empty.
         tokio::task::block_in_place(|| {
@@ -103,31 +114,48 @@ async fn fencing_tokens_keep_increasing_across_a_rolling_restart() {
         busy.push(lock_unlock(&mut c, "fence:busy").await);
         for i in pair {
             cl.wait_state(i, "Up", |s| *s == MasterState::Up).await;
-            // It votes only with the counters of the others.
-            assert_eq!(
-                cl.on_master(i, &["GET", &counter("fence:idle")]).await,
-                bulk("390"),
-                "round {round}: idle counter on master {i} once it votes"
-            );
-            let last = format!("bulk:{}", BULK - 1);
-            assert_eq!(
-                cl.on_master(i, &["GET", &counter(&last)]).await,
-                bulk(&(1000 + BULK - 1).to_string()),
-                "round {round}: counters past the first SCAN page on master {i}"
-            );
+            let idle_counter = cl.on_master(i, &["GET", &counter("fence:idle")]).await;
+            let last_counter = cl.on_master(i, &["GET", &counter(&last)]).await;
+            held.push((round, i, idle_counter, last_counter));
         }
         busy.push(lock_unlock(&mut c, "fence:busy").await);
     }
-    let idle = lock_unlock(&mut c, "fence:idle").await;
-    assert_eq!(idle, 391, "the idle key's token after 390");
-    assert!(
-        busy.windows(2).all(|w| w[0] < w[1]),
-        "tokens of the busy key: {busy:?}"
-    );
-    let copied = cl.quorum().rejoin.counters_copied.load(Ordering::Relaxed) - copied_before;
+    // Every master lost the idle key's counter once; it is taken again.
+    idle.push(lock_unlock(&mut c, "fence:idle").await);
+    busy.push(lock_unlock(&mut c, "fence:busy").await);
+    for (key, tokens) in [("fence:idle", &idle), ("fence:busy", &busy)] {
+        assert!(
+            tokens.windows(2).all(|w| w[0] < w[1]),
+            "tokens of {key}, each must exceed all before: {tokens:?}"
+        );
+    }
+    for (round, i, idle_counter, last_counter) in &held {
+        // It votes only with the counters of the others, past the first
+        // SCAN page too.
+        assert_eq!(
+            (idle_counter.as_str(), last_counter.as_str()),
+            (
+                bulk("390").as_str(),
+                bulk(&(1000 + BULK - 1).to_string()).as_str()
+            ),
+            "round {round}: counters on master {i} once it voted"
+        );
+    }
+    let copied = r.counters_copied.load(Ordering::Relaxed) - copied_before;
     // Six returns, each given every counter (the bulk ones and idle; busy
     // too once it exists on the sources).
     assert!(copied >= 6 * (BULK as u64 + 1), "counters copied: {copied}");
+    // Six returns at least (a dropped connection adds a return).
+    let copies = r.copies.load(Ordering::Relaxed) - copies_before;
+    let restarts = r.sit_outs_restarted.load(Ordering::Relaxed) - restarts_before;
+    assert!(
+        copies >= 6 && restarts == 6,
+        "copies {copies}, restarts {restarts}"
+    );
+    let stats = call(&mut c, &["LOCKGATE", "STATS"]).await;
+    for name in ["lock_fence_copies", "lock_quorum_sit_outs_restarted"] {
+        assert!(stats.contains(name), "{name} in LOCKGATE STATS: {stats:?}");
+    }
 }
 
 /// A master restarted empty just before lockgate starts must not be taken
@@ -167,11 +195,20 @@ async fn a_master_restarted_just_before_lockgate_starts_sits_out() {
     let q = lg.ctx.quorum.clone().expect("quorum");
     let mut c = RawClient::connect(lg.addr).await;
 
-    // lockgate connects: 0 and 1 count, 2 sits out.
-    support::eventually("masters 0 and 1 up", || {
+    // lockgate connects all three: 0 and 1 count.
+    support::eventually("masters 0 and 1 up, master 2 connected", || {
         q.masters[..2].iter().all(|m| m.state() == MasterState::Up)
+            && q.masters[2].state() != MasterState::Down
     })
     .await;
+    // Master 1 and master 2 (which lost it) would grant lock:held a
+    // second time: refused, as master 2 does not count.
+    assert_eq!(
+        call(&mut c, &["SETNX", "lock:held", "mine"]).await,
+        ":0\r\n",
+        "lock:held, held on masters 0 and 2 before master 2 restarted"
+    );
+    // It sits out the rest of the rejoin delay, for operators to see.
     let s = q.masters[2].state();
     assert!(
         matches!(s, MasterState::SittingOut(left) if left > Duration::from_millis(500)),
@@ -182,12 +219,7 @@ async fn a_master_restarted_just_before_lockgate_starts_sits_out() {
         masters_view.contains("$11\r\nsitting out\r\n"),
         "LOCKGATE MASTERS: {masters_view:?}"
     );
-
-    // Master 1 alone would grant lock:held with master 2's vote: refused.
-    assert_eq!(
-        call(&mut c, &["SETNX", "lock:held", "mine"]).await,
-        ":0\r\n"
-    );
+    assert_eq!(q.rejoin.sit_outs_young.load(Ordering::Relaxed), 1);
     // A free key: masters 0 and 1 are a majority.
     assert_eq!(
         call(&mut c, &["SETNX", "lock:free", "mine"]).await,

@@ -150,17 +150,11 @@ impl Master {
 
     /// When a master lockgate sees for the first time ends its sit-out, if
     /// it started less than `rejoin_delay` ago (`None`: it is older).
-    // `uptime_in_seconds` is the difference of two whole-second clock
-    // readings (now and the start, both rounded down), so a master that
-    // reports s seconds may have run for just over s - 1: it is taken to
-    // have run max(s - 1, 0) seconds when its reply arrived, never older
-    // than it is. Without an uptime it is taken as new.
+    /// Without an uptime it is taken as new.
     fn young_until(&self, rejoin_delay: Duration) -> Option<Instant> {
         let uptime = self.node.state.uptime.lock().ok().and_then(|u| *u);
         let (read_at, secs) = uptime.unwrap_or((Instant::now(), 0));
-        let ran = Duration::from_secs(secs.saturating_sub(1));
-        let left = rejoin_delay.checked_sub(ran)?;
-        let until = read_at + left;
+        let until = read_at + young_left(rejoin_delay, secs)?;
         (until > Instant::now()).then_some(until)
     }
 
@@ -440,6 +434,18 @@ impl Quorum {
     }
 }
 
+/// How much of `rejoin_delay` a master that reported `uptime_in_seconds`
+/// = `secs` has left to sit out from when its reply arrived (`None`:
+/// none).
+// `uptime_in_seconds` is the difference of two whole-second clock readings
+// (now and the start, both rounded down), so a master reporting s seconds
+// may have run for just over s - 1: it is taken to have run max(s - 1, 0),
+// never older than it is.
+pub fn young_left(rejoin_delay: Duration, secs: u64) -> Option<Duration> {
+    let ran = Duration::from_secs(secs.saturating_sub(1));
+    rejoin_delay.checked_sub(ran).filter(|left| !left.is_zero())
+}
+
 /// Merges integer answers the Redlock way: the largest value a majority
 /// reports at least (for TTLs, the smallest within the majority).
 pub fn majority_integer(values: &[i64], majority: usize) -> Option<i64> {
@@ -475,6 +481,23 @@ pub fn now_unix_ms() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reported_uptime_is_taken_a_second_short() {
+        let delay = Duration::from_millis(3_000);
+        // 0 or 1 reported: it may have started just now.
+        assert_eq!(young_left(delay, 0), Some(delay));
+        assert_eq!(young_left(delay, 1), Some(delay));
+        assert_eq!(young_left(delay, 2), Some(Duration::from_secs(2)));
+        // 4 reported: more than 3 s run.
+        assert_eq!(young_left(delay, 3), Some(Duration::from_secs(1)));
+        assert_eq!(young_left(delay, 4), None);
+        assert_eq!(young_left(Duration::from_millis(300), 2), None);
+        assert_eq!(
+            young_left(Duration::from_millis(300), 1),
+            Some(Duration::from_millis(300))
+        );
+    }
 
     #[test]
     fn integers_merge_to_what_a_majority_reports() {

@@ -446,7 +446,7 @@ mod tests {
 
     #[test]
     fn scan_replies_parse() {
-        let r = b"*2\r\n$2\r\n17\r\n*2\r\n$3\r\na\r\nb\r\n$0\r\n\r\n";
+        let r = b"*2\r\n$2\r\n17\r\n*2\r\n$4\r\na\r\nb\r\n$0\r\n\r\n";
         let (cursor, keys) = parse_scan(r).expect("parses");
         assert_eq!(cursor.as_ref(), b"17");
         assert_eq!(keys, vec![Bytes::from_static(b"a\r\nb"), Bytes::new()]);
