@@ -257,3 +257,32 @@ async fn a_master_restarted_just_before_lockgate_starts_sits_out() {
     assert_eq!(lock_unlock(&mut c, "fence:k").await, 42);
     lg.stop().await;
 }
+
+/// A master that only lost its connection (the same process, `run_id`
+/// unchanged) kept its counters: it sits out its delay and votes again
+/// without a copy. Two of three at once: were a copy asked of them, no
+/// majority of the others could give it and they would never rejoin.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn masters_that_only_lost_their_connection_rejoin_without_a_copy() {
+    let cl = Cluster::start(3, |c| c.locks.quorum.rejoin_delay_ms = REJOIN_MS).await;
+    let mut c = cl.client().await;
+    let first = lock_unlock(&mut c, "fence:blip").await;
+    let r = cl.quorum().rejoin.clone();
+    let copies = r.copies.load(Ordering::Relaxed);
+    let reconnects = r.sit_outs_reconnected.load(Ordering::Relaxed);
+    for i in [0, 1] {
+        // Every client but this one: lockgate's connections.
+        let killed = cl.on_master(i, &["CLIENT", "KILL", "TYPE", "normal"]).await;
+        assert_ne!(killed, ":0\r\n", "master {i}: {killed:?}");
+    }
+    for i in [0, 1] {
+        cl.wait_state(i, "SittingOut", sitting_out).await;
+    }
+    for i in [0, 1] {
+        cl.wait_state(i, "Up", |s| *s == MasterState::Up).await;
+    }
+    assert_eq!(r.copies.load(Ordering::Relaxed), copies, "copies");
+    assert!(r.sit_outs_reconnected.load(Ordering::Relaxed) >= reconnects + 2);
+    let mut c = cl.client().await;
+    assert!(lock_unlock(&mut c, "fence:blip").await > first);
+}

@@ -131,12 +131,20 @@ impl Master {
                 }
             }
         } else {
-            self.admission.require_copy(connects);
             let (why, reason) = if run_id != seen.0 {
                 ("restarted (new run_id)", SitOut::Restarted)
             } else {
                 ("reconnected", SitOut::Reconnected)
             };
+            // The same process keeps its counters: a connection lost (a
+            // network blip, lockgate's own) asks for no copy, else losing
+            // a majority of connections at once could never be undone.
+            // Releases and commits it missed meanwhile only leave it with
+            // less, as a master that did not vote.
+            match reason == SitOut::Reconnected && self.admission.is_admitted(seen.1) {
+                true => self.admission.trust(connects),
+                false => self.admission.require_copy(connects),
+            }
             self.sit_out_until(Instant::now() + rejoin_delay, reason);
             tracing::warn!(
                 master = self.node.addr(),

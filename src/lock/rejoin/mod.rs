@@ -1,6 +1,6 @@
 //! Rejoining the quorum with the fencing counters. A lock master that
-//! returns (restarted, reconnected, or first seen by lockgate moments after
-//! it started) may have lost the per-key token counters
+//! returns (restarted, reconnected before it got them, or first seen by
+//! lockgate moments after it started) may lack the per-key token counters
 //! `lockgate:fence:{key}`. Before it may vote in acquisitions again, the
 //! counters of a majority of the other masters are copied to it, only ever
 //! raising a counter. Otherwise a rolling restart (a sequence of minority
