@@ -134,24 +134,10 @@ impl Cluster {
     }
 }
 
-/// Polls `INFO server` on `addr` every 50 ms until its reported
-/// `uptime_in_seconds` is at least `secs` (within [`WAIT`]).
-pub async fn until_uptime(addr: &str, secs: u64) {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let info = direct(addr, &["INFO", "server"]).await;
-        let up = info
-            .lines()
-            .find_map(|l| l.strip_prefix("uptime_in_seconds:"))
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .unwrap_or(0);
-        if up >= secs {
-            return;
-        }
-        assert!(Instant::now() < deadline, "uptime of {addr} stays {up} s");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
+/// Waits until a Redis reports an uptime (one helper for every test
+/// crate).
+#[allow(unused_imports)]
+pub use crate::support::until_uptime;
 
 /// The raw reply as text (`\r\n` kept).
 pub fn text(raw: &[u8]) -> String {
