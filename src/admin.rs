@@ -173,6 +173,8 @@ fn stats(ctx: &ServerContext) -> LocalReply {
     let s = &ctx.locks.storm.metrics;
     let no_jumps = std::sync::atomic::AtomicU64::new(0);
     let jumps = ctx.quorum.as_ref().map_or(&no_jumps, |q| &q.clock.jumps);
+    let none = crate::lock::metrics::RejoinMetrics::default();
+    let r = ctx.quorum.as_ref().map_or(&none, |q| &*q.rejoin);
     let rows: &[(&str, &std::sync::atomic::AtomicU64)] = &[
         ("connections_active", &p.connections_active),
         ("connections_total", &p.connections_total),
@@ -199,6 +201,12 @@ fn stats(ctx: &ServerContext) -> LocalReply {
         ("lock_raw_refused", &l.raw_refused),
         ("lock_stale_conn_denied", &l.stale_conn_denied),
         ("lock_fairness_yields", &l.fairness_yields),
+        ("lock_fence_counters_copied", &r.counters_copied),
+        ("lock_fence_copy_failures", &r.copy_failures),
+        ("lock_fence_copies", &r.copies),
+        ("lock_quorum_sit_outs_restarted", &r.sit_outs_restarted),
+        ("lock_quorum_sit_outs_reconnected", &r.sit_outs_reconnected),
+        ("lock_quorum_sit_outs_young", &r.sit_outs_young),
         ("lock_absorbed", &s.absorbed),
         ("lock_parked", &s.parked),
         ("lock_handoffs", &s.handoffs),

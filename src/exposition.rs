@@ -159,7 +159,10 @@ impl Collector for Counters {
         }
         let l = &ctx.locks.metrics;
         let s = &ctx.locks.storm.metrics;
-        let locks: [(&str, &str, &AtomicU64); 25] = [
+        // Exported without a quorum too (as 0), so dashboards see one set.
+        let none = crate::lock::metrics::RejoinMetrics::default();
+        let r = ctx.quorum.as_ref().map_or(&none, |q| &*q.rejoin);
+        let locks: [(&str, &str, &AtomicU64); 31] = [
             (
                 "lock_attempts",
                 "Acquisition attempts on lock keys",
@@ -260,6 +263,36 @@ impl Collector for Counters {
                 "lock_raw_refused",
                 "Lock commands refused on a connection in MONITOR or replication mode",
                 &l.raw_refused,
+            ),
+            (
+                "lock_fence_counters_copied",
+                "Fence counters raised on a returning lock master before it votes again",
+                &r.counters_copied,
+            ),
+            (
+                "lock_fence_copy_failures",
+                "Fence counter copy rounds that failed (the master keeps sitting out)",
+                &r.copy_failures,
+            ),
+            (
+                "lock_fence_copies",
+                "Fence counter copies that let a returning lock master vote again",
+                &r.copies,
+            ),
+            (
+                "lock_quorum_sit_outs_restarted",
+                "Lock master sit-outs after a restart (new run_id)",
+                &r.sit_outs_restarted,
+            ),
+            (
+                "lock_quorum_sit_outs_reconnected",
+                "Lock master sit-outs after a reconnection (same run_id)",
+                &r.sit_outs_reconnected,
+            ),
+            (
+                "lock_quorum_sit_outs_young",
+                "Lock master sit-outs at first sight, started less than the rejoin delay before",
+                &r.sit_outs_young,
             ),
             (
                 "lock_watchdog_renewals",

@@ -106,8 +106,9 @@ pub struct QuorumConfig {
     /// validity = lease − elapsed − (lease × drift + 2 ms).
     pub clock_drift_factor: f64,
     /// How long a master that restarted (new run_id) or was unreachable sits
-    /// out acquisitions, in milliseconds. 0: the longest lease lockgate has
-    /// granted, never less than `default_lease_ms`.
+    /// out acquisitions, in milliseconds; one lockgate first sees less than
+    /// this after it started sits out the rest. 0: the longest lease
+    /// lockgate has granted, never less than `default_lease_ms`.
     pub rejoin_delay_ms: u64,
     /// When fewer than a majority of masters can take part in an
     /// acquisition: `"error"` (reply an error) or `"not_acquired"`.

@@ -89,3 +89,23 @@ impl Default for LockMetrics {
         }
     }
 }
+
+/// The quorum's rejoin counters: fence counters copied to returning
+/// masters, and sit-outs by reason (clock jumps are counted by the clock
+/// watch, `lock_quorum_clock_jumps`). Zero without a quorum.
+#[derive(Debug, Default)]
+pub struct RejoinMetrics {
+    /// Fence counters raised on a returning master by a copy.
+    pub counters_copied: AtomicU64,
+    /// Copy rounds that admitted a master (it holds the counters again).
+    pub copies: AtomicU64,
+    /// Copy rounds that failed (the master keeps sitting out; retried).
+    pub copy_failures: AtomicU64,
+    /// Sit-outs of a master that restarted (new `run_id`).
+    pub sit_outs_restarted: AtomicU64,
+    /// Sit-outs of a master that reconnected with the same `run_id`.
+    pub sit_outs_reconnected: AtomicU64,
+    /// Sit-outs of a master lockgate first saw less than the rejoin delay
+    /// after it started.
+    pub sit_outs_young: AtomicU64,
+}

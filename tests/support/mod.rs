@@ -626,3 +626,24 @@ pub fn int(reply: &str) -> i64 {
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("not an integer reply: {reply:?}"))
 }
+
+/// Polls `INFO server` on the Redis at `addr` every 50 ms until its
+/// reported `uptime_in_seconds` is at least `secs` (within [`WAIT`]).
+#[allow(dead_code)]
+pub async fn until_uptime(addr: &str, secs: u64) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let mut c = RawClient::connect(addr).await;
+        let info = String::from_utf8_lossy(&c.call_raw(&["INFO", "server"]).await).into_owned();
+        let up = info
+            .lines()
+            .find_map(|l| l.strip_prefix("uptime_in_seconds:"))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(0);
+        if up >= secs {
+            return;
+        }
+        assert!(Instant::now() < deadline, "uptime of {addr} stays {up} s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
