@@ -173,6 +173,8 @@ fn stats(ctx: &ServerContext) -> LocalReply {
     let s = &ctx.locks.storm.metrics;
     let no_jumps = std::sync::atomic::AtomicU64::new(0);
     let jumps = ctx.quorum.as_ref().map_or(&no_jumps, |q| &q.clock.jumps);
+    let none = crate::lock::rejoin::RejoinMetrics::default();
+    let r = ctx.quorum.as_ref().map_or(&none, |q| &q.rejoin);
     let rows: &[(&str, &std::sync::atomic::AtomicU64)] = &[
         ("connections_active", &p.connections_active),
         ("connections_total", &p.connections_total),
@@ -198,6 +200,8 @@ fn stats(ctx: &ServerContext) -> LocalReply {
         ("lock_mixed_refused", &l.mixed_refused),
         ("lock_raw_refused", &l.raw_refused),
         ("lock_stale_conn_denied", &l.stale_conn_denied),
+        ("lock_fence_counters_copied", &r.counters_copied),
+        ("lock_fence_copy_failures", &r.copy_failures),
         ("lock_absorbed", &s.absorbed),
         ("lock_parked", &s.parked),
         ("lock_handoffs", &s.handoffs),

@@ -159,7 +159,9 @@ impl Collector for Counters {
         }
         let l = &ctx.locks.metrics;
         let s = &ctx.locks.storm.metrics;
-        let locks: [(&str, &str, &AtomicU64); 24] = [
+        let none = crate::lock::rejoin::RejoinMetrics::default();
+        let r = ctx.quorum.as_ref().map_or(&none, |q| &q.rejoin);
+        let locks: [(&str, &str, &AtomicU64); 26] = [
             (
                 "lock_attempts",
                 "Acquisition attempts on lock keys",
@@ -255,6 +257,16 @@ impl Collector for Counters {
                 "lock_raw_refused",
                 "Lock commands refused on a connection in MONITOR or replication mode",
                 &l.raw_refused,
+            ),
+            (
+                "lock_fence_counters_copied",
+                "Fence counters raised on a returning lock master before it votes again",
+                &r.counters_copied,
+            ),
+            (
+                "lock_fence_copy_failures",
+                "Fence counter copy rounds that failed (the master keeps sitting out)",
+                &r.copy_failures,
             ),
             (
                 "lock_watchdog_renewals",

@@ -549,6 +549,9 @@ impl QuorumOps {
         let masters: Vec<RedisServer> = (0..n).map(|_| RedisServer::start()).collect();
         let mut c = base_config(&primary.addr());
         c.locks.quorum.masters = masters.iter().map(|m| m.addr()).collect();
+        // The masters start moments before lockgate, which makes them sit
+        // out the rest of the rejoin delay (30 s by default) first.
+        c.locks.quorum.rejoin_delay_ms = 300;
         tweak(&mut c);
         let lg = Ops::start(c).await;
         let q = QuorumOps {

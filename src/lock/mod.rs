@@ -37,6 +37,7 @@ mod plan;
 pub mod quorum;
 pub mod quorum_fence;
 pub mod quorum_ops;
+pub mod rejoin;
 pub mod script;
 pub mod split;
 pub mod storm;

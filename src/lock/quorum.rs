@@ -3,7 +3,9 @@
 //! the answer is the majority's. A master that restarted (new `run_id`) or
 //! was unreachable sits out acquisitions for `rejoin_delay` (counting as
 //! "no") while still receiving releases, so a restart without persistence
-//! cannot hand a lock out twice.
+//! cannot hand a lock out twice; so does one lockgate first sees less than
+//! `rejoin_delay` after it started. Such a master also votes only once the
+//! fence counters were copied to it ([`super::rejoin`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -14,6 +16,7 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio_util::sync::CancellationToken;
 
 use super::node::{Node, NodeConfig};
+use super::rejoin::{Admission, RejoinMetrics};
 use crate::config::{Config, QuorumConfig, QuorumLoss};
 use crate::protocol::encode::LocalReply;
 
@@ -32,6 +35,8 @@ pub struct Master {
     /// The sit-out after a return, in ms (shared with the quorum, which
     /// raises it with the longest lease granted).
     rejoin_ms: Arc<AtomicU64>,
+    /// Whether its current connection holds the fence counters.
+    pub admission: Admission,
 }
 
 /// A master's state as operators see it.
@@ -57,8 +62,11 @@ impl Master {
             return MasterState::Down;
         }
         let until = self.sitting_out_until.lock().ok().and_then(|u| *u);
+        let connects = self.node.state.connects.load(Ordering::Relaxed);
         match until.map(|u| u.saturating_duration_since(Instant::now())) {
             Some(left) if !left.is_zero() => MasterState::SittingOut(left),
+            // Its delay is over but the counters are not copied yet.
+            _ if !self.admission.is_admitted(connects) => MasterState::SittingOut(Duration::ZERO),
             _ => MasterState::Up,
         }
     }
@@ -83,8 +91,26 @@ impl Master {
             .lock()
             .map(|r| r.clone())
             .unwrap_or_default();
-        // Only the very first connection is trusted without a sit-out.
-        if !(seen.1 == 0 && connects == 1) {
+        // Only the very first connection may be trusted without a sit-out,
+        // and only when the master had already run for the rejoin delay.
+        if seen.1 == 0 && connects == 1 {
+            match self.young_until(rejoin_delay) {
+                None => self.admission.trust(connects),
+                Some(until) => {
+                    if let Ok(mut u) = self.sitting_out_until.lock() {
+                        *u = Some(until);
+                    }
+                    self.admission.require_copy(connects);
+                    tracing::warn!(
+                        master = self.node.addr(),
+                        sit_out_ms = until.saturating_duration_since(Instant::now()).as_millis()
+                            as u64,
+                        "lock master started less than the rejoin delay ago: it sits out"
+                    );
+                }
+            }
+        } else {
+            self.admission.require_copy(connects);
             let why = if run_id != seen.0 {
                 "restarted (new run_id)"
             } else {
@@ -112,6 +138,19 @@ impl Master {
             *until = Some(until.map_or(end, |u| u.max(end)));
         }
     }
+
+    /// When a master lockgate sees for the first time ends its sit-out, if
+    /// it started less than `rejoin_delay` ago (`None`: it is older). Its
+    /// `uptime_in_seconds` is whole seconds rounded down, so it started at
+    /// most that long before it was read: taking exactly that makes the
+    /// master no older than it is. Without an uptime it is taken as new.
+    fn young_until(&self, rejoin_delay: Duration) -> Option<Instant> {
+        let uptime = self.node.state.uptime.lock().ok().and_then(|u| *u);
+        let (read_at, secs) = uptime.unwrap_or((Instant::now(), 0));
+        let left = rejoin_delay.checked_sub(Duration::from_secs(secs))?;
+        let until = read_at + left;
+        (until > Instant::now()).then_some(until)
+    }
 }
 
 /// The quorum of lock masters.
@@ -129,6 +168,8 @@ pub struct Quorum {
     pub scripts: dashmap::DashMap<String, Bytes>,
     /// The masters' clock offsets (jumps sit a master out).
     pub clock: super::clock::ClockWatch,
+    /// Fence counter copies to returning masters.
+    pub rejoin: RejoinMetrics,
 }
 
 /// What the masters answered to one command.
@@ -161,6 +202,7 @@ impl Quorum {
                     sitting_out_until: Mutex::new(None),
                     seen: Mutex::new((String::new(), 0)),
                     rejoin_ms: rejoin_ms.clone(),
+                    admission: Admission::new(Duration::from_millis(q.node_timeout_ms)),
                 })
             })
             .collect();
@@ -172,6 +214,7 @@ impl Quorum {
             rejoin_ms,
             scripts: dashmap::DashMap::new(),
             clock: super::clock::ClockWatch::new(config),
+            rejoin: RejoinMetrics::default(),
         });
         let sampled = quorum.clone();
         let sample_stop = stop.clone();
@@ -181,6 +224,7 @@ impl Quorum {
                 _ = sampled.sample_clocks() => {}
             }
         });
+        super::rejoin::spawn(quorum.clone(), stop.clone());
         let watched = quorum.clone();
         let stop = stop.clone();
         tokio::spawn(async move {
