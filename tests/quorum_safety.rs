@@ -35,6 +35,7 @@
 //! turns any 50 ms stall of a shared, loaded test machine into
 //! "lock quorum unavailable" while 3 masters are up].
 
+mod quorum_harness;
 mod support;
 
 use std::collections::BTreeMap;
@@ -46,6 +47,7 @@ use std::time::{Duration, Instant};
 
 use lockgate::lock::quorum::MasterState;
 use lockgate::{Config, ServerContext};
+use quorum_harness::rng::{env_u64, XorShift};
 use support::{eventually, Lockgate, RawClient, RedisServer, WAIT};
 
 /// The tests here each drive several redis-servers hard on a small machine:
@@ -62,16 +64,6 @@ const LOCK_WAIT_MS: u64 = 5000;
 const MAX_DISTURBED: usize = 2;
 /// The compare-and-delete release every Redis lock tutorial uses.
 const RELEASE: &str = r#"if redis.call("get",KEYS[1]) == ARGV[1] then return redis.call("del",KEYS[1]) else return 0 end"#;
-
-fn env_u64(name: &str, default: u64) -> u64 {
-    match std::env::var(name) {
-        Ok(v) => v
-            .trim()
-            .parse()
-            .unwrap_or_else(|_| panic!("{name}={v:?} is not a number")),
-        Err(_) => default,
-    }
-}
 
 /// The run's parameters (environment, or defaults that fit in ~60 s).
 #[derive(Debug, Clone, Copy)]
@@ -101,30 +93,6 @@ impl Plan {
             plan.seed
         );
         plan
-    }
-}
-
-/// xorshift64: a fixed seed gives the same fault schedule.
-#[derive(Debug, Clone)]
-struct XorShift(u64);
-
-impl XorShift {
-    fn new(seed: u64) -> XorShift {
-        XorShift((seed ^ 0x9e37_79b9_7f4a_7c15) | 1)
-    }
-
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x
-    }
-
-    /// Uniform in `lo..=hi`.
-    fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.next() % (hi - lo + 1)
     }
 }
 

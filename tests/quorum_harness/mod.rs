@@ -6,6 +6,7 @@
 #![allow(dead_code)]
 
 pub mod fake_clock;
+pub mod rng;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
