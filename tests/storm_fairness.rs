@@ -193,6 +193,9 @@ async fn measure(quorum: bool, style: Style) -> Vec<(u64, u64, u64)> {
         c.locks.instance_id = format!("lg{i}");
         c.locks.quorum.masters = masters.iter().map(|m| m.addr()).collect();
         c.locks.retry.max_local_preference_ms = BOUND_MS;
+        // Fresh masters are young at lockgate's first sight and sit out the
+        // rejoin delay (the longest lease by default): keep it short.
+        c.locks.quorum.rejoin_delay_ms = 300;
         gates.push(Lockgate::start_with(c).await);
     }
     if quorum {
