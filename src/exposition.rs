@@ -72,7 +72,7 @@ impl Collector for Counters {
             "Client connections open now",
             ProxyMetrics::get(&p.connections_active) as i64,
         )?;
-        let proxy: [(&str, &str, &AtomicU64); 13] = [
+        let proxy: [(&str, &str, &AtomicU64); 16] = [
             (
                 "connections",
                 "Client connections accepted",
@@ -122,6 +122,21 @@ impl Collector for Counters {
                 "raw_sessions",
                 "Sessions that entered uncounted replies (MONITOR, replication)",
                 &p.raw_sessions,
+            ),
+            (
+                "tls_handshakes",
+                "TLS handshakes completed on the TLS listener",
+                &p.tls_handshakes,
+            ),
+            (
+                "tls_handshake_failures",
+                "TLS handshakes on the TLS listener that failed",
+                &p.tls_handshake_failures,
+            ),
+            (
+                "tls_handshake_timeouts",
+                "TLS handshakes not finished within proxy.tls.handshake_timeout_ms",
+                &p.tls_handshake_timeouts,
             ),
             (
                 "errors_client",

@@ -37,6 +37,13 @@ pub struct ProxyMetrics {
     pub raw_sessions: AtomicU64,
     /// Sessions cut because owed replies did not arrive within the grace period.
     pub drain_timeouts: AtomicU64,
+    /// TLS handshakes completed on the TLS listener.
+    pub tls_handshakes: AtomicU64,
+    /// TLS handshakes on the TLS listener that failed (not TLS, no or a
+    /// bad client certificate, a protocol error, closed midway).
+    pub tls_handshake_failures: AtomicU64,
+    /// TLS handshakes not finished within `proxy.tls.handshake_timeout_ms`.
+    pub tls_handshake_timeouts: AtomicU64,
     /// Errors by source: client, upstream, internal.
     pub errors_client: AtomicU64,
     /// See `errors_client`.

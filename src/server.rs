@@ -17,7 +17,8 @@ use crate::lock::quorum::Quorum;
 use crate::lock::LockService;
 use crate::metrics::{ProxyMetrics, RateLimit};
 use crate::protocol::request::RequestLimits;
-use crate::upstream::{self, UpstreamError};
+use crate::tls::{Side, Stream, TlsStore};
+use crate::upstream::{Connector, UpstreamError};
 
 /// Interval between two repeats of the same warning.
 const WARN_INTERVAL: Duration = Duration::from_secs(10);
@@ -52,6 +53,10 @@ pub struct ServerContext {
     pub reload: std::sync::Mutex<Option<ReloadHook>>,
     /// The configuration in force, as `LOCKGATE CONFIG` shows it.
     pub current: std::sync::RwLock<Config>,
+    /// The TLS certificates and settings in force (reloadable).
+    pub tls: Arc<TlsStore>,
+    /// How sessions reach the primary (plain TCP or TLS).
+    pub upstream: Connector,
 }
 
 /// What a reload needs from the binary.
@@ -82,19 +87,22 @@ impl ServerContext {
     /// Tokio runtime.
     pub fn new(config: Config) -> ServerContext {
         let stop = CancellationToken::new();
+        let tls = Arc::new(TlsStore::new(&config));
+        let upstream = Connector::new(tls.clone(), Side::Upstream);
+        let masters = Connector::new(tls.clone(), Side::Quorum);
         let primary = Node::spawn(
-            NodeConfig::for_addr(&config, &config.upstream.addr),
+            NodeConfig::for_addr(&config, &config.upstream.addr, upstream.clone()),
             stop.clone(),
         );
         let locks = LockService::new(&config);
         // Releases are announced where the locks live.
-        let stores = match config.locks.quorum.masters.is_empty() {
-            true => vec![config.upstream.addr.clone()],
-            false => config.locks.quorum.masters.clone(),
+        let (stores, connector) = match config.locks.quorum.masters.is_empty() {
+            true => (vec![config.upstream.addr.clone()], &upstream),
+            false => (config.locks.quorum.masters.clone(), &masters),
         };
         for addr in &stores {
             announce::spawn(
-                NodeConfig::for_addr(&config, addr),
+                NodeConfig::for_addr(&config, addr, connector.clone()),
                 locks.storm.clone(),
                 stop.clone(),
             );
@@ -103,7 +111,9 @@ impl ServerContext {
             reload: std::sync::Mutex::new(None),
             current: std::sync::RwLock::new(config.clone()),
             locks,
-            quorum: Quorum::start(&config, &stop),
+            quorum: Quorum::start(&config, &stop, &masters),
+            tls,
+            upstream,
             primary,
             stop,
             config,
@@ -134,17 +144,37 @@ impl ServerContext {
             .read()
             .map(|c| c.clone())
             .map_err(|_| "config lock poisoned".to_string())?;
+        // The TLS sections apply to new handshakes and connections; only
+        // the TLS listener's address needs a restart.
+        let tls_in_force = crate::tls::load(&new).map_err(|e| e.to_string())?;
+        let mut new_proxy = new.proxy.clone();
+        new_proxy.tls.listen = old.proxy.tls.listen.clone();
+        let proxy = crate::config::ProxyConfig {
+            tls: new_proxy.tls.clone(),
+            ..old.proxy.clone()
+        };
+        let upstream = crate::config::UpstreamConfig {
+            tls: new.upstream.tls.clone(),
+            ..old.upstream.clone()
+        };
+        let quorum = crate::config::QuorumConfig {
+            tls: new.locks.quorum.tls.clone(),
+            ..old.locks.quorum.clone()
+        };
         let mut ignored = Vec::new();
-        if new.proxy != old.proxy {
+        if new.proxy.tls.listen != old.proxy.tls.listen {
+            ignored.push("proxy.tls.listen");
+        }
+        if new_proxy != proxy {
             ignored.push("proxy");
         }
-        if new.upstream != old.upstream {
+        if new.upstream != upstream {
             ignored.push("upstream");
         }
         if new.limits != old.limits {
             ignored.push("limits");
         }
-        if new.locks.quorum != old.locks.quorum {
+        if new.locks.quorum != quorum {
             ignored.push("locks.quorum");
         }
         if new.admin != old.admin {
@@ -152,15 +182,16 @@ impl ServerContext {
         }
         (hook.set_log_filter)(&new.log.filter)?;
         self.locks.reload(&new);
+        self.tls.replace(tls_in_force);
         // What is in force: the reloadable sections from the file, the rest
         // as the process started with.
         let in_force = Config {
-            proxy: old.proxy,
-            upstream: old.upstream,
+            proxy,
+            upstream,
             limits: old.limits,
             admin: old.admin,
             locks: crate::config::LocksConfig {
-                quorum: old.locks.quorum,
+                quorum,
                 ..new.locks
             },
             log: new.log,
@@ -189,9 +220,12 @@ impl ServerContext {
     }
 
     /// Opens a connection to the primary, counting and logging failures.
-    pub async fn connect_upstream(&self) -> Result<TcpStream, UpstreamError> {
+    pub async fn connect_upstream(&self) -> Result<Stream, UpstreamError> {
         let timeout = Duration::from_millis(self.config.upstream.connect_timeout_ms);
-        let result = upstream::connect(&self.config.upstream.addr, timeout).await;
+        let result = self
+            .upstream
+            .connect(&self.config.upstream.addr, timeout)
+            .await;
         if let Err(e) = &result {
             ProxyMetrics::inc(&self.metrics.upstream_connect_errors);
             self.metrics.error(e.source_kind());
@@ -203,17 +237,39 @@ impl ServerContext {
     }
 }
 
-/// Accepts clients until `shutdown` fires, then waits up to
-/// `proxy.shutdown_grace_ms` for sessions to drain and cuts the rest.
-pub async fn serve(listener: TcpListener, ctx: Arc<ServerContext>, shutdown: CancellationToken) {
+/// The next client of either listener, and whether it came to the TLS one.
+async fn accept(
+    plain: &TcpListener,
+    tls: Option<&TcpListener>,
+) -> (std::io::Result<(TcpStream, std::net::SocketAddr)>, bool) {
+    match tls {
+        None => (plain.accept().await, false),
+        Some(tls) => tokio::select! {
+            accepted = plain.accept() => (accepted, false),
+            accepted = tls.accept() => (accepted, true),
+        },
+    }
+}
+
+/// Accepts clients on `listener` (and on `tls`, the TLS listener, when
+/// given) until `shutdown` fires, then waits up to
+/// `proxy.shutdown_grace_ms` for sessions to drain and cuts the rest. TLS
+/// handshakes run in each client's own task, so a stalled one holds up
+/// nobody else.
+pub async fn serve(
+    listener: TcpListener,
+    tls: Option<TcpListener>,
+    ctx: Arc<ServerContext>,
+    shutdown: CancellationToken,
+) {
     let slots = Arc::new(Semaphore::new(ctx.config.proxy.max_clients));
     let sessions = TaskTracker::new();
     let force = CancellationToken::new();
     let mut backoff = Duration::from_millis(1);
     loop {
-        let accepted = tokio::select! {
+        let (accepted, is_tls) = tokio::select! {
             _ = shutdown.cancelled() => break,
-            accepted = listener.accept() => accepted,
+            accepted = accept(&listener, tls.as_ref()) => accepted,
         };
         let (stream, peer) = match accepted {
             Ok(pair) => {
@@ -234,7 +290,10 @@ pub async fn serve(listener: TcpListener, ctx: Arc<ServerContext>, shutdown: Can
         };
         let Ok(permit) = slots.clone().try_acquire_owned() else {
             ProxyMetrics::inc(&ctx.metrics.connections_rejected);
-            sessions.spawn(reject(stream));
+            // A TLS client could not read a plain-text error: just closed.
+            if !is_tls {
+                sessions.spawn(reject(stream));
+            }
             continue;
         };
         ProxyMetrics::inc(&ctx.metrics.connections_total);
@@ -246,8 +305,20 @@ pub async fn serve(listener: TcpListener, ctx: Arc<ServerContext>, shutdown: Can
         let force = force.clone();
         sessions.spawn(async move {
             ProxyMetrics::inc(&ctx.metrics.connections_active);
+            let serve = async {
+                // Nagle only adds latency; lockgate batches writes itself.
+                let _ = stream.set_nodelay(true);
+                let client = match is_tls {
+                    false => Stream::Plain(stream),
+                    true => match ctx.tls.accept(stream, peer, &ctx.metrics, &shutdown).await {
+                        Some(client) => client,
+                        None => return,
+                    },
+                };
+                crate::session::run(ctx.clone(), client, peer, conn, shutdown.clone()).await
+            };
             tokio::select! {
-                _ = crate::session::run(ctx.clone(), stream, peer, conn, shutdown) => {}
+                _ = serve => {}
                 _ = force.cancelled() => {}
             }
             ctx.metrics
@@ -257,6 +328,7 @@ pub async fn serve(listener: TcpListener, ctx: Arc<ServerContext>, shutdown: Can
         });
     }
     drop(listener);
+    drop(tls);
     sessions.close();
     let grace = Duration::from_millis(ctx.config.proxy.shutdown_grace_ms);
     if tokio::time::timeout(grace, sessions.wait()).await.is_err() {
