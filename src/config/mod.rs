@@ -351,10 +351,7 @@ impl Config {
         if !t.listen.is_empty() {
             parse_addr("proxy.tls.listen", &t.listen)?;
             if t.listen == self.proxy.listen {
-                return Err(invalid(
-                    "proxy.tls.listen",
-                    "must differ from proxy.listen",
-                ));
+                return Err(invalid("proxy.tls.listen", "must differ from proxy.listen"));
             }
         }
         positive("proxy.tls.handshake_timeout_ms", t.handshake_timeout_ms)?;

@@ -200,9 +200,7 @@ async fn connection_loop(
 }
 
 /// Connects, authenticates and reads the node's `run_id` and uptime.
-async fn open(
-    config: &NodeConfig,
-) -> Result<(Stream, String, Option<(Instant, u64)>), String> {
+async fn open(config: &NodeConfig) -> Result<(Stream, String, Option<(Instant, u64)>), String> {
     let mut stream = handshake(config).await?;
     let info = request(
         &mut stream,

@@ -16,10 +16,10 @@ use super::routing::route_batch;
 use super::SessionError;
 use crate::lock::lease::ConnLocks;
 use crate::metrics::ProxyMetrics;
-use crate::tls::stream::{ReadPart, WritePart};
 use crate::protocol::request::RequestParser;
 use crate::router::SessionView;
 use crate::server::ServerContext;
+use crate::tls::stream::{ReadPart, WritePart};
 
 /// How the reader half ended.
 #[derive(Debug)]

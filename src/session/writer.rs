@@ -15,10 +15,10 @@ use super::pending::Pending;
 use super::SessionError;
 use crate::lock::lease::ConnLocks;
 use crate::metrics::ProxyMetrics;
-use crate::tls::stream::{ReadPart, WritePart};
 use crate::protocol::encode::LocalReply;
 use crate::protocol::reply::{FrameEnd, FrameKind, ReplyScanner};
 use crate::server::ServerContext;
+use crate::tls::stream::{ReadPart, WritePart};
 
 /// How the writer half ended.
 #[derive(Debug)]

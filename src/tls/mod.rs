@@ -112,8 +112,12 @@ fn certs(key: &'static str, path: &str) -> Result<Vec<CertificateDer<'static>>, 
 }
 
 fn private_key(key: &'static str, path: &str) -> Result<PrivateKeyDer<'static>, ConfigError> {
-    PrivateKeyDer::from_pem_file(path)
-        .map_err(|e| invalid(key, format!("cannot read a PEM private key from `{path}`: {e}")))
+    PrivateKeyDer::from_pem_file(path).map_err(|e| {
+        invalid(
+            key,
+            format!("cannot read a PEM private key from `{path}`: {e}"),
+        )
+    })
 }
 
 fn roots(key: &'static str, path: &str) -> Result<RootCertStore, ConfigError> {
@@ -128,7 +132,10 @@ fn roots(key: &'static str, path: &str) -> Result<RootCertStore, ConfigError> {
 
 /// The key does not belong to the certificate, or is not usable.
 fn key_error(key: &'static str, path: &str, e: rustls::Error) -> ConfigError {
-    invalid(key, format!("`{path}` cannot be used with its certificate: {e}"))
+    invalid(
+        key,
+        format!("`{path}` cannot be used with its certificate: {e}"),
+    )
 }
 
 fn listener(config: &Config) -> Result<Option<Arc<ServerConfig>>, ConfigError> {
@@ -153,10 +160,12 @@ fn listener(config: &Config) -> Result<Option<Arc<ServerConfig>>, ConfigError> {
         "" => builder.with_no_client_auth(),
         ca => {
             let roots = roots("proxy.tls.client_ca_file", ca)?;
-            let verifier =
-                rustls::server::WebPkiClientVerifier::builder_with_provider(roots.into(), provider())
-                    .build()
-                    .map_err(|e| invalid("proxy.tls.client_ca_file", e.to_string()))?;
+            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                roots.into(),
+                provider(),
+            )
+            .build()
+            .map_err(|e| invalid("proxy.tls.client_ca_file", e.to_string()))?;
             builder.with_client_cert_verifier(verifier)
         }
     };
@@ -191,8 +200,18 @@ fn client(t: &ClientTlsConfig, keys: ClientTlsKeys) -> Result<Option<ClientSide>
         .with_root_certificates(roots);
     let config = match (t.cert_file.as_str(), t.key_file.as_str()) {
         ("", "") => builder.with_no_client_auth(),
-        ("", _) => return Err(invalid(keys.cert_file, "required with key_file".to_string())),
-        (_, "") => return Err(invalid(keys.key_file, "required with cert_file".to_string())),
+        ("", _) => {
+            return Err(invalid(
+                keys.cert_file,
+                "required with key_file".to_string(),
+            ))
+        }
+        (_, "") => {
+            return Err(invalid(
+                keys.key_file,
+                "required with cert_file".to_string(),
+            ))
+        }
         (cert, key) => {
             let chain = certs(keys.cert_file, cert)?;
             let der = private_key(keys.key_file, key)?;
