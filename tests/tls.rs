@@ -180,11 +180,10 @@ async fn lock_quorum_over_tls() {
     let lg = Lockgate::start_with(config).await;
     let mut c = RawClient::connect(lg.addr).await;
     // The masters are young at first sight and sit out the rejoin delay.
-    let mut reply = String::new();
-    until!("the quorum over TLS to grant a lock", {
-        reply = c.call_s(&["SETNX", "lock:q", "1"]).await;
-        reply == ":1\r\n"
-    });
+    until!(
+        "the quorum over TLS to grant a lock",
+        c.call_s(&["SETNX", "lock:q", "1"]).await == ":1\r\n"
+    );
     assert_eq!(c.call_s(&["SETNX", "lock:q", "2"]).await, ":0\r\n");
     // Ordinary keys still go to the plain primary.
     assert_eq!(c.call_s(&["SET", "k", "v"]).await, "+OK\r\n");
