@@ -9,7 +9,8 @@
 //! where lockgate differs from Redis on purpose, is in `docs/behaviour.md`
 //! and the README; what holds under pauses, restarts, clock steps and
 //! several instances is in `docs/faults.md` (the quorum's restarts and
-//! fencing in `docs/quorum.md`, clocks in `docs/clocks.md`).
+//! fencing in `docs/quorum.md`, clocks in `docs/clocks.md`); TLS on both
+//! sides in `docs/tls.md`.
 //!
 //! # Layout
 //!
