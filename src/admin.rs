@@ -8,11 +8,11 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
+use crate::context::ServerContext;
 use crate::lock::fence;
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
 use crate::router::CommandArgs;
-use crate::server::ServerContext;
 use crate::views;
 
 /// Default number of rows of list answers.

@@ -15,9 +15,9 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
 use crate::command;
+use crate::context::ServerContext;
 use crate::lock::quorum::MasterState;
 use crate::metrics::ProxyMetrics;
-use crate::server::ServerContext;
 
 /// The whole `/metrics` text.
 pub fn render(ctx: &Arc<ServerContext>) -> Result<String, std::fmt::Error> {

@@ -15,9 +15,10 @@
 //! - [`error`]: [`error::ErrorSource`], the client/upstream/internal tag
 //!   every module's error enum carries.
 //! - [`shutdown`]: SIGTERM/SIGINT → graceful drain.
+//! - [`context`]: [`context::ServerContext`], what sessions, the admin and
+//!   the HTTP side share, and the reload of the configuration file.
 //! - [`server`]: accept loop, `max_clients`, accept back-off, session
-//!   spawning, drain with a grace period; [`server::ServerContext`] is what
-//!   sessions share.
+//!   spawning, drain with a grace period.
 //! - [`session`]: one client. [`session::reader`] reads and routes commands
 //!   and forwards the client's bytes; [`session::writer`] copies replies
 //!   back in order and writes lockgate's own replies between them;
@@ -105,6 +106,7 @@
 pub mod admin;
 pub mod command;
 pub mod config;
+pub mod context;
 pub mod error;
 pub mod exposition;
 pub mod hotkeys;
@@ -126,7 +128,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 pub use config::Config;
-pub use server::ServerContext;
+pub use context::ServerContext;
 
 /// Serves clients on `listener` with `config` (already validated) until
 /// `shutdown` completes, then drains within `proxy.shutdown_grace_ms`.

@@ -94,7 +94,7 @@ fn main() -> ExitCode {
         .init();
     let hook = cli.config.clone().map(|path| {
         let cli = cli.clone();
-        lockgate::server::ReloadHook {
+        lockgate::context::ReloadHook {
             path,
             effective: Box::new(move |c| overrides(&cli, c)),
             set_log_filter: Box::new(move |f| {
@@ -116,7 +116,7 @@ fn main() -> ExitCode {
 fn serve(
     config: Config,
     threads: Option<usize>,
-    hook: Option<lockgate::server::ReloadHook>,
+    hook: Option<lockgate::context::ReloadHook>,
 ) -> anyhow::Result<()> {
     // One thread: a single event loop, as Redis and a byte copier have. The
     // sockets that became readable in one turn are served in the order they

@@ -4,9 +4,9 @@
 
 use bytes::Bytes;
 
+use crate::context::ServerContext;
 use crate::lock::quorum::MasterState;
 use crate::protocol::encode::LocalReply;
-use crate::server::ServerContext;
 
 /// Most rows `LOCKGATE LOCKS` answers.
 const MAX_LOCK_ROWS: usize = 1_000;

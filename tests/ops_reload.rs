@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use lockgate::server::ReloadHook;
+use lockgate::context::ReloadHook;
 use lockgate::Config;
 use ops_util::{call, pttl, try_http_get, Ops};
 use support::{cmd, frame_len, free_port, show, RawClient, RedisServer, WAIT};

@@ -32,6 +32,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use crate::context::ServerContext;
 use crate::error::ErrorSource;
 use crate::lock::lease::ConnLocks;
 use crate::lock::watchdog;
@@ -39,7 +40,6 @@ use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
 use crate::protocol::request::{RequestKind, RequestParser};
 use crate::protocol::ProtocolError;
-use crate::server::ServerContext;
 use crate::upstream::UpstreamError;
 use reader::ReaderEnd;
 use writer::WriterEnd;

@@ -8,13 +8,13 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use tokio::sync::oneshot;
 
+use crate::context::ServerContext;
 use crate::lock::lease::ConnLocks;
 use crate::lock::ops::{LockOp, Shape};
 use crate::lock::storm::{shaped, Admission, Ask};
 use crate::lock::{LockPending, Park};
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
-use crate::server::ServerContext;
 
 /// What became of an attempt before it reached Redis.
 pub enum Early {

@@ -5,13 +5,13 @@
 use super::quorum_split::quorum_part;
 use super::routing::Routed;
 use crate::command;
+use crate::context::ServerContext;
 use crate::lock::lease::ConnLocks;
 use crate::lock::ops::LockOp;
 use crate::lock::split::Split;
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::{self, LocalReply};
 use crate::router::{CommandArgs, Route, SessionView};
-use crate::server::ServerContext;
 use bytes::Bytes;
 use std::sync::{Arc, Mutex};
 

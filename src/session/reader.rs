@@ -15,11 +15,11 @@ use super::pending::Pending;
 use super::quorum_tx::QuorumTx;
 use super::routing::route_batch;
 use super::SessionError;
+use crate::context::ServerContext;
 use crate::lock::lease::ConnLocks;
 use crate::metrics::ProxyMetrics;
 use crate::protocol::request::RequestParser;
 use crate::router::SessionView;
-use crate::server::ServerContext;
 
 /// How the reader half ended.
 #[derive(Debug)]

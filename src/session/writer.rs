@@ -14,11 +14,11 @@ use tokio::time::Instant;
 
 use super::pending::Pending;
 use super::SessionError;
+use crate::context::ServerContext;
 use crate::lock::lease::ConnLocks;
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
 use crate::protocol::reply::{FrameEnd, FrameKind, ReplyScanner};
-use crate::server::ServerContext;
 
 /// How the writer half ended.
 #[derive(Debug)]
