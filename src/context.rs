@@ -3,6 +3,7 @@
 //! the configuration file. Sessions, the admin side and the HTTP side all
 //! read it; none of them needs the accept loop in [`crate::server`].
 
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,7 +15,7 @@ use crate::lock::announce;
 use crate::lock::node::{Node, NodeConfig};
 use crate::lock::quorum::Quorum;
 use crate::lock::LockService;
-use crate::metrics::{ProxyMetrics, RateLimit};
+use crate::metrics::{Counter, Kind, ProxyMetrics, RateLimit};
 use crate::protocol::request::RequestLimits;
 use crate::upstream::{self, UpstreamError};
 
@@ -170,6 +171,27 @@ impl ServerContext {
                 ignored.join(", ")
             ),
         })
+    }
+
+    /// Every counter of every room, the one list `/metrics` exports and
+    /// `LOCKGATE STATS` shows: the proxy's, the lock room's, the storm
+    /// room's and the quorum's clock jumps (0 without a quorum, so
+    /// dashboards see one set).
+    pub fn each_counter(&self, mut f: impl FnMut(Counter<'_>)) {
+        static NO_QUORUM: AtomicU64 = AtomicU64::new(0);
+        let rooms = [
+            self.metrics.counters(),
+            self.locks.metrics.counters(),
+            self.locks.storm.metrics.counters(),
+        ];
+        rooms.into_iter().flatten().for_each(&mut f);
+        f(Counter {
+            name: "lock_quorum_clock_jumps",
+            stats_name: "lock_quorum_clock_jumps",
+            help: "Lock master clock jumps seen (the master sat out acquisitions)",
+            kind: Kind::Counter,
+            value: self.quorum.as_ref().map_or(&NO_QUORUM, |q| &q.clock.jumps),
+        });
     }
 
     /// The request limits from the configuration.

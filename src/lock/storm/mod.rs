@@ -37,27 +37,31 @@ use crate::protocol::encode::LocalReply;
 /// The pub/sub channel releases are announced on.
 pub const RELEASED_CHANNEL: &str = "lockgate:released";
 
-/// Counters of the storm room.
-#[derive(Debug, Default)]
-pub struct StormMetrics {
-    /// Attempts answered without asking Redis (the key was known held).
-    pub absorbed: AtomicU64,
-    /// Attempts parked to wait for a release.
-    pub parked: AtomicU64,
-    /// Parked attempts that got the lock (handed over).
-    pub handoffs: AtomicU64,
-    /// Parked attempts answered "not acquired" when their park time ended.
-    pub park_timeouts: AtomicU64,
-    /// Attempts not parked because the key's queue was full.
-    pub waiters_rejected: AtomicU64,
-    /// Idle keys dropped from the table because it was full.
-    pub evictions: AtomicU64,
-    /// Keys not tracked because the table was full of busy keys.
-    pub untracked: AtomicU64,
-    /// Release announcements received.
-    pub announcements: AtomicU64,
-    /// Replies delayed because one connection hammered one key.
-    pub smoothed: AtomicU64,
+crate::metrics::counters! {
+    /// Counters of the storm room.
+    pub struct StormMetrics {
+        /// Attempts answered without asking Redis (the key was known held).
+        absorbed: Counter "lock_absorbed", "Attempts answered without asking Redis (known held)";
+        /// Attempts parked to wait for a release.
+        parked: Counter "lock_parked", "Attempts parked to wait for a release";
+        /// Parked attempts that got the lock (handed over).
+        handoffs: Counter "lock_handoffs", "Parked attempts handed the lock";
+        /// Parked attempts answered "not acquired" when their park time ended.
+        park_timeouts: Counter "lock_park_timeouts", "Parked attempts whose park time ended";
+        /// Attempts not parked because the key's queue was full.
+        waiters_rejected: Counter "lock_waiters_rejected",
+            "Attempts not parked because the key's queue was full";
+        /// Idle keys dropped from the table because it was full.
+        evictions: Counter "lock_storm_evictions", "Contention-table keys dropped (table full)";
+        /// Keys not tracked because the table was full of busy keys.
+        untracked: Counter "lock_untracked",
+            "Lock keys not tracked because the contention table was full of busy keys";
+        /// Release announcements received.
+        announcements: Counter "lock_release_announcements",
+            "Releases announced by any instance";
+        /// Replies delayed because one connection hammered one key.
+        smoothed: Counter "lock_smoothed", "Replies delayed for hammering one key";
+    }
 }
 
 /// What a parked attempt needs to be acquired on its behalf.
