@@ -10,24 +10,58 @@ use std::time::Duration;
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::Config;
+use crate::config::{AdminConfig, Config, LimitsConfig, ProxyConfig, QuorumConfig, UpstreamConfig};
 use crate::lock::announce;
 use crate::lock::node::{Node, NodeConfig};
 use crate::lock::quorum::Quorum;
 use crate::lock::LockService;
 use crate::metrics::{Counter, Kind, ProxyMetrics, RateLimit};
 use crate::protocol::request::RequestLimits;
+use crate::sync;
 use crate::upstream::{self, UpstreamError};
 
 /// Interval between two repeats of the same warning.
 const WARN_INTERVAL: Duration = Duration::from_secs(10);
 
+/// The sections of the configuration a reload does not change (they need
+/// a restart), so a read from here is never stale. What a reload changes
+/// (lock patterns, leases, ownership, storm settings, the log filter) is
+/// not here: the lock room reads its rules in force
+/// ([`LockService::rules`]), and [`ServerContext::in_force`] is the whole
+/// configuration in force.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StartConfig {
+    /// The client-facing RESP listener.
+    pub proxy: ProxyConfig,
+    /// The primary Redis.
+    pub upstream: UpstreamConfig,
+    /// Protocol limits on client input.
+    pub limits: LimitsConfig,
+    /// The operators' side.
+    pub admin: AdminConfig,
+    /// The lock masters (`locks.quorum`).
+    pub quorum: QuorumConfig,
+}
+
+impl StartConfig {
+    fn of(config: &Config) -> StartConfig {
+        StartConfig {
+            proxy: config.proxy.clone(),
+            upstream: config.upstream.clone(),
+            limits: config.limits.clone(),
+            admin: config.admin.clone(),
+            quorum: config.locks.quorum.clone(),
+        }
+    }
+}
+
 /// What every session shares: the configuration, the counters and the
 /// rate limits of repeated warnings.
 #[derive(Debug)]
 pub struct ServerContext {
-    /// The validated configuration.
-    pub config: Config,
+    /// The sections of the validated configuration that need a restart
+    /// to change.
+    pub config: StartConfig,
     /// Proxy counters.
     pub metrics: ProxyMetrics,
     /// Limits "upstream unavailable / dropped" warnings.
@@ -46,8 +80,9 @@ pub struct ServerContext {
     /// Where to re-read the configuration on SIGHUP / `LOCKGATE RELOAD`,
     /// and how to change the log filter then (set by the binary).
     pub reload: std::sync::Mutex<Option<ReloadHook>>,
-    /// The configuration in force, as `LOCKGATE CONFIG` shows it.
-    pub current: std::sync::RwLock<Config>,
+    /// The configuration in force, as `LOCKGATE CONFIG` shows it (see
+    /// [`ServerContext::in_force`]).
+    current: std::sync::RwLock<Config>,
 }
 
 /// What a reload needs from the binary.
@@ -102,7 +137,7 @@ impl ServerContext {
             quorum: Quorum::start(&config, &stop),
             primary,
             stop,
-            config,
+            config: StartConfig::of(&config),
             metrics: ProxyMetrics::default(),
             upstream_warn: RateLimit::new(WARN_INTERVAL),
             accept_warn: RateLimit::new(WARN_INTERVAL),
@@ -115,21 +150,14 @@ impl ServerContext {
     /// file is refused and the running configuration kept. Returns what
     /// was done, for the log and `LOCKGATE RELOAD`.
     pub fn reload(&self) -> Result<String, String> {
-        let guard = self
-            .reload
-            .lock()
-            .map_err(|_| "reload hook poisoned".to_string())?;
+        let guard = sync::lock(&self.reload);
         let Some(hook) = guard.as_ref() else {
             return Err("no configuration file to reload (started without --config)".to_string());
         };
         let new = Config::from_file(&hook.path).map_err(|e| e.to_string())?;
         let new = (hook.effective)(new);
         new.validate().map_err(|e| e.to_string())?;
-        let old = self
-            .current
-            .read()
-            .map(|c| c.clone())
-            .map_err(|_| "config lock poisoned".to_string())?;
+        let old = self.in_force();
         let mut ignored = Vec::new();
         if new.proxy != old.proxy {
             ignored.push("proxy");
@@ -161,9 +189,7 @@ impl ServerContext {
             },
             log: new.log,
         };
-        if let Ok(mut current) = self.current.write() {
-            *current = in_force;
-        }
+        *sync::write(&self.current) = in_force;
         Ok(match ignored.is_empty() {
             true => "reloaded".to_string(),
             false => format!(
@@ -171,6 +197,12 @@ impl ServerContext {
                 ignored.join(", ")
             ),
         })
+    }
+
+    /// The whole configuration in force: the reloadable sections as last
+    /// reloaded, the rest as the process started with.
+    pub fn in_force(&self) -> Config {
+        sync::read(&self.current).clone()
     }
 
     /// Every counter of every room, the one list `/metrics` exports and
@@ -241,10 +273,7 @@ impl crate::lock::storm::Acquirer for ServerContext {
                     .await;
                 return (out.acquired, out.pttl);
             }
-            let planned = match ask.conn.lock() {
-                Ok(mut c) => self.locks.plan_for_handoff(op, &mut c),
-                Err(_) => return (false, 0),
-            };
+            let planned = self.locks.plan_for_handoff(op, &mut sync::lock(&ask.conn));
             let Some(pending) = planned.pending else {
                 return (false, 0);
             };
@@ -252,9 +281,8 @@ impl crate::lock::storm::Acquirer for ServerContext {
             match self.primary.call(planned.command, timeout).await {
                 Ok(reply) => {
                     let (_, facts) = crate::lock::split_reply(&reply);
-                    if let Ok(mut c) = ask.conn.lock() {
-                        self.locks.complete(pending, &facts, &mut c);
-                    }
+                    self.locks
+                        .complete(pending, &facts, &mut sync::lock(&ask.conn));
                     (
                         facts.first() == Some(&1),
                         facts.get(1).copied().unwrap_or(0),

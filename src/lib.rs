@@ -24,8 +24,10 @@
 //!   back in order and writes lockgate's own replies between them;
 //!   [`session::pending`] is what the two halves tell each other;
 //!   [`session::jobs`] runs a session's deferred work in command order;
+//!   [`session::carry`] carries out the routes of one read batch (what
+//!   goes upstream, what the writer must expect);
 //!   [`session::parking`] is where an attempt meets the storm room;
-//!   [`session::quorum_tx`] and [`session::quorum_split`] carry out
+//!   [`session::quorum_transaction`] and [`session::quorum_split`] carry out
 //!   transactions and split commands on the quorum.
 //! - [`protocol`]: pure RESP framing, no I/O: [`protocol::request`] (client
 //!   commands, multibulk and inline, limits checked on headers),
@@ -63,7 +65,10 @@
 //!   counters; [`hotkeys`]: the bounded top-K sketch of hot lock keys.
 //! - [`upstream`]: connecting to the primary, with a timeout and a precise
 //!   error.
-//! - [`metrics`]: counters and the rate limit for repeated warnings.
+//! - [`metrics`]: the proxy's counters, `counters!` (how every room
+//!   declares its counters once, for `/metrics` and `STATS` alike) and the
+//!   rate limit for repeated warnings.
+//! - [`sync`]: the one policy for a poisoned std lock (recover the value).
 //!
 //! # The path of a command
 //!
@@ -118,6 +123,7 @@ pub mod router;
 pub mod server;
 pub mod session;
 pub mod shutdown;
+pub mod sync;
 pub mod upstream;
 pub mod views;
 

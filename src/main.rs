@@ -157,9 +157,7 @@ fn serve(
             tracing::info!(admin = %admin.local_addr()?, "operators' endpoints: /metrics /healthz /readyz /");
         }
         let ctx = std::sync::Arc::new(lockgate::ServerContext::new(config));
-        if let Ok(mut slot) = ctx.reload.lock() {
-            *slot = hook;
-        }
+        *lockgate::sync::lock(&ctx.reload) = hook;
         tokio::spawn(reload_on_sighup(ctx.clone(), hup));
         lockgate::run_with_admin(ctx, listener, admin, lockgate::shutdown::signal()).await;
         tracing::info!("lockgate stopped");

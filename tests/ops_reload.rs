@@ -230,7 +230,7 @@ impl Reloadable {
         let lg = Ops::start(config).await;
         let filters: Arc<Mutex<Vec<String>>> = Arc::default();
         let recorded = filters.clone();
-        *lg.ctx.reload.lock().expect("hook slot") = Some(ReloadHook {
+        *lockgate::sync::lock(&lg.ctx.reload) = Some(ReloadHook {
             path: path.clone(),
             effective: Box::new(effective),
             set_log_filter: Box::new(move |f: &str| {

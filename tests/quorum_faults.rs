@@ -254,7 +254,7 @@ async fn majority_down_is_not_acquired_when_configured() {
 async fn a_hung_master_never_stalls_clients() {
     let cl = Cluster::start(5, |_| {}).await;
     let mut c = cl.client().await;
-    let node_timeout = Duration::from_millis(cl.lg.ctx.config.locks.quorum.node_timeout_ms);
+    let node_timeout = Duration::from_millis(cl.lg.ctx.config.quorum.node_timeout_ms);
     assert_eq!(node_timeout, Duration::from_millis(50));
     assert_eq!(call(&mut c, &["SETNX", "lock:h", "warm"]).await, ":1\r\n");
     assert_eq!(call(&mut c, &["DEL", "lock:h"]).await, ":1\r\n");

@@ -10,13 +10,13 @@
 //! `upstream.reconnect_interval_ms`; once connected, it carries on with
 //! the commands not yet answered.
 
+pub mod carry;
 pub mod jobs;
 pub mod parking;
 pub mod pending;
 pub mod quorum_split;
-pub mod quorum_tx;
+pub mod quorum_transaction;
 pub mod reader;
-pub mod routing;
 pub mod writer;
 
 use std::io;

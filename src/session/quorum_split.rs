@@ -18,7 +18,7 @@ use bytes::Bytes;
 use futures_util::future::join_all;
 use tokio::sync::oneshot;
 
-use super::routing::Routed;
+use super::carry::Routed;
 use crate::context::ServerContext;
 use crate::lock::lease::ConnLocks;
 use crate::lock::ops::LockOp;

@@ -28,7 +28,7 @@ use dashmap::DashMap;
 use tokio::sync::{oneshot, Notify};
 use tokio::time::Instant;
 
-use super::lease::ConnLocks;
+use super::lease::{ConnId, ConnLocks};
 use super::ops::Shape;
 use crate::config::RetryConfig;
 use crate::metrics::ProxyMetrics;
@@ -77,6 +77,8 @@ pub struct Ask {
     pub lease_ms: u64,
     /// The client connection's lock records (the acquisition is its).
     pub conn: Arc<Mutex<ConnLocks>>,
+    /// The client connection (its [`ConnLocks::id`]).
+    pub conn_id: ConnId,
 }
 
 /// The reply for an attempt by `shape`: acquired or not.
@@ -95,8 +97,8 @@ pub fn shaped(shape: Shape, acquired: bool) -> LocalReply {
 /// attempt for a while, so a spin loop keeps its turn between attempts.
 struct Waiter {
     id: u64,
-    /// The connection (its lock records' address): one place per connection.
-    owner: usize,
+    /// The connection: one place per connection.
+    owner: ConnId,
     since: std::time::Instant,
     /// Parked until (live), or the place is kept until (reserved).
     deadline: Instant,
@@ -331,11 +333,11 @@ impl Storm {
         }
     }
 
-    /// The connection whose lock records are at `owner` releases `key`:
+    /// The connection `owner` releases `key`:
     /// it is not waiting for it any more, so the place it kept in the
     /// key's queue between two attempts goes (it would hold newcomers
     /// back for nobody).
-    pub fn leave(&self, key: &[u8], owner: usize) {
+    pub fn leave(&self, key: &[u8], owner: ConnId) {
         if let Some(state) = self.state(key, false) {
             if let Ok(mut inner) = state.inner.lock() {
                 inner.waiters.retain(|w| w.live() || w.owner != owner);
@@ -377,7 +379,7 @@ impl Storm {
         let state = self.state(&ask.key, true)?;
         let (tx, rx) = oneshot::channel();
         let key = ask.key.clone();
-        let owner = Arc::as_ptr(&ask.conn) as usize;
+        let owner = ask.conn_id;
         let start_driver = {
             let mut inner = state.inner.lock().ok()?;
             let deadline = Instant::now() + Duration::from_millis(park_ms);
