@@ -49,7 +49,7 @@ pub async fn run(service: &LockService, primary: &Node, conn: &Mutex<ConnLocks>)
                     ProxyMetrics::inc(&service.metrics.watchdog_renewals);
                 }
                 Ok(_) => {
-                    sync::lock(&conn).settle(&key, &token, Standing::Lost, None);
+                    sync::lock(conn).settle(&key, &token, Standing::Lost, None);
                 }
                 Err(e) => tracing::debug!(error = %e, "watchdog renewal failed"),
             }
