@@ -6,7 +6,6 @@
 //! `/readyz` and `/healthz`; the `LOCKGATE` views and their off switch and
 //! password. Hot reload is in `tests/ops_reload.rs`.
 
-mod ops_util;
 mod support;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -15,7 +14,9 @@ use std::time::{Duration, Instant};
 
 use lockgate::lock::quorum::MasterState;
 use lockgate::Config;
-use ops_util::{base_config, call, counted, dump_dom, python_parse, Browser, Metrics, Ops, Resp};
+use support::browser::{dump_dom, Browser};
+use support::ops::{base_config, call, counted, python_parse, Metrics, Ops};
+use support::resp::Resp;
 use support::{cmd, show, RawClient, RedisServer, WAIT};
 
 /// Polls `/readyz` until its status is `want` (bounded by [`WAIT`]);
@@ -630,7 +631,7 @@ fn master_row<'a>(state: &'a serde_json::Value, addr: &str) -> Option<&'a serde_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_page_in_chromium_shows_a_hot_key_within_2s_and_a_killed_master_down() {
-    ops_util::require_chromium();
+    support::browser::require_chromium();
     let mut q = QuorumOps::start(3, |c| c.locks.instance_id = "ops-status".to_string()).await;
     let addrs: Vec<String> = q.masters.iter().map(|m| m.addr()).collect();
 

@@ -5,7 +5,6 @@
 //! open connection, invalid configurations are refused and the old rules
 //! kept; and SIGHUP does the same for the built binary.
 
-mod ops_util;
 mod support;
 
 use std::path::{Path, PathBuf};
@@ -17,7 +16,8 @@ use std::time::{Duration, Instant};
 use bytes::BytesMut;
 use lockgate::context::ReloadHook;
 use lockgate::Config;
-use ops_util::{call, pttl, try_http_get, Ops};
+use support::locks::pttl;
+use support::ops::{call, try_http_get, Ops};
 use support::{cmd, frame_len, free_port, show, RawClient, RedisServer, WAIT};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;

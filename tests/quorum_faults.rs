@@ -4,7 +4,6 @@
 //! hung master (SIGSTOP) that must never stall a client beyond
 //! `node_timeout_ms`. Every outcome is checked on each master directly.
 
-mod quorum_harness;
 mod support;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -13,7 +12,10 @@ use std::time::{Duration, Instant};
 
 use lockgate::config::QuorumLoss;
 use lockgate::lock::quorum::MasterState;
-use quorum_harness::{bulk, call, owner, percentile, Cluster, Paused, NIL};
+use support::locks::{bulk, owner};
+use support::process::Paused;
+use support::quorum::{percentile, Cluster, NIL};
+use support::resp::call;
 
 /// Lockgate's watcher first records each master's connection on one of its
 /// 50 ms ticks; a master that drops before that tick is taken for a first

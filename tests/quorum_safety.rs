@@ -46,6 +46,8 @@ use std::time::{Duration, Instant};
 
 use lockgate::lock::quorum::MasterState;
 use lockgate::{Config, ServerContext};
+use support::process::signal;
+use support::rng::XorShift;
 use support::{eventually, Lockgate, RawClient, RedisServer, WAIT};
 
 /// The tests here each drive several redis-servers hard on a small machine:
@@ -101,30 +103,6 @@ impl Plan {
             plan.seed
         );
         plan
-    }
-}
-
-/// xorshift64: a fixed seed gives the same fault schedule.
-#[derive(Debug, Clone)]
-struct XorShift(u64);
-
-impl XorShift {
-    fn new(seed: u64) -> XorShift {
-        XorShift((seed ^ 0x9e37_79b9_7f4a_7c15) | 1)
-    }
-
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x
-    }
-
-    /// Uniform in `lo..=hi`.
-    fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.next() % (hi - lo + 1)
     }
 }
 
@@ -203,24 +181,15 @@ fn states(ctx: &ServerContext) -> Vec<MasterState> {
 #[derive(Default)]
 struct ResumeGuard(Vec<u32>);
 
-fn signal(sig: &str, pid: u32) {
-    let status = Command::new("kill")
-        .arg(sig)
-        .arg(pid.to_string())
-        .status()
-        .expect("run kill");
-    assert!(status.success(), "kill {sig} {pid} failed: {status}");
-}
-
 impl ResumeGuard {
     fn stop(&mut self, pid: u32) {
         self.0.push(pid);
-        signal("-STOP", pid);
+        signal(pid, "-STOP");
     }
 
     fn resume(&mut self, pid: u32) {
         self.0.retain(|&p| p != pid);
-        signal("-CONT", pid);
+        signal(pid, "-CONT");
     }
 }
 
