@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{AdminConfig, Config, LimitsConfig, ProxyConfig, QuorumConfig, UpstreamConfig};
 use crate::lock::announce;
+use crate::lock::metrics::RejoinMetrics;
 use crate::lock::node::{Node, NodeConfig};
 use crate::lock::quorum::Quorum;
 use crate::lock::LockService;
@@ -207,14 +208,17 @@ impl ServerContext {
 
     /// Every counter of every room, the one list `/metrics` exports and
     /// `LOCKGATE STATS` shows: the proxy's, the lock room's, the storm
-    /// room's and the quorum's clock jumps (0 without a quorum, so
-    /// dashboards see one set).
+    /// room's, the quorum's rejoin counters and its clock jumps (0 without
+    /// a quorum, so dashboards see one set).
     pub fn each_counter(&self, mut f: impl FnMut(Counter<'_>)) {
         static NO_QUORUM: AtomicU64 = AtomicU64::new(0);
+        let no_rejoin = RejoinMetrics::default();
+        let rejoin = self.quorum.as_ref().map_or(&no_rejoin, |q| &*q.rejoin);
         let rooms = [
             self.metrics.counters(),
             self.locks.metrics.counters(),
             self.locks.storm.metrics.counters(),
+            rejoin.counters(),
         ];
         rooms.into_iter().flatten().for_each(&mut f);
         f(Counter {

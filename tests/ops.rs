@@ -17,7 +17,7 @@ use lockgate::Config;
 use support::browser::{dump_dom, Browser};
 use support::ops::{base_config, call, counted, python_parse, Metrics, Ops};
 use support::resp::Resp;
-use support::{cmd, show, RawClient, RedisServer, WAIT};
+use support::{cmd, show, until_uptime, RawClient, RedisServer, WAIT};
 
 /// Polls `/readyz` until its status is `want` (bounded by [`WAIT`]);
 /// returns the body then.
@@ -542,6 +542,8 @@ struct QuorumOps {
     _primary: RedisServer,
     masters: Vec<RedisServer>,
     lg: Ops,
+    /// The configuration lockgate was started with.
+    config: Config,
 }
 
 impl QuorumOps {
@@ -550,12 +552,16 @@ impl QuorumOps {
         let masters: Vec<RedisServer> = (0..n).map(|_| RedisServer::start()).collect();
         let mut c = base_config(&primary.addr());
         c.locks.quorum.masters = masters.iter().map(|m| m.addr()).collect();
+        // The masters start moments before lockgate, which makes them sit
+        // out the rest of the rejoin delay (30 s by default) first.
+        c.locks.quorum.rejoin_delay_ms = 300;
         tweak(&mut c);
-        let lg = Ops::start(c).await;
+        let lg = Ops::start(c.clone()).await;
         let q = QuorumOps {
             _primary: primary,
             masters,
             lg,
+            config: c,
         };
         for i in 0..n {
             q.wait_state(i, "up", |s| *s == MasterState::Up).await;
@@ -822,6 +828,23 @@ async fn readyz_names_a_lost_lock_quorum() {
     for i in [0, 1] {
         tokio::task::block_in_place(|| q.masters[i].restart());
     }
+    // Two of three restarted empty: no majority holds the fence counters
+    // to copy to them, so they keep sitting out and lockgate stays not
+    // ready (docs/quorum.md) until an operator restarts it once they have
+    // run for the rejoin delay (their uptime taken a second short).
+    let quorum = q.lg.ctx.quorum.clone().expect("quorum");
+    support::eventually("a failed fence counter copy", || {
+        quorum.rejoin.copy_failures.load(Ordering::Relaxed) > 0
+    })
+    .await;
+    assert_eq!(
+        readyz_becomes(&q.lg, 503).await,
+        "not ready: lock quorum unavailable (1 of 3 masters up)\n"
+    );
+    for i in [0, 1] {
+        until_uptime(&q.masters[i].addr(), 2).await;
+    }
+    q.lg = Ops::start(q.config.clone()).await;
     assert_eq!(readyz_becomes(&q.lg, 200).await, "ready\n");
 }
 

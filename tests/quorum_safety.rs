@@ -47,7 +47,7 @@ use std::time::{Duration, Instant};
 use lockgate::lock::quorum::MasterState;
 use lockgate::{Config, ServerContext};
 use support::process::signal;
-use support::rng::XorShift;
+use support::rng::{env_u64, XorShift};
 use support::{eventually, Lockgate, RawClient, RedisServer, WAIT};
 
 /// The tests here each drive several redis-servers hard on a small machine:
@@ -64,16 +64,6 @@ const LOCK_WAIT_MS: u64 = 5000;
 const MAX_DISTURBED: usize = 2;
 /// The compare-and-delete release every Redis lock tutorial uses.
 const RELEASE: &str = r#"if redis.call("get",KEYS[1]) == ARGV[1] then return redis.call("del",KEYS[1]) else return 0 end"#;
-
-fn env_u64(name: &str, default: u64) -> u64 {
-    match std::env::var(name) {
-        Ok(v) => v
-            .trim()
-            .parse()
-            .unwrap_or_else(|_| panic!("{name}={v:?} is not a number")),
-        Err(_) => default,
-    }
-}
 
 /// The run's parameters (environment, or defaults that fit in ~60 s).
 #[derive(Debug, Clone, Copy)]

@@ -64,6 +64,18 @@ pub struct RetryConfig {
     /// One connection attempting one key more often than this per second
     /// gets its "not acquired" replies delayed (smoothing). 0: off.
     pub max_attempts_per_sec: u64,
+    /// Fairness across instances sharing a lock store, in milliseconds:
+    /// once another lockgate instance has had attempts on a key failing
+    /// for longer than this without acquiring it, this instance neither
+    /// acquires it nor hands it to its own parked attempts (the store's
+    /// script refuses, `lock_fairness_yields`) until that instance has had
+    /// it. Without it a release hands the lock to the releasing instance's
+    /// own waiters first, and another instance's clients can wait without
+    /// bound. A waiting instance's marker counts while renewed within
+    /// `max(this, 2 × probe_interval_ms)` (it is renewed at each probe), so
+    /// a stopped instance holds others back at most that long. 0: off;
+    /// otherwise at least 10.
+    pub max_local_preference_ms: u64,
 }
 
 impl Default for RetryConfig {
@@ -75,6 +87,7 @@ impl Default for RetryConfig {
             max_keys: 100_000,
             max_waiters_per_key: 10_000,
             max_attempts_per_sec: 1_000,
+            max_local_preference_ms: 500,
         }
     }
 }
@@ -93,8 +106,9 @@ pub struct QuorumConfig {
     /// validity = lease − elapsed − (lease × drift + 2 ms).
     pub clock_drift_factor: f64,
     /// How long a master that restarted (new run_id) or was unreachable sits
-    /// out acquisitions, in milliseconds. 0: the longest lease lockgate has
-    /// granted, never less than `default_lease_ms`.
+    /// out acquisitions, in milliseconds; one lockgate first sees less than
+    /// this after it started sits out the rest. 0: the longest lease
+    /// lockgate has granted, never less than `default_lease_ms`.
     pub rejoin_delay_ms: u64,
     /// When fewer than a majority of masters can take part in an
     /// acquisition: `"error"` (reply an error) or `"not_acquired"`.

@@ -286,6 +286,15 @@ impl Config {
             ));
         }
         positive("locks.retry.max_keys", self.locks.retry.max_keys as u64)?;
+        // Below a few round trips the bound would take the lock from the
+        // releasing instance at nearly every release: no handoff left.
+        let preference = self.locks.retry.max_local_preference_ms;
+        if preference > 0 && preference < MIN_LOCAL_PREFERENCE_MS {
+            return Err(invalid(
+                "locks.retry.max_local_preference_ms",
+                &format!("must be 0 (off) or at least {MIN_LOCAL_PREFERENCE_MS}"),
+            ));
+        }
         if !(0.0..0.5).contains(&q.clock_drift_factor) {
             return Err(invalid(
                 "locks.quorum.clock_drift_factor",
@@ -329,6 +338,9 @@ fn invalid(key: &'static str, reason: &str) -> ConfigError {
         reason: reason.to_string(),
     }
 }
+
+/// Smallest `locks.retry.max_local_preference_ms` other than 0 (off).
+pub const MIN_LOCAL_PREFERENCE_MS: u64 = 10;
 
 fn positive(key: &'static str, value: u64) -> Result<(), ConfigError> {
     if value == 0 {
@@ -380,6 +392,22 @@ mod tests {
         );
         cfg.locks.quorum.masters.clear();
         assert!(cfg.validate().is_err(), "clock_faults without masters");
+    }
+
+    #[test]
+    fn local_preference_is_off_or_a_few_round_trips() {
+        let mut cfg = Config::default();
+        for ok in [0, MIN_LOCAL_PREFERENCE_MS, 500] {
+            cfg.locks.retry.max_local_preference_ms = ok;
+            cfg.validate().unwrap();
+        }
+        cfg.locks.retry.max_local_preference_ms = MIN_LOCAL_PREFERENCE_MS - 1;
+        let err = cfg.validate().unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("locks.retry.max_local_preference_ms"),
+            "{err}"
+        );
     }
 
     #[test]

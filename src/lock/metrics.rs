@@ -65,11 +65,42 @@ counters! {
         /// reconnected: the pooled rule).
         stale_conn_denied: Counter "lock_stale_conn_denied",
             "Releases and extensions refused because the acquisition predates the connection";
+        /// Acquisitions and handoffs held back because another instance has
+        /// waited for the lock longer than `max_local_preference_ms`.
+        fairness_yields: Counter "lock_fairness_yields",
+            "Acquisitions and handoffs held back for another instance waiting past max_local_preference_ms";
     }
     other {
         /// Seconds from a connection's first attempt on a lock to acquiring it.
         wait_seconds: Histogram = Histogram::new(buckets());
         /// Seconds a lock was held, from acquisition to an owner's release.
         hold_seconds: Histogram = Histogram::new(buckets());
+    }
+}
+
+counters! {
+    /// The quorum's rejoin counters: fence counters copied to returning
+    /// masters, and sit-outs by reason (clock jumps are counted by the clock
+    /// watch, `lock_quorum_clock_jumps`). Zero without a quorum.
+    pub struct RejoinMetrics {
+        /// Fence counters raised on a returning master by a copy.
+        counters_copied: Counter "lock_fence_counters_copied",
+            "Fence counters raised on a returning lock master before it votes again";
+        /// Copy rounds that failed (the master keeps sitting out; retried).
+        copy_failures: Counter "lock_fence_copy_failures",
+            "Fence counter copy rounds that failed (the master keeps sitting out)";
+        /// Copy rounds that admitted a master (it holds the counters again).
+        copies: Counter "lock_fence_copies",
+            "Fence counter copies that let a returning lock master vote again";
+        /// Sit-outs of a master that restarted (new `run_id`).
+        sit_outs_restarted: Counter "lock_quorum_sit_outs_restarted",
+            "Lock master sit-outs after a restart (new run_id)";
+        /// Sit-outs of a master that reconnected with the same `run_id`.
+        sit_outs_reconnected: Counter "lock_quorum_sit_outs_reconnected",
+            "Lock master sit-outs after a reconnection (same run_id)";
+        /// Sit-outs of a master lockgate first saw less than the rejoin delay
+        /// after it started.
+        sit_outs_young: Counter "lock_quorum_sit_outs_young",
+            "Lock master sit-outs at first sight, started less than the rejoin delay before";
     }
 }

@@ -38,6 +38,7 @@ pub use plan::Queueing;
 pub mod quorum;
 pub mod quorum_fence;
 pub mod quorum_ops;
+pub mod rejoin;
 pub mod script;
 pub mod split;
 pub mod storm;
@@ -57,6 +58,11 @@ use metrics::LockMetrics;
 
 /// Prefix of owner records: `lockgate:owner:{key}`.
 pub const OWNER_PREFIX: &[u8] = b"lockgate:owner:{";
+
+/// Prefix of a key's waiting marks (fairness across instances, see
+/// [`script::ACQUIRE`]): `lockgate:waiting:{key}`, in the owner record's
+/// hash slot.
+pub const WAITING_PREFIX: &[u8] = b"lockgate:waiting:{";
 
 /// What the writer half must do with the reply to a planned lock command.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -259,6 +265,17 @@ impl LockService {
         )
     }
 
+    /// Fairness across instances for `key`: (bound, window) in ms, as the
+    /// scripts take them. The bound is `locks.retry.max_local_preference_ms`
+    /// (0: off); a waiting mark counts while renewed within the window,
+    /// `max(bound, 2 × probe interval)`, as a waiting instance renews it at
+    /// each probe.
+    pub fn fairness_for(&self, key: &[u8]) -> (u64, u64) {
+        let bound = self.rules().retry.max_local_preference_ms;
+        let (probe_ms, _) = self.retry_for(key);
+        (bound, bound.max(probe_ms.saturating_mul(2)))
+    }
+
     /// True when some pattern has the watchdog on.
     pub fn has_watchdog(&self) -> bool {
         self.rules().overrides.iter().any(|(_, o)| o.watchdog)
@@ -387,6 +404,15 @@ pub fn split_reply(frame: &[u8]) -> (&[u8], Vec<i64>) {
 pub fn owner_key(key: &[u8]) -> Bytes {
     let mut k = BytesMut::with_capacity(OWNER_PREFIX.len() + key.len() + 1);
     k.extend_from_slice(OWNER_PREFIX);
+    k.extend_from_slice(key);
+    k.extend_from_slice(b"}");
+    k.freeze()
+}
+
+/// `lockgate:waiting:{key}`.
+pub fn waiting_key(key: &[u8]) -> Bytes {
+    let mut k = BytesMut::with_capacity(WAITING_PREFIX.len() + key.len() + 1);
+    k.extend_from_slice(WAITING_PREFIX);
     k.extend_from_slice(key);
     k.extend_from_slice(b"}");
     k.freeze()

@@ -8,7 +8,7 @@
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -57,6 +57,11 @@ pub struct NodeState {
     pub failures: AtomicU64,
     /// The node's `run_id` as of the latest connection.
     pub run_id: Mutex<String>,
+    /// As of the latest connection: when `INFO server` was read and the
+    /// `uptime_in_seconds` it reported (`None`: not reported), so a node
+    /// that restarted moments before lockgate first saw it can be told
+    /// from one that has run for long.
+    pub uptime: Mutex<Option<(Instant, u64)>>,
 }
 
 /// A handle to one node; cheap to clone.
@@ -161,10 +166,13 @@ async fn connection_loop(
     let mut backoff = Duration::from_millis(10);
     loop {
         match open(&config).await {
-            Ok((stream, run_id)) => {
+            Ok((stream, run_id, uptime)) => {
                 backoff = Duration::from_millis(10);
                 if let Ok(mut r) = state.run_id.lock() {
                     *r = run_id;
+                }
+                if let Ok(mut u) = state.uptime.lock() {
+                    *u = uptime;
                 }
                 state.connects.fetch_add(1, Ordering::Relaxed);
                 state.up.store(true, Ordering::Relaxed);
@@ -183,8 +191,10 @@ async fn connection_loop(
     }
 }
 
-/// Connects, authenticates and reads the node's `run_id`.
-async fn open(config: &NodeConfig) -> Result<(tokio::net::TcpStream, String), String> {
+/// Connects, authenticates and reads the node's `run_id` and uptime.
+async fn open(
+    config: &NodeConfig,
+) -> Result<(tokio::net::TcpStream, String, Option<(Instant, u64)>), String> {
     let mut stream = handshake(config).await?;
     let info = request(
         &mut stream,
@@ -192,11 +202,17 @@ async fn open(config: &NodeConfig) -> Result<(tokio::net::TcpStream, String), St
         config.connect_timeout,
     )
     .await?;
-    let run_id = String::from_utf8_lossy(&info)
-        .lines()
-        .find_map(|l| l.strip_prefix("run_id:").map(|v| v.trim().to_string()))
-        .unwrap_or_default();
-    Ok((stream, run_id))
+    let read_at = Instant::now();
+    let info = String::from_utf8_lossy(&info);
+    let field = |name: &str| {
+        info.lines()
+            .find_map(|l| l.strip_prefix(name).map(|v| v.trim().to_string()))
+    };
+    let run_id = field("run_id:").unwrap_or_default();
+    let uptime = field("uptime_in_seconds:")
+        .and_then(|v| v.parse().ok())
+        .map(|secs| (read_at, secs));
+    Ok((stream, run_id, uptime))
 }
 
 /// A new connection of lockgate's own to `config.addr`: connected,

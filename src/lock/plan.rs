@@ -7,7 +7,7 @@ use bytes::Bytes;
 use super::lease::{self, ConnLocks, Standing};
 use super::ops::{LockOp, Ttl};
 use super::storm::HandedOver;
-use super::{eval, owner_key, script, LockPending, LockService, Planned};
+use super::{eval, owner_key, script, waiting_key, LockPending, LockService, Planned};
 use crate::hotkeys::Event;
 use crate::metrics::ProxyMetrics;
 
@@ -162,9 +162,12 @@ impl LockService {
                     lease,
                 );
                 let owner = owner_key(&key);
+                let waiting = waiting_key(&key);
+                let (bound, window) = self.fairness_for(&key);
+                let (bound, window) = (bound.to_string(), window.to_string());
                 let cmd = eval(
                     script::ACQUIRE,
-                    &[&key, &owner],
+                    &[&key, &owner, &waiting],
                     &[
                         acquire_info,
                         &value,
@@ -172,6 +175,9 @@ impl LockService {
                         kind.as_bytes(),
                         &amount,
                         shape.as_str().as_bytes(),
+                        prefix,
+                        bound.as_bytes(),
+                        window.as_bytes(),
                     ],
                 );
                 (
@@ -209,12 +215,15 @@ impl LockService {
                     }
                     _ => None,
                 };
-                let cmd = match &claim {
-                    Some((c, token, alt)) => {
+                let cmd = match (&claim, lock_keys.first()) {
+                    (Some((c, token, alt)), Some(key)) => {
                         let lease = c.lease_ms.to_string();
+                        let waiting = waiting_key(key);
+                        let (bound, window) = self.fairness_for(key);
+                        let (bound, window) = (bound.to_string(), window.to_string());
                         eval(
                             script::RELEASE_HANDOFF,
-                            &keys,
+                            &[key, &owner_key(key), &waiting],
                             &[
                                 info,
                                 verb,
@@ -226,10 +235,12 @@ impl LockService {
                                 lease.as_bytes(),
                                 alt,
                                 born,
+                                bound.as_bytes(),
+                                window.as_bytes(),
                             ],
                         )
                     }
-                    None => {
+                    _ => {
                         let mut argv: Vec<&[u8]> =
                             vec![info, n.as_bytes(), verb, ownership, prefix, born];
                         argv.extend(tokens.iter().map(|t| &t[..]));
@@ -311,6 +322,9 @@ impl LockService {
                     return None;
                 };
                 let pttl = facts.get(1).copied().unwrap_or(-1);
+                if fact(facts, script::ACQUIRE_YIELD_FACT) == 1 {
+                    ProxyMetrics::inc(&self.metrics.fairness_yields);
+                }
                 self.storm.learn(&key, acquired == 1, pttl);
                 if acquired == 1 {
                     ProxyMetrics::inc(&self.metrics.acquired);
@@ -345,6 +359,7 @@ impl LockService {
                 ProxyMetrics::add(&self.metrics.released, released);
                 ProxyMetrics::add(&self.metrics.release_denied, denied);
                 ProxyMetrics::add(&self.metrics.stale_conn_denied, fact(facts, 4));
+                ProxyMetrics::add(&self.metrics.fairness_yields, fact(facts, 5));
                 let handed = fact(facts, 3) == 1;
                 match (handoff, keys.first()) {
                     (Some(claim), Some(key)) if handed => {

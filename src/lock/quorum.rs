@@ -3,9 +3,11 @@
 //! the answer is the majority's. A master that restarted (new `run_id`) or
 //! was unreachable sits out acquisitions for `rejoin_delay` (counting as
 //! "no") while still receiving releases, so a restart without persistence
-//! cannot hand a lock out twice.
+//! cannot hand a lock out twice; so does one lockgate first sees less than
+//! `rejoin_delay` after it started. Such a master also votes only once the
+//! fence counters were copied to it ([`super::rejoin`]).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -13,8 +15,11 @@ use bytes::Bytes;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio_util::sync::CancellationToken;
 
+use super::metrics::RejoinMetrics;
 use super::node::{Node, NodeConfig};
+use super::rejoin::Admission;
 use crate::config::{Config, QuorumConfig, QuorumLoss};
+use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
 
 /// How often the masters' connections are checked for restarts.
@@ -25,13 +30,35 @@ const WATCH_INTERVAL: Duration = Duration::from_millis(50);
 pub struct Master {
     /// The shared connection.
     pub node: Node,
-    /// Acquisitions skip this master until then (restart or outage).
+    /// Acquisitions skip this master until then (see [`SitOut`]).
     sitting_out_until: Mutex<Option<Instant>>,
     /// Its `run_id` when last seen, and the connection count then.
     seen: Mutex<(String, u64)>,
     /// The sit-out after a return, in ms (shared with the quorum, which
     /// raises it with the longest lease granted).
     rejoin_ms: Arc<AtomicU64>,
+    /// Whether its current connection holds the fence counters.
+    pub admission: Admission,
+    /// Whether lockgate's first connection found it started less than the
+    /// rejoin delay before (see [`super::rejoin`]'s best-effort copies).
+    young: AtomicBool,
+    /// The quorum's counters (sit-outs by reason).
+    metrics: Arc<RejoinMetrics>,
+}
+
+/// Why a master sits out acquisitions for a while.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SitOut {
+    /// A new `run_id`: it may have lost its locks and fence counters.
+    Restarted,
+    /// The same `run_id` on a new connection: lockgate may have missed
+    /// releases and commits while it was unreachable.
+    Reconnected,
+    /// lockgate's first sight of it, less than the rejoin delay after it
+    /// started: it may have lost locks lockgate (or a predecessor) granted.
+    Young,
+    /// Its clock stepped: its keys may have expired early.
+    ClockJump,
 }
 
 /// A master's state as operators see it.
@@ -57,8 +84,11 @@ impl Master {
             return MasterState::Down;
         }
         let until = self.sitting_out_until.lock().ok().and_then(|u| *u);
+        let connects = self.node.state.connects.load(Ordering::Relaxed);
         match until.map(|u| u.saturating_duration_since(Instant::now())) {
             Some(left) if !left.is_zero() => MasterState::SittingOut(left),
+            // Its delay is over but the counters are not copied yet.
+            _ if !self.admission.is_admitted(connects) => MasterState::SittingOut(Duration::ZERO),
             _ => MasterState::Up,
         }
     }
@@ -83,16 +113,39 @@ impl Master {
             .lock()
             .map(|r| r.clone())
             .unwrap_or_default();
-        // Only the very first connection is trusted without a sit-out.
-        if !(seen.1 == 0 && connects == 1) {
-            let why = if run_id != seen.0 {
-                "restarted (new run_id)"
-            } else {
-                "reconnected"
-            };
-            if let Ok(mut until) = self.sitting_out_until.lock() {
-                *until = Some(Instant::now() + rejoin_delay);
+        // Only the very first connection may be trusted without a sit-out,
+        // and only when the master had already run for the rejoin delay.
+        if seen.1 == 0 && connects == 1 {
+            match self.young_until(rejoin_delay) {
+                None => self.admission.trust(connects),
+                Some(until) => {
+                    self.young.store(true, Ordering::Relaxed);
+                    self.sit_out_until(until, SitOut::Young);
+                    self.admission.require_copy(connects);
+                    tracing::warn!(
+                        master = self.node.addr(),
+                        sit_out_ms =
+                            until.saturating_duration_since(Instant::now()).as_millis() as u64,
+                        "lock master started less than the rejoin delay ago: it sits out"
+                    );
+                }
             }
+        } else {
+            let (why, reason) = if run_id != seen.0 {
+                ("restarted (new run_id)", SitOut::Restarted)
+            } else {
+                ("reconnected", SitOut::Reconnected)
+            };
+            // The same process keeps its counters: a connection lost (a
+            // network blip, lockgate's own) asks for no copy, else losing
+            // a majority of connections at once could never be undone.
+            // Releases and commits it missed meanwhile only leave it with
+            // less, as a master that did not vote.
+            match reason == SitOut::Reconnected && self.admission.is_admitted(seen.1) {
+                true => self.admission.trust(connects),
+                false => self.admission.require_copy(connects),
+            }
+            self.sit_out_until(Instant::now() + rejoin_delay, reason);
             tracing::warn!(
                 master = self.node.addr(),
                 why,
@@ -103,14 +156,45 @@ impl Master {
         *seen = (run_id, connects);
     }
 
-    /// Sits the master out of acquisitions for `delay` from now (or
-    /// longer, if it already sits out longer): its keys may have expired
-    /// early (see [`super::clock`]).
-    pub fn sit_out(&self, delay: Duration) {
+    /// When a master lockgate sees for the first time ends its sit-out, if
+    /// it started less than `rejoin_delay` ago (`None`: it is older).
+    /// Without an uptime it is taken as new.
+    fn young_until(&self, rejoin_delay: Duration) -> Option<Instant> {
+        let uptime = self.node.state.uptime.lock().ok().and_then(|u| *u);
+        let (read_at, secs) = uptime.unwrap_or((Instant::now(), 0));
+        let until = read_at + young_left(rejoin_delay, secs)?;
+        (until > Instant::now()).then_some(until)
+    }
+
+    /// Whether lockgate's first connection to it found it started less
+    /// than the rejoin delay before.
+    pub fn young_at_first_sight(&self) -> bool {
+        self.young.load(Ordering::Relaxed)
+    }
+
+    /// Sits the master out of acquisitions until `end` (or longer, if it
+    /// already sits out longer), for `why`. The one sit-out of a master:
+    /// restarts, reconnections, a young master at first sight and clock
+    /// jumps all end up here; missing fence counters extend it past `end`
+    /// (see [`Master::state`]).
+    pub fn sit_out_until(&self, end: Instant, why: SitOut) {
         if let Ok(mut until) = self.sitting_out_until.lock() {
-            let end = Instant::now() + delay;
             *until = Some(until.map_or(end, |u| u.max(end)));
         }
+        let counter = match why {
+            SitOut::Restarted => &self.metrics.sit_outs_restarted,
+            SitOut::Reconnected => &self.metrics.sit_outs_reconnected,
+            SitOut::Young => &self.metrics.sit_outs_young,
+            // Counted as `lock_quorum_clock_jumps` by the clock watch.
+            SitOut::ClockJump => return,
+        };
+        ProxyMetrics::inc(counter);
+    }
+
+    /// Sits the master out for `delay` from now because its clock jumped:
+    /// its keys may have expired early (see [`super::clock`]).
+    pub fn sit_out(&self, delay: Duration) {
+        self.sit_out_until(Instant::now() + delay, SitOut::ClockJump);
     }
 }
 
@@ -127,6 +211,9 @@ pub struct Quorum {
     rejoin_ms: Arc<AtomicU64>,
     /// Script bodies seen (EVAL, SCRIPT LOAD) by SHA1, for NOSCRIPT.
     pub scripts: dashmap::DashMap<String, Bytes>,
+    /// Fence counter copies and sit-outs by reason (shared with the
+    /// masters).
+    pub rejoin: Arc<RejoinMetrics>,
     /// The masters' clock offsets (jumps sit a master out).
     pub clock: super::clock::ClockWatch,
 }
@@ -152,6 +239,7 @@ impl Quorum {
             0 => config.locks.default_lease_ms,
             ms => ms,
         }));
+        let metrics = Arc::new(RejoinMetrics::default());
         let masters = q
             .masters
             .iter()
@@ -161,6 +249,9 @@ impl Quorum {
                     sitting_out_until: Mutex::new(None),
                     seen: Mutex::new((String::new(), 0)),
                     rejoin_ms: rejoin_ms.clone(),
+                    admission: Admission::new(Duration::from_millis(q.node_timeout_ms)),
+                    young: AtomicBool::new(false),
+                    metrics: metrics.clone(),
                 })
             })
             .collect();
@@ -171,6 +262,7 @@ impl Quorum {
             max_lease_ms: AtomicU64::new(config.locks.default_lease_ms),
             rejoin_ms,
             scripts: dashmap::DashMap::new(),
+            rejoin: metrics,
             clock: super::clock::ClockWatch::new(config),
         });
         let sampled = quorum.clone();
@@ -181,6 +273,7 @@ impl Quorum {
                 _ = sampled.sample_clocks() => {}
             }
         });
+        super::rejoin::spawn(quorum.clone(), stop.clone());
         let watched = quorum.clone();
         let stop = stop.clone();
         tokio::spawn(async move {
@@ -349,6 +442,18 @@ impl Quorum {
     }
 }
 
+/// How much of `rejoin_delay` a master that reported `uptime_in_seconds`
+/// = `secs` has left to sit out from when its reply arrived (`None`:
+/// none).
+// `uptime_in_seconds` is the difference of two whole-second clock readings
+// (now and the start, both rounded down), so a master reporting s seconds
+// may have run for just over s - 1: it is taken to have run max(s - 1, 0),
+// never older than it is.
+pub fn young_left(rejoin_delay: Duration, secs: u64) -> Option<Duration> {
+    let ran = Duration::from_secs(secs.saturating_sub(1));
+    rejoin_delay.checked_sub(ran).filter(|left| !left.is_zero())
+}
+
 /// Merges integer answers the Redlock way: the largest value a majority
 /// reports at least (for TTLs, the smallest within the majority).
 pub fn majority_integer(values: &[i64], majority: usize) -> Option<i64> {
@@ -384,6 +489,23 @@ pub fn now_unix_ms() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reported_uptime_is_taken_a_second_short() {
+        let delay = Duration::from_millis(3_000);
+        // 0 or 1 reported: it may have started just now.
+        assert_eq!(young_left(delay, 0), Some(delay));
+        assert_eq!(young_left(delay, 1), Some(delay));
+        assert_eq!(young_left(delay, 2), Some(Duration::from_secs(2)));
+        // 4 reported: more than 3 s run.
+        assert_eq!(young_left(delay, 3), Some(Duration::from_secs(1)));
+        assert_eq!(young_left(delay, 4), None);
+        assert_eq!(young_left(Duration::from_millis(300), 2), None);
+        assert_eq!(
+            young_left(Duration::from_millis(300), 1),
+            Some(Duration::from_millis(300))
+        );
+    }
 
     #[test]
     fn integers_merge_to_what_a_majority_reports() {

@@ -225,6 +225,15 @@ impl LockService {
             return Outcome::failed(q.late_reply(answers.replies.len(), not_acquired(shape)));
         }
         ProxyMetrics::inc(&self.metrics.contended);
+        // Masters that held this instance back for a longer waiter
+        // elsewhere: counted once per attempt.
+        if answers
+            .replies
+            .iter()
+            .any(|r| split_reply(r).1.get(script::ACQUIRE_YIELD_FACT) == Some(&1))
+        {
+            ProxyMetrics::inc(&self.metrics.fairness_yields);
+        }
         // The holder's remaining lease, as the majority of "no"s sees it.
         let pttls: Vec<i64> = answers
             .replies

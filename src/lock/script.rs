@@ -50,24 +50,86 @@ end
     };
 }
 
+/// Fairness across instances sharing a lock store, as Lua functions the
+/// acquiring scripts start with. The key's waiting marks
+/// (`lockgate:waiting:{key}`, a hash) hold, per instance prefix, `since:seen`
+/// in the store's own clock (ms): since when that instance's attempts have
+/// failed without its getting the lock, and when one last failed. A mark
+/// counts while seen within `window` ms. `must_yield(wk, me, bound,
+/// window, now)` returns (yield, any): yield when another instance has
+/// waited longer than `bound` and longer than `me`; any when the hash had
+/// marks. `mark_waiting` records a failure of `me`; an acquisition by `me`
+/// deletes its mark.
+macro_rules! fairness {
+    () => {
+        r#"
+local function fair_now()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function fair_mark(v)
+  local c = string.find(v, ':', 1, true)
+  if not c then return nil, nil end
+  return tonumber(string.sub(v, 1, c - 1)), tonumber(string.sub(v, c + 1))
+end
+local function must_yield(wk, me, bound, window, now)
+  local w = redis.call('HGETALL', wk)
+  local mine, eldest = nil, nil
+  for i = 1, #w, 2 do
+    local since, seen = fair_mark(w[i + 1])
+    if since and seen and now - seen <= window then
+      if w[i] == me then mine = since
+      elseif not eldest or since < eldest then eldest = since end
+    end
+  end
+  return eldest ~= nil and now - eldest > bound and (mine == nil or eldest < mine), #w > 0
+end
+local function mark_waiting(wk, me, window, now)
+  local since = now
+  local old = redis.call('HGET', wk, me)
+  if old then
+    local s, seen = fair_mark(old)
+    if s and seen and now - seen <= window then since = s end
+  end
+  redis.call('HSET', wk, me, since .. ':' .. now)
+  redis.call('PEXPIRE', wk, window)
+end
+"#
+    };
+}
+
 /// Acquire: `SET k v NX <ttl>` plus the owner record, atomically.
-/// KEYS: lock, owner record. ARGV: info, value, token, ttl kind
-/// (`PX`/`EX`/`PXAT`/`EXAT`), ttl, shape (`setnx` → 1/0, `set` → OK/nil,
-/// `setget` → old value). Facts: acquired (1/0), the key's PTTL afterwards
-/// (the holder's remaining lease when not acquired); with info `"2"` (the
-/// quorum's acquisitions) also the master's clock (`TIME`, µs since the
-/// epoch, fact [`ACQUIRE_CLOCK_FACT`]), read in the same atomic step as
-/// the `SET NX` it vouches for (see [`super::clock`]). The owner record gets
+/// KEYS: lock, owner record, waiting marks. ARGV: info, value, token, ttl
+/// kind (`PX`/`EX`/`PXAT`/`EXAT`), ttl, shape (`setnx` → 1/0, `set` →
+/// OK/nil, `setget` → old value), instance prefix, fairness bound ms (`0`:
+/// off), marks' window ms. Facts: acquired (1/0), the key's PTTL afterwards
+/// (the holder's remaining lease when not acquired), the master's clock
+/// with info `"2"` (the quorum's acquisitions; `TIME`, µs since the epoch,
+/// fact [`ACQUIRE_CLOCK_FACT`], read in the same atomic step as the `SET
+/// NX` it vouches for, see [`super::clock`]; 0 otherwise), and yielded
+/// (1: not tried, another instance has waited past the bound, fact
+/// [`ACQUIRE_YIELD_FACT`]). A failed attempt marks this instance waiting. The owner record gets
 /// the lock's own expiry option, so an acquisition asks no PTTL unless its
 /// lease is a deadline (`PXAT`/`EXAT`).
-pub const ACQUIRE: &str = r#"
+pub const ACQUIRE: &str = concat!(
+    fairness!(),
+    r#"
+local bound, window, me = tonumber(ARGV[8]) or 0, tonumber(ARGV[9]) or 0, ARGV[7]
+local now, yield, marks = 0, false, false
+if bound > 0 then
+  now = fair_now()
+  yield, marks = must_yield(KEYS[3], me, bound, window, now)
+end
 local old = false
 if ARGV[6] == 'setget' then
   old = redis.pcall('GET', KEYS[1])
   if type(old) == 'table' and old.err then return old end
 end
-local ok = redis.pcall('SET', KEYS[1], ARGV[2], 'NX', ARGV[4], ARGV[5])
-if type(ok) == 'table' and ok.err then return ok end
+local ok = false
+if not yield then
+  ok = redis.pcall('SET', KEYS[1], ARGV[2], 'NX', ARGV[4], ARGV[5])
+  if type(ok) == 'table' and ok.err then return ok end
+end
 local acquired, pttl = 0, 0
 if ok then
   acquired = 1
@@ -75,21 +137,31 @@ if ok then
   if ARGV[4] == 'PX' then pttl = tonumber(ARGV[5])
   elseif ARGV[4] == 'EX' then pttl = tonumber(ARGV[5]) * 1000
   else pttl = redis.call('PTTL', KEYS[1]) end
+  if marks then redis.call('HDEL', KEYS[3], me) end
 else
   pttl = redis.call('PTTL', KEYS[1])
+  if bound > 0 then mark_waiting(KEYS[3], me, window, now) end
+  -- Held back for a longer waiter elsewhere: wake it now, not at its
+  -- next probe.
+  if yield and pttl == -2 then redis.call('PUBLISH', 'lockgate:released', KEYS[1]) end
 end
 local reply = old
 if ARGV[6] == 'setnx' then reply = acquired elseif ARGV[6] == 'set' then reply = ok end
-if ARGV[1] == '1' then return {reply, acquired, pttl} end
+local yielded = yield and 1 or 0
+if ARGV[1] == '1' then return {reply, acquired, pttl, 0, yielded} end
 if ARGV[1] == '2' then
   local t = redis.call('TIME')
-  return {reply, acquired, pttl, tonumber(t[1]) * 1000000 + tonumber(t[2])}
+  return {reply, acquired, pttl, tonumber(t[1]) * 1000000 + tonumber(t[2]), yielded}
 end
 return reply
-"#;
+"#
+);
 
 /// Where [`ACQUIRE`]'s facts (after the reply) carry the master's clock.
 pub const ACQUIRE_CLOCK_FACT: usize = 2;
+
+/// Where [`ACQUIRE`]'s facts say it yielded to another instance.
+pub const ACQUIRE_YIELD_FACT: usize = 3;
 
 /// Owner-checked release for `DEL`/`UNLINK`.
 /// KEYS: n pairs (lock key, owner record), then ordinary keys.
@@ -139,22 +211,38 @@ return total
 /// to the oldest attempt parked on this instance (retry storms): when the
 /// release is allowed the lock is overwritten with the next holder's
 /// value, owner record and lease instead of deleted, so it is never free
-/// in between and nothing needs announcing. KEYS: lock, owner record.
-/// ARGV: info, command (`DEL`/`UNLINK`), ownership, instance prefix, token
-/// (as [`RELEASE`]), next value, next token, next lease ms, the newer
-/// unsettled attempts (as [`RELEASE`]), the connection's birth. Reply: the
-/// number deleted, as DEL. Facts: released, denied, lapsed, handed (1/0),
-/// stale.
+/// in between and nothing needs announcing. KEYS: lock, owner record,
+/// waiting marks. ARGV: info, command (`DEL`/`UNLINK`), ownership,
+/// instance prefix, token (as [`RELEASE`]), next value, next token, next
+/// lease ms, the newer unsettled attempts (as [`RELEASE`]), the
+/// connection's birth, fairness bound ms and marks' window (as
+/// [`ACQUIRE`]). Reply: the number deleted, as DEL. Facts: released,
+/// denied, lapsed, handed (1/0), stale, yielded (1: another instance has
+/// waited past the bound, so the lock was released as by [`RELEASE`], not
+/// handed).
 /// A lock key that is not a string is deleted as DEL would, not handed.
 pub const RELEASE_HANDOFF: &str = concat!(
     owner_check!(),
+    fairness!(),
     r#"
 local key, rec = KEYS[1], KEYS[2]
 local owner = redis.call('GET', rec)
 local allowed, lapsed, stale = allows(owner, ARGV[5], ARGV[9], ARGV[4], ARGV[3] == 'any', ARGV[10])
-local d, handed = 0, 0
+local d, handed, yielded = 0, 0, 0
 if allowed then
-  local old = redis.pcall('SET', key, ARGV[6], 'PX', ARGV[8], 'GET')
+  local bound, marks = tonumber(ARGV[11]) or 0, false
+  local now, yield = 0, false
+  if bound > 0 then
+    now = fair_now()
+    yield, marks = must_yield(KEYS[3], ARGV[4], bound, tonumber(ARGV[12]), now)
+  end
+  local old = false
+  if yield then
+    yielded = 1
+    old = {err = 'yield'}
+  else
+    old = redis.pcall('SET', key, ARGV[6], 'PX', ARGV[8], 'GET')
+  end
   if type(old) == 'table' and old.err then
     d = redis.call(ARGV[2], key)
     if owner then redis.call(ARGV[2], rec) end
@@ -163,13 +251,14 @@ if allowed then
     redis.call('SET', rec, ARGV[7], 'PX', ARGV[8])
     if old then d = 1 end
     handed = 1
+    if marks then redis.call('HDEL', KEYS[3], ARGV[4]) end
   end
 end
 local released = 0
 if owner then released = d end
 local denied = 1
 if allowed then denied = 0 end
-if ARGV[1] == '1' then return {d, released, denied, lapsed, handed, stale} end
+if ARGV[1] == '1' then return {d, released, denied, lapsed, handed, stale, yielded} end
 return d
 "#
 );

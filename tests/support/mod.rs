@@ -5,7 +5,7 @@
 //!
 //! Every test file says `mod support;` and uses what it needs:
 //!
-//! - [`redis`]: [`RedisServer`], [`free_port`].
+//! - [`redis`]: [`RedisServer`], [`free_port`], [`until_uptime`].
 //! - [`proxy`]: [`Lockgate`], lockgate (the proxy under test) in the test's process.
 //! - [`resp`]: [`RawClient`], [`cmd`], [`encode`], [`frame_len`] (the one
 //!   RESP frame scanner), [`show`].
@@ -42,7 +42,7 @@ use std::time::Duration;
 pub use self::{
     process::{run_limited, run_limited_async, run_limited_with_input},
     proxy::Lockgate,
-    redis::{free_port, RedisServer},
+    redis::{free_port, until_uptime, RedisServer},
     resp::{cmd, encode, frame_len, show, RawClient},
 };
 

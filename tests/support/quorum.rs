@@ -22,10 +22,15 @@ pub struct Cluster {
     pub masters: Vec<RedisServer>,
     /// lockgate, in-process.
     pub lg: Lockgate,
+    /// The configuration lockgate was started with.
+    pub config: Config,
 }
 
 /// lockgate's configuration for `primary` and `masters` (the quorum
-/// defaults: node_timeout_ms 50, clock_drift_factor 0.01).
+/// defaults: node_timeout_ms 50, clock_drift_factor 0.01), with a rejoin
+/// delay of 300 ms: the masters are started moments before lockgate, so
+/// lockgate makes them sit out the rest of the rejoin delay (30 s by
+/// default) before they count.
 pub fn quorum_config(primary: &str, masters: &[String]) -> Config {
     let mut c = Config::default();
     c.upstream.addr = primary.to_string();
@@ -34,6 +39,7 @@ pub fn quorum_config(primary: &str, masters: &[String]) -> Config {
     c.proxy.shutdown_grace_ms = 300;
     c.locks.instance_id = "quorum-test".to_string();
     c.locks.quorum.masters = masters.to_vec();
+    c.locks.quorum.rejoin_delay_ms = 300;
     c
 }
 
@@ -54,16 +60,29 @@ impl Cluster {
         let addrs: Vec<String> = masters.iter().map(|m| m.addr()).collect();
         let mut config = quorum_config(&primary.addr(), &addrs);
         tweak(&mut config);
-        let lg = Lockgate::start_with(config).await;
+        let lg = Lockgate::start_with(config.clone()).await;
         let cluster = Cluster {
             primary,
             masters,
             lg,
+            config,
         };
         for i in 0..n {
             cluster.wait_state(i, "Up", |s| *s == MasterState::Up).await;
         }
         cluster
+    }
+
+    /// Replaces lockgate with a new one on the same configuration (clients
+    /// must connect again), and waits until it has connected the masters
+    /// `running`.
+    pub async fn restart_lockgate(&mut self, running: &[usize]) {
+        let new = Lockgate::start_with(self.config.clone()).await;
+        std::mem::replace(&mut self.lg, new).stop().await;
+        for &i in running {
+            self.wait_state(i, "connected", |s| *s != MasterState::Down)
+                .await;
+        }
     }
 
     /// The quorum lockgate runs.

@@ -4,6 +4,8 @@ use std::io::{Read, Write};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::support::{RawClient, WAIT};
+
 /// A real redis-server on a free loopback port, killed on drop.
 pub struct RedisServer {
     /// Its port on 127.0.0.1.
@@ -130,4 +132,24 @@ fn ping_blocking(port: u16) -> bool {
     }
     let mut buf = [0u8; 64];
     matches!(s.read(&mut buf), Ok(n) if n > 0 && (buf.starts_with(b"+PONG") || buf.starts_with(b"-NOAUTH")))
+}
+
+/// Polls `INFO server` on the Redis at `addr` every 50 ms until its
+/// reported `uptime_in_seconds` is at least `secs` (within [`WAIT`]).
+pub async fn until_uptime(addr: &str, secs: u64) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let mut c = RawClient::connect(addr).await;
+        let info = String::from_utf8_lossy(&c.call_raw(&["INFO", "server"]).await).into_owned();
+        let up = info
+            .lines()
+            .find_map(|l| l.strip_prefix("uptime_in_seconds:"))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(0);
+        if up >= secs {
+            return;
+        }
+        assert!(Instant::now() < deadline, "uptime of {addr} stays {up} s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

@@ -1,0 +1,320 @@
+//! What the chaos test's clients and fault loop record, and how it is
+//! judged: mutual exclusion within validity, lost updates, fencing order.
+//! A section is valid from the reply that granted it until the earlier of
+//! its release and acquire-sent + lease − drift (or the validity lockgate
+//! answered, for the fencing API); only valid sections are held to
+//! anything, so a holder that outlives its lease is never a failure by
+//! itself.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// How a client takes the lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Kind {
+    /// `SETNX` / `EXPIRE` / `DEL` through a pool that reconnects.
+    Legacy,
+    /// `SET k uuid NX PX` + compare-and-delete `EVAL`.
+    SetNx,
+    /// `LOCKGATE LOCK … WAIT` / `UNLOCK` with a fencing token.
+    Fence,
+}
+
+/// One acquisition and what its holder did with it.
+#[derive(Debug, Clone)]
+pub struct Section {
+    /// Unique across the run (also the tag its counter write carries).
+    pub id: u64,
+    /// The worker.
+    pub client: usize,
+    /// How it was taken.
+    pub kind: Kind,
+    /// Through which lockgate.
+    pub lg: usize,
+    /// The fencing token, for [`Kind::Fence`].
+    pub token: Option<i64>,
+    /// When the acquiring command was sent.
+    pub sent: Duration,
+    /// When the grant arrived.
+    pub start: Duration,
+    /// The end of its validity (counted from `sent`).
+    pub valid_until: Duration,
+    /// When its release was sent.
+    pub released: Option<Duration>,
+    /// It was paused past its lease (a deliberate fault).
+    pub paused: bool,
+    /// When its counter write was answered.
+    pub write_done: Option<Duration>,
+}
+
+impl Section {
+    /// The span in which it may rely on the lock (empty: never valid).
+    pub fn window(&self) -> (Duration, Duration) {
+        let end = self
+            .released
+            .map_or(self.valid_until, |r| r.min(self.valid_until));
+        (self.start, end)
+    }
+
+    fn valid(&self) -> bool {
+        let (a, b) = self.window();
+        a < b
+    }
+
+    /// Its counter write was answered within its validity.
+    fn wrote_validly(&self) -> bool {
+        self.write_done.is_some_and(|w| w <= self.valid_until)
+    }
+
+    fn show(&self) -> String {
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        format!(
+            "section {} client {} {:?} via lg{} token {:?}: sent t+{:.1} granted t+{:.1} valid until \
+             t+{:.1} released {} wrote {}{}",
+            self.id,
+            self.client,
+            self.kind,
+            self.lg,
+            self.token,
+            ms(self.sent),
+            ms(self.start),
+            ms(self.valid_until),
+            self.released.map_or("never".into(), |r| format!("t+{:.1}", ms(r))),
+            self.write_done.map_or("never".into(), |w| format!("t+{:.1}", ms(w))),
+            if self.paused { " (paused past its lease)" } else { "" }
+        )
+    }
+}
+
+/// One release attempt.
+#[derive(Debug, Clone)]
+pub struct Release {
+    /// When it was sent.
+    pub t: Duration,
+    /// The section it ends.
+    pub section: u64,
+    /// On the connection that acquired (legacy pool: maybe not).
+    pub acquiring_conn: bool,
+    /// Sent after the section's validity ended.
+    pub late: bool,
+    /// What it answered (`1`, `0`, an error).
+    pub result: String,
+}
+
+/// Everything recorded in one run.
+#[derive(Debug, Default)]
+pub struct Records {
+    /// Every acquisition.
+    pub sections: Vec<Section>,
+    /// Every release attempt.
+    pub releases: Vec<Release>,
+    /// `(mine, other, when)`: `other` wrote the counter between mine's read
+    /// and its write.
+    pub lost: Vec<(u64, u64, Duration)>,
+    /// `(section, answered at, accepted, token there before)`.
+    pub fence_writes: Vec<(u64, Duration, bool, i64)>,
+    /// `(when, client, what)`: availability losses.
+    pub errors: Vec<(Duration, usize, String)>,
+    /// `(when, what)`: the faults injected.
+    pub faults: Vec<(Duration, String)>,
+    /// Faults by kind.
+    pub fault_counts: BTreeMap<&'static str, u64>,
+}
+
+/// The shared journal, timed from one epoch.
+pub struct Journal {
+    /// t = 0.
+    pub epoch: Instant,
+    /// What happened.
+    pub r: Mutex<Records>,
+}
+
+impl Journal {
+    /// An empty journal starting now.
+    pub fn new() -> Journal {
+        Journal {
+            epoch: Instant::now(),
+            r: Mutex::new(Records::default()),
+        }
+    }
+
+    /// Time since the epoch.
+    pub fn t(&self, at: Instant) -> Duration {
+        at.saturating_duration_since(self.epoch)
+    }
+
+    /// Runs `f` on the records.
+    pub fn with<T>(&self, f: impl FnOnce(&mut Records) -> T) -> T {
+        f(&mut self.r.lock().expect("journal"))
+    }
+
+    /// A fault of `kind`, described by `what`, now.
+    pub fn fault(&self, kind: &'static str, what: String) {
+        let t = self.t(Instant::now());
+        self.with(|r| {
+            *r.fault_counts.entry(kind).or_default() += 1;
+            r.faults.push((t, what));
+        });
+    }
+
+    /// A timeline line (no count), now.
+    pub fn note(&self, what: String) {
+        let t = self.t(Instant::now());
+        self.with(|r| r.faults.push((t, what)));
+    }
+}
+
+/// Every failure found, by check.
+#[derive(Debug, Default)]
+pub struct Verdict {
+    /// Two valid sections overlapped.
+    pub overlaps: Vec<String>,
+    /// A lost update between two valid sections.
+    pub lost: Vec<String>,
+    /// Lost updates involving a section past its validity (expected).
+    pub lost_benign: u64,
+    /// The store refused a holder within its validity.
+    pub fence_refused_valid: Vec<String>,
+    /// The store refused a late ex-holder (expected: fencing at work).
+    pub fence_refused_late: u64,
+    /// A write accepted with a token older than an accepted one.
+    pub old_token_accepted: Vec<String>,
+    /// A grant whose token is not above one granted before it was asked.
+    pub token_order: Vec<String>,
+}
+
+impl Verdict {
+    /// No failure of any kind.
+    pub fn clean(&self) -> bool {
+        self.overlaps.is_empty()
+            && self.lost.is_empty()
+            && self.fence_refused_valid.is_empty()
+            && self.old_token_accepted.is_empty()
+            && self.token_order.is_empty()
+    }
+}
+
+/// The two sections, the releases between them and the faults nearby.
+fn timeline(r: &Records, a: &Section, b: &Section) -> String {
+    let from = a.sent.min(b.sent);
+    let to = a.window().1.max(b.window().1);
+    let mut lines = vec![format!("  A: {}", a.show()), format!("  B: {}", b.show())];
+    for rel in r
+        .releases
+        .iter()
+        .filter(|x| x.t + Duration::from_secs(1) >= from && x.t <= to)
+    {
+        let owner = r.sections.iter().find(|s| s.id == rel.section);
+        lines.push(format!(
+            "  release t+{:.1} of section {} (client {:?}, {:?}){}{} -> {}",
+            rel.t.as_secs_f64() * 1e3,
+            rel.section,
+            owner.map(|s| s.client),
+            owner.map(|s| s.kind),
+            if rel.acquiring_conn {
+                ""
+            } else {
+                " on another pooled connection"
+            },
+            if rel.late { " LATE" } else { "" },
+            rel.result
+        ));
+    }
+    let near = Duration::from_secs(4);
+    for (t, what) in r
+        .faults
+        .iter()
+        .filter(|(t, _)| *t + near >= from && *t <= to + near)
+    {
+        lines.push(format!("  fault t+{:.1} {what}", t.as_secs_f64() * 1e3));
+    }
+    lines.join("\n")
+}
+
+/// Judges the records.
+pub fn judge(r: &Records) -> Verdict {
+    let mut v = Verdict::default();
+    let by_id: BTreeMap<u64, &Section> = r.sections.iter().map(|s| (s.id, s)).collect();
+    // Mutual exclusion: sweep the valid windows in start order.
+    let mut valid: Vec<&Section> = r.sections.iter().filter(|s| s.valid()).collect();
+    valid.sort_by_key(|s| s.start);
+    let mut open: Vec<&Section> = Vec::new();
+    for s in valid {
+        open.retain(|o| o.window().1 > s.start);
+        for o in &open {
+            v.overlaps.push(format!(
+                "OVERLAP of two valid sections:\n{}",
+                timeline(r, o, s)
+            ));
+        }
+        open.push(s);
+    }
+    for &(mine, other, _) in &r.lost {
+        let (Some(m), Some(o)) = (by_id.get(&mine), by_id.get(&other)) else {
+            continue;
+        };
+        if m.wrote_validly() && o.wrote_validly() {
+            v.lost.push(format!(
+                "LOST UPDATE between valid sections:\n{}",
+                timeline(r, o, m)
+            ));
+        } else {
+            v.lost_benign += 1;
+        }
+    }
+    for &(id, at, accepted, prev) in &r.fence_writes {
+        let Some(s) = by_id.get(&id) else { continue };
+        if !accepted {
+            if at <= s.valid_until {
+                let holder = r.sections.iter().find(|x| x.token == Some(prev));
+                let msg = match holder {
+                    Some(h) => timeline(r, h, s),
+                    None => format!("  {} (store held token {prev})", s.show()),
+                };
+                v.fence_refused_valid
+                    .push(format!("FENCING refused a valid holder:\n{msg}"));
+            } else {
+                v.fence_refused_late += 1;
+            }
+        } else if prev > 0 {
+            // Accepted over `prev`: every holder of `prev` must have been
+            // granted before this one, or an old token beat a newer one.
+            for h in r
+                .sections
+                .iter()
+                .filter(|x| x.token == Some(prev) && x.start > s.start)
+            {
+                v.old_token_accepted.push(format!(
+                    "OLD TOKEN accepted (token {:?} over {prev}, granted later):\n{}",
+                    s.token,
+                    timeline(r, s, h)
+                ));
+            }
+        }
+    }
+    // Token order: a grant must carry a token above every token granted
+    // before it was even asked for.
+    let mut granted: Vec<&Section> = r.sections.iter().filter(|s| s.token.is_some()).collect();
+    let mut asked = granted.clone();
+    granted.sort_by_key(|s| s.start);
+    asked.sort_by_key(|s| s.sent);
+    let (mut i, mut best): (usize, Option<&Section>) = (0, None);
+    for b in asked {
+        while i < granted.len() && granted[i].start < b.sent {
+            if best.is_none_or(|x| granted[i].token > x.token) {
+                best = Some(granted[i]);
+            }
+            i += 1;
+        }
+        if let Some(a) = best.filter(|a| a.token >= b.token) {
+            v.token_order.push(format!(
+                "TOKEN ORDER: granted {:?} after {:?} was granted:\n{}",
+                b.token,
+                a.token,
+                timeline(r, a, b)
+            ));
+        }
+    }
+    v
+}

@@ -1,0 +1,222 @@
+//! Chaos against the Redlock quorum with lockgate run as it runs in
+//! production: two lockgate subprocesses (SIGKILLed and restarted,
+//! SIGSTOPped) in front of 5 real redis-server lock masters (SIGSTOPped,
+//! SIGKILLed and restarted empty, restarted all in a row, one with its wall
+//! clock stepped forward and back under libfaketime) and a primary, while
+//! 12 workers take one lock key three ways: the legacy `SETNX` / `EXPIRE`
+//! / `DEL` pattern through pools that reconnect silently, `SET k uuid NX
+//! PX` with the compare-and-delete release, and `LOCKGATE LOCK`/`UNLOCK`
+//! with fencing tokens. Some holders are paused past their lease and woken
+//! while another holder is inside, then finish late.
+//!
+//! Checked (see `tests/chaos/checks.rs`): no two valid sections overlap (a
+//! section is valid from its grant until its release or acquire-sent +
+//! lease − drift), no lost update on the counter between two valid
+//! sections, the store that refuses lower tokens never refuses a valid
+//! holder nor accepts an older acquisition's token over a newer one, and
+//! tokens grow in grant order. Errors ("no quorum", a lockgate down) are
+//! availability losses, counted; an outage of one client longer than
+//! `QUORUM_CHAOS_OUTAGE_MS` fails, since a majority always stays up.
+//!
+//! Knobs (defaults in brackets): `QUORUM_CHAOS_SEED` [a fixed seed],
+//! `QUORUM_CHAOS_SECS` [35 s of workload], `QUORUM_CHAOS_LEASE_MS` [1000],
+//! `QUORUM_CHAOS_DRIFT_MS` [150, what a client takes off its lease],
+//! `QUORUM_CHAOS_NODE_TIMEOUT_MS` [200], `QUORUM_CHAOS_PAUSE_ONE_IN` [30:
+//! one section in that many is paused], `QUORUM_CHAOS_OUTAGE_MS` [10000].
+
+mod chaos;
+mod support;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use chaos::checks::{judge, Journal, Kind};
+use chaos::clients::{worker, ClientReport, Shared};
+use chaos::faults::{self, Cluster};
+use chaos::{LockgateProc, Tuning};
+use support::quorum::fake_clock::FakeClock;
+use support::rng::env_u64;
+use support::RedisServer;
+
+/// Workers of each kind (half through each lockgate).
+const PER_KIND: usize = 4;
+
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+/// Starts the primary, 5 masters (one under a fake clock) and two lockgate
+/// subprocesses, and waits until both count every master.
+async fn start(t: &Tuning) -> Cluster {
+    assert!(
+        FakeClock::available(),
+        "libfaketime is needed for the clock step: apt-get install faketime"
+    );
+    let primary = RedisServer::start();
+    let clock = FakeClock::new();
+    let clock_master = 3;
+    let masters: Vec<RedisServer> = (0..5)
+        .map(|i| match i == clock_master {
+            true => clock.start_redis(),
+            false => RedisServer::start(),
+        })
+        .collect();
+    let addrs: Vec<String> = masters.iter().map(|m| m.addr()).collect();
+    let mut lgs = Vec::new();
+    for k in 0..2 {
+        lgs.push(LockgateProc::start(&format!("lg{k}"), &primary.addr(), &addrs, t).await);
+    }
+    // Masters started moments ago sit out their rejoin delay first.
+    for lg in &lgs {
+        let deadline = Instant::now() + support::WAIT;
+        loop {
+            let states = lg.masters(Duration::from_secs(1)).await.unwrap_or_default();
+            if states.len() == 5 && states.iter().all(|s| s == "up") {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} never counted every master: {states:?}",
+                lg.name
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    Cluster {
+        primary,
+        masters,
+        clock,
+        clock_master,
+        lgs,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_stay_exclusive_and_fenced_under_chaos() {
+    let seed = env_u64("QUORUM_CHAOS_SEED", 0xc4a0_5eed);
+    let secs = env_u64("QUORUM_CHAOS_SECS", 35);
+    let lease_ms = env_u64("QUORUM_CHAOS_LEASE_MS", 1000);
+    let tuning = Tuning {
+        lease_ms,
+        rejoin_ms: lease_ms + 200,
+        node_timeout_ms: env_u64("QUORUM_CHAOS_NODE_TIMEOUT_MS", 200),
+        drift_ms: env_u64("QUORUM_CHAOS_DRIFT_MS", 150),
+    };
+    let outage_limit = Duration::from_millis(env_u64("QUORUM_CHAOS_OUTAGE_MS", 10_000));
+    let pause_one_in = env_u64("QUORUM_CHAOS_PAUSE_ONE_IN", 30);
+    println!(
+        "quorum_chaos: QUORUM_CHAOS_SEED={seed} secs={secs} {tuning:?} pause 1 in {pause_one_in}"
+    );
+    let mut cluster = start(&tuning).await;
+    let until = Instant::now() + Duration::from_secs(secs);
+    let sh = Arc::new(Shared {
+        journal: Journal::new(),
+        tuning,
+        lgs: cluster.lgs.iter().map(|l| l.addr).collect(),
+        until,
+        next_id: AtomicU64::new(0),
+        inside: AtomicUsize::new(0),
+        entered: tokio::sync::Notify::new(),
+        pause_one_in,
+    });
+    let mut tasks = Vec::new();
+    for (n, kind) in [Kind::Legacy, Kind::SetNx, Kind::Fence]
+        .into_iter()
+        .enumerate()
+    {
+        for k in 0..PER_KIND {
+            let id = n * PER_KIND + k;
+            tasks.push(tokio::spawn(worker(id, kind, id % 2, sh.clone(), seed)));
+        }
+    }
+    let rejoin = Duration::from_millis(tuning.rejoin_ms);
+    let summary = faults::run(&mut cluster, &sh.journal, seed, until, rejoin).await;
+    let mut reports: Vec<ClientReport> = Vec::new();
+    for t in tasks {
+        reports.push(t.await.expect("worker"));
+    }
+    let records = std::mem::take(&mut *sh.journal.r.lock().expect("journal"));
+    let v = judge(&records);
+
+    // Figures.
+    let mut by_kind: BTreeMap<Kind, (u64, u64, u64)> = BTreeMap::new();
+    let mut errors: BTreeMap<String, u64> = BTreeMap::new();
+    let mut outage = Duration::ZERO;
+    for r in &reports {
+        let e = by_kind.entry(r.kind.expect("kind")).or_default();
+        e.0 += r.acquired;
+        e.1 += r.not_acquired;
+        e.2 += r.release_refused;
+        for (k, n) in &r.errors {
+            *errors.entry(k.clone()).or_default() += n;
+        }
+        outage = outage.max(r.longest_outage);
+    }
+    let tokens: Vec<i64> = records.sections.iter().filter_map(|s| s.token).collect();
+    let paused = records.sections.iter().filter(|s| s.paused).count();
+    println!(
+        "quorum_chaos seed {seed}: acquisitions {by_kind:?} (acquired, not acquired, releases \
+         refused); faults {:?}; most masters disturbed at once {}; rolling restarts took {:?}; \
+         overlaps {}; lost updates {} (+{} involving a section past its validity); fencing \
+         refusals of valid holders {} (late ex-holders refused: {}); old tokens accepted {}; \
+         token order {}; token range {:?}..{:?}; paused holders {paused}; availability errors \
+         {errors:?}; longest outage of one client {outage:?}; load average {}",
+        records.fault_counts,
+        summary.most_disturbed,
+        summary.rolling,
+        v.overlaps.len(),
+        v.lost.len(),
+        v.lost_benign,
+        v.fence_refused_valid.len(),
+        v.fence_refused_late,
+        v.old_token_accepted.len(),
+        v.token_order.len(),
+        tokens.iter().min(),
+        tokens.iter().max(),
+        load_average()
+    );
+    if !v.clean() {
+        let all: Vec<&String> = v
+            .overlaps
+            .iter()
+            .chain(&v.lost)
+            .chain(&v.fence_refused_valid)
+            .chain(&v.old_token_accepted)
+            .chain(&v.token_order)
+            .take(6)
+            .collect();
+        let logs: Vec<String> = cluster
+            .lgs
+            .iter()
+            .map(|l| format!("{}:\n{}", l.name, l.log_tail()))
+            .collect();
+        panic!(
+            "SAFETY failure with QUORUM_CHAOS_SEED={seed}:\n{}\n\nlockgate logs:\n{}",
+            all.iter()
+                .map(|s| s.as_str())
+                .collect::<Vec<_>>()
+                .join("\n\n"),
+            logs.join("\n")
+        );
+    }
+    assert!(
+        outage <= outage_limit,
+        "a client saw only errors for {outage:?} although a majority of masters was always up \
+         (seed {seed}); errors: {:?}",
+        records.errors.iter().rev().take(20).collect::<Vec<_>>()
+    );
+    for (kind, (acquired, _, _)) in &by_kind {
+        assert!(
+            *acquired >= 20,
+            "only {acquired} {kind:?} acquisitions (seed {seed})"
+        );
+    }
+    assert!(
+        !summary.rolling.is_empty(),
+        "no rolling restart completed (seed {seed})"
+    );
+}
