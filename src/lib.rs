@@ -33,7 +33,8 @@
 //!   transactions and split commands on the quorum.
 //! - [`protocol`]: pure RESP framing, no I/O: [`protocol::request`] (client
 //!   commands, multibulk and inline, limits checked on headers),
-//!   [`protocol::reply`] (resumable frame scanner for RESP2/RESP3 replies),
+//!   [`protocol::reply`] (resumable frame scanner for RESP2/RESP3 replies;
+//!   its property test against `redis-protocol` is `reply_props`),
 //!   [`protocol::encode`] (replies lockgate writes).
 //! - [`command`]: the command table (which commands change the reply flow,
 //!   which can touch locks).
@@ -45,9 +46,12 @@
 //!   (renewal, release on disconnect over lockgate's own connection),
 //!   [`lock::node`] (lockgate's own shared, pipelined connection to one
 //!   Redis), [`lock::fence`] (the fencing-token API on one Redis),
-//!   [`lock::quorum`] (the masters, majority merges, rejoin after a
-//!   restart), [`lock::quorum_ops`] (Redlock acquisition and the other ops
-//!   on the quorum), [`lock::quorum_fence`] (fencing tokens on the quorum),
+//!   [`lock::quorum`] (the masters, majority merges, sit-outs after a
+//!   restart, a reconnection or a clock jump), [`lock::rejoin`] (a
+//!   returning master votes again only once the fence counters of a
+//!   majority were copied to it; `rejoin::copy`: one such copy),
+//!   [`lock::quorum_ops`] (Redlock acquisition and the other ops on the
+//!   quorum), [`lock::quorum_fence`] (fencing tokens on the quorum),
 //!   [`lock::clock`] (the masters' clocks: a master whose clock jumps sits
 //!   out, its vote uncounted; the stricter `clock_faults` quorum),
 //!   [`lock::split`] (per-key commands split between the quorum and the
@@ -57,6 +61,8 @@
 //!   instance handing the lock to the oldest parked attempt in the same
 //!   script), [`lock::announce`] (release announcements
 //!   between instances on `lockgate:released`),
+//!   [`lock::metrics`] (the lock room's counters and the quorum's rejoin
+//!   counters, declared with `counters!`),
 //!   [`lock::LockService`] (plan an op, learn its outcome; states the
 //!   safety invariants).
 //! - [`admin`]: `LOCKGATE …` over RESP: the dispatch, counters, the
@@ -71,6 +77,10 @@
 //!   declares its counters once, for `/metrics` and `STATS` alike) and the
 //!   rate limit for repeated warnings.
 //! - [`sync`]: the one policy for a poisoned std lock (recover the value).
+//!
+//! The tests (`tests/`) run against real `redis-server` processes; every
+//! helper shared by test files is in one tree, `tests/support/` (its
+//! `mod.rs` lists the modules).
 //!
 //! # The path of a command
 //!

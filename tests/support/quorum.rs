@@ -1,7 +1,7 @@
-//! Shared by `tests/quorum.rs` and `tests/quorum_faults.rs`: a primary and
-//! N lock masters (real redis-server processes), lockgate in front of them
-//! with `locks.quorum.masters` set, and helpers that look at each master
-//! directly.
+//! The quorum tests' cluster (`tests/quorum*.rs`, the storm tests on a
+//! quorum): a primary and N lock masters (real redis-server processes),
+//! lockgate in front of them with `locks.quorum.masters` set, and helpers
+//! that look at each master directly.
 
 pub mod fake_clock;
 
