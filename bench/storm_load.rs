@@ -341,6 +341,13 @@ fn json_str(s: &str) -> String {
     out
 }
 
+/// One connection, its failure naming the address.
+async fn connect(addr: &str) -> anyhow::Result<Conn> {
+    Conn::connect(addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("connecting to {addr}: {e}"))
+}
+
 async fn run(args: Arc<Args>) -> anyhow::Result<String> {
     anyhow::ensure!(args.clients > 0, "--clients must be at least 1");
     anyhow::ensure!(
@@ -354,10 +361,7 @@ async fn run(args: Arc<Args>) -> anyhow::Result<String> {
     let connecting = Instant::now();
     let mut conns = Vec::with_capacity(args.clients);
     for _ in 0..args.clients {
-        let conn = Conn::connect(&addr)
-            .await
-            .map_err(|e| anyhow::anyhow!("connecting to {addr}: {e}"))?;
-        conns.push(conn);
+        conns.push(connect(&addr).await?);
     }
 
     let connect_ms = micros(connecting.elapsed()) as f64 / 1000.0;
@@ -528,15 +532,10 @@ async fn run_try(args: Arc<Args>) -> anyhow::Result<String> {
     let key = args.key.as_bytes();
     let pid = std::process::id();
     let connecting = Instant::now();
-    let mut holder = Conn::connect(&addr)
-        .await
-        .map_err(|e| anyhow::anyhow!("connecting to {addr}: {e}"))?;
+    let mut holder = connect(&addr).await?;
     let mut conns = Vec::with_capacity(args.clients);
     for _ in 0..args.clients {
-        let conn = Conn::connect(&addr)
-            .await
-            .map_err(|e| anyhow::anyhow!("connecting to {addr}: {e}"))?;
-        conns.push(conn);
+        conns.push(connect(&addr).await?);
     }
     let connect_ms = micros(connecting.elapsed()) as f64 / 1000.0;
     let holder_id = format!("storm-{pid}-holder");

@@ -8,11 +8,11 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
+use crate::context::ServerContext;
 use crate::lock::fence;
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
 use crate::router::CommandArgs;
-use crate::server::ServerContext;
 use crate::views;
 
 /// Default number of rows of list answers.
@@ -166,61 +166,15 @@ fn rows(arg: &[u8]) -> Result<usize, LocalReply> {
         .ok_or_else(|| LocalReply::err("value is not an integer or out of range"))
 }
 
-/// Counters as a flat array of name, value pairs.
-fn stats(ctx: &ServerContext) -> LocalReply {
-    let p = &ctx.metrics;
-    let l = &ctx.locks.metrics;
-    let s = &ctx.locks.storm.metrics;
-    let no_jumps = std::sync::atomic::AtomicU64::new(0);
-    let jumps = ctx.quorum.as_ref().map_or(&no_jumps, |q| &q.clock.jumps);
-    let none = crate::lock::metrics::RejoinMetrics::default();
-    let r = ctx.quorum.as_ref().map_or(&none, |q| &*q.rejoin);
-    let rows: &[(&str, &std::sync::atomic::AtomicU64)] = &[
-        ("connections_active", &p.connections_active),
-        ("connections_total", &p.connections_total),
-        ("commands_total", &p.commands_total),
-        ("protocol_errors", &p.protocol_errors),
-        ("upstream_connect_errors", &p.upstream_connect_errors),
-        ("tls_handshakes", &p.tls_handshakes),
-        ("tls_handshake_failures", &p.tls_handshake_failures),
-        ("tls_handshake_timeouts", &p.tls_handshake_timeouts),
-        ("lock_attempts", &l.attempts),
-        ("lock_acquired", &l.acquired),
-        ("lock_contended", &l.contended),
-        ("lock_released", &l.released),
-        ("lock_release_denied", &l.release_denied),
-        ("lock_extend_denied", &l.extend_denied),
-        (
-            "lock_lease_expired_before_release",
-            &l.lease_expired_before_release,
-        ),
-        ("lock_takeovers", &l.takeovers),
-        ("lock_persist_refused", &l.persist_refused),
-        ("lock_unmatched_setnx", &l.unmatched_setnx),
-        ("lock_watchdog_renewals", &l.watchdog_renewals),
-        ("lock_quorum_failures", &l.quorum_failures),
-        ("lock_quorum_clock_jumps", jumps),
-        ("lock_mixed_refused", &l.mixed_refused),
-        ("lock_raw_refused", &l.raw_refused),
-        ("lock_stale_conn_denied", &l.stale_conn_denied),
-        ("lock_fairness_yields", &l.fairness_yields),
-        ("lock_fence_counters_copied", &r.counters_copied),
-        ("lock_fence_copy_failures", &r.copy_failures),
-        ("lock_fence_copies", &r.copies),
-        ("lock_quorum_sit_outs_restarted", &r.sit_outs_restarted),
-        ("lock_quorum_sit_outs_reconnected", &r.sit_outs_reconnected),
-        ("lock_quorum_sit_outs_young", &r.sit_outs_young),
-        ("lock_absorbed", &s.absorbed),
-        ("lock_parked", &s.parked),
-        ("lock_handoffs", &s.handoffs),
-        ("lock_park_timeouts", &s.park_timeouts),
-        ("lock_release_announcements", &s.announcements),
-        ("lock_smoothed", &s.smoothed),
-    ];
-    let mut out = Vec::with_capacity(rows.len() * 2);
-    for (name, counter) in rows {
-        out.push(LocalReply::Bulk(Bytes::from_static(name.as_bytes())));
-        out.push(LocalReply::Integer(ProxyMetrics::get(counter) as i64));
-    }
+/// Counters as a flat array of name, value pairs: every counter
+/// `/metrics` exports (see [`ServerContext::each_counter`]).
+pub(crate) fn stats(ctx: &ServerContext) -> LocalReply {
+    let mut out = Vec::new();
+    ctx.each_counter(|c| {
+        out.push(LocalReply::Bulk(Bytes::from_static(
+            c.stats_name.as_bytes(),
+        )));
+        out.push(LocalReply::Integer(ProxyMetrics::get(c.value) as i64));
+    });
     LocalReply::Array(out)
 }

@@ -52,19 +52,37 @@ pub enum CommandKind {
     /// `SELECT db`.
     Select,
     /// Reads the quorum answers for lock keys: `GET`, `EXISTS`, `TTL`,
-    /// `PTTL`, `TYPE`; `true` when every argument is a key (`EXISTS`).
-    Read(bool),
+    /// `PTTL`, `TYPE`; which arguments are keys.
+    Read(ReadKeys),
     /// `EVAL`, `EVALSHA` (and `_RO`): keys follow `numkeys`.
     Eval,
     /// `SCRIPT …` (`LOAD` bodies are remembered for the quorum).
     Script,
     /// Commands over several keys whose keys the quorum routes must see:
     /// `MGET`, `TOUCH` (split between the stores), `MSET`, `MSETNX`,
-    /// `WATCH`, `RENAME`, `COPY`… (refused across them); `true` when every
-    /// argument is a key, `false` for key/value pairs.
-    MultiKey(bool),
+    /// `WATCH`, `RENAME`, `COPY`… (refused across them); which arguments
+    /// are keys.
+    MultiKey(MultiKeys),
     /// Anything else: one request, one reply.
     Other,
+}
+
+/// Which arguments of a [`CommandKind::MultiKey`] are keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MultiKeys {
+    /// Every argument (`MGET`, `TOUCH`, `WATCH`, …).
+    All,
+    /// The first of each key/value pair (`MSET`, `MSETNX`).
+    Pairs,
+}
+
+/// Which arguments of a [`CommandKind::Read`] are keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadKeys {
+    /// Only the first (`GET`, `TTL`, `PTTL`, `TYPE`).
+    First,
+    /// Every argument (`EXISTS`).
+    All,
 }
 
 /// Which subscription command: its confirmations carry this name, and it
@@ -240,14 +258,14 @@ pub fn classify(name: &[u8], arg1: &[u8], arg2: &[u8]) -> CommandKind {
         b"PERSIST" => CommandKind::Persist,
         b"LOCKGATE" => CommandKind::Lockgate,
         b"SELECT" => CommandKind::Select,
-        b"GET" | b"TTL" | b"PTTL" | b"TYPE" => CommandKind::Read(false),
-        b"EXISTS" => CommandKind::Read(true),
+        b"GET" | b"TTL" | b"PTTL" | b"TYPE" => CommandKind::Read(ReadKeys::First),
+        b"EXISTS" => CommandKind::Read(ReadKeys::All),
         b"EVAL" | b"EVALSHA" | b"EVAL_RO" | b"EVALSHA_RO" => CommandKind::Eval,
         b"SCRIPT" => CommandKind::Script,
         b"MGET" | b"TOUCH" | b"WATCH" | b"RENAME" | b"RENAMENX" | b"COPY" => {
-            CommandKind::MultiKey(true)
+            CommandKind::MultiKey(MultiKeys::All)
         }
-        b"MSET" | b"MSETNX" => CommandKind::MultiKey(false),
+        b"MSET" | b"MSETNX" => CommandKind::MultiKey(MultiKeys::Pairs),
         b"CLIENT" if arg1.eq_ignore_ascii_case(b"REPLY") => {
             if arg2.eq_ignore_ascii_case(b"OFF") {
                 CommandKind::ClientReply(ReplyMode::Off)
@@ -292,7 +310,10 @@ mod tests {
             CommandKind::ClientReply(ReplyMode::On)
         );
         assert_eq!(classify(b"CLIENT", b"REPLY", b"X"), CommandKind::Other);
-        assert_eq!(classify(b"GET", b"k", b""), CommandKind::Read(false));
+        assert_eq!(
+            classify(b"GET", b"k", b""),
+            CommandKind::Read(ReadKeys::First)
+        );
         assert_eq!(classify(b"HGET", b"k", b"f"), CommandKind::Other);
         assert_eq!(
             classify(b"pexpireat", b"k", b"1"),

@@ -1,6 +1,9 @@
 //! Prometheus exposition: the counters every room keeps (plain atomics on
-//! the hot path) are read at scrape time by a collector and encoded with
-//! `prometheus-client`, together with the lock wait and hold histograms.
+//! the hot path, declared once with their names in each room's
+//! `counters!` table, the same table `LOCKGATE STATS` walks) are read at
+//! scrape time by a collector and encoded with `prometheus-client`,
+//! together with the lock wait and hold histograms, the per-command and
+//! per-master families and the hot keys.
 //! Label sets are bounded: commands by a fixed table, lock keys only for
 //! the top-K hot keys, masters by configuration.
 
@@ -15,9 +18,9 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
 use crate::command;
+use crate::context::ServerContext;
 use crate::lock::quorum::MasterState;
-use crate::metrics::ProxyMetrics;
-use crate::server::ServerContext;
+use crate::metrics::{Kind, ProxyMetrics};
 
 /// The whole `/metrics` text.
 pub fn render(ctx: &Arc<ServerContext>) -> Result<String, std::fmt::Error> {
@@ -66,97 +69,16 @@ impl Collector for Counters {
     fn encode(&self, mut e: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let ctx = &self.0;
         let p = &ctx.metrics;
-        gauge(
-            &mut e,
-            "connections_active",
-            "Client connections open now",
-            ProxyMetrics::get(&p.connections_active) as i64,
-        )?;
-        let proxy: [(&str, &str, &AtomicU64); 16] = [
-            (
-                "connections",
-                "Client connections accepted",
-                &p.connections_total,
-            ),
-            (
-                "connections_rejected",
-                "Connections refused at max_clients",
-                &p.connections_rejected,
-            ),
-            (
-                "client_bytes_in",
-                "Bytes read from clients",
-                &p.client_bytes_in,
-            ),
-            (
-                "client_bytes_out",
-                "Bytes written to clients",
-                &p.client_bytes_out,
-            ),
-            (
-                "protocol_errors",
-                "Malformed or oversize client requests",
-                &p.protocol_errors,
-            ),
-            (
-                "upstream_connect_errors",
-                "Failed connections to the primary",
-                &p.upstream_connect_errors,
-            ),
-            (
-                "upstream_unavailable_replies",
-                "Commands answered upstream-unavailable",
-                &p.upstream_unavailable_replies,
-            ),
-            (
-                "upstream_dropped",
-                "Upstream connections lost with replies owed",
-                &p.upstream_dropped,
-            ),
-            (
-                "upstream_bad_replies",
-                "Malformed replies from the primary",
-                &p.upstream_bad_replies,
-            ),
-            (
-                "raw_sessions",
-                "Sessions that entered uncounted replies (MONITOR, replication)",
-                &p.raw_sessions,
-            ),
-            (
-                "tls_handshakes",
-                "TLS handshakes completed on the TLS listener",
-                &p.tls_handshakes,
-            ),
-            (
-                "tls_handshake_failures",
-                "TLS handshakes on the TLS listener that failed",
-                &p.tls_handshake_failures,
-            ),
-            (
-                "tls_handshake_timeouts",
-                "TLS handshakes not finished within proxy.tls.handshake_timeout_ms",
-                &p.tls_handshake_timeouts,
-            ),
-            (
-                "errors_client",
-                "Errors caused by clients",
-                &p.errors_client,
-            ),
-            (
-                "errors_upstream",
-                "Errors caused by Redis or the network to it",
-                &p.errors_upstream,
-            ),
-            (
-                "errors_internal",
-                "Errors inside lockgate",
-                &p.errors_internal,
-            ),
-        ];
-        for (name, help, v) in proxy {
-            counter(&mut e, name, help, v)?;
-        }
+        let mut walked = Ok(());
+        ctx.each_counter(|c| {
+            if walked.is_ok() {
+                walked = match c.kind {
+                    Kind::Counter => counter(&mut e, c.name, c.help, c.value),
+                    Kind::Gauge => gauge(&mut e, c.name, c.help, ProxyMetrics::get(c.value) as i64),
+                };
+            }
+        });
+        walked?;
         {
             let mut fam = e.encode_descriptor(
                 "commands",
@@ -172,175 +94,6 @@ impl Collector for Counters {
                 }
             }
         }
-        let l = &ctx.locks.metrics;
-        let s = &ctx.locks.storm.metrics;
-        // Exported without a quorum too (as 0), so dashboards see one set.
-        let none = crate::lock::metrics::RejoinMetrics::default();
-        let r = ctx.quorum.as_ref().map_or(&none, |q| &*q.rejoin);
-        let locks: [(&str, &str, &AtomicU64); 31] = [
-            (
-                "lock_attempts",
-                "Acquisition attempts on lock keys",
-                &l.attempts,
-            ),
-            ("lock_acquired", "Attempts that acquired", &l.acquired),
-            (
-                "lock_contended",
-                "Attempts that found the lock held",
-                &l.contended,
-            ),
-            (
-                "lock_absorbed",
-                "Attempts answered without asking Redis (known held)",
-                &s.absorbed,
-            ),
-            (
-                "lock_parked",
-                "Attempts parked to wait for a release",
-                &s.parked,
-            ),
-            (
-                "lock_handoffs",
-                "Parked attempts handed the lock",
-                &s.handoffs,
-            ),
-            (
-                "lock_park_timeouts",
-                "Parked attempts whose park time ended",
-                &s.park_timeouts,
-            ),
-            (
-                "lock_smoothed",
-                "Replies delayed for hammering one key",
-                &s.smoothed,
-            ),
-            (
-                "lock_release_announcements",
-                "Releases announced by any instance",
-                &s.announcements,
-            ),
-            (
-                "lock_released",
-                "Locks released by an owner-checked DEL",
-                &l.released,
-            ),
-            (
-                "lock_release_denied",
-                "Releases refused: not the owner",
-                &l.release_denied,
-            ),
-            (
-                "lock_extend_denied",
-                "Extensions refused: not the owner",
-                &l.extend_denied,
-            ),
-            (
-                "lock_lease_expired_before_release",
-                "Holder found its lease gone at release: critical section outlived the lease",
-                &l.lease_expired_before_release,
-            ),
-            (
-                "lock_takeovers",
-                "GETSET/SET/GETDEL/GETEX on lock keys",
-                &l.takeovers,
-            ),
-            (
-                "lock_persist_refused",
-                "PERSIST on lock keys, refused",
-                &l.persist_refused,
-            ),
-            (
-                "lock_unmatched_setnx",
-                "SETNX on keys outside locks.keys, passed through",
-                &l.unmatched_setnx,
-            ),
-            (
-                "lock_quorum_failures",
-                "Operations without a majority of masters",
-                &l.quorum_failures,
-            ),
-            (
-                "lock_mixed_refused",
-                "Commands refused for mixing lock and other keys",
-                &l.mixed_refused,
-            ),
-            (
-                "lock_stale_conn_denied",
-                "Releases and extensions refused because the acquisition predates the connection",
-                &l.stale_conn_denied,
-            ),
-            (
-                "lock_fairness_yields",
-                "Acquisitions and handoffs held back for another instance waiting past max_local_preference_ms",
-                &l.fairness_yields,
-            ),
-            (
-                "lock_raw_refused",
-                "Lock commands refused on a connection in MONITOR or replication mode",
-                &l.raw_refused,
-            ),
-            (
-                "lock_fence_counters_copied",
-                "Fence counters raised on a returning lock master before it votes again",
-                &r.counters_copied,
-            ),
-            (
-                "lock_fence_copy_failures",
-                "Fence counter copy rounds that failed (the master keeps sitting out)",
-                &r.copy_failures,
-            ),
-            (
-                "lock_fence_copies",
-                "Fence counter copies that let a returning lock master vote again",
-                &r.copies,
-            ),
-            (
-                "lock_quorum_sit_outs_restarted",
-                "Lock master sit-outs after a restart (new run_id)",
-                &r.sit_outs_restarted,
-            ),
-            (
-                "lock_quorum_sit_outs_reconnected",
-                "Lock master sit-outs after a reconnection (same run_id)",
-                &r.sit_outs_reconnected,
-            ),
-            (
-                "lock_quorum_sit_outs_young",
-                "Lock master sit-outs at first sight, started less than the rejoin delay before",
-                &r.sit_outs_young,
-            ),
-            (
-                "lock_watchdog_renewals",
-                "Lease renewals by the watchdog",
-                &l.watchdog_renewals,
-            ),
-            (
-                "lock_released_on_disconnect",
-                "Locks released because their connection closed",
-                &l.released_on_disconnect,
-            ),
-            (
-                "lock_table_evictions",
-                "Per-connection lock records dropped (table full)",
-                &l.conn_table_evictions,
-            ),
-            (
-                "lock_storm_evictions",
-                "Contention-table keys dropped (table full)",
-                &s.evictions,
-            ),
-        ];
-        for (name, help, v) in locks {
-            counter(&mut e, name, help, v)?;
-        }
-        // Exported without a quorum too (as 0), so dashboards see one set.
-        let no_jumps = AtomicU64::new(0);
-        counter(
-            &mut e,
-            "lock_quorum_clock_jumps",
-            "Lock master clock jumps seen (the master sat out acquisitions)",
-            ctx.quorum.as_ref().map_or(&no_jumps, |q| &q.clock.jumps),
-        )?;
         gauge(
             &mut e,
             "lock_tracked_keys",
@@ -418,5 +171,75 @@ impl Collector for Counters {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+    use crate::protocol::encode::LocalReply;
+
+    /// Families `/metrics` has that are not plain counters and so are not
+    /// in `LOCKGATE STATS`: histograms, labelled families, values computed
+    /// at scrape time.
+    const NOT_COUNTERS: &[&str] = &[
+        "lockgate_lock_wait_seconds",
+        "lockgate_lock_hold_seconds",
+        "lockgate_commands",
+        "lockgate_lock_tracked_keys",
+        "lockgate_hot_lock_attempts",
+    ];
+
+    /// Every counter is both exported and in `LOCKGATE STATS`, under the
+    /// names the table gives: a counter added to one side only fails here.
+    #[tokio::test]
+    async fn every_counter_is_exported_and_in_stats() {
+        let mut config = crate::Config::default();
+        config.upstream.addr = "127.0.0.1:1".to_string();
+        let ctx = Arc::new(ServerContext::new(config));
+        let mut table = Vec::new();
+        ctx.each_counter(|c| table.push((c.name, c.stats_name)));
+        ctx.stop.cancel();
+
+        let exported: BTreeSet<String> = render(&ctx)
+            .expect("renders")
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .filter_map(|l| l.split(' ').next())
+            .filter(|name| !NOT_COUNTERS.contains(name))
+            .map(str::to_string)
+            .collect();
+        let want: BTreeSet<String> = table.iter().map(|(n, _)| format!("lockgate_{n}")).collect();
+        assert_eq!(exported, want, "/metrics vs the counter tables");
+        assert_eq!(want.len(), table.len(), "a Prometheus name used twice");
+
+        let LocalReply::Array(stats) = crate::admin::stats(&ctx) else {
+            panic!("STATS is not an array");
+        };
+        let shown: Vec<String> = stats
+            .iter()
+            .step_by(2)
+            .map(|r| match r {
+                LocalReply::Bulk(b) => String::from_utf8_lossy(b).into_owned(),
+                other => panic!("STATS name {other:?}"),
+            })
+            .collect();
+        let want: Vec<String> = table.iter().map(|(_, s)| s.to_string()).collect();
+        assert_eq!(shown, want, "LOCKGATE STATS vs the counter tables");
+        let unique: BTreeSet<&String> = shown.iter().collect();
+        assert_eq!(unique.len(), shown.len(), "a STATS name used twice");
+        // The counters that once were counted but never exported.
+        for name in [
+            "unexpected_replies",
+            "drain_timeouts",
+            "lock_in_transaction",
+            "lock_unmatched_overflow",
+            "lock_waiters_rejected",
+            "lock_untracked",
+        ] {
+            assert!(unique.contains(&name.to_string()), "{name} not in STATS");
+        }
     }
 }

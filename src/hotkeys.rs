@@ -35,7 +35,7 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -244,7 +244,7 @@ impl HotKeys {
     /// sketch's invariants hold between any two statements that could
     /// panic, and losing the hot-key view would help no one.
     fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+        crate::sync::lock(&self.inner)
     }
 }
 

@@ -14,10 +14,10 @@ use axum::Router;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::context::ServerContext;
 use crate::exposition;
 use crate::lock::quorum::MasterState;
 use crate::metrics::ProxyMetrics;
-use crate::server::ServerContext;
 
 /// The status page: no external assets (many data centres have no
 /// internet); it polls `/status.json` every second.

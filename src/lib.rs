@@ -18,20 +18,24 @@
 //! - [`error`]: [`error::ErrorSource`], the client/upstream/internal tag
 //!   every module's error enum carries.
 //! - [`shutdown`]: SIGTERM/SIGINT → graceful drain.
+//! - [`context`]: [`context::ServerContext`], what sessions, the admin and
+//!   the HTTP side share, and the reload of the configuration file.
 //! - [`server`]: accept loop, `max_clients`, accept back-off, session
-//!   spawning, drain with a grace period; [`server::ServerContext`] is what
-//!   sessions share.
+//!   spawning, drain with a grace period.
 //! - [`session`]: one client. [`session::reader`] reads and routes commands
 //!   and forwards the client's bytes; [`session::writer`] copies replies
 //!   back in order and writes lockgate's own replies between them;
 //!   [`session::pending`] is what the two halves tell each other;
 //!   [`session::jobs`] runs a session's deferred work in command order;
+//!   [`session::carry`] carries out the routes of one read batch (what
+//!   goes upstream, what the writer must expect);
 //!   [`session::parking`] is where an attempt meets the storm room;
-//!   [`session::quorum_tx`] and [`session::quorum_split`] carry out
+//!   [`session::quorum_transaction`] and [`session::quorum_split`] carry out
 //!   transactions and split commands on the quorum.
 //! - [`protocol`]: pure RESP framing, no I/O: [`protocol::request`] (client
 //!   commands, multibulk and inline, limits checked on headers),
-//!   [`protocol::reply`] (resumable frame scanner for RESP2/RESP3 replies),
+//!   [`protocol::reply`] (resumable frame scanner for RESP2/RESP3 replies;
+//!   its property test against `redis-protocol` is `reply_props`),
 //!   [`protocol::encode`] (replies lockgate writes).
 //! - [`command`]: the command table (which commands change the reply flow,
 //!   which can touch locks).
@@ -43,9 +47,12 @@
 //!   (renewal, release on disconnect over lockgate's own connection),
 //!   [`lock::node`] (lockgate's own shared, pipelined connection to one
 //!   Redis), [`lock::fence`] (the fencing-token API on one Redis),
-//!   [`lock::quorum`] (the masters, majority merges, rejoin after a
-//!   restart), [`lock::quorum_ops`] (Redlock acquisition and the other ops
-//!   on the quorum), [`lock::quorum_fence`] (fencing tokens on the quorum),
+//!   [`lock::quorum`] (the masters, majority merges, sit-outs after a
+//!   restart, a reconnection or a clock jump), [`lock::rejoin`] (a
+//!   returning master votes again only once the fence counters of a
+//!   majority were copied to it; `rejoin::copy`: one such copy),
+//!   [`lock::quorum_ops`] (Redlock acquisition and the other ops on the
+//!   quorum), [`lock::quorum_fence`] (fencing tokens on the quorum),
 //!   [`lock::clock`] (the masters' clocks: a master whose clock jumps sits
 //!   out, its vote uncounted; the stricter `clock_faults` quorum),
 //!   [`lock::split`] (per-key commands split between the quorum and the
@@ -55,6 +62,8 @@
 //!   instance handing the lock to the oldest parked attempt in the same
 //!   script), [`lock::announce`] (release announcements
 //!   between instances on `lockgate:released`),
+//!   [`lock::metrics`] (the lock room's counters and the quorum's rejoin
+//!   counters, declared with `counters!`),
 //!   [`lock::LockService`] (plan an op, learn its outcome; states the
 //!   safety invariants).
 //! - [`admin`]: `LOCKGATE …` over RESP: the dispatch, counters, the
@@ -70,7 +79,14 @@
 //!   validation), the reloadable [`tls::TlsStore`], the TLS listener's
 //!   bounded handshake and its counters; [`tls::stream`]: a connection
 //!   that is plain TCP or TLS, and its halves.
-//! - [`metrics`]: counters and the rate limit for repeated warnings.
+//! - [`metrics`]: the proxy's counters, `counters!` (how every room
+//!   declares its counters once, for `/metrics` and `STATS` alike) and the
+//!   rate limit for repeated warnings.
+//! - [`sync`]: the one policy for a poisoned std lock (recover the value).
+//!
+//! The tests (`tests/`) run against real `redis-server` processes; every
+//! helper shared by test files is in one tree, `tests/support/` (its
+//! `mod.rs` lists the modules).
 //!
 //! # The path of a command
 //!
@@ -113,6 +129,7 @@
 pub mod admin;
 pub mod command;
 pub mod config;
+pub mod context;
 pub mod error;
 pub mod exposition;
 pub mod hotkeys;
@@ -124,6 +141,7 @@ pub mod router;
 pub mod server;
 pub mod session;
 pub mod shutdown;
+pub mod sync;
 pub mod tls;
 pub mod upstream;
 pub mod views;
@@ -135,7 +153,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 pub use config::Config;
-pub use server::ServerContext;
+pub use context::ServerContext;
 
 /// Serves clients on `listener` with `config` (already validated) until
 /// `shutdown` completes, then drains within `proxy.shutdown_grace_ms`.

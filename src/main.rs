@@ -94,7 +94,7 @@ fn main() -> ExitCode {
         .init();
     let hook = cli.config.clone().map(|path| {
         let cli = cli.clone();
-        lockgate::server::ReloadHook {
+        lockgate::context::ReloadHook {
             path,
             effective: Box::new(move |c| overrides(&cli, c)),
             set_log_filter: Box::new(move |f| {
@@ -116,7 +116,7 @@ fn main() -> ExitCode {
 fn serve(
     config: Config,
     threads: Option<usize>,
-    hook: Option<lockgate::server::ReloadHook>,
+    hook: Option<lockgate::context::ReloadHook>,
 ) -> anyhow::Result<()> {
     // One thread: a single event loop, as Redis and a byte copier have. The
     // sockets that became readable in one turn are served in the order they
@@ -165,9 +165,7 @@ fn serve(
             tracing::info!(admin = %admin.local_addr()?, "operators' endpoints: /metrics /healthz /readyz /");
         }
         let ctx = std::sync::Arc::new(lockgate::ServerContext::new(config));
-        if let Ok(mut slot) = ctx.reload.lock() {
-            *slot = hook;
-        }
+        *lockgate::sync::lock(&ctx.reload) = hook;
         tokio::spawn(reload_on_sighup(ctx.clone(), hup));
         lockgate::run_with_tls(ctx, listener, tls, admin, lockgate::shutdown::signal()).await;
         tracing::info!("lockgate stopped");

@@ -1,57 +1,172 @@
-//! Counters of the proxy room. Plain atomics, cheap enough for the hot path;
-//! read by the admin side. Every limit hit and every error is counted here.
+//! Counters of the proxy room, and `counters!`, the one way a room
+//! declares counters. Plain atomics, cheap enough for the hot path; read by
+//! `/metrics` and `LOCKGATE STATS` through the same table. Every limit hit
+//! and every error is counted here.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::error::ErrorSource;
 
-/// Counters for client connections and pass-through traffic.
-#[derive(Debug, Default)]
-pub struct ProxyMetrics {
-    /// Client connections accepted.
-    pub connections_total: AtomicU64,
-    /// Client connections open now.
-    pub connections_active: AtomicU64,
-    /// Connections refused because `proxy.max_clients` was reached.
-    pub connections_rejected: AtomicU64,
-    /// Requests read from clients (multibulk and inline).
-    pub commands_total: AtomicU64,
-    /// Bytes read from clients.
-    pub client_bytes_in: AtomicU64,
-    /// Bytes written to clients.
-    pub client_bytes_out: AtomicU64,
-    /// Malformed or oversize client requests (answered `-ERR Protocol error`).
-    pub protocol_errors: AtomicU64,
-    /// Failed connection attempts to the primary.
-    pub upstream_connect_errors: AtomicU64,
-    /// Commands answered `-ERR lockgate: upstream … unavailable`.
-    pub upstream_unavailable_replies: AtomicU64,
-    /// Upstream connections lost while replies were owed.
-    pub upstream_dropped: AtomicU64,
-    /// Malformed replies from the primary.
-    pub upstream_bad_replies: AtomicU64,
-    /// Replies from the primary that matched no pending command.
-    pub unexpected_replies: AtomicU64,
-    /// Sessions that switched to uncounted (raw) replies: MONITOR, replication.
-    pub raw_sessions: AtomicU64,
-    /// Sessions cut because owed replies did not arrive within the grace period.
-    pub drain_timeouts: AtomicU64,
-    /// TLS handshakes completed on the TLS listener.
-    pub tls_handshakes: AtomicU64,
-    /// TLS handshakes on the TLS listener that failed (not TLS, no or a
-    /// bad client certificate, a protocol error, closed midway).
-    pub tls_handshake_failures: AtomicU64,
-    /// TLS handshakes not finished within `proxy.tls.handshake_timeout_ms`.
-    pub tls_handshake_timeouts: AtomicU64,
-    /// Errors by source: client, upstream, internal.
-    pub errors_client: AtomicU64,
-    /// See `errors_client`.
-    pub errors_upstream: AtomicU64,
-    /// See `errors_client`.
-    pub errors_internal: AtomicU64,
-    /// Commands by name, indexed like [`crate::command::LABELS`].
-    pub commands: CommandCounts,
+/// What a [`Counter`] is to Prometheus.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Only goes up; exported with a `_total` suffix.
+    Counter,
+    /// Goes up and down (connections open now).
+    Gauge,
+}
+
+/// One counter as `/metrics` and `LOCKGATE STATS` both show it: the one
+/// row both read, so neither can miss a counter the other has.
+#[derive(Debug, Clone, Copy)]
+pub struct Counter<'a> {
+    /// The Prometheus name after the `lockgate_` prefix (counters get
+    /// `_total` appended by the encoder).
+    pub name: &'static str,
+    /// The name in `LOCKGATE STATS` (the Prometheus name unless an older
+    /// STATS name is kept).
+    pub stats_name: &'static str,
+    /// The Prometheus help text.
+    pub help: &'static str,
+    /// Counter or gauge.
+    pub kind: Kind,
+    /// The live value.
+    pub value: &'a AtomicU64,
+}
+
+/// Defines a set of counters in one place: the struct of atomics the hot
+/// path increments, and `counters()`, the table `/metrics` and `LOCKGATE
+/// STATS` walk. A counter declared here is exported and shown; there is no
+/// other list to forget. Fields that are not plain counters (histograms,
+/// per-command arrays) go in the `other` block with their initial value.
+///
+/// Each counter line reads `field: Kind "prometheus_name", "help";`, with
+/// `as "stats_name"` after the Prometheus name where STATS keeps an older
+/// name.
+macro_rules! counters {
+    (
+        $(#[$meta:meta])*
+        $vis:vis struct $name:ident {
+            $(
+                $(#[$fmeta:meta])*
+                $field:ident: $kind:ident $metric:literal $(as $stats:literal)?, $help:literal;
+            )*
+        }
+        $(
+            other {
+                $(
+                    $(#[$ometa:meta])*
+                    $ofield:ident: $oty:ty = $oinit:expr;
+                )*
+            }
+        )?
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug)]
+        $vis struct $name {
+            $(
+                $(#[$fmeta])*
+                pub $field: ::std::sync::atomic::AtomicU64,
+            )*
+            $($(
+                $(#[$ometa])*
+                pub $ofield: $oty,
+            )*)?
+        }
+
+        impl Default for $name {
+            fn default() -> Self {
+                $name {
+                    $($field: ::std::sync::atomic::AtomicU64::new(0),)*
+                    $($($ofield: $oinit,)*)?
+                }
+            }
+        }
+
+        impl $name {
+            /// Every counter of this set, as `/metrics` exports it and
+            /// `LOCKGATE STATS` shows it.
+            pub fn counters(&self) -> Vec<$crate::metrics::Counter<'_>> {
+                vec![$(
+                    $crate::metrics::Counter {
+                        name: $metric,
+                        stats_name: $crate::metrics::counters!(@stats $metric $(, $stats)?),
+                        help: $help,
+                        kind: $crate::metrics::Kind::$kind,
+                        value: &self.$field,
+                    },
+                )*]
+            }
+        }
+    };
+    (@stats $metric:literal) => { $metric };
+    (@stats $metric:literal, $stats:literal) => { $stats };
+}
+pub(crate) use counters;
+
+counters! {
+    /// Counters for client connections and pass-through traffic.
+    pub struct ProxyMetrics {
+        /// Client connections open now.
+        connections_active: Gauge "connections_active", "Client connections open now";
+        /// Client connections accepted.
+        connections_total: Counter "connections" as "connections_total",
+            "Client connections accepted";
+        /// Connections refused because `proxy.max_clients` was reached.
+        connections_rejected: Counter "connections_rejected", "Connections refused at max_clients";
+        /// Requests read from clients (multibulk and inline). Per command:
+        /// the `commands` family.
+        commands_total: Counter "requests" as "commands_total",
+            "Requests read from clients (per command: lockgate_commands_total)";
+        /// Bytes read from clients.
+        client_bytes_in: Counter "client_bytes_in", "Bytes read from clients";
+        /// Bytes written to clients.
+        client_bytes_out: Counter "client_bytes_out", "Bytes written to clients";
+        /// Malformed or oversize client requests (answered `-ERR Protocol error`).
+        protocol_errors: Counter "protocol_errors", "Malformed or oversize client requests";
+        /// Failed connection attempts to the primary.
+        upstream_connect_errors: Counter "upstream_connect_errors",
+            "Failed connections to the primary";
+        /// Commands answered `-ERR lockgate: upstream … unavailable`.
+        upstream_unavailable_replies: Counter "upstream_unavailable_replies",
+            "Commands answered upstream-unavailable";
+        /// Upstream connections lost while replies were owed.
+        upstream_dropped: Counter "upstream_dropped",
+            "Upstream connections lost with replies owed";
+        /// Malformed replies from the primary.
+        upstream_bad_replies: Counter "upstream_bad_replies", "Malformed replies from the primary";
+        /// Replies from the primary that matched no pending command.
+        unexpected_replies: Counter "unexpected_replies",
+            "Replies from the primary that matched no pending command";
+        /// Sessions that switched to uncounted (raw) replies: MONITOR, replication.
+        raw_sessions: Counter "raw_sessions",
+            "Sessions that entered uncounted replies (MONITOR, replication)";
+        /// Sessions cut because owed replies did not arrive within the grace period.
+        drain_timeouts: Counter "drain_timeouts",
+            "Sessions cut because owed replies did not arrive within the grace period";
+        /// TLS handshakes completed on the TLS listener.
+        tls_handshakes: Counter "tls_handshakes",
+            "TLS handshakes completed on the TLS listener";
+        /// TLS handshakes on the TLS listener that failed (not TLS, no or a
+        /// bad client certificate, a protocol error, closed midway).
+        tls_handshake_failures: Counter "tls_handshake_failures",
+            "TLS handshakes on the TLS listener that failed";
+        /// TLS handshakes not finished within `proxy.tls.handshake_timeout_ms`.
+        tls_handshake_timeouts: Counter "tls_handshake_timeouts",
+            "TLS handshakes not finished within proxy.tls.handshake_timeout_ms";
+        /// Errors by source: client, upstream, internal.
+        errors_client: Counter "errors_client", "Errors caused by clients";
+        /// See `errors_client`.
+        errors_upstream: Counter "errors_upstream", "Errors caused by Redis or the network to it";
+        /// See `errors_client`.
+        errors_internal: Counter "errors_internal", "Errors inside lockgate";
+    }
+    other {
+        /// Commands by name, indexed like [`crate::command::LABELS`]
+        /// (exported as the labelled `commands` family).
+        commands: CommandCounts = CommandCounts::default();
+    }
 }
 
 /// One counter per [`crate::command::LABELS`] entry.

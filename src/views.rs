@@ -4,9 +4,9 @@
 
 use bytes::Bytes;
 
+use crate::context::ServerContext;
 use crate::lock::quorum::MasterState;
 use crate::protocol::encode::LocalReply;
-use crate::server::ServerContext;
 
 /// Most rows `LOCKGATE LOCKS` answers.
 const MAX_LOCK_ROWS: usize = 1_000;
@@ -90,10 +90,7 @@ pub fn masters(ctx: &ServerContext) -> LocalReply {
 
 /// `CONFIG`: the configuration in force as TOML, secrets masked.
 pub fn config(ctx: &ServerContext) -> LocalReply {
-    match ctx.current.read() {
-        Ok(c) => text(&c.to_masked_toml()),
-        Err(_) => LocalReply::err("lockgate: configuration unavailable"),
-    }
+    text(&ctx.in_force().to_masked_toml())
 }
 
 /// `RELOAD`: re-read the configuration file (as SIGHUP does).

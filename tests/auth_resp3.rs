@@ -4,12 +4,11 @@
 //! QUIT. Where Redis's own bytes are the reference, a direct connection to the
 //! same Redis gives them.
 
-mod resilience_util;
 mod support;
 
 use lockgate::metrics::ProxyMetrics;
 use redis_protocol::resp3::types::OwnedFrame;
-use resilience_util::{client_list, decode3};
+use support::resilience::{client_list, decode3};
 use support::{cmd, show, Lockgate, RawClient, RedisServer, WAIT};
 
 const WRONGPASS: &[u8] = b"-WRONGPASS invalid username-password pair or user is disabled.\r\n";
@@ -446,12 +445,12 @@ async fn pipelined_quit_matches_redis() {
         cmd(&["SET", "after", "1"]),
     ]
     .concat();
-    let reference = resilience_util::exchange_to_close(redis.addr(), &pipeline).await;
+    let reference = support::resilience::exchange_to_close(redis.addr(), &pipeline).await;
     assert_eq!(reference, b"+OK\r\n+OK\r\n", "Redis itself");
     let mut d = RawClient::connect(redis.addr()).await;
     assert_eq!(d.call_raw(&["DEL", "before", "after"]).await, b":1\r\n");
 
-    let via = resilience_util::exchange_to_close(lg.addr, &pipeline).await;
+    let via = support::resilience::exchange_to_close(lg.addr, &pipeline).await;
     assert_eq!(show(&via), show(&reference));
     assert_eq!(d.call_raw(&["EXISTS", "before"]).await, b":1\r\n");
     assert_eq!(

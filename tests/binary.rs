@@ -2,14 +2,13 @@
 //! and a graceful SIGTERM with a blocked command in flight against a real
 //! Redis.
 
-mod resilience_util;
 mod support;
 
 use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use resilience_util::wait_blocked;
+use support::resilience::wait_blocked;
 use support::{cmd, free_port, run_limited, show, RawClient, RedisServer, WAIT};
 
 const BIN: &str = env!("CARGO_BIN_EXE_lockgate");

@@ -1,12 +1,11 @@
 //! Pass-through of blocking commands against real redis-server: replies
 //! that come late, while other clients of the same lockgate carry on.
 
-mod passthrough_util;
 mod support;
 
 use std::time::{Duration, Instant};
 
-use passthrough_util::{pipeline, wait_blocked_clients};
+use support::passthrough::{pipeline, wait_blocked_clients};
 use support::{cmd, encode, show, Lockgate, RawClient, RedisServer};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -5,7 +5,6 @@
 //! Needs `python3` with the `redis` package and `redis-cli`; when one is
 //! missing the test fails and says how to install it (scripts/test.sh does).
 
-mod resilience_util;
 mod support;
 
 use std::process::Command;
@@ -57,8 +56,8 @@ async fn redis_py_works_through_lockgate() {
         lockgate::metrics::ProxyMetrics::get(&lg.ctx.metrics.commands_total) > 200,
         "lockgate saw too few commands"
     );
-    let direct = resilience_util::direct(&redis.addr(), &["GET", "py:n:199"]).await;
-    assert_eq!(direct, b"$3\r\n199\r\n");
+    let direct = support::resp::direct(&redis.addr(), &["GET", "py:n:199"]).await;
+    assert_eq!(direct, "$3\r\n199\r\n");
     lg.stop().await;
 }
 

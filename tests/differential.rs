@@ -35,7 +35,6 @@
 //! failure for the next. A failure prints its seed and the sequence shrunk to as few
 //! steps and connections as still fail the same way.
 
-mod passthrough_util;
 mod support;
 
 use std::collections::HashMap;
@@ -43,7 +42,8 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use lockgate::Config;
-use passthrough_util::Rng;
+use support::resp::Resp;
+use support::rng::Rng;
 use support::{encode, frame_len, show, Lockgate, RawClient, RedisServer, WAIT};
 
 /// The lock keys the traffic uses (they match the default `lock:*`).
@@ -228,65 +228,11 @@ fn generate(seed: u64, len: usize) -> Vec<Step> {
 // ---------------------------------------------------------------------------
 // Replies
 
-/// A RESP2 reply, decoded.
-#[derive(Clone, Debug, PartialEq)]
-enum Reply {
-    Status(String),
-    Error(String),
-    Int(i64),
-    Bulk(Option<Vec<u8>>),
-    Array(Option<Vec<Reply>>),
-}
-
-impl fmt::Display for Reply {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Reply::Status(s) => write!(f, "+{s}"),
-            Reply::Error(e) => write!(f, "-{e}"),
-            Reply::Int(i) => write!(f, ":{i}"),
-            Reply::Bulk(None) | Reply::Array(None) => write!(f, "nil"),
-            Reply::Bulk(Some(b)) => write!(f, "{:?}", show(b)),
-            Reply::Array(Some(items)) => {
-                let items: Vec<String> = items.iter().map(|r| r.to_string()).collect();
-                write!(f, "[{}]", items.join(", "))
-            }
-        }
-    }
-}
-
-/// Decodes the RESP2 frame at `pos` of `buf` (a whole frame, see
-/// [`frame_len`]), moving `pos` past it.
-fn decode(buf: &[u8], pos: &mut usize) -> Reply {
-    let end = *pos
-        + buf[*pos..]
-            .windows(2)
-            .position(|w| w == b"\r\n")
-            .expect("CRLF");
-    let line = show(&buf[*pos + 1..end]);
-    let kind = buf[*pos];
-    *pos = end + 2;
-    let n = || line.parse::<i64>().expect("RESP length");
-    match kind {
-        b'+' => Reply::Status(line),
-        b'-' => Reply::Error(line),
-        b':' => Reply::Int(n()),
-        b'$' if n() < 0 => Reply::Bulk(None),
-        b'$' => {
-            let data = buf[*pos..*pos + n() as usize].to_vec();
-            *pos += n() as usize + 2;
-            Reply::Bulk(Some(data))
-        }
-        b'*' if n() < 0 => Reply::Array(None),
-        b'*' => Reply::Array(Some((0..n()).map(|_| decode(buf, pos)).collect())),
-        other => panic!("unexpected RESP type {:?}", char::from(other)),
-    }
-}
-
 /// Reads one reply within [`WAIT`]; `None` if none came.
-async fn read_reply(c: &mut RawClient) -> Option<Reply> {
+async fn read_reply(c: &mut RawClient) -> Option<Resp> {
     let raw = c.try_read_raw(WAIT).await?;
     debug_assert_eq!(frame_len(&raw), Some(raw.len()));
-    Some(decode(&raw, &mut 0))
+    Some(Resp::parse(&raw))
 }
 
 /// Sends `cmds` in one write and reads all their replies, with the time
@@ -294,7 +240,7 @@ async fn read_reply(c: &mut RawClient) -> Option<Reply> {
 async fn exchange(
     c: &mut RawClient,
     cmds: &[Vec<String>],
-) -> Result<(Vec<Reply>, Duration), String> {
+) -> Result<(Vec<Resp>, Duration), String> {
     let mut out = Vec::new();
     for cmd in cmds {
         let args: Vec<&[u8]> = cmd.iter().map(|a| a.as_bytes()).collect();
@@ -313,21 +259,21 @@ async fn exchange(
 }
 
 /// `:n` as a number.
-fn int_of(r: &Reply) -> Option<i64> {
+fn int_of(r: &Resp) -> Option<i64> {
     match r {
-        Reply::Int(i) => Some(*i),
+        Resp::Int(i) => Some(*i),
         _ => None,
     }
 }
 
 /// True when an acquisition's reply says "acquired" (`:1`, `+OK`).
-fn acquired(r: &Reply) -> bool {
-    matches!(r, Reply::Int(1)) || matches!(r, Reply::Status(s) if s == "OK")
+fn acquired(r: &Resp) -> bool {
+    matches!(r, Resp::Int(1)) || matches!(r, Resp::Status(s) if s == "OK")
 }
 
 /// True when an acquisition's reply says "not acquired" (`:0`, nil).
-fn not_acquired(r: &Reply) -> bool {
-    matches!(r, Reply::Int(0) | Reply::Bulk(None))
+fn not_acquired(r: &Resp) -> bool {
+    matches!(r, Resp::Int(0) | Resp::Bulk(None))
 }
 
 /// True for an acquisition: `SETNX`, or `SET … NX`.
@@ -348,7 +294,7 @@ fn is_lock_key(key: &str) -> bool {
 }
 
 /// Replies equal, TTLs compared loosely (the two sides run a few ms apart).
-fn same(cmd: &[String], d: &Reply, l: &Reply) -> bool {
+fn same(cmd: &[String], d: &Resp, l: &Resp) -> bool {
     let name = cmd[0].to_ascii_uppercase();
     match (name.as_str(), int_of(d), int_of(l)) {
         ("TTL", Some(a), Some(b)) if a >= 0 && b >= 0 => (a - b).abs() <= 1,
@@ -365,9 +311,9 @@ struct Case<'a> {
     /// The command, as sent.
     cmd: &'a [String],
     /// Redis's reply, directly.
-    direct: &'a Reply,
+    direct: &'a Resp,
     /// lockgate's reply.
-    lockgate: &'a Reply,
+    lockgate: &'a Resp,
     /// The command is on a lock key.
     lock_key: bool,
     /// The model's owner check for a release or extension by this
@@ -414,7 +360,7 @@ const RULES: &[Rule] = &[
             c.lock_key
                 && c.managed
                 && matches!(name_of(c.cmd).as_str(), "TTL" | "PTTL")
-                && c.direct == &Reply::Int(-1)
+                && c.direct == &Resp::Int(-1)
                 && int_of(c.lockgate).is_some_and(|t| t >= 0)
         },
         changes_state: false,
@@ -426,8 +372,8 @@ const RULES: &[Rule] = &[
             c.lock_key
                 && matches!(name_of(c.cmd).as_str(), "EXPIRE" | "PEXPIRE")
                 && c.allowed == Some(false)
-                && c.direct == &Reply::Int(1)
-                && c.lockgate == &Reply::Int(0)
+                && c.direct == &Resp::Int(1)
+                && c.lockgate == &Resp::Int(0)
         },
         changes_state: true,
         reason: "EXPIRE/PEXPIRE acts only on the connection's own acquisition (or, for a connection that never tried the key, on this instance's); a SETNX loser cannot move the holder's lease",
@@ -439,7 +385,7 @@ const RULES: &[Rule] = &[
                 && name_of(c.cmd) == "DEL"
                 && c.allowed == Some(false)
                 && int_of(c.direct).is_some_and(|n| n > 0)
-                && c.lockgate == &Reply::Int(0)
+                && c.lockgate == &Resp::Int(0)
         },
         changes_state: true,
         reason: "DEL by a connection that acquired the key acts only on that acquisition; by any other connection only on this instance's acquisitions, never another sidecar's",
@@ -449,7 +395,7 @@ const RULES: &[Rule] = &[
         applies: |c| {
             c.lock_key
                 && name_of(c.cmd) == "PERSIST"
-                && matches!(c.lockgate, Reply::Error(e) if e.contains("PERSIST refused"))
+                && matches!(c.lockgate, Resp::Error(e) if e.contains("PERSIST refused"))
         },
         changes_state: true,
         reason: "a lock without a lease never expires if its holder dies",
@@ -747,18 +693,11 @@ impl Model {
 
     /// Learns from lockgate's reply `l` to `cmd` by `conn` (inside MULTI
     /// when `multi`), given the owner check `allowed` made before it.
-    fn apply(
-        &mut self,
-        conn: usize,
-        multi: bool,
-        cmd: &[String],
-        l: &Reply,
-        allowed: Option<bool>,
-    ) {
+    fn apply(&mut self, conn: usize, multi: bool, cmd: &[String], l: &Resp, allowed: Option<bool>) {
         let Some(key) = cmd.get(1).cloned() else {
             return;
         };
-        if !is_lock_key(&key) || matches!(l, Reply::Error(_)) {
+        if !is_lock_key(&key) || matches!(l, Resp::Error(_)) {
             return;
         }
         let inst = conn / 2;
@@ -827,7 +766,7 @@ impl Model {
                 "DEL" => {
                     if allowed == Some(true) {
                         self.owner.insert(key.clone(), None);
-                        if l == &Reply::Int(1) {
+                        if l == &Resp::Int(1) {
                             self.present.insert(key.clone(), false);
                             // Inside MULTI lockgate learns nothing of the release.
                             let via = (!multi).then_some(inst);
@@ -957,7 +896,7 @@ async fn snapshot(admin: &mut RawClient) -> Vec<(Option<Vec<u8>>, i64)> {
         let cmds = [words(&["GET", key]), words(&["PTTL", key])];
         let (r, _) = exchange(admin, &cmds).await.expect("admin reply");
         let value = match &r[0] {
-            Reply::Bulk(v) => v.clone(),
+            Resp::Bulk(v) => v.clone(),
             other => Some(other.to_string().into_bytes()),
         };
         out.push((value, int_of(&r[1]).unwrap_or(-3)));
@@ -980,7 +919,7 @@ impl Run {
         let mut ladmin = RawClient::connect(s.behind.addr()).await;
         for a in [&mut dadmin, &mut ladmin] {
             let r = exchange(a, &[words(&["FLUSHALL"])]).await.expect("flush");
-            assert_eq!(r.0[0], Reply::Status("OK".into()));
+            assert_eq!(r.0[0], Resp::Status("OK".into()));
         }
         let mut gates = Vec::new();
         for id in INSTANCES {
@@ -1099,7 +1038,7 @@ impl Run {
                 .await
                 .expect("admin reply");
             let owner = match &r[0] {
-                Reply::Bulk(Some(v)) => Some(show(v)),
+                Resp::Bulk(Some(v)) => Some(show(v)),
                 _ => None,
             };
             let pttl = int_of(&r[1]).unwrap_or(-2);
@@ -1151,7 +1090,7 @@ impl Run {
         let key = &cmd[1];
         if is_lock_key(key) {
             let m = &mut self.model;
-            if name_of(cmd) == "DEL" && l[0] == Reply::Int(1) {
+            if name_of(cmd) == "DEL" && l[0] == Resp::Int(1) {
                 m.present.insert(key.clone(), false);
                 m.freed.insert(
                     key.clone(),
@@ -1187,7 +1126,7 @@ impl Run {
         let sent = Instant::now();
         let (l, l_time) = exchange(&mut self.gated[conn], &wire).await.map_err(err)?;
         if tracing() {
-            let show_all = |r: &[Reply]| {
+            let show_all = |r: &[Resp]| {
                 r.iter()
                     .map(|x| x.to_string())
                     .collect::<Vec<_>>()
@@ -1203,9 +1142,9 @@ impl Run {
         }
         let isolated = cmds.len() == 1 && !multi;
         // (command, direct reply, lockgate reply) in execution order.
-        let mut pairs: Vec<(&[String], Reply, Reply)> = Vec::new();
+        let mut pairs: Vec<(&[String], Resp, Resp)> = Vec::new();
         if multi {
-            let framing = |r: &[Reply]| r[..r.len() - 1].to_vec();
+            let framing = |r: &[Resp]| r[..r.len() - 1].to_vec();
             if framing(&d) != framing(&l) {
                 return Err((
                     "reply differs".into(),
@@ -1223,9 +1162,7 @@ impl Run {
                 ));
             }
             match (d.last(), l.last()) {
-                (Some(Reply::Array(Some(a))), Some(Reply::Array(Some(b))))
-                    if a.len() == b.len() =>
-                {
+                (Some(Resp::Array(Some(a))), Some(Resp::Array(Some(b)))) if a.len() == b.len() => {
                     for (i, cmd) in cmds.iter().enumerate() {
                         pairs.push((cmd, a[i].clone(), b[i].clone()));
                     }
@@ -1254,10 +1191,10 @@ impl Run {
             let allowed = self.model.check(conn, cmd);
             let what = || format!("c{conn} {}: direct {dr} / lockgate {lr}", cmd.join(" "));
             // The deliberate differences lockgate must make.
-            if lock_key && name_of(cmd) == "PERSIST" && !matches!(lr, Reply::Error(_)) {
+            if lock_key && name_of(cmd) == "PERSIST" && !matches!(lr, Resp::Error(_)) {
                 return Err(("PERSIST on a lock key not refused".into(), what()));
             }
-            if allowed == Some(false) && lr == Reply::Int(1) && !tainted.contains(&key) {
+            if allowed == Some(false) && lr == Resp::Int(1) && !tainted.contains(&key) {
                 return Err((
                     "owner check missing".into(),
                     format!(
@@ -1403,7 +1340,7 @@ impl Run {
         for a in [&mut self.dadmin, &mut self.ladmin] {
             let (r, _) = exchange(a, &[words(&["KEYS", "*"])]).await?;
             let mut keys: Vec<String> = match &r[0] {
-                Reply::Array(Some(items)) => items.iter().map(|k| k.to_string()).collect(),
+                Resp::Array(Some(items)) => items.iter().map(|k| k.to_string()).collect(),
                 other => return Err(format!("KEYS: {other}")),
             };
             keys.retain(|k| {

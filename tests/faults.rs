@@ -3,14 +3,14 @@
 //! case answered with Redis's own wording, then closed); `max_clients`; and a
 //! client that hangs up mid-pipeline leaving nothing behind.
 
-mod resilience_util;
 mod support;
 
 use std::time::{Duration, Instant};
 
 use lockgate::metrics::ProxyMetrics;
 use lockgate::Config;
-use resilience_util::{client_list, direct, exchange_to_close, wait_blocked, Blackhole};
+use support::resilience::{client_list, exchange_to_close, wait_blocked, Blackhole};
+use support::resp::direct;
 use support::{cmd, show, Lockgate, RawClient, RedisServer, WAIT};
 use tokio::io::AsyncWriteExt;
 
@@ -96,7 +96,7 @@ async fn upstream_down_then_the_same_connection_recovers_after_restart() {
     assert_eq!(c.call_s(&["GET", "k"]).await, "$1\r\nv\r\n");
     assert_eq!(
         direct(&addr, &["GET", "k"]).await,
-        b"$1\r\nv\r\n",
+        "$1\r\nv\r\n",
         "on Redis"
     );
     until!(
@@ -441,10 +441,10 @@ async fn client_hanging_up_mid_pipeline_leaves_nothing_behind() {
         "no lockgate-made connection left on Redis",
         client_list(&addr, None).await.is_empty()
     );
-    assert_eq!(direct(&addr, &["EXISTS", "key:599"]).await, b":1\r\n");
+    assert_eq!(direct(&addr, &["EXISTS", "key:599"]).await, ":1\r\n");
     assert_eq!(
         direct(&addr, &["GET", "after-blpop"]).await,
-        b"$-1\r\n",
+        "$-1\r\n",
         "commands behind the BLPOP never ran"
     );
     // lockgate still works.

@@ -13,10 +13,12 @@
 
 mod support;
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use lockgate::Config;
+use support::locks::{assert_within, exists, get, m, owner, pttl, until_gone};
+use support::process::{proc_state, signal};
+use support::resp::{call, text};
 use support::{cmd, Lockgate, RawClient, RedisServer, WAIT};
 
 /// Slack for scheduling on a loaded 2-core machine.
@@ -29,19 +31,6 @@ fn config(redis: &str) -> Config {
     c.upstream.reconnect_interval_ms = 50;
     c.proxy.shutdown_grace_ms = 300;
     c
-}
-
-fn text(raw: &[u8]) -> String {
-    String::from_utf8_lossy(raw).into_owned()
-}
-
-/// Sends a command and reads its reply as text (`\r\n` kept).
-async fn call(c: &mut RawClient, args: &[&str]) -> String {
-    text(&c.call_raw(args).await)
-}
-
-fn m(counter: &AtomicU64) -> u64 {
-    counter.load(Ordering::Relaxed)
 }
 
 /// Parses a `LOCKGATE LOCK` reply: `Some((token, validity))` for
@@ -102,58 +91,8 @@ async fn extend(c: &mut RawClient, key: &str, token: i64, ttl: u64) -> String {
     .await
 }
 
-/// `GET key` straight on Redis.
-async fn get(r: &mut RawClient, key: &str) -> Option<String> {
-    let reply = call(r, &["GET", key]).await;
-    if reply == "$-1\r\n" {
-        return None;
-    }
-    let (header, rest) = reply
-        .split_once("\r\n")
-        .unwrap_or_else(|| panic!("GET {key}: {reply:?}"));
-    assert!(header.starts_with('$'), "GET {key}: {reply:?}");
-    Some(rest.trim_end_matches("\r\n").to_string())
-}
-
-/// An integer reply straight from Redis.
-async fn int(r: &mut RawClient, args: &[&str]) -> i64 {
-    let reply = call(r, args).await;
-    reply
-        .strip_prefix(':')
-        .and_then(|n| n.trim_end().parse().ok())
-        .unwrap_or_else(|| panic!("{args:?}: not an integer reply: {reply:?}"))
-}
-
-async fn pttl(r: &mut RawClient, key: &str) -> i64 {
-    int(r, &["PTTL", key]).await
-}
-
-async fn exists(r: &mut RawClient, key: &str) -> bool {
-    int(r, &["EXISTS", key]).await == 1
-}
-
 fn counter(key: &str) -> String {
     format!("lockgate:fence:{{{key}}}")
-}
-
-fn owner(key: &str) -> String {
-    format!("lockgate:owner:{{{key}}}")
-}
-
-/// Polls Redis until `key` is gone (its lease ran out), bounded by `WAIT`.
-async fn until_gone(r: &mut RawClient, key: &str) {
-    let deadline = Instant::now() + WAIT;
-    while exists(r, key).await {
-        assert!(Instant::now() < deadline, "{key} never expired on Redis");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
-fn assert_within(what: &str, value: i64, lo: i64, hi: i64) {
-    assert!(
-        (lo..=hi).contains(&value),
-        "{what} = {value}, expected within [{lo}, {hi}]"
-    );
 }
 
 fn usage_error(reply: &str) -> bool {
@@ -810,21 +749,6 @@ async fn primary_down_answers_an_error_then_recovers() {
     assert_eq!(t, 1);
     let mut r = RawClient::connect(redis.addr()).await;
     assert_eq!(get(&mut r, "dk3").await, Some(t.to_string()));
-}
-
-/// The state letter of a process (`T` when stopped).
-fn proc_state(pid: u32) -> char {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("/proc stat");
-    let after = stat.rsplit_once(") ").expect("stat format").1;
-    after.chars().next().expect("state")
-}
-
-fn signal(pid: u32, sig: &str) {
-    let status = std::process::Command::new("kill")
-        .args([sig, &pid.to_string()])
-        .status()
-        .expect("run kill");
-    assert!(status.success(), "kill {sig} {pid}");
 }
 
 /// A primary that accepts connections but does not answer (stopped with

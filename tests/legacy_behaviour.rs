@@ -6,12 +6,11 @@
 //! is answered at once, deeply nested replies pass, pub/sub leaves lock
 //! handling on, and replies keep pipeline order around `LOCKGATE` commands.
 
-mod locks_common;
 mod support;
 
 use std::time::{Duration, Instant};
 
-use locks_common::{m, pttl, setup_with, Call};
+use support::locks::{m, pttl, setup_with, Call};
 use support::{cmd, RawClient, RedisServer};
 
 /// The probe interval the staleness tests run with, ms.

@@ -6,22 +6,10 @@
 //! holder's lock; its release waits for the lease instead. Against real
 //! redis-server processes, with lockgate restarted in between too.
 
-mod locks_common;
 mod support;
 
-use std::time::Duration;
-
-use locks_common::{config, get, m, Call};
+use support::locks::{config, get, m, until_gone, Call};
 use support::{Lockgate, RawClient, RedisServer};
-
-/// Waits until `key` is gone from Redis (its lease ran out), bounded.
-async fn until_gone(r: &mut RawClient, key: &str) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while r.call(&["EXISTS", key]).await != ":0\r\n" {
-        assert!(std::time::Instant::now() < deadline, "{key} never expired");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
 
 /// Holder A acquires, is paused past its lease, B acquires, and A's late
 /// DEL arrives on a connection its pool opened after that: refused, and

@@ -4,10 +4,9 @@
 //! keep their shape; pipelines keep their order. State is checked on Redis
 //! directly, not only through lockgate.
 
-mod locks_common;
 mod support;
 
-use locks_common::*;
+use support::locks::*;
 use support::{cmd, RawClient};
 
 #[tokio::test]

@@ -3,7 +3,6 @@
 //! are taken over on acquisition, but the client's value is never changed,
 //! so client scripts that compare it keep working.
 
-mod locks_common;
 mod support;
 
 use std::net::SocketAddr;
@@ -11,7 +10,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use locks_common::{m, pttl};
+use support::locks::{m, pttl};
 use support::{run_limited_async, show, Lockgate, RawClient, RedisServer};
 
 /// The compare-and-delete release every Redis lock tutorial uses.

@@ -2,10 +2,9 @@
 //! (separate, pipelined, in MULTI) through lockgate against a real
 //! redis-server. TTLs are read on Redis directly.
 
-mod locks_common;
 mod support;
 
-use locks_common::*;
+use support::locks::*;
 use support::{cmd, RawClient};
 
 const REFUSED: &str = "-ERR lockgate: PERSIST refused on lock key 'lock:e'";

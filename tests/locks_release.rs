@@ -3,10 +3,9 @@
 //! releases only its own acquisition, other connections only this
 //! instance's, keys without owner record are plain data.
 
-mod locks_common;
 mod support;
 
-use locks_common::*;
+use support::locks::*;
 use support::{Lockgate, RawClient, RedisServer};
 
 /// A acquires with a 300 ms lease, the lease runs out, B acquires with a

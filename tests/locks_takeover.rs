@@ -2,10 +2,9 @@
 //! inside WATCH/MULTI, and the GETSET-timestamp lock recipe of the redis.io
 //! SETNX page, end to end through lockgate against a real redis-server.
 
-mod locks_common;
 mod support;
 
-use locks_common::*;
+use support::locks::*;
 use support::{Lockgate, RawClient, RedisServer};
 
 #[tokio::test]

@@ -4,14 +4,13 @@
 //! watch the key for a few leases (bounded, short); every other wait polls
 //! for the event itself.
 
-mod locks_common;
 mod support;
 
 use std::time::{Duration, Instant};
 
 use lockgate::config::LockOverride;
 use lockgate::Config;
-use locks_common::{int_of, m, owner, pttl};
+use support::locks::{int_of, m, owner, pttl};
 use support::{show, Lockgate, RawClient, RedisServer};
 
 /// The watchdog lease of these tests.

@@ -5,7 +5,6 @@
 //! open connection, invalid configurations are refused and the old rules
 //! kept; and SIGHUP does the same for the built binary.
 
-mod ops_util;
 mod support;
 
 use std::path::{Path, PathBuf};
@@ -15,9 +14,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use lockgate::server::ReloadHook;
+use lockgate::context::ReloadHook;
 use lockgate::Config;
-use ops_util::{call, pttl, try_http_get, Ops};
+use support::locks::pttl;
+use support::ops::{call, try_http_get, Ops};
 use support::{cmd, frame_len, free_port, show, RawClient, RedisServer, WAIT};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -230,7 +230,7 @@ impl Reloadable {
         let lg = Ops::start(config).await;
         let filters: Arc<Mutex<Vec<String>>> = Arc::default();
         let recorded = filters.clone();
-        *lg.ctx.reload.lock().expect("hook slot") = Some(ReloadHook {
+        *lockgate::sync::lock(&lg.ctx.reload) = Some(ReloadHook {
             path: path.clone(),
             effective: Box::new(effective),
             set_log_filter: Box::new(move |f: &str| {

@@ -2,10 +2,10 @@
 //! and SELECT. Where it makes sense, the same bytes are sent to a second,
 //! identical Redis directly, and the reply streams must be byte-identical.
 
-mod passthrough_util;
 mod support;
 
-use passthrough_util::{pipeline, split_frames, Rng};
+use support::passthrough::{pipeline, split_frames};
+use support::rng::Rng;
 use support::{cmd, show, Lockgate, RawClient, RedisServer};
 
 /// Appends one of a mix of commands over a small shared key space, so that

@@ -2,10 +2,10 @@
 //! scripts and functions, inline commands, binary keys and values, and a
 //! 100 MB value.
 
-mod passthrough_util;
 mod support;
 
-use passthrough_util::{pipeline, Fnv, Rng};
+use support::passthrough::{pipeline, Fnv};
+use support::rng::Rng;
 use support::{cmd, encode, show, Lockgate, RawClient, RedisServer};
 
 const SCRIPT: &str = "return {KEYS[1], ARGV[1], redis.call('INCR', KEYS[1])}";

@@ -4,10 +4,9 @@
 //! RESET back to request/reply. lockgate copies these streams uncounted
 //! ("raw") until RESET.
 
-mod passthrough_util;
 mod support;
 
-use passthrough_util::pipeline;
+use support::passthrough::pipeline;
 use support::{cmd, show, Lockgate, RawClient, RedisServer};
 
 /// A subscriber and a publisher: every frame each of them receives, in the

@@ -7,12 +7,14 @@
 //!
 //! Faults (killed, restarted and paused masters) are in `quorum_faults.rs`.
 
-mod quorum_harness;
 mod support;
 
 use std::sync::atomic::Ordering;
 
-use quorum_harness::{bulk, call, int, owner, Cluster, NIL};
+use support::int;
+use support::locks::{bulk, owner};
+use support::quorum::{Cluster, NIL};
+use support::resp::call;
 
 /// One case of the matrix: the masters in `held` hold `key` for another
 /// owner; `form` is `SETNX` or `SET NX PX`. Checks lockgate's answer and

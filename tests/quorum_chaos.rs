@@ -25,7 +25,6 @@
 //! one section in that many is paused], `QUORUM_CHAOS_OUTAGE_MS` [10000].
 
 mod chaos;
-mod quorum_harness;
 mod support;
 
 use std::collections::BTreeMap;
@@ -37,8 +36,8 @@ use chaos::checks::{judge, Journal, Kind};
 use chaos::clients::{worker, ClientReport, Shared};
 use chaos::faults::{self, Cluster};
 use chaos::{LockgateProc, Tuning};
-use quorum_harness::fake_clock::FakeClock;
-use quorum_harness::rng::env_u64;
+use support::quorum::fake_clock::FakeClock;
+use support::rng::env_u64;
 use support::RedisServer;
 
 /// Workers of each kind (half through each lockgate).

@@ -7,7 +7,6 @@
 //! count the vote and sits the master out. Also: steady clocks are never
 //! taken for jumps, and `clock_faults` asks for more votes.
 
-mod quorum_harness;
 mod support;
 
 use std::sync::atomic::Ordering;
@@ -15,8 +14,10 @@ use std::time::Duration;
 
 use lockgate::lock::quorum::MasterState;
 use lockgate::Config;
-use quorum_harness::fake_clock::FakeClock;
-use quorum_harness::{bulk, call, Cluster, NIL};
+use support::locks::bulk;
+use support::quorum::fake_clock::FakeClock;
+use support::quorum::{Cluster, NIL};
+use support::resp::call;
 use support::RedisServer;
 
 /// The master whose clock jumps.

@@ -4,7 +4,6 @@
 //! hung master (SIGSTOP) that must never stall a client beyond
 //! `node_timeout_ms`. Every outcome is checked on each master directly.
 
-mod quorum_harness;
 mod support;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -13,7 +12,11 @@ use std::time::{Duration, Instant};
 
 use lockgate::config::QuorumLoss;
 use lockgate::lock::quorum::MasterState;
-use quorum_harness::{bulk, call, owner, percentile, until_uptime, Cluster, Paused, NIL};
+use support::locks::{bulk, owner};
+use support::process::Paused;
+use support::quorum::{percentile, Cluster, NIL};
+use support::resp::call;
+use support::until_uptime;
 
 /// Lockgate's watcher first records each master's connection on one of its
 /// 50 ms ticks; a master that drops before that tick is taken for a first
@@ -268,7 +271,7 @@ async fn majority_down_is_not_acquired_when_configured() {
 async fn a_hung_master_never_stalls_clients() {
     let cl = Cluster::start(5, |_| {}).await;
     let mut c = cl.client().await;
-    let node_timeout = Duration::from_millis(cl.lg.ctx.config.locks.quorum.node_timeout_ms);
+    let node_timeout = Duration::from_millis(cl.lg.ctx.config.quorum.node_timeout_ms);
     assert_eq!(node_timeout, Duration::from_millis(50));
     assert_eq!(call(&mut c, &["SETNX", "lock:h", "warm"]).await, ":1\r\n");
     assert_eq!(call(&mut c, &["DEL", "lock:h"]).await, ":1\r\n");

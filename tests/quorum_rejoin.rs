@@ -4,15 +4,16 @@
 //! master restarted moments before lockgate starts sits out like one that
 //! restarts while lockgate runs. Deterministic: no randomness.
 
-mod quorum_harness;
 mod support;
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use lockgate::lock::quorum::MasterState;
-use quorum_harness::{bulk, call, direct, quorum_config, until_uptime, Cluster};
-use support::{Lockgate, RawClient, RedisServer};
+use support::locks::bulk;
+use support::quorum::{quorum_config, Cluster};
+use support::resp::{call, direct};
+use support::{until_uptime, Lockgate, RawClient, RedisServer};
 
 const REJOIN_MS: u64 = 300;
 

@@ -35,7 +35,6 @@
 //! turns any 50 ms stall of a shared, loaded test machine into
 //! "lock quorum unavailable" while 3 masters are up].
 
-mod quorum_harness;
 mod support;
 
 use std::collections::BTreeMap;
@@ -47,7 +46,8 @@ use std::time::{Duration, Instant};
 
 use lockgate::lock::quorum::MasterState;
 use lockgate::{Config, ServerContext};
-use quorum_harness::rng::{env_u64, XorShift};
+use support::process::signal;
+use support::rng::{env_u64, XorShift};
 use support::{eventually, Lockgate, RawClient, RedisServer, WAIT};
 
 /// The tests here each drive several redis-servers hard on a small machine:
@@ -171,24 +171,15 @@ fn states(ctx: &ServerContext) -> Vec<MasterState> {
 #[derive(Default)]
 struct ResumeGuard(Vec<u32>);
 
-fn signal(sig: &str, pid: u32) {
-    let status = Command::new("kill")
-        .arg(sig)
-        .arg(pid.to_string())
-        .status()
-        .expect("run kill");
-    assert!(status.success(), "kill {sig} {pid} failed: {status}");
-}
-
 impl ResumeGuard {
     fn stop(&mut self, pid: u32) {
         self.0.push(pid);
-        signal("-STOP", pid);
+        signal(pid, "-STOP");
     }
 
     fn resume(&mut self, pid: u32) {
         self.0.retain(|&p| p != pid);
-        signal("-CONT", pid);
+        signal(pid, "-CONT");
     }
 }
 

@@ -3,11 +3,13 @@
 //! transactions on the quorum keeping Redis's all-or-nothing rule, against
 //! real redis-server processes (a primary and three masters).
 
-mod quorum_harness;
 mod support;
 
 use lockgate::lock::quorum::MasterState;
-use quorum_harness::{bulk, call, int, owner, quorum_config, Cluster, NIL};
+use support::int;
+use support::locks::{bulk, owner};
+use support::quorum::{quorum_config, Cluster, NIL};
+use support::resp::call;
 use support::{cmd, RawClient};
 
 /// `key` on the primary in database `db`, read over a fresh connection.

@@ -7,8 +7,6 @@
 //! against Redis itself; upstream cost is read from `INFO commandstats`
 //! (lockgate sends lock operations as `EVAL`).
 
-mod locks_common;
-mod quorum_harness;
 mod support;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -17,7 +15,8 @@ use std::time::{Duration, Instant};
 
 use lockgate::config::LockOverride;
 use lockgate::Config;
-use locks_common::{config, get, int, m, pttl, setup_with, Call};
+use support::int;
+use support::locks::{config, get, m, pttl, setup_with, Call};
 use support::{cmd, Lockgate, RawClient, RedisServer, WAIT};
 use tokio::sync::{oneshot, Barrier};
 use tokio::task::JoinHandle;
@@ -709,7 +708,7 @@ async fn parking_keeps_mutual_exclusion() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn parking_keeps_mutual_exclusion_under_the_quorum() {
     let _one = SERIAL.lock().await;
-    let cl = quorum_harness::Cluster::start(3, |_| {}).await;
+    let cl = support::quorum::Cluster::start(3, |_| {}).await;
     let stores = Stores {
         addrs: cl.masters.iter().map(|s| s.addr()).collect(),
     };

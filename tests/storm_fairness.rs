@@ -21,6 +21,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lockgate::Config;
+use support::rng::XorShift;
 use support::{eventually, Lockgate, RawClient, RedisServer};
 
 /// The compare-and-delete release every Redis lock tutorial uses.
@@ -33,28 +34,6 @@ enum Style {
     SetEval,
     /// Legacy `SETNX` and `DEL`.
     SetnxDel,
-}
-
-/// xorshift64: a fixed seed gives the same holds and pauses.
-struct XorShift(u64);
-
-impl XorShift {
-    fn new(seed: u64) -> XorShift {
-        XorShift((seed ^ 0x9e37_79b9_7f4a_7c15) | 1)
-    }
-
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x
-    }
-
-    fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.next() % (hi - lo + 1)
-    }
 }
 
 /// What one instance's clients saw.

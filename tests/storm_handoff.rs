@@ -4,12 +4,11 @@
 //! between, nothing is announced, and one round trip does both. Checked on
 //! a real redis-server: its keys, owner records and `INFO commandstats`.
 
-mod locks_common;
 mod support;
 
 use std::time::Duration;
 
-use locks_common::{get, m, owner, pttl, setup_with, Call};
+use support::locks::{get, m, owner, pttl, setup_with, Call};
 use support::{eventually, RawClient};
 
 /// Calls of `name` on Redis since the last `CONFIG RESETSTAT`.

@@ -5,7 +5,6 @@
 //! Certificates are made with rcgen for each test.
 
 mod support;
-mod tls_util;
 
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
@@ -13,8 +12,8 @@ use std::time::Duration;
 use lockgate::config::ClientTlsConfig;
 use lockgate::metrics::ProxyMetrics;
 use lockgate::Config;
+use support::tls::{client_config, s, Issued, Pki, TlsClient, TlsRedis};
 use support::{Lockgate, RawClient, RedisServer, WAIT};
-use tls_util::{client_config, s, Issued, Pki, TlsClient, TlsRedis};
 use tokio::io::AsyncReadExt;
 
 fn get(c: &AtomicU64) -> u64 {
@@ -266,13 +265,11 @@ async fn reload_rotates_the_certificate_and_refuses_a_bad_one() {
     let file = pki.dir.path().join("lockgate.toml");
     std::fs::write(&file, toml::to_string(&config).expect("toml")).expect("write config");
     let lg = Lockgate::start_with_tls(config).await;
-    if let Ok(mut hook) = lg.ctx.reload.lock() {
-        *hook = Some(lockgate::server::ReloadHook {
-            path: file,
-            effective: Box::new(|c| c),
-            set_log_filter: Box::new(|_| Ok(())),
-        });
-    }
+    *lockgate::sync::lock(&lg.ctx.reload) = Some(lockgate::context::ReloadHook {
+        path: file,
+        effective: Box::new(|c| c),
+        set_log_filter: Box::new(|_| Ok(())),
+    });
     let tls = lg.tls.expect("tls listener");
     let trust = client_config(&pki.ca_file(), None);
     let der = |i: &Issued| {

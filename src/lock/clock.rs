@@ -147,7 +147,7 @@ impl ClockWatch {
             hi: master_us - s,
             sent: s,
         };
-        let Some(Ok(mut seen)) = self.masters.get(i).map(|m| m.lock()) else {
+        let Some(mut seen) = self.masters.get(i).map(crate::sync::lock) else {
             return Verdict::First;
         };
         let (Some(last), Some(anchor)) = (seen.last, seen.anchor) else {

@@ -123,6 +123,9 @@ pub struct Retry {
 /// bounded, the oldest record dropped first when full.
 #[derive(Debug)]
 pub struct ConnLocks {
+    /// The connection's id: from a process-wide counter, never reused, so
+    /// a place kept for a closed connection is never taken for a new one.
+    pub id: ConnId,
     map: HashMap<Bytes, Acquisition>,
     max: usize,
     /// Records dropped because the table was full.
@@ -131,6 +134,18 @@ pub struct ConnLocks {
     /// connection opened: acquisitions numbered below it were made before
     /// it existed, so not by it (the pooled rule of `script::owner_check`).
     pub born: u64,
+}
+
+/// A client connection's identity in the lock room (see [`ConnLocks::id`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ConnId(u64);
+
+impl ConnId {
+    /// A new id, never handed out before in this process.
+    fn next() -> ConnId {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        ConnId(NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+    }
 }
 
 impl ConnLocks {
@@ -143,6 +158,7 @@ impl ConnLocks {
     /// instance's next token was numbered `born`.
     pub fn opened(max: usize, born: u64) -> ConnLocks {
         ConnLocks {
+            id: ConnId::next(),
             map: HashMap::new(),
             max: max.max(1),
             evicted: 0,

@@ -34,6 +34,7 @@ pub mod metrics;
 pub mod node;
 pub mod ops;
 mod plan;
+pub use plan::Queueing;
 pub mod quorum;
 pub mod quorum_fence;
 pub mod quorum_ops;
@@ -218,29 +219,20 @@ impl LockService {
 
     /// The rules in force now.
     pub fn rules(&self) -> std::sync::Arc<Rules> {
-        match self.rules.read() {
-            Ok(r) => r.clone(),
-            Err(poisoned) => poisoned.into_inner().clone(),
-        }
+        crate::sync::read(&self.rules).clone()
     }
 
     /// Puts the lock rules of `config` in force (hot reload). Commands
     /// routed from now on see them; acquisitions already made keep theirs.
     pub fn reload(&self, config: &Config) {
         let new = std::sync::Arc::new(Rules::new(&config.locks));
-        match self.rules.write() {
-            Ok(mut r) => *r = new,
-            Err(poisoned) => *poisoned.into_inner() = new,
-        }
+        *crate::sync::write(&self.rules) = new;
     }
 
     /// True when `key` is a lock key.
     pub fn is_lock_key(&self, key: &[u8]) -> bool {
         // On the path of every SET and DEL: read in place, no Arc clone.
-        match self.rules.read() {
-            Ok(r) => r.patterns.matches(key),
-            Err(poisoned) => poisoned.into_inner().patterns.matches(key),
-        }
+        crate::sync::read(&self.rules).patterns.matches(key)
     }
 
     /// The per-pattern settings for `key`, if any.

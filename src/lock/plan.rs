@@ -11,12 +11,52 @@ use super::{eval, owner_key, script, waiting_key, LockPending, LockService, Plan
 use crate::hotkeys::Event;
 use crate::metrics::ProxyMetrics;
 
+/// Whether Redis runs a planned command at once or queues it in a
+/// `MULTI`: a queued command's reply must be the bare client reply (its
+/// facts come back inside `EXEC`'s array, unseen).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Queueing {
+    /// Runs now; the script returns `{reply, facts}`.
+    Now,
+    /// Queued by `MULTI`; the script returns the bare reply.
+    InMulti,
+}
+
+/// Whether an acquisition is a client's attempt (counted) or one
+/// lockgate makes on a parked client's behalf (counted when it arrived).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Attempt {
+    Counted,
+    OnBehalf,
+}
+
+/// Whether a release may hand the lock to an attempt parked here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Handoff {
+    Offer,
+    No,
+}
+
+/// Whether an acquisition's facts carry the master's clock (the quorum).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ClockFact {
+    Read,
+    Skip,
+}
+
 impl LockService {
     /// Turns `op` into the Redis command that performs it, recording
-    /// acquisitions in `conn`. `in_multi`: the command will be queued by
-    /// Redis, so its reply must be the bare client reply.
-    pub fn plan(&self, op: LockOp, conn: &mut ConnLocks, in_multi: bool) -> Planned {
-        self.plan_with(op, conn, in_multi, true, false, false)
+    /// acquisitions in `conn`. `queueing`: whether Redis queues it in a
+    /// `MULTI`.
+    pub fn plan(&self, op: LockOp, conn: &mut ConnLocks, queueing: Queueing) -> Planned {
+        self.plan_with(
+            op,
+            conn,
+            queueing,
+            Attempt::Counted,
+            Handoff::No,
+            ClockFact::Skip,
+        )
     }
 
     /// [`LockService::plan`] of an acquisition on the quorum: its facts
@@ -24,7 +64,18 @@ impl LockService {
     /// `counted`: false for an attempt made on a parked client's behalf
     /// (as [`LockService::plan_for_handoff`]).
     pub fn plan_on_quorum(&self, op: LockOp, conn: &mut ConnLocks, counted: bool) -> Planned {
-        self.plan_with(op, conn, false, counted, false, true)
+        let attempt = match counted {
+            true => Attempt::Counted,
+            false => Attempt::OnBehalf,
+        };
+        self.plan_with(
+            op,
+            conn,
+            Queueing::Now,
+            attempt,
+            Handoff::No,
+            ClockFact::Read,
+        )
     }
 
     /// [`LockService::plan`] on one Redis (not the quorum): a release of
@@ -32,29 +83,48 @@ impl LockService {
     /// hands the lock to the oldest of them ([`script::RELEASE_HANDOFF`]).
     /// The caller settles the handoff with [`LockService::finish_handoff`]
     /// when [`LockService::complete`] reports one.
-    pub fn plan_on_primary(&self, op: LockOp, conn: &mut ConnLocks, in_multi: bool) -> Planned {
-        self.plan_with(op, conn, in_multi, true, true, false)
+    pub fn plan_on_primary(&self, op: LockOp, conn: &mut ConnLocks, queueing: Queueing) -> Planned {
+        self.plan_with(
+            op,
+            conn,
+            queueing,
+            Attempt::Counted,
+            Handoff::Offer,
+            ClockFact::Skip,
+        )
     }
 
     /// [`LockService::plan`] for an acquisition lockgate makes on a parked
     /// client's behalf (a handoff or the driver's probe): the client's
     /// attempt was counted when it arrived, so this one is not.
     pub fn plan_for_handoff(&self, op: LockOp, conn: &mut ConnLocks) -> Planned {
-        self.plan_with(op, conn, false, false, false, false)
+        let (queueing, handoff) = (Queueing::Now, Handoff::No);
+        self.plan_with(
+            op,
+            conn,
+            queueing,
+            Attempt::OnBehalf,
+            handoff,
+            ClockFact::Skip,
+        )
     }
 
     fn plan_with(
         &self,
         op: LockOp,
         conn: &mut ConnLocks,
-        in_multi: bool,
-        count: bool,
-        handoff: bool,
-        clock: bool,
+        queueing: Queueing,
+        attempt: Attempt,
+        offer: Handoff,
+        clock: ClockFact,
     ) -> Planned {
+        let in_multi = queueing == Queueing::InMulti;
         let info: &[u8] = if in_multi { b"0" } else { b"1" };
         // Only acquisitions read the master's clock (`"2"`).
-        let acquire_info: &[u8] = if clock && !in_multi { b"2" } else { info };
+        let acquire_info: &[u8] = match (clock, queueing) {
+            (ClockFact::Read, Queueing::Now) => b"2",
+            _ => info,
+        };
         if in_multi {
             ProxyMetrics::inc(&self.metrics.in_transaction);
         }
@@ -74,7 +144,7 @@ impl LockService {
                 ttl,
                 shape,
             } => {
-                if count {
+                if attempt == Attempt::Counted {
                     ProxyMetrics::inc(&self.metrics.attempts);
                     self.hot.record(&key, Event::Attempt);
                 }
@@ -136,10 +206,13 @@ impl LockService {
                 keys.extend(plain.iter().map(|k| &k[..]));
                 let verb: &[u8] = if unlink { b"UNLINK" } else { b"DEL" };
                 let claim = match (&lock_keys[..], &tokens[..], &alts[..]) {
-                    ([key], [token], [alt]) if handoff && !in_multi && plain.is_empty() => self
-                        .storm
-                        .claim(key, self.tokens.next(), self.handoff_within)
-                        .map(|c| (c, token, alt)),
+                    ([key], [token], [alt])
+                        if offer == Handoff::Offer && !in_multi && plain.is_empty() =>
+                    {
+                        self.storm
+                            .claim(key, self.tokens.next(), self.handoff_within)
+                            .map(|c| (c, token, alt))
+                    }
                     _ => None,
                 };
                 let cmd = match (&claim, lock_keys.first()) {
@@ -355,24 +428,22 @@ impl LockService {
     /// Call it holding no connection's lock table.
     pub fn finish_handoff(&self, handed: HandedOver) {
         let claim = handed.claim.clone();
-        match handed.conn.lock() {
-            Ok(mut c) => {
-                c.attempt(
-                    handed.key.clone(),
-                    claim.token.clone(),
-                    claim.value.clone(),
-                    Standing::Trying,
-                    claim.lease_ms,
-                );
-                let pending = LockPending::Acquire {
-                    key: handed.key.clone(),
-                    token: claim.token,
-                    park: None,
-                };
-                // An acquisition hands nothing over.
-                let _ = self.complete(pending, &[1, claim.lease_ms as i64], &mut c);
-            }
-            Err(_) => return,
+        {
+            let mut c = crate::sync::lock(&handed.conn);
+            c.attempt(
+                handed.key.clone(),
+                claim.token.clone(),
+                claim.value.clone(),
+                Standing::Trying,
+                claim.lease_ms,
+            );
+            let pending = LockPending::Acquire {
+                key: handed.key.clone(),
+                token: claim.token,
+                park: None,
+            };
+            // An acquisition hands nothing over.
+            let _ = self.complete(pending, &[1, claim.lease_ms as i64], &mut c);
         }
         let key = handed.key.clone();
         if !handed.deliver() {

@@ -103,7 +103,7 @@ impl LockService {
                 .reply;
         }
         let planned = match conn.lock() {
-            Ok(mut c) => self.plan(op, &mut c, false),
+            Ok(mut c) => self.plan(op, &mut c, super::Queueing::Now),
             Err(_) => return LocalReply::err("lockgate: internal error (lock table poisoned)"),
         };
         let Some(pending) = planned.pending else {

@@ -14,6 +14,7 @@ use super::lease::{ConnLocks, Standing};
 use super::node::Node;
 use super::{script, LockService};
 use crate::metrics::ProxyMetrics;
+use crate::sync;
 
 /// Longest wait for one renewal or release on lockgate's own connection.
 const CALL_TIMEOUT: Duration = Duration::from_secs(1);
@@ -48,9 +49,7 @@ pub async fn run(service: &LockService, primary: &Node, conn: &Mutex<ConnLocks>)
                     ProxyMetrics::inc(&service.metrics.watchdog_renewals);
                 }
                 Ok(_) => {
-                    if let Ok(mut c) = conn.lock() {
-                        c.settle(&key, &token, Standing::Lost, None);
-                    }
+                    sync::lock(conn).settle(&key, &token, Standing::Lost, None);
                 }
                 Err(e) => tracing::debug!(error = %e, "watchdog renewal failed"),
             }
@@ -69,9 +68,7 @@ struct Due {
 
 /// Held watchdog locks still within their `max_hold_ms`.
 fn renewals(service: &LockService, conn: &Mutex<ConnLocks>) -> Vec<Due> {
-    let Ok(c) = conn.lock() else {
-        return Vec::new();
-    };
+    let c = sync::lock(conn);
     c.held()
         .filter_map(|(key, a)| {
             let o = service.override_for(key)?;
@@ -88,23 +85,20 @@ fn renewals(service: &LockService, conn: &Mutex<ConnLocks>) -> Vec<Due> {
 /// Releases, by exact token, the held locks of a closed connection whose
 /// pattern has `release_on_disconnect = true`.
 pub async fn release_on_disconnect(service: &LockService, primary: &Node, conn: &Mutex<ConnLocks>) {
-    let due: Vec<Due> = match conn.lock() {
-        Ok(c) => c
-            .held()
-            .filter(|(key, _)| {
-                service
-                    .override_for(key)
-                    .is_some_and(|o| o.release_on_disconnect)
-            })
-            .map(|(k, a)| Due {
-                key: k.clone(),
-                token: a.token.clone(),
-                value: a.value.clone(),
-                lease_ms: a.lease_ms,
-            })
-            .collect(),
-        Err(_) => return,
-    };
+    let due: Vec<Due> = sync::lock(conn)
+        .held()
+        .filter(|(key, _)| {
+            service
+                .override_for(key)
+                .is_some_and(|o| o.release_on_disconnect)
+        })
+        .map(|(k, a)| Due {
+            key: k.clone(),
+            token: a.token.clone(),
+            value: a.value.clone(),
+            lease_ms: a.lease_ms,
+        })
+        .collect();
     for Due {
         key, token, value, ..
     } in due

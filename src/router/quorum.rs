@@ -4,7 +4,7 @@
 //! two stores, and what needs both stores at once is refused.
 
 use super::{CommandArgs, Route, SessionView};
-use crate::command::CommandKind;
+use crate::command::{CommandKind, MultiKeys, ReadKeys};
 use crate::lock::split::{self, Split};
 use crate::lock::LockService;
 
@@ -61,11 +61,13 @@ pub(super) fn quorum_route(
     locks: &LockService,
 ) -> Option<Route> {
     let keys: Vec<&[u8]> = match kind {
-        CommandKind::Read(true)
-        | CommandKind::MultiKey(true)
+        CommandKind::Read(ReadKeys::All)
+        | CommandKind::MultiKey(MultiKeys::All)
         | CommandKind::Del
         | CommandKind::Unlink => (1..args.len()).map(|i| args.get(i)).collect(),
-        CommandKind::MultiKey(false) => (1..args.len()).step_by(2).map(|i| args.get(i)).collect(),
+        CommandKind::MultiKey(MultiKeys::Pairs) => {
+            (1..args.len()).step_by(2).map(|i| args.get(i)).collect()
+        }
         CommandKind::Eval => {
             let n = std::str::from_utf8(args.get(2))
                 .ok()?
@@ -73,7 +75,7 @@ pub(super) fn quorum_route(
                 .ok()?;
             (3..(3 + n).min(args.len())).map(|i| args.get(i)).collect()
         }
-        CommandKind::Read(false) => vec![args.get(1)],
+        CommandKind::Read(ReadKeys::First) => vec![args.get(1)],
         CommandKind::SetNx
         | CommandKind::Set
         | CommandKind::GetSet

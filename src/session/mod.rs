@@ -10,13 +10,13 @@
 //! `upstream.reconnect_interval_ms`; once connected, it carries on with
 //! the commands not yet answered.
 
+pub mod carry;
 pub mod jobs;
 pub mod parking;
 pub mod pending;
 pub mod quorum_split;
-pub mod quorum_tx;
+pub mod quorum_transaction;
 pub mod reader;
-pub mod routing;
 pub mod writer;
 
 use std::io;
@@ -31,6 +31,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use crate::context::ServerContext;
 use crate::error::ErrorSource;
 use crate::lock::lease::ConnLocks;
 use crate::lock::watchdog;
@@ -38,7 +39,6 @@ use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
 use crate::protocol::request::{RequestKind, RequestParser};
 use crate::protocol::ProtocolError;
-use crate::server::ServerContext;
 use crate::tls::Stream;
 use crate::upstream::UpstreamError;
 use reader::ReaderEnd;

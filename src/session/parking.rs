@@ -8,13 +8,14 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use tokio::sync::oneshot;
 
+use crate::context::ServerContext;
 use crate::lock::lease::ConnLocks;
 use crate::lock::ops::{LockOp, Shape};
 use crate::lock::storm::{shaped, Admission, Ask};
 use crate::lock::{LockPending, Park};
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
-use crate::server::ServerContext;
+use crate::sync;
 
 /// What became of an attempt before it reached Redis.
 pub enum Early {
@@ -65,11 +66,9 @@ pub fn admit(
     // Parking is for spin loops: only a connection whose previous attempt
     // on the key came moments ago waits. A try-lock is answered at once,
     // and a holder's own re-entrant attempt never waits for itself.
-    let spinning = conn.lock().ok().is_some_and(|c| {
-        c.get(key).is_some_and(|a| {
-            a.standing != crate::lock::lease::Standing::Held
-                && a.last_try.elapsed().as_millis() < u128::from(ctx.locks.rules().spin_window_ms())
-        })
+    let spinning = sync::lock(conn).get(key).is_some_and(|a| {
+        a.standing != crate::lock::lease::Standing::Held
+            && a.last_try.elapsed().as_millis() < u128::from(ctx.locks.rules().spin_window_ms())
     });
     let park_ms = if parkable && spinning { park_ms } else { 0 };
     match ctx.locks.storm.admit(key, probe_ms) {
@@ -82,10 +81,7 @@ pub fn admit(
             // Recorded as lost, so an EXPIRE that follows cannot move the
             // holder's lease.
             let token = ctx.locks.next_token();
-            let since_last = conn
-                .lock()
-                .ok()
-                .and_then(|mut c| c.lost(key.clone(), token));
+            let since_last = sync::lock(conn).lost(key.clone(), token);
             if park_ms > 0 {
                 if let Some(rx) = park_it(ctx, key.clone(), park, conn) {
                     ctx.locks.hot.record(key, crate::hotkeys::Event::Parked);
@@ -134,13 +130,17 @@ fn park_it(
     park: Park,
     conn: &Arc<Mutex<ConnLocks>>,
 ) -> Option<oneshot::Receiver<LocalReply>> {
-    let since = conn.lock().ok()?.first_try(&key)?;
+    let (since, conn_id) = {
+        let c = sync::lock(conn);
+        (c.first_try(&key)?, c.id)
+    };
     let ask = Ask {
         key,
         value: park.value,
         shape: park.shape,
         lease_ms: park.lease_ms,
         conn: conn.clone(),
+        conn_id,
     };
     let acquirer: Arc<dyn crate::lock::storm::Acquirer> = ctx.clone();
     ctx.locks

@@ -96,7 +96,7 @@ pub struct Batch {
 
 impl Batch {
     /// Records a forwarded command expecting `expect`.
-    pub fn expect(&mut self, expect: Expect) {
+    pub fn record(&mut self, expect: Expect) {
         if self.silent && expect != Expect::Reset {
             return;
         }
@@ -172,11 +172,11 @@ mod tests {
     #[test]
     fn consecutive_replies_merge() {
         let mut b = Batch::default();
-        b.expect(Expect::One);
-        b.expect(Expect::One);
-        b.expect(Expect::Nothing);
-        b.expect(Expect::Hello);
-        b.expect(Expect::One);
+        b.record(Expect::One);
+        b.record(Expect::One);
+        b.record(Expect::Nothing);
+        b.record(Expect::Hello);
+        b.record(Expect::One);
         assert_eq!(
             b.entries,
             vec![Pending::Upstream(2), Pending::Hello, Pending::Upstream(1)]

@@ -18,12 +18,12 @@ use bytes::Bytes;
 use futures_util::future::join_all;
 use tokio::sync::oneshot;
 
-use super::routing::Routed;
+use super::carry::Routed;
+use crate::context::ServerContext;
 use crate::lock::lease::ConnLocks;
 use crate::lock::ops::LockOp;
 use crate::lock::split::{Merge, Split};
 use crate::protocol::encode::{self, LocalReply};
-use crate::server::ServerContext;
 
 /// Sends the primary's part of `split` (if any) in the command's place and
 /// queues the quorum's part; the merged reply takes the command's place in

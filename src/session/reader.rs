@@ -9,16 +9,16 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use super::carry::route_batch;
 use super::jobs::Jobs;
 use super::pending::Pending;
-use super::quorum_tx::QuorumTx;
-use super::routing::route_batch;
+use super::quorum_transaction::QuorumTransaction;
 use super::SessionError;
+use crate::context::ServerContext;
 use crate::lock::lease::ConnLocks;
 use crate::metrics::ProxyMetrics;
 use crate::protocol::request::RequestParser;
 use crate::router::SessionView;
-use crate::server::ServerContext;
 use crate::tls::stream::{ReadPart, WritePart};
 
 /// How the reader half ended.
@@ -69,7 +69,7 @@ pub async fn read_loop(
         admin_ok: ctx.config.admin.password.is_empty(),
         ..SessionView::default()
     };
-    let mut quorum_tx = QuorumTx::default();
+    let mut quorum_transaction = QuorumTransaction::default();
     loop {
         if buf.is_empty() || buf.len() < parser.needed() {
             let want = parser.needed().saturating_sub(buf.len()).max(chunk);
@@ -95,7 +95,15 @@ pub async fn read_loop(
                 continue;
             }
         }
-        let routed = route_batch(ctx, &mut parser, &mut view, conn, &mut quorum_tx, jobs, buf);
+        let routed = route_batch(
+            ctx,
+            &mut parser,
+            &mut view,
+            conn,
+            &mut quorum_transaction,
+            jobs,
+            buf,
+        );
         let (batch, failed) = (routed.batch, routed.failed);
         let forward = routed.pieces.assemble(buf.split_to(routed.used).freeze());
         let routed = routed.hold;

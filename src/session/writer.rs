@@ -13,11 +13,12 @@ use tokio::time::Instant;
 
 use super::pending::Pending;
 use super::SessionError;
+use crate::context::ServerContext;
 use crate::lock::lease::ConnLocks;
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
 use crate::protocol::reply::{FrameEnd, FrameKind, ReplyScanner};
-use crate::server::ServerContext;
+use crate::sync;
 use crate::tls::stream::{ReadPart, WritePart};
 
 /// How the writer half ended.
@@ -540,10 +541,7 @@ async fn forward(
                         _ => crate::lock::split_reply(&captured),
                     };
                     let park = super::parking::after_failure(&pending, &facts);
-                    let handed = match conn.lock() {
-                        Ok(mut c) => ctx.locks.complete(pending, &facts, &mut c),
-                        Err(_) => None,
-                    };
+                    let handed = ctx.locks.complete(pending, &facts, &mut sync::lock(conn));
                     // The release gave the lock to a parked attempt of
                     // another connection: settled with this one unlocked.
                     if let Some(handed) = handed {

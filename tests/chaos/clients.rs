@@ -16,7 +16,7 @@ use tokio::sync::Notify;
 
 use super::checks::{Journal, Kind, Release, Section};
 use super::{bulk, ints, text, Conn, Tuning};
-use crate::quorum_harness::rng::XorShift;
+use crate::support::rng::XorShift;
 
 /// The one lock key every worker takes.
 pub const LOCK: &str = "lock:chaos";

@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 
 use super::checks::Journal;
 use super::LockgateProc;
-use crate::quorum_harness::fake_clock::FakeClock;
-use crate::quorum_harness::rng::XorShift;
-use crate::quorum_harness::signal;
+use crate::support::process::signal;
+use crate::support::quorum::fake_clock::FakeClock;
+use crate::support::rng::XorShift;
 use crate::support::RedisServer;
 
 /// Most masters disturbed at once (of 5: three always count).

@@ -28,7 +28,7 @@ use dashmap::DashMap;
 use tokio::sync::{oneshot, Notify};
 use tokio::time::Instant;
 
-use super::lease::ConnLocks;
+use super::lease::{ConnId, ConnLocks};
 use super::ops::Shape;
 use crate::config::RetryConfig;
 use crate::metrics::ProxyMetrics;
@@ -37,27 +37,31 @@ use crate::protocol::encode::LocalReply;
 /// The pub/sub channel releases are announced on.
 pub const RELEASED_CHANNEL: &str = "lockgate:released";
 
-/// Counters of the storm room.
-#[derive(Debug, Default)]
-pub struct StormMetrics {
-    /// Attempts answered without asking Redis (the key was known held).
-    pub absorbed: AtomicU64,
-    /// Attempts parked to wait for a release.
-    pub parked: AtomicU64,
-    /// Parked attempts that got the lock (handed over).
-    pub handoffs: AtomicU64,
-    /// Parked attempts answered "not acquired" when their park time ended.
-    pub park_timeouts: AtomicU64,
-    /// Attempts not parked because the key's queue was full.
-    pub waiters_rejected: AtomicU64,
-    /// Idle keys dropped from the table because it was full.
-    pub evictions: AtomicU64,
-    /// Keys not tracked because the table was full of busy keys.
-    pub untracked: AtomicU64,
-    /// Release announcements received.
-    pub announcements: AtomicU64,
-    /// Replies delayed because one connection hammered one key.
-    pub smoothed: AtomicU64,
+crate::metrics::counters! {
+    /// Counters of the storm room.
+    pub struct StormMetrics {
+        /// Attempts answered without asking Redis (the key was known held).
+        absorbed: Counter "lock_absorbed", "Attempts answered without asking Redis (known held)";
+        /// Attempts parked to wait for a release.
+        parked: Counter "lock_parked", "Attempts parked to wait for a release";
+        /// Parked attempts that got the lock (handed over).
+        handoffs: Counter "lock_handoffs", "Parked attempts handed the lock";
+        /// Parked attempts answered "not acquired" when their park time ended.
+        park_timeouts: Counter "lock_park_timeouts", "Parked attempts whose park time ended";
+        /// Attempts not parked because the key's queue was full.
+        waiters_rejected: Counter "lock_waiters_rejected",
+            "Attempts not parked because the key's queue was full";
+        /// Idle keys dropped from the table because it was full.
+        evictions: Counter "lock_storm_evictions", "Contention-table keys dropped (table full)";
+        /// Keys not tracked because the table was full of busy keys.
+        untracked: Counter "lock_untracked",
+            "Lock keys not tracked because the contention table was full of busy keys";
+        /// Release announcements received.
+        announcements: Counter "lock_release_announcements",
+            "Releases announced by any instance";
+        /// Replies delayed because one connection hammered one key.
+        smoothed: Counter "lock_smoothed", "Replies delayed for hammering one key";
+    }
 }
 
 /// What a parked attempt needs to be acquired on its behalf.
@@ -73,6 +77,8 @@ pub struct Ask {
     pub lease_ms: u64,
     /// The client connection's lock records (the acquisition is its).
     pub conn: Arc<Mutex<ConnLocks>>,
+    /// The client connection (its [`ConnLocks::id`]).
+    pub conn_id: ConnId,
 }
 
 /// The reply for an attempt by `shape`: acquired or not.
@@ -91,8 +97,8 @@ pub fn shaped(shape: Shape, acquired: bool) -> LocalReply {
 /// attempt for a while, so a spin loop keeps its turn between attempts.
 struct Waiter {
     id: u64,
-    /// The connection (its lock records' address): one place per connection.
-    owner: usize,
+    /// The connection: one place per connection.
+    owner: ConnId,
     since: std::time::Instant,
     /// Parked until (live), or the place is kept until (reserved).
     deadline: Instant,
@@ -327,11 +333,11 @@ impl Storm {
         }
     }
 
-    /// The connection whose lock records are at `owner` releases `key`:
+    /// The connection `owner` releases `key`:
     /// it is not waiting for it any more, so the place it kept in the
     /// key's queue between two attempts goes (it would hold newcomers
     /// back for nobody).
-    pub fn leave(&self, key: &[u8], owner: usize) {
+    pub fn leave(&self, key: &[u8], owner: ConnId) {
         if let Some(state) = self.state(key, false) {
             if let Ok(mut inner) = state.inner.lock() {
                 inner.waiters.retain(|w| w.live() || w.owner != owner);
@@ -373,7 +379,7 @@ impl Storm {
         let state = self.state(&ask.key, true)?;
         let (tx, rx) = oneshot::channel();
         let key = ask.key.clone();
-        let owner = Arc::as_ptr(&ask.conn) as usize;
+        let owner = ask.conn_id;
         let start_driver = {
             let mut inner = state.inner.lock().ok()?;
             let deadline = Instant::now() + Duration::from_millis(park_ms);

@@ -1,12 +1,9 @@
-//! Shared by `tests/quorum.rs` and `tests/quorum_faults.rs`: a primary and
-//! N lock masters (real redis-server processes), lockgate in front of them
-//! with `locks.quorum.masters` set, and helpers that look at each master
-//! directly.
-
-#![allow(dead_code)]
+//! The quorum tests' cluster (`tests/quorum*.rs`, the storm tests on a
+//! quorum): a primary and N lock masters (real redis-server processes),
+//! lockgate in front of them with `locks.quorum.masters` set, and helpers
+//! that look at each master directly.
 
 pub mod fake_clock;
-pub mod rng;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -14,6 +11,7 @@ use std::time::{Duration, Instant};
 use lockgate::lock::quorum::{MasterState, Quorum};
 use lockgate::Config;
 
+use crate::support::resp::direct;
 use crate::support::{Lockgate, RawClient, RedisServer, WAIT};
 
 /// A primary, N lock masters and one lockgate in front of them.
@@ -135,86 +133,8 @@ impl Cluster {
     }
 }
 
-/// Waits until a Redis reports an uptime (one helper for every test
-/// crate).
-#[allow(unused_imports)]
-pub use crate::support::until_uptime;
-
-/// The raw reply as text (`\r\n` kept).
-pub fn text(raw: &[u8]) -> String {
-    String::from_utf8_lossy(raw).into_owned()
-}
-
-/// Sends a command and reads its reply as text.
-pub async fn call(c: &mut RawClient, args: &[&str]) -> String {
-    text(&c.call_raw(args).await)
-}
-
-/// `args` on the Redis at `addr`, over a fresh connection.
-pub async fn direct(addr: &str, args: &[&str]) -> String {
-    let mut c = RawClient::connect(addr).await;
-    call(&mut c, args).await
-}
-
-/// A bulk string reply.
-pub fn bulk(s: &str) -> String {
-    format!("${}\r\n{s}\r\n", s.len())
-}
-
 /// The RESP2 nil.
 pub const NIL: &str = "$-1\r\n";
-
-/// `lockgate:owner:{key}`.
-pub fn owner(key: &str) -> String {
-    format!("lockgate:owner:{{{key}}}")
-}
-
-/// The value of an integer reply (one helper for every test crate).
-#[allow(unused_imports)]
-pub use crate::support::int;
-
-/// Sends `sig` (`-STOP`, `-CONT`, …) to `pid`.
-pub fn signal(pid: u32, sig: &str) {
-    let status = std::process::Command::new("kill")
-        .args([sig, &pid.to_string()])
-        .status()
-        .expect("run kill");
-    assert!(status.success(), "kill {sig} {pid}");
-}
-
-/// The state letter of `pid` in `/proc/PID/stat` (`T` when stopped).
-pub fn proc_state(pid: u32) -> char {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    stat.rsplit(')')
-        .next()
-        .and_then(|rest| rest.trim_start().chars().next())
-        .unwrap_or('?')
-}
-
-/// A redis-server stopped with SIGSTOP; SIGCONT when dropped, so a failing
-/// test never leaves a stopped process behind.
-pub struct Paused(pub u32);
-
-impl Paused {
-    /// Stops `pid` and waits until the kernel reports it stopped.
-    pub async fn stop(pid: u32) -> Paused {
-        signal(pid, "-STOP");
-        let paused = Paused(pid);
-        crate::support::eventually("redis-server stopped", || proc_state(pid) == 'T').await;
-        paused
-    }
-
-    /// Resumes it now.
-    pub fn resume(self) {}
-}
-
-impl Drop for Paused {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("kill")
-            .args(["-CONT", &self.0.to_string()])
-            .status();
-    }
-}
 
 /// The `p`-th percentile (0..=100) of `samples`, nearest rank.
 pub fn percentile(samples: &[Duration], p: usize) -> Duration {

@@ -2,8 +2,6 @@
 //! builder, reading state straight from Redis, and assertions on leases.
 //! Waits use the harness's `until!`.
 
-#![allow(dead_code)]
-
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -88,9 +86,7 @@ pub fn now_ms() -> u64 {
         .as_millis() as u64
 }
 
-/// The value of an integer reply (one helper for every test crate).
-#[allow(unused_imports)]
-pub use crate::support::int;
+use crate::support::int;
 
 /// Sends `args` and returns its integer reply.
 pub async fn int_of(c: &mut RawClient, args: &[&str]) -> i64 {
@@ -151,4 +147,9 @@ pub async fn assert_lease(r: &mut RawClient, key: &str, lo: i64, hi: i64) {
     let rec = pttl(r, &owner(key)).await;
     assert_within(&format!("PTTL {key}"), lock, lo, hi);
     assert_within(&format!("PTTL {}", owner(key)), rec, lo, hi);
+}
+
+/// Waits until `key` is gone from Redis (its lease ran out), within `WAIT`.
+pub async fn until_gone(r: &mut RawClient, key: &str) {
+    crate::until!(format!("{key} to expire"), !exists(r, key).await);
 }

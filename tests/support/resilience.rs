@@ -3,8 +3,6 @@
 //! server closes, `CLIENT LIST` queries on the real Redis, and a listener
 //! that never completes a connection.
 
-#![allow(dead_code)]
-
 use std::time::Duration;
 
 use tokio::net::{TcpSocket, TcpStream};
@@ -91,11 +89,6 @@ impl Blackhole {
         }
         panic!("the accept queue of {addr} never filled: connects would not hang");
     }
-}
-
-/// Sends `args` on a fresh direct connection to Redis and returns the reply.
-pub async fn direct(redis_addr: &str, args: &[&str]) -> Vec<u8> {
-    RawClient::connect(redis_addr).await.call_raw(args).await
 }
 
 /// Decodes one whole RESP3 frame (RESP2 nulls excepted) for structural checks.

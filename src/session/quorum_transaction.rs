@@ -2,16 +2,16 @@
 //! queued and run by lockgate at `EXEC`, and script bodies remembered for
 //! masters that lost them.
 
+use super::carry::Routed;
 use super::quorum_split::quorum_part;
-use super::routing::Routed;
 use crate::command;
+use crate::context::ServerContext;
 use crate::lock::lease::ConnLocks;
 use crate::lock::ops::LockOp;
 use crate::lock::split::Split;
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::{self, LocalReply};
 use crate::router::{CommandArgs, Route, SessionView};
-use crate::server::ServerContext;
 use bytes::Bytes;
 use std::sync::{Arc, Mutex};
 
@@ -74,7 +74,7 @@ pub(super) fn remember_script(
 /// Redis cannot queue them (they do not go to the primary), so lockgate
 /// answers `+QUEUED` and runs them itself at `EXEC`.
 #[derive(Debug, Default)]
-pub struct QuorumTx {
+pub struct QuorumTransaction {
     queued: Vec<Queued>,
     /// Commands queued on the primary in the same transaction.
     primary: usize,
@@ -111,7 +111,7 @@ pub(super) fn quorum_transaction(
     route: &Route,
     view: &SessionView,
     conn: &Arc<Mutex<ConnLocks>>,
-    tx: &mut QuorumTx,
+    tx: &mut QuorumTransaction,
     args: CommandArgs<'_>,
     out: &mut Routed,
 ) -> bool {
@@ -120,16 +120,16 @@ pub(super) fn quorum_transaction(
     }
     let queued = match (kind, route) {
         (command::CommandKind::Multi, _) if !view.in_multi => {
-            *tx = QuorumTx::default();
+            *tx = QuorumTransaction::default();
             return false;
         }
         (command::CommandKind::Discard, _) => {
-            *tx = QuorumTx::default();
+            *tx = QuorumTransaction::default();
             return false;
         }
         (command::CommandKind::Exec, _) if view.in_multi && tx.failed => {
             // Redis holds the rest of the transaction: drop it there.
-            *tx = QuorumTx::default();
+            *tx = QuorumTransaction::default();
             out.pieces.own(encode::command(&[b"DISCARD"]));
             out.batch.swallow();
             out.batch
@@ -176,7 +176,7 @@ pub(super) fn quorum_transaction(
 fn exec_on_quorum(
     ctx: &Arc<ServerContext>,
     conn: &Arc<Mutex<ConnLocks>>,
-    taken: QuorumTx,
+    taken: QuorumTransaction,
     out: &mut Routed,
 ) {
     // Redis holds an empty (or ordinary) transaction: drop it there.

@@ -1,8 +1,6 @@
 //! TLS test helpers: certificates made with rcgen into a temp dir, a real
 //! redis-server with only a TLS port, and a TLS client.
 
-#![allow(dead_code)]
-
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -16,7 +14,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
-use crate::support::{cmd, frame_len, free_port, WAIT};
+use super::{cmd, frame_len, free_port, WAIT};
 
 /// A CA and the files of certificates it signed, in a temp dir.
 pub struct Pki {

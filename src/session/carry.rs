@@ -1,22 +1,26 @@
-//! Routing one read batch: parse every complete command, route it, and
-//! collect what goes upstream (the client's own bytes, or commands lockgate
-//! writes in place of lock commands) and what the writer half must expect.
+//! Carrying out the routes of one read batch: parse every complete command,
+//! route it, and collect what goes upstream (the client's own bytes, or
+//! commands lockgate writes in place of lock commands) and what the writer half must expect.
 
 use super::jobs::Jobs;
 use super::parking::{self, Early};
 use super::pending::Batch;
-use super::quorum_tx::{eval_fallback, quorum_transaction, remember_script, QuorumTx};
+use super::quorum_transaction::{
+    eval_fallback, quorum_transaction, remember_script, QuorumTransaction,
+};
 use crate::admin;
 use crate::command;
+use crate::context::ServerContext;
 use crate::lock::lease::ConnLocks;
 use crate::lock::ops::LockOp;
 use crate::lock::script;
 use crate::lock::LockPending;
+use crate::lock::Queueing;
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::{self, LocalReply};
 use crate::protocol::request::{RequestKind, RequestParser};
 use crate::router::{self, CommandArgs, Expect, Route, SessionView};
-use crate::server::ServerContext;
+use crate::sync;
 use bytes::{Bytes, BytesMut};
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
@@ -135,7 +139,7 @@ pub(super) fn route_batch(
     parser: &mut RequestParser,
     view: &mut SessionView,
     conn: &Arc<Mutex<ConnLocks>>,
-    tx: &mut QuorumTx,
+    tx: &mut QuorumTransaction,
     jobs: &Jobs,
     buf: &[u8],
 ) -> Routed {
@@ -257,13 +261,13 @@ fn carry_out(
             out.pieces.client(whole);
             match script_lock_keys(ctx, args, *expect).filter(|_| ctx.quorum.is_none()) {
                 Some(keys) => out.batch.lock(LockPending::Script { keys }),
-                None => out.batch.expect(*expect),
+                None => out.batch.record(*expect),
             }
         }
         Route::ForwardUnmatched => {
             ctx.locks.note_unmatched(args.get(1));
             out.pieces.client(whole);
-            out.batch.expect(Expect::One);
+            out.batch.record(Expect::One);
         }
         Route::Lock(op) if ctx.quorum.is_some() => {
             let Some(park) = out.early(parking::admit(ctx, op, conn, !view.in_multi, out.last))
@@ -280,7 +284,7 @@ fn carry_out(
                 matches!(op, LockOp::Acquire { key, .. } if out.released.contains(key));
             if let LockOp::Release { lock_keys, .. } = op {
                 out.released.extend(lock_keys.iter().cloned());
-                let owner = Arc::as_ptr(conn) as usize;
+                let owner = sync::lock(conn).id;
                 for key in lock_keys {
                     ctx.locks.storm.leave(key, owner);
                 }
@@ -289,23 +293,20 @@ fn carry_out(
             let Some(park) = out.early(parking::admit(ctx, op, conn, tracked, out.last)) else {
                 return;
             };
-            let planned = match conn.lock() {
-                Ok(mut c) => ctx.locks.plan_on_primary(op.clone(), &mut c, view.in_multi),
-                Err(_) => {
-                    ctx.metrics.error(crate::error::ErrorSource::Internal);
-                    out.batch.local(LocalReply::err(
-                        "lockgate: internal error (lock table poisoned)",
-                    ));
-                    return;
-                }
+            let queueing = match view.in_multi {
+                true => Queueing::InMulti,
+                false => Queueing::Now,
             };
+            let planned = ctx
+                .locks
+                .plan_on_primary(op.clone(), &mut sync::lock(conn), queueing);
             out.pieces.own(planned.command);
             match planned.pending {
                 Some(LockPending::Acquire { key, token, .. }) => {
                     out.batch.lock(LockPending::Acquire { key, token, park })
                 }
                 Some(p) => out.batch.lock(p),
-                None => out.batch.expect(Expect::One),
+                None => out.batch.record(Expect::One),
             }
         }
         Route::RefusePersist => {
@@ -322,7 +323,7 @@ fn carry_out(
                     b"0",
                     text,
                 ]));
-                out.batch.expect(Expect::One);
+                out.batch.record(Expect::One);
             } else {
                 out.batch.local(reply);
             }
@@ -361,7 +362,7 @@ fn carry_out(
         }
         Route::Admin if !ctx.config.admin.resp_commands => {
             out.pieces.client(whole);
-            out.batch.expect(Expect::One);
+            out.batch.record(Expect::One);
         }
         Route::Admin if !view.admin_ok && !args.get(1).eq_ignore_ascii_case(b"AUTH") => {
             out.batch.local(LocalReply::Error(bytes::Bytes::from_static(

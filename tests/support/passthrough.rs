@@ -3,8 +3,6 @@
 //! harness's `RawClient`. The including test crate must also declare
 //! `mod support;`.
 
-#![allow(dead_code)]
-
 use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::ToSocketAddrs;
@@ -99,38 +97,6 @@ pub async fn wait_blocked_clients(redis_addr: &str, n: u64) {
         blocked = have;
         have == n
     });
-}
-
-/// A deterministic xorshift64* generator, so two runs of a workload send the
-/// same bytes.
-pub struct Rng(u64);
-
-impl Rng {
-    /// A generator from a non-zero seed.
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed.max(1))
-    }
-
-    /// The next 64 pseudo-random bits.
-    pub fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    /// A number in `0..n`.
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    /// Fills `out` with pseudo-random bytes.
-    pub fn fill(&mut self, out: &mut [u8]) {
-        for chunk in out.chunks_mut(8) {
-            let v = self.next().to_le_bytes();
-            chunk.copy_from_slice(&v[..chunk.len()]);
-        }
-    }
 }
 
 /// FNV-1a 64 over a byte stream fed in any pieces.

@@ -1,0 +1,337 @@
+//! What every session shares: [`ServerContext`] (the configuration, the
+//! counters, the lock room, lockgate's own connections) and the reload of
+//! the configuration file. Sessions, the admin side and the HTTP side all
+//! read it; none of them needs the accept loop in [`crate::server`].
+
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{AdminConfig, Config, LimitsConfig, ProxyConfig, QuorumConfig, UpstreamConfig};
+use crate::lock::announce;
+use crate::lock::metrics::RejoinMetrics;
+use crate::lock::node::{Node, NodeConfig};
+use crate::lock::quorum::Quorum;
+use crate::lock::LockService;
+use crate::metrics::{Counter, Kind, ProxyMetrics, RateLimit};
+use crate::protocol::request::RequestLimits;
+use crate::sync;
+use crate::tls::{Side, Stream, TlsStore};
+use crate::upstream::{Connector, UpstreamError};
+
+/// Interval between two repeats of the same warning.
+const WARN_INTERVAL: Duration = Duration::from_secs(10);
+
+/// The sections of the configuration a reload does not change (they need
+/// a restart), so a read from here is never stale (except their TLS
+/// parts, which a reload puts in [`ServerContext::tls`]: read them there). What a reload changes
+/// (lock patterns, leases, ownership, storm settings, the log filter) is
+/// not here: the lock room reads its rules in force
+/// ([`LockService::rules`]), and [`ServerContext::in_force`] is the whole
+/// configuration in force.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StartConfig {
+    /// The client-facing RESP listener.
+    pub proxy: ProxyConfig,
+    /// The primary Redis.
+    pub upstream: UpstreamConfig,
+    /// Protocol limits on client input.
+    pub limits: LimitsConfig,
+    /// The operators' side.
+    pub admin: AdminConfig,
+    /// The lock masters (`locks.quorum`).
+    pub quorum: QuorumConfig,
+}
+
+impl StartConfig {
+    fn of(config: &Config) -> StartConfig {
+        StartConfig {
+            proxy: config.proxy.clone(),
+            upstream: config.upstream.clone(),
+            limits: config.limits.clone(),
+            admin: config.admin.clone(),
+            quorum: config.locks.quorum.clone(),
+        }
+    }
+}
+
+/// What every session shares: the configuration, the counters and the
+/// rate limits of repeated warnings.
+#[derive(Debug)]
+pub struct ServerContext {
+    /// The sections of the validated configuration that need a restart
+    /// to change.
+    pub config: StartConfig,
+    /// Proxy counters.
+    pub metrics: ProxyMetrics,
+    /// Limits "upstream unavailable / dropped" warnings.
+    pub upstream_warn: RateLimit,
+    /// Limits accept-error warnings.
+    pub accept_warn: RateLimit,
+    /// The lock room.
+    pub locks: LockService,
+    /// lockgate's own shared connection to the primary (watchdog, release
+    /// on disconnect, the `LOCKGATE LOCK` fencing API).
+    pub primary: Node,
+    /// Stops lockgate's own connections when the server has drained.
+    pub stop: CancellationToken,
+    /// The lock masters, when lock keys live on a quorum.
+    pub quorum: Option<Arc<Quorum>>,
+    /// Where to re-read the configuration on SIGHUP / `LOCKGATE RELOAD`,
+    /// and how to change the log filter then (set by the binary).
+    pub reload: std::sync::Mutex<Option<ReloadHook>>,
+    /// The configuration in force, as `LOCKGATE CONFIG` shows it (see
+    /// [`ServerContext::in_force`]).
+    current: std::sync::RwLock<Config>,
+    /// The TLS certificates and settings in force (reloadable).
+    pub tls: Arc<TlsStore>,
+    /// How sessions reach the primary (plain TCP or TLS).
+    pub upstream: Connector,
+}
+
+/// What a reload needs from the binary.
+pub struct ReloadHook {
+    /// The configuration file.
+    pub path: std::path::PathBuf,
+    /// Turns the file's config into the effective one (applies the
+    /// command-line overrides).
+    pub effective: Box<dyn Fn(Config) -> Config + Send + Sync>,
+    /// Sets the log filter (`log.filter`); errors name the bad directive.
+    pub set_log_filter: LogFilterSetter,
+}
+
+/// Sets the log filter; errors name the bad directive.
+pub type LogFilterSetter = Box<dyn Fn(&str) -> Result<(), String> + Send + Sync>;
+
+impl std::fmt::Debug for ReloadHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReloadHook")
+            .field("path", &self.path)
+            .finish()
+    }
+}
+
+impl ServerContext {
+    /// A context for `config`, which must already be validated. Starts
+    /// lockgate's own connection to the primary, so it must run inside a
+    /// Tokio runtime.
+    pub fn new(config: Config) -> ServerContext {
+        let stop = CancellationToken::new();
+        let tls = Arc::new(TlsStore::new(&config));
+        let upstream = Connector::new(tls.clone(), Side::Upstream);
+        let masters = Connector::new(tls.clone(), Side::Quorum);
+        let primary = Node::spawn(
+            NodeConfig::for_addr(&config, &config.upstream.addr, upstream.clone()),
+            stop.clone(),
+        );
+        let locks = LockService::new(&config);
+        // Releases are announced where the locks live.
+        let (stores, connector) = match config.locks.quorum.masters.is_empty() {
+            true => (vec![config.upstream.addr.clone()], &upstream),
+            false => (config.locks.quorum.masters.clone(), &masters),
+        };
+        for addr in &stores {
+            announce::spawn(
+                NodeConfig::for_addr(&config, addr, connector.clone()),
+                locks.storm.clone(),
+                stop.clone(),
+            );
+        }
+        ServerContext {
+            reload: std::sync::Mutex::new(None),
+            current: std::sync::RwLock::new(config.clone()),
+            locks,
+            quorum: Quorum::start(&config, &stop, &masters),
+            tls,
+            upstream,
+            primary,
+            stop,
+            config: StartConfig::of(&config),
+            metrics: ProxyMetrics::default(),
+            upstream_warn: RateLimit::new(WARN_INTERVAL),
+            accept_warn: RateLimit::new(WARN_INTERVAL),
+        }
+    }
+
+    /// Re-reads the configuration file and puts what may change at run
+    /// time in force (lock patterns, leases, ownership, overrides, storm
+    /// settings, log filter) without touching any connection. An invalid
+    /// file is refused and the running configuration kept. Returns what
+    /// was done, for the log and `LOCKGATE RELOAD`.
+    pub fn reload(&self) -> Result<String, String> {
+        let guard = sync::lock(&self.reload);
+        let Some(hook) = guard.as_ref() else {
+            return Err("no configuration file to reload (started without --config)".to_string());
+        };
+        let new = Config::from_file(&hook.path).map_err(|e| e.to_string())?;
+        let new = (hook.effective)(new);
+        new.validate().map_err(|e| e.to_string())?;
+        let old = self.in_force();
+        // The TLS sections apply to new handshakes and connections; only
+        // the TLS listener's address needs a restart.
+        let tls_in_force = crate::tls::load(&new).map_err(|e| e.to_string())?;
+        let mut new_proxy = new.proxy.clone();
+        new_proxy.tls.listen = old.proxy.tls.listen.clone();
+        let proxy = ProxyConfig {
+            tls: new_proxy.tls.clone(),
+            ..old.proxy.clone()
+        };
+        let upstream = UpstreamConfig {
+            tls: new.upstream.tls.clone(),
+            ..old.upstream.clone()
+        };
+        let quorum = QuorumConfig {
+            tls: new.locks.quorum.tls.clone(),
+            ..old.locks.quorum.clone()
+        };
+        let mut ignored = Vec::new();
+        if new.proxy.tls.listen != old.proxy.tls.listen {
+            ignored.push("proxy.tls.listen");
+        }
+        if new_proxy != proxy {
+            ignored.push("proxy");
+        }
+        if new.upstream != upstream {
+            ignored.push("upstream");
+        }
+        if new.limits != old.limits {
+            ignored.push("limits");
+        }
+        if new.locks.quorum != quorum {
+            ignored.push("locks.quorum");
+        }
+        if new.admin != old.admin {
+            ignored.push("admin");
+        }
+        (hook.set_log_filter)(&new.log.filter)?;
+        self.locks.reload(&new);
+        self.tls.replace(tls_in_force);
+        // What is in force: the reloadable sections from the file, the rest
+        // as the process started with.
+        let in_force = Config {
+            proxy,
+            upstream,
+            limits: old.limits,
+            admin: old.admin,
+            locks: crate::config::LocksConfig {
+                quorum,
+                ..new.locks
+            },
+            log: new.log,
+        };
+        *sync::write(&self.current) = in_force;
+        Ok(match ignored.is_empty() {
+            true => "reloaded".to_string(),
+            false => format!(
+                "reloaded; needs a restart to change: {}",
+                ignored.join(", ")
+            ),
+        })
+    }
+
+    /// The whole configuration in force: the reloadable sections as last
+    /// reloaded, the rest as the process started with.
+    pub fn in_force(&self) -> Config {
+        sync::read(&self.current).clone()
+    }
+
+    /// Every counter of every room, the one list `/metrics` exports and
+    /// `LOCKGATE STATS` shows: the proxy's, the lock room's, the storm
+    /// room's, the quorum's rejoin counters and its clock jumps (0 without
+    /// a quorum, so dashboards see one set).
+    pub fn each_counter(&self, mut f: impl FnMut(Counter<'_>)) {
+        static NO_QUORUM: AtomicU64 = AtomicU64::new(0);
+        let no_rejoin = RejoinMetrics::default();
+        let rejoin = self.quorum.as_ref().map_or(&no_rejoin, |q| &*q.rejoin);
+        let rooms = [
+            self.metrics.counters(),
+            self.locks.metrics.counters(),
+            self.locks.storm.metrics.counters(),
+            rejoin.counters(),
+        ];
+        rooms.into_iter().flatten().for_each(&mut f);
+        f(Counter {
+            name: "lock_quorum_clock_jumps",
+            stats_name: "lock_quorum_clock_jumps",
+            help: "Lock master clock jumps seen (the master sat out acquisitions)",
+            kind: Kind::Counter,
+            value: self.quorum.as_ref().map_or(&NO_QUORUM, |q| &q.clock.jumps),
+        });
+    }
+
+    /// The request limits from the configuration.
+    pub fn limits(&self) -> RequestLimits {
+        let l = &self.config.limits;
+        RequestLimits {
+            max_bulk_bytes: l.max_bulk_bytes,
+            max_multibulk_len: l.max_multibulk_len,
+            max_inline_bytes: l.max_inline_bytes,
+            max_request_bytes: l.max_request_bytes,
+        }
+    }
+
+    /// Opens a connection to the primary, counting and logging failures.
+    pub async fn connect_upstream(&self) -> Result<Stream, UpstreamError> {
+        let timeout = Duration::from_millis(self.config.upstream.connect_timeout_ms);
+        let result = self
+            .upstream
+            .connect(&self.config.upstream.addr, timeout)
+            .await;
+        if let Err(e) = &result {
+            ProxyMetrics::inc(&self.metrics.upstream_connect_errors);
+            self.metrics.error(e.source_kind());
+            if let Some(more) = self.upstream_warn.check() {
+                tracing::warn!(error = %e, suppressed = more, "cannot reach the primary");
+            }
+        }
+        result
+    }
+}
+
+impl crate::lock::storm::Acquirer for ServerContext {
+    fn acquire(
+        &self,
+        ask: crate::lock::storm::Ask,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = (bool, i64)> + Send + '_>> {
+        Box::pin(async move {
+            use crate::lock::ops::{LockOp, Ttl};
+            let lease = ask.lease_ms;
+            let op = LockOp::Acquire {
+                key: ask.key.clone(),
+                value: ask.value.clone(),
+                ttl: Ttl::Given("PX", bytes::Bytes::from(lease.to_string())),
+                shape: ask.shape,
+            };
+            if let Some(q) = &self.quorum {
+                let out = self
+                    .locks
+                    .quorum_acquire(q, op, ask.shape, lease, ask.conn, true)
+                    .await;
+                return (out.acquired, out.pttl);
+            }
+            let planned = self.locks.plan_for_handoff(op, &mut sync::lock(&ask.conn));
+            let Some(pending) = planned.pending else {
+                return (false, 0);
+            };
+            let timeout = Duration::from_millis(self.config.upstream.connect_timeout_ms);
+            match self.primary.call(planned.command, timeout).await {
+                Ok(reply) => {
+                    let (_, facts) = crate::lock::split_reply(&reply);
+                    self.locks
+                        .complete(pending, &facts, &mut sync::lock(&ask.conn));
+                    (
+                        facts.first() == Some(&1),
+                        facts.get(1).copied().unwrap_or(0),
+                    )
+                }
+                Err(_) => (false, 0),
+            }
+        })
+    }
+
+    fn stopped(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>> {
+        Box::pin(self.stop.cancelled())
+    }
+}
