@@ -67,6 +67,9 @@ async fn tls_clients_pass_through_and_take_locks() {
     assert_eq!(plain.call_s(&["GET", "k"]).await, "$1\r\nv\r\n");
     assert_eq!(get(&lg.ctx.metrics.tls_handshakes), 2);
     assert_eq!(get(&lg.ctx.metrics.tls_handshake_failures), 0);
+    // LOCKGATE STATS shows them (as /metrics does, from the same table).
+    let stats = plain.call_s(&["LOCKGATE", "STATS"]).await;
+    assert!(stats.contains("$14\r\ntls_handshakes\r\n:2\r\n"), "{stats}");
     lg.stop().await;
 }
 
