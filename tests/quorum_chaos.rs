@@ -221,3 +221,17 @@ async fn locks_stay_exclusive_and_fenced_under_chaos() {
         "no rolling restart completed (seed {seed})"
     );
 }
+
+/// A seed is a schedule: seeds next to each other (the 1..10 a soak runs)
+/// must not replay one another's faults and workload.
+#[test]
+fn neighbouring_seeds_give_different_schedules() {
+    use quorum_harness::rng::XorShift;
+    let starts: std::collections::BTreeSet<Vec<u64>> = (0..256u64)
+        .map(|seed| {
+            let mut rng = XorShift::new(seed);
+            (0..4).map(|_| rng.next()).collect()
+        })
+        .collect();
+    assert_eq!(starts.len(), 256, "two seeds of 0..256 share a schedule");
+}
