@@ -22,7 +22,10 @@
 //! `QUORUM_CHAOS_SECS` [35 s of workload], `QUORUM_CHAOS_LEASE_MS` [1000],
 //! `QUORUM_CHAOS_DRIFT_MS` [150, what a client takes off its lease],
 //! `QUORUM_CHAOS_NODE_TIMEOUT_MS` [200], `QUORUM_CHAOS_PAUSE_ONE_IN` [30:
-//! one section in that many is paused], `QUORUM_CHAOS_OUTAGE_MS` [10000].
+//! one section in that many is paused], `QUORUM_CHAOS_OUTAGE_MS` [10000],
+//! `QUORUM_CHAOS_MONITOR` [unset; a directory: every master's `MONITOR`
+//! stream is written there, timed like the failure report, for a
+//! post-mortem].
 
 mod chaos;
 mod quorum_harness;
@@ -123,6 +126,10 @@ async fn locks_stay_exclusive_and_fenced_under_chaos() {
         inside: AtomicUsize::new(0),
         entered: tokio::sync::Notify::new(),
         pause_one_in,
+    });
+    let _monitors = std::env::var_os("QUORUM_CHAOS_MONITOR").map(|dir| {
+        let addrs: Vec<String> = cluster.masters.iter().map(|m| m.addr()).collect();
+        chaos::monitor::start(&addrs, std::path::Path::new(&dir), sh.journal.epoch)
     });
     let mut tasks = Vec::new();
     for (n, kind) in [Kind::Legacy, Kind::SetNx, Kind::Fence]
