@@ -101,6 +101,7 @@ async fn start(t: &Tuning) -> Cluster {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn locks_stay_exclusive_and_fenced_under_chaos() {
+    let began = Instant::now();
     let seed = env_u64("QUORUM_CHAOS_SEED", 0xc4a0_5eed);
     let secs = env_u64("QUORUM_CHAOS_SECS", 35);
     let lease_ms = env_u64("QUORUM_CHAOS_LEASE_MS", 1000);
@@ -172,7 +173,7 @@ async fn locks_stay_exclusive_and_fenced_under_chaos() {
          overlaps {}; lost updates {} (+{} involving a section past its validity); fencing \
          refusals of valid holders {} (late ex-holders refused: {}); old tokens accepted {}; \
          token order {}; token range {:?}..{:?}; paused holders {paused}; availability errors \
-         {errors:?}; longest outage of one client {outage:?}; load average {}",
+         {errors:?}; longest outage of one client {outage:?}; took {:?}; load average {}",
         records.fault_counts,
         summary.most_disturbed,
         summary.rolling,
@@ -185,6 +186,7 @@ async fn locks_stay_exclusive_and_fenced_under_chaos() {
         v.token_order.len(),
         tokens.iter().min(),
         tokens.iter().max(),
+        began.elapsed(),
         load_average()
     );
     if !v.clean() {
