@@ -36,7 +36,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use chaos::checks::{judge, Journal, Kind};
+use chaos::checks::{judge, Journal, Kind, Records};
 use chaos::clients::{worker, ClientReport, Shared};
 use chaos::faults::{self, Cluster};
 use chaos::{LockgateProc, Tuning};
@@ -172,7 +172,7 @@ async fn locks_stay_exclusive_and_fenced_under_chaos() {
          refused); faults {:?}; most masters disturbed at once {}; rolling restarts took {:?}; \
          overlaps {}; lost updates {} (+{} involving a section past its validity); fencing \
          refusals of valid holders {} (late ex-holders refused: {}); old tokens accepted {}; \
-         token order {}; token range {:?}..{:?}; paused holders {paused}; availability errors \
+         token order {}; sections exposed to a pooled late DEL {}; token range {:?}..{:?}; paused holders {paused}; availability errors \
          {errors:?}; longest outage of one client {outage:?}; took {:?}; load average {}",
         records.fault_counts,
         summary.most_disturbed,
@@ -184,11 +184,15 @@ async fn locks_stay_exclusive_and_fenced_under_chaos() {
         v.fence_refused_late,
         v.old_token_accepted.len(),
         v.token_order.len(),
+        v.exposed,
         tokens.iter().min(),
         tokens.iter().max(),
         began.elapsed(),
         load_average()
     );
+    for e in &v.exposures {
+        println!("quorum_chaos: {e}");
+    }
     if !v.clean() {
         let all: Vec<&String> = v
             .overlaps
@@ -243,4 +247,62 @@ fn neighbouring_seeds_give_different_schedules() {
         })
         .collect();
     assert_eq!(starts.len(), 256, "two seeds of 0..256 share a schedule");
+}
+
+/// The judge exempts only what lockgate does not promise: a legacy `DEL`
+/// answered after its section's validity may release a lock granted
+/// through the same lockgate after its connection opened (the pooled
+/// rule), never one granted before, nor one granted through the other
+/// lockgate.
+#[test]
+fn judge_exempts_only_what_the_pooled_rule_allows() {
+    use chaos::checks::{Release, Section};
+    let ms = Duration::from_millis;
+    let section = |id, kind, lg, sent: u64, start: u64, valid: u64, released: u64| Section {
+        id,
+        client: id as usize,
+        kind,
+        lg,
+        token: None,
+        sent: ms(sent),
+        start: ms(start),
+        valid_until: ms(valid),
+        released: Some(ms(released)),
+        paused: false,
+        write_done: None,
+        exposed: None,
+    };
+    let late_del = |opened: u64| Release {
+        t: ms(2_000),
+        section: 1,
+        acquiring_conn: false,
+        conn_opened: Some(ms(opened)),
+        answered: ms(2_010),
+        late: true,
+        result: ":1".to_string(),
+    };
+    // Section 1: the paused legacy holder (lg0), valid until t+850. Its DEL
+    // goes on a connection opened at `opened` and deletes section 2's lock
+    // (lg0, granted t+2005); section 3 (lg1) then takes the free lock.
+    let verdict = |opened: u64, lg2: usize| {
+        judge(&Records {
+            sections: vec![
+                section(1, Kind::Legacy, 0, 0, 1, 850, 2_000),
+                section(2, Kind::SetNx, lg2, 2_004, 2_005, 2_854, 2_100),
+                section(3, Kind::SetNx, 1, 2_006, 2_012, 2_856, 2_200),
+            ],
+            releases: vec![late_del(opened)],
+            ..Records::default()
+        })
+    };
+    let allowed = verdict(1_999, 0);
+    assert!(allowed.clean(), "{:?}", allowed.overlaps);
+    assert_eq!(allowed.exposed, 1);
+    // The connection opened after section 2's grant: lockgate promises
+    // that such a DEL never releases it, so the overlap is a failure.
+    let after = verdict(2_006, 0);
+    assert_eq!(after.overlaps.len(), 1);
+    assert_eq!(after.exposed, 0);
+    // Section 2 through the other lockgate: never releasable.
+    assert_eq!(verdict(1_999, 1).overlaps.len(), 1);
 }
