@@ -238,7 +238,7 @@ async fn locks_stay_exclusive_and_fenced_under_chaos() {
 /// must not replay one another's faults and workload.
 #[test]
 fn neighbouring_seeds_give_different_schedules() {
-    use quorum_harness::rng::XorShift;
+    use support::rng::XorShift;
     let starts: std::collections::BTreeSet<Vec<u64>> = (0..256u64)
         .map(|seed| {
             let mut rng = XorShift::new(seed);
