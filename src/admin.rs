@@ -69,11 +69,12 @@ fn counters(ctx: &ServerContext, sub: &[u8], args: CommandArgs<'_>) -> LocalRepl
         },
         b"LOCKS" => views::locks(ctx, args.get(2)),
         b"MASTERS" => views::masters(ctx),
+        b"PRIMARY" => views::primary(ctx),
         b"CONFIG" => views::config(ctx),
         b"RELOAD" => views::reload(ctx),
         b"AUTH" => LocalReply::Status("OK"),
         _ => LocalReply::err(format!(
-            "lockgate: unknown LOCKGATE subcommand '{}'; try STATS, HOTKEYS [n], LOCKS [pattern], MASTERS, CONFIG, RELOAD, UNMATCHED [n], LOCK, UNLOCK, EXTEND",
+            "lockgate: unknown LOCKGATE subcommand '{}'; try STATS, HOTKEYS [n], LOCKS [pattern], MASTERS, PRIMARY, CONFIG, RELOAD, UNMATCHED [n], LOCK, UNLOCK, EXTEND",
             String::from_utf8_lossy(args.get(1))
         )),
     }
@@ -105,6 +106,7 @@ fn fencing(ctx: &Arc<ServerContext>, sub: &[u8], args: CommandArgs<'_>) -> Admin
             Box::pin(async move {
                 match &ctx2.quorum {
                     Some(q) => ctx2.locks.quorum_fence_lock(q, key, ttl, wait).await,
+                    None if ctx2.held_after_failover(&key) => LocalReply::Null,
                     None => {
                         ctx2.locks
                             .fence_lock(&ctx2.primary, key, ttl, wait, timeout)

@@ -17,6 +17,7 @@ use crate::lock::quorum::Quorum;
 use crate::lock::LockService;
 use crate::metrics::{Counter, Kind, ProxyMetrics, RateLimit};
 use crate::protocol::request::RequestLimits;
+use crate::sentinel::{follow, Primary};
 use crate::sync;
 use crate::tls::{Side, Stream, TlsStore};
 use crate::upstream::{Connector, UpstreamError};
@@ -89,6 +90,9 @@ pub struct ServerContext {
     pub tls: Arc<TlsStore>,
     /// How sessions reach the primary (plain TCP or TLS).
     pub upstream: Connector,
+    /// Which Redis is the primary now (`upstream.addr`, or followed
+    /// through Sentinel), its switches and the failover delay.
+    pub primary_addr: Arc<Primary>,
 }
 
 /// What a reload needs from the binary.
@@ -122,22 +126,34 @@ impl ServerContext {
         let tls = Arc::new(TlsStore::new(&config));
         let upstream = Connector::new(tls.clone(), Side::Upstream);
         let masters = Connector::new(tls.clone(), Side::Quorum);
-        let primary = Node::spawn(
-            NodeConfig::for_addr(&config, &config.upstream.addr, upstream.clone()),
-            stop.clone(),
-        );
+        let primary_addr = match config.upstream.sentinel.enabled() {
+            true => {
+                let followed = Primary::followed();
+                let sentinels = Connector::new(tls.clone(), Side::Sentinel);
+                follow::spawn(
+                    &config,
+                    followed.clone(),
+                    sentinels,
+                    upstream.clone(),
+                    stop.clone(),
+                );
+                followed
+            }
+            false => Primary::fixed(&config.upstream.addr),
+        };
+        let on_primary = NodeConfig::for_addr(&config, &config.upstream.addr, upstream.clone())
+            .following(&primary_addr);
+        let primary = Node::spawn(on_primary.clone(), stop.clone());
         let locks = LockService::new(&config);
         // Releases are announced where the locks live.
-        let (stores, connector) = match config.locks.quorum.masters.is_empty() {
-            true => (vec![config.upstream.addr.clone()], &upstream),
-            false => (config.locks.quorum.masters.clone(), &masters),
+        let stores = match config.locks.quorum.masters.is_empty() {
+            true => vec![on_primary],
+            false => (config.locks.quorum.masters.iter())
+                .map(|addr| NodeConfig::for_addr(&config, addr, masters.clone()))
+                .collect(),
         };
-        for addr in &stores {
-            announce::spawn(
-                NodeConfig::for_addr(&config, addr, connector.clone()),
-                locks.storm.clone(),
-                stop.clone(),
-            );
+        for store in stores {
+            announce::spawn(store, locks.storm.clone(), stop.clone());
         }
         ServerContext {
             reload: std::sync::Mutex::new(None),
@@ -147,6 +163,7 @@ impl ServerContext {
             tls,
             upstream,
             primary,
+            primary_addr,
             stop,
             config: StartConfig::of(&config),
             metrics: ProxyMetrics::default(),
@@ -247,6 +264,7 @@ impl ServerContext {
         let rejoin = self.quorum.as_ref().map_or(&no_rejoin, |q| &*q.rejoin);
         let rooms = [
             self.metrics.counters(),
+            self.primary_addr.metrics.counters(),
             self.locks.metrics.counters(),
             self.locks.storm.metrics.counters(),
             rejoin.counters(),
@@ -272,13 +290,19 @@ impl ServerContext {
         }
     }
 
-    /// Opens a connection to the primary, counting and logging failures.
-    pub async fn connect_upstream(&self) -> Result<Stream, UpstreamError> {
+    /// Opens a connection to the primary in force, counting and logging
+    /// failures; with the primary's generation, so the session can be
+    /// closed when that primary is replaced
+    /// ([`Primary::changed_from`]).
+    pub async fn connect_upstream(&self) -> Result<(Stream, u64), UpstreamError> {
         let timeout = Duration::from_millis(self.config.upstream.connect_timeout_ms);
-        let result = self
-            .upstream
-            .connect(&self.config.upstream.addr, timeout)
-            .await;
+        let current = self.primary_addr.current();
+        let result = match &current.addr {
+            Some(addr) => self.upstream.connect(addr, timeout).await,
+            None => Err(UpstreamError::NoPrimary {
+                master: self.config.upstream.sentinel.master_name.clone(),
+            }),
+        };
         if let Err(e) = &result {
             ProxyMetrics::inc(&self.metrics.upstream_connect_errors);
             self.metrics.error(e.source_kind());
@@ -286,7 +310,30 @@ impl ServerContext {
                 tracing::warn!(error = %e, suppressed = more, "cannot reach the primary");
             }
         }
-        result
+        result.map(|stream| (stream, current.generation))
+    }
+
+    /// While acquisitions on the primary are held after a switch of the
+    /// primary (`locks.failover_delay_ms`; never with the quorum, whose
+    /// masters hold the locks): counts one refused acquisition of `key`,
+    /// logs it (rate-limited), and returns true.
+    pub fn held_after_failover(&self, key: &[u8]) -> bool {
+        if self.quorum.is_some() {
+            return false;
+        }
+        let Some(left) = self.primary_addr.hold_left(self.locks.failover_delay()) else {
+            return false;
+        };
+        ProxyMetrics::inc(&self.primary_addr.metrics.failover_refused);
+        if let Some(more) = self.primary_addr.warn.check() {
+            tracing::warn!(
+                key = %String::from_utf8_lossy(key),
+                left_ms = left.as_millis() as u64,
+                suppressed = more,
+                "lock acquisition answered 'not acquired': the primary changed, and a lock granted on the old one may not have been replicated (locks.failover_delay_ms)"
+            );
+        }
+        true
     }
 }
 
@@ -298,6 +345,9 @@ impl crate::lock::storm::Acquirer for ServerContext {
         Box::pin(async move {
             use crate::lock::ops::{LockOp, Ttl};
             let lease = ask.lease_ms;
+            if self.held_after_failover(&ask.key) {
+                return (false, 0);
+            }
             let op = LockOp::Acquire {
                 key: ask.key.clone(),
                 value: ask.value.clone(),

@@ -60,8 +60,14 @@ async fn metrics(State(ctx): State<Arc<ServerContext>>) -> Response {
 
 /// Why lockgate is not ready, if it is not.
 pub fn not_ready(ctx: &ServerContext) -> Option<String> {
+    let Some(addr) = ctx.primary_addr.addr() else {
+        return Some(format!(
+            "no primary confirmed by the sentinels for master `{}`",
+            ctx.config.upstream.sentinel.master_name
+        ));
+    };
     if !ctx.primary.state.up.load(Ordering::Relaxed) {
-        return Some(format!("upstream {} unreachable", ctx.config.upstream.addr));
+        return Some(format!("upstream {addr} unreachable"));
     }
     if let Some(q) = &ctx.quorum {
         let up = q.eligible().len();
@@ -131,6 +137,7 @@ async fn status(State(ctx): State<Arc<ServerContext>>) -> Response {
         "lock_absorbed_total": ProxyMetrics::get(&ctx.locks.storm.metrics.absorbed),
         "hot_keys": hot,
         "masters": masters,
+        "primary": crate::views::primary_json(&ctx),
     });
     (
         [(header::CONTENT_TYPE, "application/json")],

@@ -138,6 +138,7 @@ pub mod lock;
 pub mod metrics;
 pub mod protocol;
 pub mod router;
+pub mod sentinel;
 pub mod server;
 pub mod session;
 pub mod shutdown;

@@ -32,6 +32,12 @@ pub enum UpstreamError {
         /// Short lowercase reason, e.g. `connection refused`.
         reason: String,
     },
+    /// Following Sentinel, and no primary is confirmed now.
+    #[error("upstream unavailable (no primary confirmed by the sentinels for master `{master}`)")]
+    NoPrimary {
+        /// `upstream.sentinel.master_name`.
+        master: String,
+    },
     /// TCP connected but TLS failed (certificate, name, protocol).
     #[error("upstream {addr} unavailable (TLS: {reason})")]
     Tls {

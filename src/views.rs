@@ -1,5 +1,5 @@
 //! The operators' views over RESP: `LOCKGATE HOTKEYS [n]`, `LOCKS
-//! [pattern]`, `MASTERS`, `CONFIG`, `RELOAD` (see [`crate::admin`] for the
+//! [pattern]`, `MASTERS`, `PRIMARY`, `CONFIG`, `RELOAD` (see [`crate::admin`] for the
 //! dispatch and [`crate::http`] for the same facts over HTTP).
 
 use bytes::Bytes;
@@ -86,6 +86,57 @@ pub fn masters(ctx: &ServerContext) -> LocalReply {
             })
             .collect(),
     )
+}
+
+/// `PRIMARY`: the primary in force and its switches, as field/value
+/// pairs: `addr` (empty: none confirmed), `followed` (`sentinel` or
+/// `fixed`), `switches`, `last_switch_from`, `last_switch_to`,
+/// `last_switch_unix_ms` (empty / 0: none), `failover_hold_ms` (what is left
+/// of `locks.failover_delay_ms`).
+pub fn primary(ctx: &ServerContext) -> LocalReply {
+    let p = &ctx.primary_addr;
+    let last = p.last_switch().filter(|_| p.switches() > 0);
+    let hold = match ctx.quorum {
+        Some(_) => 0,
+        None => p
+            .hold_left(ctx.locks.failover_delay())
+            .map_or(0, |d| d.as_millis() as i64),
+    };
+    let pairs: Vec<(&str, LocalReply)> = vec![
+        ("addr", text(p.addr().as_deref().unwrap_or(""))),
+        (
+            "followed",
+            text(if p.followed { "sentinel" } else { "fixed" }),
+        ),
+        ("switches", LocalReply::Integer(p.switches() as i64)),
+        (
+            "last_switch_from",
+            text(last.as_ref().and_then(|l| l.from.as_deref()).unwrap_or("")),
+        ),
+        ("last_switch_to", text(last.as_ref().map_or("", |l| &*l.to))),
+        (
+            "last_switch_unix_ms",
+            LocalReply::Integer(last.as_ref().map_or(0, |l| l.at_unix_ms as i64)),
+        ),
+        ("failover_hold_ms", LocalReply::Integer(hold)),
+    ];
+    LocalReply::Array(pairs.into_iter().flat_map(|(k, v)| [text(k), v]).collect())
+}
+
+/// The primary for `/status.json`: the same facts as `LOCKGATE PRIMARY`.
+pub fn primary_json(ctx: &ServerContext) -> serde_json::Value {
+    let p = &ctx.primary_addr;
+    let last = p.last_switch().filter(|_| p.switches() > 0);
+    serde_json::json!({
+        "addr": p.addr().as_deref().unwrap_or(""),
+        "followed": if p.followed { "sentinel" } else { "fixed" },
+        "switches": p.switches(),
+        "last_switch": last.map(|l| serde_json::json!({
+            "from": l.from.as_deref().unwrap_or(""),
+            "to": &*l.to,
+            "at_unix_ms": l.at_unix_ms,
+        })),
+    })
 }
 
 /// `CONFIG`: the configuration in force as TOML, secrets masked.

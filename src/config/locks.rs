@@ -37,6 +37,13 @@ pub struct LocksConfig {
     pub quorum: QuorumConfig,
     /// Retry storms: how spinning acquisitions are absorbed and parked.
     pub retry: RetryConfig,
+    /// After the primary changed (a Sentinel failover), how long
+    /// acquisitions of lock keys on the primary are answered "not acquired"
+    /// (ms): a lock granted on the old primary may not have reached the new
+    /// one. Absent: the longest lease this instance has granted, never less
+    /// than `default_lease_ms`. 0: off. Not used with the quorum.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failover_delay_ms: Option<u64>,
 }
 
 /// Retry-storm control (`[locks.retry]`): while a lock is known held, spin
@@ -180,6 +187,7 @@ impl Default for LocksConfig {
             overrides: Vec::new(),
             quorum: QuorumConfig::default(),
             retry: RetryConfig::default(),
+            failover_delay_ms: None,
         }
     }
 }

@@ -10,8 +10,10 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 mod locks;
+mod sentinel;
 mod tls;
 pub use locks::{LockOverride, LocksConfig, Ownership, QuorumConfig, QuorumLoss, RetryConfig};
+pub use sentinel::{SentinelConfig, SENTINEL_TLS_KEYS};
 pub use tls::{
     ClientTlsConfig, ClientTlsKeys, ListenerTlsConfig, QUORUM_TLS_KEYS, UPSTREAM_TLS_KEYS,
 };
@@ -141,6 +143,9 @@ pub struct UpstreamConfig {
     /// connections (`[upstream.tls]`); also to the lock masters unless
     /// `[locks.quorum.tls]` is given.
     pub tls: ClientTlsConfig,
+    /// Follow the primary through Redis Sentinel (`[upstream.sentinel]`);
+    /// `upstream.addr` is then unused.
+    pub sentinel: SentinelConfig,
 }
 
 impl Default for UpstreamConfig {
@@ -152,6 +157,7 @@ impl Default for UpstreamConfig {
             username: String::new(),
             password: String::new(),
             tls: ClientTlsConfig::default(),
+            sentinel: SentinelConfig::default(),
         }
     }
 }
@@ -238,7 +244,11 @@ impl Config {
     /// The configuration as TOML, with passwords masked (`LOCKGATE CONFIG`).
     pub fn to_masked_toml(&self) -> String {
         let mut shown = self.clone();
-        for secret in [&mut shown.upstream.password, &mut shown.admin.password] {
+        for secret in [
+            &mut shown.upstream.password,
+            &mut shown.upstream.sentinel.password,
+            &mut shown.admin.password,
+        ] {
             if !secret.is_empty() {
                 *secret = "********".to_string();
             }
@@ -262,6 +272,7 @@ impl Config {
             "upstream.connect_timeout_ms",
             self.upstream.connect_timeout_ms,
         )?;
+        self.upstream.sentinel.validate()?;
         positive("limits.max_bulk_bytes", self.limits.max_bulk_bytes)?;
         positive("limits.max_multibulk_len", self.limits.max_multibulk_len)?;
         if self.limits.max_inline_bytes < 16 {

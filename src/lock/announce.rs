@@ -31,11 +31,16 @@ pub fn spawn(node: NodeConfig, storm: Arc<Storm>, stop: CancellationToken) {
 async fn listen(node: NodeConfig, storm: Arc<Storm>) {
     let mut backoff = Duration::from_millis(10);
     loop {
-        if let Err(e) = subscribed(&node, &storm, &mut backoff).await {
-            tracing::debug!(node = %node.addr, error = %e, "release announcements interrupted");
+        let (now, generation) = node.resolve().await;
+        tokio::select! {
+            end = subscribed(&now, &storm, &mut backoff) => if let Err(e) = end {
+                tracing::debug!(node = %now.addr, error = %e, "release announcements interrupted");
+            },
+            // The primary changed: subscribe on the new one.
+            _ = node.replaced(generation) => backoff = Duration::ZERO,
         }
         tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(MAX_BACKOFF);
+        backoff = (backoff * 2).clamp(Duration::from_millis(10), MAX_BACKOFF);
     }
 }
 
@@ -64,7 +69,7 @@ async fn subscribed(
 }
 
 /// The payload of a `message` push (`*3 message channel payload`).
-fn message_payload(frame: &[u8]) -> Option<&[u8]> {
+pub(crate) fn message_payload(frame: &[u8]) -> Option<&[u8]> {
     let mut rest = frame
         .strip_prefix(b"*3\r\n")
         .or_else(|| frame.strip_prefix(b">3\r\n"))?;

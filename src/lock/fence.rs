@@ -65,6 +65,7 @@ impl LockService {
         timeout: Duration,
     ) -> LocalReply {
         let deadline = Instant::now() + wait;
+        self.granting(ttl_ms);
         let counter = counter_key(&key);
         let ttl = ttl_ms.to_string();
         loop {

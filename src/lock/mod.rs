@@ -140,6 +140,7 @@ pub struct Rules {
     default_lease_ms: u64,
     any: bool,
     retry: crate::config::RetryConfig,
+    failover_delay_ms: Option<u64>,
 }
 
 impl Rules {
@@ -164,6 +165,7 @@ impl Rules {
             default_lease_ms: c.default_lease_ms,
             any: c.ownership == Ownership::Any,
             retry: c.retry.clone(),
+            failover_delay_ms: c.failover_delay_ms,
         }
     }
 }
@@ -187,6 +189,9 @@ pub struct LockService {
     /// How long a release carrying a handoff may take to be answered
     /// (`upstream.connect_timeout_ms`, as lockgate's own calls).
     handoff_within: Duration,
+    /// The longest lease this instance has asked the primary for, in ms
+    /// (the default failover delay).
+    max_lease_ms: std::sync::atomic::AtomicU64,
 }
 
 /// Interval between two repeats of the same lock warning.
@@ -214,7 +219,31 @@ impl LockService {
             lapse_warn: RateLimit::new(WARN_INTERVAL),
             unmatched_warn: RateLimit::new(WARN_INTERVAL),
             handoff_within: Duration::from_millis(config.upstream.connect_timeout_ms),
+            max_lease_ms: std::sync::atomic::AtomicU64::new(0),
         }
+    }
+
+    /// Records a lease about to be granted (acquisition, takeover,
+    /// fencing lock), for the default failover delay.
+    pub fn granting(&self, lease_ms: u64) {
+        self.max_lease_ms
+            .fetch_max(lease_ms, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// `locks.failover_delay_ms` in force: how long after a switch of the
+    /// primary its lock acquisitions are answered "not acquired". Absent:
+    /// the longest lease granted, never less than `default_lease_ms` (as
+    /// the quorum's `rejoin_delay_ms`); 0: off.
+    pub fn failover_delay(&self) -> Duration {
+        let rules = self.rules();
+        let ms = match rules.failover_delay_ms {
+            Some(ms) => ms,
+            None => self
+                .max_lease_ms
+                .load(std::sync::atomic::Ordering::Relaxed)
+                .max(rules.default_lease_ms),
+        };
+        Duration::from_millis(ms)
     }
 
     /// The rules in force now.

@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::protocol::encode;
 use crate::protocol::reply::ReplyScanner;
+use crate::sentinel::Primary;
 use crate::sync;
 use crate::tls::Stream;
 use crate::upstream::Connector;
@@ -96,6 +97,9 @@ pub struct NodeConfig {
     pub max_queued: usize,
     /// Plain TCP or TLS, as configured for this kind of node.
     pub connector: Connector,
+    /// Set for the primary: connect to the primary in force instead of
+    /// `addr`, and reconnect when it changes (Sentinel).
+    pub follow: Option<Arc<Primary>>,
 }
 
 impl NodeConfig {
@@ -113,6 +117,44 @@ impl NodeConfig {
             password: config.upstream.password.clone(),
             max_queued: config.locks.max_queued_calls,
             connector,
+            follow: None,
+        }
+    }
+
+    /// The same settings, following `primary` (see [`NodeConfig::follow`]).
+    pub fn following(self, primary: &Arc<Primary>) -> NodeConfig {
+        NodeConfig {
+            follow: Some(primary.clone()),
+            ..self
+        }
+    }
+
+    /// The settings for the next connection: `addr` as configured, or the
+    /// primary in force (waiting until one is confirmed) with its
+    /// generation.
+    pub(crate) async fn resolve(&self) -> (NodeConfig, Option<u64>) {
+        match &self.follow {
+            None => (self.clone(), None),
+            Some(primary) => {
+                let current = primary.confirmed().await;
+                let addr = current.addr.as_deref().unwrap_or_default().to_string();
+                (
+                    NodeConfig {
+                        addr,
+                        ..self.clone()
+                    },
+                    Some(current.generation),
+                )
+            }
+        }
+    }
+
+    /// Resolves when the primary of `generation` is replaced; never for
+    /// a node that does not follow the primary.
+    pub(crate) async fn replaced(&self, generation: Option<u64>) {
+        match (&self.follow, generation) {
+            (Some(primary), Some(g)) => primary.changed_from(g).await,
+            _ => std::future::pending().await,
         }
     }
 }
@@ -174,25 +216,29 @@ async fn connection_loop(
 ) {
     let mut backoff = Duration::from_millis(10);
     loop {
-        match open(&config).await {
+        let (now, generation) = config.resolve().await;
+        match open(&now).await {
             Ok((stream, run_id, uptime)) => {
                 backoff = Duration::from_millis(10);
                 *sync::lock(&state.run_id) = run_id;
                 *sync::lock(&state.uptime) = uptime;
                 state.connects.fetch_add(1, Ordering::Relaxed);
                 state.up.store(true, Ordering::Relaxed);
-                serve(stream, &mut calls).await;
+                tokio::select! {
+                    _ = serve(stream, &mut calls) => {}
+                    _ = config.replaced(generation) => backoff = Duration::ZERO,
+                }
                 state.up.store(false, Ordering::Relaxed);
-                tracing::debug!(node = %config.addr, "lock node connection lost");
+                tracing::debug!(node = %now.addr, "lock node connection lost");
             }
-            Err(e) => tracing::debug!(node = %config.addr, error = %e, "lock node unreachable"),
+            Err(e) => tracing::debug!(node = %now.addr, error = %e, "lock node unreachable"),
         }
         // Calls queued while down fail at once rather than wait.
         while let Ok(call) = calls.try_recv() {
             drop(call);
         }
         tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(MAX_BACKOFF);
+        backoff = (backoff * 2).clamp(Duration::from_millis(10), MAX_BACKOFF);
     }
 }
 

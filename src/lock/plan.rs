@@ -150,6 +150,7 @@ impl LockService {
                 }
                 let token = self.tokens.next();
                 let lease = self.lease_ms(&key);
+                self.granting(super::quorum_ops::lease_of(&ttl, lease).unwrap_or(lease));
                 let (kind, amount) = match &ttl {
                     Ttl::Default => ("PX", Bytes::from(lease.to_string())),
                     Ttl::Given(kind, v) => (*kind, v.clone()),
@@ -278,6 +279,7 @@ impl LockService {
                 ProxyMetrics::inc(&self.metrics.takeovers);
                 let token = self.tokens.next();
                 let lease = self.lease_ms(&key);
+                self.granting(lease);
                 // A takeover makes the lock this instance's for releases:
                 // in the GETSET-timestamp recipe several clients GETSET and
                 // only the one that read the stale value holds the lock, so

@@ -277,6 +277,15 @@ fn carry_out(
             let (ctx2, conn, op) = (ctx.clone(), conn.clone(), op.clone());
             out.defer(Box::pin(parking::quorum_attempt(ctx2, op, conn, park)));
         }
+        Route::Lock(LockOp::Acquire { key, shape, .. }) if ctx.held_after_failover(key) => {
+            match crate::sentinel::held_answer(*shape, view.in_multi) {
+                Ok(reply) => out.batch.local(reply),
+                Err(command) => {
+                    out.pieces.own(command);
+                    out.batch.record(Expect::One);
+                }
+            }
+        }
         Route::Lock(op) => {
             // An attempt pipelined behind a release of the same key goes to
             // Redis: what lockgate knows of the key predates that release.

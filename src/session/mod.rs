@@ -99,7 +99,7 @@ async fn serve(
     shutdown: &CancellationToken,
 ) {
     let mut buf = BytesMut::with_capacity(ctx.config.proxy.read_chunk_bytes);
-    let mut upstream = match ctx.connect_upstream().await {
+    let (mut upstream, generation) = match ctx.connect_upstream().await {
         Ok(stream) => stream,
         Err(err) => match detached(ctx, &mut client, &mut buf, err, shutdown).await {
             Some(stream) => stream,
@@ -132,13 +132,28 @@ async fn serve(
         let (read_end, write_end, ()) = tokio::join!(reader, writer, runner.run(&writer_done));
         (read_end, write_end)
     };
-    let (read_end, write_end) = if ctx.locks.has_watchdog() {
-        tokio::select! {
-            ends = halves => ends,
-            _ = watchdog::run(&ctx.locks, &ctx.primary, &conn) => return,
+    let served = async {
+        if ctx.locks.has_watchdog() {
+            tokio::select! {
+                ends = halves => Some(ends),
+                _ = watchdog::run(&ctx.locks, &ctx.primary, &conn) => None,
+            }
+        } else {
+            Some(halves.await)
         }
-    } else {
-        halves.await
+    };
+    // When the primary is replaced (Sentinel), the session is closed: its
+    // client reconnects, as after a failover of a Redis it talked to
+    // directly (SELECT, subscriptions and MULTI cannot silently move).
+    let ends = tokio::select! {
+        ends = served => ends,
+        _ = ctx.primary_addr.changed_from(generation) => {
+            ProxyMetrics::inc(&ctx.primary_addr.metrics.sessions_closed);
+            None
+        }
+    };
+    let Some((read_end, write_end)) = ends else {
+        return;
     };
     if ctx.locks.has_release_on_disconnect() {
         watchdog::release_on_disconnect(&ctx.locks, &ctx.primary, &conn).await;
@@ -175,15 +190,15 @@ async fn serve(
 /// Serves a client while the primary is unreachable: every command gets the
 /// connection error, and a new attempt is made when a command arrives at
 /// least `reconnect_interval_ms` after the last one. Returns the upstream
-/// once connected (with `buf` holding only unanswered bytes), or `None` when
-/// the client is gone.
+/// and its primary's generation once connected (with `buf` holding only
+/// unanswered bytes), or `None` when the client is gone.
 async fn detached(
     ctx: &ServerContext,
     client: &mut Stream,
     buf: &mut BytesMut,
     mut err: UpstreamError,
     shutdown: &CancellationToken,
-) -> Option<Stream> {
+) -> Option<(Stream, u64)> {
     let interval = Duration::from_millis(ctx.config.upstream.reconnect_interval_ms);
     let mut next_try = Instant::now() + interval;
     let mut parser = RequestParser::new(ctx.limits());

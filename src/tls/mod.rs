@@ -60,6 +60,8 @@ pub enum Side {
     Upstream,
     /// The lock masters (`[locks.quorum.tls]`, else `[upstream.tls]`).
     Quorum,
+    /// The sentinels (`[upstream.sentinel.tls]`, else `[upstream.tls]`).
+    Sentinel,
 }
 
 /// lockgate as a TLS client of one kind of Redis.
@@ -86,6 +88,8 @@ pub struct Loaded {
     pub upstream: ClientTls,
     /// TLS to the lock masters.
     pub quorum: ClientTls,
+    /// TLS to the sentinels.
+    pub sentinel: ClientTls,
     /// Longest client handshake.
     pub handshake_timeout: Duration,
 }
@@ -240,11 +244,19 @@ fn quorum_client(config: &Config) -> Result<Option<ClientSide>, ConfigError> {
     }
 }
 
+fn sentinel_client(config: &Config) -> Result<Option<ClientSide>, ConfigError> {
+    match &config.upstream.sentinel.tls {
+        Some(t) => client(t, crate::config::SENTINEL_TLS_KEYS),
+        None => client(&config.upstream.tls, UPSTREAM_TLS_KEYS),
+    }
+}
+
 /// Reads and checks every TLS file `config` names; errors name the key.
 pub fn load(config: &Config) -> Result<Loaded, ConfigError> {
     Ok(Loaded {
         upstream: Ok(client(&config.upstream.tls, UPSTREAM_TLS_KEYS)?),
         quorum: Ok(quorum_client(config)?),
+        sentinel: Ok(sentinel_client(config)?),
         listener: listener(config)?,
         handshake_timeout: Duration::from_millis(config.proxy.tls.handshake_timeout_ms),
     })
@@ -260,6 +272,7 @@ fn load_parts(config: &Config) -> Loaded {
     Loaded {
         upstream: client(&config.upstream.tls, UPSTREAM_TLS_KEYS).map_err(logged),
         quorum: quorum_client(config).map_err(logged),
+        sentinel: sentinel_client(config).map_err(logged),
         listener: listener(config).map_err(logged).ok().flatten(),
         handshake_timeout: Duration::from_millis(config.proxy.tls.handshake_timeout_ms),
     }
@@ -307,6 +320,7 @@ impl TlsStore {
         match side {
             Side::Upstream => c.upstream.clone(),
             Side::Quorum => c.quorum.clone(),
+            Side::Sentinel => c.sentinel.clone(),
         }
     }
 
