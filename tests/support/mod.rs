@@ -19,6 +19,7 @@
 //! - [`ops`]: the operators' side: HTTP, /metrics parsing, the Python
 //!   Prometheus parsers.
 //! - [`browser`]: headless Chromium for the status page.
+//! - [`sentinel`]: a primary, a replica and three `redis-server --sentinel`.
 //! - [`tls`]: certificates made with rcgen, a redis-server with only a TLS
 //!   port, a TLS client.
 
@@ -36,6 +37,7 @@ pub mod redis;
 pub mod resilience;
 pub mod resp;
 pub mod rng;
+pub mod sentinel;
 pub mod tls;
 
 use std::time::Duration;
