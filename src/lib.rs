@@ -10,7 +10,8 @@
 //! and the README; what holds under pauses, restarts, clock steps and
 //! several instances is in `docs/faults.md` (the quorum's restarts and
 //! fencing in `docs/quorum.md`, clocks in `docs/clocks.md`); TLS on both
-//! sides in `docs/tls.md`.
+//! sides in `docs/tls.md`; following a primary through Redis Sentinel, and
+//! what locks keep across its failover, in `docs/sentinel.md`.
 //!
 //! # Layout
 //!
@@ -72,6 +73,11 @@
 //! - [`http`]: the operators' HTTP side (`/metrics`, `/healthz`, `/readyz`,
 //!   the status page); [`exposition`]: Prometheus text from every room's
 //!   counters; [`hotkeys`]: the bounded top-K sketch of hot lock keys.
+//! - [`sentinel`]: [`sentinel::Primary`], which Redis is the primary now
+//!   (fixed, or followed through Redis Sentinel by [`sentinel::follow`]:
+//!   `get-master-addr-by-name` confirmed by `ROLE`, `+switch-master`, a
+//!   periodic re-check), its switches, and the failover delay of lock
+//!   acquisitions after one.
 //! - [`upstream`]: [`upstream::Connector`], the one way lockgate connects
 //!   to Redis (sessions, its own connections, the masters): a timeout,
 //!   TLS when configured, a precise error.

@@ -24,7 +24,8 @@ struct Cli {
     /// Client-facing listen address (overrides proxy.listen).
     #[arg(long, value_name = "HOST:PORT")]
     listen: Option<String>,
-    /// The primary Redis (overrides upstream.addr).
+    /// The primary Redis (overrides upstream.addr; unused with
+    /// upstream.sentinel.master_name).
     #[arg(long, value_name = "HOST:PORT")]
     upstream: Option<String>,
     /// Lock masters for the Redlock quorum, comma-separated HOST:PORT
@@ -143,6 +144,7 @@ fn serve(
         tracing::info!(
             listen = %listener.local_addr()?,
             upstream = %config.upstream.addr,
+            sentinel_master = %config.upstream.sentinel.master_name,
             "lockgate ready"
         );
         let tls = match config.proxy.tls.listen.as_str() {

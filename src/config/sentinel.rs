@@ -97,3 +97,46 @@ pub const SENTINEL_TLS_KEYS: ClientTlsKeys = ClientTlsKeys {
     key_file: "upstream.sentinel.tls.key_file",
     server_name: "upstream.sentinel.tls.server_name",
 };
+
+#[cfg(test)]
+mod tests {
+    use crate::config::{Config, ConfigError};
+
+    fn key_of(config: &Config) -> Option<&'static str> {
+        match config.validate() {
+            Err(ConfigError::Invalid { key, .. }) => Some(key),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn the_sentinel_section_is_checked_before_anything_starts() {
+        let mut c = Config::default();
+        assert_eq!(key_of(&c), None);
+        c.upstream.sentinel.addrs = vec!["127.0.0.1:26379".to_string()];
+        assert_eq!(key_of(&c), Some("upstream.sentinel.master_name"));
+        c.upstream.sentinel.master_name = "m".to_string();
+        assert_eq!(key_of(&c), None);
+        c.upstream.sentinel.addrs = vec!["nowhere".to_string()];
+        assert_eq!(key_of(&c), Some("upstream.sentinel.addrs"));
+        c.upstream.sentinel.addrs.clear();
+        assert_eq!(key_of(&c), Some("upstream.sentinel.addrs"));
+        c.upstream.sentinel.addrs = vec!["127.0.0.1:26379".to_string()];
+        c.upstream.sentinel.recheck_interval_ms = 0;
+        assert_eq!(key_of(&c), Some("upstream.sentinel.recheck_interval_ms"));
+        c.upstream.sentinel.recheck_interval_ms = 1_000;
+        c.upstream.sentinel.tls = Some(crate::config::ClientTlsConfig {
+            enabled: true,
+            ca_file: "/nonexistent/ca.pem".to_string(),
+            ..Default::default()
+        });
+        assert_eq!(key_of(&c), Some("upstream.sentinel.tls.ca_file"));
+    }
+
+    #[test]
+    fn the_shipped_file_parses_with_every_sentinel_key() {
+        let text = include_str!("../../config/lockgate.toml");
+        let c: Config = toml::from_str(text).expect("config/lockgate.toml parses");
+        assert_eq!(c, Config::default());
+    }
+}
