@@ -197,6 +197,10 @@ impl ServerContext {
         };
         let upstream = UpstreamConfig {
             tls: new.upstream.tls.clone(),
+            sentinel: crate::config::SentinelConfig {
+                tls: new.upstream.sentinel.tls.clone(),
+                ..old.upstream.sentinel.clone()
+            },
             ..old.upstream.clone()
         };
         let quorum = QuorumConfig {

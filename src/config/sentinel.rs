@@ -13,7 +13,7 @@ pub struct SentinelConfig {
     /// address the sentinels give for it (confirmed with `ROLE`), and
     /// `upstream.addr` is not used. Empty: no Sentinel.
     pub master_name: String,
-    /// The sentinels (`HOST:PORT`), asked in turn; every reachable one is
+    /// The sentinels (`HOST:PORT`), all asked at each check; every reachable one is
     /// subscribed to for `+switch-master`.
     pub addrs: Vec<String>,
     /// ACL user for the sentinels (the primary's credentials stay in

@@ -1,8 +1,7 @@
 //! Following the primary through Redis Sentinel: at start and every
 //! `recheck_interval_ms` (at once on a `+switch-master` message), ask the
-//! sentinels in turn for the master's address (`SENTINEL
-//! get-master-addr-by-name`), and confirm it with `ROLE` before putting it
-//! in force. Every sentinel is subscribed to for `+switch-master`, so a
+//! sentinels for the master's address (`SENTINEL get-master-addr-by-name`),
+//! and confirm it with `ROLE` before putting it in force. Every sentinel is subscribed to for `+switch-master`, so a
 //! switch is followed within a round trip of the message, and a missed
 //! message costs at most the recheck interval.
 
@@ -130,22 +129,39 @@ async fn check_loop(f: &Follower, primary: &Primary, wake: &Notify) {
     }
 }
 
-/// Asks the sentinels in turn; the first address a sentinel gives that
-/// `ROLE` confirms as a master is put in force.
+/// Asks every sentinel at once (each bounded by the connect timeout) and
+/// tries the addresses they give, the one most of them name first (the
+/// primary in force first among equals, so a lagging sentinel cannot make
+/// lockgate flap); the first that `ROLE` confirms as a master is put in
+/// force.
 async fn check(f: &Follower, primary: &Primary) {
+    let answers =
+        futures_util::future::join_all(f.sentinels.iter().map(|s| master_addr(f, s))).await;
     let mut last_error = None;
-    for sentinel in &f.sentinels {
-        let addr = match master_addr(f, sentinel).await {
-            Ok(addr) => addr,
+    let mut named: Vec<(String, usize)> = Vec::new();
+    for answer in answers {
+        match answer {
+            Ok(addr) => match named.iter_mut().find(|(a, _)| *a == addr) {
+                Some((_, n)) => *n += 1,
+                None => named.push((addr, 1)),
+            },
             Err(e) => {
                 primary
                     .metrics
                     .sentinel_errors
                     .fetch_add(1, Ordering::Relaxed);
                 last_error = Some(e);
-                continue;
             }
-        };
+        }
+    }
+    let current = primary.addr();
+    named.sort_by_key(|(addr, n)| {
+        (
+            std::cmp::Reverse(*n),
+            current.as_deref() != Some(addr.as_str()),
+        )
+    });
+    for (addr, _) in named {
         match role(f, &addr).await {
             Ok(role) if role == "master" => {
                 primary.confirm(&addr);
