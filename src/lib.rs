@@ -62,7 +62,9 @@
 //!   script), [`lock::announce`] (release announcements
 //!   between instances on `lockgate:released`),
 //!   [`lock::metrics`] (the lock room's counters and the quorum's rejoin
-//!   counters, declared with `counters!`),
+//!   counters, declared with `counters!`), [`lock::hotkeys`] (the bounded
+//!   top-K sketch of hot lock keys the lock room feeds; `hotkeys::sketch`:
+//!   its slots and histograms),
 //!   [`lock::LockService`] (plan an op, learn its outcome; states the
 //!   safety invariants).
 //! - [`admin`]: `LOCKGATE …` over RESP: the dispatch, counters, the
@@ -70,7 +72,7 @@
 //!   `MASTERS`, `CONFIG`, `RELOAD`.
 //! - [`http`]: the operators' HTTP side (`/metrics`, `/healthz`, `/readyz`,
 //!   the status page); [`exposition`]: Prometheus text from every room's
-//!   counters; [`hotkeys`]: the bounded top-K sketch of hot lock keys.
+//!   counters.
 //! - [`upstream`]: connecting to the primary, with a timeout and a precise
 //!   error.
 //! - [`metrics`]: the proxy's counters, `counters!` (how every room
@@ -126,7 +128,6 @@ pub mod config;
 pub mod context;
 pub mod error;
 pub mod exposition;
-pub mod hotkeys;
 pub mod http;
 pub mod lock;
 pub mod metrics;

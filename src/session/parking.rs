@@ -77,14 +77,18 @@ pub fn admit(
             // An attempt on a held key, answered without asking Redis.
             ProxyMetrics::inc(&ctx.locks.metrics.attempts);
             ProxyMetrics::inc(&ctx.locks.metrics.contended);
-            ctx.locks.hot.record(key, crate::hotkeys::Event::Absorbed);
+            ctx.locks
+                .hot
+                .record(key, crate::lock::hotkeys::Event::Absorbed);
             // Recorded as lost, so an EXPIRE that follows cannot move the
             // holder's lease.
             let token = ctx.locks.next_token();
             let since_last = sync::lock(conn).lost(key.clone(), token);
             if park_ms > 0 {
                 if let Some(rx) = park_it(ctx, key.clone(), park, conn) {
-                    ctx.locks.hot.record(key, crate::hotkeys::Event::Parked);
+                    ctx.locks
+                        .hot
+                        .record(key, crate::lock::hotkeys::Event::Parked);
                     return Early::Parked(rx);
                 }
             }
