@@ -25,6 +25,7 @@
 //! - [`clock`]: the quorum masters' clock offsets; a master whose clock
 //!   jumps sits out and its vote does not count.
 
+pub mod admit;
 pub mod announce;
 pub mod clock;
 pub mod fence;
