@@ -24,6 +24,9 @@
 //!   disconnect over a connection of lockgate's own.
 //! - [`clock`]: the quorum masters' clock offsets; a master whose clock
 //!   jumps sits out and its vote does not count.
+//! - [`admit`]: an acquisition's fate before Redis ([`LockService::admit`]).
+//! - [`storm`]: retry storms (the contention table, one key's state
+//!   machine, the handoff driver). - [`hotkeys`]: the hottest lock keys.
 
 pub mod admit;
 pub mod announce;
