@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::protocol::encode;
 use crate::protocol::reply::ReplyScanner;
+use crate::sync;
 use crate::upstream;
 
 /// `CLIENT SETNAME` of lockgate's own connections.
@@ -168,12 +169,8 @@ async fn connection_loop(
         match open(&config).await {
             Ok((stream, run_id, uptime)) => {
                 backoff = Duration::from_millis(10);
-                if let Ok(mut r) = state.run_id.lock() {
-                    *r = run_id;
-                }
-                if let Ok(mut u) = state.uptime.lock() {
-                    *u = uptime;
-                }
+                *sync::lock(&state.run_id) = run_id;
+                *sync::lock(&state.uptime) = uptime;
                 state.connects.fetch_add(1, Ordering::Relaxed);
                 state.up.store(true, Ordering::Relaxed);
                 serve(stream, &mut calls).await;
@@ -318,7 +315,8 @@ async fn serve(stream: tokio::net::TcpStream, calls: &mut mpsc::Receiver<Call>) 
                     break;
                 }
             }
-            if let Ok(mut w) = waiting.lock() {
+            {
+                let mut w = sync::lock(&waiting);
                 for call in batch {
                     out.extend_from_slice(&call.command);
                     w.push_back(call.reply);
@@ -350,7 +348,7 @@ async fn serve(stream: tokio::net::TcpStream, calls: &mut mpsc::Receiver<Call>) 
                     Some(end) if end.kind == crate::protocol::reply::FrameKind::Reply => {
                         let frame = Bytes::copy_from_slice(&buf[start..pos]);
                         start = pos;
-                        let next = waiting.lock().ok().and_then(|mut w| w.pop_front());
+                        let next = sync::lock(&waiting).pop_front();
                         if let Some(tx) = next {
                             let _ = tx.send(frame);
                         }

@@ -21,6 +21,7 @@ use super::rejoin::Admission;
 use crate::config::{Config, QuorumConfig, QuorumLoss};
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
+use crate::sync;
 
 /// How often the masters' connections are checked for restarts.
 const WATCH_INTERVAL: Duration = Duration::from_millis(50);
@@ -83,7 +84,7 @@ impl Master {
         if !self.node.state.up.load(Ordering::Relaxed) {
             return MasterState::Down;
         }
-        let until = self.sitting_out_until.lock().ok().and_then(|u| *u);
+        let until = *sync::lock(&self.sitting_out_until);
         let connects = self.node.state.connects.load(Ordering::Relaxed);
         match until.map(|u| u.saturating_duration_since(Instant::now())) {
             Some(left) if !left.is_zero() => MasterState::SittingOut(left),
@@ -100,19 +101,11 @@ impl Master {
     /// noticed.
     fn observe(&self, rejoin_delay: Duration) {
         let connects = self.node.state.connects.load(Ordering::Relaxed);
-        let Ok(mut seen) = self.seen.lock() else {
-            return;
-        };
+        let mut seen = sync::lock(&self.seen);
         if connects == seen.1 {
             return;
         }
-        let run_id = self
-            .node
-            .state
-            .run_id
-            .lock()
-            .map(|r| r.clone())
-            .unwrap_or_default();
+        let run_id = sync::lock(&self.node.state.run_id).clone();
         // Only the very first connection may be trusted without a sit-out,
         // and only when the master had already run for the rejoin delay.
         if seen.1 == 0 && connects == 1 {
@@ -160,7 +153,7 @@ impl Master {
     /// it started less than `rejoin_delay` ago (`None`: it is older).
     /// Without an uptime it is taken as new.
     fn young_until(&self, rejoin_delay: Duration) -> Option<Instant> {
-        let uptime = self.node.state.uptime.lock().ok().and_then(|u| *u);
+        let uptime = *sync::lock(&self.node.state.uptime);
         let (read_at, secs) = uptime.unwrap_or((Instant::now(), 0));
         let until = read_at + young_left(rejoin_delay, secs)?;
         (until > Instant::now()).then_some(until)
@@ -178,7 +171,8 @@ impl Master {
     /// jumps all end up here; missing fence counters extend it past `end`
     /// (see [`Master::state`]).
     pub fn sit_out_until(&self, end: Instant, why: SitOut) {
-        if let Ok(mut until) = self.sitting_out_until.lock() {
+        {
+            let mut until = sync::lock(&self.sitting_out_until);
             *until = Some(until.map_or(end, |u| u.max(end)));
         }
         let counter = match why {

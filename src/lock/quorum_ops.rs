@@ -15,6 +15,7 @@ use super::quorum::{integer, majority_identical, majority_integer, now_unix_ms, 
 use super::{script, split_reply, LockPending, LockService};
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
+use crate::sync;
 
 /// A master's reply as a reply lockgate writes: nulls become the client's
 /// protocol's null, errors and integers keep their meaning, the rest passes
@@ -102,10 +103,7 @@ impl LockService {
                 .await
                 .reply;
         }
-        let planned = match conn.lock() {
-            Ok(mut c) => self.plan(op, &mut c, super::Queueing::Now),
-            Err(_) => return LocalReply::err("lockgate: internal error (lock table poisoned)"),
-        };
+        let planned = self.plan(op, &mut sync::lock(&conn), super::Queueing::Now);
         let Some(pending) = planned.pending else {
             return LocalReply::err("lockgate: internal error (no outcome planned)");
         };
@@ -140,9 +138,7 @@ impl LockService {
                 }
             }
         };
-        if let Ok(mut c) = conn.lock() {
-            self.complete(pending, &facts, &mut c);
-        }
+        self.complete(pending, &facts, &mut sync::lock(&conn));
         reply
     }
 
@@ -172,14 +168,7 @@ impl LockService {
             self.storm.unprobe(&key);
             return Outcome::failed(q.loss_reply(not_acquired(shape)));
         }
-        let planned = match conn.lock() {
-            Ok(mut c) => self.plan_on_quorum(op, &mut c, !handoff),
-            Err(_) => {
-                return Outcome::failed(LocalReply::err(
-                    "lockgate: internal error (lock table poisoned)",
-                ))
-            }
-        };
+        let planned = self.plan_on_quorum(op, &mut sync::lock(&conn), !handoff);
         let Some(LockPending::Acquire { token, .. }) = planned.pending.clone() else {
             return Outcome::failed(LocalReply::err(
                 "lockgate: internal error (no acquisition planned)",
@@ -203,8 +192,8 @@ impl LockService {
         let validity = q.validity_ms(lease_ms, started.elapsed());
         if granted >= majority && validity > 0 {
             q.granted(lease_ms);
-            if let (Some(pending), Ok(mut c)) = (planned.pending, conn.lock()) {
-                self.complete(pending, &[1, lease_ms as i64], &mut c);
+            if let Some(pending) = planned.pending {
+                self.complete(pending, &[1, lease_ms as i64], &mut sync::lock(&conn));
             }
             return Outcome {
                 reply: super::storm::shaped(shape, true),
@@ -215,9 +204,7 @@ impl LockService {
         // Not acquired: undo it everywhere, also where the answer was late.
         let undo = super::eval_on(script::RELEASE_TOKEN, &key, &[], &[&token, &value]);
         q.ask_all(&undo).await;
-        if let Ok(mut c) = conn.lock() {
-            c.settle(&key, &token, Standing::Lost, None);
-        }
+        sync::lock(&conn).settle(&key, &token, Standing::Lost, None);
         if q.lost_quorum(granted, answers.replies.len(), eligible.len()) {
             ProxyMetrics::inc(&self.metrics.quorum_failures);
             // Enough masters were up, but too few answered in time.

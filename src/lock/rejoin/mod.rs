@@ -21,6 +21,7 @@ use self::copy::{copy_from, Endpoint};
 use super::node::NodeError;
 use super::quorum::Quorum;
 use crate::metrics::ProxyMetrics;
+use crate::sync;
 
 /// How often returning masters are looked at.
 const TICK: Duration = Duration::from_millis(50);
@@ -84,9 +85,7 @@ impl Admission {
     /// than the rejoin delay when lockgate first sees it).
     pub fn trust(&self, connects: u64) {
         self.admitted.store(connects, Ordering::Relaxed);
-        if let Ok(mut owed) = self.owed.lock() {
-            *owed = None;
-        }
+        *sync::lock(&self.owed) = None;
     }
 
     /// Connection `connects` must get the counters copied before it votes.
@@ -95,9 +94,7 @@ impl Admission {
     // lost run had acknowledged was sent before now, so every master that
     // acknowledged it did so before the copy reads (docs/quorum.md).
     pub fn require_copy(&self, connects: u64) {
-        if let Ok(mut owed) = self.owed.lock() {
-            *owed = Some((connects, Instant::now() + self.settle, 0));
-        }
+        *sync::lock(&self.owed) = Some((connects, Instant::now() + self.settle, 0));
     }
 
     /// Whether connection `connects` holds the counters.
@@ -107,32 +104,25 @@ impl Admission {
 
     /// Whether a copy to connection `connects` is due now.
     fn due(&self, connects: u64) -> bool {
-        self.owed
-            .lock()
-            .ok()
-            .and_then(|o| *o)
-            .is_some_and(|(c, at, _)| c == connects && Instant::now() >= at)
+        sync::lock(&self.owed).is_some_and(|(c, at, _)| c == connects && Instant::now() >= at)
     }
 
     /// A copy to connection `connects` completed.
     fn admit(&self, connects: u64) {
-        if let Ok(mut owed) = self.owed.lock() {
-            if owed.is_some_and(|(c, _, _)| c == connects) {
-                *owed = None;
-                self.admitted.store(connects, Ordering::Relaxed);
-            }
+        let mut owed = sync::lock(&self.owed);
+        if owed.is_some_and(|(c, _, _)| c == connects) {
+            *owed = None;
+            self.admitted.store(connects, Ordering::Relaxed);
         }
     }
 
     /// A copy to connection `connects` failed: try again later, backing off.
     fn failed(&self, connects: u64) {
-        if let Ok(mut owed) = self.owed.lock() {
-            if let Some((c, at, n)) = owed.as_mut().filter(|(c, _, _)| *c == connects) {
-                let _ = c;
-                let pause = (TICK * 2u32.saturating_pow(*n)).min(MAX_BACKOFF);
-                *at = Instant::now() + pause;
-                *n = n.saturating_add(1);
-            }
+        let mut owed = sync::lock(&self.owed);
+        if let Some((_, at, n)) = owed.as_mut().filter(|(c, _, _)| *c == connects) {
+            let pause = (TICK * 2u32.saturating_pow(*n)).min(MAX_BACKOFF);
+            *at = Instant::now() + pause;
+            *n = n.saturating_add(1);
         }
     }
 }
