@@ -5,6 +5,17 @@
 //! answered, for the fencing API); only valid sections are held to
 //! anything, so a holder that outlives its lease is never a failure by
 //! itself.
+//!
+//! One limit is lockgate's, documented (docs/behaviour.md, "Who may
+//! release"): a `DEL` without a token on a connection that was already open
+//! when a lock was acquired through the same lockgate may release it (the
+//! pooled rule cannot tell that connection from the holder's pool). A
+//! legacy holder's late `DEL` on such a connection therefore may delete a
+//! later holder's lock, as on plain Redis. A section granted through that
+//! lockgate after the connection opened and before the `DEL` was answered
+//! is *exposed*: its validity ends when the `DEL` was sent, if later than
+//! its grant. Everything else is held to the full checks, and exposed
+//! sections are counted.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -46,6 +57,9 @@ pub struct Section {
     pub paused: bool,
     /// When its counter write was answered.
     pub write_done: Option<Duration>,
+    /// When a legacy `DEL` allowed by the pooled rule may have deleted its
+    /// lock (set by [`judge`]; see the module doc).
+    pub exposed: Option<Duration>,
 }
 
 impl Section {
@@ -53,8 +67,15 @@ impl Section {
     pub fn window(&self) -> (Duration, Duration) {
         let end = self
             .released
-            .map_or(self.valid_until, |r| r.min(self.valid_until));
+            .map_or(self.valid_end(), |r| r.min(self.valid_end()));
         (self.start, end)
+    }
+
+    /// The end of its validity, or of what lockgate promises for it when
+    /// it was exposed to a pooled late `DEL`.
+    fn valid_end(&self) -> Duration {
+        self.exposed
+            .map_or(self.valid_until, |e| e.min(self.valid_until))
     }
 
     fn valid(&self) -> bool {
@@ -64,14 +85,14 @@ impl Section {
 
     /// Its counter write was answered within its validity.
     fn wrote_validly(&self) -> bool {
-        self.write_done.is_some_and(|w| w <= self.valid_until)
+        self.write_done.is_some_and(|w| w <= self.valid_end())
     }
 
     fn show(&self) -> String {
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
         format!(
             "section {} client {} {:?} via lg{} token {:?}: sent t+{:.1} granted t+{:.1} valid until \
-             t+{:.1} released {} wrote {}{}",
+             t+{:.1} released {} wrote {}{}{}",
             self.id,
             self.client,
             self.kind,
@@ -82,7 +103,11 @@ impl Section {
             ms(self.valid_until),
             self.released.map_or("never".into(), |r| format!("t+{:.1}", ms(r))),
             self.write_done.map_or("never".into(), |w| format!("t+{:.1}", ms(w))),
-            if self.paused { " (paused past its lease)" } else { "" }
+            if self.paused { " (paused past its lease)" } else { "" },
+            self.exposed.map_or(String::new(), |e| format!(
+                " (exposed to a pooled late DEL from t+{:.1})",
+                ms(e)
+            ))
         )
     }
 }
@@ -96,6 +121,10 @@ pub struct Release {
     pub section: u64,
     /// On the connection that acquired (legacy pool: maybe not).
     pub acquiring_conn: bool,
+    /// When the connection it went on opened (`None`: it failed).
+    pub conn_opened: Option<Duration>,
+    /// When its answer (or failure) came.
+    pub answered: Duration,
     /// Sent after the section's validity ended.
     pub late: bool,
     /// What it answered (`1`, `0`, an error).
@@ -103,7 +132,7 @@ pub struct Release {
 }
 
 /// Everything recorded in one run.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct Records {
     /// Every acquisition.
     pub sections: Vec<Section>,
@@ -182,6 +211,11 @@ pub struct Verdict {
     pub old_token_accepted: Vec<String>,
     /// A grant whose token is not above one granted before it was asked.
     pub token_order: Vec<String>,
+    /// Sections exposed to a legacy late `DEL` the pooled rule allows
+    /// (judged only up to it; see the module doc).
+    pub exposed: u64,
+    /// Which `DEL` exposed which section, for the report.
+    pub exposures: Vec<String>,
 }
 
 impl Verdict {
@@ -207,11 +241,16 @@ fn timeline(r: &Records, a: &Section, b: &Section) -> String {
     {
         let owner = r.sections.iter().find(|s| s.id == rel.section);
         lines.push(format!(
-            "  release t+{:.1} of section {} (client {:?}, {:?}){}{} -> {}",
+            "  release t+{:.1} of section {} (client {:?}, {:?}, lg{:?}, connection opened {}, \
+             answered t+{:.1}){}{} -> {}",
             rel.t.as_secs_f64() * 1e3,
             rel.section,
             owner.map(|s| s.client),
             owner.map(|s| s.kind),
+            owner.map(|s| s.lg),
+            rel.conn_opened
+                .map_or("-".into(), |o| format!("t+{:.1}", o.as_secs_f64() * 1e3)),
+            rel.answered.as_secs_f64() * 1e3,
             if rel.acquiring_conn {
                 ""
             } else {
@@ -232,9 +271,64 @@ fn timeline(r: &Records, a: &Section, b: &Section) -> String {
     lines.join("\n")
 }
 
+/// Marks the sections a legacy `DEL` answered 1 after its own section's
+/// validity may have released under the pooled rule: granted through the
+/// same lockgate after the `DEL`'s connection opened, asked for before the
+/// `DEL` was answered. (A `DEL` answered within its section's validity
+/// found its own lock: there is one lock key.)
+fn expose(r: &Records, sections: &mut [Section]) -> Vec<String> {
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let mut why = Vec::new();
+    let by_id: BTreeMap<u64, (Kind, usize, Duration)> = sections
+        .iter()
+        .map(|s| (s.id, (s.kind, s.lg, s.valid_until)))
+        .collect();
+    for rel in &r.releases {
+        let Some(&(kind, lg, valid_until)) = by_id.get(&rel.section) else {
+            continue;
+        };
+        let Some(opened) = rel.conn_opened else {
+            continue;
+        };
+        if kind != Kind::Legacy || rel.result != ":1" || rel.answered <= valid_until {
+            continue;
+        }
+        for s in sections.iter_mut().filter(|s| {
+            s.id != rel.section && s.lg == lg && s.start > opened && s.sent < rel.answered
+        }) {
+            let from = s.start.max(rel.t);
+            if from >= s.window().1 {
+                // Over before the DEL was sent: nothing to cut.
+                continue;
+            }
+            s.exposed = Some(s.exposed.map_or(from, |e| e.min(from)));
+            why.push(format!(
+                "section {} (lg{}, granted t+{:.1}) exposed to the DEL of section {} sent t+{:.1} \
+                 on a connection opened t+{:.1}, answered t+{:.1} after its validity (t+{:.1})",
+                s.id,
+                s.lg,
+                ms(s.start),
+                rel.section,
+                ms(rel.t),
+                ms(opened),
+                ms(rel.answered),
+                ms(valid_until)
+            ));
+        }
+    }
+    why
+}
+
 /// Judges the records.
 pub fn judge(r: &Records) -> Verdict {
     let mut v = Verdict::default();
+    let mut sections = r.sections.clone();
+    v.exposures = expose(r, &mut sections);
+    v.exposed = sections.iter().filter(|s| s.exposed.is_some()).count() as u64;
+    let r = &Records {
+        sections,
+        ..r.clone()
+    };
     let by_id: BTreeMap<u64, &Section> = r.sections.iter().map(|s| (s.id, s)).collect();
     // Mutual exclusion: sweep the valid windows in start order.
     let mut valid: Vec<&Section> = r.sections.iter().filter(|s| s.valid()).collect();
@@ -266,7 +360,7 @@ pub fn judge(r: &Records) -> Verdict {
     for &(id, at, accepted, prev) in &r.fence_writes {
         let Some(s) = by_id.get(&id) else { continue };
         if !accepted {
-            if at <= s.valid_until {
+            if at <= s.valid_end() {
                 let holder = r.sections.iter().find(|x| x.token == Some(prev));
                 let msg = match holder {
                     Some(h) => timeline(r, h, s),

@@ -258,6 +258,7 @@ impl Worker {
             released: None,
             paused: false,
             write_done: None,
+            exposed: None,
         };
         self.section(&mut s, opened, &value).await;
         self.sh.journal.with(|r| r.sections.push(s));
@@ -390,26 +391,29 @@ impl Worker {
             Kind::SetNx => vec!["EVAL", RELEASE, "1", LOCK, value],
             Kind::Fence => vec!["LOCKGATE", "UNLOCK", LOCK, &tk],
         };
-        let (result, acquiring_conn) = match self.pool.call(&args, REPLY_WAIT).await {
+        let (result, acquiring_conn, conn_opened) = match self.pool.call(&args, REPLY_WAIT).await {
             Ok((r, o)) => {
                 self.ok();
                 if r == b":0\r\n" {
                     self.report.release_refused += 1;
                 }
-                (text(&r), o == opened)
+                (text(&r), o == opened, Some(sh.journal.t(o)))
             }
             Err(e) => {
                 let shown = e.clone();
                 self.error("release", e).await;
-                (shown, false)
+                (shown, false, None)
             }
         };
+        let answered = sh.journal.t(Instant::now());
         let late = at > sh.journal.epoch + s.valid_until;
         sh.journal.with(|r| {
             r.releases.push(Release {
                 t: s.released.unwrap_or_default(),
                 section: s.id,
                 acquiring_conn,
+                conn_opened,
+                answered,
                 late,
                 result,
             })

@@ -1,14 +1,16 @@
 //! The chaos test's pieces (`tests/quorum_chaos.rs`): lockgate as a
 //! subprocess that can be killed, restarted and stopped ([`LockgateProc`]),
 //! a client connection whose failures are values, not panics ([`Conn`]),
-//! the fault loop ([`faults`]), the client workers ([`clients`]) and what
-//! they record and how it is judged ([`checks`]).
+//! the fault loop ([`faults`]), the client workers ([`clients`]), what
+//! they record and how it is judged ([`checks`]), and an opt-in recorder
+//! of the masters' `MONITOR` streams for post-mortems ([`monitor`]).
 
 #![allow(dead_code)]
 
 pub mod checks;
 pub mod clients;
 pub mod faults;
+pub mod monitor;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

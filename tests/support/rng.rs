@@ -54,9 +54,18 @@ pub fn env_u64(name: &str, default: u64) -> u64 {
 pub struct XorShift(u64);
 
 impl XorShift {
-    /// A generator for `seed` (any value, 0 included).
+    /// A generator for `seed` (any value, 0 included). The seed goes
+    /// through splitmix64's mixer first: neighbouring seeds (1, 2, 3…)
+    /// start far apart, and distinct seeds start apart (forcing the low bit
+    /// on, as a bare `| 1` did, made seeds 2k and 2k + 1 one schedule).
     pub fn new(seed: u64) -> XorShift {
-        XorShift((seed ^ 0x9e37_79b9_7f4a_7c15) | 1)
+        let mut z = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^= z >> 31;
+        // xorshift never leaves 0; the mixer is a bijection, so one seed
+        // in 2^64 lands there and takes another seed's start.
+        XorShift(if z == 0 { 0x9e37_79b9_7f4a_7c15 } else { z })
     }
 
     /// The next raw value.
