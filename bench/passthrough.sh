@@ -16,6 +16,11 @@
 #   DATA_SIZE=3       redis-benchmark -d
 #   RUN_TIMEOUT=120   seconds before one redis-benchmark run is given up
 #   LOCKGATE_BIN=...  use this binary instead of `cargo build --release`
+#   TLS=1             also the TLS rows (0: skip them): redis-benchmark --tls
+#                     to Redis's TLS port (direct_tls), to lockgate's TLS
+#                     listener in front of plain Redis (lockgate_tls), and
+#                     plain to a second lockgate whose upstream is Redis's TLS
+#                     port (lockgate_up_tls); a throwaway CA made with openssl
 #
 # Per run it records ops/s and p50/p99 (from redis-benchmark --csv) and the CPU
 # seconds of redis-server + the proxy (utime+stime from /proc/PID/stat, before
@@ -59,6 +64,7 @@ fi
 KEYSPACE=${KEYSPACE:-100000}
 DATA_SIZE=${DATA_SIZE:-3}
 RUN_TIMEOUT=${RUN_TIMEOUT:-120}
+TLS=${TLS:-1}
 
 LOG_TAG=passthrough
 # shellcheck source=scripts/common.sh
@@ -66,6 +72,7 @@ LOG_TAG=passthrough
 
 # --- tools --------------------------------------------------------------------
 install_missing "redis-server redis-tools nutcracker haproxy" redis-server redis-cli redis-benchmark nutcracker haproxy python3 timeout
+if [[ $TLS == 1 ]]; then install_missing openssl openssl; fi
 
 CLK_TCK=$(getconf CLK_TCK)
 
@@ -83,11 +90,28 @@ fi
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 bench_start passthrough
 
-mapfile -t PORTS < <(python3 "$HELPER" ports 5)
+mapfile -t PORTS < <(python3 "$HELPER" ports 8)
 P_REDIS=${PORTS[0]} P_TWEM=${PORTS[1]} P_HAPROXY=${PORTS[2]} P_LOCKGATE=${PORTS[3]} P_TWEM_STATS=${PORTS[4]}
+P_REDIS_TLS=${PORTS[5]} P_LOCKGATE_TLS=${PORTS[6]} P_LOCKGATE_UP_TLS=${PORTS[7]}
+
+# TLS: one throwaway CA, one certificate for 127.0.0.1 used by Redis and lockgate.
+REDIS_TLS_ARGS=()
+if [[ $TLS == 1 ]]; then
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
+    -subj /CN=bench-ca -keyout "$TMP/ca.key" -out "$TMP/ca.pem" 2>/dev/null ||
+    die "openssl: cannot make the CA"
+  openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj /CN=127.0.0.1 \
+    -keyout "$TMP/tls.key" -out "$TMP/tls.csr" 2>/dev/null || die "openssl: cannot make the key"
+  printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\n' >"$TMP/san.ext"
+  openssl x509 -req -in "$TMP/tls.csr" -CA "$TMP/ca.pem" -CAkey "$TMP/ca.key" -CAcreateserial \
+    -days 2 -extfile "$TMP/san.ext" -out "$TMP/tls.pem" 2>/dev/null || die "openssl: cannot sign"
+  REDIS_TLS_ARGS=(--tls-port "$P_REDIS_TLS" --tls-cert-file "$TMP/tls.pem"
+    --tls-key-file "$TMP/tls.key" --tls-ca-cert-file "$TMP/ca.pem" --tls-auth-clients no)
+fi
 
 redis-server --bind 127.0.0.1 --port "$P_REDIS" --save '' --appendonly no \
-  --protected-mode no --daemonize no --dir "$TMP" --logfile "$TMP/redis.log" &
+  --protected-mode no --daemonize no --dir "$TMP" --logfile "$TMP/redis.log" \
+  "${REDIS_TLS_ARGS[@]}" &
 REDIS_PID=$!
 PIDS+=("$REDIS_PID")
 wait_ready redis-server "$REDIS_PID" "$P_REDIS" "$TMP/redis.log"
@@ -129,23 +153,57 @@ HAPROXY_PID=$!
 PIDS+=("$HAPROXY_PID")
 wait_ready haproxy "$HAPROXY_PID" "$P_HAPROXY" "$TMP/haproxy.log"
 
-RUST_LOG=warn "$LOCKGATE_BIN" --listen "127.0.0.1:$P_LOCKGATE" --upstream "127.0.0.1:$P_REDIS" \
-  >"$TMP/lockgate.log" 2>&1 &
+# lockgate, with a TLS listener beside the plain one when TLS=1 (the plain
+# rows do not touch it).
+: >"$TMP/lockgate.toml"
+if [[ $TLS == 1 ]]; then
+  cat >"$TMP/lockgate.toml" <<EOF
+[proxy.tls]
+listen = "127.0.0.1:$P_LOCKGATE_TLS"
+cert_file = "$TMP/tls.pem"
+key_file = "$TMP/tls.key"
+EOF
+fi
+RUST_LOG=warn "$LOCKGATE_BIN" --config "$TMP/lockgate.toml" --listen "127.0.0.1:$P_LOCKGATE" \
+  --upstream "127.0.0.1:$P_REDIS" >"$TMP/lockgate.log" 2>&1 &
 LOCKGATE_PID=$!
 PIDS+=("$LOCKGATE_PID")
 wait_ready lockgate "$LOCKGATE_PID" "$P_LOCKGATE" "$TMP/lockgate.log"
 
 declare -A PORT_OF=([direct]=$P_REDIS [twemproxy]=$P_TWEM [haproxy]=$P_HAPROXY [lockgate]=$P_LOCKGATE)
 declare -A PID_OF=([direct]="" [twemproxy]=$TWEM_PID [haproxy]=$HAPROXY_PID [lockgate]=$LOCKGATE_PID)
+declare -A ARGS_OF=()
 TARGETS=(direct twemproxy haproxy lockgate)
+
+if [[ $TLS == 1 ]]; then
+  # A second lockgate whose upstream is Redis's TLS port.
+  cat >"$TMP/lockgate-up-tls.toml" <<EOF
+[upstream.tls]
+enabled = true
+ca_file = "$TMP/ca.pem"
+EOF
+  RUST_LOG=warn "$LOCKGATE_BIN" --config "$TMP/lockgate-up-tls.toml" --admin-listen "" \
+    --listen "127.0.0.1:$P_LOCKGATE_UP_TLS" --upstream "127.0.0.1:$P_REDIS_TLS" \
+    >"$TMP/lockgate-up-tls.log" 2>&1 &
+  LOCKGATE_UP_TLS_PID=$!
+  PIDS+=("$LOCKGATE_UP_TLS_PID")
+  wait_ready "lockgate (upstream TLS)" "$LOCKGATE_UP_TLS_PID" "$P_LOCKGATE_UP_TLS" "$TMP/lockgate-up-tls.log"
+  TLS_CLIENT="--tls --cacert $TMP/ca.pem"
+  PORT_OF+=([direct_tls]=$P_REDIS_TLS [lockgate_tls]=$P_LOCKGATE_TLS [lockgate_up_tls]=$P_LOCKGATE_UP_TLS)
+  PID_OF+=([direct_tls]="" [lockgate_tls]=$LOCKGATE_PID [lockgate_up_tls]=$LOCKGATE_UP_TLS_PID)
+  ARGS_OF+=([direct_tls]=$TLS_CLIENT [lockgate_tls]=$TLS_CLIENT)
+  TARGETS+=(direct_tls lockgate_tls lockgate_up_tls)
+fi
 
 # Every path really passes data: a SET through it is read back directly.
 for t in "${TARGETS[@]}"; do
-  [[ $(redis-cli -h 127.0.0.1 -p "${PORT_OF[$t]}" set "passthrough:probe:$t" ok) == OK ]] ||
+  # shellcheck disable=SC2086 # ARGS_OF holds flags to split
+  [[ $(redis-cli -h 127.0.0.1 -p "${PORT_OF[$t]}" ${ARGS_OF[$t]:-} set "passthrough:probe:$t" ok) == OK ]] ||
     die "SET through $t failed"
   [[ $(redis-cli -h 127.0.0.1 -p "$P_REDIS" get "passthrough:probe:$t") == ok ]] ||
     die "value written through $t not in Redis"
 done
+[[ $TLS == 1 ]] && log "TLS: redis :$P_REDIS_TLS  lockgate :$P_LOCKGATE_TLS  lockgate with upstream TLS :$P_LOCKGATE_UP_TLS"
 log "redis :$P_REDIS  nutcracker :$P_TWEM  haproxy :$P_HAPROXY  lockgate :$P_LOCKGATE (tmp $TMP)"
 
 # utime+stime of a process (all its threads), in clock ticks.
@@ -185,7 +243,8 @@ run_one() {
   out="$TMP/r$round-$wl-$target"
   c0=$(procs_ticks "${pids[@]}")
   t0=$(now_ns)
-  if ! timeout "$RUN_TIMEOUT" redis-benchmark -h 127.0.0.1 -p "$port" -t "$test" \
+  # shellcheck disable=SC2086 # ARGS_OF holds flags to split
+  if ! timeout "$RUN_TIMEOUT" redis-benchmark -h 127.0.0.1 -p "$port" ${ARGS_OF[$target]:-} -t "$test" \
     -c "$clients" -P "$pipe" -n "$n" -r "$KEYSPACE" -d "$DATA_SIZE" --precision 3 --csv \
     >"$out.csv" 2>"$out.err"; then
     cat "$out.err" >&2

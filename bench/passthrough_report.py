@@ -172,6 +172,32 @@ def report(tsv, meta_path, out):
     )
     emit("")
 
+    # TLS rows (TLS=1): what TLS costs, client side and upstream side.
+    if runs.get(("set_p1", "lockgate_tls")):
+        emit(
+            "TLS (same runs, alternating with the rows above): direct TLS = redis-benchmark "
+            "--tls to Redis's TLS port; lg TLS = --tls to lockgate's TLS listener, plain to "
+            "Redis; lg up-TLS = plain to lockgate, TLS from lockgate to Redis."
+        )
+        emit("")
+        emit(
+            "| workload | metric | direct TLS | lockgate | lg TLS | lg up-TLS "
+            "| lg TLS/lockgate | lg up-TLS/lockgate | lg TLS/direct TLS |"
+        )
+        emit("|---|---|--:|--:|--:|--:|--:|--:|--:|")
+        tls_targets = ["direct_tls", "lockgate", "lockgate_tls", "lockgate_up_tls"]
+        for w, label in THROUGHPUT + LATENCY:
+            for key, name in (("rps", "ops/s"), ("ops_cpu", "ops/CPU-s")):
+                m = {t: med(vals(w, t, key)) for t in tls_targets}
+                cells = [kfmt(m[t]) + spread(vals(w, t, key)) for t in tls_targets]
+                rs = [
+                    f"{ratio(m['lockgate_tls'], m['lockgate']):.2f}×",
+                    f"{ratio(m['lockgate_up_tls'], m['lockgate']):.2f}×",
+                    f"{ratio(m['lockgate_tls'], m['direct_tls']):.2f}×",
+                ]
+                emit(f"| {label if key == 'rps' else ''} | {name} | " + " | ".join(cells + rs) + " |")
+        emit("")
+
     # Targets: each holds only if it holds for SET and for GET.
     def lg_ratio(w, other, key):
         return ratio(med(vals(w, "lockgate", key)), med(vals(w, other, key)))

@@ -5,6 +5,10 @@
 #                              foreground until Ctrl-C / SIGTERM
 #   scripts/demo.sh --smoke    same start, then PING and SET/GET through
 #                              lockgate, print the results, stop, exit 0
+#   scripts/demo.sh --tls      also a TLS listener on 127.0.0.1:6381 (or
+#                              LOCKGATE_TLS_PORT), with a throwaway CA and
+#                              certificate made by openssl (with --smoke: PING
+#                              over TLS too)
 #
 # Environment:
 #   LOCKGATE_PORT   port lockgate listens on, on 127.0.0.1 (default 6380)
@@ -19,12 +23,14 @@ set -euo pipefail
 # shellcheck source=scripts/common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-usage() { sed -n '2,16s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"; }
+usage() { sed -n '2,20s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"; }
 
 MODE=run
+TLS=0
 while [ $# -gt 0 ]; do
 	case "$1" in
 	--smoke) MODE=smoke ;;
+	--tls) TLS=1 ;;
 	-h | --help)
 		usage
 		exit 0
@@ -146,6 +152,32 @@ log "starting redis-server (no persistence) in $WORKDIR"
 start_redis
 log "redis-server pid $REDIS_PID on 127.0.0.1:$REDIS_PORT"
 
+if [ "$TLS" = 1 ]; then
+	LOCKGATE_TLS_PORT="${LOCKGATE_TLS_PORT:-6381}"
+	command -v openssl >/dev/null || install_missing openssl openssl
+	T="$WORKDIR/tls"
+	mkdir -p "$T"
+	openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 7 \
+		-subj /CN=lockgate-demo-ca -keyout "$T/ca.key" -out "$T/ca.pem" 2>/dev/null ||
+		die "openssl: cannot make the demo CA"
+	openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj /CN=127.0.0.1 \
+		-keyout "$T/server.key" -out "$T/server.csr" 2>/dev/null || die "openssl: cannot make a key"
+	printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\n' >"$T/san.ext"
+	openssl x509 -req -in "$T/server.csr" -CA "$T/ca.pem" -CAkey "$T/ca.key" \
+		-CAcreateserial -days 7 -extfile "$T/san.ext" -out "$T/server.pem" 2>/dev/null ||
+		die "openssl: cannot sign the demo certificate"
+	# The shipped file with [proxy.tls] filled in.
+	awk -v listen="127.0.0.1:$LOCKGATE_TLS_PORT" -v cert="$T/server.pem" -v key="$T/server.key" '
+		/^\[/ { in_tls = ($0 == "[proxy.tls]") }
+		in_tls && /^listen = / { $0 = "listen = \"" listen "\"" }
+		in_tls && /^cert_file = / { $0 = "cert_file = \"" cert "\"" }
+		in_tls && /^key_file = / { $0 = "key_file = \"" key "\"" }
+		{ print }' "$CONFIG" >"$T/lockgate.toml"
+	CONFIG="$T/lockgate.toml"
+	"$LOCKGATE_BIN" --config "$CONFIG" --check >/dev/null || die "$CONFIG is not valid"
+	log "TLS listener on 127.0.0.1:$LOCKGATE_TLS_PORT, CA $T/ca.pem"
+fi
+
 LOCKGATE_ARGS=(--config "$CONFIG" --listen "127.0.0.1:$LOCKGATE_PORT"
 	--upstream "127.0.0.1:$REDIS_PORT")
 log "starting: $LOCKGATE_BIN ${LOCKGATE_ARGS[*]}"
@@ -204,6 +236,10 @@ if [ "$MODE" = smoke ]; then
 		"$(rcli -p "$REDIS_PORT" get "$key")" "$value"
 	check "redis-cli -p $LOCKGATE_PORT del $key" \
 		"$(rcli -p "$LOCKGATE_PORT" del "$key")" 1
+	if [ "$TLS" = 1 ]; then
+		check "redis-cli -p $LOCKGATE_TLS_PORT --tls ping" \
+			"$(rcli -p "$LOCKGATE_TLS_PORT" --tls --cacert "$T/ca.pem" ping)" PONG
+	fi
 	kill -0 "$LOCKGATE_PID" 2>/dev/null || { fail=1 && echo "  lockgate is no longer running"; }
 	if [ "$fail" -ne 0 ]; then
 		lockgate_failed "smoke test FAILED"
@@ -224,6 +260,10 @@ cat <<EOF
   Press Ctrl-C to stop both.
 
 EOF
+if [ "$TLS" = 1 ]; then
+	echo "  TLS:            redis-cli -p $LOCKGATE_TLS_PORT --tls --cacert $T/ca.pem ping"
+	echo
+fi
 
 st=0
 wait "$LOCKGATE_PID" || st=$?

@@ -7,7 +7,6 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{AdminConfig, Config, LimitsConfig, ProxyConfig, QuorumConfig, UpstreamConfig};
@@ -19,13 +18,15 @@ use crate::lock::LockService;
 use crate::metrics::{Counter, Kind, ProxyMetrics, RateLimit};
 use crate::protocol::request::RequestLimits;
 use crate::sync;
-use crate::upstream::{self, UpstreamError};
+use crate::tls::{Side, Stream, TlsStore};
+use crate::upstream::{Connector, UpstreamError};
 
 /// Interval between two repeats of the same warning.
 const WARN_INTERVAL: Duration = Duration::from_secs(10);
 
 /// The sections of the configuration a reload does not change (they need
-/// a restart), so a read from here is never stale. What a reload changes
+/// a restart), so a read from here is never stale (except their TLS
+/// parts, which a reload puts in [`ServerContext::tls`]: read them there). What a reload changes
 /// (lock patterns, leases, ownership, storm settings, the log filter) is
 /// not here: the lock room reads its rules in force
 /// ([`LockService::rules`]), and [`ServerContext::in_force`] is the whole
@@ -84,6 +85,10 @@ pub struct ServerContext {
     /// The configuration in force, as `LOCKGATE CONFIG` shows it (see
     /// [`ServerContext::in_force`]).
     current: std::sync::RwLock<Config>,
+    /// The TLS certificates and settings in force (reloadable).
+    pub tls: Arc<TlsStore>,
+    /// How sessions reach the primary (plain TCP or TLS).
+    pub upstream: Connector,
 }
 
 /// What a reload needs from the binary.
@@ -114,19 +119,22 @@ impl ServerContext {
     /// Tokio runtime.
     pub fn new(config: Config) -> ServerContext {
         let stop = CancellationToken::new();
+        let tls = Arc::new(TlsStore::new(&config));
+        let upstream = Connector::new(tls.clone(), Side::Upstream);
+        let masters = Connector::new(tls.clone(), Side::Quorum);
         let primary = Node::spawn(
-            NodeConfig::for_addr(&config, &config.upstream.addr),
+            NodeConfig::for_addr(&config, &config.upstream.addr, upstream.clone()),
             stop.clone(),
         );
         let locks = LockService::new(&config);
         // Releases are announced where the locks live.
-        let stores = match config.locks.quorum.masters.is_empty() {
-            true => vec![config.upstream.addr.clone()],
-            false => config.locks.quorum.masters.clone(),
+        let (stores, connector) = match config.locks.quorum.masters.is_empty() {
+            true => (vec![config.upstream.addr.clone()], &upstream),
+            false => (config.locks.quorum.masters.clone(), &masters),
         };
         for addr in &stores {
             announce::spawn(
-                NodeConfig::for_addr(&config, addr),
+                NodeConfig::for_addr(&config, addr, connector.clone()),
                 locks.storm.clone(),
                 stop.clone(),
             );
@@ -135,7 +143,9 @@ impl ServerContext {
             reload: std::sync::Mutex::new(None),
             current: std::sync::RwLock::new(config.clone()),
             locks,
-            quorum: Quorum::start(&config, &stop),
+            quorum: Quorum::start(&config, &stop, &masters),
+            tls,
+            upstream,
             primary,
             stop,
             config: StartConfig::of(&config),
@@ -159,17 +169,37 @@ impl ServerContext {
         let new = (hook.effective)(new);
         new.validate().map_err(|e| e.to_string())?;
         let old = self.in_force();
+        // The TLS sections apply to new handshakes and connections; only
+        // the TLS listener's address needs a restart.
+        let tls_in_force = crate::tls::load(&new).map_err(|e| e.to_string())?;
+        let mut new_proxy = new.proxy.clone();
+        new_proxy.tls.listen = old.proxy.tls.listen.clone();
+        let proxy = ProxyConfig {
+            tls: new_proxy.tls.clone(),
+            ..old.proxy.clone()
+        };
+        let upstream = UpstreamConfig {
+            tls: new.upstream.tls.clone(),
+            ..old.upstream.clone()
+        };
+        let quorum = QuorumConfig {
+            tls: new.locks.quorum.tls.clone(),
+            ..old.locks.quorum.clone()
+        };
         let mut ignored = Vec::new();
-        if new.proxy != old.proxy {
+        if new.proxy.tls.listen != old.proxy.tls.listen {
+            ignored.push("proxy.tls.listen");
+        }
+        if new_proxy != proxy {
             ignored.push("proxy");
         }
-        if new.upstream != old.upstream {
+        if new.upstream != upstream {
             ignored.push("upstream");
         }
         if new.limits != old.limits {
             ignored.push("limits");
         }
-        if new.locks.quorum != old.locks.quorum {
+        if new.locks.quorum != quorum {
             ignored.push("locks.quorum");
         }
         if new.admin != old.admin {
@@ -177,15 +207,16 @@ impl ServerContext {
         }
         (hook.set_log_filter)(&new.log.filter)?;
         self.locks.reload(&new);
+        self.tls.replace(tls_in_force);
         // What is in force: the reloadable sections from the file, the rest
         // as the process started with.
         let in_force = Config {
-            proxy: old.proxy,
-            upstream: old.upstream,
+            proxy,
+            upstream,
             limits: old.limits,
             admin: old.admin,
             locks: crate::config::LocksConfig {
-                quorum: old.locks.quorum,
+                quorum,
                 ..new.locks
             },
             log: new.log,
@@ -242,9 +273,12 @@ impl ServerContext {
     }
 
     /// Opens a connection to the primary, counting and logging failures.
-    pub async fn connect_upstream(&self) -> Result<TcpStream, UpstreamError> {
+    pub async fn connect_upstream(&self) -> Result<Stream, UpstreamError> {
         let timeout = Duration::from_millis(self.config.upstream.connect_timeout_ms);
-        let result = upstream::connect(&self.config.upstream.addr, timeout).await;
+        let result = self
+            .upstream
+            .connect(&self.config.upstream.addr, timeout)
+            .await;
         if let Err(e) = &result {
             ProxyMetrics::inc(&self.metrics.upstream_connect_errors);
             self.metrics.error(e.source_kind());

@@ -9,7 +9,8 @@
 //! where lockgate differs from Redis on purpose, is in `docs/behaviour.md`
 //! and the README; what holds under pauses, restarts, clock steps and
 //! several instances is in `docs/faults.md` (the quorum's restarts and
-//! fencing in `docs/quorum.md`, clocks in `docs/clocks.md`).
+//! fencing in `docs/quorum.md`, clocks in `docs/clocks.md`); TLS on both
+//! sides in `docs/tls.md`.
 //!
 //! # Layout
 //!
@@ -80,8 +81,13 @@
 //! - [`http`]: the operators' HTTP side (`/metrics`, `/healthz`, `/readyz`,
 //!   the status page); [`exposition`]: Prometheus text from every room's
 //!   counters.
-//! - [`upstream`]: connecting to the primary, with a timeout and a precise
-//!   error.
+//! - [`upstream`]: [`upstream::Connector`], the one way lockgate connects
+//!   to Redis (sessions, its own connections, the masters): a timeout,
+//!   TLS when configured, a precise error.
+//! - [`tls`]: rustls configurations from the PEM files (checked at
+//!   validation), the reloadable [`tls::TlsStore`], the TLS listener's
+//!   bounded handshake and its counters; [`tls::stream`]: a connection
+//!   that is plain TCP or TLS, and its halves.
 //! - [`metrics`]: the proxy's counters, `counters!` (how every room
 //!   declares its counters once, for `/metrics` and `STATS` alike) and the
 //!   rate limit for repeated warnings.
@@ -144,6 +150,7 @@ pub mod server;
 pub mod session;
 pub mod shutdown;
 pub mod sync;
+pub mod tls;
 pub mod upstream;
 pub mod views;
 
@@ -180,6 +187,18 @@ pub async fn run_with_admin(
     admin: Option<TcpListener>,
     shutdown: impl Future<Output = ()>,
 ) {
+    run_with_tls(ctx, listener, None, admin, shutdown).await
+}
+
+/// Like [`run_with_admin`], also serving TLS clients on `tls` (the
+/// `proxy.tls.listen` listener; see [`tls`]).
+pub async fn run_with_tls(
+    ctx: Arc<ServerContext>,
+    listener: TcpListener,
+    tls: Option<TcpListener>,
+    admin: Option<TcpListener>,
+    shutdown: impl Future<Output = ()>,
+) {
     if let Some(admin) = admin {
         tokio::spawn(http::serve(admin, ctx.clone(), ctx.stop.clone()));
     }
@@ -195,7 +214,7 @@ pub async fn run_with_admin(
     };
     let stop = ctx.stop.clone();
     let serve = async {
-        server::serve(listener, ctx, token.clone()).await;
+        server::serve(listener, tls, ctx, token.clone()).await;
         token.cancel();
         stop.cancel();
     };

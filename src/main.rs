@@ -145,6 +145,14 @@ fn serve(
             upstream = %config.upstream.addr,
             "lockgate ready"
         );
+        let tls = match config.proxy.tls.listen.as_str() {
+            "" => None,
+            addr => {
+                let l = bind(addr).with_context(|| format!("binding the TLS listener {addr}"))?;
+                tracing::info!(tls_listen = %l.local_addr()?, "TLS listener ready");
+                Some(l)
+            }
+        };
         let admin = match config.admin.listen.as_str() {
             "" => None,
             addr => Some(
@@ -159,7 +167,7 @@ fn serve(
         let ctx = std::sync::Arc::new(lockgate::ServerContext::new(config));
         *lockgate::sync::lock(&ctx.reload) = hook;
         tokio::spawn(reload_on_sighup(ctx.clone(), hup));
-        lockgate::run_with_admin(ctx, listener, admin, lockgate::shutdown::signal()).await;
+        lockgate::run_with_tls(ctx, listener, tls, admin, lockgate::shutdown::signal()).await;
         tracing::info!("lockgate stopped");
         Ok(())
     })

@@ -145,6 +145,16 @@ counters! {
         /// Sessions cut because owed replies did not arrive within the grace period.
         drain_timeouts: Counter "drain_timeouts",
             "Sessions cut because owed replies did not arrive within the grace period";
+        /// TLS handshakes completed on the TLS listener.
+        tls_handshakes: Counter "tls_handshakes",
+            "TLS handshakes completed on the TLS listener";
+        /// TLS handshakes on the TLS listener that failed (not TLS, no or a
+        /// bad client certificate, a protocol error, closed midway).
+        tls_handshake_failures: Counter "tls_handshake_failures",
+            "TLS handshakes on the TLS listener that failed";
+        /// TLS handshakes not finished within `proxy.tls.handshake_timeout_ms`.
+        tls_handshake_timeouts: Counter "tls_handshake_timeouts",
+            "TLS handshakes not finished within proxy.tls.handshake_timeout_ms";
         /// Errors by source: client, upstream, internal.
         errors_client: Counter "errors_client", "Errors caused by clients";
         /// See `errors_client`.

@@ -12,22 +12,46 @@ use tokio_util::task::TaskTracker;
 
 use crate::context::ServerContext;
 use crate::metrics::ProxyMetrics;
+use crate::tls::Stream;
+
 /// Longest pause after repeated accept errors (e.g. out of file descriptors).
 const MAX_ACCEPT_BACKOFF: Duration = Duration::from_secs(1);
 /// How long a refused client may take to read its error before it is dropped.
 const REJECT_WRITE_TIMEOUT: Duration = Duration::from_millis(100);
 
-/// Accepts clients until `shutdown` fires, then waits up to
-/// `proxy.shutdown_grace_ms` for sessions to drain and cuts the rest.
-pub async fn serve(listener: TcpListener, ctx: Arc<ServerContext>, shutdown: CancellationToken) {
+/// The next client of either listener, and whether it came to the TLS one.
+async fn accept(
+    plain: &TcpListener,
+    tls: Option<&TcpListener>,
+) -> (std::io::Result<(TcpStream, std::net::SocketAddr)>, bool) {
+    match tls {
+        None => (plain.accept().await, false),
+        Some(tls) => tokio::select! {
+            accepted = plain.accept() => (accepted, false),
+            accepted = tls.accept() => (accepted, true),
+        },
+    }
+}
+
+/// Accepts clients on `listener` (and on `tls`, the TLS listener, when
+/// given) until `shutdown` fires, then waits up to
+/// `proxy.shutdown_grace_ms` for sessions to drain and cuts the rest. TLS
+/// handshakes run in each client's own task, so a stalled one holds up
+/// nobody else.
+pub async fn serve(
+    listener: TcpListener,
+    tls: Option<TcpListener>,
+    ctx: Arc<ServerContext>,
+    shutdown: CancellationToken,
+) {
     let slots = Arc::new(Semaphore::new(ctx.config.proxy.max_clients));
     let sessions = TaskTracker::new();
     let force = CancellationToken::new();
     let mut backoff = Duration::from_millis(1);
     loop {
-        let accepted = tokio::select! {
+        let (accepted, is_tls) = tokio::select! {
             _ = shutdown.cancelled() => break,
-            accepted = listener.accept() => accepted,
+            accepted = accept(&listener, tls.as_ref()) => accepted,
         };
         let (stream, peer) = match accepted {
             Ok(pair) => {
@@ -48,7 +72,10 @@ pub async fn serve(listener: TcpListener, ctx: Arc<ServerContext>, shutdown: Can
         };
         let Ok(permit) = slots.clone().try_acquire_owned() else {
             ProxyMetrics::inc(&ctx.metrics.connections_rejected);
-            sessions.spawn(reject(stream));
+            // A TLS client could not read a plain-text error: just closed.
+            if !is_tls {
+                sessions.spawn(reject(stream));
+            }
             continue;
         };
         ProxyMetrics::inc(&ctx.metrics.connections_total);
@@ -60,8 +87,20 @@ pub async fn serve(listener: TcpListener, ctx: Arc<ServerContext>, shutdown: Can
         let force = force.clone();
         sessions.spawn(async move {
             ProxyMetrics::inc(&ctx.metrics.connections_active);
+            let serve = async {
+                // Nagle only adds latency; lockgate batches writes itself.
+                let _ = stream.set_nodelay(true);
+                let client = match is_tls {
+                    false => Stream::Plain(stream),
+                    true => match ctx.tls.accept(stream, peer, &ctx.metrics, &shutdown).await {
+                        Some(client) => client,
+                        None => return,
+                    },
+                };
+                crate::session::run(ctx.clone(), client, peer, conn, shutdown.clone()).await
+            };
             tokio::select! {
-                _ = crate::session::run(ctx.clone(), stream, peer, conn, shutdown) => {}
+                _ = serve => {}
                 _ = force.cancelled() => {}
             }
             ctx.metrics
@@ -71,6 +110,7 @@ pub async fn serve(listener: TcpListener, ctx: Arc<ServerContext>, shutdown: Can
         });
     }
     drop(listener);
+    drop(tls);
     sessions.close();
     let grace = Duration::from_millis(ctx.config.proxy.shutdown_grace_ms);
     if tokio::time::timeout(grace, sessions.wait()).await.is_err() {

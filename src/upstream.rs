@@ -1,12 +1,16 @@
-//! The session's connection to the primary Redis: connect with a timeout and
-//! say precisely why it failed.
+//! Every connection lockgate opens to Redis (the sessions' to the primary,
+//! lockgate's own to the primary and to the lock masters) goes through
+//! [`Connector::connect`]: TCP with a timeout, then TLS when configured,
+//! and a precise reason when it fails.
 
 use std::io;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpStream;
 
 use crate::error::ErrorSource;
+use crate::tls::{Side, Stream, TlsStore};
 
 /// Why the primary could not be reached. Displayed inside the client's error:
 /// `-ERR lockgate: upstream 127.0.0.1:6379 unavailable (connection refused)`.
@@ -28,6 +32,14 @@ pub enum UpstreamError {
         /// Short lowercase reason, e.g. `connection refused`.
         reason: String,
     },
+    /// TCP connected but TLS failed (certificate, name, protocol).
+    #[error("upstream {addr} unavailable (TLS: {reason})")]
+    Tls {
+        /// The configured upstream address.
+        addr: String,
+        /// What rustls or the certificate files said.
+        reason: String,
+    },
 }
 
 impl UpstreamError {
@@ -37,8 +49,48 @@ impl UpstreamError {
     }
 }
 
-/// Connects to `addr` within `timeout`, with Nagle off (replies are small and
-/// latency-bound; lockgate batches writes itself).
+/// Opens connections to one kind of Redis (the primary or the lock
+/// masters) with the TLS settings in force at each connect.
+#[derive(Debug, Clone)]
+pub struct Connector {
+    tls: Arc<TlsStore>,
+    side: Side,
+}
+
+impl Connector {
+    /// A connector for `side`, reading its TLS settings from `tls`.
+    pub fn new(tls: Arc<TlsStore>, side: Side) -> Connector {
+        Connector { tls, side }
+    }
+
+    /// Connects to `addr`; TCP and the TLS handshake together within
+    /// `timeout`.
+    pub async fn connect(&self, addr: &str, timeout: Duration) -> Result<Stream, UpstreamError> {
+        let tls_error = |reason: String| UpstreamError::Tls {
+            addr: addr.to_string(),
+            reason,
+        };
+        let side = self.tls.client(self.side).map_err(tls_error)?;
+        let Some(side) = side else {
+            return connect(addr, timeout).await.map(Stream::Plain);
+        };
+        let name = crate::tls::server_name(&side, addr).map_err(tls_error)?;
+        let started = tokio::time::Instant::now();
+        let tcp = connect(addr, timeout).await?;
+        let connector = tokio_rustls::TlsConnector::from(side.config);
+        match tokio::time::timeout_at(started + timeout, connector.connect(name, tcp)).await {
+            Err(_) => Err(UpstreamError::Timeout {
+                addr: addr.to_string(),
+                ms: timeout.as_millis() as u64,
+            }),
+            Ok(Err(e)) => Err(tls_error(e.to_string())),
+            Ok(Ok(tls)) => Ok(Stream::Tls(Box::new(tokio_rustls::TlsStream::Client(tls)))),
+        }
+    }
+}
+
+/// Connects to `addr` over plain TCP within `timeout`, with Nagle off
+/// (replies are small and latency-bound; lockgate batches writes itself).
 pub async fn connect(addr: &str, timeout: Duration) -> Result<TcpStream, UpstreamError> {
     let stream = match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
         Err(_) => {

@@ -123,6 +123,10 @@ pub struct QuorumConfig {
     /// handed out twice: an acquisition needs "yes" from more than
     /// (N + clock_faults) / 2 masters. 0: a plain majority. Less than N.
     pub clock_faults: usize,
+    /// TLS to the lock masters (`[locks.quorum.tls]`, the keys of
+    /// `[upstream.tls]`); absent: `[upstream.tls]` applies.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls: Option<super::ClientTlsConfig>,
 }
 
 impl Default for QuorumConfig {
@@ -135,6 +139,7 @@ impl Default for QuorumConfig {
             on_quorum_loss: QuorumLoss::Error,
             max_clock_step_ms: 0,
             clock_faults: 0,
+            tls: None,
         }
     }
 }

@@ -10,7 +10,11 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 mod locks;
+mod tls;
 pub use locks::{LockOverride, LocksConfig, Ownership, QuorumConfig, QuorumLoss, RetryConfig};
+pub use tls::{
+    ClientTlsConfig, ClientTlsKeys, ListenerTlsConfig, QUORUM_TLS_KEYS, UPSTREAM_TLS_KEYS,
+};
 
 /// Everything lockgate can be told. Sections mirror `config/lockgate.toml`.
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
@@ -95,6 +99,8 @@ pub struct ProxyConfig {
     /// have not come back yet; past it lockgate stops reading that client
     /// (back-pressure) instead of queueing without bound.
     pub max_inflight_batches: usize,
+    /// The TLS listener beside the plain one (`[proxy.tls]`).
+    pub tls: ListenerTlsConfig,
 }
 
 impl Default for ProxyConfig {
@@ -105,6 +111,7 @@ impl Default for ProxyConfig {
             shutdown_grace_ms: 5_000,
             read_chunk_bytes: 64 * 1024,
             max_inflight_batches: 1_024,
+            tls: ListenerTlsConfig::default(),
         }
     }
 }
@@ -130,6 +137,10 @@ pub struct UpstreamConfig {
     pub username: String,
     /// Password for lockgate's own connections. Empty: no `AUTH`.
     pub password: String,
+    /// TLS to the primary, for client sessions and lockgate's own
+    /// connections (`[upstream.tls]`); also to the lock masters unless
+    /// `[locks.quorum.tls]` is given.
+    pub tls: ClientTlsConfig,
 }
 
 impl Default for UpstreamConfig {
@@ -140,6 +151,7 @@ impl Default for UpstreamConfig {
             reconnect_interval_ms: 100,
             username: String::new(),
             password: String::new(),
+            tls: ClientTlsConfig::default(),
         }
     }
 }
@@ -328,7 +340,22 @@ impl Config {
                 "must be at least limits.max_bulk_bytes",
             ));
         }
-        Ok(())
+        self.validate_tls()
+    }
+
+    /// The TLS sections: addresses and timeouts, then the files themselves
+    /// (readable, PEM, the key matching its certificate), each error naming
+    /// its key.
+    fn validate_tls(&self) -> Result<(), ConfigError> {
+        let t = &self.proxy.tls;
+        if !t.listen.is_empty() {
+            parse_addr("proxy.tls.listen", &t.listen)?;
+            if t.listen == self.proxy.listen {
+                return Err(invalid("proxy.tls.listen", "must differ from proxy.listen"));
+            }
+        }
+        positive("proxy.tls.handshake_timeout_ms", t.handshake_timeout_ms)?;
+        crate::tls::load(self).map(|_| ())
     }
 }
 

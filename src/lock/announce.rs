@@ -52,6 +52,7 @@ async fn subscribed(
         ]))
         .await
         .map_err(|e| e.to_string())?;
+    stream.flush().await.map_err(|e| e.to_string())?;
     *backoff = Duration::from_millis(10);
     let mut frames = FrameReader::new();
     loop {

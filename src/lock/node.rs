@@ -11,14 +11,15 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::protocol::encode;
 use crate::protocol::reply::ReplyScanner;
 use crate::sync;
-use crate::upstream;
+use crate::tls::Stream;
+use crate::upstream::Connector;
 
 /// `CLIENT SETNAME` of lockgate's own connections.
 pub const INTERNAL_NAME: &str = "lockgate-internal";
@@ -93,18 +94,25 @@ pub struct NodeConfig {
     pub password: String,
     /// Most calls queued for the node at once.
     pub max_queued: usize,
+    /// Plain TCP or TLS, as configured for this kind of node.
+    pub connector: Connector,
 }
 
 impl NodeConfig {
     /// lockgate's own connection settings for `addr`, from the upstream's
-    /// timeout and credentials.
-    pub fn for_addr(config: &crate::config::Config, addr: &str) -> NodeConfig {
+    /// timeout and credentials, connecting through `connector`.
+    pub fn for_addr(
+        config: &crate::config::Config,
+        addr: &str,
+        connector: Connector,
+    ) -> NodeConfig {
         NodeConfig {
             addr: addr.to_string(),
             connect_timeout: Duration::from_millis(config.upstream.connect_timeout_ms),
             username: config.upstream.username.clone(),
             password: config.upstream.password.clone(),
             max_queued: config.locks.max_queued_calls,
+            connector,
         }
     }
 }
@@ -189,9 +197,7 @@ async fn connection_loop(
 }
 
 /// Connects, authenticates and reads the node's `run_id` and uptime.
-async fn open(
-    config: &NodeConfig,
-) -> Result<(tokio::net::TcpStream, String, Option<(Instant, u64)>), String> {
+async fn open(config: &NodeConfig) -> Result<(Stream, String, Option<(Instant, u64)>), String> {
     let mut stream = handshake(config).await?;
     let info = request(
         &mut stream,
@@ -216,8 +222,10 @@ async fn open(
 /// authenticated with `upstream.username/password`, and named
 /// [`INTERNAL_NAME`] so operators (and `CLIENT LIST`) can tell it from
 /// client sessions.
-pub(crate) async fn handshake(config: &NodeConfig) -> Result<tokio::net::TcpStream, String> {
-    let mut stream = upstream::connect(&config.addr, config.connect_timeout)
+pub(crate) async fn handshake(config: &NodeConfig) -> Result<Stream, String> {
+    let mut stream = config
+        .connector
+        .connect(&config.addr, config.connect_timeout)
         .await
         .map_err(|e| e.to_string())?;
     if !config.password.is_empty() {
@@ -256,7 +264,7 @@ impl FrameReader {
     /// The next complete top-level frame (reply or push), as its bytes.
     pub(crate) async fn next(
         &mut self,
-        stream: &mut tokio::net::TcpStream,
+        stream: &mut (impl AsyncRead + Unpin),
     ) -> Result<BytesMut, String> {
         loop {
             loop {
@@ -288,12 +296,13 @@ impl FrameReader {
 
 /// One request/reply exchange on a fresh connection (before pipelining).
 pub(crate) async fn request(
-    stream: &mut tokio::net::TcpStream,
+    stream: &mut (impl AsyncRead + AsyncWrite + Unpin),
     command: &[u8],
     timeout: Duration,
 ) -> Result<Vec<u8>, String> {
     let io = async {
         stream.write_all(command).await.map_err(|e| e.to_string())?;
+        stream.flush().await.map_err(|e| e.to_string())?;
         FrameReader::new().next(stream).await.map(|f| f.to_vec())
     };
     tokio::time::timeout(timeout, io)
@@ -302,8 +311,8 @@ pub(crate) async fn request(
 }
 
 /// Pipelines calls over one connection until it fails.
-async fn serve(stream: tokio::net::TcpStream, calls: &mut mpsc::Receiver<Call>) {
-    let (mut rd, mut wr) = stream.into_split();
+async fn serve(mut stream: Stream, calls: &mut mpsc::Receiver<Call>) {
+    let (mut rd, mut wr) = stream.split();
     let waiting: Mutex<VecDeque<oneshot::Sender<Bytes>>> = Mutex::new(VecDeque::new());
     let writer = async {
         let mut out = BytesMut::new();
@@ -322,7 +331,7 @@ async fn serve(stream: tokio::net::TcpStream, calls: &mut mpsc::Receiver<Call>) 
                     w.push_back(call.reply);
                 }
             }
-            if wr.write_all(&out).await.is_err() {
+            if wr.write_all(&out).await.is_err() || wr.flush().await.is_err() {
                 return;
             }
             out.clear();

@@ -224,7 +224,12 @@ pub struct Answers {
 impl Quorum {
     /// The quorum for `config`, or `None` without masters. Starts one
     /// connection task per master (and a watcher), stopped by `stop`.
-    pub fn start(config: &Config, stop: &CancellationToken) -> Option<Arc<Quorum>> {
+    /// `connector`: how to reach the masters (plain TCP or TLS).
+    pub fn start(
+        config: &Config,
+        stop: &CancellationToken,
+        connector: &crate::upstream::Connector,
+    ) -> Option<Arc<Quorum>> {
         let q = &config.locks.quorum;
         if q.masters.is_empty() {
             return None;
@@ -239,7 +244,10 @@ impl Quorum {
             .iter()
             .map(|addr| {
                 Arc::new(Master {
-                    node: Node::spawn(NodeConfig::for_addr(config, addr), stop.clone()),
+                    node: Node::spawn(
+                        NodeConfig::for_addr(config, addr, connector.clone()),
+                        stop.clone(),
+                    ),
                     sitting_out_until: Mutex::new(None),
                     seen: Mutex::new((String::new(), 0)),
                     rejoin_ms: rejoin_ms.clone(),

@@ -26,7 +26,6 @@ use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -40,6 +39,7 @@ use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
 use crate::protocol::request::{RequestKind, RequestParser};
 use crate::protocol::ProtocolError;
+use crate::tls::Stream;
 use crate::upstream::UpstreamError;
 use reader::ReaderEnd;
 use writer::WriterEnd;
@@ -77,7 +77,7 @@ impl SessionError {
 /// `conn`: the connection's lock records, made when it was accepted.
 pub async fn run(
     ctx: Arc<ServerContext>,
-    client: TcpStream,
+    client: Stream,
     peer: SocketAddr,
     conn: ConnLocks,
     shutdown: CancellationToken,
@@ -94,12 +94,10 @@ pub async fn run(
 
 async fn serve(
     ctx: &Arc<ServerContext>,
-    mut client: TcpStream,
+    mut client: Stream,
     conn: ConnLocks,
     shutdown: &CancellationToken,
 ) {
-    // Nagle only adds latency; lockgate batches writes itself.
-    let _ = client.set_nodelay(true);
     let mut buf = BytesMut::with_capacity(ctx.config.proxy.read_chunk_bytes);
     let mut upstream = match ctx.connect_upstream().await {
         Ok(stream) => stream,
@@ -181,11 +179,11 @@ async fn serve(
 /// the client is gone.
 async fn detached(
     ctx: &ServerContext,
-    client: &mut TcpStream,
+    client: &mut Stream,
     buf: &mut BytesMut,
     mut err: UpstreamError,
     shutdown: &CancellationToken,
-) -> Option<TcpStream> {
+) -> Option<Stream> {
     let interval = Duration::from_millis(ctx.config.upstream.reconnect_interval_ms);
     let mut next_try = Instant::now() + interval;
     let mut parser = RequestParser::new(ctx.limits());
@@ -234,7 +232,11 @@ async fn detached(
                 }
             }
         }
-        if client.write_all(&out).await.is_err() || closing {
+        let written = async {
+            client.write_all(&out).await?;
+            client.flush().await
+        };
+        if written.await.is_err() || closing {
             return None;
         }
         ProxyMetrics::add(&ctx.metrics.client_bytes_out, out.len() as u64);

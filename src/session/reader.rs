@@ -6,7 +6,6 @@ use std::sync::{Arc, Mutex};
 
 use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{ReadHalf, WriteHalf};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -20,6 +19,7 @@ use crate::lock::lease::ConnLocks;
 use crate::metrics::ProxyMetrics;
 use crate::protocol::request::RequestParser;
 use crate::router::SessionView;
+use crate::tls::stream::{ReadPart, WritePart};
 
 /// How the reader half ended.
 #[derive(Debug)]
@@ -52,8 +52,8 @@ pub struct Links<'a> {
 pub async fn read_loop(
     ctx: &Arc<ServerContext>,
     buf: &mut BytesMut,
-    client: &mut ReadHalf<'_>,
-    upstream: &mut WriteHalf<'_>,
+    client: &mut ReadPart<'_>,
+    upstream: &mut WritePart<'_>,
     links: Links<'_>,
 ) -> ReaderEnd {
     let Links {
@@ -121,7 +121,10 @@ pub async fn read_loop(
             let written = tokio::select! {
                 biased;
                 _ = cancel.cancelled() => return ReaderEnd::Cancelled,
-                written = upstream.write_all(&forward) => written,
+                written = async {
+                    upstream.write_all(&forward).await?;
+                    upstream.flush().await
+                } => written,
             };
             if let Err(e) = written {
                 return ReaderEnd::Failed(SessionError::UpstreamIo(e));

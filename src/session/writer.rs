@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{ReadHalf, WriteHalf};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
@@ -20,6 +19,7 @@ use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
 use crate::protocol::reply::{FrameEnd, FrameKind, ReplyScanner};
 use crate::sync;
+use crate::tls::stream::{ReadPart, WritePart};
 
 /// How the writer half ended.
 #[derive(Debug)]
@@ -138,8 +138,8 @@ fn confirmation_count(frame: &[u8]) -> Option<u64> {
 /// Copies replies to the client until the session is over (see [`WriterEnd`]).
 pub async fn write_loop(
     ctx: &Arc<ServerContext>,
-    client: &mut WriteHalf<'_>,
-    upstream: &mut ReadHalf<'_>,
+    client: &mut WritePart<'_>,
+    upstream: &mut ReadPart<'_>,
     mut rx: mpsc::Receiver<Vec<Pending>>,
     conn: &Arc<Mutex<ConnLocks>>,
 ) -> WriterEnd {
@@ -455,7 +455,7 @@ impl Replies {
 /// replies. Returns true when a `Close` entry was reached.
 async fn forward(
     ctx: &Arc<ServerContext>,
-    client: &mut WriteHalf<'_>,
+    client: &mut WritePart<'_>,
     buf: &mut BytesMut,
     st: &mut Replies,
     rx: &mut mpsc::Receiver<Vec<Pending>>,
@@ -598,7 +598,7 @@ async fn forward(
 
 async fn flush_out(
     ctx: &ServerContext,
-    client: &mut WriteHalf<'_>,
+    client: &mut WritePart<'_>,
     out: &mut BytesMut,
 ) -> Result<(), SessionError> {
     if out.is_empty() {
@@ -611,13 +611,14 @@ async fn flush_out(
 
 async fn write_client(
     ctx: &ServerContext,
-    client: &mut WriteHalf<'_>,
+    client: &mut WritePart<'_>,
     bytes: &[u8],
 ) -> Result<(), SessionError> {
     client
         .write_all(bytes)
         .await
         .map_err(SessionError::ClientIo)?;
+    client.flush().await.map_err(SessionError::ClientIo)?;
     ProxyMetrics::add(&ctx.metrics.client_bytes_out, bytes.len() as u64);
     Ok(())
 }

@@ -19,6 +19,8 @@
 //! - [`ops`]: the operators' side: HTTP, /metrics parsing, the Python
 //!   Prometheus parsers.
 //! - [`browser`]: headless Chromium for the status page.
+//! - [`tls`]: certificates made with rcgen, a redis-server with only a TLS
+//!   port, a TLS client.
 
 // Each test binary uses a different part of the harness.
 #![allow(dead_code)]
@@ -34,6 +36,7 @@ pub mod redis;
 pub mod resilience;
 pub mod resp;
 pub mod rng;
+pub mod tls;
 
 use std::time::Duration;
 

@@ -16,6 +16,8 @@ pub struct Lockgate {
     pub addr: SocketAddr,
     /// The operators' HTTP listener, when started with one.
     pub admin: Option<SocketAddr>,
+    /// The TLS listener, when started with one.
+    pub tls: Option<SocketAddr>,
     /// The shared context (metrics).
     pub ctx: Arc<ServerContext>,
     stop: Option<oneshot::Sender<()>>,
@@ -32,16 +34,30 @@ impl Lockgate {
 
     /// lockgate with `config` (its listen address is ignored: port 0).
     pub async fn start_with(config: Config) -> Lockgate {
-        Lockgate::start_inner(config, false).await
+        Lockgate::start_inner(config, false, false).await
+    }
+
+    /// [`Lockgate::start_with`], also serving TLS clients on a port-0
+    /// listener (its address in [`Lockgate::tls`]; `proxy.tls` must name
+    /// the certificate files, and its `listen` is ignored).
+    pub async fn start_with_tls(config: Config) -> Lockgate {
+        Lockgate::start_inner(config, false, true).await
     }
 
     /// [`Lockgate::start_with`], also serving the operators' HTTP endpoints
     /// on a port-0 listener (its address in [`Lockgate::admin`]).
     pub async fn start_with_admin(config: Config) -> Lockgate {
-        Lockgate::start_inner(config, true).await
+        Lockgate::start_inner(config, true, false).await
     }
 
-    async fn start_inner(config: Config, with_admin: bool) -> Lockgate {
+    async fn start_inner(config: Config, with_admin: bool, with_tls: bool) -> Lockgate {
+        let tls_listener = match with_tls {
+            true => Some(TcpListener::bind("127.0.0.1:0").await.expect("bind tls")),
+            false => None,
+        };
+        let tls = tls_listener
+            .as_ref()
+            .map(|l| l.local_addr().expect("tls addr"));
         config.validate().expect("valid test config");
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
@@ -54,9 +70,10 @@ impl Lockgate {
             .map(|l| l.local_addr().expect("admin addr"));
         let ctx = Arc::new(ServerContext::new(config));
         let (tx, rx) = oneshot::channel::<()>();
-        let task = tokio::spawn(lockgate::run_with_admin(
+        let task = tokio::spawn(lockgate::run_with_tls(
             ctx.clone(),
             listener,
+            tls_listener,
             admin_listener,
             async {
                 let _ = rx.await;
@@ -65,6 +82,7 @@ impl Lockgate {
         Lockgate {
             addr,
             admin,
+            tls,
             ctx,
             stop: Some(tx),
             task: Some(task),
