@@ -30,7 +30,8 @@
 //!   [`session::jobs`] runs a session's deferred work in command order;
 //!   [`session::carry`] carries out the routes of one read batch (what
 //!   goes upstream, what the writer must expect);
-//!   [`session::parking`] is where an attempt meets the storm room;
+//!   [`session::parking`] carries out the lock room's decision on an
+//!   attempt ([`lock::LockService::admit`]) with the session's acquirer;
 //!   [`session::quorum_transaction`] and [`session::quorum_split`] carry out
 //!   transactions and split commands on the quorum.
 //! - [`protocol`]: pure RESP framing, no I/O: [`protocol::request`] (client
@@ -58,13 +59,21 @@
 //!   out, its vote uncounted; the stricter `clock_faults` quorum),
 //!   [`lock::split`] (per-key commands split between the quorum and the
 //!   primary: which key goes where, how the answers merge),
+//!   [`lock::admit`] (an acquisition's fate before Redis: on to Redis,
+//!   absorbed, delayed or parked; counted and fed to the hot keys),
 //!   [`lock::storm`] (retry storms: the contention table, probe cap,
-//!   parking and FIFO handoff; `storm::handoff`: a release through this
-//!   instance handing the lock to the oldest parked attempt in the same
-//!   script), [`lock::announce`] (release announcements
+//!   parking and FIFO handoff; `storm::key`: one key's rules as a state
+//!   machine, `Key::step(event, now)` → actions, with `storm::event` its
+//!   events and actions; `storm::driver`: the task that carries them out
+//!   for a key with parked attempts; `storm::handoff`: a release through
+//!   this instance handing the lock to the oldest parked attempt in the
+//!   same script; `storm::tests`: the rules step by step and the driver
+//!   under paused time with a scripted acquirer), [`lock::announce`] (release announcements
 //!   between instances on `lockgate:released`),
 //!   [`lock::metrics`] (the lock room's counters and the quorum's rejoin
-//!   counters, declared with `counters!`),
+//!   counters, declared with `counters!`), [`lock::hotkeys`] (the bounded
+//!   top-K sketch of hot lock keys the lock room feeds; `hotkeys::sketch`:
+//!   its slots and histograms),
 //!   [`lock::LockService`] (plan an op, learn its outcome; states the
 //!   safety invariants).
 //! - [`admin`]: `LOCKGATE …` over RESP: the dispatch, counters, the
@@ -72,7 +81,7 @@
 //!   `MASTERS`, `CONFIG`, `RELOAD`.
 //! - [`http`]: the operators' HTTP side (`/metrics`, `/healthz`, `/readyz`,
 //!   the status page); [`exposition`]: Prometheus text from every room's
-//!   counters; [`hotkeys`]: the bounded top-K sketch of hot lock keys.
+//!   counters.
 //! - [`sentinel`]: [`sentinel::Primary`], which Redis is the primary now
 //!   (fixed, or followed through Redis Sentinel by [`sentinel::follow`]:
 //!   `get-master-addr-by-name` confirmed by `ROLE`, `+switch-master`, a
@@ -138,7 +147,6 @@ pub mod config;
 pub mod context;
 pub mod error;
 pub mod exposition;
-pub mod hotkeys;
 pub mod http;
 pub mod lock;
 pub mod metrics;
