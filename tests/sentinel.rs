@@ -262,12 +262,16 @@ async fn a_planned_failover_is_followed_and_locks_wait_out_the_delay() {
 #[tokio::test]
 async fn a_killed_primary_is_followed() {
     let mut group = Group::start().await;
-    let lg = Lockgate::start_with(sentinel_config(&group.addrs())).await;
+    let mut config = sentinel_config(&group.addrs());
+    config.locks.failover_delay_ms = Some(0);
+    let lg = Lockgate::start_with(config).await;
     until_ready(&lg).await;
     let new = group.replica.addr();
     let mut session = RawClient::connect(lg.addr).await;
     assert_eq!(call(&mut session, &["SET", "before", "1"]).await, "+OK\r\n");
     direct(&group.primary.addr(), &["WAIT", "1", "5000"]).await;
+    let numsub = ["PUBSUB", "NUMSUB", "lockgate:released"];
+    assert!(direct(&new, &numsub).await.ends_with(":0\r\n"));
     let started = Instant::now();
     group.primary.stop();
     let followed = until_writes_land(&lg, &new, started).await;
@@ -280,8 +284,18 @@ async fn a_killed_primary_is_followed() {
         session.closed_within(WAIT).await,
         "a session on the dead primary stays open"
     );
-    // lockgate's own connection followed too.
+    // lockgate's own connection and the release announcements followed.
     until_ready(&lg).await;
+    until!(
+        "the release announcements to subscribe on the new primary",
+        direct(&new, &numsub).await.ends_with(":1\r\n")
+    );
+    // LOCKGATE LOCK runs on lockgate's own connection (failover delay off
+    // here: 0).
+    let mut fencer = RawClient::connect(lg.addr).await;
+    let fenced = call(&mut fencer, &["LOCKGATE", "LOCK", "lock:after", "5000"]).await;
+    assert!(fenced.starts_with("*2\r\n:"), "{fenced}");
+    assert_eq!(direct(&new, &["EXISTS", "lock:after"]).await, ":1\r\n");
     let mut c = RawClient::connect(lg.addr).await;
     assert_eq!(call(&mut c, &["GET", "before"]).await, "$1\r\n1\r\n");
     assert_eq!(primary_field(&mut c, "addr").await, new);

@@ -233,8 +233,8 @@ async fn role(f: &Follower, addr: &str) -> Result<String, SentinelError> {
     }
 }
 
-/// A connection to a sentinel, authenticated when a password is set
-/// (sentinels take no `CLIENT SETNAME` from every version; none is sent).
+/// A connection to a sentinel, authenticated when a password is set (no
+/// `CLIENT SETNAME`: not every Sentinel version takes it).
 async fn connect_sentinel(sentinel: &NodeConfig) -> Result<Stream, String> {
     let mut stream = sentinel
         .connector
