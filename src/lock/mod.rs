@@ -39,6 +39,8 @@ pub mod quorum;
 pub mod quorum_fence;
 pub mod quorum_ops;
 pub mod rejoin;
+mod reply;
+pub use reply::ReplyOutcome;
 pub mod script;
 pub mod split;
 pub mod storm;

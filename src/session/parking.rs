@@ -12,7 +12,7 @@ use crate::context::ServerContext;
 use crate::lock::lease::ConnLocks;
 use crate::lock::ops::{LockOp, Shape};
 use crate::lock::storm::{shaped, Admission, Ask};
-use crate::lock::{LockPending, Park};
+use crate::lock::Park;
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
 use crate::sync;
@@ -101,27 +101,6 @@ pub fn admit(
             }
         }
     }
-}
-
-/// The key and park settings of a failed acquisition that may be parked.
-pub fn after_failure(pending: &LockPending, facts: &[i64]) -> Option<(Bytes, Park)> {
-    match pending {
-        LockPending::Acquire {
-            key,
-            park: Some(park),
-            ..
-        } if facts.first() == Some(&0) => Some((key.clone(), park.clone())),
-        _ => None,
-    }
-}
-
-/// Parks a failed attempt on `key`; `None` when it cannot wait.
-pub fn park(
-    ctx: &Arc<ServerContext>,
-    failed: (Bytes, Park),
-    conn: &Arc<Mutex<ConnLocks>>,
-) -> Option<oneshot::Receiver<LocalReply>> {
-    park_it(ctx, failed.0, failed.1, conn)
 }
 
 fn park_it(
