@@ -94,3 +94,96 @@ fn failed_attempt(pending: &LockPending, facts: &[i64]) -> Option<(Bytes, Park)>
         _ => None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+
+    use super::*;
+    use crate::config::Config;
+    use crate::lock::lease::Standing;
+    use crate::lock::ops::{LockOp, Shape, Ttl};
+    use crate::lock::Queueing;
+
+    /// Acquires nothing: the tests below never park.
+    struct NoAcquirer;
+
+    impl Acquirer for NoAcquirer {
+        fn acquire(
+            &self,
+            _: Ask,
+        ) -> std::pin::Pin<Box<dyn std::future::Future<Output = (bool, i64)> + Send + '_>> {
+            Box::pin(async { (false, 0) })
+        }
+
+        fn stopped(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>> {
+            Box::pin(std::future::pending())
+        }
+    }
+
+    /// A SETNX on `lock:a` planned on `conn` (recorded as trying).
+    fn attempt(locks: &LockService, conn: &Arc<Mutex<ConnLocks>>) -> LockPending {
+        let op = LockOp::Acquire {
+            key: Bytes::from_static(b"lock:a"),
+            value: Bytes::from_static(b"v"),
+            ttl: Ttl::Default,
+            shape: Shape::SetNx,
+        };
+        let planned = locks.plan(op, &mut sync::lock(conn), Queueing::Now);
+        planned
+            .pending
+            .expect("an acquisition outside MULTI has facts")
+    }
+
+    fn outcome(
+        locks: &LockService,
+        pending: LockPending,
+        frame: &'static [u8],
+        conn: &Arc<Mutex<ConnLocks>>,
+    ) -> (Bytes, u32) {
+        let asked = Cell::new(0);
+        let acquirer = || -> Arc<dyn Acquirer> {
+            asked.set(asked.get() + 1);
+            Arc::new(NoAcquirer)
+        };
+        match locks.on_reply(pending, Bytes::from_static(frame), conn, &acquirer) {
+            ReplyOutcome::Reply(reply) => (reply, asked.get()),
+            ReplyOutcome::Parked(_) => panic!("parked without park settings"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_won_attempt_answers_the_bare_reply_and_is_recorded_held() {
+        let locks = LockService::new(&Config::default());
+        let conn = Arc::new(Mutex::new(locks.conn_locks()));
+        let pending = attempt(&locks, &conn);
+        let (reply, asked) = outcome(&locks, pending, b"*3\r\n:1\r\n:1\r\n:30000\r\n", &conn);
+        assert_eq!(&reply[..], b":1\r\n");
+        assert_eq!(asked, 0);
+        let standing = sync::lock(&conn).get(b"lock:a").map(|a| a.standing);
+        assert_eq!(standing, Some(Standing::Held));
+    }
+
+    #[tokio::test]
+    async fn a_lost_attempt_without_park_settings_is_answered_at_once() {
+        let locks = LockService::new(&Config::default());
+        let conn = Arc::new(Mutex::new(locks.conn_locks()));
+        let pending = attempt(&locks, &conn);
+        let (reply, asked) = outcome(&locks, pending, b"*3\r\n:0\r\n:0\r\n:2500\r\n", &conn);
+        assert_eq!(&reply[..], b":0\r\n");
+        assert_eq!(asked, 0);
+        let standing = sync::lock(&conn).get(b"lock:a").map(|a| a.standing);
+        assert_eq!(standing, Some(Standing::Lost));
+    }
+
+    #[tokio::test]
+    async fn a_client_script_reply_passes_whole() {
+        let locks = LockService::new(&Config::default());
+        let conn = Arc::new(Mutex::new(locks.conn_locks()));
+        let pending = LockPending::Script {
+            keys: vec![Bytes::from_static(b"lock:a")],
+        };
+        let (reply, _) = outcome(&locks, pending, b"*2\r\n:1\r\n:5\r\n", &conn);
+        assert_eq!(&reply[..], b"*2\r\n:1\r\n:5\r\n");
+    }
+}
