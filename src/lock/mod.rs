@@ -24,6 +24,9 @@
 //!   disconnect over a connection of lockgate's own.
 //! - [`clock`]: the quorum masters' clock offsets; a master whose clock
 //!   jumps sits out and its vote does not count.
+//! - `reply`: [`LockService::on_reply`], what a lock script's reply means
+//!   for the client (the session's writer writes what it is told).
+//! - [`quorum_scripts`]: client script bodies kept for the quorum.
 
 pub mod announce;
 pub mod clock;

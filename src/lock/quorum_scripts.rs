@@ -16,8 +16,8 @@ use crate::protocol::encode;
 const MAX_REMEMBERED_SCRIPTS: usize = 10_000;
 
 impl Quorum {
-    /// Remembers `body` under its SHA1 (up to [`MAX_REMEMBERED_SCRIPTS`]
-    /// bodies; one already known is always refreshed).
+    /// Remembers `body` under its SHA1 (up to 10 000 bodies; one already
+    /// known is always refreshed).
     pub fn remember_script(&self, body: &[u8]) {
         let sha = sha1_smol::Sha1::from(body).digest().to_string();
         if self.scripts.len() < MAX_REMEMBERED_SCRIPTS || self.scripts.contains_key(&sha) {
