@@ -32,7 +32,8 @@
 //!   [`session::jobs`] runs a session's deferred work in command order;
 //!   [`session::carry`] carries out the routes of one read batch (what
 //!   goes upstream, what the writer must expect);
-//!   [`session::parking`] is where an attempt meets the storm room;
+//!   [`session::parking`] carries out the lock room's decision on an
+//!   attempt ([`lock::LockService::admit`]) with the session's acquirer;
 //!   [`session::quorum_transaction`] and [`session::quorum_split`] carry out
 //!   transactions and split commands on the quorum.
 //! - [`protocol`]: pure RESP framing, no I/O: [`protocol::request`] (client
@@ -60,15 +61,23 @@
 //!   out, its vote uncounted; the stricter `clock_faults` quorum),
 //!   [`lock::split`] (per-key commands split between the quorum and the
 //!   primary: which key goes where, how the answers merge),
+//!   [`lock::admit`] (an acquisition's fate before Redis: on to Redis,
+//!   absorbed, delayed or parked; counted and fed to the hot keys),
 //!   [`lock::storm`] (retry storms: the contention table, probe cap,
-//!   parking and FIFO handoff; `storm::handoff`: a release through this
-//!   instance handing the lock to the oldest parked attempt in the same
-//!   script), [`lock::announce`] (release announcements
+//!   parking and FIFO handoff; `storm::key`: one key's rules as a state
+//!   machine, `Key::step(event, now)` → actions, with `storm::event` its
+//!   events and actions; `storm::driver`: the task that carries them out
+//!   for a key with parked attempts; `storm::handoff`: a release through
+//!   this instance handing the lock to the oldest parked attempt in the
+//!   same script; `storm::tests`: the rules step by step and the driver
+//!   under paused time with a scripted acquirer), [`lock::announce`] (release announcements
 //!   between instances on `lockgate:released`),
 //!   [`lock::quorum_scripts`] (client script bodies remembered for
 //!   masters that answer `NOSCRIPT`, `SCRIPT LOAD` on every master),
 //!   [`lock::metrics`] (the lock room's counters and the quorum's rejoin
-//!   counters, declared with `counters!`),
+//!   counters, declared with `counters!`), [`lock::hotkeys`] (the bounded
+//!   top-K sketch of hot lock keys the lock room feeds; `hotkeys::sketch`:
+//!   its slots and histograms),
 //!   [`lock::LockService`] (plan an op, learn its outcome; states the
 //!   safety invariants); `lock::reply`: [`lock::LockService::on_reply`],
 //!   the outcome of a lock script's reply (facts learned, a handoff
@@ -78,7 +87,7 @@
 //!   `MASTERS`, `CONFIG`, `RELOAD`.
 //! - [`http`]: the operators' HTTP side (`/metrics`, `/healthz`, `/readyz`,
 //!   the status page); [`exposition`]: Prometheus text from every room's
-//!   counters; [`hotkeys`]: the bounded top-K sketch of hot lock keys.
+//!   counters.
 //! - [`upstream`]: [`upstream::Connector`], the one way lockgate connects
 //!   to Redis (sessions, its own connections, the masters): a timeout,
 //!   TLS when configured, a precise error.
@@ -143,7 +152,6 @@ pub mod config;
 pub mod context;
 pub mod error;
 pub mod exposition;
-pub mod hotkeys;
 pub mod http;
 pub mod lock;
 pub mod metrics;

@@ -27,10 +27,15 @@
 //! - `reply`: [`LockService::on_reply`], what a lock script's reply means
 //!   for the client (the session's writer writes what it is told).
 //! - [`quorum_scripts`]: client script bodies kept for the quorum.
+//! - [`admit`]: an acquisition's fate before Redis ([`LockService::admit`]).
+//! - [`storm`]: retry storms (the contention table, one key's state
+//!   machine, the handoff driver). - [`hotkeys`]: the hottest lock keys.
 
+pub mod admit;
 pub mod announce;
 pub mod clock;
 pub mod fence;
+pub mod hotkeys;
 pub mod keys;
 pub mod lease;
 pub mod metrics;
@@ -197,7 +202,7 @@ pub struct LockService {
     /// The contention table (retry storms).
     pub storm: std::sync::Arc<storm::Storm>,
     /// The hottest lock keys (bounded top-K sketch).
-    pub hot: crate::hotkeys::HotKeys,
+    pub hot: hotkeys::HotKeys,
     lapse_warn: RateLimit,
     unmatched_warn: RateLimit,
     /// How long a release carrying a handoff may take to be answered
@@ -226,7 +231,7 @@ impl LockService {
             unmatched: DashMap::new(),
             metrics: LockMetrics::default(),
             storm: std::sync::Arc::new(storm::Storm::new(&c.retry)),
-            hot: crate::hotkeys::HotKeys::new(config.admin.hot_keys),
+            hot: hotkeys::HotKeys::new(config.admin.hot_keys),
             lapse_warn: RateLimit::new(WARN_INTERVAL),
             unmatched_warn: RateLimit::new(WARN_INTERVAL),
             handoff_within: Duration::from_millis(config.upstream.connect_timeout_ms),

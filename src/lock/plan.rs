@@ -4,11 +4,11 @@
 
 use bytes::Bytes;
 
+use super::hotkeys::Event;
 use super::lease::{self, ConnLocks, Standing};
 use super::ops::{LockOp, Ttl};
 use super::storm::HandedOver;
 use super::{eval, owner_key, script, waiting_key, LockPending, LockService, Planned};
-use crate::hotkeys::Event;
 use crate::metrics::ProxyMetrics;
 
 /// Whether Redis runs a planned command at once or queues it in a

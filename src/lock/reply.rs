@@ -9,7 +9,7 @@ use bytes::Bytes;
 use tokio::sync::oneshot;
 
 use super::lease::ConnLocks;
-use super::storm::{Acquirer, Ask};
+use super::storm::Acquirer;
 use super::{split_reply, LockPending, LockService, Park};
 use crate::protocol::encode::LocalReply;
 use crate::sync;
@@ -33,7 +33,7 @@ impl LockService {
         pending: LockPending,
         frame: Bytes,
         conn: &Arc<Mutex<ConnLocks>>,
-        acquirer: &dyn Fn() -> Arc<dyn Acquirer>,
+        acquirer: impl FnOnce() -> Arc<dyn Acquirer>,
     ) -> ReplyOutcome {
         let (reply, facts) = match pending {
             // A client script's reply is the client's, whole.
@@ -50,36 +50,10 @@ impl LockService {
         if let Some(handed) = handed {
             self.finish_handoff(handed);
         }
-        match park.and_then(|(key, park)| self.park(acquirer(), key, park, conn)) {
+        match park.and_then(|(key, park)| self.park(key, park, conn, acquirer())) {
             Some(rx) => ReplyOutcome::Parked(rx),
             None => ReplyOutcome::Reply(reply),
         }
-    }
-
-    /// Parks an attempt of `conn` on `key` until the lock is handed to it
-    /// or `park.park_ms` passes; `None` when it cannot wait (the
-    /// connection has no attempt on the key, or the storm room refuses).
-    pub fn park(
-        &self,
-        acquirer: Arc<dyn Acquirer>,
-        key: Bytes,
-        park: Park,
-        conn: &Arc<Mutex<ConnLocks>>,
-    ) -> Option<oneshot::Receiver<LocalReply>> {
-        let (since, conn_id) = {
-            let c = sync::lock(conn);
-            (c.first_try(&key)?, c.id)
-        };
-        let ask = Ask {
-            key,
-            value: park.value,
-            shape: park.shape,
-            lease_ms: park.lease_ms,
-            conn: conn.clone(),
-            conn_id,
-        };
-        self.storm
-            .park(acquirer, ask, since, park.park_ms, park.probe_ms)
     }
 }
 
@@ -103,6 +77,7 @@ mod tests {
     use crate::config::Config;
     use crate::lock::lease::Standing;
     use crate::lock::ops::{LockOp, Shape, Ttl};
+    use crate::lock::storm::Ask;
     use crate::lock::Queueing;
 
     /// Acquires nothing: the tests below never park.
@@ -146,7 +121,7 @@ mod tests {
             asked.set(asked.get() + 1);
             Arc::new(NoAcquirer)
         };
-        match locks.on_reply(pending, Bytes::from_static(frame), conn, &acquirer) {
+        match locks.on_reply(pending, Bytes::from_static(frame), conn, acquirer) {
             ReplyOutcome::Reply(reply) => (reply, asked.get()),
             ReplyOutcome::Parked(_) => panic!("parked without park settings"),
         }

@@ -191,9 +191,7 @@ struct SessionLocks<'a> {
 impl writer::LockReplies for SessionLocks<'_> {
     fn on_reply(&self, pending: LockPending, frame: bytes::Bytes) -> ReplyOutcome {
         let acquirer = || -> Arc<dyn Acquirer> { self.ctx.clone() };
-        self.ctx
-            .locks
-            .on_reply(pending, frame, self.conn, &acquirer)
+        self.ctx.locks.on_reply(pending, frame, self.conn, acquirer)
     }
 }
 

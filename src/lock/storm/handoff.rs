@@ -13,12 +13,11 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::sync::oneshot;
-use tokio::time::Instant;
 
-use super::{shaped, KeyInner, Storm};
+use super::event::{Action, Event};
+use super::{shaped, Storm};
 use crate::lock::lease::ConnLocks;
 use crate::lock::ops::Shape;
-use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
 
 /// A parked attempt a release will hand the lock to, as the release's
@@ -61,13 +60,6 @@ impl HandedOver {
     }
 }
 
-/// Drops a claim whose release never answered within its time.
-pub(super) fn expire_claim(inner: &mut KeyInner, now: Instant) {
-    if inner.handing.is_some_and(|(_, until)| until <= now) {
-        inner.handing = None;
-    }
-}
-
 impl Storm {
     /// Claims the oldest parked attempt on `key` for a release about to be
     /// sent, for at most `within` (how long the release may take to be
@@ -75,57 +67,36 @@ impl Storm {
     /// a kept place (its connection is between attempts), or the driver is
     /// acquiring for it already. `token` is the attempt's new owner token.
     pub fn claim(&self, key: &[u8], token: Bytes, within: Duration) -> Option<Claim> {
-        let state = self.state(key, false)?;
-        let mut inner = state.inner.lock().ok()?;
-        if inner.busy || inner.handing.is_some() {
-            return None;
-        }
-        let front = inner.waiters.front().filter(|w| w.live())?;
-        let claim = Claim {
-            id: front.id,
-            token,
-            value: front.ask.value.clone(),
-            lease_ms: front.ask.lease_ms,
-        };
-        inner.handing = Some((claim.id, Instant::now() + within));
-        Some(claim)
+        let actions = self.on_key(key, false, Event::Claim { token, within })?;
+        actions.into_iter().find_map(|a| match a {
+            Action::Claimed(claim) => Some(claim),
+            _ => None,
+        })
     }
 
     /// The release carrying `claim` gave the lock to it: the key is held by
     /// this instance for the claim's lease, and the attempt leaves the
     /// queue. `None` if the claim had lapsed and its attempt is gone.
     pub fn hand_over(&self, key: &[u8], claim: Claim) -> Option<HandedOver> {
-        let state = self.state(key, false)?;
-        let mut inner = state.inner.lock().ok()?;
-        if inner.handing.is_some_and(|(id, _)| id == claim.id) {
-            inner.handing = None;
-        }
-        inner.held_until = Some(Instant::now() + Duration::from_millis(claim.lease_ms));
-        inner.ours = true;
-        inner.last_probe = Some(Instant::now());
-        let at = inner.waiters.iter().position(|w| w.id == claim.id)?;
-        let w = inner.waiters.remove(at)?;
-        ProxyMetrics::inc(&self.metrics.handoffs);
-        Some(HandedOver {
-            key: Bytes::copy_from_slice(key),
-            claim,
-            shape: w.ask.shape,
-            conn: w.ask.conn,
-            reply: w.reply,
+        let event = Event::HandedOver {
+            claim: claim.clone(),
+        };
+        let actions = self.on_key(key, false, event)?;
+        actions.into_iter().find_map(|a| match a {
+            Action::HandedOver { waiter } => Some(HandedOver {
+                key: Bytes::copy_from_slice(key),
+                claim: claim.clone(),
+                shape: waiter.ask.shape,
+                conn: waiter.ask.conn,
+                reply: waiter.reply,
+            }),
+            _ => None,
         })
     }
 
     /// The release carrying a claim did not release (refused, or its lease
     /// had lapsed): the attempt waits on as before.
     pub fn unclaim(&self, key: &[u8], claim: &Claim) {
-        let Some(state) = self.state(key, false) else {
-            return;
-        };
-        if let Ok(mut inner) = state.inner.lock() {
-            if inner.handing.is_some_and(|(id, _)| id == claim.id) {
-                inner.handing = None;
-            }
-        }
-        state.wake.notify_one();
+        self.on_key(key, false, Event::Unclaimed { id: claim.id });
     }
 }
