@@ -36,6 +36,7 @@ use super::ops::Shape;
 use crate::config::RetryConfig;
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
+use crate::sync;
 use event::{Action, Event, Tally};
 use key::{Key, Limits, Timing};
 
@@ -177,7 +178,7 @@ impl Storm {
     fn evict_one(&self) -> bool {
         let now = Instant::now();
         let idle = self.table.iter().take(64).find_map(|e| {
-            let inner = e.value().inner.lock().ok()?;
+            let inner = sync::lock(&e.value().inner);
             inner.idle(now).then(|| e.key().clone())
         });
         match idle {
@@ -198,7 +199,7 @@ impl Storm {
             max_waiters: self.config.max_waiters_per_key,
             probe_interval_ms: self.config.probe_interval_ms,
         };
-        let actions = state.inner.lock().ok()?.step(event, now, limits);
+        let actions = sync::lock(&state.inner).step(event, now, limits);
         let mut left = Vec::new();
         for action in actions {
             match action {
@@ -335,9 +336,7 @@ impl Storm {
             if !super::keys::glob_match(pattern, e.key()) {
                 continue;
             }
-            let Ok(inner) = e.value().inner.lock() else {
-                continue;
-            };
+            let inner = sync::lock(&e.value().inner);
             if let Some((holder, until)) = inner.holder(now) {
                 out.push((
                     e.key().clone(),
@@ -353,7 +352,7 @@ impl Storm {
     /// Attempts parked on `key` now.
     pub fn waiting(&self, key: &[u8]) -> usize {
         self.state(key, false)
-            .and_then(|s| s.inner.lock().ok().map(|i| i.parked()))
+            .map(|s| sync::lock(&s.inner).parked())
             .unwrap_or(0)
     }
 
@@ -361,7 +360,7 @@ impl Storm {
     /// nobody known.
     pub fn holder(&self, key: &[u8]) -> Option<&'static str> {
         let state = self.state(key, false)?;
-        let inner = state.inner.lock().ok()?;
+        let inner = sync::lock(&state.inner);
         inner.holder(Instant::now()).map(|(who, _)| who)
     }
 
