@@ -81,7 +81,10 @@
 //!   [`lock::LockService`] (plan an op, learn its outcome; states the
 //!   safety invariants); `lock::reply`: [`lock::LockService::on_reply`],
 //!   the outcome of a lock script's reply (facts learned, a handoff
-//!   settled, a failed attempt parked) as a [`lock::ReplyOutcome`].
+//!   settled, a failed attempt parked) as a [`lock::ReplyOutcome`];
+//!   [`lock::on_behalf`] (acquisitions away from the client's own
+//!   connection: a quorum attempt that may wait for a handoff, a parked
+//!   attempt's driver acquiring for its waiter).
 //! - [`admin`]: `LOCKGATE …` over RESP: the dispatch, counters, the
 //!   fencing API (`LOCK | UNLOCK | EXTEND`); [`views`]: `HOTKEYS`, `LOCKS`,
 //!   `MASTERS`, `CONFIG`, `RELOAD`.

@@ -40,6 +40,7 @@ pub mod keys;
 pub mod lease;
 pub mod metrics;
 pub mod node;
+pub mod on_behalf;
 pub mod ops;
 mod plan;
 pub use plan::Queueing;

@@ -27,7 +27,9 @@ pub fn admit(
     ctx.locks.admit(op, conn, tracked, parkable, || ctx.clone())
 }
 
-/// An acquisition on the quorum that may wait for a handoff if refused.
+/// An operation on the quorum from this session (see
+/// [`crate::lock::LockService::quorum_attempt`]); a parked attempt's driver
+/// acquires through `ctx`.
 pub async fn quorum_attempt(
     ctx: Arc<ServerContext>,
     op: LockOp,
@@ -37,19 +39,7 @@ pub async fn quorum_attempt(
     let Some(q) = ctx.quorum.clone() else {
         return LocalReply::err("lockgate: internal error (no quorum)");
     };
-    let (LockOp::Acquire { key, shape, .. }, Some(park)) = (&op, park) else {
-        return ctx.locks.on_quorum(&q, op, conn).await;
-    };
-    let (key, shape) = (key.clone(), *shape);
-    let outcome = ctx
-        .locks
-        .quorum_acquire(&q, op.clone(), shape, park.lease_ms, conn.clone(), false)
-        .await;
-    if outcome.acquired || outcome.pttl <= 0 {
-        return outcome.reply;
-    }
-    match ctx.locks.park(key, park, &conn, ctx.clone()) {
-        Some(rx) => rx.await.unwrap_or(outcome.reply),
-        None => outcome.reply,
-    }
+    ctx.locks
+        .quorum_attempt(&q, op, conn, park, ctx.clone())
+        .await
 }
