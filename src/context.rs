@@ -347,41 +347,15 @@ impl crate::lock::storm::Acquirer for ServerContext {
         ask: crate::lock::storm::Ask,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = (bool, i64)> + Send + '_>> {
         Box::pin(async move {
-            use crate::lock::ops::{LockOp, Ttl};
-            let lease = ask.lease_ms;
+            // After a switch of the primary, no acquisition on its behalf
+            // either (`locks.failover_delay_ms`; never with the quorum).
             if self.held_after_failover(&ask.key) {
                 return (false, 0);
             }
-            let op = LockOp::Acquire {
-                key: ask.key.clone(),
-                value: ask.value.clone(),
-                ttl: Ttl::Given("PX", bytes::Bytes::from(lease.to_string())),
-                shape: ask.shape,
-            };
-            if let Some(q) = &self.quorum {
-                let out = self
-                    .locks
-                    .quorum_acquire(q, op, ask.shape, lease, ask.conn, true)
-                    .await;
-                return (out.acquired, out.pttl);
-            }
-            let planned = self.locks.plan_for_handoff(op, &mut sync::lock(&ask.conn));
-            let Some(pending) = planned.pending else {
-                return (false, 0);
-            };
             let timeout = Duration::from_millis(self.config.upstream.connect_timeout_ms);
-            match self.primary.call(planned.command, timeout).await {
-                Ok(reply) => {
-                    let (_, facts) = crate::lock::split_reply(&reply);
-                    self.locks
-                        .complete(pending, &facts, &mut sync::lock(&ask.conn));
-                    (
-                        facts.first() == Some(&1),
-                        facts.get(1).copied().unwrap_or(0),
-                    )
-                }
-                Err(_) => (false, 0),
-            }
+            self.locks
+                .acquire_on_behalf(self.quorum.as_deref(), &self.primary, timeout, ask)
+                .await
         })
     }
 

@@ -25,7 +25,10 @@
 //!   spawning, drain with a grace period.
 //! - [`session`]: one client. [`session::reader`] reads and routes commands
 //!   and forwards the client's bytes; [`session::writer`] copies replies
-//!   back in order and writes lockgate's own replies between them;
+//!   back in order and writes lockgate's own replies between them (generic
+//!   over its streams, tested over in-memory pipes; `writer::replies` is
+//!   its bookkeeping without I/O), and hands lock scripts' replies to the
+//!   lock room through [`session::writer::LockReplies`];
 //!   [`session::pending`] is what the two halves tell each other;
 //!   [`session::jobs`] runs a session's deferred work in command order;
 //!   [`session::carry`] carries out the routes of one read batch (what
@@ -70,12 +73,19 @@
 //!   same script; `storm::tests`: the rules step by step and the driver
 //!   under paused time with a scripted acquirer), [`lock::announce`] (release announcements
 //!   between instances on `lockgate:released`),
+//!   [`lock::quorum_scripts`] (client script bodies remembered for
+//!   masters that answer `NOSCRIPT`, `SCRIPT LOAD` on every master),
 //!   [`lock::metrics`] (the lock room's counters and the quorum's rejoin
 //!   counters, declared with `counters!`), [`lock::hotkeys`] (the bounded
 //!   top-K sketch of hot lock keys the lock room feeds; `hotkeys::sketch`:
 //!   its slots and histograms),
 //!   [`lock::LockService`] (plan an op, learn its outcome; states the
-//!   safety invariants).
+//!   safety invariants); `lock::reply`: [`lock::LockService::on_reply`],
+//!   the outcome of a lock script's reply (facts learned, a handoff
+//!   settled, a failed attempt parked) as a [`lock::ReplyOutcome`];
+//!   [`lock::on_behalf`] (acquisitions away from the client's own
+//!   connection: a quorum attempt that may wait for a handoff, a parked
+//!   attempt's driver acquiring for its waiter).
 //! - [`admin`]: `LOCKGATE …` over RESP: the dispatch, counters, the
 //!   fencing API (`LOCK | UNLOCK | EXTEND`); [`views`]: `HOTKEYS`, `LOCKS`,
 //!   `MASTERS`, `CONFIG`, `RELOAD`.
@@ -116,9 +126,13 @@
 //! A command on a lock key takes the same road with one detour: the router
 //! returns [`router::Route::Lock`], [`lock::LockService::plan`] turns it into
 //! an `EVAL` that goes up the client's own connection in the command's
-//! place (so order costs nothing), and the writer unwraps the script's
-//! `{reply, facts}` answer: the reply goes to the client with exactly the
-//! original command's shape, the facts to [`lock::LockService::complete`].
+//! place (so order costs nothing), and the writer hands the script's
+//! `{reply, facts}` answer to [`lock::LockService::on_reply`]: the lock
+//! room learns the facts ([`lock::LockService::complete`]), settles a
+//! handoff the release made, or parks a failed attempt, and tells the
+//! writer what to write: the reply with exactly the original command's
+//! shape, now, or (parked) later in its place. The writer decides nothing
+//! about locks.
 //!
 //! With a lock quorum, lock commands cannot ride the client's connection:
 //! the reader spawns the quorum operation and queues a

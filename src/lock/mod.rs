@@ -24,6 +24,9 @@
 //!   disconnect over a connection of lockgate's own.
 //! - [`clock`]: the quorum masters' clock offsets; a master whose clock
 //!   jumps sits out and its vote does not count.
+//! - `reply`: [`LockService::on_reply`], what a lock script's reply means
+//!   for the client (the session's writer writes what it is told).
+//! - [`quorum_scripts`]: client script bodies kept for the quorum.
 //! - [`admit`]: an acquisition's fate before Redis ([`LockService::admit`]).
 //! - [`storm`]: retry storms (the contention table, one key's state
 //!   machine, the handoff driver). - [`hotkeys`]: the hottest lock keys.
@@ -37,13 +40,17 @@ pub mod keys;
 pub mod lease;
 pub mod metrics;
 pub mod node;
+pub mod on_behalf;
 pub mod ops;
 mod plan;
 pub use plan::Queueing;
 pub mod quorum;
 pub mod quorum_fence;
 pub mod quorum_ops;
+pub mod quorum_scripts;
 pub mod rejoin;
+mod reply;
+pub use reply::ReplyOutcome;
 pub mod script;
 pub mod split;
 pub mod storm;
@@ -125,6 +132,16 @@ pub struct Park {
     pub park_ms: u64,
     /// The key's probe interval, ms.
     pub probe_ms: u64,
+}
+
+/// Why a command on lock keys was refused (see
+/// [`LockService::count_refusal`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// On a connection whose replies are not counted (MONITOR, replication).
+    Raw,
+    /// It mixes lock keys with other keys (the quorum).
+    Mixed,
 }
 
 /// A lock op turned into a Redis command.
@@ -395,6 +412,28 @@ impl LockService {
         all.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
         all.truncate(n);
         all
+    }
+
+    /// Counts a command on lock keys refused for `why`.
+    pub fn count_refusal(&self, why: Refusal) {
+        ProxyMetrics::inc(match why {
+            Refusal::Raw => &self.metrics.raw_refused,
+            Refusal::Mixed => &self.metrics.mixed_refused,
+        });
+    }
+
+    /// `conn` is releasing `keys`: its own attempts parked on them leave
+    /// the queue (a holder releasing does not wait for itself).
+    pub fn releasing(&self, keys: &[Bytes], conn: lease::ConnId) {
+        for key in keys {
+            self.storm.leave(key, conn);
+        }
+    }
+
+    /// What lockgate knew of `key` (held until when) is dropped: a client
+    /// script ran on it and may have released it.
+    pub fn released(&self, key: &[u8]) {
+        self.storm.released(key);
     }
 
     /// The refusal of `PERSIST` on a lock key.

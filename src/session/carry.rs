@@ -5,9 +5,7 @@
 use super::jobs::Jobs;
 use super::parking::{self, Early};
 use super::pending::Batch;
-use super::quorum_transaction::{
-    eval_fallback, quorum_transaction, remember_script, QuorumTransaction,
-};
+use super::quorum_transaction::{quorum_transaction, remember_script, QuorumTransaction};
 use crate::admin;
 use crate::command;
 use crate::context::ServerContext;
@@ -15,7 +13,7 @@ use crate::lock::lease::ConnLocks;
 use crate::lock::ops::LockOp;
 use crate::lock::script;
 use crate::lock::LockPending;
-use crate::lock::Queueing;
+use crate::lock::{Queueing, Refusal};
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::{self, LocalReply};
 use crate::protocol::request::{RequestKind, RequestParser};
@@ -293,10 +291,7 @@ fn carry_out(
                 matches!(op, LockOp::Acquire { key, .. } if out.released.contains(key));
             if let LockOp::Release { lock_keys, .. } = op {
                 out.released.extend(lock_keys.iter().cloned());
-                let owner = sync::lock(conn).id;
-                for key in lock_keys {
-                    ctx.locks.storm.leave(key, owner);
-                }
+                ctx.locks.releasing(lock_keys, sync::lock(conn).id);
             }
             let tracked = !view.in_multi && view.db == 0 && !after_release;
             let Some(park) = out.early(parking::admit(ctx, op, conn, tracked, out.last)) else {
@@ -340,7 +335,10 @@ fn carry_out(
         Route::QuorumRead | Route::QuorumEval => {
             let command = encode::command(&args.all());
             let fallback = match route {
-                Route::QuorumEval => ctx.quorum.as_ref().and_then(|q| eval_fallback(q, args)),
+                Route::QuorumEval => ctx
+                    .quorum
+                    .as_ref()
+                    .and_then(|q| q.eval_fallback(&args.all())),
                 _ => None,
             };
             let (ctx2, eval) = (ctx.clone(), matches!(route, Route::QuorumEval));
@@ -354,19 +352,18 @@ fn carry_out(
                     None => LocalReply::err("lockgate: internal error (no quorum)"),
                 };
                 for key in &touched {
-                    ctx2.locks.storm.released(key);
+                    ctx2.locks.released(key);
                 }
                 reply
             }));
         }
         Route::QuorumSplit(split) => super::quorum_split::carry_out(ctx, split, conn, out),
         Route::Refuse(message) => {
-            let counter = if message == router::RAW_REFUSAL {
-                &ctx.locks.metrics.raw_refused
-            } else {
-                &ctx.locks.metrics.mixed_refused
-            };
-            ProxyMetrics::inc(counter);
+            ctx.locks
+                .count_refusal(match *message == router::RAW_REFUSAL {
+                    true => Refusal::Raw,
+                    false => Refusal::Mixed,
+                });
             out.batch.local(LocalReply::err(message));
         }
         Route::Admin if !ctx.config.admin.resp_commands => {

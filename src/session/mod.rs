@@ -34,7 +34,9 @@ use tracing::Instrument;
 use crate::context::ServerContext;
 use crate::error::ErrorSource;
 use crate::lock::lease::ConnLocks;
+use crate::lock::storm::Acquirer;
 use crate::lock::watchdog;
+use crate::lock::{LockPending, ReplyOutcome};
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
 use crate::protocol::request::{RequestKind, RequestParser};
@@ -123,7 +125,14 @@ async fn serve(
         reader::read_loop(ctx, &mut buf, &mut client_r, &mut up_w, links).await
     };
     let writer = async {
-        let end = writer::write_loop(ctx, &mut client_w, &mut up_r, rx, &conn).await;
+        let locks = SessionLocks { ctx, conn: &conn };
+        let setup = writer::Setup {
+            chunk: ctx.config.proxy.read_chunk_bytes,
+            grace: Duration::from_millis(ctx.config.proxy.shutdown_grace_ms),
+            metrics: &ctx.metrics,
+            locks: &locks,
+        };
+        let end = writer::write_loop(setup, &mut client_w, &mut up_r, rx).await;
         reader_cancel.cancel();
         writer_done.cancel();
         end
@@ -184,6 +193,20 @@ async fn serve(
             }
         }
         _ => {}
+    }
+}
+
+/// The lock room as one session's writer sees it: the outcome of a lock
+/// script's reply, for this connection.
+struct SessionLocks<'a> {
+    ctx: &'a Arc<ServerContext>,
+    conn: &'a Arc<Mutex<ConnLocks>>,
+}
+
+impl writer::LockReplies for SessionLocks<'_> {
+    fn on_reply(&self, pending: LockPending, frame: bytes::Bytes) -> ReplyOutcome {
+        let acquirer = || -> Arc<dyn Acquirer> { self.ctx.clone() };
+        self.ctx.locks.on_reply(pending, frame, self.conn, acquirer)
     }
 }
 

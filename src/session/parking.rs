@@ -6,13 +6,10 @@
 
 use std::sync::{Arc, Mutex};
 
-use bytes::Bytes;
-use tokio::sync::oneshot;
-
 use crate::context::ServerContext;
 use crate::lock::lease::ConnLocks;
 use crate::lock::ops::LockOp;
-use crate::lock::{LockPending, Park};
+use crate::lock::Park;
 use crate::protocol::encode::LocalReply;
 
 pub use crate::lock::admit::Early;
@@ -30,28 +27,9 @@ pub fn admit(
     ctx.locks.admit(op, conn, tracked, parkable, || ctx.clone())
 }
 
-/// The key and park settings of a failed acquisition that may be parked.
-pub fn after_failure(pending: &LockPending, facts: &[i64]) -> Option<(Bytes, Park)> {
-    match pending {
-        LockPending::Acquire {
-            key,
-            park: Some(park),
-            ..
-        } if facts.first() == Some(&0) => Some((key.clone(), park.clone())),
-        _ => None,
-    }
-}
-
-/// Parks a failed attempt on `key`; `None` when it cannot wait.
-pub fn park(
-    ctx: &Arc<ServerContext>,
-    failed: (Bytes, Park),
-    conn: &Arc<Mutex<ConnLocks>>,
-) -> Option<oneshot::Receiver<LocalReply>> {
-    ctx.locks.park(failed.0, failed.1, conn, ctx.clone())
-}
-
-/// An acquisition on the quorum that may wait for a handoff if refused.
+/// An operation on the quorum from this session (see
+/// [`crate::lock::LockService::quorum_attempt`]); a parked attempt's driver
+/// acquires through `ctx`.
 pub async fn quorum_attempt(
     ctx: Arc<ServerContext>,
     op: LockOp,
@@ -61,19 +39,7 @@ pub async fn quorum_attempt(
     let Some(q) = ctx.quorum.clone() else {
         return LocalReply::err("lockgate: internal error (no quorum)");
     };
-    let (LockOp::Acquire { key, shape, .. }, Some(park)) = (&op, park) else {
-        return ctx.locks.on_quorum(&q, op, conn).await;
-    };
-    let (key, shape) = (key.clone(), *shape);
-    let outcome = ctx
-        .locks
-        .quorum_acquire(&q, op.clone(), shape, park.lease_ms, conn.clone(), false)
-        .await;
-    if outcome.acquired || outcome.pttl <= 0 {
-        return outcome.reply;
-    }
-    match ctx.locks.park(key, park, &conn, ctx.clone()) {
-        Some(rx) => rx.await.unwrap_or(outcome.reply),
-        None => outcome.reply,
-    }
+    ctx.locks
+        .quorum_attempt(&q, op, conn, park, ctx.clone())
+        .await
 }

@@ -1,6 +1,6 @@
 //! What the quorum changes in a session: transactions of lock commands
-//! queued and run by lockgate at `EXEC`, and script bodies remembered for
-//! masters that lost them.
+//! queued and run by lockgate at `EXEC`, and the script bodies the client
+//! sends, passed to the quorum for masters that lost them.
 
 use super::carry::Routed;
 use super::quorum_split::quorum_part;
@@ -9,39 +9,15 @@ use crate::context::ServerContext;
 use crate::lock::lease::ConnLocks;
 use crate::lock::ops::LockOp;
 use crate::lock::split::Split;
-use crate::metrics::ProxyMetrics;
+use crate::lock::Refusal;
 use crate::protocol::encode::{self, LocalReply};
 use crate::router::{CommandArgs, Route, SessionView};
 use bytes::Bytes;
 use std::sync::{Arc, Mutex};
 
-/// Most script bodies remembered for masters that lost them.
-const MAX_REMEMBERED_SCRIPTS: usize = 10_000;
-
-/// For an `EVALSHA` on the quorum: the same call as `EVAL` with the body
-/// lockgate has seen, for masters that answer `NOSCRIPT`.
-pub(super) fn eval_fallback(
-    q: &crate::lock::quorum::Quorum,
-    args: CommandArgs<'_>,
-) -> Option<bytes::Bytes> {
-    let name = args.get(0).to_ascii_uppercase();
-    if !name.starts_with(b"EVALSHA") {
-        return None;
-    }
-    let sha = String::from_utf8_lossy(args.get(1)).to_ascii_lowercase();
-    let body = q.scripts.get(&sha)?.clone();
-    let mut all = args.all();
-    all[0] = if name == b"EVALSHA_RO" {
-        b"EVAL_RO"
-    } else {
-        b"EVAL"
-    };
-    all[1] = &body;
-    Some(encode::command(&all))
-}
-
-/// Remembers script bodies (`EVAL`, `SCRIPT LOAD`) for the quorum, and
-/// loads `SCRIPT LOAD`ed ones on every master as well.
+/// Tells the quorum about script bodies the client sends (`EVAL`,
+/// `SCRIPT LOAD`), for masters that lost them; a `SCRIPT LOAD`ed body is
+/// also loaded on every master (see [`crate::lock::quorum_scripts`]).
 pub(super) fn remember_script(
     ctx: &Arc<ServerContext>,
     kind: command::CommandKind,
@@ -53,20 +29,9 @@ pub(super) fn remember_script(
         command::CommandKind::Script if args.get(1).eq_ignore_ascii_case(b"LOAD") => args.get(2),
         _ => return,
     };
-    let sha = sha1_smol::Sha1::from(body).digest().to_string();
-    if q.scripts.len() < MAX_REMEMBERED_SCRIPTS || q.scripts.contains_key(&sha) {
-        q.scripts.insert(sha, bytes::Bytes::copy_from_slice(body));
-    }
+    q.remember_script(body);
     if kind == command::CommandKind::Script {
-        let load = encode::command(&[b"SCRIPT", b"LOAD", body]);
-        let q = q.clone();
-        let stop = ctx.stop.clone();
-        tokio::spawn(async move {
-            tokio::select! {
-                _ = q.ask_all(&load) => {}
-                _ = stop.cancelled() => {}
-            }
-        });
+        q.load_script_everywhere(body, &ctx.stop);
     }
 }
 
@@ -183,7 +148,7 @@ fn exec_on_quorum(
     out.pieces.own(encode::command(&[b"DISCARD"]));
     out.batch.swallow();
     if taken.primary > 0 {
-        ProxyMetrics::inc(&ctx.locks.metrics.mixed_refused);
+        ctx.locks.count_refusal(Refusal::Mixed);
         out.batch.local(LocalReply::Error(Bytes::from_static(
             b"EXECABORT lockgate: the transaction mixes lock keys with other keys; they live on different stores",
         )));

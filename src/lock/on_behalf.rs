@@ -1,0 +1,89 @@
+//! Acquisitions the lock room makes for a client away from the client's
+//! own upstream connection: an attempt on the quorum that may wait for a
+//! handoff, and a parked attempt's driver acquiring for its waiter. Both
+//! decide the outcome from the owner record in Redis (the same scripts as
+//! any acquisition) and record it on the client connection's lock records.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::lease::ConnLocks;
+use super::node::Node;
+use super::ops::{LockOp, Ttl};
+use super::quorum::Quorum;
+use super::storm::{Acquirer, Ask};
+use super::{split_reply, LockService, Park};
+use crate::protocol::encode::LocalReply;
+use crate::sync;
+
+impl LockService {
+    /// An operation on the quorum from a client's session. An acquisition
+    /// refused while the lock is held waits for a handoff when `park` says
+    /// it may (its driver acquires through `acquirer`); anything else is
+    /// answered by the quorum at once.
+    pub async fn quorum_attempt(
+        &self,
+        q: &Quorum,
+        op: LockOp,
+        conn: Arc<Mutex<ConnLocks>>,
+        park: Option<Park>,
+        acquirer: Arc<dyn Acquirer>,
+    ) -> LocalReply {
+        let (LockOp::Acquire { key, shape, .. }, Some(park)) = (&op, park) else {
+            return self.on_quorum(q, op, conn).await;
+        };
+        let (key, shape) = (key.clone(), *shape);
+        let outcome = self
+            .quorum_acquire(q, op.clone(), shape, park.lease_ms, conn.clone(), false)
+            .await;
+        if outcome.acquired || outcome.pttl <= 0 {
+            return outcome.reply;
+        }
+        match self.park(key, park, &conn, acquirer) {
+            Some(rx) => rx.await.unwrap_or(outcome.reply),
+            None => outcome.reply,
+        }
+    }
+
+    /// A parked attempt's driver acquiring for its waiter, on the quorum
+    /// when there is one, else through `primary` (bounded by `timeout`).
+    /// Returns (acquired, the holder's remaining lease in ms as Redis
+    /// reported it); a failed call counts as not acquired with no lease
+    /// known.
+    pub async fn acquire_on_behalf(
+        &self,
+        quorum: Option<&Quorum>,
+        primary: &Node,
+        timeout: Duration,
+        ask: Ask,
+    ) -> (bool, i64) {
+        let lease = ask.lease_ms;
+        let op = LockOp::Acquire {
+            key: ask.key.clone(),
+            value: ask.value.clone(),
+            ttl: Ttl::Given("PX", bytes::Bytes::from(lease.to_string())),
+            shape: ask.shape,
+        };
+        if let Some(q) = quorum {
+            let out = self
+                .quorum_acquire(q, op, ask.shape, lease, ask.conn, true)
+                .await;
+            return (out.acquired, out.pttl);
+        }
+        let planned = self.plan_for_handoff(op, &mut sync::lock(&ask.conn));
+        let Some(pending) = planned.pending else {
+            return (false, 0);
+        };
+        match primary.call(planned.command, timeout).await {
+            Ok(reply) => {
+                let (_, facts) = split_reply(&reply);
+                self.complete(pending, &facts, &mut sync::lock(&ask.conn));
+                (
+                    facts.first() == Some(&1),
+                    facts.get(1).copied().unwrap_or(0),
+                )
+            }
+            Err(_) => (false, 0),
+        }
+    }
+}

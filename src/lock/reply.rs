@@ -1,0 +1,164 @@
+//! The outcome of a lock script's reply, decided in the lock room: the
+//! facts are learned ([`LockService::complete`]), a handoff the release
+//! made is settled, and a failed attempt that may wait is parked. The
+//! session's writer only hands the reply over and writes what it is told.
+
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use tokio::sync::oneshot;
+
+use super::lease::ConnLocks;
+use super::storm::Acquirer;
+use super::{split_reply, LockPending, LockService, Park};
+use crate::protocol::encode::LocalReply;
+use crate::sync;
+
+/// What the client gets for a lock script's reply.
+#[derive(Debug)]
+pub enum ReplyOutcome {
+    /// These bytes, now: the client's reply with its command's shape.
+    Reply(Bytes),
+    /// A failed attempt was parked: its reply comes when the lock is
+    /// handed to it or its wait ends, and every later reply waits for it.
+    Parked(oneshot::Receiver<LocalReply>),
+}
+
+impl LockService {
+    /// Learns the outcome of `frame`, Redis's whole reply to the script
+    /// planned for `pending` on `conn`'s behalf, and says what the client
+    /// gets. `acquirer` acquires for a parked attempt when the lock frees.
+    pub fn on_reply(
+        &self,
+        pending: LockPending,
+        frame: Bytes,
+        conn: &Arc<Mutex<ConnLocks>>,
+        acquirer: impl FnOnce() -> Arc<dyn Acquirer>,
+    ) -> ReplyOutcome {
+        let (reply, facts) = match pending {
+            // A client script's reply is the client's, whole.
+            LockPending::Script { .. } => (frame.clone(), Vec::new()),
+            _ => {
+                let (reply, facts) = split_reply(&frame);
+                (frame.slice_ref(reply), facts)
+            }
+        };
+        let park = failed_attempt(&pending, &facts);
+        let handed = self.complete(pending, &facts, &mut sync::lock(conn));
+        // The release gave the lock to a parked attempt of another
+        // connection: settled with this one unlocked.
+        if let Some(handed) = handed {
+            self.finish_handoff(handed);
+        }
+        match park.and_then(|(key, park)| self.park(key, park, conn, acquirer())) {
+            Some(rx) => ReplyOutcome::Parked(rx),
+            None => ReplyOutcome::Reply(reply),
+        }
+    }
+}
+
+/// The key and park settings of a failed acquisition that may be parked.
+fn failed_attempt(pending: &LockPending, facts: &[i64]) -> Option<(Bytes, Park)> {
+    match pending {
+        LockPending::Acquire {
+            key,
+            park: Some(park),
+            ..
+        } if facts.first() == Some(&0) => Some((key.clone(), park.clone())),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+
+    use super::*;
+    use crate::config::Config;
+    use crate::lock::lease::Standing;
+    use crate::lock::ops::{LockOp, Shape, Ttl};
+    use crate::lock::storm::Ask;
+    use crate::lock::Queueing;
+
+    /// Acquires nothing: the tests below never park.
+    struct NoAcquirer;
+
+    impl Acquirer for NoAcquirer {
+        fn acquire(
+            &self,
+            _: Ask,
+        ) -> std::pin::Pin<Box<dyn std::future::Future<Output = (bool, i64)> + Send + '_>> {
+            Box::pin(async { (false, 0) })
+        }
+
+        fn stopped(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>> {
+            Box::pin(std::future::pending())
+        }
+    }
+
+    /// A SETNX on `lock:a` planned on `conn` (recorded as trying).
+    fn attempt(locks: &LockService, conn: &Arc<Mutex<ConnLocks>>) -> LockPending {
+        let op = LockOp::Acquire {
+            key: Bytes::from_static(b"lock:a"),
+            value: Bytes::from_static(b"v"),
+            ttl: Ttl::Default,
+            shape: Shape::SetNx,
+        };
+        let planned = locks.plan(op, &mut sync::lock(conn), Queueing::Now);
+        planned
+            .pending
+            .expect("an acquisition outside MULTI has facts")
+    }
+
+    fn outcome(
+        locks: &LockService,
+        pending: LockPending,
+        frame: &'static [u8],
+        conn: &Arc<Mutex<ConnLocks>>,
+    ) -> (Bytes, u32) {
+        let asked = Cell::new(0);
+        let acquirer = || -> Arc<dyn Acquirer> {
+            asked.set(asked.get() + 1);
+            Arc::new(NoAcquirer)
+        };
+        match locks.on_reply(pending, Bytes::from_static(frame), conn, acquirer) {
+            ReplyOutcome::Reply(reply) => (reply, asked.get()),
+            ReplyOutcome::Parked(_) => panic!("parked without park settings"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_won_attempt_answers_the_bare_reply_and_is_recorded_held() {
+        let locks = LockService::new(&Config::default());
+        let conn = Arc::new(Mutex::new(locks.conn_locks()));
+        let pending = attempt(&locks, &conn);
+        let (reply, asked) = outcome(&locks, pending, b"*3\r\n:1\r\n:1\r\n:30000\r\n", &conn);
+        assert_eq!(&reply[..], b":1\r\n");
+        assert_eq!(asked, 0);
+        let standing = sync::lock(&conn).get(b"lock:a").map(|a| a.standing);
+        assert_eq!(standing, Some(Standing::Held));
+    }
+
+    #[tokio::test]
+    async fn a_lost_attempt_without_park_settings_is_answered_at_once() {
+        let locks = LockService::new(&Config::default());
+        let conn = Arc::new(Mutex::new(locks.conn_locks()));
+        let pending = attempt(&locks, &conn);
+        let (reply, asked) = outcome(&locks, pending, b"*3\r\n:0\r\n:0\r\n:2500\r\n", &conn);
+        assert_eq!(&reply[..], b":0\r\n");
+        assert_eq!(asked, 0);
+        let standing = sync::lock(&conn).get(b"lock:a").map(|a| a.standing);
+        assert_eq!(standing, Some(Standing::Lost));
+    }
+
+    #[tokio::test]
+    async fn a_client_script_reply_passes_whole() {
+        let locks = LockService::new(&Config::default());
+        let conn = Arc::new(Mutex::new(locks.conn_locks()));
+        let pending = LockPending::Script {
+            keys: vec![Bytes::from_static(b"lock:a")],
+        };
+        let (reply, _) = outcome(&locks, pending, b"*2\r\n:1\r\n:5\r\n", &conn);
+        assert_eq!(&reply[..], b"*2\r\n:1\r\n:5\r\n");
+    }
+}

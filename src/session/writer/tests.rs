@@ -1,0 +1,423 @@
+//! The writer half over in-memory streams: Redis's side is a
+//! `tokio::io::duplex` pipe (or a reader that hands out given pieces, one
+//! per read), the client's side another pipe, and the entries come on the
+//! channel as the reader half would send them. No socket, no Redis.
+
+use std::collections::VecDeque;
+use std::io;
+use std::pin::Pin;
+use std::sync::Mutex;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::io::{duplex, AsyncRead, AsyncReadExt, AsyncWriteExt, DuplexStream, ReadBuf};
+use tokio::sync::{mpsc, oneshot};
+
+use super::{write_loop, LockReplies, Setup, WriterEnd};
+use crate::command::SubKind;
+use crate::lock::{split_reply, LockPending, ReplyOutcome};
+use crate::metrics::ProxyMetrics;
+use crate::protocol::encode::LocalReply;
+use crate::session::pending::{Deferred, Pending};
+
+/// The lock room as the tests need it: a lock script's `{reply, facts}`
+/// gives the client its reply, unless a parked reply was queued, which
+/// the next lock reply then waits for.
+#[derive(Default)]
+struct FakeLocks {
+    parked: Mutex<VecDeque<oneshot::Receiver<LocalReply>>>,
+    seen: Mutex<Vec<(LockPending, Bytes)>>,
+}
+
+impl LockReplies for FakeLocks {
+    fn on_reply(&self, pending: LockPending, frame: Bytes) -> ReplyOutcome {
+        self.seen
+            .lock()
+            .unwrap()
+            .push((pending.clone(), frame.clone()));
+        if let Some(rx) = self.parked.lock().unwrap().pop_front() {
+            return ReplyOutcome::Parked(rx);
+        }
+        let (reply, _) = split_reply(&frame);
+        ReplyOutcome::Reply(frame.slice_ref(reply))
+    }
+}
+
+fn lock_entry() -> Pending {
+    Pending::Lock(LockPending::Acquire {
+        key: Bytes::from_static(b"lock:a"),
+        token: Bytes::from_static(b"t:1"),
+        park: None,
+    })
+}
+
+fn setup<'a>(
+    metrics: &'a ProxyMetrics,
+    locks: &'a FakeLocks,
+    chunk: usize,
+) -> Setup<'a, FakeLocks> {
+    Setup {
+        chunk,
+        grace: Duration::from_millis(500),
+        metrics,
+        locks,
+    }
+}
+
+/// Reads the client's side until `want` bytes came (or a second passed).
+async fn read_exactly(client: &mut DuplexStream, want: usize) -> Vec<u8> {
+    let mut got = vec![0; want];
+    let read = tokio::time::timeout(Duration::from_secs(1), client.read_exact(&mut got)).await;
+    assert!(
+        matches!(read, Ok(Ok(_))),
+        "the client did not get {want} bytes"
+    );
+    got
+}
+
+/// Nothing more reaches the client within 50 ms.
+async fn nothing_more(client: &mut DuplexStream) {
+    let mut byte = [0u8; 1];
+    let read = tokio::time::timeout(Duration::from_millis(50), client.read(&mut byte)).await;
+    assert!(read.is_err(), "unexpected bytes: {:?}", &byte[..]);
+}
+
+/// Runs the writer over pipes: sends `entries` as one batch, writes
+/// `from_redis`, ends the reader half, and returns how the writer ended and
+/// everything the client got.
+async fn run(entries: Vec<Pending>, from_redis: &[u8]) -> (WriterEnd, Vec<u8>) {
+    let metrics = ProxyMetrics::default();
+    let locks = FakeLocks::default();
+    let (mut client_side, mut writer_client) = duplex(1 << 20);
+    let (mut redis_side, mut writer_upstream) = duplex(1 << 20);
+    let (tx, rx) = mpsc::channel(8);
+    tx.send(entries).await.unwrap();
+    redis_side.write_all(from_redis).await.unwrap();
+    drop(tx);
+    let end = write_loop(
+        setup(&metrics, &locks, 4096),
+        &mut writer_client,
+        &mut writer_upstream,
+        rx,
+    )
+    .await;
+    drop(writer_client);
+    let mut out = Vec::new();
+    client_side.read_to_end(&mut out).await.unwrap();
+    drop(redis_side);
+    (end, out)
+}
+
+#[tokio::test]
+async fn replies_are_copied_byte_exact_in_order() {
+    let redis = b"+OK\r\n$5\r\nhel\x00o\r\n:42\r\n*2\r\n$1\r\na\r\n$-1\r\n-ERR no\r\n";
+    let (end, out) = run(vec![Pending::Upstream(5)], redis).await;
+    assert!(matches!(end, WriterEnd::Drained), "{end:?}");
+    assert_eq!(out, redis);
+}
+
+#[tokio::test]
+async fn local_replies_land_in_their_place_in_resp2() {
+    let entries = vec![
+        Pending::Local(LocalReply::err("lockgate: refused")),
+        Pending::Upstream(1),
+        Pending::Local(LocalReply::Null),
+        Pending::Upstream(2),
+        Pending::Local(LocalReply::Array(vec![
+            LocalReply::Integer(3),
+            LocalReply::Bulk(Bytes::from_static(b"admin")),
+        ])),
+    ];
+    let (end, out) = run(entries, b":1\r\n:2\r\n:3\r\n").await;
+    assert!(matches!(end, WriterEnd::Drained), "{end:?}");
+    assert_eq!(
+        out,
+        b"-ERR lockgate: refused\r\n:1\r\n$-1\r\n:2\r\n:3\r\n*2\r\n:3\r\n$5\r\nadmin\r\n"
+    );
+}
+
+#[tokio::test]
+async fn resp3_pushes_stay_before_the_local_reply_after_them() {
+    // HELLO 3's map switches the writer to RESP3: lockgate's null is `_`.
+    // The invalidation push Redis sent after `:1` (before it read the next
+    // command) goes before lockgate's reply to that next command.
+    let hello = b"%1\r\n$6\r\nserver\r\n$5\r\nredis\r\n";
+    let push = b">2\r\n$10\r\ninvalidate\r\n*1\r\n$1\r\nk\r\n";
+    let mut redis = hello.to_vec();
+    redis.extend_from_slice(b":1\r\n");
+    redis.extend_from_slice(push);
+    redis.extend_from_slice(b":2\r\n");
+    let entries = vec![
+        Pending::Hello,
+        Pending::Upstream(1),
+        Pending::Local(LocalReply::Null),
+        Pending::Upstream(1),
+    ];
+    let (end, out) = run(entries, &redis).await;
+    assert!(matches!(end, WriterEnd::Drained), "{end:?}");
+    let mut want = hello.to_vec();
+    want.extend_from_slice(b":1\r\n");
+    want.extend_from_slice(push);
+    want.extend_from_slice(b"_\r\n:2\r\n");
+    assert_eq!(out, want);
+}
+
+#[tokio::test]
+async fn subscribed_resp2_messages_are_not_counted_as_replies() {
+    // A published message arrives between the confirmation and the PING's
+    // reply: were it counted, lockgate's error would jump ahead of `pong`.
+    let confirm = b"*3\r\n$9\r\nsubscribe\r\n$2\r\nch\r\n:1\r\n";
+    let message = b"*3\r\n$7\r\nmessage\r\n$2\r\nch\r\n$2\r\nhi\r\n";
+    let pong = b"*2\r\n$4\r\npong\r\n$0\r\n\r\n";
+    let redis = [&confirm[..], message, pong, message].concat();
+    let entries = vec![
+        Pending::Sub {
+            kind: SubKind::Subscribe,
+            args: 1,
+            left: None,
+        },
+        Pending::Upstream(1),
+        Pending::Local(LocalReply::err("lockgate: refused")),
+    ];
+    let (end, out) = run(entries, &redis).await;
+    assert!(matches!(end, WriterEnd::Drained), "{end:?}");
+    // The second message came after `pong`: a message needs no reply slot,
+    // so the error for the next command goes right after `pong`.
+    let want = [
+        &confirm[..],
+        message,
+        pong,
+        b"-ERR lockgate: refused\r\n",
+        message,
+    ]
+    .concat();
+    assert_eq!(out, want);
+}
+
+/// Redis's side, handing out the given pieces one per read, then nothing
+/// (pending forever: the writer ends because the reader half did).
+struct Pieces(VecDeque<Vec<u8>>);
+
+impl AsyncRead for Pieces {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let Some(mut piece) = self.0.pop_front() else {
+            return Poll::Pending;
+        };
+        let n = piece.len().min(buf.remaining());
+        buf.put_slice(&piece[..n]);
+        if n < piece.len() {
+            self.0.push_front(piece.split_off(n));
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+/// The same session, every reply split at each byte boundary in turn
+/// (two reads), and once one byte per read: the client gets the same
+/// bytes every time.
+#[tokio::test]
+async fn a_reply_split_at_every_byte_boundary_reads_the_same() {
+    let confirm = b"*3\r\n$9\r\nsubscribe\r\n$2\r\nch\r\n:1\r\n";
+    let unsub = b"*3\r\n$11\r\nunsubscribe\r\n$2\r\nch\r\n:0\r\n";
+    let redis = [
+        &b"$5\r\nhello\r\n"[..],
+        b"*3\r\n:1\r\n:1\r\n:30000\r\n", // a lock script's {reply, facts}
+        b"*2\r\n$1\r\na\r\n*1\r\n:7\r\n",
+        confirm,
+        unsub,
+        b"-ERR x\r\n",
+    ]
+    .concat();
+    let entries = || {
+        vec![
+            Pending::Upstream(1),
+            Pending::Local(LocalReply::Integer(-1)),
+            lock_entry(),
+            Pending::Local(LocalReply::Status("QUEUED")),
+            Pending::Upstream(1),
+            Pending::Sub {
+                kind: SubKind::Subscribe,
+                args: 1,
+                left: None,
+            },
+            Pending::Sub {
+                kind: SubKind::Unsubscribe,
+                args: 0,
+                left: None,
+            },
+            Pending::Upstream(1),
+            Pending::Local(LocalReply::err("end")),
+        ]
+    };
+    let want = [
+        &b"$5\r\nhello\r\n:-1\r\n:1\r\n+QUEUED\r\n*2\r\n$1\r\na\r\n*1\r\n:7\r\n"[..],
+        confirm,
+        unsub,
+        b"-ERR x\r\n-ERR end\r\n",
+    ]
+    .concat();
+    // A read of 0 bytes is an end of file: the pieces are never empty.
+    let mut splits: Vec<Vec<Vec<u8>>> = (1..redis.len())
+        .map(|i| vec![redis[..i].to_vec(), redis[i..].to_vec()])
+        .collect();
+    splits.push(redis.iter().map(|&b| vec![b]).collect());
+    for pieces in splits {
+        let sizes: Vec<usize> = pieces.iter().map(Vec::len).collect();
+        let metrics = ProxyMetrics::default();
+        let locks = FakeLocks::default();
+        let (mut client_side, mut writer_client) = duplex(1 << 16);
+        let mut upstream = Pieces(pieces.into());
+        let (tx, rx) = mpsc::channel(8);
+        tx.send(entries()).await.unwrap();
+        drop(tx);
+        let end = tokio::time::timeout(
+            Duration::from_secs(5),
+            write_loop(
+                setup(&metrics, &locks, 16),
+                &mut writer_client,
+                &mut upstream,
+                rx,
+            ),
+        )
+        .await;
+        assert!(matches!(end, Ok(WriterEnd::Drained)), "{sizes:?}: {end:?}");
+        drop(writer_client);
+        let mut out = Vec::new();
+        client_side.read_to_end(&mut out).await.unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&out),
+            String::from_utf8_lossy(&want),
+            "pieces {sizes:?}"
+        );
+        let seen = locks.seen.lock().unwrap();
+        assert_eq!(seen.len(), 1, "pieces {sizes:?}");
+        assert_eq!(&seen[0].1[..], b"*3\r\n:1\r\n:1\r\n:30000\r\n");
+        assert_eq!(ProxyMetrics::get(&metrics.unexpected_replies), 0);
+    }
+}
+
+#[tokio::test]
+async fn upstream_close_with_replies_owed_is_reported() {
+    let metrics = ProxyMetrics::default();
+    let locks = FakeLocks::default();
+    let (mut client_side, mut writer_client) = duplex(1 << 16);
+    let (mut redis_side, mut writer_upstream) = duplex(1 << 16);
+    let (tx, rx) = mpsc::channel(8);
+    tx.send(vec![Pending::Upstream(2)]).await.unwrap();
+    redis_side.write_all(b":1\r\n").await.unwrap();
+    drop(redis_side);
+    let end = write_loop(
+        setup(&metrics, &locks, 4096),
+        &mut writer_client,
+        &mut writer_upstream,
+        rx,
+    )
+    .await;
+    assert!(
+        matches!(end, WriterEnd::UpstreamClosed { owed: true }),
+        "{end:?}"
+    );
+    drop(writer_client);
+    let mut out = Vec::new();
+    client_side.read_to_end(&mut out).await.unwrap();
+    assert_eq!(out, b":1\r\n");
+    drop(tx);
+}
+
+#[tokio::test]
+async fn upstream_close_with_nothing_owed_is_not_a_loss() {
+    let metrics = ProxyMetrics::default();
+    let locks = FakeLocks::default();
+    let (_client_side, mut writer_client) = duplex(1 << 16);
+    let (mut redis_side, mut writer_upstream) = duplex(1 << 16);
+    let (tx, rx) = mpsc::channel(8);
+    tx.send(vec![Pending::Upstream(1)]).await.unwrap();
+    redis_side.write_all(b":1\r\n").await.unwrap();
+    drop(redis_side);
+    let end = write_loop(
+        setup(&metrics, &locks, 4096),
+        &mut writer_client,
+        &mut writer_upstream,
+        rx,
+    )
+    .await;
+    assert!(
+        matches!(end, WriterEnd::UpstreamClosed { owed: false }),
+        "{end:?}"
+    );
+    drop(tx);
+}
+
+/// A deferred reply (a job's, a parked lock attempt's) holds back every
+/// reply after it, though Redis's are already in; a silent one is awaited
+/// and dropped.
+#[tokio::test]
+async fn a_deferred_reply_keeps_its_place() {
+    let metrics = ProxyMetrics::default();
+    let locks = FakeLocks::default();
+    let (parked_tx, parked_rx) = oneshot::channel();
+    locks.parked.lock().unwrap().push_back(parked_rx);
+    let (mut client_side, mut writer_client) = duplex(1 << 16);
+    let (mut redis_side, mut writer_upstream) = duplex(1 << 16);
+    let (tx, rx) = mpsc::channel(8);
+    let (job_tx, job_rx) = oneshot::channel();
+    let (silent_tx, silent_rx) = oneshot::channel();
+    let script = async {
+        tx.send(vec![
+            Pending::Upstream(1),
+            Pending::Deferred(Deferred(job_rx)),
+            Pending::Upstream(1),
+            lock_entry(),
+            Pending::Silent(Deferred(silent_rx)),
+            Pending::Upstream(1),
+        ])
+        .await
+        .unwrap();
+        redis_side
+            .write_all(b":1\r\n:2\r\n*3\r\n:0\r\n:0\r\n:100\r\n:3\r\n")
+            .await
+            .unwrap();
+        assert_eq!(read_exactly(&mut client_side, 4).await, b":1\r\n");
+        nothing_more(&mut client_side).await;
+        job_tx.send(LocalReply::Integer(7)).unwrap();
+        // The job's reply, then Redis's `:2`; the parked attempt holds the rest.
+        assert_eq!(read_exactly(&mut client_side, 8).await, b":7\r\n:2\r\n");
+        nothing_more(&mut client_side).await;
+        parked_tx.send(LocalReply::Integer(1)).unwrap();
+        assert_eq!(read_exactly(&mut client_side, 4).await, b":1\r\n");
+        // The silent job's reply is never written, and `:3` waits for it.
+        nothing_more(&mut client_side).await;
+        silent_tx.send(LocalReply::Integer(9)).unwrap();
+        assert_eq!(read_exactly(&mut client_side, 4).await, b":3\r\n");
+        drop(tx);
+        nothing_more(&mut client_side).await;
+    };
+    let (end, ()) = tokio::join!(
+        write_loop(
+            setup(&metrics, &locks, 4096),
+            &mut writer_client,
+            &mut writer_upstream,
+            rx,
+        ),
+        script
+    );
+    assert!(matches!(end, WriterEnd::Drained), "{end:?}");
+}
+
+#[tokio::test]
+async fn a_close_entry_ends_after_what_came_before() {
+    let entries = vec![
+        Pending::Upstream(1),
+        Pending::Local(LocalReply::err("Protocol error: bad")),
+        Pending::Close,
+        Pending::Upstream(1),
+    ];
+    let (end, out) = run(entries, b"+OK\r\n:2\r\n").await;
+    assert!(matches!(end, WriterEnd::Closed), "{end:?}");
+    assert_eq!(out, b"+OK\r\n-ERR Protocol error: bad\r\n");
+}
