@@ -71,7 +71,8 @@
 //!   for a key with parked attempts; `storm::handoff`: a release through
 //!   this instance handing the lock to the oldest parked attempt in the
 //!   same script; `storm::tests`: the rules step by step and the driver
-//!   under paused time with a scripted acquirer), [`lock::announce`] (release announcements
+//!   under paused time with a scripted acquirer), [`lock::failover`] (the failover delay of acquisitions after the
+//!   primary changed), [`lock::announce`] (release announcements
 //!   between instances on `lockgate:released`),
 //!   [`lock::quorum_scripts`] (client script bodies remembered for
 //!   masters that answer `NOSCRIPT`, `SCRIPT LOAD` on every master),

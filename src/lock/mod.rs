@@ -34,6 +34,7 @@
 pub mod admit;
 pub mod announce;
 pub mod clock;
+pub mod failover;
 pub mod fence;
 pub mod hotkeys;
 pub mod keys;
@@ -243,29 +244,6 @@ impl LockService {
             handoff_within: Duration::from_millis(config.upstream.connect_timeout_ms),
             max_lease_ms: std::sync::atomic::AtomicU64::new(0),
         }
-    }
-
-    /// Records a lease about to be granted (acquisition, takeover,
-    /// fencing lock), for the default failover delay.
-    pub fn granting(&self, lease_ms: u64) {
-        self.max_lease_ms
-            .fetch_max(lease_ms, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// `locks.failover_delay_ms` in force: how long after a switch of the
-    /// primary its lock acquisitions are answered "not acquired". Absent:
-    /// the longest lease granted, never less than `default_lease_ms` (as
-    /// the quorum's `rejoin_delay_ms`); 0: off.
-    pub fn failover_delay(&self) -> Duration {
-        let rules = self.rules();
-        let ms = match rules.failover_delay_ms {
-            Some(ms) => ms,
-            None => self
-                .max_lease_ms
-                .load(std::sync::atomic::Ordering::Relaxed)
-                .max(rules.default_lease_ms),
-        };
-        Duration::from_millis(ms)
     }
 
     /// The rules in force now.
