@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use super::node::{handshake, FrameReader, NodeConfig};
 use super::storm::{Storm, RELEASED_CHANNEL};
 use crate::protocol::encode;
+use crate::tls::Stream;
 
 /// Longest pause between two subscription attempts.
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
@@ -49,12 +50,25 @@ async fn subscribed(
     storm: &Storm,
     backoff: &mut Duration,
 ) -> Result<(), String> {
-    let mut stream = handshake(node).await?;
+    let stream = handshake(node).await?;
+    messages(stream, RELEASED_CHANNEL.as_bytes(), backoff, |key| {
+        storm.announced(key)
+    })
+    .await
+}
+
+/// Subscribes `stream` to `channel` and hands each message's payload to
+/// `on` until the connection fails (the error says why). Once subscribed,
+/// `backoff` goes back to its shortest, so the caller's next reconnection
+/// after a long-lived subscription is prompt.
+pub(crate) async fn messages(
+    mut stream: Stream,
+    channel: &[u8],
+    backoff: &mut Duration,
+    mut on: impl FnMut(&[u8]),
+) -> Result<(), String> {
     stream
-        .write_all(&encode::command(&[
-            b"SUBSCRIBE",
-            RELEASED_CHANNEL.as_bytes(),
-        ]))
+        .write_all(&encode::command(&[b"SUBSCRIBE", channel]))
         .await
         .map_err(|e| e.to_string())?;
     stream.flush().await.map_err(|e| e.to_string())?;
@@ -62,8 +76,8 @@ async fn subscribed(
     let mut frames = FrameReader::new();
     loop {
         let frame = frames.next(&mut stream).await?;
-        if let Some(key) = message_payload(&frame) {
-            storm.announced(key);
+        if let Some(payload) = message_payload(&frame) {
+            on(payload);
         }
     }
 }

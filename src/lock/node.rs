@@ -269,6 +269,15 @@ async fn open(config: &NodeConfig) -> Result<(Stream, String, Option<(Instant, u
 /// [`INTERNAL_NAME`] so operators (and `CLIENT LIST`) can tell it from
 /// client sessions.
 pub(crate) async fn handshake(config: &NodeConfig) -> Result<Stream, String> {
+    let mut stream = connect_authenticated(config).await?;
+    let setname = encode::command(&[b"CLIENT", b"SETNAME", INTERNAL_NAME.as_bytes()]);
+    request(&mut stream, &setname, config.connect_timeout).await?;
+    Ok(stream)
+}
+
+/// A new connection to `config.addr`, authenticated when a password is
+/// set; nothing else is sent (a sentinel may not take `CLIENT SETNAME`).
+pub(crate) async fn connect_authenticated(config: &NodeConfig) -> Result<Stream, String> {
     let mut stream = config
         .connector
         .connect(&config.addr, config.connect_timeout)
@@ -285,8 +294,6 @@ pub(crate) async fn handshake(config: &NodeConfig) -> Result<Stream, String> {
             return Err(String::from_utf8_lossy(&reply).trim().to_string());
         }
     }
-    let setname = encode::command(&[b"CLIENT", b"SETNAME", INTERNAL_NAME.as_bytes()]);
-    request(&mut stream, &setname, config.connect_timeout).await?;
     Ok(stream)
 }
 

@@ -9,16 +9,15 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::AsyncWriteExt;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::Primary;
 use crate::config::Config;
 use crate::error::ErrorSource;
-use crate::lock::node::{handshake, request, FrameReader, NodeConfig};
+use crate::lock::announce;
+use crate::lock::node::{connect_authenticated, handshake, request, NodeConfig};
 use crate::protocol::encode;
-use crate::tls::Stream;
 use crate::upstream::Connector;
 
 /// Longest pause between two subscription attempts to one sentinel.
@@ -191,7 +190,7 @@ async fn master_addr(f: &Follower, sentinel: &NodeConfig) -> Result<String, Sent
         addr: sentinel.addr.clone(),
         reason,
     };
-    let mut stream = connect_sentinel(sentinel).await.map_err(failed)?;
+    let mut stream = connect_authenticated(sentinel).await.map_err(failed)?;
     let ask = encode::command(&[b"SENTINEL", b"get-master-addr-by-name", f.name.as_bytes()]);
     let reply = request(&mut stream, &ask, sentinel.connect_timeout)
         .await
@@ -233,33 +232,6 @@ async fn role(f: &Follower, addr: &str) -> Result<String, SentinelError> {
     }
 }
 
-/// A connection to a sentinel, authenticated when a password is set (no
-/// `CLIENT SETNAME`: not every Sentinel version takes it).
-async fn connect_sentinel(sentinel: &NodeConfig) -> Result<Stream, String> {
-    let mut stream = sentinel
-        .connector
-        .connect(&sentinel.addr, sentinel.connect_timeout)
-        .await
-        .map_err(|e| e.to_string())?;
-    if !sentinel.password.is_empty() {
-        let mut args: Vec<&[u8]> = vec![b"AUTH"];
-        if !sentinel.username.is_empty() {
-            args.push(sentinel.username.as_bytes());
-        }
-        args.push(sentinel.password.as_bytes());
-        let reply = request(
-            &mut stream,
-            &encode::command(&args),
-            sentinel.connect_timeout,
-        )
-        .await?;
-        if reply.first() == Some(&b'-') {
-            return Err(String::from_utf8_lossy(&reply).trim().to_string());
-        }
-    }
-    Ok(stream)
-}
-
 /// Subscribes to `+switch-master` on one sentinel, reconnecting with
 /// back-off; a message for our master wakes the checker.
 async fn subscribe_loop(f: &Follower, sentinel: &NodeConfig, primary: &Primary, wake: &Notify) {
@@ -284,19 +256,8 @@ async fn subscribed(
     wake: &Notify,
     backoff: &mut Duration,
 ) -> Result<(), String> {
-    let mut stream = connect_sentinel(sentinel).await?;
-    stream
-        .write_all(&encode::command(&[b"SUBSCRIBE", b"+switch-master"]))
-        .await
-        .map_err(|e| e.to_string())?;
-    stream.flush().await.map_err(|e| e.to_string())?;
-    *backoff = Duration::from_millis(10);
-    let mut frames = FrameReader::new();
-    loop {
-        let frame = frames.next(&mut stream).await?;
-        let Some(payload) = crate::lock::announce::message_payload(&frame) else {
-            continue;
-        };
+    let stream = connect_authenticated(sentinel).await?;
+    announce::messages(stream, b"+switch-master", backoff, |payload| {
         // `<name> <old-ip> <old-port> <new-ip> <new-port>`
         let text = String::from_utf8_lossy(payload);
         if text.split(' ').next() == Some(f.name.as_str()) {
@@ -307,7 +268,8 @@ async fn subscribed(
             tracing::info!(sentinel = %sentinel.addr, message = %text, "+switch-master");
             wake.notify_one();
         }
-    }
+    })
+    .await
 }
 
 /// The line at the start of `buf` (without CRLF) and what follows it.
