@@ -80,6 +80,9 @@ pub struct SessionView {
     /// `CLIENT REPLY` mode: Redis answers nothing while `Off`, nor the
     /// next command after `Skip`, and lockgate writes nothing in their place.
     pub replies: ReplyMode,
+    /// The lock scripts the upstream connection has loaded (see
+    /// [`crate::lock::evalsha`]).
+    pub scripts: crate::lock::evalsha::Loaded,
 }
 
 impl SessionView {

@@ -69,6 +69,11 @@ counters! {
         /// waited for the lock longer than `max_local_preference_ms`.
         fairness_yields: Counter "lock_fairness_yields",
             "Acquisitions and handoffs held back for another instance waiting past max_local_preference_ms";
+        /// Lock scripts Redis answered `NOSCRIPT` (its script cache was
+        /// flushed) and lockgate ran again as `EVAL` on its own connection:
+        /// commands the client pipelined after them ran first.
+        noscript_reruns: Counter "lock_noscript_reruns",
+            "Lock scripts run again after NOSCRIPT (Redis's script cache was flushed)";
     }
     other {
         /// Seconds from a connection's first attempt on a lock to acquiring it.

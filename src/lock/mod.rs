@@ -34,6 +34,8 @@
 pub mod admit;
 pub mod announce;
 pub mod clock;
+pub mod evalsha;
+pub use evalsha::eval_on;
 pub mod failover;
 pub mod fence;
 pub mod hotkeys;
@@ -64,7 +66,7 @@ use dashmap::DashMap;
 
 use crate::config::{Config, LockOverride, Ownership};
 use crate::metrics::{ProxyMetrics, RateLimit};
-use crate::protocol::encode::{self, LocalReply};
+use crate::protocol::encode::LocalReply;
 use keys::KeyPatterns;
 use lease::{ConnLocks, Tokens};
 use metrics::LockMetrics;
@@ -148,8 +150,9 @@ pub enum Refusal {
 /// A lock op turned into a Redis command.
 #[derive(Debug)]
 pub struct Planned {
-    /// The `EVAL` command to send on the client's upstream connection.
-    pub command: Bytes,
+    /// The script call to send on the client's upstream connection
+    /// (`EVALSHA`, or `EVAL` where it must, see [`evalsha`]).
+    pub call: evalsha::Call,
     /// What to do with its reply; `None` inside MULTI (reply passed as is).
     pub pending: Option<LockPending>,
 }
@@ -203,6 +206,8 @@ pub struct LockService {
     unmatched: DashMap<Bytes, u64>,
     /// Lock counters.
     pub metrics: LockMetrics,
+    /// The script cache's epoch (see [`evalsha`]).
+    pub script_epoch: evalsha::Epoch,
     /// The contention table (retry storms).
     pub storm: std::sync::Arc<storm::Storm>,
     /// The hottest lock keys (bounded top-K sketch).
@@ -237,6 +242,7 @@ impl LockService {
             max_unmatched: c.max_unmatched_prefixes,
             unmatched: DashMap::new(),
             metrics: LockMetrics::default(),
+            script_epoch: evalsha::Epoch::default(),
             storm: std::sync::Arc::new(storm::Storm::new(&c.retry)),
             hot: hotkeys::HotKeys::new(config.admin.hot_keys),
             lapse_warn: RateLimit::new(WARN_INTERVAL),
@@ -467,27 +473,6 @@ pub fn waiting_key(key: &[u8]) -> Bytes {
     k.extend_from_slice(key);
     k.extend_from_slice(b"}");
     k.freeze()
-}
-
-/// `EVAL script` on `key`, its owner record and the `extra` keys, with
-/// `argv`: the shape of every script lockgate runs on one lock.
-pub fn eval_on(script: &str, key: &[u8], extra: &[&[u8]], argv: &[&[u8]]) -> Bytes {
-    let owner = owner_key(key);
-    let mut keys: Vec<&[u8]> = vec![key, &owner];
-    keys.extend_from_slice(extra);
-    eval(script, &keys, argv)
-}
-
-/// `EVAL script numkeys keys… argv…` as RESP.
-fn eval(script: &str, keys: &[&[u8]], argv: &[&[u8]]) -> Bytes {
-    let numkeys = keys.len().to_string();
-    let mut args: Vec<&[u8]> = Vec::with_capacity(3 + keys.len() + argv.len());
-    args.push(b"EVAL");
-    args.push(script.as_bytes());
-    args.push(numkeys.as_bytes());
-    args.extend_from_slice(keys);
-    args.extend_from_slice(argv);
-    encode::command(&args)
 }
 
 fn hostname() -> String {

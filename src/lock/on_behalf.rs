@@ -74,7 +74,7 @@ impl LockService {
         let Some(pending) = planned.pending else {
             return (false, 0);
         };
-        match primary.call(planned.command, timeout).await {
+        match primary.call(planned.call.eval(), timeout).await {
             Ok(reply) => {
                 let (_, facts) = split_reply(&reply);
                 self.complete(pending, &facts, &mut sync::lock(&ask.conn));

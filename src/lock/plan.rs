@@ -4,11 +4,12 @@
 
 use bytes::Bytes;
 
+use super::evalsha::{Call, Script};
 use super::hotkeys::Event;
 use super::lease::{self, ConnLocks, Standing};
 use super::ops::{LockOp, Ttl};
 use super::storm::HandedOver;
-use super::{eval, owner_key, script, waiting_key, LockPending, LockService, Planned};
+use super::{owner_key, script, waiting_key, LockPending, LockService, Planned};
 use crate::metrics::ProxyMetrics;
 
 /// Whether Redis runs a planned command at once or queues it in a
@@ -166,8 +167,8 @@ impl LockService {
                 let waiting = waiting_key(&key);
                 let (bound, window) = self.fairness_for(&key);
                 let (bound, window) = (bound.to_string(), window.to_string());
-                let cmd = eval(
-                    script::ACQUIRE,
+                let cmd = Call::new(
+                    Script::Acquire,
                     &[&key, &owner, &waiting],
                     &[
                         acquire_info,
@@ -222,8 +223,8 @@ impl LockService {
                         let waiting = waiting_key(key);
                         let (bound, window) = self.fairness_for(key);
                         let (bound, window) = (bound.to_string(), window.to_string());
-                        eval(
-                            script::RELEASE_HANDOFF,
+                        Call::new(
+                            Script::ReleaseHandoff,
                             &[key, &owner_key(key), &waiting],
                             &[
                                 info,
@@ -246,7 +247,7 @@ impl LockService {
                             vec![info, n.as_bytes(), verb, ownership, prefix, born];
                         argv.extend(tokens.iter().map(|t| &t[..]));
                         argv.extend(alts.iter().map(|t| &t[..]));
-                        eval(script::RELEASE, &keys, &argv)
+                        Call::new(Script::Release, &keys, &argv)
                     }
                 };
                 let handoff = claim.map(|(c, _, _)| c);
@@ -272,7 +273,7 @@ impl LockService {
                     command.as_bytes(),
                 ];
                 argv.extend(args.iter().map(|a| &a[..]));
-                let cmd = eval(script::EXTEND, &[&key, &owner], &argv);
+                let cmd = Call::new(Script::Extend, &[&key, &owner], &argv);
                 (cmd, LockPending::Extend { key })
             }
             LockOp::Takeover { key, command, args } => {
@@ -292,13 +293,13 @@ impl LockService {
                 let mut argv: Vec<&[u8]> =
                     vec![info, &token, lease_s.as_bytes(), command.as_bytes()];
                 argv.extend(args.iter().map(|a| &a[..]));
-                let cmd = eval(script::TAKEOVER, &[&key, &owner], &argv);
+                let cmd = Call::new(Script::Takeover, &[&key, &owner], &argv);
                 (cmd, LockPending::Takeover { key, token })
             }
         };
         ProxyMetrics::add(&self.metrics.conn_table_evictions, conn.evicted - evicted);
         Planned {
-            command,
+            call: command,
             pending: (!in_multi).then_some(pending),
         }
     }

@@ -107,7 +107,7 @@ impl LockService {
         let Some(pending) = planned.pending else {
             return LocalReply::err("lockgate: internal error (no outcome planned)");
         };
-        let answers = q.ask_all(&planned.command).await;
+        let answers = q.ask_all(&planned.call.eval()).await;
         if answers.replies.len() < q.majority() {
             return q.no_quorum(answers.replies.len());
         }
@@ -182,7 +182,7 @@ impl LockService {
         let answers = q
             .ballot(
                 &eligible,
-                &planned.command,
+                &planned.call.eval(),
                 script::ACQUIRE_CLOCK_FACT,
                 |r| split_reply(r).1,
                 |y, answered| y >= majority || answered - y + (n - eligible.len()) > n - majority,

@@ -22,6 +22,9 @@ pub enum ReplyOutcome {
     /// A failed attempt was parked: its reply comes when the lock is
     /// handed to it or its wait ends, and every later reply waits for it.
     Parked(oneshot::Receiver<LocalReply>),
+    /// Redis had lost the script (`NOSCRIPT`): it runs again elsewhere
+    /// ([`LockService::rerun`]), and every later reply waits for its reply.
+    Rerun(oneshot::Receiver<LocalReply>),
 }
 
 impl LockService {
@@ -123,7 +126,9 @@ mod tests {
         };
         match locks.on_reply(pending, Bytes::from_static(frame), conn, acquirer) {
             ReplyOutcome::Reply(reply) => (reply, asked.get()),
-            ReplyOutcome::Parked(_) => panic!("parked without park settings"),
+            ReplyOutcome::Parked(_) | ReplyOutcome::Rerun(_) => {
+                panic!("parked without park settings")
+            }
         }
     }
 

@@ -9,6 +9,7 @@ use super::quorum_transaction::{quorum_transaction, remember_script, QuorumTrans
 use crate::admin;
 use crate::command;
 use crate::context::ServerContext;
+use crate::lock::evalsha::{self, Rerun};
 use crate::lock::lease::ConnLocks;
 use crate::lock::ops::LockOp;
 use crate::lock::script;
@@ -170,6 +171,10 @@ pub(super) fn route_batch(
                 let kind = command::classify(args.get(0), args.get(1), args.get(2));
                 let route = router::route(kind, args, view, &ctx.locks, ctx.quorum.is_some());
                 remember_script(ctx, kind, args);
+                if evalsha::is_flush(args.get(0), args.get(1)) {
+                    // Every connection's scripts may be gone.
+                    ctx.locks.script_epoch.flushed();
+                }
                 if kind == command::CommandKind::Lockgate
                     && args.get(1).eq_ignore_ascii_case(b"AUTH")
                     && args.get(2) == ctx.config.admin.password.as_bytes()
@@ -241,12 +246,40 @@ fn script_lock_keys(
     (!keys.is_empty()).then_some(keys)
 }
 
+/// Puts `call` in the batch as `EVALSHA`, after `SCRIPT LOAD` the first
+/// time on this connection (its reply swallowed), and returns what to
+/// rerun it with if Redis lost the script; as `EVAL` where a reply is
+/// skipped (`CLIENT REPLY`: a load would take the skip) or the database is
+/// unknown (a rerun could not find it). See [`crate::lock::evalsha`].
+fn by_sha(
+    ctx: &ServerContext,
+    view: &mut SessionView,
+    call: evalsha::Call,
+    out: &mut Routed,
+) -> Option<Rerun> {
+    if out.batch.silent || view.db == u64::MAX {
+        out.pieces.own(call.eval());
+        return None;
+    }
+    let epoch = ctx.locks.script_epoch.now();
+    if view.scripts.load_first(call.script(), epoch) {
+        out.pieces.own(call.load());
+        out.batch.swallow();
+    }
+    out.pieces.own(call.evalsha());
+    Some(Rerun {
+        call,
+        db: view.db,
+        epoch,
+    })
+}
+
 /// Carries out one routing decision for the command at `whole` in the buffer.
 fn carry_out(
     ctx: &Arc<ServerContext>,
     route: &Route,
     args: CommandArgs<'_>,
-    view: &SessionView,
+    view: &mut SessionView,
     conn: &Arc<Mutex<ConnLocks>>,
     whole: Range<usize>,
     out: &mut Routed,
@@ -258,7 +291,7 @@ fn carry_out(
             }
             out.pieces.client(whole);
             match script_lock_keys(ctx, args, *expect).filter(|_| ctx.quorum.is_none()) {
-                Some(keys) => out.batch.lock(LockPending::Script { keys }),
+                Some(keys) => out.batch.lock(LockPending::Script { keys }, None),
                 None => out.batch.record(*expect),
             }
         }
@@ -304,14 +337,21 @@ fn carry_out(
             let planned = ctx
                 .locks
                 .plan_on_primary(op.clone(), &mut sync::lock(conn), queueing);
-            out.pieces.own(planned.command);
-            match planned.pending {
-                Some(LockPending::Acquire { key, token, .. }) => {
-                    out.batch.lock(LockPending::Acquire { key, token, park })
+            let Some(pending) = planned.pending else {
+                // Inside MULTI: EVAL (a NOSCRIPT in EXEC's array could not
+                // be run again in its place).
+                out.pieces.own(planned.call.eval());
+                out.batch.record(Expect::One);
+                return;
+            };
+            let pending = match pending {
+                LockPending::Acquire { key, token, .. } => {
+                    LockPending::Acquire { key, token, park }
                 }
-                Some(p) => out.batch.lock(p),
-                None => out.batch.record(Expect::One),
-            }
+                p => p,
+            };
+            let rerun = by_sha(ctx, view, planned.call, out);
+            out.batch.lock(pending, rerun);
         }
         Route::RefusePersist => {
             let reply = ctx.locks.refuse_persist(args.get(1));

@@ -33,6 +33,7 @@ use tracing::Instrument;
 
 use crate::context::ServerContext;
 use crate::error::ErrorSource;
+use crate::lock::evalsha::{self, Rerun};
 use crate::lock::lease::ConnLocks;
 use crate::lock::storm::Acquirer;
 use crate::lock::watchdog;
@@ -204,9 +205,35 @@ struct SessionLocks<'a> {
 }
 
 impl writer::LockReplies for SessionLocks<'_> {
-    fn on_reply(&self, pending: LockPending, frame: bytes::Bytes) -> ReplyOutcome {
-        let acquirer = || -> Arc<dyn Acquirer> { self.ctx.clone() };
-        self.ctx.locks.on_reply(pending, frame, self.conn, acquirer)
+    fn on_reply(
+        &self,
+        pending: LockPending,
+        rerun: Option<Rerun>,
+        frame: bytes::Bytes,
+    ) -> ReplyOutcome {
+        let ctx = self.ctx.clone();
+        match rerun {
+            // Redis lost the script: it runs again on lockgate's own
+            // connection and its reply takes this one's place.
+            Some(rerun) if evalsha::is_noscript(&frame) => {
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                let conn = self.conn.clone();
+                tokio::spawn(async move {
+                    let timeout = Duration::from_millis(ctx.config.upstream.connect_timeout_ms);
+                    let acquirer = || -> Arc<dyn Acquirer> { ctx.clone() };
+                    let reply = ctx
+                        .locks
+                        .rerun(&ctx.primary, timeout, pending, rerun, &conn, acquirer)
+                        .await;
+                    let _ = tx.send(reply);
+                });
+                ReplyOutcome::Rerun(rx)
+            }
+            _ => {
+                let acquirer = || -> Arc<dyn Acquirer> { ctx.clone() };
+                self.ctx.locks.on_reply(pending, frame, self.conn, acquirer)
+            }
+        }
     }
 }
 

@@ -4,6 +4,7 @@
 //! go upstream, so a reply never arrives ahead of its entry.
 
 use crate::command::SubKind;
+use crate::lock::evalsha::Rerun;
 use crate::lock::LockPending;
 use crate::protocol::encode::LocalReply;
 use crate::router::Expect;
@@ -47,7 +48,9 @@ pub enum Pending {
     Deferred(Deferred),
     /// One reply from Redis to a lock script: `{client reply, facts…}`;
     /// the writer passes the client reply on and the facts to the lock room.
-    Lock(LockPending),
+    /// With a [`Rerun`] when it went up as `EVALSHA` (Redis may answer
+    /// `NOSCRIPT`, see [`crate::lock::evalsha`]).
+    Lock(LockPending, Option<Rerun>),
     /// Stop counting replies: copy bytes until a `Reset`.
     EnterRaw,
     /// A subscription command's confirmations (see
@@ -120,11 +123,12 @@ impl Batch {
         }
     }
 
-    /// Records a lock script whose reply carries facts. Silent: Redis
-    /// sends no reply, so there are no facts to learn.
-    pub fn lock(&mut self, pending: LockPending) {
+    /// Records a lock script whose reply carries facts (`rerun`: it went
+    /// up as `EVALSHA`). Silent: Redis sends no reply, so there are no
+    /// facts to learn.
+    pub fn lock(&mut self, pending: LockPending, rerun: Option<Rerun>) {
         if !self.silent {
-            self.entries.push(Pending::Lock(pending));
+            self.entries.push(Pending::Lock(pending, rerun));
         }
     }
 

@@ -20,6 +20,7 @@ use tokio::time::Instant;
 
 use super::pending::Pending;
 use super::SessionError;
+use crate::lock::evalsha::Rerun;
 use crate::lock::{LockPending, ReplyOutcome};
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
@@ -50,8 +51,8 @@ pub enum WriterEnd {
 /// for its connection; tests give a fake, so the writer runs without one.
 pub trait LockReplies {
     /// The outcome of `frame`, Redis's whole reply to the script planned
-    /// for `pending`.
-    fn on_reply(&self, pending: LockPending, frame: Bytes) -> ReplyOutcome;
+    /// for `pending` (`rerun`: how to run it again if Redis lost it).
+    fn on_reply(&self, pending: LockPending, rerun: Option<Rerun>, frame: Bytes) -> ReplyOutcome;
 }
 
 /// What the writer half works with besides its streams and entries.
@@ -291,10 +292,11 @@ async fn forward<W: AsyncWrite + Unpin, L: LockReplies>(
                     st.out.extend_from_slice(&captured);
                 }
             } else if end.kind == FrameKind::Reply {
-                if let Some(Pending::Lock(pending)) = st.queue.pop_front() {
-                    match client.locks.on_reply(pending, captured.into()) {
-                        // A failed attempt waits for a handoff instead.
-                        ReplyOutcome::Parked(rx) => {
+                if let Some(Pending::Lock(pending, rerun)) = st.queue.pop_front() {
+                    match client.locks.on_reply(pending, rerun, captured.into()) {
+                        // A failed attempt waits for a handoff instead, or
+                        // a lost script for its rerun.
+                        ReplyOutcome::Parked(rx) | ReplyOutcome::Rerun(rx) => {
                             st.deferred = Some(rx);
                             st.blocked = true;
                         }

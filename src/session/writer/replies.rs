@@ -143,7 +143,7 @@ impl Replies {
     /// is awaited.
     pub(super) fn captures_next(&self) -> bool {
         match self.queue.front() {
-            Some(Pending::Lock(_)) => !self.raw,
+            Some(Pending::Lock(..)) => !self.raw,
             Some(Pending::Barrier | Pending::Swallow | Pending::Feed(_)) => true,
             _ => false,
         }
@@ -213,7 +213,7 @@ impl Replies {
                 self.resp3 = false;
                 self.subs = [0; 3];
             }
-            Some(Pending::Lock(_)) => {
+            Some(Pending::Lock(..)) => {
                 // Only in raw mode is a lock reply not captured; pass it on.
             }
             Some(Pending::Sub { .. }) => {

@@ -3,6 +3,7 @@
 //! per read), the client's side another pipe, and the entries come on the
 //! channel as the reader half would send them. No socket, no Redis.
 
+use crate::lock::evalsha::Rerun;
 use std::collections::VecDeque;
 use std::io;
 use std::pin::Pin;
@@ -31,7 +32,7 @@ struct FakeLocks {
 }
 
 impl LockReplies for FakeLocks {
-    fn on_reply(&self, pending: LockPending, frame: Bytes) -> ReplyOutcome {
+    fn on_reply(&self, pending: LockPending, _: Option<Rerun>, frame: Bytes) -> ReplyOutcome {
         self.seen
             .lock()
             .unwrap()
@@ -45,11 +46,14 @@ impl LockReplies for FakeLocks {
 }
 
 fn lock_entry() -> Pending {
-    Pending::Lock(LockPending::Acquire {
-        key: Bytes::from_static(b"lock:a"),
-        token: Bytes::from_static(b"t:1"),
-        park: None,
-    })
+    Pending::Lock(
+        LockPending::Acquire {
+            key: Bytes::from_static(b"lock:a"),
+            token: Bytes::from_static(b"t:1"),
+            park: None,
+        },
+        None,
+    )
 }
 
 fn setup<'a>(

@@ -1,0 +1,141 @@
+#!/usr/bin/env python3
+"""What a lock command costs Redis, from INFO commandstats.
+
+    python3 bench/lock_cost.py --proxy-port P --redis-port R [--n 20000]
+
+P is a running lockgate whose upstream is the Redis on R (both on
+127.0.0.1 unless --host). On one connection through lockgate it runs, each
+phase pipelined and preceded by CONFIG RESETSTAT on Redis:
+
+  acquire  SETNX lock:bench:<run>:i v     (fresh lock keys)
+  extend   EXPIRE lock:bench:<run>:i 30   (legacy EXPIRE after SETNX)
+  release  DEL lock:bench:<run>:i
+
+and reads the commandstats delta: Redis µs per call of the script command
+(evalsha, else eval), Redis µs per op of the top-level commands (script
+calls and SCRIPT LOAD: commandstats also counts the commands a script runs,
+inside the script's own time, so those are shown as a count per op, not
+added), and the client-side rate. Then the same three
+phases as plain SETNX/EXPIRE/DEL straight on Redis, on keys outside the
+lock patterns, for reference. Prints a markdown table. Standalone: needs
+only python3 and redis-py. Do not run it against a Redis in use (it resets
+its statistics).
+"""
+
+import argparse
+import os
+import time
+
+import redis
+
+
+def commandstats(r):
+    """{command: (calls, usec)} from INFO commandstats."""
+    out = {}
+    for name, v in r.info("commandstats").items():
+        cmd = name[len("cmdstat_"):] if name.startswith("cmdstat_") else name
+        out[cmd] = (int(v["calls"]), int(v["usec"]))
+    return out
+
+
+def phase(admin, client, commands, batch):
+    """Runs `commands` pipelined on `client` after CONFIG RESETSTAT on
+    `admin`; returns ({cmd: (calls, usec)}, seconds, replies)."""
+    admin.config_resetstat()
+    replies = []
+    start = time.perf_counter()
+    for i in range(0, len(commands), batch):
+        p = client.pipeline(transaction=False)
+        for c in commands[i:i + batch]:
+            p.execute_command(*c)
+        replies.extend(p.execute(raise_on_error=False))
+    took = time.perf_counter() - start
+    stats = commandstats(admin)
+    # INFO itself is counted once it ran; leave it out.
+    stats.pop("info", None)
+    stats.pop("config|resetstat", None)
+    stats.pop("config", None)
+    return stats, took, replies
+
+
+TOP = ("eval", "evalsha", "script|load")
+
+
+def row(label, stats, n, took, script):
+    """One table row. Commands a script calls are counted in commandstats
+    too (inside the script's own time), so the total is the top-level
+    commands only: the script calls and SCRIPT LOAD, or the plain command."""
+    calls, usec = stats.get(script, (0, 0))
+    per_script = f"{usec / calls:.2f}" if calls else "-"
+    if script in TOP:
+        top = sum(stats.get(c, (0, 0))[1] for c in TOP)
+        nested = sum(c for cmd, (c, _) in stats.items() if cmd not in TOP)
+    else:
+        top, nested = usec, 0
+    loads = stats.get("script|load", (0, 0))[0]
+    return (
+        f"| {label} | {n} | {script} | {per_script} | {top / n:.2f} "
+        f"| {nested / n:.2f} | {loads} | {n / took:,.0f} |"
+    )
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--proxy-port", type=int, required=True)
+    ap.add_argument("--redis-port", type=int, required=True)
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--n", type=int, default=20000, help="operations per phase")
+    ap.add_argument("--batch", type=int, default=500, help="pipeline depth")
+    ap.add_argument("--prefix", default="lock:bench", help="lock key prefix (must match locks.keys)")
+    args = ap.parse_args()
+
+    admin = redis.Redis(host=args.host, port=args.redis_port)
+    proxy = redis.Redis(host=args.host, port=args.proxy_port)
+    direct = redis.Redis(host=args.host, port=args.redis_port)
+    run = f"{os.getpid()}{int(time.time())}"
+    n = args.n
+    keys = [f"{args.prefix}:{run}:{i}" for i in range(n)]
+    plain = [f"bench:plain:{run}:{i}" for i in range(n)]
+    # Warm the connection (and, after the change, load the scripts) so the
+    # table shows the steady state; SCRIPT LOADs still show in its column.
+    proxy.ping()
+
+    rows = []
+    checks = []
+    for label, client, ks in (
+        ("lockgate", proxy, keys),
+        ("direct", direct, plain),
+    ):
+        results = {}
+        for op, cmds in (
+            ("acquire (SETNX)", [("SETNX", k, "v") for k in ks]),
+            ("extend (EXPIRE)", [("EXPIRE", k, 30) for k in ks]),
+            ("release (DEL)", [("DEL", k) for k in ks]),
+        ):
+            stats, took, replies = phase(admin, client, cmds, args.batch)
+            ok = sum(1 for r in replies if r == 1 or r is True)
+            checks.append(f"{label} {op}: {ok}/{n} answered 1")
+            if label == "lockgate":
+                name = "evalsha" if "evalsha" in stats else "eval"
+            else:
+                name = op.split()[-1].strip("()").lower()
+            results[op] = (stats, took, name)
+        for op, (stats, took, name) in results.items():
+            rows.append(row(f"{label} {op}", stats, n, took, name))
+
+    print(f"Redis CPU per operation (INFO commandstats), n={n}, pipeline {args.batch}")
+    print()
+    print(
+        "| phase | ops | command | µs per call | Redis µs per op (top-level, incl. SCRIPT LOAD) "
+        "| commands run by the script per op | SCRIPT LOADs | ops/s (client) |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(r)
+    print()
+    for c in checks:
+        print(f"- {c}")
+
+
+if __name__ == "__main__":
+    main()

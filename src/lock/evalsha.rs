@@ -1,0 +1,362 @@
+//! Lock scripts by SHA1 on a client's own connection. `EVAL` makes Redis
+//! hash the whole body (~2 KB) on every call, which cost more than the
+//! script's work; `EVALSHA` does not. Each session remembers which scripts
+//! its upstream connection has loaded ([`Loaded`]); the first use on a
+//! connection goes up as `SCRIPT LOAD <body>` + `EVALSHA` in the same
+//! write, the load's reply swallowed by the writer.
+//!
+//! Redis may still answer `NOSCRIPT` (a `SCRIPT FLUSH` sent straight to
+//! it, or through lockgate on another connection while this one had an
+//! `EVALSHA` on its way): the call is then run again as `EVAL` on
+//! lockgate's own connection to the primary, in the client's database
+//! ([`LockService::rerun`]), and its reply takes the command's place. The
+//! client never sees `NOSCRIPT` for a lock command; commands it pipelined
+//! after it have then run first (`docs/behaviour.md`), counted as
+//! `lock_noscript_reruns`. Any `NOSCRIPT` or `SCRIPT FLUSH` moves the
+//! cache [`Epoch`] on, so every connection loads its scripts again.
+//!
+//! Inside `MULTI` and under `CLIENT REPLY OFF|SKIP` the scripts go up as
+//! `EVAL`, as before: a `NOSCRIPT` inside `EXEC`'s array could not be
+//! rerun in its place, and a load whose reply is skipped would shift the
+//! skip onto it.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use bytes::{BufMut, Bytes, BytesMut};
+
+use super::lease::ConnLocks;
+use super::node::Node;
+use super::storm::Acquirer;
+use super::{script, LockPending, LockService, ReplyOutcome};
+use crate::metrics::ProxyMetrics;
+use crate::protocol::encode::{self, LocalReply};
+
+/// The scripts a lock command runs as on a client's connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Script {
+    /// [`script::ACQUIRE`].
+    Acquire,
+    /// [`script::RELEASE`].
+    Release,
+    /// [`script::RELEASE_HANDOFF`].
+    ReleaseHandoff,
+    /// [`script::EXTEND`].
+    Extend,
+    /// [`script::TAKEOVER`].
+    Takeover,
+}
+
+/// Every [`Script`], in the order of their bits in [`Loaded`].
+const ALL: [Script; 5] = [
+    Script::Acquire,
+    Script::Release,
+    Script::ReleaseHandoff,
+    Script::Extend,
+    Script::Takeover,
+];
+
+impl Script {
+    /// The Lua body.
+    pub fn body(self) -> &'static str {
+        match self {
+            Script::Acquire => script::ACQUIRE,
+            Script::Release => script::RELEASE,
+            Script::ReleaseHandoff => script::RELEASE_HANDOFF,
+            Script::Extend => script::EXTEND,
+            Script::Takeover => script::TAKEOVER,
+        }
+    }
+
+    /// The body's SHA1 in lowercase hex, as Redis names it (computed once).
+    pub fn sha(self) -> &'static str {
+        static SHAS: OnceLock<[String; 5]> = OnceLock::new();
+        let shas =
+            SHAS.get_or_init(|| ALL.map(|s| sha1_smol::Sha1::from(s.body()).digest().to_string()));
+        &shas[self as usize]
+    }
+
+    fn bit(self) -> u8 {
+        1 << (self as u8)
+    }
+}
+
+/// A call of a lock script: which one, and its `numkeys keys… argv…`
+/// already in RESP, so that it can go up as `EVALSHA` or, when Redis lost
+/// the script, as `EVAL` without planning it again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Call {
+    script: Script,
+    /// Arguments after the script (numkeys included).
+    args: usize,
+    tail: Bytes,
+}
+
+impl Call {
+    /// The call of `script` on `keys` with `argv`.
+    pub fn new(script: Script, keys: &[&[u8]], argv: &[&[u8]]) -> Call {
+        let numkeys = keys.len().to_string();
+        let len: usize = keys.iter().chain(argv).map(|a| a.len() + 16).sum();
+        let mut tail = BytesMut::with_capacity(len + 16);
+        bulk(&mut tail, numkeys.as_bytes());
+        for a in keys.iter().chain(argv) {
+            bulk(&mut tail, a);
+        }
+        Call {
+            script,
+            args: 1 + keys.len() + argv.len(),
+            tail: tail.freeze(),
+        }
+    }
+
+    /// Which script.
+    pub fn script(&self) -> Script {
+        self.script
+    }
+
+    /// `EVAL <body> …`: for lockgate's own connections, transactions, and
+    /// a rerun after `NOSCRIPT`.
+    pub fn eval(&self) -> Bytes {
+        self.with(b"EVAL", self.script.body().as_bytes())
+    }
+
+    /// `EVALSHA <sha1> …`.
+    pub fn evalsha(&self) -> Bytes {
+        self.with(b"EVALSHA", self.script.sha().as_bytes())
+    }
+
+    /// `SCRIPT LOAD <body>`, sent ahead of the first `EVALSHA` of this
+    /// script on a connection.
+    pub fn load(&self) -> Bytes {
+        encode::command(&[b"SCRIPT", b"LOAD", self.script.body().as_bytes()])
+    }
+
+    /// `EVAL` of the call in database `db`: for a rerun on lockgate's own
+    /// connection (database 0) of a call a client made after `SELECT`.
+    /// The script selects the database first; since Redis 2.8.12 a script's
+    /// `SELECT` does not change the connection's database.
+    pub fn eval_in(&self, db: u64) -> Bytes {
+        if db == 0 {
+            return self.eval();
+        }
+        let body = format!("redis.call('SELECT', {db})\n{}", self.script.body());
+        self.with(b"EVAL", body.as_bytes())
+    }
+
+    fn with(&self, verb: &[u8], first: &[u8]) -> Bytes {
+        let mut out = BytesMut::with_capacity(32 + first.len() + self.tail.len());
+        out.put_u8(b'*');
+        out.put_slice((self.args + 2).to_string().as_bytes());
+        out.put_slice(b"\r\n");
+        bulk(&mut out, verb);
+        bulk(&mut out, first);
+        out.put_slice(&self.tail);
+        out.freeze()
+    }
+}
+
+fn bulk(out: &mut BytesMut, b: &[u8]) {
+    out.put_u8(b'$');
+    out.put_slice(b.len().to_string().as_bytes());
+    out.put_slice(b"\r\n");
+    out.put_slice(b);
+    out.put_slice(b"\r\n");
+}
+
+/// Which scripts a session's upstream connection has loaded, as of which
+/// cache [`Epoch`] (a newer epoch: Redis may have lost them all).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Loaded {
+    bits: u8,
+    epoch: u64,
+}
+
+impl Loaded {
+    /// True when `script` must be loaded on this connection before its
+    /// `EVALSHA` (the caller sends [`Call::load`] first); from then on it
+    /// counts as loaded. `epoch`: the cache epoch now.
+    pub fn load_first(&mut self, script: Script, epoch: u64) -> bool {
+        if self.epoch != epoch {
+            *self = Loaded { bits: 0, epoch };
+        }
+        let first = self.bits & script.bit() == 0;
+        self.bits |= script.bit();
+        first
+    }
+}
+
+/// The script cache's epoch, shared by every session: it moves on when
+/// Redis's script cache may have been emptied (`SCRIPT FLUSH` through
+/// lockgate, or a `NOSCRIPT` answer), so every connection loads again.
+#[derive(Debug, Default)]
+pub struct Epoch(AtomicU64);
+
+impl Epoch {
+    /// The epoch now.
+    pub fn now(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    /// Redis's cache was emptied (`SCRIPT FLUSH` seen).
+    pub fn flushed(&self) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A call sent at epoch `seen` was answered `NOSCRIPT`: moves the
+    /// epoch on once for all the calls of that epoch.
+    fn lost(&self, seen: u64) {
+        let _ = self
+            .0
+            .compare_exchange(seen, seen + 1, Ordering::Relaxed, Ordering::Relaxed);
+    }
+}
+
+/// `EVAL script` on `key`, its owner record and the `extra` keys, with
+/// `argv`: the shape of every script lockgate runs on one lock.
+pub fn eval_on(script: &str, key: &[u8], extra: &[&[u8]], argv: &[&[u8]]) -> Bytes {
+    let owner = super::owner_key(key);
+    let mut keys: Vec<&[u8]> = vec![key, &owner];
+    keys.extend_from_slice(extra);
+    eval(script, &keys, argv)
+}
+
+/// `EVAL script numkeys keys… argv…` as RESP.
+fn eval(script: &str, keys: &[&[u8]], argv: &[&[u8]]) -> Bytes {
+    let numkeys = keys.len().to_string();
+    let mut args: Vec<&[u8]> = Vec::with_capacity(3 + keys.len() + argv.len());
+    args.push(b"EVAL");
+    args.push(script.as_bytes());
+    args.push(numkeys.as_bytes());
+    args.extend_from_slice(keys);
+    args.extend_from_slice(argv);
+    encode::command(&args)
+}
+
+/// True for `SCRIPT FLUSH` (`name`, `sub`: the command's first two words).
+pub fn is_flush(name: &[u8], sub: &[u8]) -> bool {
+    name.eq_ignore_ascii_case(b"SCRIPT") && sub.eq_ignore_ascii_case(b"FLUSH")
+}
+
+/// What a lock command sent as `EVALSHA` needs to run again if Redis lost
+/// the script: the call, the client's database, and the epoch it went at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rerun {
+    /// The call.
+    pub call: Call,
+    /// The database the client had `SELECT`ed.
+    pub db: u64,
+    /// The cache epoch when it was sent.
+    pub epoch: u64,
+}
+
+/// True when `frame` is Redis's `NOSCRIPT` error.
+pub fn is_noscript(frame: &[u8]) -> bool {
+    frame.starts_with(b"-NOSCRIPT")
+}
+
+impl LockService {
+    /// Runs again, as `EVAL` on lockgate's own connection `primary` in the
+    /// client's database, a lock call Redis answered `NOSCRIPT`, and
+    /// learns its outcome as [`LockService::on_reply`] would have; returns
+    /// the client's reply (waiting for a handoff if the attempt parks).
+    /// Commands the client pipelined after it ran before this rerun.
+    pub async fn rerun(
+        &self,
+        primary: &Node,
+        timeout: Duration,
+        pending: LockPending,
+        rerun: Rerun,
+        conn: &Arc<Mutex<ConnLocks>>,
+        acquirer: impl FnOnce() -> Arc<dyn Acquirer>,
+    ) -> LocalReply {
+        self.script_epoch.lost(rerun.epoch);
+        ProxyMetrics::inc(&self.metrics.noscript_reruns);
+        let frame = match primary.call(rerun.call.eval_in(rerun.db), timeout).await {
+            Ok(frame) => frame,
+            Err(e) => {
+                // Nothing learned: the attempt settles as after an error.
+                let text = format!(
+                    "ERR lockgate: Redis lost the lock script (NOSCRIPT) and running it again failed: {e}"
+                );
+                let frame = LocalReply::Error(Bytes::from(text.clone())).to_bytes(false);
+                let _ = self.on_reply(pending, frame, conn, acquirer);
+                return LocalReply::Error(Bytes::from(text));
+            }
+        };
+        match self.on_reply(pending, frame, conn, acquirer) {
+            ReplyOutcome::Reply(reply) => own_reply(reply),
+            ReplyOutcome::Parked(rx) | ReplyOutcome::Rerun(rx) => rx
+                .await
+                .unwrap_or_else(|_| LocalReply::err("lockgate: internal error (reply lost)")),
+        }
+    }
+}
+
+/// A reply read on lockgate's own (RESP2) connection, for a client that
+/// may speak RESP3: the null is the one reply of a lock script whose form
+/// differs, so it is written in the client's protocol.
+fn own_reply(reply: Bytes) -> LocalReply {
+    match &reply[..] {
+        b"$-1\r\n" | b"*-1\r\n" => LocalReply::Null,
+        _ => LocalReply::Raw(reply),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shas_are_redis_names_of_the_bodies() {
+        let sha = sha1_smol::Sha1::from(script::ACQUIRE).digest().to_string();
+        assert_eq!(Script::Acquire.sha(), sha);
+        assert_eq!(Script::Takeover.sha().len(), 40);
+        assert_ne!(Script::Release.sha(), Script::ReleaseHandoff.sha());
+    }
+
+    #[test]
+    fn evalsha_and_eval_carry_the_same_arguments() {
+        let call = Call::new(Script::Extend, &[b"lock:a", b"o"], &[b"1", b""]);
+        let sha = Script::Extend.sha();
+        let want = encode::command(&[b"EVALSHA", sha.as_bytes(), b"2", b"lock:a", b"o", b"1", b""]);
+        assert_eq!(call.evalsha(), want);
+        let body = script::EXTEND.as_bytes();
+        let want = encode::command(&[b"EVAL", body, b"2", b"lock:a", b"o", b"1", b""]);
+        assert_eq!(call.eval(), want);
+        assert_eq!(call.eval_in(0), want);
+        assert!(call
+            .eval_in(3)
+            .windows(24)
+            .any(|w| w == b"redis.call('SELECT', 3)\n"));
+    }
+
+    #[test]
+    fn a_script_is_loaded_once_per_epoch() {
+        let mut loaded = Loaded::default();
+        assert!(loaded.load_first(Script::Acquire, 0));
+        assert!(!loaded.load_first(Script::Acquire, 0));
+        assert!(loaded.load_first(Script::Release, 0));
+        assert!(loaded.load_first(Script::Acquire, 1));
+        assert!(loaded.load_first(Script::Release, 1));
+    }
+
+    #[test]
+    fn a_lost_epoch_moves_on_once() {
+        let epoch = Epoch::default();
+        epoch.lost(0);
+        epoch.lost(0);
+        assert_eq!(epoch.now(), 1);
+        epoch.flushed();
+        assert_eq!(epoch.now(), 2);
+    }
+
+    #[test]
+    fn nulls_take_the_clients_protocol() {
+        assert_eq!(own_reply(Bytes::from_static(b"$-1\r\n")), LocalReply::Null);
+        assert_eq!(
+            own_reply(Bytes::from_static(b":1\r\n")),
+            LocalReply::Raw(Bytes::from_static(b":1\r\n"))
+        );
+    }
+}
