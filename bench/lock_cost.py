@@ -15,7 +15,10 @@ and reads the commandstats delta: Redis µs per call of the script command
 (evalsha, else eval), Redis µs per op of the top-level commands (script
 calls and SCRIPT LOAD: commandstats also counts the commands a script runs,
 inside the script's own time, so those are shown as a count per op, not
-added), and the client-side rate. Then the same three
+added), the client-side rate, and redis-server's process CPU time per op
+(utime + stime from /proc, when Redis runs on this machine: steadier than
+commandstats on a loaded box, whose µs are wall-clock and include time
+Redis was descheduled; it includes reading and writing the sockets). Then the same three
 phases as plain SETNX/EXPIRE/DEL straight on Redis, on keys outside the
 lock patterns, for reference. Prints a markdown table. Standalone: needs
 only python3 and redis-py. Do not run it against a Redis in use (it resets
@@ -38,10 +41,23 @@ def commandstats(r):
     return out
 
 
+def cpu_seconds(pid):
+    """utime + stime of process `pid` (None when not readable here)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def phase(admin, client, commands, batch):
     """Runs `commands` pipelined on `client` after CONFIG RESETSTAT on
-    `admin`; returns ({cmd: (calls, usec)}, seconds, replies)."""
+    `admin`; returns ({cmd: (calls, usec)}, seconds, replies, Redis process
+    CPU seconds or None)."""
+    pid = admin.info("server").get("process_id")
     admin.config_resetstat()
+    cpu0 = cpu_seconds(pid)
     replies = []
     start = time.perf_counter()
     for i in range(0, len(commands), batch):
@@ -50,18 +66,20 @@ def phase(admin, client, commands, batch):
             p.execute_command(*c)
         replies.extend(p.execute(raise_on_error=False))
     took = time.perf_counter() - start
+    cpu1 = cpu_seconds(pid)
+    cpu = cpu1 - cpu0 if cpu0 is not None and cpu1 is not None else None
     stats = commandstats(admin)
     # INFO itself is counted once it ran; leave it out.
     stats.pop("info", None)
     stats.pop("config|resetstat", None)
     stats.pop("config", None)
-    return stats, took, replies
+    return stats, took, replies, cpu
 
 
 TOP = ("eval", "evalsha", "script|load")
 
 
-def row(label, stats, n, took, script):
+def row(label, stats, n, took, script, cpu):
     """One table row. Commands a script calls are counted in commandstats
     too (inside the script's own time), so the total is the top-level
     commands only: the script calls and SCRIPT LOAD, or the plain command."""
@@ -73,9 +91,10 @@ def row(label, stats, n, took, script):
     else:
         top, nested = usec, 0
     loads = stats.get("script|load", (0, 0))[0]
+    cpu_col = f"{cpu * 1e6 / n:.1f}" if cpu is not None else "-"
     return (
         f"| {label} | {n} | {script} | {per_script} | {top / n:.2f} "
-        f"| {nested / n:.2f} | {loads} | {n / took:,.0f} |"
+        f"| {nested / n:.2f} | {loads} | {n / took:,.0f} | {cpu_col} |"
     )
 
 
@@ -112,24 +131,25 @@ def main():
             ("extend (EXPIRE)", [("EXPIRE", k, 30) for k in ks]),
             ("release (DEL)", [("DEL", k) for k in ks]),
         ):
-            stats, took, replies = phase(admin, client, cmds, args.batch)
+            stats, took, replies, cpu = phase(admin, client, cmds, args.batch)
             ok = sum(1 for r in replies if r == 1 or r is True)
             checks.append(f"{label} {op}: {ok}/{n} answered 1")
             if label == "lockgate":
                 name = "evalsha" if "evalsha" in stats else "eval"
             else:
                 name = op.split()[-1].strip("()").lower()
-            results[op] = (stats, took, name)
-        for op, (stats, took, name) in results.items():
-            rows.append(row(f"{label} {op}", stats, n, took, name))
+            results[op] = (stats, took, name, cpu)
+        for op, (stats, took, name, cpu) in results.items():
+            rows.append(row(f"{label} {op}", stats, n, took, name, cpu))
 
     print(f"Redis CPU per operation (INFO commandstats), n={n}, pipeline {args.batch}")
     print()
     print(
         "| phase | ops | command | µs per call | Redis µs per op (top-level, incl. SCRIPT LOAD) "
-        "| commands run by the script per op | SCRIPT LOADs | ops/s (client) |"
+        "| commands run by the script per op | SCRIPT LOADs | ops/s (client) "
+        "| redis-server CPU µs per op (process, incl. network) |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(r)
     print()

@@ -48,6 +48,9 @@
 //!   forward, lock operation, refusal, or admin.
 //! - [`lock`]: the lock room, which never sees sockets: [`lock::keys`]
 //!   (patterns), [`lock::ops`] (commands → ops), [`lock::script`] (the Lua),
+//!   [`lock::evalsha`] (scripts by SHA1 on clients' connections: loaded
+//!   once per connection, a `NOSCRIPT` run again as `EVAL` on lockgate's
+//!   own connection),
 //!   [`lock::lease`] (tokens, per-connection records), [`lock::watchdog`]
 //!   (renewal, release on disconnect over lockgate's own connection),
 //!   [`lock::node`] (lockgate's own shared, pipelined connection to one
@@ -126,7 +129,8 @@
 //!
 //! A command on a lock key takes the same road with one detour: the router
 //! returns [`router::Route::Lock`], [`lock::LockService::plan`] turns it into
-//! an `EVAL` that goes up the client's own connection in the command's
+//! a script call ([`lock::evalsha`]: `EVALSHA`, after `SCRIPT LOAD` the
+//! first time on a connection) that goes up the client's own connection in the command's
 //! place (so order costs nothing), and the writer hands the script's
 //! `{reply, facts}` answer to [`lock::LockService::on_reply`]: the lock
 //! room learns the facts ([`lock::LockService::complete`]), settles a

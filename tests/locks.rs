@@ -28,11 +28,14 @@ async fn setnx_is_one_eval_with_lease_and_owner_record() {
         .expect("owner record after SETNX");
     assert_eq!(c2.call(&["SETNX", "lock:a", "v2"]).await, ":0\r\n");
 
-    // One Lua call per acquisition attempt, no SETNX and no separate EXPIRE.
+    // One Lua call per acquisition attempt (by SHA1, each connection
+    // loading the script once), no SETNX and no separate EXPIRE.
     // The one PEXPIRE, inside the loser's script, is its instance's waiting
     // mark (fairness across instances), not the lock's.
     let stats = r.call(&["INFO", "commandstats"]).await;
-    assert!(stats.contains("cmdstat_eval:calls=2,"), "{stats}");
+    assert!(stats.contains("cmdstat_evalsha:calls=2,"), "{stats}");
+    assert!(stats.contains("cmdstat_script|load:calls=2,"), "{stats}");
+    assert!(!stats.contains("cmdstat_eval:"), "{stats}");
     assert!(stats.contains("cmdstat_pexpire:calls=1,"), "{stats}");
     for absent in ["cmdstat_setnx", "cmdstat_expire:"] {
         assert!(!stats.contains(absent), "{absent} in {stats}");

@@ -19,7 +19,8 @@
 //! # Layout
 //!
 //! - [`keys`]: lock-key patterns. - [`ops`]: parsing commands into ops.
-//! - [`script`]: the Lua. - [`lease`]: tokens and per-connection records.
+//! - [`script`]: the Lua. - [`evalsha`]: the Lua by SHA1 on clients'
+//!   connections. - [`lease`]: tokens and per-connection records.
 //! - [`metrics`]: counters. - [`watchdog`]: lease renewal and release on
 //!   disconnect over a connection of lockgate's own.
 //! - [`clock`]: the quorum masters' clock offsets; a master whose clock
@@ -222,6 +223,9 @@ pub struct LockService {
     max_lease_ms: std::sync::atomic::AtomicU64,
 }
 
+/// Shortest life of a waiting mark, ms (see [`LockService::fairness_for`]).
+const MIN_MARK_MS: u64 = 200;
+
 /// Interval between two repeats of the same lock warning.
 const WARN_INTERVAL: Duration = Duration::from_secs(10);
 
@@ -303,12 +307,14 @@ impl LockService {
     /// Fairness across instances for `key`: (bound, window) in ms, as the
     /// scripts take them. The bound is `locks.retry.max_local_preference_ms`
     /// (0: off); a waiting mark counts while renewed within the window,
-    /// `max(bound, 2 × probe interval)`, as a waiting instance renews it at
-    /// each probe.
+    /// `max(bound, 2 × probe interval, 200)`, as a waiting instance renews
+    /// it at each probe (marks are kept with the bound off too: releases
+    /// are announced only to keys with marks).
     pub fn fairness_for(&self, key: &[u8]) -> (u64, u64) {
         let bound = self.rules().retry.max_local_preference_ms;
         let (probe_ms, _) = self.retry_for(key);
-        (bound, bound.max(probe_ms.saturating_mul(2)))
+        let window = bound.max(probe_ms.saturating_mul(2)).max(MIN_MARK_MS);
+        (bound, window)
     }
 
     /// True when some pattern has the watchdog on.

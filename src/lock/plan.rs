@@ -198,12 +198,14 @@ impl LockService {
             } => {
                 let n = lock_keys.len().to_string();
                 let owners: Vec<Bytes> = lock_keys.iter().map(|k| owner_key(k)).collect();
+                let marks: Vec<Bytes> = lock_keys.iter().map(|k| waiting_key(k)).collect();
                 let tokens: Vec<Bytes> = lock_keys.iter().map(|k| conn.token(k)).collect();
                 let alts: Vec<Bytes> = lock_keys.iter().map(|k| conn.attempt_tokens(k).1).collect();
                 let mut keys: Vec<&[u8]> = Vec::new();
-                for (k, o) in lock_keys.iter().zip(&owners) {
+                for ((k, o), w) in lock_keys.iter().zip(&owners).zip(&marks) {
                     keys.push(k);
                     keys.push(o);
+                    keys.push(w);
                 }
                 keys.extend(plain.iter().map(|k| &k[..]));
                 let verb: &[u8] = if unlink { b"UNLINK" } else { b"DEL" };

@@ -108,7 +108,10 @@ end
 /// fact [`ACQUIRE_CLOCK_FACT`], read in the same atomic step as the `SET
 /// NX` it vouches for, see [`super::clock`]; 0 otherwise), and yielded
 /// (1: not tried, another instance has waited past the bound, fact
-/// [`ACQUIRE_YIELD_FACT`]). A failed attempt marks this instance waiting. The owner record gets
+/// [`ACQUIRE_YIELD_FACT`]). A failed attempt marks this instance waiting
+/// (also with the bound off: a release announces itself only when the key
+/// has marks, see [`RELEASE`]). Uncontended (no marks), it runs `EXISTS`,
+/// `SET NX` and the owner record's `SET`, nothing else. The owner record gets
 /// the lock's own expiry option, so an acquisition asks no PTTL unless its
 /// lease is a deadline (`PXAT`/`EXAT`).
 pub const ACQUIRE: &str = concat!(
@@ -116,7 +119,8 @@ pub const ACQUIRE: &str = concat!(
     r#"
 local bound, window, me = tonumber(ARGV[8]) or 0, tonumber(ARGV[9]) or 0, ARGV[7]
 local now, yield, marks = 0, false, false
-if bound > 0 then
+-- No instance waiting (no marks): no clock to read, nothing to weigh.
+if bound > 0 and redis.call('EXISTS', KEYS[3]) == 1 then
   now = fair_now()
   yield, marks = must_yield(KEYS[3], me, bound, window, now)
 end
@@ -140,7 +144,11 @@ if ok then
   if marks then redis.call('HDEL', KEYS[3], me) end
 else
   pttl = redis.call('PTTL', KEYS[1])
-  if bound > 0 then mark_waiting(KEYS[3], me, window, now) end
+  -- Marked even with fairness off: releases announce only where marks are.
+  if window > 0 then
+    if now == 0 then now = fair_now() end
+    mark_waiting(KEYS[3], me, window, now)
+  end
   -- Held back for a longer waiter elsewhere: wake it now, not at its
   -- next probe.
   if yield and pttl == -2 then redis.call('PUBLISH', 'lockgate:released', KEYS[1]) end
@@ -164,7 +172,14 @@ pub const ACQUIRE_CLOCK_FACT: usize = 2;
 pub const ACQUIRE_YIELD_FACT: usize = 3;
 
 /// Owner-checked release for `DEL`/`UNLINK`.
-/// KEYS: n pairs (lock key, owner record), then ordinary keys.
+/// KEYS: n triples (lock key, owner record, waiting marks), then ordinary
+/// keys. A release is announced on `lockgate:released` only when the key
+/// has waiting marks: every instance whose attempts on it failed lately
+/// (one parked there probes, and so marks, at least every probe interval)
+/// and so may wait for it; one that attempted longer ago than the marks'
+/// window sends its next attempt to Redis anyway. Inside `MULTI` (info
+/// `"0"`) a release is always announced: the facts that would tell this
+/// instance are not seen there.
 /// ARGV: info, n, command (`DEL`/`UNLINK`), ownership (`instance`/`any`),
 /// instance prefix (`id:`), the connection's birth (see `allows`), then n
 /// tokens (`''` = this connection never acquired that key), then n lists of
@@ -182,7 +197,7 @@ local cmd, any, prefix, born = ARGV[3], ARGV[4] == 'any', ARGV[5], ARGV[6]
 local total, released, denied, lapsed, stale = 0, 0, 0, 0, 0
 local seen = {}
 for i = 1, n do
-  local key, rec, tok, alt = KEYS[2 * i - 1], KEYS[2 * i], ARGV[6 + i], ARGV[6 + n + i]
+  local key, rec, wk, tok, alt = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i], ARGV[6 + i], ARGV[6 + n + i]
   if seen[key] then tok = '' end
   seen[key] = true
   local owner = redis.call('GET', rec)
@@ -190,18 +205,25 @@ for i = 1, n do
   lapsed = lapsed + lapse
   stale = stale + young
   if allowed then
-    local d = redis.call(cmd, key)
-    total = total + d
-    if d > 0 then redis.call('PUBLISH', 'lockgate:released', key) end
+    local d = 0
     if owner then
-      redis.call(cmd, rec)
+      -- The owner record exists (just read): one call deletes both.
+      d = redis.call(cmd, key, rec) - 1
       released = released + d
+    else
+      d = redis.call(cmd, key)
+    end
+    total = total + d
+    -- Inside MULTI (info '0') this instance sees no facts: its own
+    -- announcement is how it learns the lock is free.
+    if d > 0 and (ARGV[1] == '0' or redis.call('EXISTS', wk) == 1) then
+      redis.call('PUBLISH', 'lockgate:released', key)
     end
   else
     denied = denied + 1
   end
 end
-if #KEYS > 2 * n then total = total + redis.call(cmd, unpack(KEYS, 2 * n + 1)) end
+if #KEYS > 3 * n then total = total + redis.call(cmd, unpack(KEYS, 3 * n + 1)) end
 if ARGV[1] == '1' then return {total, released, denied, lapsed, 0, stale} end
 return total
 "#
@@ -244,9 +266,10 @@ if allowed then
     old = redis.pcall('SET', key, ARGV[6], 'PX', ARGV[8], 'GET')
   end
   if type(old) == 'table' and old.err then
-    d = redis.call(ARGV[2], key)
-    if owner then redis.call(ARGV[2], rec) end
-    if d > 0 then redis.call('PUBLISH', 'lockgate:released', key) end
+    if owner then d = redis.call(ARGV[2], key, rec) - 1 else d = redis.call(ARGV[2], key) end
+    if d > 0 and redis.call('EXISTS', KEYS[3]) == 1 then
+      redis.call('PUBLISH', 'lockgate:released', key)
+    end
   else
     redis.call('SET', rec, ARGV[7], 'PX', ARGV[8])
     if old then d = 1 end
@@ -266,7 +289,7 @@ return d
 /// Owner-checked `EXPIRE`/`PEXPIRE`/`EXPIREAT`/`PEXPIREAT`: the lock and its
 /// owner record move together. KEYS: lock, owner record. ARGV: info,
 /// ownership, instance prefix, token, unsettled attempts, the connection's
-/// birth (as [`RELEASE`]), command, its arguments after the key. Reply: as
+/// birth (as [`RELEASE`]), command (uppercase), its arguments after the key. Reply: as
 /// the command (0 when refused). Facts: allowed (1/0), lapsed, the lock's
 /// PTTL afterwards (so lockgate's view of the lease follows the client's),
 /// stale.
@@ -280,7 +303,15 @@ local pttl = -3
 if allowed then
   reply = redis.pcall(ARGV[7], KEYS[1], unpack(ARGV, 8))
   if type(reply) == 'table' and reply.err then return reply end
-  pttl = redis.call('PTTL', KEYS[1])
+  if reply == 1 and #ARGV == 8 and (ARGV[7] == 'EXPIRE' or ARGV[7] == 'PEXPIRE') then
+    -- A relative lease that was set: it is the argument, no PTTL to ask
+    -- (a script's clock stands still); not above 0, the key is gone.
+    pttl = tonumber(ARGV[8])
+    if ARGV[7] == 'EXPIRE' then pttl = pttl * 1000 end
+    if pttl <= 0 then pttl = -2 end
+  else
+    pttl = redis.call('PTTL', KEYS[1])
+  end
   if owner then
     if pttl > 0 then
       redis.call('PEXPIRE', KEYS[2], pttl)
