@@ -79,9 +79,10 @@ pub struct RetryConfig {
     /// it. Without it a release hands the lock to the releasing instance's
     /// own waiters first, and another instance's clients can wait without
     /// bound. A waiting instance's marker counts while renewed within
-    /// `max(this, 2 × probe_interval_ms)` (it is renewed at each probe), so
-    /// a stopped instance holds others back at most that long. 0: off;
-    /// otherwise at least 10.
+    /// `max(this, 2 × probe_interval_ms, 200)` (it is renewed at each
+    /// probe), so a stopped instance holds others back at most that long.
+    /// 0: off (the yield only: failed attempts still leave their marks,
+    /// which tell releases to announce themselves); otherwise at least 10.
     pub max_local_preference_ms: u64,
 }
 

@@ -1,9 +1,10 @@
-//! Release announcements between lockgate instances: every release made
-//! through lockgate is PUBLISHed on `lockgate:released` (by the release
-//! scripts themselves, on the store that holds the lock), and every
-//! instance subscribes there, so a waiter parked on one instance is woken
-//! by a release through another. A lost announcement only delays a handoff
-//! until the next probe.
+//! Release announcements between lockgate instances: a release made
+//! through lockgate of a key some instance waits for (the key has waiting
+//! marks: that instance's attempts failed lately) is PUBLISHed on
+//! `lockgate:released` (by the release scripts themselves, on the store
+//! that holds the lock), and every instance subscribes there, so a waiter
+//! parked on one instance is woken by a release through another. A lost
+//! (or unsent) announcement only delays a handoff until the next probe.
 
 use std::sync::Arc;
 use std::time::Duration;
