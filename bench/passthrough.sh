@@ -40,7 +40,8 @@
 #
 # Proxies run with their defaults: nutcracker single-threaded with one server
 # connection (its design), HAProxy with one thread per core, lockgate with
-# its default runtime (see `lockgate --help`, --threads).
+# one event loop (its default, which keeps cross-connection order) and, as
+# lockgate_t2, with --threads 2 (one loop per core, as HAProxy).
 set -euo pipefail
 
 export PATH="$PATH:/usr/sbin:/sbin"
@@ -93,9 +94,9 @@ fi
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 bench_start passthrough
 
-mapfile -t PORTS < <(python3 "$HELPER" ports 8)
+mapfile -t PORTS < <(python3 "$HELPER" ports 9)
 P_REDIS=${PORTS[0]} P_TWEM=${PORTS[1]} P_HAPROXY=${PORTS[2]} P_LOCKGATE=${PORTS[3]} P_TWEM_STATS=${PORTS[4]}
-P_REDIS_TLS=${PORTS[5]} P_LOCKGATE_TLS=${PORTS[6]} P_LOCKGATE_UP_TLS=${PORTS[7]}
+P_REDIS_TLS=${PORTS[5]} P_LOCKGATE_TLS=${PORTS[6]} P_LOCKGATE_UP_TLS=${PORTS[7]} P_LOCKGATE_T2=${PORTS[8]}
 
 # TLS: one throwaway CA, one certificate for 127.0.0.1 used by Redis and lockgate.
 REDIS_TLS_ARGS=()
@@ -173,10 +174,18 @@ LOCKGATE_PID=$!
 PIDS+=("$LOCKGATE_PID")
 wait_ready lockgate "$LOCKGATE_PID" "$P_LOCKGATE" "$TMP/lockgate.log"
 
-declare -A PORT_OF=([direct]=$P_REDIS [twemproxy]=$P_TWEM [haproxy]=$P_HAPROXY [lockgate]=$P_LOCKGATE)
-declare -A PID_OF=([direct]="" [twemproxy]=$TWEM_PID [haproxy]=$HAPROXY_PID [lockgate]=$LOCKGATE_PID)
+# lockgate with two event loops (--threads 2, thread-per-core as HAProxy's
+# two threads here), beside the default one.
+RUST_LOG=warn "$LOCKGATE_BIN" --threads 2 --admin-listen "" --listen "127.0.0.1:$P_LOCKGATE_T2" \
+  --upstream "127.0.0.1:$P_REDIS" >"$TMP/lockgate-t2.log" 2>&1 &
+LOCKGATE_T2_PID=$!
+PIDS+=("$LOCKGATE_T2_PID")
+wait_ready "lockgate --threads 2" "$LOCKGATE_T2_PID" "$P_LOCKGATE_T2" "$TMP/lockgate-t2.log"
+
+declare -A PORT_OF=([direct]=$P_REDIS [twemproxy]=$P_TWEM [haproxy]=$P_HAPROXY [lockgate]=$P_LOCKGATE [lockgate_t2]=$P_LOCKGATE_T2)
+declare -A PID_OF=([direct]="" [twemproxy]=$TWEM_PID [haproxy]=$HAPROXY_PID [lockgate]=$LOCKGATE_PID [lockgate_t2]=$LOCKGATE_T2_PID)
 declare -A ARGS_OF=()
-TARGETS=(direct twemproxy haproxy lockgate)
+TARGETS=(direct twemproxy haproxy lockgate lockgate_t2)
 
 if [[ $TLS == 1 ]]; then
   # A second lockgate whose upstream is Redis's TLS port.
@@ -243,7 +252,7 @@ WORKLOADS=(
   "get_c1 get 1 1 $N_C1"
   "setnx_p1 setnx_lock 50 1 $N_P1"
 )
-LOCK_TARGETS=(direct haproxy lockgate)
+LOCK_TARGETS=(direct haproxy lockgate lockgate_t2)
 
 run_one() {
   local round=$1 wl=$2 test=$3 clients=$4 pipe=$5 n=$6 target=$7
