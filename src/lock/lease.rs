@@ -4,7 +4,7 @@
 //! microseconds and only grows, so tokens do not repeat across restarts of
 //! the same instance (an old owner record can never match a new token).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -127,6 +127,11 @@ pub struct ConnLocks {
     /// a place kept for a closed connection is never taken for a new one.
     pub id: ConnId,
     map: HashMap<Bytes, Acquisition>,
+    /// Every `(key, since)` a record was given, oldest first: the record to
+    /// drop when the table is full is the first entry still current (the
+    /// others are stale and skipped), without scanning the table for the
+    /// oldest on every new key.
+    order: VecDeque<(Bytes, Instant)>,
     max: usize,
     /// Records dropped because the table was full.
     pub evicted: u64,
@@ -160,6 +165,7 @@ impl ConnLocks {
         ConnLocks {
             id: ConnId::next(),
             map: HashMap::new(),
+            order: VecDeque::new(),
             max: max.max(1),
             evicted: 0,
             born,
@@ -253,15 +259,7 @@ impl ConnLocks {
         lease_ms: u64,
     ) {
         if !self.map.contains_key(&key) && self.map.len() >= self.max {
-            if let Some(oldest) = self
-                .map
-                .iter()
-                .min_by_key(|(_, a)| a.since)
-                .map(|(k, _)| k.clone())
-            {
-                self.map.remove(&oldest);
-                self.evicted += 1;
-            }
+            self.evict_oldest();
         }
         if let Some(a) = self.map.get_mut(&key) {
             if a.standing == Standing::Held && standing == Standing::Trying {
@@ -302,6 +300,8 @@ impl ConnLocks {
             }
             _ => Vec::new(),
         };
+        let since = Instant::now();
+        self.aged(key.clone(), since);
         self.map.insert(
             key,
             Acquisition {
@@ -309,7 +309,7 @@ impl ConnLocks {
                 last_try: Instant::now(),
                 token,
                 standing,
-                since: Instant::now(),
+                since,
                 lease_ms,
                 value,
                 retry: None,
@@ -334,6 +334,8 @@ impl ConnLocks {
                     a.lease_ms = lease_ms.unwrap_or(retry.lease_ms);
                     a.since = Instant::now();
                     a.takeover = false;
+                    let since = a.since;
+                    self.aged(Bytes::copy_from_slice(key), since);
                 }
                 return;
             }
@@ -351,16 +353,20 @@ impl ConnLocks {
                     });
                     a.standing = Standing::Held;
                     a.since = Instant::now();
+                    let since = a.since;
+                    self.aged(Bytes::copy_from_slice(key), since);
                 }
                 return;
             }
             if a.token == token {
                 a.standing = standing;
-                if standing == Standing::Held {
-                    a.since = Instant::now();
-                }
                 if let Some(ms) = lease_ms {
                     a.lease_ms = ms;
+                }
+                if standing == Standing::Held {
+                    a.since = Instant::now();
+                    let since = a.since;
+                    self.aged(Bytes::copy_from_slice(key), since);
                 }
             }
         }
@@ -394,6 +400,29 @@ impl ConnLocks {
                 Some(ended)
             }
             None => self.map.remove(key),
+        }
+    }
+
+    /// Drops the record given its `since` longest ago (the table is full).
+    fn evict_oldest(&mut self) {
+        while let Some((key, since)) = self.order.pop_front() {
+            if self.map.get(&key).is_some_and(|a| a.since == since) {
+                self.map.remove(&key);
+                self.evicted += 1;
+                return;
+            }
+        }
+    }
+
+    /// Notes that `key`'s record was given `since` (now): see
+    /// [`ConnLocks::order`]. Stale entries are dropped once they outnumber
+    /// the table twice over, so the queue stays within a few times `max`.
+    fn aged(&mut self, key: Bytes, since: Instant) {
+        self.order.push_back((key, since));
+        if self.order.len() > 2 * self.max.max(self.map.len()) + 64 {
+            let map = &self.map;
+            self.order
+                .retain(|(k, t)| map.get(k).is_some_and(|a| a.since == *t));
         }
     }
 
@@ -447,6 +476,29 @@ mod tests {
         assert_eq!(c.len(), 2);
         assert_eq!(c.evicted, 1);
         assert!(c.get(b"a").is_none());
+    }
+
+    #[test]
+    fn a_full_table_drops_the_record_given_longest_ago() {
+        let mut c = ConnLocks::new(2);
+        let k = |s: &'static str| Bytes::from(s);
+        c.attempt(k("a"), k("ta"), Bytes::new(), Standing::Trying, 10);
+        c.attempt(k("b"), k("tb"), Bytes::new(), Standing::Trying, 10);
+        // Held since now: newer than b's.
+        c.settle(b"a", b"ta", Standing::Held, None);
+        c.attempt(k("c"), k("tc"), Bytes::new(), Standing::Trying, 10);
+        assert!(c.get(b"b").is_none() && c.get(b"a").is_some());
+        for i in 0..1000u32 {
+            c.attempt(
+                Bytes::from(i.to_string()),
+                k("t"),
+                Bytes::new(),
+                Standing::Held,
+                10,
+            );
+        }
+        assert_eq!((c.len(), c.evicted), (2, 1001));
+        assert!(c.order.len() <= 2 * 2 + 64 + 1);
     }
 
     #[test]
