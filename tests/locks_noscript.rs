@@ -130,3 +130,26 @@ async fn a_rerun_answers_resp3_nulls() {
     assert_eq!(get(&mut r, "lock:h").await.as_deref(), Some("v"));
     lg.stop().await;
 }
+
+/// A connection that subscribed sends lock scripts as `EVAL` (Redis
+/// refuses `SCRIPT LOAD` while a RESP2 connection is subscribed, unseen):
+/// after it unsubscribes, a flush needs no rerun.
+#[tokio::test]
+async fn a_subscribed_connection_sends_eval() {
+    let (_redis, lg, mut r) = setup("ns", 20_000).await;
+    let mut c = RawClient::connect(lg.addr).await;
+    let confirmed = c.call_raw(&["SUBSCRIBE", "ch"]).await;
+    assert!(confirmed.starts_with(b"*3"), "SUBSCRIBE confirmed");
+    let refused = c.call(&["SETNX", "lock:s", "v"]).await;
+    assert!(
+        refused.starts_with("-ERR") && refused.contains("eval"),
+        "{refused}"
+    );
+    let left = c.call_raw(&["UNSUBSCRIBE"]).await;
+    assert!(left.starts_with(b"*3"), "UNSUBSCRIBE confirmed");
+    assert_eq!(c.call(&["SETNX", "lock:s", "v"]).await, ":1\r\n");
+    flush(&mut r).await;
+    assert_eq!(c.call(&["SETNX", "lock:t", "v"]).await, ":1\r\n");
+    assert_eq!(m(&lg.ctx.locks.metrics.noscript_reruns), 0);
+    lg.stop().await;
+}

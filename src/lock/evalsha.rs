@@ -15,10 +15,11 @@
 //! `lock_noscript_reruns`. Any `NOSCRIPT` or `SCRIPT FLUSH` moves the
 //! cache [`Epoch`] on, so every connection loads its scripts again.
 //!
-//! Inside `MULTI` and under `CLIENT REPLY OFF|SKIP` the scripts go up as
-//! `EVAL`, as before: a `NOSCRIPT` inside `EXEC`'s array could not be
-//! rerun in its place, and a load whose reply is skipped would shift the
-//! skip onto it.
+//! Inside `MULTI`, under `CLIENT REPLY OFF|SKIP` and on a connection that
+//! ever subscribed the scripts go up as `EVAL`, as before: a `NOSCRIPT`
+//! inside `EXEC`'s array could not be rerun in its place, a load whose
+//! reply is skipped would shift the skip onto it, and Redis refuses a load
+//! while a RESP2 connection is subscribed.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -170,15 +171,29 @@ fn bulk(out: &mut BytesMut, b: &[u8]) {
 pub struct Loaded {
     bits: u8,
     epoch: u64,
+    off: bool,
 }
 
 impl Loaded {
+    /// The connection subscribed: in RESP2 Redis then refuses `SCRIPT
+    /// LOAD`, unseen (its reply is swallowed), so a script would count as
+    /// loaded when it is not; such a connection sends `EVAL` from now on.
+    pub fn subscribed(&mut self) {
+        self.off = true;
+    }
+
+    /// False once the connection subscribed (see [`Loaded::subscribed`]).
+    pub fn by_sha(&self) -> bool {
+        !self.off
+    }
+
     /// True when `script` must be loaded on this connection before its
     /// `EVALSHA` (the caller sends [`Call::load`] first); from then on it
     /// counts as loaded. `epoch`: the cache epoch now.
     pub fn load_first(&mut self, script: Script, epoch: u64) -> bool {
         if self.epoch != epoch {
-            *self = Loaded { bits: 0, epoch };
+            self.bits = 0;
+            self.epoch = epoch;
         }
         let first = self.bits & script.bit() == 0;
         self.bits |= script.bit();

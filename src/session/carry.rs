@@ -249,15 +249,16 @@ fn script_lock_keys(
 /// Puts `call` in the batch as `EVALSHA`, after `SCRIPT LOAD` the first
 /// time on this connection (its reply swallowed), and returns what to
 /// rerun it with if Redis lost the script; as `EVAL` where a reply is
-/// skipped (`CLIENT REPLY`: a load would take the skip) or the database is
-/// unknown (a rerun could not find it). See [`crate::lock::evalsha`].
+/// skipped (`CLIENT REPLY`: a load would take the skip), the database is
+/// unknown (a rerun could not find it) or the connection subscribed (see
+/// [`evalsha::Loaded::subscribed`]). See [`crate::lock::evalsha`].
 fn by_sha(
     ctx: &ServerContext,
     view: &mut SessionView,
     call: evalsha::Call,
     out: &mut Routed,
 ) -> Option<Rerun> {
-    if out.batch.silent || view.db == u64::MAX {
+    if out.batch.silent || view.db == u64::MAX || !view.scripts.by_sha() {
         out.pieces.own(call.eval());
         return None;
     }
@@ -288,6 +289,9 @@ fn carry_out(
         Route::Forward(expect) => {
             if *expect == Expect::EnterRaw {
                 ProxyMetrics::inc(&ctx.metrics.raw_sessions);
+            }
+            if matches!(expect, Expect::Subscription(..)) {
+                view.scripts.subscribed();
             }
             out.pieces.client(whole);
             match script_lock_keys(ctx, args, *expect).filter(|_| ctx.quorum.is_none()) {
