@@ -24,7 +24,9 @@
 # than 3 (`locks.quorum.masters`). The lockgates run with
 # rejoin_delay_ms = 100, else they would make the masters, started moments
 # before, sit out for the default lease first; the script waits until each
-# grants a lock. The rows share masters, so each uses keys of its own.
+# grants a lock. The rows share masters, so each uses keys of its own, and
+# while a row runs the other lockgates are paused (SIGSTOP; SIGCONT after),
+# else their release-announcement subscriptions would wake on its releases.
 set -euo pipefail
 
 export LC_ALL=C
@@ -68,6 +70,13 @@ fi
 # shellcheck source=bench/lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 bench_start quorum
+# A lockgate the client paused (it died mid-row) must resume to take TERM.
+resume_lockgates() {
+  local pid
+  for pid in "${LG_PID[@]}"; do kill -CONT "$pid" 2>/dev/null || true; done
+}
+declare -A LG_PID=()
+trap 'resume_lockgates; cleanup' EXIT
 
 mapfile -t PORTS < <(python3 "$HELPER" ports 9)
 [[ ${#PORTS[@]} -eq 9 ]] || die "could not find 9 free loopback ports"
@@ -103,6 +112,7 @@ start_lockgate() {
     --listen "127.0.0.1:$port" --upstream "127.0.0.1:$P_PRIMARY" >"$TMP/$name.log" 2>&1 &
   pid=$!
   PIDS+=("$pid")
+  LG_PID[$name]=$pid
   wait_ready "lockgate $name" "$pid" "$port" "$TMP/$name.log"
   python3 "$HELPER" ready "$port" || { cat "$TMP/$name.log" >&2; die "lockgate $name grants no lock"; }
 }
@@ -129,9 +139,9 @@ echo
 echo "## Lock latency on the quorum ($(date -u '+%Y-%m-%d %H:%M UTC'), lockgate @ $rev, $(nproc) cpus)"
 echo
 python3 "$HELPER" run "$RESULTS/quorum-latest.md" "$LOAD" "$ROUNDS" "$PAIRS" \
-  "lockgate-1-redis=lockgate:$P_LG_ONE" \
-  "lockgate-q3=lockgate:$P_LG_Q3" \
-  "lockgate-q5=lockgate:$P_LG_Q5" \
+  "lockgate-1-redis=lockgate:$P_LG_ONE:${LG_PID[one]}" \
+  "lockgate-q3=lockgate:$P_LG_Q3:${LG_PID[q3]}" \
+  "lockgate-q5=lockgate:$P_LG_Q5:${LG_PID[q5]}" \
   "redlock-q3=redlock:$(join_ports "${P_MASTERS[@]:0:3}")" \
   "redlock-q5=redlock:$(join_ports "${P_MASTERS[@]}")"
 echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"

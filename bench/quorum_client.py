@@ -8,14 +8,19 @@ the lock masters directly with a client-side Redlock library (pottery).
                                       for the rejoin delay at start)
     quorum_client.py run OUT.md LOAD ROUNDS PAIRS TARGET...
 
-A TARGET is NAME=lockgate:PORT or NAME=redlock:PORT,PORT,...; the first
-target is the baseline the ratios are taken to. Rounds alternate the
+A TARGET is NAME=lockgate:PORT:PID or NAME=redlock:PORT,PORT,...; the
+first target is the baseline the ratios are taken to. Rounds alternate the
 targets (the first target of a round rotates), so a neighbour's burst on
-the shared machine lands on every row alike; each round starts with a
-short warm-up that is not counted. Prints the markdown table (and writes
-it to OUT.md).
+the shared machine lands on every row alike; each row starts with a short
+warm-up that is not counted. While a row runs, the other lockgates are
+paused (SIGSTOP, SIGCONT after): every lockgate subscribes to release
+announcements on its masters, and the lockgates share masters, so a
+running one would wake on the measured row's releases. Prints the markdown
+table (and writes it to OUT.md).
 """
 
+import os
+import signal
 import socket
 import statistics
 import sys
@@ -57,8 +62,9 @@ def ready(port, timeout=15.0):
 class Lockgate:
     """SET lock:q:<i> <v> NX PX 10000, then DEL, through lockgate."""
 
-    def __init__(self, name, port):
+    def __init__(self, name, port, pid):
         self.name = name
+        self.pid = pid
         self.r = redis.Redis(port=port, protocol=2, socket_timeout=5)
         self.r.ping()
 
@@ -80,6 +86,7 @@ class Redlock:
         from pottery import Redlock as PotteryRedlock
 
         self.name = name
+        self.pid = None
         self.cls = PotteryRedlock
         self.masters = {redis.Redis(port=p, protocol=2, socket_timeout=5) for p in ports}
         for m in self.masters:
@@ -107,17 +114,33 @@ def run(out, load, rounds, pairs, specs):
         name, _, rest = spec.partition("=")
         kind, _, ports = rest.partition(":")
         if kind == "lockgate":
-            targets.append(Lockgate(name, int(ports)))
+            port, _, pid = ports.partition(":")
+            targets.append(Lockgate(name, int(port), int(pid)))
         elif kind == "redlock":
             targets.append(Redlock(name, [int(p) for p in ports.split(",")]))
         else:
             sys.exit(f"unknown target kind in {spec!r}")
+    try:
+        measure(out, load, rounds, pairs, targets)
+    finally:
+        pause(targets, None)
+
+
+def pause(targets, running):
+    """Pauses every lockgate but `running`'s (None: resumes them all)."""
+    for t in targets:
+        if t.pid is not None:
+            os.kill(t.pid, signal.SIGCONT if running is None or t is running else signal.SIGSTOP)
+
+
+def measure(out, load, rounds, pairs, targets):
     samples = {t.name: [] for t in targets}
     medians = {t.name: [] for t in targets}
     seq = 0
     for rnd in range(rounds):
         order = targets[rnd % len(targets):] + targets[: rnd % len(targets)]
         for t in order:
+            pause(targets, t)
             for _ in range(WARMUP):
                 seq += 1
                 t.pair(seq)
@@ -132,7 +155,8 @@ def run(out, load, rounds, pairs, specs):
     base99 = percentile(sorted(samples[targets[0].name]), 99)
     lines = [
         f"One client, sequential `SET lock:q:<i> <v> NX PX 10000` + `DEL` pairs; "
-        f"{rounds} rounds x {pairs} pairs per row, rows alternating; load average at start {load}.",
+        f"{rounds} rounds x {pairs} pairs per row, rows alternating, the other lockgates paused; "
+        f"load average at start {load}.",
         "",
         "| row | p50 µs | p99 µs | p50 ratio | p99 ratio | p50 per round µs |",
         "|---|---:|---:|---:|---:|---|",
