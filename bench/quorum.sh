@@ -8,9 +8,9 @@
 #   QUICK=1 bench/quorum.sh       smoke test: 1 round, few pairs
 #
 # Environment (all optional):
-#   ROUNDS=3          rounds; the rows alternate within each round and the
+#   ROUNDS=6          rounds; the rows alternate within each round and the
 #                     first row rotates from round to round
-#   PAIRS=1500        timed pairs per row and round (after 50 untimed)
+#   PAIRS=750         timed pairs per row and round (after 50 untimed)
 #   LOCKGATE_BIN=...  use this binary instead of `cargo build --release`
 #
 # One client does sequential `SET lock:q:<i> <v> NX PX 10000` + `DEL` pairs
@@ -41,8 +41,8 @@ if [[ $QUICK == 1 ]]; then
   ROUNDS=${ROUNDS:-1}
   PAIRS=${PAIRS:-200}
 else
-  ROUNDS=${ROUNDS:-3}
-  PAIRS=${PAIRS:-1500}
+  ROUNDS=${ROUNDS:-6}
+  PAIRS=${PAIRS:-750}
 fi
 
 LOG_TAG=quorum

@@ -390,8 +390,10 @@ async fn serve(mut stream: Stream, calls: &mut mpsc::Receiver<Call>) {
     let waiting: Mutex<VecDeque<oneshot::Sender<Bytes>>> = Mutex::new(VecDeque::new());
     let writer = async {
         let mut out = BytesMut::new();
+        // Reused across batches: no allocation per batch.
+        let mut batch = Vec::new();
         while let Some(call) = calls.recv().await {
-            let mut batch = vec![call];
+            batch.push(call);
             while let Ok(more) = calls.try_recv() {
                 batch.push(more);
                 if batch.len() >= 256 {
@@ -400,7 +402,7 @@ async fn serve(mut stream: Stream, calls: &mut mpsc::Receiver<Call>) {
             }
             {
                 let mut w = sync::lock(&waiting);
-                for call in batch {
+                for call in batch.drain(..) {
                     out.extend_from_slice(&call.command);
                     w.push_back(call.reply);
                 }
