@@ -13,6 +13,7 @@
 #   N_P16=2500000     -n for the -c 50 -P 16 runs
 #   N_C1=40000        -n for the -c 1 -P 1 latency runs
 #   KEYSPACE=100000   redis-benchmark -r
+#   LOCK_KEYSPACE=100000000  -r for the SETNX-on-fresh-lock-keys rows
 #   DATA_SIZE=3       redis-benchmark -d
 #   RUN_TIMEOUT=120   seconds before one redis-benchmark run is given up
 #   LOCKGATE_BIN=...  use this binary instead of `cargo build --release`
@@ -38,7 +39,9 @@
 # (it is on a connection of its own); its stderr goes to the run's log file.
 #
 # Proxies run with their defaults: nutcracker single-threaded with one server
-# connection (its design), HAProxy and lockgate with one thread per core.
+# connection (its design), HAProxy with one thread per core, lockgate with
+# one event loop (its default, which keeps cross-connection order) and, as
+# lockgate_t2, with --threads 2 (one loop per core, as HAProxy).
 set -euo pipefail
 
 export PATH="$PATH:/usr/sbin:/sbin"
@@ -62,6 +65,7 @@ else
   N_C1=${N_C1:-40000}
 fi
 KEYSPACE=${KEYSPACE:-100000}
+LOCK_KEYSPACE=${LOCK_KEYSPACE:-100000000}
 DATA_SIZE=${DATA_SIZE:-3}
 RUN_TIMEOUT=${RUN_TIMEOUT:-120}
 TLS=${TLS:-1}
@@ -90,9 +94,9 @@ fi
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 bench_start passthrough
 
-mapfile -t PORTS < <(python3 "$HELPER" ports 8)
+mapfile -t PORTS < <(python3 "$HELPER" ports 9)
 P_REDIS=${PORTS[0]} P_TWEM=${PORTS[1]} P_HAPROXY=${PORTS[2]} P_LOCKGATE=${PORTS[3]} P_TWEM_STATS=${PORTS[4]}
-P_REDIS_TLS=${PORTS[5]} P_LOCKGATE_TLS=${PORTS[6]} P_LOCKGATE_UP_TLS=${PORTS[7]}
+P_REDIS_TLS=${PORTS[5]} P_LOCKGATE_TLS=${PORTS[6]} P_LOCKGATE_UP_TLS=${PORTS[7]} P_LOCKGATE_T2=${PORTS[8]}
 
 # TLS: one throwaway CA, one certificate for 127.0.0.1 used by Redis and lockgate.
 REDIS_TLS_ARGS=()
@@ -170,10 +174,18 @@ LOCKGATE_PID=$!
 PIDS+=("$LOCKGATE_PID")
 wait_ready lockgate "$LOCKGATE_PID" "$P_LOCKGATE" "$TMP/lockgate.log"
 
-declare -A PORT_OF=([direct]=$P_REDIS [twemproxy]=$P_TWEM [haproxy]=$P_HAPROXY [lockgate]=$P_LOCKGATE)
-declare -A PID_OF=([direct]="" [twemproxy]=$TWEM_PID [haproxy]=$HAPROXY_PID [lockgate]=$LOCKGATE_PID)
+# lockgate with two event loops (--threads 2, thread-per-core as HAProxy's
+# two threads here), beside the default one.
+RUST_LOG=warn "$LOCKGATE_BIN" --threads 2 --admin-listen "" --listen "127.0.0.1:$P_LOCKGATE_T2" \
+  --upstream "127.0.0.1:$P_REDIS" >"$TMP/lockgate-t2.log" 2>&1 &
+LOCKGATE_T2_PID=$!
+PIDS+=("$LOCKGATE_T2_PID")
+wait_ready "lockgate --threads 2" "$LOCKGATE_T2_PID" "$P_LOCKGATE_T2" "$TMP/lockgate-t2.log"
+
+declare -A PORT_OF=([direct]=$P_REDIS [twemproxy]=$P_TWEM [haproxy]=$P_HAPROXY [lockgate]=$P_LOCKGATE [lockgate_t2]=$P_LOCKGATE_T2)
+declare -A PID_OF=([direct]="" [twemproxy]=$TWEM_PID [haproxy]=$HAPROXY_PID [lockgate]=$LOCKGATE_PID [lockgate_t2]=$LOCKGATE_T2_PID)
 declare -A ARGS_OF=()
-TARGETS=(direct twemproxy haproxy lockgate)
+TARGETS=(direct twemproxy haproxy lockgate lockgate_t2)
 
 if [[ $TLS == 1 ]]; then
   # A second lockgate whose upstream is Redis's TLS port.
@@ -224,9 +236,13 @@ now_ns() { date +%s%N; }
 # --- runs ---------------------------------------------------------------------
 mkdir -p "$RESULTS"
 TSV="$TMP/runs.tsv"
-printf 'round\tworkload\ttarget\tn\trps\tavg_ms\tp50_ms\tp99_ms\tcpu_s\twall_s\n' >"$TSV"
+printf 'round\tworkload\ttarget\tn\trps\tavg_ms\tp50_ms\tp99_ms\tcpu_s\tredis_cpu_s\twall_s\n' >"$TSV"
 
-# workload id, test, clients, pipeline, n
+# workload id, test, clients, pipeline, n; a test `setnx_lock` is a custom
+# command, SETNX on fresh lock keys (random from LOCK_KEYSPACE), which
+# lockgate turns into its acquisition script; the lock rows run against
+# direct, HAProxy and lockgate only (what they compare is lockgate's SETNX
+# with its own SET, and Redis's CPU per lock command).
 WORKLOADS=(
   "set_p1 set 50 1 $N_P1"
   "get_p1 get 50 1 $N_P1"
@@ -234,32 +250,39 @@ WORKLOADS=(
   "get_p16 get 50 16 $N_P16"
   "set_c1 set 1 1 $N_C1"
   "get_c1 get 1 1 $N_C1"
+  "setnx_p1 setnx_lock 50 1 $N_P1"
 )
+LOCK_TARGETS=(direct haproxy lockgate lockgate_t2)
 
 run_one() {
   local round=$1 wl=$2 test=$3 clients=$4 pipe=$5 n=$6 target=$7
-  local port=${PORT_OF[$target]} pids=("$REDIS_PID") t0 t1 c0 c1 out row rps avg p50 p99 cpu wall
+  local port=${PORT_OF[$target]} pids=("$REDIS_PID") t0 t1 c0 c1 r0 r1 out row rps avg p50 p99 cpu rcpu wall
   if [[ -n ${PID_OF[$target]} ]]; then pids+=("${PID_OF[$target]}"); fi
   out="$TMP/r$round-$wl-$target"
   c0=$(procs_ticks "${pids[@]}")
+  r0=$(cpu_ticks "$REDIS_PID")
   t0=$(now_ns)
+  local what=(-t "$test" -r "$KEYSPACE")
+  if [[ $test == setnx_lock ]]; then what=(-r "$LOCK_KEYSPACE" setnx "lock:bench:__rand_int__" 1); fi
   # shellcheck disable=SC2086 # ARGS_OF holds flags to split
-  if ! timeout "$RUN_TIMEOUT" redis-benchmark -h 127.0.0.1 -p "$port" ${ARGS_OF[$target]:-} -t "$test" \
-    -c "$clients" -P "$pipe" -n "$n" -r "$KEYSPACE" -d "$DATA_SIZE" --precision 3 --csv \
+  if ! timeout "$RUN_TIMEOUT" redis-benchmark -h 127.0.0.1 -p "$port" ${ARGS_OF[$target]:-} \
+    -c "$clients" -P "$pipe" -n "$n" -d "$DATA_SIZE" --precision 3 --csv "${what[@]}" \
     >"$out.csv" 2>"$out.err"; then
     cat "$out.err" >&2
     die "redis-benchmark $test -c $clients -P $pipe against $target failed or timed out"
   fi
   t1=$(now_ns)
   c1=$(procs_ticks "${pids[@]}")
+  r1=$(cpu_ticks "$REDIS_PID")
   row=$(python3 "$HELPER" csvrow "$out.csv")
   read -r rps avg p50 p99 <<<"$row"
   cpu=$(awk -v d=$((c1 - c0)) -v hz="$CLK_TCK" 'BEGIN { printf "%.2f", d / hz }')
+  rcpu=$(awk -v d=$((r1 - r0)) -v hz="$CLK_TCK" 'BEGIN { printf "%.2f", d / hz }')
   wall=$(awk -v d=$((t1 - t0)) 'BEGIN { printf "%.2f", d / 1e9 }')
-  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' \
-    "$round" "$wl" "$target" "$n" "$rps" "$avg" "$p50" "$p99" "$cpu" "$wall" >>"$TSV"
-  printf '[passthrough] round %s %-8s %-9s %10s ops/s  p50 %s p99 %s ms  cpu %5ss  wall %5ss\n' \
-    "$round" "$wl" "$target" "$rps" "$p50" "$p99" "$cpu" "$wall" >&2
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' \
+    "$round" "$wl" "$target" "$n" "$rps" "$avg" "$p50" "$p99" "$cpu" "$rcpu" "$wall" >>"$TSV"
+  printf '[passthrough] round %s %-8s %-9s %10s ops/s  p50 %s p99 %s ms  cpu %5ss (redis %5ss)  wall %5ss\n' \
+    "$round" "$wl" "$target" "$rps" "$p50" "$p99" "$cpu" "$rcpu" "$wall" >&2
 }
 
 log "rounds=$ROUNDS n: P1=$N_P1 P16=$N_P16 c1=$N_C1 (QUICK=$QUICK)"
@@ -267,8 +290,10 @@ LOAD_AT_START=$(cut -d' ' -f1-3 /proc/loadavg)
 for ((round = 1; round <= ROUNDS; round++)); do
   for w in "${WORKLOADS[@]}"; do
     read -r wl test clients pipe n <<<"$w"
-    for ((k = 0; k < ${#TARGETS[@]}; k++)); do
-      target=${TARGETS[$(((k + round - 1) % ${#TARGETS[@]}))]}
+    local_targets=("${TARGETS[@]}")
+    if [[ $test == setnx_lock ]]; then local_targets=("${LOCK_TARGETS[@]}"); fi
+    for ((k = 0; k < ${#local_targets[@]}; k++)); do
+      target=${local_targets[$(((k + round - 1) % ${#local_targets[@]}))]}
       run_one "$round" "$wl" "$test" "$clients" "$pipe" "$n" "$target"
     done
   done
@@ -290,6 +315,7 @@ fi
   printf 'rounds\t%s\n' "$ROUNDS"
   printf 'n_p1\t%s\nn_p16\t%s\nn_c1\t%s\n' "$N_P1" "$N_P16" "$N_C1"
   printf 'keyspace\t%s\ndata_size\t%s\nquick\t%s\n' "$KEYSPACE" "$DATA_SIZE" "$QUICK"
+  printf 'lock_keyspace\t%s\n' "$LOCK_KEYSPACE"
 } >"$TMP/meta.tsv"
 
 cp "$TSV" "$RESULTS/passthrough-latest.tsv"

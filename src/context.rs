@@ -93,6 +93,9 @@ pub struct ServerContext {
     /// Which Redis is the primary now (`upstream.addr`, or followed
     /// through Sentinel), its switches and the failover delay.
     pub primary_addr: Arc<Primary>,
+    /// Client slots, `proxy.max_clients` in all: one pool shared by every
+    /// event loop's accept loop.
+    pub client_slots: Arc<tokio::sync::Semaphore>,
 }
 
 /// What a reload needs from the binary.
@@ -169,6 +172,7 @@ impl ServerContext {
             metrics: ProxyMetrics::default(),
             upstream_warn: RateLimit::new(WARN_INTERVAL),
             accept_warn: RateLimit::new(WARN_INTERVAL),
+            client_slots: Arc::new(tokio::sync::Semaphore::new(config.proxy.max_clients)),
         }
     }
 

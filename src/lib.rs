@@ -23,6 +23,8 @@
 //!   the HTTP side share, and the reload of the configuration file.
 //! - [`server`]: accept loop, `max_clients`, accept back-off, session
 //!   spawning, drain with a grace period.
+//! - [`loops`]: `--threads N`: more event loops, one current-thread runtime
+//!   per thread, each accepting on its own `SO_REUSEPORT` listener.
 //! - [`session`]: one client. [`session::reader`] reads and routes commands
 //!   and forwards the client's bytes; [`session::writer`] copies replies
 //!   back in order and writes lockgate's own replies between them (generic
@@ -166,6 +168,7 @@ pub mod error;
 pub mod exposition;
 pub mod http;
 pub mod lock;
+pub mod loops;
 pub mod metrics;
 pub mod protocol;
 pub mod router;
@@ -223,6 +226,20 @@ pub async fn run_with_tls(
     admin: Option<TcpListener>,
     shutdown: impl Future<Output = ()>,
 ) {
+    run_loops(ctx, listener, tls, admin, shutdown, Vec::new()).await
+}
+
+/// [`run_with_tls`], plus one more event loop on its own thread for each
+/// entry of `extra` (`--threads N`, see [`loops`]); returns once every
+/// loop has drained.
+pub async fn run_loops(
+    ctx: Arc<ServerContext>,
+    listener: TcpListener,
+    tls: Option<TcpListener>,
+    admin: Option<TcpListener>,
+    shutdown: impl Future<Output = ()>,
+    extra: Vec<loops::LoopListeners>,
+) {
     if let Some(admin) = admin {
         tokio::spawn(http::serve(admin, ctx.clone(), ctx.stop.clone()));
     }
@@ -236,10 +253,14 @@ pub async fn run_with_tls(
             }
         }
     };
+    let others = loops::spawn(extra, &ctx, &token);
     let stop = ctx.stop.clone();
     let serve = async {
         server::serve(listener, tls, ctx, token.clone()).await;
         token.cancel();
+        for done in others {
+            let _ = done.await;
+        }
         stop.cancel();
     };
     tokio::join!(serve, watcher);

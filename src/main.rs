@@ -38,9 +38,11 @@ struct Cli {
     /// Validate the configuration and exit: 0 if valid, 64 if not.
     #[arg(long)]
     check: bool,
-    /// Runtime threads (default 1: one event loop, which keeps the order in
-    /// which commands of different connections arrive, as Redis does). N ≥ 2
-    /// runs N workers, which do not keep that order.
+    /// Event loops, one thread each (default 1: one event loop, which keeps
+    /// the order in which commands of different connections arrive, as
+    /// Redis does). N ≥ 2 runs N loops, each accepting on its own
+    /// SO_REUSEPORT listener; a connection stays on its loop, and commands
+    /// of connections on different loops may reach Redis in either order.
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
 }
@@ -122,25 +124,22 @@ fn serve(
     // One thread: a single event loop, as Redis and a byte copier have. The
     // sockets that became readable in one turn are served in the order they
     // did, so a command sent on one connection reaches Redis before one sent
-    // just after it on another. The multi-thread scheduler does not keep that
-    // order: it runs the task woken last first (its LIFO slot) and other
-    // workers steal the rest.
-    // It is the default: measured on two cores, one event loop served as
-    // many commands as two workers at -P1 and more at -P16, with less CPU.
-    let mut builder = match threads {
-        Some(n) if n >= 2 => tokio::runtime::Builder::new_multi_thread(),
-        _ => tokio::runtime::Builder::new_current_thread(),
-    };
+    // just after it on another. More loops (`--threads`) are more threads
+    // each with this same runtime (see lockgate::loops), never the
+    // multi-thread scheduler: it does not keep that order even for one
+    // loop's sockets (it runs the task woken last first, its LIFO slot, and
+    // other workers steal the rest), and each command crossed threads.
+    let loops = threads.unwrap_or(1).max(1);
+    let mut builder = tokio::runtime::Builder::new_current_thread();
     builder.enable_all();
-    if let Some(n) = threads.filter(|&n| n > 1) {
-        builder.worker_threads(n);
-    }
     let runtime = builder.build().context("starting the runtime")?;
     runtime.block_on(async {
         // Taken over before any port is bound, so an early SIGHUP never
         // kills the process.
         let hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
-        let listener = bind(&config.proxy.listen).with_context(|| format!("binding {}", config.proxy.listen))?;
+        let shared = loops > 1;
+        let listener = bind(&config.proxy.listen, shared)
+            .with_context(|| format!("binding {}", config.proxy.listen))?;
         tracing::info!(
             listen = %listener.local_addr()?,
             upstream = %config.upstream.addr,
@@ -150,7 +149,7 @@ fn serve(
         let tls = match config.proxy.tls.listen.as_str() {
             "" => None,
             addr => {
-                let l = bind(addr).with_context(|| format!("binding the TLS listener {addr}"))?;
+                let l = bind(addr, shared).with_context(|| format!("binding the TLS listener {addr}"))?;
                 tracing::info!(tls_listen = %l.local_addr()?, "TLS listener ready");
                 Some(l)
             }
@@ -166,10 +165,30 @@ fn serve(
         if let Some(admin) = &admin {
             tracing::info!(admin = %admin.local_addr()?, "operators' endpoints: /metrics /healthz /readyz /");
         }
+        // The other loops bind where the first ones did (an ephemeral port
+        // included), before any client is served.
+        let mut extra = Vec::with_capacity(loops - 1);
+        for _ in 1..loops {
+            let plain = bind(&listener.local_addr()?.to_string(), true)
+                .context("binding another event loop's listener")?
+                .into_std()?;
+            let tls = match &tls {
+                None => None,
+                Some(l) => Some(
+                    bind(&l.local_addr()?.to_string(), true)
+                        .context("binding another event loop's TLS listener")?
+                        .into_std()?,
+                ),
+            };
+            extra.push(lockgate::loops::LoopListeners { plain, tls });
+        }
+        if loops > 1 {
+            tracing::info!(loops, "event loops, one thread each");
+        }
         let ctx = std::sync::Arc::new(lockgate::ServerContext::new(config));
         *lockgate::sync::lock(&ctx.reload) = hook;
         tokio::spawn(reload_on_sighup(ctx.clone(), hup));
-        lockgate::run_with_tls(ctx, listener, tls, admin, lockgate::shutdown::signal()).await;
+        lockgate::run_loops(ctx, listener, tls, admin, lockgate::shutdown::signal(), extra).await;
         tracing::info!("lockgate stopped");
         Ok(())
     })
@@ -177,13 +196,17 @@ fn serve(
 
 /// A listener with a backlog of 1024 (std's default of 128 makes a burst of
 /// connecting clients wait for SYN retries), as Redis uses 511.
-fn bind(addr: &str) -> anyhow::Result<tokio::net::TcpListener> {
+/// `shared`: with SO_REUSEPORT, so each event loop binds its own.
+fn bind(addr: &str, shared: bool) -> anyhow::Result<tokio::net::TcpListener> {
     let addr: std::net::SocketAddr = addr.parse()?;
     let socket = match addr {
         std::net::SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
         std::net::SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
     };
     socket.set_reuseaddr(true)?;
+    if shared {
+        socket.set_reuseport(true)?;
+    }
     socket.bind(addr)?;
     Ok(socket.listen(1024)?)
 }

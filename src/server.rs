@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -44,7 +43,7 @@ pub async fn serve(
     ctx: Arc<ServerContext>,
     shutdown: CancellationToken,
 ) {
-    let slots = Arc::new(Semaphore::new(ctx.config.proxy.max_clients));
+    let slots = ctx.client_slots.clone();
     let sessions = TaskTracker::new();
     let force = CancellationToken::new();
     let mut backoff = Duration::from_millis(1);

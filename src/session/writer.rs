@@ -201,7 +201,10 @@ where
                 },
                 Err(e) => return WriterEnd::Failed(SessionError::UpstreamIo(e)),
             },
-            _ = tokio::time::sleep_until(deadline), if reader_done => {
+            // In a block, so the timer is made only once it is polled: a
+            // disabled branch's expression is still evaluated, and making a
+            // Sleep looks up the runtime, on every reply.
+            _ = async { tokio::time::sleep_until(deadline).await }, if reader_done => {
                 ProxyMetrics::inc(&metrics.drain_timeouts);
                 return WriterEnd::DrainTimeout;
             }
