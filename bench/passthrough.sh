@@ -17,6 +17,8 @@
 #   DATA_SIZE=3       redis-benchmark -d
 #   RUN_TIMEOUT=120   seconds before one redis-benchmark run is given up
 #   LOCKGATE_BIN=...  use this binary instead of `cargo build --release`
+#   QUORUM=1          also run bench/quorum.sh (the quorum row) and append
+#                     its table to the summary (0: skip it)
 #   TLS=1             also the TLS rows (0: skip them): redis-benchmark --tls
 #                     to Redis's TLS port (direct_tls), to lockgate's TLS
 #                     listener in front of plain Redis (lockgate_tls), and
@@ -69,6 +71,7 @@ LOCK_KEYSPACE=${LOCK_KEYSPACE:-100000000}
 DATA_SIZE=${DATA_SIZE:-3}
 RUN_TIMEOUT=${RUN_TIMEOUT:-120}
 TLS=${TLS:-1}
+QUORUM=${QUORUM:-1}
 
 LOG_TAG=passthrough
 # shellcheck source=scripts/common.sh
@@ -323,3 +326,13 @@ echo
 python3 "$HELPER" report "$TSV" "$TMP/meta.tsv" "$RESULTS/passthrough-latest.md"
 echo
 log "written: bench/results/passthrough-latest.md (summary), bench/results/passthrough-latest.tsv (per run)"
+
+# The quorum row: one client's acquire + release through lockgate on one
+# Redis and on 3 and 5 lock masters, and a client-side Redlock library on
+# the same masters (bench/quorum.sh, its own processes), appended to the
+# summary.
+if [[ $QUORUM == 1 ]]; then
+  LOCKGATE_BIN="$LOCKGATE_BIN" QUICK="$QUICK" bash "$BENCH_DIR/quorum.sh" ||
+    die "bench/quorum.sh failed"
+  { echo; cat "$RESULTS/quorum-latest.md"; } >>"$RESULTS/passthrough-latest.md"
+fi

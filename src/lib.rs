@@ -58,7 +58,9 @@
 //!   [`lock::node`] (lockgate's own shared, pipelined connection to one
 //!   Redis), [`lock::fence`] (the fencing-token API on one Redis),
 //!   [`lock::quorum`] (the masters, majority merges, sit-outs after a
-//!   restart, a reconnection or a clock jump), [`lock::rejoin`] (a
+//!   restart, a reconnection or a clock jump; `quorum::ask`: one command
+//!   to the masters in parallel, the wait ended once the answer is
+//!   known), [`lock::rejoin`] (a
 //!   returning master votes again only once the fence counters of a
 //!   majority were copied to it; `rejoin::copy`: one such copy),
 //!   [`lock::quorum_ops`] (Redlock acquisition and the other ops on the

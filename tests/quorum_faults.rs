@@ -264,7 +264,9 @@ async fn majority_down_is_not_acquired_when_configured() {
 }
 
 /// One master of five hung (SIGSTOP): 50 sequential acquire + release
-/// pairs, each call within node_timeout_ms + 100 ms at p99; after SIGCONT,
+/// pairs, each call within node_timeout_ms + 100 ms at p99, the releases
+/// within node_timeout_ms (answered once a majority agrees, never waiting
+/// for the hung master, which still gets them); after SIGCONT,
 /// the hung master catches up (nothing left on it) and every call is fast
 /// again with all five masters taking part.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -278,6 +280,7 @@ async fn a_hung_master_never_stalls_clients() {
 
     let paused = Paused::stop(cl.masters[4].pid()).await;
     let mut samples = Vec::with_capacity(100);
+    let mut releases = Vec::with_capacity(50);
     for i in 0..50 {
         let value = format!("v{i}");
         let t = Instant::now();
@@ -287,6 +290,7 @@ async fn a_hung_master_never_stalls_clients() {
         let t = Instant::now();
         let got = call(&mut c, &["DEL", "lock:h"]).await;
         samples.push(t.elapsed());
+        releases.push(t.elapsed());
         assert_eq!(got, ":1\r\n", "release {i} with one master hung");
     }
     let p99 = percentile(&samples, 99);
@@ -294,6 +298,11 @@ async fn a_hung_master_never_stalls_clients() {
     assert!(
         p99 <= node_timeout + Duration::from_millis(100),
         "p99 {p99:?} (worst {worst:?}) with one master hung"
+    );
+    let p99 = percentile(&releases, 99);
+    assert!(
+        p99 < node_timeout,
+        "release p99 {p99:?}: the releases waited for the hung master"
     );
     for i in 0..4 {
         assert_eq!(
@@ -316,7 +325,6 @@ async fn a_hung_master_never_stalls_clients() {
     );
     let timeouts = &cl.quorum().masters[4].node.state.timeouts;
     let timed_out = timeouts.load(Ordering::Relaxed);
-    assert!(timed_out >= 50, "the releases waited for it: {timed_out}");
     let mut samples = Vec::with_capacity(40);
     for i in 0..20 {
         let value = format!("w{i}");

@@ -277,10 +277,11 @@ impl Quorum {
         let mut pending: FuturesUnordered<_> = to
             .iter()
             .map(|m| {
-                let (m, command) = (m.clone(), command.clone());
+                // Queued now, to every master, before any answer is awaited.
+                let (sent, reply) = (Instant::now(), m.node.send(command.clone(), timeout));
+                let m = m.clone();
                 async move {
-                    let sent = Instant::now();
-                    let reply = m.node.call(command, timeout).await;
+                    let reply = reply.await;
                     (m, sent, Instant::now(), reply)
                 }
             })

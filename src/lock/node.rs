@@ -186,6 +186,34 @@ impl Node {
 
     /// Sends one command and waits up to `timeout` for its raw reply.
     pub async fn call(&self, command: Bytes, timeout: Duration) -> Result<Bytes, NodeError> {
+        self.send(command, timeout).await
+    }
+
+    /// Queues one command now, before anything is awaited, and returns the
+    /// wait (up to `timeout`) for its raw reply. The command goes to the
+    /// node even if the wait is dropped unfinished: a quorum that stops
+    /// waiting once a majority answered still releases on every master.
+    pub fn send(
+        &self,
+        command: Bytes,
+        timeout: Duration,
+    ) -> impl std::future::Future<Output = Result<Bytes, NodeError>> + Send + 'static {
+        let queued = self.queue(command);
+        let (state, addr) = (self.state.clone(), self.addr.clone());
+        async move {
+            match tokio::time::timeout(timeout, queued?).await {
+                Ok(Ok(bytes)) => Ok(bytes),
+                Ok(Err(_)) => Err(NodeError::Down(addr.to_string())),
+                Err(_) => {
+                    state.timeouts.fetch_add(1, Ordering::Relaxed);
+                    Err(NodeError::Timeout(addr.to_string()))
+                }
+            }
+        }
+    }
+
+    /// Hands `command` to the connection task; the receiver gets its reply.
+    fn queue(&self, command: Bytes) -> Result<oneshot::Receiver<Bytes>, NodeError> {
         // Known down: fail at once (a quorum answers as soon as a majority
         // is known). Before the first connection, calls wait in the queue.
         if !self.state.up.load(Ordering::Relaxed) && self.state.connects.load(Ordering::Relaxed) > 0
@@ -198,14 +226,7 @@ impl Node {
             self.state.failures.fetch_add(1, Ordering::Relaxed);
             return Err(NodeError::Busy(self.addr.to_string()));
         }
-        match tokio::time::timeout(timeout, rx).await {
-            Ok(Ok(bytes)) => Ok(bytes),
-            Ok(Err(_)) => Err(NodeError::Down(self.addr.to_string())),
-            Err(_) => {
-                self.state.timeouts.fetch_add(1, Ordering::Relaxed);
-                Err(NodeError::Timeout(self.addr.to_string()))
-            }
-        }
+        Ok(rx)
     }
 }
 
@@ -369,8 +390,10 @@ async fn serve(mut stream: Stream, calls: &mut mpsc::Receiver<Call>) {
     let waiting: Mutex<VecDeque<oneshot::Sender<Bytes>>> = Mutex::new(VecDeque::new());
     let writer = async {
         let mut out = BytesMut::new();
+        // Reused across batches: no allocation per batch.
+        let mut batch = Vec::new();
         while let Some(call) = calls.recv().await {
-            let mut batch = vec![call];
+            batch.push(call);
             while let Ok(more) = calls.try_recv() {
                 batch.push(more);
                 if batch.len() >= 256 {
@@ -379,7 +402,7 @@ async fn serve(mut stream: Stream, calls: &mut mpsc::Receiver<Call>) {
             }
             {
                 let mut w = sync::lock(&waiting);
-                for call in batch {
+                for call in batch.drain(..) {
                     out.extend_from_slice(&call.command);
                     w.push_back(call.reply);
                 }

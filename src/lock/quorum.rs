@@ -12,8 +12,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio_util::sync::CancellationToken;
+
+mod ask;
 
 use super::metrics::RejoinMetrics;
 use super::node::{Node, NodeConfig};
@@ -378,57 +379,6 @@ impl Quorum {
             })
             .cloned()
             .collect()
-    }
-
-    /// Each master's answer to `command` (`None`: none in time), for the
-    /// masters `to` (indexes), in that order.
-    pub async fn ask_each(&self, to: &[usize], command: &Bytes) -> Vec<Option<Bytes>> {
-        let timeout = self.node_timeout();
-        let calls = to.iter().map(|&i| {
-            let node = self.masters[i].node.clone();
-            let command = command.clone();
-            async move { node.call(command, timeout).await.ok() }
-        });
-        futures_util::future::join_all(calls).await
-    }
-
-    /// Sends `command` to every master in `to` in parallel and collects the
-    /// answers that come within the node timeout. `enough` is asked after
-    /// each answer and may end the wait early (a majority known).
-    pub async fn ask(
-        &self,
-        to: &[Arc<Master>],
-        command: &Bytes,
-        mut enough: impl FnMut(&[Bytes]) -> bool,
-    ) -> Answers {
-        let timeout = self.node_timeout();
-        let mut pending: FuturesUnordered<_> = to
-            .iter()
-            .map(|m| {
-                let node = m.node.clone();
-                let command = command.clone();
-                async move { node.call(command, timeout).await }
-            })
-            .collect();
-        let mut answers = Answers {
-            replies: Vec::with_capacity(to.len()),
-            asked: to.len(),
-        };
-        while let Some(result) = pending.next().await {
-            if let Ok(reply) = result {
-                answers.replies.push(reply);
-                if enough(&answers.replies) {
-                    break;
-                }
-            }
-        }
-        answers
-    }
-
-    /// Sends `command` to all masters (including those sitting out).
-    pub async fn ask_all(&self, command: &Bytes) -> Answers {
-        let all = self.masters.clone();
-        self.ask(&all, command, |_| false).await
     }
 
     /// Notices restarts (a new connection whose `run_id` changed) and

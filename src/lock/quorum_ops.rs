@@ -107,7 +107,9 @@ impl LockService {
         let Some(pending) = planned.pending else {
             return LocalReply::err("lockgate: internal error (no outcome planned)");
         };
-        let answers = q.ask_all(&planned.call.eval()).await;
+        // Answered once a majority agrees: the masters not waited for
+        // still run it (see `Quorum::ask_agreed`).
+        let answers = q.ask_agreed(&planned.call.eval()).await;
         if answers.replies.len() < q.majority() {
             return q.no_quorum(answers.replies.len());
         }
@@ -255,7 +257,7 @@ impl LockService {
     /// A read (`GET`, `EXISTS`, `TTL`, `PTTL`, `TYPE`) of lock keys: the
     /// majority's answer; integers (TTLs) the smallest within the majority.
     pub async fn quorum_read(&self, q: &Quorum, command: Bytes) -> LocalReply {
-        let answers = q.ask_all(&command).await;
+        let answers = q.ask_agreed(&command).await;
         merge_replies(q, &answers.replies)
     }
 
