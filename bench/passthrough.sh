@@ -325,6 +325,18 @@ cp "$TSV" "$RESULTS/passthrough-latest.tsv"
 echo
 python3 "$HELPER" report "$TSV" "$TMP/meta.tsv" "$RESULTS/passthrough-latest.md"
 echo
+
+# What each lock command costs Redis (INFO commandstats and redis-server's
+# CPU), through the default lockgate; last, as it resets Redis's statistics.
+log "lock commands' cost to Redis (bench/lock_cost.py)"
+LOCK_N=20000
+[[ $QUICK == 1 ]] && LOCK_N=2000
+{
+  echo
+  echo "Lock commands' cost to Redis (bench/lock_cost.py, n=$LOCK_N per phase, one connection, pipelined):"
+  echo
+  python3 "$BENCH_DIR/lock_cost.py" --proxy-port "$P_LOCKGATE" --redis-port "$P_REDIS" --n "$LOCK_N"
+} | tee -a "$RESULTS/passthrough-latest.md" || die "bench/lock_cost.py failed"
 log "written: bench/results/passthrough-latest.md (summary), bench/results/passthrough-latest.tsv (per run)"
 
 # The quorum row: one client's acquire + release through lockgate on one
