@@ -110,9 +110,18 @@ pub struct Storm {
     table: DashMap<Bytes, Arc<KeyState>>,
     config: RetryConfig,
     next_id: AtomicU64,
+    /// When a search for an idle key to drop last found none: the next
+    /// search waits [`EVICT_RETRY`], so a table full of busy keys costs one
+    /// search per interval, not one per new key.
+    evict_miss: Mutex<Option<Instant>>,
     /// Counters.
     pub metrics: StormMetrics,
 }
+
+/// How long a table found full of busy keys is not searched again (see
+/// `Storm::evict_miss`): keys first seen meanwhile go untracked, counted in
+/// `lock_untracked`, as they would after a search that found nothing.
+const EVICT_RETRY: std::time::Duration = std::time::Duration::from_millis(10);
 
 impl std::fmt::Debug for Storm {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -151,6 +160,7 @@ impl Storm {
             table: DashMap::new(),
             config: config.clone(),
             next_id: AtomicU64::new(1),
+            evict_miss: Mutex::new(None),
             metrics: StormMetrics::default(),
         }
     }
@@ -177,6 +187,9 @@ impl Storm {
     /// Drops one idle key (no waiters, no driver, lease over).
     fn evict_one(&self) -> bool {
         let now = Instant::now();
+        if sync::lock(&self.evict_miss).is_some_and(|at| now < at + EVICT_RETRY) {
+            return false;
+        }
         let idle = self.table.iter().take(64).find_map(|e| {
             let inner = sync::lock(&e.value().inner);
             inner.idle(now).then(|| e.key().clone())
@@ -187,7 +200,10 @@ impl Storm {
                 ProxyMetrics::inc(&self.metrics.evictions);
                 true
             }
-            None => false,
+            None => {
+                *sync::lock(&self.evict_miss) = Some(now);
+                false
+            }
         }
     }
 

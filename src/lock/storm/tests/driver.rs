@@ -243,8 +243,17 @@ async fn bounds_are_counted() {
     }
     assert_eq!(ProxyMetrics::get(&storm.metrics.untracked), 3);
     assert_eq!(storm.len(), 2);
-    // lock:b's lease ends: it is idle, and gives its room to lock:c.
-    run_for(60_001).await;
+    // A search in vain just before lock:b's lease ends...
+    run_for(59_999).await;
+    storm.admit(b"lock:d", 100);
+    assert_eq!(ProxyMetrics::get(&storm.metrics.untracked), 4);
+    // ...is not repeated for EVICT_RETRY, though lock:b is idle now...
+    run_for(2).await;
+    storm.admit(b"lock:c", 100);
+    assert_eq!(ProxyMetrics::get(&storm.metrics.untracked), 5);
+    assert_eq!(ProxyMetrics::get(&storm.metrics.evictions), 0);
+    // ...and after it, lock:b gives its room to lock:c.
+    run_for(10).await;
     storm.admit(b"lock:c", 100);
     assert_eq!(ProxyMetrics::get(&storm.metrics.evictions), 1);
     assert_eq!(storm.len(), 2);
