@@ -11,7 +11,9 @@
 //! several instances is in `docs/faults.md` (the quorum's restarts and
 //! fencing in `docs/quorum.md`, clocks in `docs/clocks.md`); TLS on both
 //! sides in `docs/tls.md`; following a primary through Redis Sentinel, and
-//! what locks keep across its failover, in `docs/sentinel.md`.
+//! what locks keep across its failover, in `docs/sentinel.md`; what it
+//! costs next to HAProxy and Redis, and where the time goes, in
+//! `docs/performance.md`.
 //!
 //! # Layout
 //!
