@@ -4,92 +4,21 @@
 //! as it does directly (Redis's suite relies on it: a deferred client sends a
 //! blocking XREADGROUP, then the test's own client deletes the stream and
 //! expects the blocked client to be told it is gone). The multi-thread
-//! runtime does not keep that order; one thread runs a single event loop.
+//! runtime did not keep that order; `--threads N` (N loops) keeps it only
+//! within each loop.
 
 mod support;
 
-use std::io::{BufRead, BufReader, Write};
-use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
-
-use support::{cmd, free_port, RedisServer, WAIT};
-
-const BIN: &str = env!("CARGO_BIN_EXE_lockgate");
+use support::binary::{self, Conn};
+use support::RedisServer;
 
 /// Late rounds of 1000 tolerated: see the measurement at the assertion.
 const MAX_LATE: usize = 5;
 
-/// Kills the child on drop so a failing test leaves no process behind.
-struct Running(Child);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-struct Conn {
-    w: TcpStream,
-    r: BufReader<TcpStream>,
-}
-
-impl Conn {
-    fn open(addr: &str) -> Conn {
-        let w = TcpStream::connect(addr).expect("connect");
-        w.set_nodelay(true).expect("nodelay");
-        w.set_read_timeout(Some(WAIT)).expect("timeout");
-        let r = BufReader::new(w.try_clone().expect("clone"));
-        Conn { w, r }
-    }
-
-    fn send(&mut self, args: &[&str]) {
-        self.w.write_all(&cmd(args)).expect("write");
-    }
-
-    /// One reply that is not an array, as text (a bulk's payload alone).
-    fn read(&mut self) -> String {
-        let mut line = String::new();
-        self.r.read_line(&mut line).expect("read reply");
-        if let Some(len) = line.strip_prefix('$') {
-            if len.trim() != "-1" {
-                line.clear();
-                self.r.read_line(&mut line).expect("read bulk");
-            }
-        }
-        line.trim_end().to_string()
-    }
-
-    fn call(&mut self, args: &[&str]) -> String {
-        self.send(args);
-        self.read()
-    }
-}
-
 #[test]
 fn a_blocking_command_reaches_redis_before_a_later_command_of_another_connection() {
     let redis = RedisServer::start();
-    let listen = format!("127.0.0.1:{}", free_port());
-    let mut child = Running(
-        Command::new(BIN)
-            .args(["--listen", &listen, "--upstream", &redis.addr()])
-            .args(["--admin-listen", ""])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn lockgate"),
-    );
-    let started = Instant::now();
-    while TcpStream::connect(&listen).is_err() {
-        assert!(
-            child.0.try_wait().expect("try_wait").is_none(),
-            "lockgate exited early"
-        );
-        assert!(started.elapsed() < WAIT, "lockgate never listened");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let (_lockgate, listen) = binary::start(&["--upstream", &redis.addr()]);
 
     let mut r = Conn::open(&listen);
     let rounds = 1000;

@@ -6,83 +6,30 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader, Write};
-use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
+use std::io::{BufRead, Write};
 use std::time::{Duration, Instant};
 
+use support::binary::{self, Conn, Running};
 use support::process::signal;
 use support::{cmd, free_port, RedisServer, WAIT};
 
-const BIN: &str = env!("CARGO_BIN_EXE_lockgate");
-
-/// Kills the child on drop so a failing test leaves no process behind.
-struct Running(Child);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// lockgate with `loops` event loops and `max_clients`, listening on the
-/// returned address.
+/// lockgate with `loops` event loops and `max_clients`; returns it and the
+/// address it listens on.
 fn start(redis: &RedisServer, loops: usize, max_clients: usize) -> (Running, String) {
     let dir = std::env::temp_dir().join(format!("lockgate-loops-{}", free_port()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let config = dir.join("lockgate.toml");
     std::fs::write(&config, format!("[proxy]\nmax_clients = {max_clients}\n")).expect("config");
-    let listen = format!("127.0.0.1:{}", free_port());
-    let mut child = Running(
-        Command::new(BIN)
-            .args(["--config", config.to_str().expect("utf-8 path")])
-            .args(["--listen", &listen, "--upstream", &redis.addr()])
-            .args(["--admin-listen", "", "--threads", &loops.to_string()])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn lockgate"),
-    );
-    let started = Instant::now();
-    while TcpStream::connect(&listen).is_err() {
-        assert!(
-            child.0.try_wait().expect("try_wait").is_none(),
-            "lockgate exited early"
-        );
-        assert!(started.elapsed() < WAIT, "lockgate never listened");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    (child, listen)
-}
-
-struct Conn {
-    w: TcpStream,
-    r: BufReader<TcpStream>,
-}
-
-impl Conn {
-    fn open(addr: &str) -> Conn {
-        let w = TcpStream::connect(addr).expect("connect");
-        w.set_read_timeout(Some(WAIT)).expect("timeout");
-        let r = BufReader::new(w.try_clone().expect("clone"));
-        Conn { w, r }
-    }
-
-    /// One reply that is not an array, as text (a bulk's payload alone).
-    fn call(&mut self, args: &[&str]) -> String {
-        self.w.write_all(&cmd(args)).expect("write");
-        let mut line = String::new();
-        self.r.read_line(&mut line).expect("read reply");
-        if let Some(len) = line.strip_prefix('$') {
-            if len.trim() != "-1" {
-                line.clear();
-                self.r.read_line(&mut line).expect("read bulk");
-            }
-        }
-        line.trim_end().to_string()
-    }
+    let config = config.to_str().expect("utf-8 path").to_string();
+    let loops = loops.to_string();
+    binary::start(&[
+        "--config",
+        &config,
+        "--upstream",
+        &redis.addr(),
+        "--threads",
+        &loops,
+    ])
 }
 
 /// CPU ticks (utime + stime) of each thread of `pid`, by thread name (the

@@ -100,9 +100,9 @@ impl Call {
         let numkeys = keys.len().to_string();
         let len: usize = keys.iter().chain(argv).map(|a| a.len() + 16).sum();
         let mut tail = BytesMut::with_capacity(len + 16);
-        bulk(&mut tail, numkeys.as_bytes());
+        encode::bulk(&mut tail, numkeys.as_bytes());
         for a in keys.iter().chain(argv) {
-            bulk(&mut tail, a);
+            encode::bulk(&mut tail, a);
         }
         Call {
             script,
@@ -150,19 +150,11 @@ impl Call {
         out.put_u8(b'*');
         out.put_slice((self.args + 2).to_string().as_bytes());
         out.put_slice(b"\r\n");
-        bulk(&mut out, verb);
-        bulk(&mut out, first);
+        encode::bulk(&mut out, verb);
+        encode::bulk(&mut out, first);
         out.put_slice(&self.tail);
         out.freeze()
     }
-}
-
-fn bulk(out: &mut BytesMut, b: &[u8]) {
-    out.put_u8(b'$');
-    out.put_slice(b.len().to_string().as_bytes());
-    out.put_slice(b"\r\n");
-    out.put_slice(b);
-    out.put_slice(b"\r\n");
 }
 
 /// Which scripts a session's upstream connection has loaded, as of which

@@ -74,7 +74,9 @@ impl LocalReply {
     }
 }
 
-fn bulk(out: &mut BytesMut, b: &[u8]) {
+/// Appends `b` as a RESP bulk string (`$len\r\n…\r\n`): the one writer of
+/// bulk headers for everything lockgate encodes.
+pub fn bulk(out: &mut BytesMut, b: &[u8]) {
     out.put_u8(b'$');
     out.put_slice(b.len().to_string().as_bytes());
     out.put_slice(b"\r\n");

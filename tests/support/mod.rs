@@ -9,6 +9,8 @@
 //! - [`proxy`]: [`Lockgate`], lockgate (the proxy under test) in the test's process.
 //! - [`resp`]: [`RawClient`], [`cmd`], [`encode`], [`frame_len`] (the one
 //!   RESP frame scanner), [`show`].
+//! - [`binary`]: the lockgate binary as a child process ([`binary::start`])
+//!   and a blocking line-reading connection ([`binary::Conn`]).
 //! - [`process`]: child processes with bounded run times, signals,
 //!   [`process::Paused`] (a SIGSTOPped process, resumed on drop).
 //! - [`rng`]: the one seeded generator.
@@ -26,6 +28,7 @@
 // Each test binary uses a different part of the harness.
 #![allow(dead_code)]
 
+pub mod binary;
 pub mod browser;
 pub mod locks;
 pub mod ops;
