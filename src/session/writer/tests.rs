@@ -305,14 +305,15 @@ async fn a_reply_split_at_every_byte_boundary_reads_the_same() {
     }
 }
 
-#[tokio::test]
-async fn upstream_close_with_replies_owed_is_reported() {
+/// Redis sends one reply and closes while `owed` are expected: how the
+/// writer ends, and what the client got.
+async fn close_after_one_reply(owed: u32) -> (WriterEnd, Vec<u8>) {
     let metrics = ProxyMetrics::default();
     let locks = FakeLocks::default();
     let (mut client_side, mut writer_client) = duplex(1 << 16);
     let (mut redis_side, mut writer_upstream) = duplex(1 << 16);
     let (tx, rx) = mpsc::channel(8);
-    tx.send(vec![Pending::Upstream(2)]).await.unwrap();
+    tx.send(vec![Pending::Upstream(owed)]).await.unwrap();
     redis_side.write_all(b":1\r\n").await.unwrap();
     drop(redis_side);
     let end = write_loop(
@@ -322,39 +323,31 @@ async fn upstream_close_with_replies_owed_is_reported() {
         rx,
     )
     .await;
+    drop(writer_client);
+    let mut out = Vec::new();
+    client_side.read_to_end(&mut out).await.unwrap();
+    drop(tx);
+    (end, out)
+}
+
+#[tokio::test]
+async fn upstream_close_with_replies_owed_is_reported() {
+    let (end, out) = close_after_one_reply(2).await;
     assert!(
         matches!(end, WriterEnd::UpstreamClosed { owed: true }),
         "{end:?}"
     );
-    drop(writer_client);
-    let mut out = Vec::new();
-    client_side.read_to_end(&mut out).await.unwrap();
     assert_eq!(out, b":1\r\n");
-    drop(tx);
 }
 
 #[tokio::test]
 async fn upstream_close_with_nothing_owed_is_not_a_loss() {
-    let metrics = ProxyMetrics::default();
-    let locks = FakeLocks::default();
-    let (_client_side, mut writer_client) = duplex(1 << 16);
-    let (mut redis_side, mut writer_upstream) = duplex(1 << 16);
-    let (tx, rx) = mpsc::channel(8);
-    tx.send(vec![Pending::Upstream(1)]).await.unwrap();
-    redis_side.write_all(b":1\r\n").await.unwrap();
-    drop(redis_side);
-    let end = write_loop(
-        setup(&metrics, &locks, 4096),
-        &mut writer_client,
-        &mut writer_upstream,
-        rx,
-    )
-    .await;
+    let (end, out) = close_after_one_reply(1).await;
     assert!(
         matches!(end, WriterEnd::UpstreamClosed { owed: false }),
         "{end:?}"
     );
-    drop(tx);
+    assert_eq!(out, b":1\r\n");
 }
 
 /// A deferred reply (a job's, a parked lock attempt's) holds back every
