@@ -221,10 +221,15 @@ impl writer::LockReplies for SessionLocks<'_> {
                 tokio::spawn(async move {
                     let timeout = Duration::from_millis(ctx.config.upstream.connect_timeout_ms);
                     let acquirer = || -> Arc<dyn Acquirer> { ctx.clone() };
-                    let reply = ctx
-                        .locks
-                        .rerun(&ctx.primary, timeout, pending, rerun, &conn, acquirer)
-                        .await;
+                    let rerun =
+                        ctx.locks
+                            .rerun(&ctx.primary, timeout, pending, rerun, &conn, acquirer);
+                    // A rerun that parked may wait for a handoff: never
+                    // past the server's drain.
+                    let reply = tokio::select! {
+                        reply = rerun => reply,
+                        _ = ctx.stop.cancelled() => LocalReply::err("lockgate: shutting down"),
+                    };
                     let _ = tx.send(reply);
                 });
                 ReplyOutcome::Rerun(rx)
