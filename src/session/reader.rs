@@ -79,10 +79,14 @@ pub async fn read_loop(
         if buf.is_empty() || buf.len() < parser.needed() {
             let want = parser.needed().saturating_sub(buf.len()).max(chunk);
             buf.reserve(want);
+            // The read goes first: a cancellation check takes a mutex, and
+            // a read that is ready ends the select before it. Cancellation is
+            // still seen within tokio's cooperative budget: after 128 ready
+            // reads in one poll the read yields Pending once.
             let read = tokio::select! {
                 biased;
-                _ = &mut cancelled => return ReaderEnd::Cancelled,
                 read = client.read_buf(buf) => read,
+                _ = &mut cancelled => return ReaderEnd::Cancelled,
             };
             match read {
                 Ok(0) => {
