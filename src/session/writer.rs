@@ -102,6 +102,9 @@ where
     let mut st = Replies::new();
     let mut buf = BytesMut::with_capacity(chunk);
     let mut reader_done = false;
+    // Redis closed after a client's half-close: what it sent is all there
+    // is, but replies lockgate makes itself may still be owed before it.
+    let mut upstream_eof = false;
     let mut deadline = Instant::now();
     loop {
         // Nothing after a deferred reply may be written before it.
@@ -133,6 +136,9 @@ where
             }
         }
         st.blocked = st.deferred.is_some();
+        if upstream_eof && st.deferred.is_none() {
+            return WriterEnd::Drained;
+        }
         if reader_done
             && st.deferred.is_none()
             && !st.await_eof
@@ -147,7 +153,7 @@ where
         }
         // While a deferred reply is awaited, later replies wait in `buf`;
         // stop reading Redis once that holds a few chunks (back-pressure).
-        let read_upstream = !st.blocked || buf.len() < chunk * 4;
+        let read_upstream = !upstream_eof && (!st.blocked || buf.len() < chunk * 4);
         tokio::select! {
             biased;
             ready = async { st.deferred.as_mut()?.await.ok() }, if st.deferred.is_some() => {
@@ -190,7 +196,10 @@ where
                         st.accept(entries);
                     }
                     if st.await_eof {
-                        return WriterEnd::Drained;
+                        // Replies buffered behind a reply of lockgate's own
+                        // go out once it is ready (the loop's top ends it).
+                        upstream_eof = true;
+                        continue;
                     }
                     let owed = st.raw || st.queue.iter().any(|p| !matches!(p, Pending::Local(_)));
                     return WriterEnd::UpstreamClosed { owed };
