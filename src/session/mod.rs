@@ -10,6 +10,7 @@
 //! `upstream.reconnect_interval_ms`; once connected, it carries on with
 //! the commands not yet answered.
 
+pub mod activity;
 pub mod carry;
 pub mod jobs;
 pub mod parking;
@@ -62,13 +63,17 @@ pub enum SessionError {
     /// Redis could not be reached.
     #[error(transparent)]
     Upstream(UpstreamError),
+    /// A write to the client made no progress for this many milliseconds
+    /// (`proxy.client_write_timeout_ms`): the client does not read.
+    #[error("client did not read its replies for {0} ms")]
+    ClientWriteTimeout(u64),
 }
 
 impl SessionError {
     /// Whose fault it is (labels the error metric).
     pub fn source_kind(&self) -> ErrorSource {
         match self {
-            SessionError::ClientIo(_) => ErrorSource::Client,
+            SessionError::ClientIo(_) | SessionError::ClientWriteTimeout(_) => ErrorSource::Client,
             SessionError::UpstreamIo(_) => ErrorSource::Upstream,
             SessionError::Protocol(e) => e.source_kind(),
             SessionError::Upstream(e) => e.source_kind(),
@@ -116,12 +121,14 @@ async fn serve(
     let reader_cancel = shutdown.child_token();
     let writer_done = CancellationToken::new();
     let (job_queue, runner) = jobs::queue(ctx.config.proxy.max_inflight_batches);
+    let activity = activity::Activity::new();
     let reader = async {
         let links = reader::Links {
             tx,
             conn: &conn,
             jobs: job_queue,
             cancel: &reader_cancel,
+            activity: &activity,
         };
         reader::read_loop(ctx, &mut buf, &mut client_r, &mut up_w, links).await
     };
@@ -132,6 +139,8 @@ async fn serve(
             grace: Duration::from_millis(ctx.config.proxy.shutdown_grace_ms),
             metrics: &ctx.metrics,
             locks: &locks,
+            activity: &activity,
+            write_timeout: ctx.config.proxy.write_timeout(),
         };
         let end = writer::write_loop(setup, &mut client_w, &mut up_r, rx).await;
         reader_cancel.cancel();

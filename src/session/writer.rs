@@ -7,6 +7,7 @@
 //! reply goes to a [`LockReplies`], which says what to write. The
 //! bookkeeping without I/O is in `replies`.
 
+mod client;
 mod replies;
 #[cfg(test)]
 mod tests;
@@ -14,10 +15,11 @@ mod tests;
 use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use super::activity::Activity;
 use super::pending::Pending;
 use super::SessionError;
 use crate::lock::evalsha::Rerun;
@@ -25,6 +27,7 @@ use crate::lock::{LockPending, ReplyOutcome};
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
 use crate::protocol::reply::FrameKind;
+use client::Client;
 use replies::{FrameClass, Replies};
 
 /// How the writer half ended.
@@ -66,13 +69,12 @@ pub struct Setup<'a, L> {
     pub metrics: &'a ProxyMetrics,
     /// Where lock scripts' replies go.
     pub locks: &'a L,
-}
-
-/// The client side of the writer: the stream, and what counts its bytes.
-struct Client<'a, 's, W, L> {
-    stream: &'s mut W,
-    metrics: &'a ProxyMetrics,
-    locks: &'a L,
+    /// Where the writer records its writes and whether the client is exempt
+    /// from the idle timeout.
+    pub activity: &'a Activity,
+    /// A write to the client making no progress this long ends the session
+    /// (`proxy.client_write_timeout_ms`); `None`: no limit.
+    pub write_timeout: Option<Duration>,
 }
 
 /// Copies replies to the client until the session is over (see [`WriterEnd`]).
@@ -93,11 +95,15 @@ where
         grace,
         metrics,
         locks,
+        activity,
+        write_timeout,
     } = setup;
     let client = &mut Client {
         stream: client,
         metrics,
         locks,
+        activity,
+        write_timeout,
     };
     let mut st = Replies::new();
     let mut buf = BytesMut::with_capacity(chunk);
@@ -133,6 +139,15 @@ where
             }
         }
         st.blocked = st.deferred.is_some();
+        // Waiting for a reply (a blocking command), subscribed or in
+        // MONITOR: never idle, as on Redis.
+        activity.set_exempt(
+            st.raw
+                || st.subs != [0; 3]
+                || st.deferred.is_some()
+                || !st.queue.is_empty()
+                || !st.scanner.at_boundary(),
+        );
         if reader_done
             && st.deferred.is_none()
             && !st.await_eof
@@ -344,27 +359,4 @@ async fn forward<W: AsyncWrite + Unpin, L: LockReplies>(
         buf.advance(pos);
     }
     Ok(false)
-}
-
-impl<W: AsyncWrite + Unpin, L> Client<'_, '_, W, L> {
-    /// Writes the local replies rendered in `out`, if any, and empties it.
-    async fn flush_out(&mut self, out: &mut BytesMut) -> Result<(), SessionError> {
-        if out.is_empty() {
-            return Ok(());
-        }
-        self.write(out).await?;
-        out.clear();
-        Ok(())
-    }
-
-    /// Writes `bytes` to the client and flushes (TLS holds records until then).
-    async fn write(&mut self, bytes: &[u8]) -> Result<(), SessionError> {
-        self.stream
-            .write_all(bytes)
-            .await
-            .map_err(SessionError::ClientIo)?;
-        self.stream.flush().await.map_err(SessionError::ClientIo)?;
-        ProxyMetrics::add(&self.metrics.client_bytes_out, bytes.len() as u64);
-        Ok(())
-    }
 }
