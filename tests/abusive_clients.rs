@@ -1,0 +1,347 @@
+//! Slow and abusive clients against a real Redis: idle connections
+//! (`proxy.client_idle_timeout_ms`, with Redis's exemptions), requests
+//! trickled a byte at a time (`proxy.partial_request_timeout_ms`), clients
+//! that never read their replies (`proxy.client_write_timeout_ms`: lockgate
+//! stays small, Redis's buffer is freed), and connection churn (nothing
+//! outlives its client: sessions, upstream connections, descriptors).
+//!
+//! lockgate runs in the test's process, so its memory and descriptors are
+//! read from `/proc/self`; the clients' share of them is small and closed
+//! before the checks that count.
+
+mod support;
+
+use std::sync::atomic::AtomicU64;
+use std::time::{Duration, Instant};
+
+use lockgate::metrics::ProxyMetrics;
+use lockgate::Config;
+use support::resilience::client_list;
+use support::resp::direct;
+use support::{cmd, show, Lockgate, RawClient, RedisServer, WAIT};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// One test at a time: they measure the process's memory and descriptors,
+/// which tests running beside them would move.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn config(upstream: &str) -> Config {
+    let mut c = Config::default();
+    c.upstream.addr = upstream.to_string();
+    c.proxy.shutdown_grace_ms = 300;
+    c
+}
+
+fn get(counter: &AtomicU64) -> u64 {
+    ProxyMetrics::get(counter)
+}
+
+/// Whether a connection named `name` is on Redis now.
+async fn on_redis(redis: &str, name: &str) -> bool {
+    let needle = format!(" name={name} ");
+    client_list(redis, None)
+        .await
+        .iter()
+        .any(|l| l.contains(&needle))
+}
+
+/// Connects through lockgate and names the upstream connection, so the test
+/// can find it in Redis's `CLIENT LIST`.
+async fn named(addr: std::net::SocketAddr, name: &str) -> RawClient {
+    let mut c = RawClient::connect(addr).await;
+    assert_eq!(c.call_raw(&["CLIENT", "SETNAME", name]).await, b"+OK\r\n");
+    c
+}
+
+#[tokio::test]
+async fn idle_client_is_closed_silently_unless_redis_would_keep_it() {
+    let _serial = SERIAL.lock().await;
+    let redis = RedisServer::start();
+    let mut cfg = config(&redis.addr());
+    cfg.proxy.client_idle_timeout_ms = 300;
+    let lg = Lockgate::start_with(cfg).await;
+
+    // The exempt ones first, so they have been quiet for longer than the
+    // idle one once it is closed: subscribed, MONITOR, blocked in BLPOP.
+    let mut sub = named(lg.addr, "sub").await;
+    sub.send(&cmd(&["SUBSCRIBE", "news"])).await;
+    assert!(show(&sub.read_raw().await).contains("subscribe"));
+    let mut monitor = named(lg.addr, "monitor").await;
+    assert_eq!(monitor.call_raw(&["MONITOR"]).await, b"+OK\r\n");
+    let mut blocked = named(lg.addr, "blocked").await;
+    let blpop_sent = Instant::now();
+    blocked.send(&cmd(&["BLPOP", "nothing", "2"])).await;
+
+    let mut idle = named(lg.addr, "idle").await;
+    let quiet_since = Instant::now();
+    assert!(idle.closed_within(WAIT).await, "the idle client stays open");
+    let quiet = quiet_since.elapsed();
+    assert!(
+        quiet >= Duration::from_millis(300),
+        "closed after {quiet:?}"
+    );
+    assert!(
+        idle.buffered().is_empty(),
+        "Redis closes silently; got {:?}",
+        show(idle.buffered())
+    );
+    assert_eq!(get(&lg.ctx.metrics.clients_closed_idle), 1);
+    until!(
+        "its upstream connection to close",
+        !on_redis(&redis.addr(), "idle").await
+    );
+
+    // The exempt ones are still served.
+    assert_eq!(
+        direct(&redis.addr(), &["PUBLISH", "news", "hi"]).await,
+        ":1\r\n"
+    );
+    assert!(show(&sub.read_raw().await).contains("hi"));
+    // MONITOR shows every command since: read on to the PUBLISH.
+    until!(
+        "MONITOR to show the PUBLISH",
+        show(&monitor.read_raw().await).contains("PUBLISH")
+    );
+    assert_eq!(blocked.read_raw().await, b"*-1\r\n");
+    assert!(blpop_sent.elapsed() >= Duration::from_secs(2));
+    // After its reply the blocked client's idle period starts afresh.
+    assert!(blocked.closed_within(WAIT).await);
+    assert_eq!(get(&lg.ctx.metrics.clients_closed_idle), 2);
+    assert!(on_redis(&redis.addr(), "sub").await);
+    lg.stop().await;
+}
+
+#[tokio::test]
+async fn trickled_request_is_cut_and_never_reaches_redis() {
+    let _serial = SERIAL.lock().await;
+    let redis = RedisServer::start();
+    let mut cfg = config(&redis.addr());
+    cfg.proxy.partial_request_timeout_ms = 500;
+    let lg = Lockgate::start_with(cfg).await;
+
+    // A request split with a pause well inside the limit is served.
+    let mut ok = RawClient::connect(lg.addr).await;
+    ok.send(b"*1\r\n$4\r\nPI").await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    ok.send(b"NG\r\n").await;
+    assert_eq!(ok.read_raw().await, b"+PONG\r\n");
+
+    // One byte every 100 ms: the 39-byte GET would take about 4 s.
+    let frame = cmd(&["GET", "aaaaaaaaaaaaaaaaaaaa"]);
+    let (head, rest) = frame.split_at(11);
+    let stream = tokio::net::TcpStream::connect(lg.addr)
+        .await
+        .expect("connect");
+    stream.set_nodelay(true).expect("nodelay");
+    let (mut r, mut w) = stream.into_split();
+    let started = Instant::now();
+    w.write_all(head).await.expect("write");
+    let rest = rest.to_vec();
+    let trickle = tokio::spawn(async move {
+        for byte in rest {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            if w.write_all(&[byte]).await.is_err() {
+                return;
+            }
+        }
+    });
+    let mut got = Vec::new();
+    tokio::time::timeout(WAIT, r.read_to_end(&mut got))
+        .await
+        .expect("closed in time")
+        .ok();
+    let took = started.elapsed();
+    trickle.abort();
+    assert_eq!(
+        show(&got),
+        "-ERR Protocol error: request not completed within 500 ms\r\n"
+    );
+    assert!(took >= Duration::from_millis(500), "cut after {took:?}");
+    assert!(
+        took < Duration::from_millis(500) + WAIT / 2,
+        "cut after {took:?}"
+    );
+    assert_eq!(get(&lg.ctx.metrics.clients_closed_partial_request), 1);
+    let stats = direct(&redis.addr(), &["INFO", "commandstats"]).await;
+    assert!(
+        !stats.contains("cmdstat_get:"),
+        "a GET reached Redis: {stats}"
+    );
+    lg.stop().await;
+}
+
+/// lockgate's resident memory now (this process), in bytes.
+fn rss() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().strip_suffix("kB"))
+        .and_then(|kb| kb.trim().parse::<u64>().ok())
+        .expect("VmRSS")
+        * 1024
+}
+
+/// The `omem` (output buffer bytes) of Redis's connection named `name`.
+async fn omem(redis: &str, name: &str) -> Option<u64> {
+    let needle = format!(" name={name} ");
+    let lines = client_list(redis, None).await;
+    let line = lines.iter().find(|l| l.contains(&needle))?;
+    line.split(' ')
+        .find_map(|f| f.strip_prefix("omem="))
+        .and_then(|v| v.parse().ok())
+}
+
+#[tokio::test]
+async fn client_that_never_reads_is_cut_and_redis_frees_its_buffer() {
+    let _serial = SERIAL.lock().await;
+    const VALUE: usize = 1 << 20;
+    const GETS: usize = 100;
+    let redis = RedisServer::start();
+    let mut cfg = config(&redis.addr());
+    cfg.proxy.client_write_timeout_ms = 2_000;
+    let lg = Lockgate::start_with(cfg).await;
+    let mut setter = RawClient::connect(redis.addr()).await;
+    let value = vec![b'v'; VALUE];
+    let set = setter.call_bin(&[b"SET", b"big", &value]).await;
+    assert_eq!(set, b"+OK\r\n");
+    drop((setter, value));
+
+    let rss_before = rss();
+    let mut c = named(lg.addr, "stalled").await;
+    let mut pipeline = Vec::new();
+    for _ in 0..GETS {
+        pipeline.extend(cmd(&["GET", "big"]));
+    }
+    let sent = Instant::now();
+    c.send(&pipeline).await;
+    // Redis holds what lockgate does not take: its output buffer for the
+    // connection grows well past what the sockets hold.
+    let mut peak = 0;
+    until!("Redis to buffer the replies", {
+        peak = peak.max(omem(&redis.addr(), "stalled").await.unwrap_or(0));
+        peak > 32 << 20
+    });
+    let lockgate_grew = rss().saturating_sub(rss_before);
+    until!(
+        "the stalled client to be cut",
+        get(&lg.ctx.metrics.clients_closed_write_timeout) == 1
+    );
+    let cut_after = sent.elapsed();
+    until!(
+        "Redis to drop the connection and its buffer",
+        !on_redis(&redis.addr(), "stalled").await
+    );
+    until!(
+        "the session to end",
+        get(&lg.ctx.metrics.connections_active) == 0
+    );
+    let lockgate_grew = lockgate_grew.max(rss().saturating_sub(rss_before));
+    eprintln!(
+        "Redis buffered {} MiB for the client; lockgate grew {} MiB; cut after {cut_after:?}",
+        peak >> 20,
+        lockgate_grew >> 20
+    );
+    assert!(
+        cut_after >= Duration::from_secs(2),
+        "cut after {cut_after:?}"
+    );
+    assert!(
+        lockgate_grew < 16 << 20,
+        "lockgate grew {lockgate_grew} bytes for a client that does not read"
+    );
+    // The client got a prefix of its replies, then the close.
+    let mut got = Vec::new();
+    let _ = tokio::time::timeout(WAIT, c.stream.read_to_end(&mut got)).await;
+    assert!(got.len() < GETS * VALUE, "got every reply: {}", got.len());
+    lg.stop().await;
+}
+
+/// Descriptors open in this process (lockgate's and the test's).
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").expect("fd dir").count()
+}
+
+/// Redis's `connected_clients`, asked on a connection of its own (counted).
+async fn connected_clients(redis: &str) -> u64 {
+    let info = direct(redis, &["INFO", "clients"]).await;
+    info.lines()
+        .find_map(|l| l.strip_prefix("connected_clients:"))
+        .and_then(|n| n.trim().parse().ok())
+        .expect("connected_clients")
+}
+
+/// One churning connection of kind `kind % 3`: connect, PING, close;
+/// connect and close without a byte; connect, half a frame, close.
+async fn churn_once(addr: std::net::SocketAddr, kind: usize) {
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    match kind % 3 {
+        0 => {
+            s.write_all(b"*1\r\n$4\r\nPING\r\n").await.expect("write");
+            let mut pong = [0u8; 7];
+            s.read_exact(&mut pong).await.expect("PONG");
+            assert_eq!(&pong, b"+PONG\r\n");
+        }
+        1 => {}
+        _ => s.write_all(b"*2\r\n$3\r\nGE").await.expect("write"),
+    }
+}
+
+#[tokio::test]
+async fn connection_churn_leaves_nothing_behind() {
+    let _serial = SERIAL.lock().await;
+    const CONNECTIONS: usize = 3_000;
+    const AT_ONCE: usize = 16;
+    let redis = RedisServer::start();
+    let lg = Lockgate::start_with(config(&redis.addr())).await;
+    // Warm up (lockgate's own connections, if any, are made by now).
+    let mut warm = RawClient::connect(lg.addr).await;
+    assert_eq!(warm.call_raw(&["PING"]).await, b"+PONG\r\n");
+    drop(warm);
+    until!(
+        "the warm-up session to end",
+        get(&lg.ctx.metrics.connections_active) == 0
+    );
+    let redis_baseline = connected_clients(&redis.addr()).await;
+    let fds_baseline = open_fds();
+
+    let started = Instant::now();
+    let workers: Vec<_> = (0..AT_ONCE)
+        .map(|w| {
+            let addr = lg.addr;
+            tokio::spawn(async move {
+                for i in (w..CONNECTIONS).step_by(AT_ONCE) {
+                    churn_once(addr, i).await;
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.await.expect("churn worker");
+    }
+    let took = started.elapsed();
+    eprintln!(
+        "churn: {CONNECTIONS} connections in {took:?} ({:.0}/s), {AT_ONCE} at a time",
+        CONNECTIONS as f64 / took.as_secs_f64()
+    );
+    assert_eq!(
+        get(&lg.ctx.metrics.connections_total),
+        CONNECTIONS as u64 + 1
+    );
+
+    until!(
+        "connections_active to return to 0",
+        get(&lg.ctx.metrics.connections_active) == 0
+    );
+    until!(
+        "Redis's connected_clients to return to its baseline",
+        connected_clients(&redis.addr()).await == redis_baseline
+    );
+    until!(
+        "descriptors to return to the baseline",
+        open_fds() <= fds_baseline
+    );
+    let mut c = RawClient::connect(lg.addr).await;
+    assert_eq!(c.call_raw(&["PING"]).await, b"+PONG\r\n");
+    lg.stop().await;
+}
