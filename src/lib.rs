@@ -32,7 +32,8 @@
 //!   back in order and writes lockgate's own replies between them (generic
 //!   over its streams, tested over in-memory pipes; `writer::replies` is
 //!   its bookkeeping without I/O, `writer::client` its writes to the
-//!   client, bounded by `proxy.client_write_timeout_ms`), and hands lock
+//!   client, bounded by `proxy.client_write_timeout_ms`, and the replies it
+//!   reads ahead meanwhile up to `proxy.max_client_output_bytes`), and hands lock
 //!   scripts' replies to the lock room through
 //!   [`session::writer::LockReplies`]; the reader also enforces the idle
 //!   and partial-request timeouts, with [`session::activity`] (what the

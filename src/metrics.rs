@@ -157,6 +157,10 @@ counters! {
         /// to them made no progress for `proxy.client_write_timeout_ms`.
         clients_closed_write_timeout: Counter "clients_closed_write_timeout",
             "Clients closed because a write to them stalled for proxy.client_write_timeout_ms";
+        /// Clients closed (with their upstream connections) because more
+        /// than `proxy.max_client_output_bytes` of replies waited for them.
+        clients_closed_output_limit: Counter "clients_closed_output_limit",
+            "Clients closed with more than proxy.max_client_output_bytes of replies waiting";
         /// TLS handshakes completed on the TLS listener.
         tls_handshakes: Counter "tls_handshakes",
             "TLS handshakes completed on the TLS listener";

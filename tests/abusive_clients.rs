@@ -257,6 +257,118 @@ async fn client_that_never_reads_is_cut_and_redis_frees_its_buffer() {
     lg.stop().await;
 }
 
+#[tokio::test]
+async fn with_an_output_bound_the_client_is_cut_and_redis_freed_at_once() {
+    const VALUE: usize = 1 << 20;
+    const GETS: usize = 100;
+    const BOUND: u64 = 8 << 20;
+    let _serial = SERIAL.lock().await;
+    let redis = RedisServer::start();
+    let mut cfg = config(&redis.addr());
+    cfg.proxy.client_write_timeout_ms = 0;
+    cfg.proxy.max_client_output_bytes = BOUND;
+    let lg = Lockgate::start_with(cfg).await;
+    let mut setter = RawClient::connect(redis.addr()).await;
+    let set = setter.call_bin(&[b"SET", b"big", &vec![b'v'; VALUE]]).await;
+    assert_eq!(set, b"+OK\r\n");
+    drop(setter);
+
+    let rss_before = rss();
+    let mut c = named(lg.addr, "stalled").await;
+    let mut pipeline = Vec::new();
+    for _ in 0..GETS {
+        pipeline.extend(cmd(&["GET", "big"]));
+    }
+    let mut redis_peak = 0;
+    let sent = Instant::now();
+    c.send(&pipeline).await;
+    until!("the client to be cut at the output bound", {
+        redis_peak = redis_peak.max(omem(&redis.addr(), "stalled").await.unwrap_or(0));
+        get(&lg.ctx.metrics.clients_closed_output_limit) == 1
+    });
+    let lockgate_grew = rss().saturating_sub(rss_before);
+    until!(
+        "Redis to drop the connection and its buffer",
+        !on_redis(&redis.addr(), "stalled").await
+    );
+    let freed_after = sent.elapsed();
+    // Redis builds the replies to every request of one read before it
+    // writes any, so its peak is the whole burst's replies whatever
+    // lockgate does; what the bound changes is how long Redis holds them:
+    // until lockgate has read the bound's worth, not a write timeout.
+    eprintln!(
+        "output bound {} MiB: Redis peaked at {} MiB and freed it after {freed_after:?}; lockgate grew {} MiB",
+        BOUND >> 20,
+        redis_peak >> 20,
+        lockgate_grew >> 20
+    );
+    assert!(
+        freed_after < WAIT / 2,
+        "Redis held the replies for {freed_after:?}"
+    );
+    assert!(
+        lockgate_grew < 4 * BOUND,
+        "lockgate grew {lockgate_grew} bytes"
+    );
+    assert_eq!(get(&lg.ctx.metrics.clients_closed_write_timeout), 0);
+    lg.stop().await;
+}
+
+#[tokio::test]
+async fn replies_read_ahead_for_a_slow_reader_arrive_whole_and_in_order() {
+    const VALUE: usize = 256 << 10;
+    let _serial = SERIAL.lock().await;
+    let redis = RedisServer::start();
+    let mut cfg = config(&redis.addr());
+    cfg.proxy.max_client_output_bytes = 64 << 20;
+    let lg = Lockgate::start_with(cfg).await;
+    let value = vec![b'v'; VALUE];
+    let mut setter = RawClient::connect(redis.addr()).await;
+    assert_eq!(setter.call_bin(&[b"SET", b"big", &value]).await, b"+OK\r\n");
+    drop(setter);
+
+    // Redis's replies, lockgate's own (a refused LOCKGATE subcommand) and
+    // small ones between big ones, read back slowly in small pieces.
+    let mut c = RawClient::connect(lg.addr).await;
+    let refusal = c.call_raw(&["LOCKGATE", "NOPE"]).await;
+    assert!(
+        refusal.starts_with(b"-ERR lockgate: unknown"),
+        "{}",
+        show(&refusal)
+    );
+    let mut pipeline = Vec::new();
+    let mut want: Vec<u8> = Vec::new();
+    for i in 0..40 {
+        pipeline.extend(cmd(&["GET", "big"]));
+        want.extend(format!("${VALUE}\r\n").as_bytes());
+        want.extend(&value);
+        want.extend(b"\r\n");
+        let echo = format!("e{i}");
+        pipeline.extend(cmd(&["ECHO", &echo]));
+        want.extend(format!("${}\r\n{echo}\r\n", echo.len()).as_bytes());
+        if i % 10 == 0 {
+            pipeline.extend(cmd(&["LOCKGATE", "NOPE"]));
+            want.extend(&refusal);
+        }
+    }
+    c.send(&pipeline).await;
+    let mut got: Vec<u8> = Vec::new();
+    let mut piece = vec![0u8; 64 << 10];
+    while got.len() < want.len() {
+        let n = tokio::time::timeout(WAIT, c.stream.read(&mut piece))
+            .await
+            .expect("replies keep coming")
+            .expect("read");
+        assert!(n > 0, "closed after {} bytes", got.len());
+        got.extend(&piece[..n]);
+        // Slower than Redis: lockgate reads ahead meanwhile.
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert!(got == want, "replies out of order or damaged");
+    assert_eq!(get(&lg.ctx.metrics.clients_closed_output_limit), 0);
+    lg.stop().await;
+}
+
 /// Descriptors open in this process (lockgate's and the test's).
 fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").expect("fd dir").count()

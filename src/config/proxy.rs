@@ -54,6 +54,15 @@ pub struct ProxyConfig {
     /// Redis, so they pile up in Redis's output buffer (unbounded by
     /// default there); this bounds how long they may.
     pub client_write_timeout_ms: u64,
+    /// Most bytes of replies lockgate holds for one client that does not
+    /// read them as fast as Redis sends; past it the client and its upstream
+    /// connection are closed (as Redis's `client-output-buffer-limit`
+    /// hard limit). Set, lockgate keeps reading Redis while a write to the
+    /// client waits, so Redis holds next to nothing for that connection.
+    /// 0 (default, as Redis's `normal 0 0 0`): none; lockgate stops reading
+    /// Redis instead and Redis holds the replies, for at most
+    /// `client_write_timeout_ms` without progress.
+    pub max_client_output_bytes: u64,
     /// The TLS listener beside the plain one (`[proxy.tls]`).
     pub tls: ListenerTlsConfig,
 }
@@ -69,6 +78,7 @@ impl Default for ProxyConfig {
             client_idle_timeout_ms: 0,
             partial_request_timeout_ms: 30_000,
             client_write_timeout_ms: 60_000,
+            max_client_output_bytes: 0,
             tls: ListenerTlsConfig::default(),
         }
     }
@@ -101,6 +111,13 @@ impl ProxyConfig {
                     &format!("must be 0 (off) or at least {MIN_CLIENT_TIMEOUT_MS}"),
                 ));
             }
+        }
+        let output = self.max_client_output_bytes;
+        if output > 0 && output < self.read_chunk_bytes as u64 {
+            return Err(invalid(
+                "proxy.max_client_output_bytes",
+                "must be 0 (none) or at least proxy.read_chunk_bytes",
+            ));
         }
         Ok(())
     }

@@ -67,13 +67,19 @@ pub enum SessionError {
     /// (`proxy.client_write_timeout_ms`): the client does not read.
     #[error("client did not read its replies for {0} ms")]
     ClientWriteTimeout(u64),
+    /// More than this many bytes of replies waited for a client that does
+    /// not read fast enough (`proxy.max_client_output_bytes`).
+    #[error("more than {0} bytes of replies waited for the client")]
+    ClientOutputLimit(u64),
 }
 
 impl SessionError {
     /// Whose fault it is (labels the error metric).
     pub fn source_kind(&self) -> ErrorSource {
         match self {
-            SessionError::ClientIo(_) | SessionError::ClientWriteTimeout(_) => ErrorSource::Client,
+            SessionError::ClientIo(_)
+            | SessionError::ClientWriteTimeout(_)
+            | SessionError::ClientOutputLimit(_) => ErrorSource::Client,
             SessionError::UpstreamIo(_) => ErrorSource::Upstream,
             SessionError::Protocol(e) => e.source_kind(),
             SessionError::Upstream(e) => e.source_kind(),
@@ -141,6 +147,7 @@ async fn serve(
             locks: &locks,
             activity: &activity,
             write_timeout: ctx.config.proxy.write_timeout(),
+            max_output: ctx.config.proxy.max_client_output_bytes as usize,
         };
         let end = writer::write_loop(setup, &mut client_w, &mut up_r, rx).await;
         reader_cancel.cancel();

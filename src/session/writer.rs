@@ -75,6 +75,9 @@ pub struct Setup<'a, L> {
     /// A write to the client making no progress this long ends the session
     /// (`proxy.client_write_timeout_ms`); `None`: no limit.
     pub write_timeout: Option<Duration>,
+    /// Most bytes of replies read ahead from Redis while a write to the
+    /// client waits (`proxy.max_client_output_bytes`); 0: none.
+    pub max_output: usize,
 }
 
 /// Copies replies to the client until the session is over (see [`WriterEnd`]).
@@ -97,13 +100,18 @@ where
         locks,
         activity,
         write_timeout,
+        max_output,
     } = setup;
     let client = &mut Client {
         stream: client,
+        upstream,
         metrics,
         locks,
         activity,
         write_timeout,
+        max_output,
+        ahead: BytesMut::new(),
+        upstream_end: None,
     };
     let mut st = Replies::new();
     let mut buf = BytesMut::with_capacity(chunk);
@@ -163,6 +171,23 @@ where
         // While a deferred reply is awaited, later replies wait in `buf`;
         // stop reading Redis once that holds a few chunks (back-pressure).
         let read_upstream = !st.blocked || buf.len() < chunk * 4;
+        // Replies read ahead while a write waited come before anything
+        // Redis sends now, and so does the end of Redis's side seen then.
+        if read_upstream && client.take_ahead(&mut buf) {
+            match forward(client, &mut buf, &mut st, &mut rx).await {
+                Ok(true) => return WriterEnd::Closed,
+                Ok(false) => {}
+                Err(e) => return WriterEnd::Failed(e),
+            }
+            continue;
+        }
+        if read_upstream {
+            match client.upstream_end.take() {
+                Some(Ok(())) => return upstream_closed(&mut st, &mut rx),
+                Some(Err(e)) => return WriterEnd::Failed(SessionError::UpstreamIo(e)),
+                None => {}
+            }
+        }
         tokio::select! {
             biased;
             ready = async { st.deferred.as_mut()?.await.ok() }, if st.deferred.is_some() => {
@@ -199,17 +224,8 @@ where
                     deadline = Instant::now() + grace;
                 }
             },
-            read = upstream.read_buf(&mut buf), if read_upstream => match read {
-                Ok(0) => {
-                    while let Ok(entries) = rx.try_recv() {
-                        st.accept(entries);
-                    }
-                    if st.await_eof {
-                        return WriterEnd::Drained;
-                    }
-                    let owed = st.raw || st.queue.iter().any(|p| !matches!(p, Pending::Local(_)));
-                    return WriterEnd::UpstreamClosed { owed };
-                }
+            read = client.upstream.read_buf(&mut buf), if read_upstream => match read {
+                Ok(0) => return upstream_closed(&mut st, &mut rx),
                 Ok(_) => match forward(client, &mut buf, &mut st, &mut rx).await {
                     Ok(true) => return WriterEnd::Closed,
                     Ok(false) => {}
@@ -228,11 +244,23 @@ where
     }
 }
 
+/// How the writer ends when Redis closed its side.
+fn upstream_closed(st: &mut Replies, rx: &mut mpsc::Receiver<Vec<Pending>>) -> WriterEnd {
+    while let Ok(entries) = rx.try_recv() {
+        st.accept(entries);
+    }
+    if st.await_eof {
+        return WriterEnd::Drained;
+    }
+    let owed = st.raw || st.queue.iter().any(|p| !matches!(p, Pending::Local(_)));
+    WriterEnd::UpstreamClosed { owed }
+}
+
 /// Forwards the complete frames in `buf` (and any partial bulk payload),
 /// interleaving local replies where they belong and unwrapping lock-script
 /// replies. Returns true when a `Close` entry was reached.
-async fn forward<W: AsyncWrite + Unpin, L: LockReplies>(
-    client: &mut Client<'_, '_, W, L>,
+async fn forward<W: AsyncWrite + Unpin, R: AsyncRead + Unpin, L: LockReplies>(
+    client: &mut Client<'_, '_, W, R, L>,
     buf: &mut BytesMut,
     st: &mut Replies,
     rx: &mut mpsc::Receiver<Vec<Pending>>,

@@ -69,6 +69,7 @@ fn setup<'a>(
         locks,
         activity: Box::leak(Box::new(Activity::new())),
         write_timeout: None,
+        max_output: 0,
     }
 }
 
