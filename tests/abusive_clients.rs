@@ -2,7 +2,8 @@
 //! (`proxy.client_idle_timeout_ms`, with Redis's exemptions), requests
 //! trickled a byte at a time (`proxy.partial_request_timeout_ms`), clients
 //! that never read their replies (`proxy.client_write_timeout_ms`: lockgate
-//! stays small, Redis's buffer is freed), and connection churn (nothing
+//! stays small, Redis's buffer is freed; `proxy.max_client_output_bytes`:
+//! lockgate holds a bounded amount instead), and connection churn (nothing
 //! outlives its client: sessions, upstream connections, descriptors).
 //!
 //! lockgate runs in the test's process, so its memory and descriptors are
@@ -11,47 +12,14 @@
 
 mod support;
 
-use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
 
-use lockgate::metrics::ProxyMetrics;
-use lockgate::Config;
-use support::resilience::client_list;
+use support::abusive::{
+    config, connected_clients, get, named, omem, on_redis, open_fds, rss, SERIAL,
+};
 use support::resp::direct;
 use support::{cmd, show, Lockgate, RawClient, RedisServer, WAIT};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-/// One test at a time: they measure the process's memory and descriptors,
-/// which tests running beside them would move.
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-fn config(upstream: &str) -> Config {
-    let mut c = Config::default();
-    c.upstream.addr = upstream.to_string();
-    c.proxy.shutdown_grace_ms = 300;
-    c
-}
-
-fn get(counter: &AtomicU64) -> u64 {
-    ProxyMetrics::get(counter)
-}
-
-/// Whether a connection named `name` is on Redis now.
-async fn on_redis(redis: &str, name: &str) -> bool {
-    let needle = format!(" name={name} ");
-    client_list(redis, None)
-        .await
-        .iter()
-        .any(|l| l.contains(&needle))
-}
-
-/// Connects through lockgate and names the upstream connection, so the test
-/// can find it in Redis's `CLIENT LIST`.
-async fn named(addr: std::net::SocketAddr, name: &str) -> RawClient {
-    let mut c = RawClient::connect(addr).await;
-    assert_eq!(c.call_raw(&["CLIENT", "SETNAME", name]).await, b"+OK\r\n");
-    c
-}
 
 #[tokio::test]
 async fn idle_client_is_closed_silently_unless_redis_would_keep_it() {
@@ -168,28 +136,6 @@ async fn trickled_request_is_cut_and_never_reaches_redis() {
         "a GET reached Redis: {stats}"
     );
     lg.stop().await;
-}
-
-/// lockgate's resident memory now (this process), in bytes.
-fn rss() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").expect("status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().strip_suffix("kB"))
-        .and_then(|kb| kb.trim().parse::<u64>().ok())
-        .expect("VmRSS")
-        * 1024
-}
-
-/// The `omem` (output buffer bytes) of Redis's connection named `name`.
-async fn omem(redis: &str, name: &str) -> Option<u64> {
-    let needle = format!(" name={name} ");
-    let lines = client_list(redis, None).await;
-    let line = lines.iter().find(|l| l.contains(&needle))?;
-    line.split(' ')
-        .find_map(|f| f.strip_prefix("omem="))
-        .and_then(|v| v.parse().ok())
 }
 
 #[tokio::test]
@@ -367,20 +313,6 @@ async fn replies_read_ahead_for_a_slow_reader_arrive_whole_and_in_order() {
     assert!(got == want, "replies out of order or damaged");
     assert_eq!(get(&lg.ctx.metrics.clients_closed_output_limit), 0);
     lg.stop().await;
-}
-
-/// Descriptors open in this process (lockgate's and the test's).
-fn open_fds() -> usize {
-    std::fs::read_dir("/proc/self/fd").expect("fd dir").count()
-}
-
-/// Redis's `connected_clients`, asked on a connection of its own (counted).
-async fn connected_clients(redis: &str) -> u64 {
-    let info = direct(redis, &["INFO", "clients"]).await;
-    info.lines()
-        .find_map(|l| l.strip_prefix("connected_clients:"))
-        .and_then(|n| n.trim().parse().ok())
-        .expect("connected_clients")
 }
 
 /// One churning connection of kind `kind % 3`: connect, PING, close;
