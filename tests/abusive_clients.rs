@@ -315,6 +315,35 @@ async fn replies_read_ahead_for_a_slow_reader_arrive_whole_and_in_order() {
     lg.stop().await;
 }
 
+#[tokio::test]
+async fn the_client_timeouts_hold_while_the_primary_is_unreachable() {
+    let _serial = SERIAL.lock().await;
+    let down = format!("127.0.0.1:{}", support::free_port());
+    let mut cfg = config(&down);
+    cfg.upstream.connect_timeout_ms = 200;
+    // Whichever runs out first closes: the partial request's is shorter.
+    cfg.proxy.client_idle_timeout_ms = 300;
+    cfg.proxy.partial_request_timeout_ms = 100;
+    let lg = Lockgate::start_with(cfg).await;
+
+    let mut idle = RawClient::connect(lg.addr).await;
+    let ping = show(&idle.call_raw(&["PING"]).await);
+    assert!(ping.contains("unavailable"), "{ping}");
+    assert!(idle.closed_within(WAIT).await, "the idle client stays open");
+    assert_eq!(get(&lg.ctx.metrics.clients_closed_idle), 1);
+
+    let mut trickler = RawClient::connect(lg.addr).await;
+    trickler.send(b"*1\r\n$4\r\nPI").await;
+    let frames = trickler.frames_to_close().await;
+    assert_eq!(
+        frames,
+        ["-ERR Protocol error: request not completed within 100 ms\r\n"]
+    );
+    assert_eq!(get(&lg.ctx.metrics.clients_closed_partial_request), 1);
+    assert_eq!(get(&lg.ctx.metrics.clients_closed_idle), 1);
+    lg.stop().await;
+}
+
 /// One churning connection of kind `kind % 3`: connect, PING, close;
 /// connect and close without a byte; connect, half a frame, close.
 async fn churn_once(addr: std::net::SocketAddr, kind: usize) {

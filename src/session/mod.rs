@@ -12,6 +12,7 @@
 
 pub mod activity;
 pub mod carry;
+mod detached;
 pub mod jobs;
 pub mod parking;
 pub mod pending;
@@ -25,10 +26,8 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::{Buf, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use bytes::BytesMut;
 use tokio::sync::mpsc;
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -41,7 +40,6 @@ use crate::lock::watchdog;
 use crate::lock::{LockPending, ReplyOutcome};
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
-use crate::protocol::request::{RequestKind, RequestParser};
 use crate::protocol::ProtocolError;
 use crate::tls::Stream;
 use crate::upstream::UpstreamError;
@@ -115,7 +113,7 @@ async fn serve(
     let mut buf = BytesMut::with_capacity(ctx.config.proxy.read_chunk_bytes);
     let (mut upstream, generation) = match ctx.connect_upstream().await {
         Ok(stream) => stream,
-        Err(err) => match detached(ctx, &mut client, &mut buf, err, shutdown).await {
+        Err(err) => match detached::serve(ctx, &mut client, &mut buf, err, shutdown).await {
             Some(stream) => stream,
             None => return,
         },
@@ -255,77 +253,5 @@ impl writer::LockReplies for SessionLocks<'_> {
                 self.ctx.locks.on_reply(pending, frame, self.conn, acquirer)
             }
         }
-    }
-}
-
-/// Serves a client while the primary is unreachable: every command gets the
-/// connection error, and a new attempt is made when a command arrives at
-/// least `reconnect_interval_ms` after the last one. Returns the upstream
-/// and its primary's generation once connected (with `buf` holding only
-/// unanswered bytes), or `None` when the client is gone.
-async fn detached(
-    ctx: &ServerContext,
-    client: &mut Stream,
-    buf: &mut BytesMut,
-    mut err: UpstreamError,
-    shutdown: &CancellationToken,
-) -> Option<(Stream, u64)> {
-    let interval = Duration::from_millis(ctx.config.upstream.reconnect_interval_ms);
-    let mut next_try = Instant::now() + interval;
-    let mut parser = RequestParser::new(ctx.limits());
-    let mut out = BytesMut::new();
-    loop {
-        match parser.parse(buf) {
-            Ok(Some(_)) | Err(_) => {}
-            Ok(None) => {
-                buf.reserve(ctx.config.proxy.read_chunk_bytes);
-                let read = tokio::select! {
-                    _ = shutdown.cancelled() => return None,
-                    read = client.read_buf(buf) => read,
-                };
-                match read {
-                    Ok(0) | Err(_) => return None,
-                    Ok(n) => ProxyMetrics::add(&ctx.metrics.client_bytes_in, n as u64),
-                }
-                continue;
-            }
-        }
-        if Instant::now() >= next_try {
-            match ctx.connect_upstream().await {
-                Ok(stream) => return Some(stream),
-                Err(e) => err = e,
-            }
-            next_try = Instant::now() + interval;
-        }
-        let mut closing = false;
-        loop {
-            match parser.parse(buf) {
-                Ok(Some(req)) => {
-                    buf.advance(req.len);
-                    if req.kind != RequestKind::Empty {
-                        ProxyMetrics::inc(&ctx.metrics.commands_total);
-                        ProxyMetrics::inc(&ctx.metrics.upstream_unavailable_replies);
-                        LocalReply::err(format!("lockgate: {err}")).encode(false, &mut out);
-                    }
-                }
-                Ok(None) => break,
-                Err(e) => {
-                    ProxyMetrics::inc(&ctx.metrics.protocol_errors);
-                    ctx.metrics.error(e.source_kind());
-                    LocalReply::err(&e).encode(false, &mut out);
-                    closing = true;
-                    break;
-                }
-            }
-        }
-        let written = async {
-            client.write_all(&out).await?;
-            client.flush().await
-        };
-        if written.await.is_err() || closing {
-            return None;
-        }
-        ProxyMetrics::add(&ctx.metrics.client_bytes_out, out.len() as u64);
-        out.clear();
     }
 }
