@@ -87,9 +87,13 @@ impl Timers {
         }
     }
 
+    /// Client bytes came. Only the idle timer needs the time of every
+    /// read; without it no clock is read here (the hot path).
     fn read(&mut self) {
-        self.last_read = Instant::now();
-        self.idle_at = self.idle.map(|d| self.last_read + d);
+        if let Some(idle) = self.idle {
+            self.last_read = Instant::now();
+            self.idle_at = Some(self.last_read + idle);
+        }
     }
 
     fn partial_deadline(&self) -> Option<Instant> {
@@ -138,19 +142,25 @@ pub async fn read_loop(
     loop {
         if buf.is_empty() || buf.len() < parser.needed() {
             // Bytes left over are the start of a request still incomplete:
-            // its clock started with the read that brought them.
+            // its clock starts when the reader first waits for the rest
+            // (lockgate's own waits since the read do not count against it).
             if buf.is_empty() {
                 timers.partial_since = None;
-            } else if timers.partial_since.is_none() {
-                timers.partial_since = Some(timers.last_read);
+            } else if timers.partial_since.is_none() && timers.partial.is_some() {
+                timers.partial_since = Some(Instant::now());
             }
             let want = parser.needed().saturating_sub(buf.len()).max(chunk);
             buf.reserve(want);
             let timer = timers.next();
+            // The read goes first: a cancellation check takes a mutex, and
+            // a read that is ready ends the select before it. Cancellation is
+            // still seen within tokio's cooperative budget: after 128 ready
+            // reads in one poll the read yields Pending once. The client
+            // timers come last: bytes that are there win over a deadline.
             let wake = tokio::select! {
                 biased;
-                _ = &mut cancelled => return ReaderEnd::Cancelled,
                 read = client.read_buf(buf) => Wake::Read(read),
+                _ = &mut cancelled => return ReaderEnd::Cancelled,
                 // In a block, so the timer is made only when one is set.
                 _ = async {
                     if let Some(at) = timer {
