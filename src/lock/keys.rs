@@ -3,6 +3,12 @@
 //! matching depends only on the key and the configured patterns, never on
 //! what one proxy saw earlier, so every sidecar routes a key the same way.
 
+/// The hasher of every table keyed by a client's key (lease, contention,
+/// hot-key and unmatched-prefix tables): several lookups per lock command,
+/// where SipHash cost more than the rest of the bookkeeping. Seeded at
+/// random per process, so a client cannot choose colliding keys offline.
+pub type KeyHasher = ahash::RandomState;
+
 /// A compiled list of glob patterns.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct KeyPatterns {
