@@ -20,6 +20,7 @@ use crate::command::SubKind;
 use crate::lock::{split_reply, LockPending, ReplyOutcome};
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
+use crate::session::activity::Activity;
 use crate::session::pending::{Deferred, Pending};
 
 /// The lock room as the tests need it: a lock script's `{reply, facts}`
@@ -66,6 +67,9 @@ fn setup<'a>(
         grace: Duration::from_millis(500),
         metrics,
         locks,
+        activity: Box::leak(Box::new(Activity::new())),
+        write_timeout: None,
+        max_output: 0,
     }
 }
 
