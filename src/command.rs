@@ -29,6 +29,10 @@ pub enum CommandKind {
     ClientReply(ReplyMode),
     /// `SYNC`/`PSYNC`: the connection becomes a replication stream.
     Sync,
+    /// A command Redis may hold unanswered until data arrives or time
+    /// passes (`BLPOP`, `XREAD … BLOCK`, `WAIT`, …): a client that
+    /// half-closes while one is pending expects Redis to drop it.
+    Blocking,
     /// `SETNX key value`.
     SetNx,
     /// `SET key value [options]`.
@@ -249,6 +253,8 @@ pub fn classify(name: &[u8], arg1: &[u8], arg2: &[u8]) -> CommandKind {
         b"SUNSUBSCRIBE" => CommandKind::Subscribe(SubKind::SUnsubscribe),
         b"MONITOR" => CommandKind::Monitor,
         b"SYNC" | b"PSYNC" => CommandKind::Sync,
+        b"BLPOP" | b"BRPOP" | b"BRPOPLPUSH" | b"BLMOVE" | b"BLMPOP" | b"BZPOPMIN" | b"BZPOPMAX"
+        | b"BZMPOP" | b"XREAD" | b"XREADGROUP" | b"WAIT" | b"WAITAOF" => CommandKind::Blocking,
         b"SETNX" => CommandKind::SetNx,
         b"SET" => CommandKind::Set,
         b"GETSET" => CommandKind::GetSet,

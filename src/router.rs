@@ -30,6 +30,9 @@ pub enum Expect {
     /// confirmation per argument (or per channel of its set when there are
     /// none), or one error; published messages in between are not replies.
     Subscription(SubKind, u32),
+    /// One reply that Redis may hold back (a blocking command): what a
+    /// client's half-close does not wait for.
+    Blocking,
     /// `RESET`: one reply; afterwards the connection speaks RESP2 again, and
     /// if replies were not being counted, its `+RESET` reply marks where
     /// counting starts again.
@@ -183,6 +186,7 @@ pub fn route(
             Route::Forward(Expect::EnterRaw)
         }
         CommandKind::Hello if !view.in_multi => Route::Forward(Expect::Hello),
+        CommandKind::Blocking if !view.in_multi => Route::Forward(Expect::Blocking),
         CommandKind::Lockgate if !view.in_multi => Route::Admin,
         CommandKind::SetNx if args.len() == 3 => {
             if lock_key() {

@@ -3,11 +3,13 @@
 //! whether the client is exempt now. As on Redis (its `timeout`), a client
 //! is idle only when nothing passed either way for the whole period, and
 //! never while it waits for a reply (a blocking command such as `BLPOP`),
-//! is subscribed or is in `MONITOR`.
+//! is subscribed or is in `MONITOR`. It also tells the reader when a
+//! client's half-close may be passed on to Redis.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 /// One session's activity as the writer half records it; the reader half
@@ -19,6 +21,10 @@ pub struct Activity {
     last_write_ms: AtomicU64,
     /// Replies are owed, or the client is subscribed or in `MONITOR`.
     exempt: AtomicBool,
+    /// The client half-closed and Redis owes no reply ahead of a blocking
+    /// command: the close may go on to Redis.
+    close_ready: AtomicBool,
+    close_notify: Notify,
 }
 
 /// What the reader does when its idle timer fires.
@@ -37,6 +43,25 @@ impl Activity {
             epoch: Instant::now(),
             last_write_ms: AtomicU64::new(0),
             exempt: AtomicBool::new(false),
+            close_ready: AtomicBool::new(false),
+            close_notify: Notify::new(),
+        }
+    }
+
+    /// The writer saw the client's half-close and every reply Redis owes
+    /// before it (but for blocking commands'): Redis drops replies it has
+    /// not sent when it sees a close, so the reader passes it on only now.
+    pub fn close_may_pass(&self) {
+        if !self.close_ready.swap(true, Ordering::AcqRel) {
+            self.close_notify.notify_one();
+        }
+    }
+
+    /// Waits for [`Activity::close_may_pass`].
+    pub async fn until_close_may_pass(&self) {
+        if !self.close_ready.load(Ordering::Acquire) {
+            // notify_one leaves a permit when no one waits yet.
+            self.close_notify.notified().await;
         }
     }
 

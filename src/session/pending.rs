@@ -37,6 +37,9 @@ impl PartialEq for Feed {
 pub enum Pending {
     /// This many replies from Redis, forwarded as they are.
     Upstream(u32),
+    /// One reply from Redis to a command it may hold back (`BLPOP`, …),
+    /// forwarded as it is.
+    Blocking,
     /// One reply from Redis to `HELLO`: a map (`%`) means RESP3 from now on.
     Hello,
     /// One reply from Redis to `RESET` (`+RESET`): RESP2 and counted replies
@@ -113,6 +116,7 @@ impl Batch {
                 }
             }
             Expect::Hello => self.entries.push(Pending::Hello),
+            Expect::Blocking => self.entries.push(Pending::Blocking),
             Expect::Reset => self.entries.push(Pending::Reset),
             Expect::EnterRaw => self.entries.push(Pending::EnterRaw),
             Expect::Subscription(kind, args) => self.entries.push(Pending::Sub {

@@ -179,8 +179,17 @@ pub async fn read_loop(
                 Ok(0) => {
                     // Pass the half-close on: Redis answers what it has read,
                     // frees the connection (unblocking a BLPOP without popping,
-                    // as if the client had gone), and closes.
-                    let _ = tx.send(vec![Pending::ClientEof]).await;
+                    // as if the client had gone), and closes. Not before the
+                    // replies owed ahead of a blocking command are in: Redis
+                    // drops what it has not sent yet when it sees the close.
+                    if tx.send(vec![Pending::ClientEof]).await.is_err() {
+                        return ReaderEnd::Cancelled;
+                    }
+                    tokio::select! {
+                        biased;
+                        _ = &mut cancelled => return ReaderEnd::Cancelled,
+                        () = activity.until_close_may_pass() => {}
+                    }
                     let _ = upstream.shutdown().await;
                     return ReaderEnd::Eof;
                 }

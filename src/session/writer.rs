@@ -162,6 +162,9 @@ where
                 || !st.queue.is_empty()
                 || !st.scanner.at_boundary(),
         );
+        if st.await_eof && !st.owes_upstream() {
+            activity.close_may_pass();
+        }
         if reader_done
             && st.deferred.is_none()
             && !st.await_eof

@@ -213,6 +213,7 @@ impl Replies {
                 self.resp3 = false;
                 self.subs = [0; 3];
             }
+            Some(Pending::Blocking) => {}
             Some(Pending::Lock(..)) => {
                 // Only in raw mode is a lock reply not captured; pass it on.
             }
@@ -227,6 +228,33 @@ impl Replies {
             }
         }
         self.queue.pop_front();
+    }
+
+    /// True while Redis owes a reply that a client's half-close must wait
+    /// for: one ahead of the first blocking command, or one half read.
+    /// Redis drops what it has not yet sent when it sees the close, so the
+    /// close is passed on only once this is false.
+    pub(super) fn owes_upstream(&self) -> bool {
+        if self.raw {
+            return false;
+        }
+        if !self.scanner.at_boundary() || self.capture.is_some() {
+            return true;
+        }
+        for entry in &self.queue {
+            match entry {
+                Pending::Blocking => return false,
+                Pending::Upstream(0)
+                | Pending::Local(_)
+                | Pending::Deferred(_)
+                | Pending::Silent(_)
+                | Pending::EnterRaw
+                | Pending::Close
+                | Pending::ClientEof => {}
+                _ => return true,
+            }
+        }
+        false
     }
 
     /// True when the front entry is written by lockgate, not Redis.
