@@ -76,10 +76,24 @@ impl LockService {
         // at once, and a holder's own re-entrant attempt never waits for
         // itself.
         let rules = self.rules();
-        let spinning = sync::lock(conn).get(key).is_some_and(|a| {
-            a.standing != Standing::Held
-                && a.last_try.elapsed().as_millis() < u128::from(rules.spin_window_ms())
-        });
+        let (mine, spinning) = match sync::lock(conn).get(key) {
+            Some(a) if a.standing != Standing::Lost => (true, false),
+            Some(a) => (
+                false,
+                a.last_try.elapsed().as_millis() < u128::from(rules.spin_window_ms()),
+            ),
+            None => (false, false),
+        };
+        // An attempt of the holder, or of a connection whose earlier
+        // attempt is not answered yet, goes to Redis: the table knows the
+        // key held or probed (by this connection), but a release pipelined
+        // in between may not be answered yet either, and Redis runs them
+        // in order (the session fuzzer's SETNX, DEL, SETNX got 0 here and
+        // 1 from Redis). A spin loop waits for each answer, so its
+        // attempts stand `Lost` and are still absorbed.
+        if mine {
+            return Early::Probe(None);
+        }
         let park_ms = if parkable && spinning { park_ms } else { 0 };
         match self.storm.admit(key, probe_ms) {
             Admission::Probe => Early::Probe((park_ms > 0).then_some(Park { park_ms, ..park })),
@@ -231,5 +245,45 @@ mod tests {
             "a try-lock does not park"
         );
         assert_eq!(ProxyMetrics::get(&locks.metrics.attempts), 0);
+    }
+
+    /// The holder's own attempt, or one pipelined behind an attempt not
+    /// answered yet, goes to Redis: a `DEL` in between may not be answered
+    /// yet (found by the session fuzzer: `DEL` then `SETNX` got 0, Redis 1).
+    #[test]
+    fn a_connections_own_pipelined_attempts_are_never_absorbed() {
+        let locks = LockService::new(&Config::default());
+        locks.storm.admit(b"lock:h", 100);
+        locks.storm.learn(b"lock:h", true, 60_000);
+        let conn = Arc::new(Mutex::new(locks.conn_locks()));
+        sync::lock(&conn).attempt(
+            Bytes::from_static(b"lock:h"),
+            Bytes::from_static(b"t:1"),
+            Bytes::from_static(b"v"),
+            Standing::Held,
+            60_000,
+        );
+        let op = setnx("lock:h", Shape::SetNx);
+        let own = locks.admit(&op, &conn, true, true, no_parking);
+        assert!(matches!(own, Early::Probe(None)), "{own:?}");
+        let pipelined = Arc::new(Mutex::new(locks.conn_locks()));
+        sync::lock(&pipelined).attempt(
+            Bytes::from_static(b"lock:h"),
+            Bytes::from_static(b"t:2"),
+            Bytes::from_static(b"v"),
+            Standing::Trying,
+            60_000,
+        );
+        let next = locks.admit(&op, &pipelined, true, true, no_parking);
+        assert!(
+            matches!(next, Early::Probe(None)),
+            "an attempt behind one not answered yet: {next:?}"
+        );
+        let other = Arc::new(Mutex::new(locks.conn_locks()));
+        let theirs = locks.admit(&op, &other, true, false, no_parking);
+        assert!(
+            matches!(theirs, Early::Now(LocalReply::Integer(0))),
+            "another connection's attempt is still absorbed: {theirs:?}"
+        );
     }
 }
