@@ -14,6 +14,7 @@ pub mod activity;
 pub mod carry;
 mod detached;
 pub mod jobs;
+pub mod linger;
 pub mod parking;
 pub mod pending;
 pub mod quorum_split;
@@ -181,6 +182,9 @@ async fn serve(
     };
     if ctx.locks.has_release_on_disconnect() {
         watchdog::release_on_disconnect(&ctx.locks, &ctx.primary, &conn).await;
+    }
+    if matches!(read_end, ReaderEnd::Protocol) {
+        linger::linger(&mut client_r, &mut client_w, shutdown).await;
     }
     if let ReaderEnd::Failed(e) = &read_end {
         ctx.metrics.error(e.source_kind());
