@@ -211,10 +211,11 @@ mod tests {
         assert_eq!(parse_set(&a("SET k v BOGUS")), None);
     }
 
-    /// Found writing the `lock_ops` fuzz target's reference: Redis 7 answers `+OK` to `SET k
-    /// v NX PX 100000 PX 200000` (PTTL then 200000), so lockgate must take
-    /// it as an acquisition too, with the last value; it used to pass it
-    /// through, and the lock was set without owner record.
+    /// Found writing the `lock_ops` fuzz target's reference: Redis 7
+    /// answers `+OK` to `SET k v NX PX 100000 PX 200000` (PTTL then 200000),
+    /// so lockgate must take it as an acquisition too, with the last value;
+    /// it used to pass it through, and the lock was set without owner
+    /// record.
     #[test]
     fn a_repeated_expiry_is_an_acquisition_with_the_last_value() {
         match parse_set(&a("SET k v NX PX 100000 px 200000")) {

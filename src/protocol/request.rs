@@ -507,9 +507,10 @@ mod tests {
         assert_eq!(args(&p, buf), vec![b"ECHO\x0cx".to_vec(), b"y".to_vec()]);
     }
 
-    /// Found writing the `request` fuzz target's reference: Redis's `string2ll` refuses a
-    /// leading zero (`$04` is "invalid bulk length" in Redis 7.0) and `-0`,
-    /// and takes i64::MIN (`*-9223372036854775808` is an empty request).
+    /// Found writing the `request` fuzz target's reference: Redis's
+    /// `string2ll` refuses a leading zero (`$04` is "invalid bulk length" in
+    /// Redis 7.0) and `-0`, and takes i64::MIN (`*-9223372036854775808` is
+    /// an empty request).
     #[test]
     fn lengths_are_read_like_string2ll() {
         let mut p = parser();
