@@ -97,10 +97,9 @@ pub struct Call {
 impl Call {
     /// The call of `script` on `keys` with `argv`.
     pub fn new(script: Script, keys: &[&[u8]], argv: &[&[u8]]) -> Call {
-        let numkeys = keys.len().to_string();
         let len: usize = keys.iter().chain(argv).map(|a| a.len() + 16).sum();
         let mut tail = BytesMut::with_capacity(len + 16);
-        encode::bulk(&mut tail, numkeys.as_bytes());
+        encode::bulk_decimal(&mut tail, keys.len() as u64);
         for a in keys.iter().chain(argv) {
             encode::bulk(&mut tail, a);
         }
@@ -148,7 +147,7 @@ impl Call {
     fn with(&self, verb: &[u8], first: &[u8]) -> Bytes {
         let mut out = BytesMut::with_capacity(32 + first.len() + self.tail.len());
         out.put_u8(b'*');
-        out.put_slice((self.args + 2).to_string().as_bytes());
+        encode::decimal(&mut out, (self.args + 2) as u64);
         out.put_slice(b"\r\n");
         encode::bulk(&mut out, verb);
         encode::bulk(&mut out, first);

@@ -4,6 +4,7 @@
 //! microseconds and only grows, so tokens do not repeat across restarts of
 //! the same instance (an old owner record can never match a new token).
 
+use crate::lock::keys::KeyHasher;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -126,7 +127,7 @@ pub struct ConnLocks {
     /// The connection's id: from a process-wide counter, never reused, so
     /// a place kept for a closed connection is never taken for a new one.
     pub id: ConnId,
-    map: HashMap<Bytes, Acquisition>,
+    map: HashMap<Bytes, Acquisition, KeyHasher>,
     /// Every `(key, since)` a record was given, oldest first: the record to
     /// drop when the table is full is the first entry still current (the
     /// others are stale and skipped), without scanning the table for the
@@ -164,7 +165,7 @@ impl ConnLocks {
     pub fn opened(max: usize, born: u64) -> ConnLocks {
         ConnLocks {
             id: ConnId::next(),
-            map: HashMap::new(),
+            map: HashMap::default(),
             order: VecDeque::new(),
             max: max.max(1),
             evicted: 0,

@@ -204,7 +204,7 @@ pub struct LockService {
     tokens: Tokens,
     max_conn_locks: usize,
     max_unmatched: usize,
-    unmatched: DashMap<Bytes, u64>,
+    unmatched: DashMap<Bytes, u64, keys::KeyHasher>,
     /// Lock counters.
     pub metrics: LockMetrics,
     /// The script cache's epoch (see [`evalsha`]).
@@ -244,7 +244,7 @@ impl LockService {
             tokens: Tokens::new(&instance),
             max_conn_locks: c.max_locks_per_connection,
             max_unmatched: c.max_unmatched_prefixes,
-            unmatched: DashMap::new(),
+            unmatched: DashMap::with_hasher(keys::KeyHasher::new()),
             metrics: LockMetrics::default(),
             script_epoch: evalsha::Epoch::default(),
             storm: std::sync::Arc::new(storm::Storm::new(&c.retry)),

@@ -43,7 +43,10 @@ impl LocalReply {
             }
             LocalReply::Integer(n) => {
                 out.put_u8(b':');
-                out.put_slice(n.to_string().as_bytes());
+                if *n < 0 {
+                    out.put_u8(b'-');
+                }
+                decimal(out, n.unsigned_abs());
                 out.put_slice(b"\r\n");
             }
             LocalReply::Status(s) => {
@@ -57,7 +60,7 @@ impl LocalReply {
             LocalReply::Raw(bytes) => out.put_slice(bytes),
             LocalReply::Array(items) => {
                 out.put_u8(b'*');
-                out.put_slice(items.len().to_string().as_bytes());
+                decimal(out, items.len() as u64);
                 out.put_slice(b"\r\n");
                 for item in items {
                     item.encode(resp3, out);
@@ -78,10 +81,44 @@ impl LocalReply {
 /// bulk headers for everything lockgate encodes.
 pub fn bulk(out: &mut BytesMut, b: &[u8]) {
     out.put_u8(b'$');
-    out.put_slice(b.len().to_string().as_bytes());
+    decimal(out, b.len() as u64);
     out.put_slice(b"\r\n");
     out.put_slice(b);
     out.put_slice(b"\r\n");
+}
+
+/// Appends `n` in decimal without allocating: every header of every
+/// command lockgate encodes has one (`to_string` was a malloc and a free
+/// per argument of a lock script call).
+pub fn decimal(out: &mut BytesMut, n: u64) {
+    // Most lengths lockgate writes are below 10: one byte.
+    if n < 10 {
+        out.put_u8(b'0' + n as u8);
+        return;
+    }
+    let (digits, at) = digits(n);
+    out.put_slice(&digits[at..]);
+}
+
+/// Appends `n` as a bulk string (`$2\r\n42\r\n`), as `numkeys` of a
+/// script call is sent.
+pub fn bulk_decimal(out: &mut BytesMut, n: u64) {
+    let (digits, at) = digits(n);
+    bulk(out, &digits[at..]);
+}
+
+/// `n`'s decimal digits in `digits[at..]`.
+fn digits(mut n: u64) -> ([u8; 20], usize) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            return (digits, at);
+        }
+    }
 }
 
 /// A command as a RESP multibulk, for commands lockgate sends itself.
@@ -89,7 +126,7 @@ pub fn command(args: &[&[u8]]) -> Bytes {
     let len: usize = args.iter().map(|a| a.len() + 16).sum();
     let mut out = BytesMut::with_capacity(len + 16);
     out.put_u8(b'*');
-    out.put_slice(args.len().to_string().as_bytes());
+    decimal(&mut out, args.len() as u64);
     out.put_slice(b"\r\n");
     for a in args {
         bulk(&mut out, a);
@@ -110,6 +147,15 @@ mod tests {
         assert_eq!(&LocalReply::Null.to_bytes(false)[..], b"$-1\r\n");
         assert_eq!(&LocalReply::Null.to_bytes(true)[..], b"_\r\n");
         assert_eq!(&LocalReply::Integer(-3).to_bytes(true)[..], b":-3\r\n");
+        for n in [0, 7, -10, 1234567890, i64::MIN, i64::MAX] {
+            assert_eq!(
+                LocalReply::Integer(n).to_bytes(false),
+                format!(":{n}\r\n").as_bytes()
+            );
+        }
+        let mut out = BytesMut::new();
+        bulk_decimal(&mut out, 12);
+        assert_eq!(&out[..], b"$2\r\n12\r\n");
         assert_eq!(
             &LocalReply::Bulk(Bytes::from_static(b"ab")).to_bytes(false)[..],
             b"$2\r\nab\r\n"

@@ -32,6 +32,7 @@
 //! a hash lookup and a few additions for [`HotKeys::record`]; an O(capacity)
 //! selection without allocation for [`HotKeys::top`].
 
+use crate::lock::keys::KeyHasher;
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
@@ -176,7 +177,7 @@ impl HotKeys {
             capacity,
             inner: Mutex::new(Inner {
                 slots: Vec::with_capacity(capacity),
-                index: HashMap::with_capacity(capacity),
+                index: HashMap::with_capacity_and_hasher(capacity, KeyHasher::new()),
                 min_count: 0,
                 min_slots: Vec::with_capacity(capacity),
                 total: 0,

@@ -2,6 +2,7 @@
 //! slots, the Space-Saving replacement of the minimum, and each slot's
 //! counters and wait histogram. Nothing here locks; [`super::HotKeys`] does.
 
+use crate::lock::keys::KeyHasher;
 use std::collections::HashMap;
 use std::time::Instant;
 
@@ -15,7 +16,7 @@ pub(super) struct Inner {
     /// The tracked keys; never longer than the capacity.
     pub(super) slots: Vec<Slot>,
     /// Key → position in `slots`.
-    pub(super) index: HashMap<Bytes, usize>,
+    pub(super) index: HashMap<Bytes, usize, KeyHasher>,
     /// Once the sketch is full: a count no slot is below (the minimum at
     /// the last scan; counts only grow, and a replaced slot gets more).
     pub(super) min_count: u64,

@@ -23,6 +23,7 @@ mod tests;
 
 pub use handoff::{Claim, HandedOver};
 
+use crate::lock::keys::KeyHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -107,7 +108,7 @@ pub struct KeyState {
 
 /// The contention table.
 pub struct Storm {
-    table: DashMap<Bytes, Arc<KeyState>>,
+    table: DashMap<Bytes, Arc<KeyState>, KeyHasher>,
     config: RetryConfig,
     next_id: AtomicU64,
     /// When a search for an idle key to drop last found none: the next
@@ -157,7 +158,7 @@ impl Storm {
     /// A table with `config`'s limits.
     pub fn new(config: &RetryConfig) -> Storm {
         Storm {
-            table: DashMap::new(),
+            table: DashMap::with_hasher(KeyHasher::new()),
             config: config.clone(),
             next_id: AtomicU64::new(1),
             evict_miss: Mutex::new(None),
