@@ -91,6 +91,20 @@ ensure_cargo() {
 	have cargo || die "cargo still missing after rustup"
 }
 
+# cargo-fuzz (the fuzz targets of fuzz/, scripts/fuzz.sh) and the C++
+# compiler libfuzzer-sys builds libFuzzer with. It runs on the stable
+# toolchain with RUSTC_BOOTSTRAP=1 (see docs/fuzzing.md).
+ensure_cargo_fuzz() {
+	ensure_cargo
+	install_missing g++ g++
+	if cargo fuzz --version >/dev/null 2>&1; then
+		return 0
+	fi
+	log "cargo install cargo-fuzz --locked"
+	cargo install cargo-fuzz --locked || die "cargo install cargo-fuzz failed"
+	cargo fuzz --version >/dev/null 2>&1 || die "cargo fuzz still missing after cargo install"
+}
+
 # The directory cargo builds into (honours CARGO_TARGET_DIR and .cargo/config).
 cargo_target_dir() {
 	local dir

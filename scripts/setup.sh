@@ -7,6 +7,7 @@
 #   apt      redis-server/redis-tools, Chromium (the status-page test),
 #            faketime (the clock-jump tests), shellcheck (the scripts check)
 #   rustup   the stable Rust toolchain with rustfmt and clippy
+#   cargo    cargo-fuzz (scripts/fuzz.sh; g++ from apt for libFuzzer)
 #   pip      tests/py/requirements.txt (redis-py 8.x, pottery,
 #            prometheus_client)
 #
@@ -22,7 +23,7 @@ LOG_TAG=setup
 case "${1:-}" in
 '') ;;
 -h | --help)
-	sed -n '2,15s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"
+	sed -n '2,16s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"
 	exit 0
 	;;
 *) die "unknown argument: $1 (scripts/setup.sh takes none)" ;;
@@ -65,6 +66,7 @@ ensure_python() {
 ensure_redis
 ensure_cargo
 ensure_rust_components
+ensure_cargo_fuzz
 ensure_python
 [ -x /usr/bin/chromium ] || apt_install chromium
 [ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] || apt_install faketime

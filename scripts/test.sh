@@ -13,6 +13,9 @@
 #      test     cargo test --all-targets --no-fail-fast (RUST_BACKTRACE=1)
 #      doctest  cargo test --doc
 #      doc      cargo doc --no-deps, warnings denied (broken links)
+#      fuzz     scripts/fuzz.sh --seconds 20    (every fuzz target of fuzz/
+#               for 20 s on its seed corpus; installs cargo-fuzz when
+#               missing; see docs/fuzzing.md)
 #      demo     scripts/demo.sh --smoke         (release build, real Redis)
 #      suite    scripts/redis-suite.sh          (Redis's own tcl test suite
 #               directly, through HAProxy and through lockgate; fails when a
@@ -32,7 +35,7 @@ case "${1:-}" in
 '') ;;
 --no-setup) SETUP=0 ;;
 -h | --help)
-	sed -n '2,24s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"
+	sed -n '2,27s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"
 	exit 0
 	;;
 *) die "unknown argument: $1 (scripts/test.sh takes --no-setup or nothing)" ;;
@@ -82,6 +85,7 @@ step clippy cargo clippy --all-targets -- -D warnings
 step test cargo test --all-targets --no-fail-fast
 step doctest cargo test --doc
 step doc env RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --quiet
+step fuzz scripts/fuzz.sh --seconds 20
 step demo scripts/demo.sh --smoke
 step suite scripts/redis-suite.sh
 

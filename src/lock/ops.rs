@@ -94,15 +94,18 @@ pub fn parse_set(args: &[&[u8]]) -> Option<LockOp> {
             b"GET" => get = true,
             b"KEEPTTL" => keepttl = true,
             b"EX" | b"PX" | b"EXAT" | b"PXAT" => {
-                if ttl.is_some() {
-                    return None;
-                }
                 let kind = match opt.as_slice() {
                     b"EX" => "EX",
                     b"PX" => "PX",
                     b"EXAT" => "EXAT",
                     _ => "PXAT",
                 };
+                // Redis refuses two different expiries but takes the same
+                // one twice (the last wins): refusing it here would pass the
+                // command to Redis, which would set the lock unprotected.
+                if ttl.as_ref().is_some_and(|(seen, _)| *seen != kind) {
+                    return None;
+                }
                 ttl = Some((kind, Bytes::copy_from_slice(args.get(i + 1)?)));
                 i += 1;
             }
@@ -206,6 +209,24 @@ mod tests {
         assert_eq!(parse_set(&a("SET k v NX EX 1 PX 2")), None);
         assert_eq!(parse_set(&a("SET k v NX EX")), None);
         assert_eq!(parse_set(&a("SET k v BOGUS")), None);
+    }
+
+    /// Found writing the `lock_ops` fuzz target's reference: Redis 7
+    /// answers `+OK` to `SET k v NX PX 100000 PX 200000` (PTTL then 200000),
+    /// so lockgate must take it as an acquisition too, with the last value;
+    /// it used to pass it through, and the lock was set without owner
+    /// record.
+    #[test]
+    fn a_repeated_expiry_is_an_acquisition_with_the_last_value() {
+        match parse_set(&a("SET k v NX PX 100000 px 200000")) {
+            Some(LockOp::Acquire {
+                ttl: Ttl::Given("PX", v),
+                ..
+            }) => assert_eq!(&v[..], b"200000"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(parse_set(&a("SET k v NX PX 1 EX 2")), None);
+        assert_eq!(parse_set(&a("SET k v NX PX 1 KEEPTTL")), None);
     }
 
     #[test]

@@ -139,6 +139,7 @@ impl ReplyScanner {
     /// header line is not complete yet.
     fn header(&mut self, buf: &[u8]) -> Result<Option<(usize, bool)>, ProtocolError> {
         let type_byte = buf[0];
+        let top_level = self.top.is_none();
         match type_byte {
             b'+' | b'-' | b':' | b',' | b'#' | b'_' | b'(' => {
                 self.start_element(type_byte);
@@ -181,7 +182,10 @@ impl ReplyScanner {
                             n
                         };
                         if elements == 0 {
-                            return Ok(Some((used, true)));
+                            // An empty aggregate fills its slot; an empty
+                            // attribute fills none (it annotates the element
+                            // after it), unless it is a frame of its own.
+                            return Ok(Some((used, type_byte != b'|' || top_level)));
                         }
                         if type_byte == b'|' {
                             // An attribute annotates the element after it: its
@@ -330,6 +334,26 @@ mod tests {
         assert_eq!(
             frames(input, 1),
             vec![(FrameKind::Reply, 24), (FrameKind::Reply, 5)]
+        );
+    }
+
+    /// Found by the `reply` fuzz target: an empty attribute (`|0`) inside an
+    /// aggregate took the slot of the element it annotates, so the array
+    /// `*2 |0 :1 :2` ended after `:1` and `:2` was read as the next reply.
+    /// At the top level it stays a frame of its own.
+    #[test]
+    fn an_empty_attribute_fills_no_slot() {
+        let input = b"*2\r\n|0\r\n:1\r\n:2\r\n+OK\r\n";
+        for chunk in 1..=input.len() {
+            assert_eq!(
+                frames(input, chunk),
+                vec![(FrameKind::Reply, 16), (FrameKind::Reply, 5)],
+                "chunk {chunk}"
+            );
+        }
+        assert_eq!(
+            frames(b"|0\r\n+OK\r\n", 3),
+            vec![(FrameKind::Attribute, 4), (FrameKind::Reply, 5)]
         );
     }
 }

@@ -127,7 +127,7 @@ impl RequestParser {
             self.needed = buf.len() + 1;
             return Ok(None);
         };
-        let count = parse_int(count).ok_or(ProtocolError::InvalidMultibulkLength)?;
+        let count = string2ll(count).ok_or(ProtocolError::InvalidMultibulkLength)?;
         if count <= 0 {
             return Ok(Some(Request {
                 len: pos,
@@ -150,7 +150,7 @@ impl RequestParser {
                 self.needed = buf.len() + 1;
                 return Ok(None);
             };
-            let len = parse_int(len).ok_or(ProtocolError::InvalidBulkLength)?;
+            let len = string2ll(len).ok_or(ProtocolError::InvalidBulkLength)?;
             if len < 0 || len as u64 > self.limits.max_bulk_bytes {
                 return Err(ProtocolError::InvalidBulkLength);
             }
@@ -225,7 +225,9 @@ fn header_line(
     }
 }
 
-/// Redis's `string2ll`: optional '-', decimal digits, no '+', no spaces.
+/// A decimal integer: optional '-', decimal digits, no '+', no spaces (a
+/// leading zero is accepted: this reads Redis's replies and numbers in them;
+/// requests use the stricter `string2ll`).
 pub(crate) fn parse_int(digits: &[u8]) -> Option<i64> {
     let (negative, digits) = match digits {
         [b'-', rest @ ..] => (true, rest),
@@ -244,8 +246,51 @@ pub(crate) fn parse_int(digits: &[u8]) -> Option<i64> {
     Some(if negative { -value } else { value })
 }
 
+/// Redis's `string2ll` exactly, for the lengths of a request: optional '-',
+/// then `0` or digits without a leading zero, fitting an i64; no '+', no
+/// spaces, no `-0`. A length Redis refuses (`$04`) must be refused here too,
+/// or the two would frame the stream differently.
+fn string2ll(digits: &[u8]) -> Option<i64> {
+    let (negative, digits) = match digits {
+        [b'-', rest @ ..] => (true, rest),
+        _ => (false, digits),
+    };
+    match digits {
+        [] => return None,
+        [b'0'] if !negative => return Some(0),
+        [b'0', ..] => return None,
+        _ if digits.len() > 19 => return None,
+        _ => {}
+    }
+    // Accumulated as a negative number, so i64::MIN fits.
+    let mut value: i64 = 0;
+    for &d in digits {
+        if !d.is_ascii_digit() {
+            return None;
+        }
+        value = value.checked_mul(10)?.checked_sub(i64::from(d - b'0'))?;
+    }
+    if negative {
+        Some(value)
+    } else {
+        value.checked_neg()
+    }
+}
+
+/// The blanks `sdssplitargs` skips between words: C's `isspace`.
+fn is_blank(c: u8) -> bool {
+    matches!(c, b' ' | b'\t' | b'\n' | 0x0b | 0x0c | b'\r')
+}
+
+/// The bytes that end an unquoted word in `sdssplitargs` (fewer than
+/// [`is_blank`]: a vertical tab or form feed stays inside the word).
+fn ends_word(c: u8) -> bool {
+    matches!(c, b' ' | b'\t' | b'\n' | b'\r')
+}
+
 /// Splits an inline line into words the way Redis's `sdssplitargs` does:
-/// whitespace separates words, "double quotes" understand `\n \r \t \b \a \\
+/// blanks separate words ([`is_blank`] before a word, [`ends_word`] after
+/// an unquoted one), "double quotes" understand `\n \r \t \b \a \\
 /// \" \xHH`, 'single quotes' understand `\'`, and a closing quote must be
 /// followed by whitespace or the end of the line.
 fn split_inline(
@@ -255,7 +300,7 @@ fn split_inline(
 ) -> Result<(), ProtocolError> {
     let mut i = 0;
     loop {
-        while i < line.len() && line[i].is_ascii_whitespace() {
+        while i < line.len() && is_blank(line[i]) {
             i += 1;
         }
         if i == line.len() {
@@ -266,7 +311,7 @@ fn split_inline(
             b'"' => i = double_quoted(line, i + 1, out)?,
             b'\'' => i = single_quoted(line, i + 1, out)?,
             _ => {
-                while i < line.len() && !line[i].is_ascii_whitespace() {
+                while i < line.len() && !ends_word(line[i]) {
                     out.push(line[i]);
                     i += 1;
                 }
@@ -279,7 +324,7 @@ fn split_inline(
 fn closing_ok(line: &[u8], after: usize) -> Result<usize, ProtocolError> {
     match line.get(after) {
         None => Ok(after),
-        Some(c) if c.is_ascii_whitespace() => Ok(after),
+        Some(&c) if is_blank(c) => Ok(after),
         Some(_) => Err(ProtocolError::UnbalancedQuotes),
     }
 }
@@ -441,5 +486,54 @@ mod tests {
             Err(ProtocolError::UnbalancedQuotes)
         );
         assert_eq!(p.parse(&[b'A'; 65]), Err(ProtocolError::TooBigInline));
+    }
+
+    /// Found by the `request` fuzz target. Redis skips any C blank before a
+    /// word (vertical tab and form feed included) but ends an unquoted word
+    /// only at space, tab, CR or LF (checked against Redis 7.0). lockgate
+    /// used Rust's ASCII whitespace: `\x0bSETNX lock:a 1` was one unknown
+    /// word to it, passed through, and Redis set the lock unprotected.
+    #[test]
+    fn inline_blanks_are_redis_blanks() {
+        let mut p = parser();
+        let buf = b"\x0bSETNX \x0clock:a 1\x0c\r\n";
+        p.parse(buf).unwrap().unwrap();
+        assert_eq!(
+            args(&p, buf),
+            vec![b"SETNX".to_vec(), b"lock:a".to_vec(), b"1\x0c".to_vec()]
+        );
+        let buf = b"ECHO\x0cx \"y\"\x0b\r\n";
+        p.parse(buf).unwrap().unwrap();
+        assert_eq!(args(&p, buf), vec![b"ECHO\x0cx".to_vec(), b"y".to_vec()]);
+    }
+
+    /// Found writing the `request` fuzz target's reference: Redis's
+    /// `string2ll` refuses a leading zero (`$04` is "invalid bulk length" in
+    /// Redis 7.0) and `-0`, and takes i64::MIN (`*-9223372036854775808` is
+    /// an empty request).
+    #[test]
+    fn lengths_are_read_like_string2ll() {
+        let mut p = parser();
+        assert_eq!(
+            p.parse(b"*1\r\n$04\r\nPING\r\n"),
+            Err(ProtocolError::InvalidBulkLength)
+        );
+        assert_eq!(
+            p.parse(b"*01\r\n$4\r\nPING\r\n"),
+            Err(ProtocolError::InvalidMultibulkLength)
+        );
+        assert_eq!(
+            p.parse(b"*-0\r\n"),
+            Err(ProtocolError::InvalidMultibulkLength)
+        );
+        let req = p.parse(b"*-9223372036854775808\r\n").unwrap().unwrap();
+        assert_eq!(req.kind, RequestKind::Empty);
+        assert_eq!(string2ll(b"0"), Some(0));
+        assert_eq!(string2ll(b"-12"), Some(-12));
+        assert_eq!(string2ll(b"9223372036854775807"), Some(i64::MAX));
+        assert_eq!(string2ll(b"9223372036854775808"), None);
+        assert_eq!(string2ll(b"+1"), None);
+        // Replies keep the lenient reading.
+        assert_eq!(parse_int(b"000042"), Some(42));
     }
 }

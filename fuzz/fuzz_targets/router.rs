@@ -1,0 +1,150 @@
+//! `router::route` over requests parsed from the input, with a session view
+//! built from the first input bytes and carried from command to command with
+//! `SessionView::after`, as the session does. Checked, besides "no panic":
+//! - a `RESET` is always forwarded as a reset; after `QUIT` nothing else is
+//!   answered; on a raw (MONITOR) connection only forwarding, admin and the
+//!   raw refusal are possible;
+//! - a lock operation comes only from a lock command on lock keys, with the
+//!   key of the command: `Acquire` from SETNX/SET, `Extend` from the EXPIRE
+//!   family, `Takeover` from SET/GETSET/GETDEL/GETEX, `Release` from
+//!   DEL/UNLINK, splitting its keys exactly into lock and plain keys;
+//! - `Admin` only for `LOCKGATE`, `RefusePersist` only for `PERSIST` on a
+//!   lock key, `ForwardUnmatched` only for SETNX/SET on another key, a
+//!   subscription counts its arguments, and the quorum routes only appear
+//!   in quorum mode.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use lockgate::command::{classify, CommandKind, ReplyMode};
+use lockgate::config::Config;
+use lockgate::lock::ops::LockOp;
+use lockgate::lock::LockService;
+use lockgate::protocol::request::{RequestKind, RequestLimits, RequestParser};
+use lockgate::router::{route, CommandArgs, Expect, Route, SessionView, RAW_REFUSAL};
+
+fn view(b: u8, db: u8) -> SessionView {
+    SessionView {
+        raw: b & 1 != 0,
+        in_multi: b & 2 != 0,
+        quit: b & 4 != 0,
+        admin_ok: b & 8 != 0,
+        replies: match (b >> 4) & 3 {
+            0 => ReplyMode::On,
+            1 => ReplyMode::Off,
+            _ => ReplyMode::Skip,
+        },
+        db: u64::from(db),
+        ..SessionView::default()
+    }
+}
+
+fn check(
+    kind: CommandKind,
+    args: &CommandArgs<'_>,
+    v: &SessionView,
+    locks: &LockService,
+    quorum: bool,
+    r: &Route,
+) {
+    let name = args.get(0).to_ascii_uppercase();
+    let name = name.as_slice();
+    let key = args.get(1);
+    if kind == CommandKind::Reset {
+        assert_eq!(*r, Route::Forward(Expect::Reset));
+        return;
+    }
+    if v.quit {
+        assert_eq!(*r, Route::Forward(Expect::Nothing));
+        return;
+    }
+    if v.raw {
+        assert!(
+            matches!(r, Route::Forward(Expect::Nothing) | Route::Admin)
+                || *r == Route::Refuse(RAW_REFUSAL.to_string()),
+            "raw: {r:?}"
+        );
+        return;
+    }
+    match r {
+        Route::Lock(op) => match op {
+            LockOp::Acquire { key: k, .. } => {
+                assert!(name == b"SETNX" || name == b"SET", "{name:?}");
+                assert_eq!(&k[..], key);
+                assert!(locks.is_lock_key(key));
+            }
+            LockOp::Extend {
+                key: k, command, ..
+            } => {
+                assert!(matches!(
+                    name,
+                    b"EXPIRE" | b"PEXPIRE" | b"EXPIREAT" | b"PEXPIREAT"
+                ));
+                assert_eq!(command.as_bytes(), name);
+                assert_eq!(&k[..], key);
+                assert!(locks.is_lock_key(key));
+            }
+            LockOp::Takeover {
+                key: k, command, ..
+            } => {
+                assert!(matches!(name, b"SET" | b"GETSET" | b"GETDEL" | b"GETEX"));
+                assert_eq!(command.as_bytes(), name);
+                assert_eq!(&k[..], key);
+                assert!(locks.is_lock_key(key));
+            }
+            LockOp::Release {
+                lock_keys,
+                plain,
+                unlink,
+            } => {
+                assert!(matches!(name, b"DEL" | b"UNLINK"));
+                assert_eq!(*unlink, name == b"UNLINK");
+                assert!(!lock_keys.is_empty());
+                assert!(lock_keys.iter().all(|k| locks.is_lock_key(k)));
+                assert!(plain.iter().all(|k| !locks.is_lock_key(k)));
+                assert_eq!(lock_keys.len() + plain.len(), args.len() - 1);
+            }
+        },
+        Route::Admin => assert_eq!(name, b"LOCKGATE"),
+        Route::RefusePersist => {
+            assert_eq!(name, b"PERSIST");
+            assert!(locks.is_lock_key(key));
+        }
+        Route::ForwardUnmatched => {
+            assert!(name == b"SETNX" || name == b"SET", "{name:?}");
+            assert!(!locks.is_lock_key(key));
+        }
+        Route::Forward(Expect::Subscription(_, n)) => {
+            assert_eq!(*n as usize, args.len() - 1);
+        }
+        Route::QuorumRead | Route::QuorumEval | Route::QuorumSplit(_) => assert!(quorum),
+        Route::Refuse(msg) => assert!(!msg.is_empty()),
+        Route::Forward(_) => {}
+    }
+}
+
+fuzz_target!(|input: &[u8]| {
+    let [flags, db, rest @ ..] = input else {
+        return;
+    };
+    let quorum = flags & 0x40 != 0;
+    let locks = LockService::new(&Config::default());
+    let mut v = view(*flags, *db);
+    let mut p = RequestParser::new(RequestLimits {
+        max_bulk_bytes: 1 << 16,
+        max_multibulk_len: 64,
+        max_inline_bytes: 1 << 12,
+        max_request_bytes: 1 << 18,
+    });
+    let mut at = 0;
+    while let Ok(Some(req)) = p.parse(&rest[at..]) {
+        let buf = &rest[at..];
+        if req.kind != RequestKind::Empty {
+            let args = CommandArgs::new(&p, buf);
+            let kind = classify(args.get(0), args.get(1), args.get(2));
+            let r = route(kind, args, &v, &locks, quorum);
+            check(kind, &args, &v, &locks, quorum, &r);
+            v = v.after(kind, &r);
+        }
+        at += req.len;
+    }
+});
