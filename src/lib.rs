@@ -31,8 +31,15 @@
 //!   and forwards the client's bytes; [`session::writer`] copies replies
 //!   back in order and writes lockgate's own replies between them (generic
 //!   over its streams, tested over in-memory pipes; `writer::replies` is
-//!   its bookkeeping without I/O), and hands lock scripts' replies to the
-//!   lock room through [`session::writer::LockReplies`];
+//!   its bookkeeping without I/O, `writer::client` its writes to the
+//!   client, bounded by `proxy.client_write_timeout_ms`, and the replies it
+//!   reads ahead meanwhile up to `proxy.max_client_output_bytes`), and hands lock
+//!   scripts' replies to the lock room through
+//!   [`session::writer::LockReplies`]; the reader also enforces the idle
+//!   and partial-request timeouts, with [`session::activity`] (what the
+//!   writer last wrote, whether the client is exempt from idling);
+//!   `session::detached` serves a client while the primary is
+//!   unreachable (the same client timeouts);
 //!   [`session::pending`] is what the two halves tell each other;
 //!   [`session::jobs`] runs a session's deferred work in command order;
 //!   [`session::carry`] carries out the routes of one read batch (what

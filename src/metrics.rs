@@ -145,6 +145,22 @@ counters! {
         /// Sessions cut because owed replies did not arrive within the grace period.
         drain_timeouts: Counter "drain_timeouts",
             "Sessions cut because owed replies did not arrive within the grace period";
+        /// Clients closed after `proxy.client_idle_timeout_ms` without a
+        /// byte either way (neither subscribed, in MONITOR nor waiting for a reply).
+        clients_closed_idle: Counter "clients_closed_idle",
+            "Clients closed after proxy.client_idle_timeout_ms idle";
+        /// Clients closed because a request's frame was not complete within
+        /// `proxy.partial_request_timeout_ms` of its first byte (trickling).
+        clients_closed_partial_request: Counter "clients_closed_partial_request",
+            "Clients closed with a request not completed within proxy.partial_request_timeout_ms";
+        /// Clients closed (with their upstream connections) because a write
+        /// to them made no progress for `proxy.client_write_timeout_ms`.
+        clients_closed_write_timeout: Counter "clients_closed_write_timeout",
+            "Clients closed because a write to them stalled for proxy.client_write_timeout_ms";
+        /// Clients closed (with their upstream connections) because more
+        /// than `proxy.max_client_output_bytes` of replies waited for them.
+        clients_closed_output_limit: Counter "clients_closed_output_limit",
+            "Clients closed with more than proxy.max_client_output_bytes of replies waiting";
         /// TLS handshakes completed on the TLS listener.
         tls_handshakes: Counter "tls_handshakes",
             "TLS handshakes completed on the TLS listener";

@@ -10,9 +10,11 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 mod locks;
+mod proxy;
 mod sentinel;
 mod tls;
 pub use locks::{LockOverride, LocksConfig, Ownership, QuorumConfig, QuorumLoss, RetryConfig};
+pub use proxy::{ProxyConfig, MIN_CLIENT_TIMEOUT_MS};
 pub use sentinel::{SentinelConfig, SENTINEL_TLS_KEYS};
 pub use tls::{
     ClientTlsConfig, ClientTlsKeys, ListenerTlsConfig, QUORUM_TLS_KEYS, UPSTREAM_TLS_KEYS,
@@ -77,43 +79,6 @@ impl Default for AdminConfig {
             resp_commands: true,
             password: String::new(),
             hot_keys: 20,
-        }
-    }
-}
-
-/// The client-facing side: where to listen and how many clients to serve.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
-#[serde(default, deny_unknown_fields)]
-pub struct ProxyConfig {
-    /// Address apps connect to instead of Redis (`HOST:PORT`).
-    pub listen: String,
-    /// Most client connections served at once; one more is answered
-    /// `-ERR max number of clients reached` and closed (Redis's `maxclients`).
-    pub max_clients: usize,
-    /// On SIGTERM/SIGINT: how long in-flight replies may take to drain before
-    /// the remaining connections are cut, in milliseconds. Also bounds how long
-    /// a session waits for replies owed to a client that has hung up.
-    pub shutdown_grace_ms: u64,
-    /// Bytes read from a socket at a time (one read buffer per direction per
-    /// client). Larger batches fewer syscalls under pipelining.
-    pub read_chunk_bytes: usize,
-    /// Most read batches of one client in flight towards Redis whose replies
-    /// have not come back yet; past it lockgate stops reading that client
-    /// (back-pressure) instead of queueing without bound.
-    pub max_inflight_batches: usize,
-    /// The TLS listener beside the plain one (`[proxy.tls]`).
-    pub tls: ListenerTlsConfig,
-}
-
-impl Default for ProxyConfig {
-    fn default() -> Self {
-        ProxyConfig {
-            listen: "127.0.0.1:6380".to_string(),
-            max_clients: 10_000,
-            shutdown_grace_ms: 5_000,
-            read_chunk_bytes: 64 * 1024,
-            max_inflight_batches: 1_024,
-            tls: ListenerTlsConfig::default(),
         }
     }
 }
@@ -258,16 +223,10 @@ impl Config {
 
     /// Checks every value; run before any port is bound.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        parse_addr("proxy.listen", &self.proxy.listen)?;
+        self.proxy.validate()?;
         if self.upstream.addr.trim().is_empty() || !self.upstream.addr.contains(':') {
             return Err(invalid("upstream.addr", "expected HOST:PORT"));
         }
-        positive("proxy.max_clients", self.proxy.max_clients as u64)?;
-        positive("proxy.read_chunk_bytes", self.proxy.read_chunk_bytes as u64)?;
-        positive(
-            "proxy.max_inflight_batches",
-            self.proxy.max_inflight_batches as u64,
-        )?;
         positive(
             "upstream.connect_timeout_ms",
             self.upstream.connect_timeout_ms,

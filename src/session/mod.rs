@@ -10,7 +10,9 @@
 //! `upstream.reconnect_interval_ms`; once connected, it carries on with
 //! the commands not yet answered.
 
+pub mod activity;
 pub mod carry;
+mod detached;
 pub mod jobs;
 pub mod parking;
 pub mod pending;
@@ -24,10 +26,8 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::{Buf, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use bytes::BytesMut;
 use tokio::sync::mpsc;
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -40,7 +40,6 @@ use crate::lock::watchdog;
 use crate::lock::{LockPending, ReplyOutcome};
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
-use crate::protocol::request::{RequestKind, RequestParser};
 use crate::protocol::ProtocolError;
 use crate::tls::Stream;
 use crate::upstream::UpstreamError;
@@ -62,13 +61,23 @@ pub enum SessionError {
     /// Redis could not be reached.
     #[error(transparent)]
     Upstream(UpstreamError),
+    /// A write to the client made no progress for this many milliseconds
+    /// (`proxy.client_write_timeout_ms`): the client does not read.
+    #[error("client did not read its replies for {0} ms")]
+    ClientWriteTimeout(u64),
+    /// More than this many bytes of replies waited for a client that does
+    /// not read fast enough (`proxy.max_client_output_bytes`).
+    #[error("more than {0} bytes of replies waited for the client")]
+    ClientOutputLimit(u64),
 }
 
 impl SessionError {
     /// Whose fault it is (labels the error metric).
     pub fn source_kind(&self) -> ErrorSource {
         match self {
-            SessionError::ClientIo(_) => ErrorSource::Client,
+            SessionError::ClientIo(_)
+            | SessionError::ClientWriteTimeout(_)
+            | SessionError::ClientOutputLimit(_) => ErrorSource::Client,
             SessionError::UpstreamIo(_) => ErrorSource::Upstream,
             SessionError::Protocol(e) => e.source_kind(),
             SessionError::Upstream(e) => e.source_kind(),
@@ -104,7 +113,7 @@ async fn serve(
     let mut buf = BytesMut::with_capacity(ctx.config.proxy.read_chunk_bytes);
     let (mut upstream, generation) = match ctx.connect_upstream().await {
         Ok(stream) => stream,
-        Err(err) => match detached(ctx, &mut client, &mut buf, err, shutdown).await {
+        Err(err) => match detached::serve(ctx, &mut client, &mut buf, err, shutdown).await {
             Some(stream) => stream,
             None => return,
         },
@@ -116,12 +125,14 @@ async fn serve(
     let reader_cancel = shutdown.child_token();
     let writer_done = CancellationToken::new();
     let (job_queue, runner) = jobs::queue(ctx.config.proxy.max_inflight_batches);
+    let activity = activity::Activity::new();
     let reader = async {
         let links = reader::Links {
             tx,
             conn: &conn,
             jobs: job_queue,
             cancel: &reader_cancel,
+            activity: &activity,
         };
         reader::read_loop(ctx, &mut buf, &mut client_r, &mut up_w, links).await
     };
@@ -132,6 +143,9 @@ async fn serve(
             grace: Duration::from_millis(ctx.config.proxy.shutdown_grace_ms),
             metrics: &ctx.metrics,
             locks: &locks,
+            activity: &activity,
+            write_timeout: ctx.config.proxy.write_timeout(),
+            max_output: ctx.config.proxy.max_client_output_bytes as usize,
         };
         let end = writer::write_loop(setup, &mut client_w, &mut up_r, rx).await;
         reader_cancel.cancel();
@@ -239,77 +253,5 @@ impl writer::LockReplies for SessionLocks<'_> {
                 self.ctx.locks.on_reply(pending, frame, self.conn, acquirer)
             }
         }
-    }
-}
-
-/// Serves a client while the primary is unreachable: every command gets the
-/// connection error, and a new attempt is made when a command arrives at
-/// least `reconnect_interval_ms` after the last one. Returns the upstream
-/// and its primary's generation once connected (with `buf` holding only
-/// unanswered bytes), or `None` when the client is gone.
-async fn detached(
-    ctx: &ServerContext,
-    client: &mut Stream,
-    buf: &mut BytesMut,
-    mut err: UpstreamError,
-    shutdown: &CancellationToken,
-) -> Option<(Stream, u64)> {
-    let interval = Duration::from_millis(ctx.config.upstream.reconnect_interval_ms);
-    let mut next_try = Instant::now() + interval;
-    let mut parser = RequestParser::new(ctx.limits());
-    let mut out = BytesMut::new();
-    loop {
-        match parser.parse(buf) {
-            Ok(Some(_)) | Err(_) => {}
-            Ok(None) => {
-                buf.reserve(ctx.config.proxy.read_chunk_bytes);
-                let read = tokio::select! {
-                    _ = shutdown.cancelled() => return None,
-                    read = client.read_buf(buf) => read,
-                };
-                match read {
-                    Ok(0) | Err(_) => return None,
-                    Ok(n) => ProxyMetrics::add(&ctx.metrics.client_bytes_in, n as u64),
-                }
-                continue;
-            }
-        }
-        if Instant::now() >= next_try {
-            match ctx.connect_upstream().await {
-                Ok(stream) => return Some(stream),
-                Err(e) => err = e,
-            }
-            next_try = Instant::now() + interval;
-        }
-        let mut closing = false;
-        loop {
-            match parser.parse(buf) {
-                Ok(Some(req)) => {
-                    buf.advance(req.len);
-                    if req.kind != RequestKind::Empty {
-                        ProxyMetrics::inc(&ctx.metrics.commands_total);
-                        ProxyMetrics::inc(&ctx.metrics.upstream_unavailable_replies);
-                        LocalReply::err(format!("lockgate: {err}")).encode(false, &mut out);
-                    }
-                }
-                Ok(None) => break,
-                Err(e) => {
-                    ProxyMetrics::inc(&ctx.metrics.protocol_errors);
-                    ctx.metrics.error(e.source_kind());
-                    LocalReply::err(&e).encode(false, &mut out);
-                    closing = true;
-                    break;
-                }
-            }
-        }
-        let written = async {
-            client.write_all(&out).await?;
-            client.flush().await
-        };
-        if written.await.is_err() || closing {
-            return None;
-        }
-        ProxyMetrics::add(&ctx.metrics.client_bytes_out, out.len() as u64);
-        out.clear();
     }
 }

@@ -7,7 +7,10 @@ use std::sync::{Arc, Mutex};
 use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+
+use super::activity::{Activity, IdleCheck};
 
 use super::carry::route_batch;
 use super::jobs::Jobs;
@@ -17,6 +20,7 @@ use super::SessionError;
 use crate::context::ServerContext;
 use crate::lock::lease::ConnLocks;
 use crate::metrics::ProxyMetrics;
+use crate::protocol::encode::LocalReply;
 use crate::protocol::request::RequestParser;
 use crate::router::SessionView;
 use crate::tls::stream::{ReadPart, WritePart};
@@ -30,6 +34,10 @@ pub enum ReaderEnd {
     Cancelled,
     /// A malformed request was answered and the connection is to close.
     Protocol,
+    /// Nothing passed either way for `proxy.client_idle_timeout_ms`.
+    Idle,
+    /// A request was not complete within `proxy.partial_request_timeout_ms`.
+    PartialRequest,
     /// Reading the client or writing Redis failed.
     Failed(SessionError),
 }
@@ -44,6 +52,60 @@ pub struct Links<'a> {
     pub jobs: Jobs,
     /// Stops the reader (shutdown, or the writer half ended).
     pub cancel: &'a CancellationToken,
+    /// What the writer half did last, for the idle timeout.
+    pub activity: &'a Activity,
+}
+
+/// What woke the reader while it waited for client bytes.
+enum Wake {
+    Read(std::io::Result<usize>),
+    Timer,
+}
+
+/// The reader's two client timers: idle (`proxy.client_idle_timeout_ms`)
+/// and an incomplete request (`proxy.partial_request_timeout_ms`).
+struct Timers {
+    idle: Option<std::time::Duration>,
+    partial: Option<std::time::Duration>,
+    last_read: Instant,
+    /// When to look at the idle state next.
+    idle_at: Option<Instant>,
+    /// When the first byte of the incomplete request in the buffer came.
+    partial_since: Option<Instant>,
+}
+
+impl Timers {
+    fn new(ctx: &ServerContext) -> Timers {
+        let now = Instant::now();
+        let idle = ctx.config.proxy.idle_timeout();
+        Timers {
+            idle,
+            partial: ctx.config.proxy.partial_request_timeout(),
+            last_read: now,
+            idle_at: idle.map(|d| now + d),
+            partial_since: None,
+        }
+    }
+
+    /// Client bytes came. Only the idle timer needs the time of every
+    /// read; without it no clock is read here (the hot path).
+    fn read(&mut self) {
+        if let Some(idle) = self.idle {
+            self.last_read = Instant::now();
+            self.idle_at = Some(self.last_read + idle);
+        }
+    }
+
+    fn partial_deadline(&self) -> Option<Instant> {
+        Some(self.partial_since? + self.partial?)
+    }
+
+    fn next(&self) -> Option<Instant> {
+        match (self.idle_at, self.partial_deadline()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
 }
 
 /// Reads, routes and forwards client commands until the client closes, the
@@ -61,6 +123,7 @@ pub async fn read_loop(
         conn,
         jobs,
         cancel,
+        activity,
     } = links;
     let jobs = &jobs;
     let chunk = ctx.config.proxy.read_chunk_bytes;
@@ -75,18 +138,42 @@ pub async fn read_loop(
     // splice) three times per command, measurable at -P1.
     let cancelled = cancel.cancelled();
     tokio::pin!(cancelled);
+    let mut timers = Timers::new(ctx);
     loop {
         if buf.is_empty() || buf.len() < parser.needed() {
+            // Bytes left over are the start of a request still incomplete:
+            // its clock starts when the reader first waits for the rest
+            // (lockgate's own waits since the read do not count against it).
+            if buf.is_empty() {
+                timers.partial_since = None;
+            } else if timers.partial_since.is_none() && timers.partial.is_some() {
+                timers.partial_since = Some(Instant::now());
+            }
             let want = parser.needed().saturating_sub(buf.len()).max(chunk);
             buf.reserve(want);
+            let timer = timers.next();
             // The read goes first: a cancellation check takes a mutex, and
             // a read that is ready ends the select before it. Cancellation is
             // still seen within tokio's cooperative budget: after 128 ready
-            // reads in one poll the read yields Pending once.
-            let read = tokio::select! {
+            // reads in one poll the read yields Pending once. The client
+            // timers come last: bytes that are there win over a deadline.
+            let wake = tokio::select! {
                 biased;
-                read = client.read_buf(buf) => read,
+                read = client.read_buf(buf) => Wake::Read(read),
                 _ = &mut cancelled => return ReaderEnd::Cancelled,
+                // In a block, so the timer is made only when one is set.
+                _ = async {
+                    if let Some(at) = timer {
+                        tokio::time::sleep_until(at).await;
+                    }
+                }, if timer.is_some() => Wake::Timer,
+            };
+            let read = match wake {
+                Wake::Read(read) => read,
+                Wake::Timer => match expired(ctx, &mut timers, activity, &tx, view.raw).await {
+                    Some(end) => return end,
+                    None => continue,
+                },
             };
             match read {
                 Ok(0) => {
@@ -97,7 +184,10 @@ pub async fn read_loop(
                     let _ = upstream.shutdown().await;
                     return ReaderEnd::Eof;
                 }
-                Ok(n) => ProxyMetrics::add(&ctx.metrics.client_bytes_in, n as u64),
+                Ok(n) => {
+                    timers.read();
+                    ProxyMetrics::add(&ctx.metrics.client_bytes_in, n as u64);
+                }
                 Err(e) => return ReaderEnd::Failed(SessionError::ClientIo(e)),
             }
             if buf.len() < parser.needed() {
@@ -114,6 +204,9 @@ pub async fn read_loop(
             buf,
         );
         let (batch, failed) = (routed.batch, routed.failed);
+        if routed.used > 0 {
+            timers.partial_since = None;
+        }
         let forward = routed.pieces.assemble(buf.split_to(routed.used).freeze());
         let routed = routed.hold;
         if !batch.entries.is_empty() {
@@ -158,4 +251,52 @@ pub async fn read_loop(
             }
         }
     }
+}
+
+/// A client timer fired: the reader's end if the client is to be closed
+/// (counted), or `None` to carry on (the idle timer moved on).
+async fn expired(
+    ctx: &ServerContext,
+    timers: &mut Timers,
+    activity: &Activity,
+    tx: &mpsc::Sender<Vec<Pending>>,
+    raw: bool,
+) -> Option<ReaderEnd> {
+    let now = Instant::now();
+    if let (Some(at), Some(limit)) = (timers.partial_deadline(), timers.partial) {
+        if now >= at {
+            ProxyMetrics::inc(&ctx.metrics.clients_closed_partial_request);
+            tracing::debug!(
+                limit_ms = limit.as_millis() as u64,
+                "request not completed in time; closing"
+            );
+            // Unlike Redis, which waits for ever: say why, then close. On a
+            // connection whose replies are not counted (MONITOR) the error
+            // could land among replies still on their way: just close.
+            let mut entries = Vec::with_capacity(2);
+            if !raw {
+                entries.push(Pending::Local(LocalReply::err(format!(
+                    "Protocol error: request not completed within {} ms",
+                    limit.as_millis()
+                ))));
+            }
+            entries.push(Pending::Close);
+            let _ = tx.send(entries).await;
+            return Some(ReaderEnd::PartialRequest);
+        }
+    }
+    if let (Some(at), Some(idle)) = (timers.idle_at, timers.idle) {
+        if now >= at {
+            match activity.check(now, timers.last_read, idle) {
+                IdleCheck::Close => {
+                    // As Redis: closed without a word.
+                    ProxyMetrics::inc(&ctx.metrics.clients_closed_idle);
+                    tracing::debug!(idle_ms = idle.as_millis() as u64, "client idle; closing");
+                    return Some(ReaderEnd::Idle);
+                }
+                IdleCheck::Until(next) => timers.idle_at = Some(next),
+            }
+        }
+    }
+    None
 }

@@ -7,6 +7,7 @@
 //! reply goes to a [`LockReplies`], which says what to write. The
 //! bookkeeping without I/O is in `replies`.
 
+mod client;
 mod replies;
 #[cfg(test)]
 mod tests;
@@ -14,10 +15,11 @@ mod tests;
 use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use super::activity::Activity;
 use super::pending::Pending;
 use super::SessionError;
 use crate::lock::evalsha::Rerun;
@@ -25,6 +27,7 @@ use crate::lock::{LockPending, ReplyOutcome};
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
 use crate::protocol::reply::FrameKind;
+use client::Client;
 use replies::{FrameClass, Replies};
 
 /// How the writer half ended.
@@ -66,13 +69,15 @@ pub struct Setup<'a, L> {
     pub metrics: &'a ProxyMetrics,
     /// Where lock scripts' replies go.
     pub locks: &'a L,
-}
-
-/// The client side of the writer: the stream, and what counts its bytes.
-struct Client<'a, 's, W, L> {
-    stream: &'s mut W,
-    metrics: &'a ProxyMetrics,
-    locks: &'a L,
+    /// Where the writer records its writes and whether the client is exempt
+    /// from the idle timeout.
+    pub activity: &'a Activity,
+    /// A write to the client making no progress this long ends the session
+    /// (`proxy.client_write_timeout_ms`); `None`: no limit.
+    pub write_timeout: Option<Duration>,
+    /// Most bytes of replies read ahead from Redis while a write to the
+    /// client waits (`proxy.max_client_output_bytes`); 0: none.
+    pub max_output: usize,
 }
 
 /// Copies replies to the client until the session is over (see [`WriterEnd`]).
@@ -93,15 +98,27 @@ where
         grace,
         metrics,
         locks,
+        activity,
+        write_timeout,
+        max_output,
     } = setup;
     let client = &mut Client {
         stream: client,
+        upstream,
         metrics,
         locks,
+        activity,
+        write_timeout,
+        max_output,
+        ahead: BytesMut::new(),
+        upstream_end: None,
     };
     let mut st = Replies::new();
     let mut buf = BytesMut::with_capacity(chunk);
     let mut reader_done = false;
+    // Redis closed after a client's half-close: what it sent is all there
+    // is, but replies lockgate makes itself may still be owed before it.
+    let mut upstream_eof = false;
     let mut deadline = Instant::now();
     loop {
         // Nothing after a deferred reply may be written before it.
@@ -133,6 +150,18 @@ where
             }
         }
         st.blocked = st.deferred.is_some();
+        if upstream_eof && st.deferred.is_none() {
+            return WriterEnd::Drained;
+        }
+        // Waiting for a reply (a blocking command), subscribed or in
+        // MONITOR: never idle, as on Redis.
+        activity.set_exempt(
+            st.raw
+                || st.subs != [0; 3]
+                || st.deferred.is_some()
+                || !st.queue.is_empty()
+                || !st.scanner.at_boundary(),
+        );
         if reader_done
             && st.deferred.is_none()
             && !st.await_eof
@@ -147,7 +176,27 @@ where
         }
         // While a deferred reply is awaited, later replies wait in `buf`;
         // stop reading Redis once that holds a few chunks (back-pressure).
-        let read_upstream = !st.blocked || buf.len() < chunk * 4;
+        let read_upstream = !upstream_eof && (!st.blocked || buf.len() < chunk * 4);
+        // Replies read ahead while a write waited come before anything
+        // Redis sends now, and so does the end of Redis's side seen then.
+        if read_upstream && client.take_ahead(&mut buf) {
+            match forward(client, &mut buf, &mut st, &mut rx).await {
+                Ok(true) => return WriterEnd::Closed,
+                Ok(false) => {}
+                Err(e) => return WriterEnd::Failed(e),
+            }
+            continue;
+        }
+        if read_upstream {
+            match client.upstream_end.take() {
+                Some(Ok(())) => match upstream_closed(&mut st, &mut rx, &mut upstream_eof) {
+                    Some(end) => return end,
+                    None => continue,
+                },
+                Some(Err(e)) => return WriterEnd::Failed(SessionError::UpstreamIo(e)),
+                None => {}
+            }
+        }
         tokio::select! {
             biased;
             ready = async { st.deferred.as_mut()?.await.ok() }, if st.deferred.is_some() => {
@@ -184,17 +233,11 @@ where
                     deadline = Instant::now() + grace;
                 }
             },
-            read = upstream.read_buf(&mut buf), if read_upstream => match read {
-                Ok(0) => {
-                    while let Ok(entries) = rx.try_recv() {
-                        st.accept(entries);
-                    }
-                    if st.await_eof {
-                        return WriterEnd::Drained;
-                    }
-                    let owed = st.raw || st.queue.iter().any(|p| !matches!(p, Pending::Local(_)));
-                    return WriterEnd::UpstreamClosed { owed };
-                }
+            read = client.upstream.read_buf(&mut buf), if read_upstream => match read {
+                Ok(0) => match upstream_closed(&mut st, &mut rx, &mut upstream_eof) {
+                    Some(end) => return end,
+                    None => continue,
+                },
                 Ok(_) => match forward(client, &mut buf, &mut st, &mut rx).await {
                     Ok(true) => return WriterEnd::Closed,
                     Ok(false) => {}
@@ -213,11 +256,31 @@ where
     }
 }
 
+/// How the writer ends when Redis closed its side: `None` when the client
+/// half-closed first and the loop goes on until no reply of its own is owed.
+fn upstream_closed(
+    st: &mut Replies,
+    rx: &mut mpsc::Receiver<Vec<Pending>>,
+    upstream_eof: &mut bool,
+) -> Option<WriterEnd> {
+    while let Ok(entries) = rx.try_recv() {
+        st.accept(entries);
+    }
+    if st.await_eof {
+        // Replies buffered behind a reply of lockgate's own go out once it
+        // is ready: the write loop ends when none is owed.
+        *upstream_eof = true;
+        return None;
+    }
+    let owed = st.raw || st.queue.iter().any(|p| !matches!(p, Pending::Local(_)));
+    Some(WriterEnd::UpstreamClosed { owed })
+}
+
 /// Forwards the complete frames in `buf` (and any partial bulk payload),
 /// interleaving local replies where they belong and unwrapping lock-script
 /// replies. Returns true when a `Close` entry was reached.
-async fn forward<W: AsyncWrite + Unpin, L: LockReplies>(
-    client: &mut Client<'_, '_, W, L>,
+async fn forward<W: AsyncWrite + Unpin, R: AsyncRead + Unpin, L: LockReplies>(
+    client: &mut Client<'_, '_, W, R, L>,
     buf: &mut BytesMut,
     st: &mut Replies,
     rx: &mut mpsc::Receiver<Vec<Pending>>,
@@ -344,27 +407,4 @@ async fn forward<W: AsyncWrite + Unpin, L: LockReplies>(
         buf.advance(pos);
     }
     Ok(false)
-}
-
-impl<W: AsyncWrite + Unpin, L> Client<'_, '_, W, L> {
-    /// Writes the local replies rendered in `out`, if any, and empties it.
-    async fn flush_out(&mut self, out: &mut BytesMut) -> Result<(), SessionError> {
-        if out.is_empty() {
-            return Ok(());
-        }
-        self.write(out).await?;
-        out.clear();
-        Ok(())
-    }
-
-    /// Writes `bytes` to the client and flushes (TLS holds records until then).
-    async fn write(&mut self, bytes: &[u8]) -> Result<(), SessionError> {
-        self.stream
-            .write_all(bytes)
-            .await
-            .map_err(SessionError::ClientIo)?;
-        self.stream.flush().await.map_err(SessionError::ClientIo)?;
-        ProxyMetrics::add(&self.metrics.client_bytes_out, bytes.len() as u64);
-        Ok(())
-    }
 }

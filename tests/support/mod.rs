@@ -18,6 +18,9 @@
 //! - [`quorum`]: [`quorum::Cluster`], lockgate over several lock masters.
 //! - [`passthrough`]: pipelines and frame splitting for byte-for-byte checks.
 //! - [`resilience`]: CLIENT LIST, blocked clients, a black-hole upstream.
+//! - [`abusive`]: for the abusive-client tests: named upstream connections,
+//!   Redis's output buffers and client count, this process's memory and
+//!   descriptors.
 //! - [`ops`]: the operators' side: HTTP, /metrics parsing, the Python
 //!   Prometheus parsers.
 //! - [`browser`]: headless Chromium for the status page.
@@ -28,6 +31,7 @@
 // Each test binary uses a different part of the harness.
 #![allow(dead_code)]
 
+pub mod abusive;
 pub mod binary;
 pub mod browser;
 pub mod locks;

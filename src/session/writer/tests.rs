@@ -20,6 +20,7 @@ use crate::command::SubKind;
 use crate::lock::{split_reply, LockPending, ReplyOutcome};
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
+use crate::session::activity::Activity;
 use crate::session::pending::{Deferred, Pending};
 
 /// The lock room as the tests need it: a lock script's `{reply, facts}`
@@ -66,6 +67,9 @@ fn setup<'a>(
         grace: Duration::from_millis(500),
         metrics,
         locks,
+        activity: Box::leak(Box::new(Activity::new())),
+        write_timeout: None,
+        max_output: 0,
     }
 }
 
@@ -393,6 +397,47 @@ async fn a_deferred_reply_keeps_its_place() {
         assert_eq!(read_exactly(&mut client_side, 4).await, b":3\r\n");
         drop(tx);
         nothing_more(&mut client_side).await;
+    };
+    let (end, ()) = tokio::join!(
+        write_loop(
+            setup(&metrics, &locks, 4096),
+            &mut writer_client,
+            &mut writer_upstream,
+            rx,
+        ),
+        script
+    );
+    assert!(matches!(end, WriterEnd::Drained), "{end:?}");
+}
+
+/// A client that half-closes after its commands: Redis answers them all
+/// and closes while lockgate's own reply for an earlier command is still
+/// being made. Found by the session fuzzer: the writer ended at Redis's
+/// close and dropped the job's reply and every reply buffered behind it.
+#[tokio::test]
+async fn replies_behind_a_deferred_one_outlive_the_upstream_close() {
+    let metrics = ProxyMetrics::default();
+    let locks = FakeLocks::default();
+    let (mut client_side, mut writer_client) = duplex(1 << 16);
+    let (mut redis_side, mut writer_upstream) = duplex(1 << 16);
+    let (tx, rx) = mpsc::channel(8);
+    let (job_tx, job_rx) = oneshot::channel();
+    let script = async {
+        tx.send(vec![
+            Pending::Upstream(1),
+            Pending::Deferred(Deferred(job_rx)),
+            Pending::Upstream(1),
+            Pending::ClientEof,
+        ])
+        .await
+        .unwrap();
+        drop(tx);
+        redis_side.write_all(b":1\r\n:2\r\n").await.unwrap();
+        redis_side.shutdown().await.unwrap();
+        assert_eq!(read_exactly(&mut client_side, 4).await, b":1\r\n");
+        nothing_more(&mut client_side).await;
+        job_tx.send(LocalReply::Integer(7)).unwrap();
+        assert_eq!(read_exactly(&mut client_side, 8).await, b":7\r\n:2\r\n");
     };
     let (end, ()) = tokio::join!(
         write_loop(

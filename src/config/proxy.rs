@@ -1,0 +1,166 @@
+//! `[proxy]`: the client-facing side, and the limits that keep slow and
+//! abusive clients from holding lockgate's (and Redis's) resources.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::{invalid, parse_addr, positive, ConfigError, ListenerTlsConfig};
+
+/// Smallest client timeout other than 0 (off), in milliseconds: below a
+/// scheduler hiccup on a loaded host a timeout would close healthy clients.
+pub const MIN_CLIENT_TIMEOUT_MS: u64 = 10;
+
+/// The client-facing side: where to listen and how many clients to serve.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct ProxyConfig {
+    /// Address apps connect to instead of Redis (`HOST:PORT`).
+    pub listen: String,
+    /// Most client connections served at once; one more is answered
+    /// `-ERR max number of clients reached` and closed (Redis's `maxclients`).
+    /// Bounds, among others, idle connections that never send.
+    pub max_clients: usize,
+    /// On SIGTERM/SIGINT: how long in-flight replies may take to drain before
+    /// the remaining connections are cut, in milliseconds. Also bounds how long
+    /// a session waits for replies owed to a client that has hung up.
+    pub shutdown_grace_ms: u64,
+    /// Bytes read from a socket at a time (one read buffer per direction per
+    /// client). Larger batches fewer syscalls under pipelining.
+    pub read_chunk_bytes: usize,
+    /// Most read batches of one client in flight towards Redis whose replies
+    /// have not come back yet; past it lockgate stops reading that client
+    /// (back-pressure) instead of queueing without bound. Bounds the requests
+    /// (at most this many reads of `read_chunk_bytes`) waiting at Redis for
+    /// one client, not the size of their replies.
+    pub max_inflight_batches: usize,
+    /// A client that sends nothing and is written nothing for this long is
+    /// closed silently, as Redis's `timeout` does, in milliseconds; 0: never
+    /// (Redis's `timeout 0`, the default). Exempt, as on Redis: a client
+    /// subscribed (pub/sub), in `MONITOR`, or waiting for a reply (a
+    /// blocking command such as `BLPOP`).
+    pub client_idle_timeout_ms: u64,
+    /// A request whose first byte has arrived must be complete within this
+    /// long, in milliseconds, or the client is answered `-ERR Protocol
+    /// error: request not completed within N ms` and closed: a client that
+    /// trickles a frame a byte at a time holds a connection slot and its
+    /// upstream connection for no more than this. 0: no limit (as Redis).
+    /// A larger request must arrive at `limits.max_request_bytes` / this
+    /// rate at least: raise it for big uploads over slow links.
+    pub partial_request_timeout_ms: u64,
+    /// A write to a client that makes no progress for this long closes the
+    /// client and its upstream connection, in milliseconds; 0: never. While
+    /// a client does not read, lockgate stops reading its replies from
+    /// Redis, so they pile up in Redis's output buffer (unbounded by
+    /// default there); this bounds how long they may.
+    pub client_write_timeout_ms: u64,
+    /// Most bytes of replies lockgate holds for one client that does not
+    /// read them as fast as Redis sends; past it the client and its upstream
+    /// connection are closed (as Redis's `client-output-buffer-limit`
+    /// hard limit). Set, lockgate keeps reading Redis while a write to the
+    /// client waits, so Redis holds next to nothing for that connection.
+    /// 0 (default, as Redis's `normal 0 0 0`): none; lockgate stops reading
+    /// Redis instead and Redis holds the replies, for at most
+    /// `client_write_timeout_ms` without progress.
+    pub max_client_output_bytes: u64,
+    /// The TLS listener beside the plain one (`[proxy.tls]`).
+    pub tls: ListenerTlsConfig,
+}
+
+impl Default for ProxyConfig {
+    fn default() -> Self {
+        ProxyConfig {
+            listen: "127.0.0.1:6380".to_string(),
+            max_clients: 10_000,
+            shutdown_grace_ms: 5_000,
+            read_chunk_bytes: 64 * 1024,
+            max_inflight_batches: 1_024,
+            client_idle_timeout_ms: 0,
+            partial_request_timeout_ms: 30_000,
+            client_write_timeout_ms: 60_000,
+            max_client_output_bytes: 0,
+            tls: ListenerTlsConfig::default(),
+        }
+    }
+}
+
+impl ProxyConfig {
+    /// Checks the `[proxy]` values other than TLS.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        parse_addr("proxy.listen", &self.listen)?;
+        positive("proxy.max_clients", self.max_clients as u64)?;
+        positive("proxy.read_chunk_bytes", self.read_chunk_bytes as u64)?;
+        positive(
+            "proxy.max_inflight_batches",
+            self.max_inflight_batches as u64,
+        )?;
+        for (key, value) in [
+            ("proxy.client_idle_timeout_ms", self.client_idle_timeout_ms),
+            (
+                "proxy.partial_request_timeout_ms",
+                self.partial_request_timeout_ms,
+            ),
+            (
+                "proxy.client_write_timeout_ms",
+                self.client_write_timeout_ms,
+            ),
+        ] {
+            if value > 0 && value < MIN_CLIENT_TIMEOUT_MS {
+                return Err(invalid(
+                    key,
+                    &format!("must be 0 (off) or at least {MIN_CLIENT_TIMEOUT_MS}"),
+                ));
+            }
+        }
+        let output = self.max_client_output_bytes;
+        if output > 0 && output < self.read_chunk_bytes as u64 {
+            return Err(invalid(
+                "proxy.max_client_output_bytes",
+                "must be 0 (none) or at least proxy.read_chunk_bytes",
+            ));
+        }
+        Ok(())
+    }
+
+    /// `client_idle_timeout_ms` as a duration; `None` when off.
+    pub fn idle_timeout(&self) -> Option<Duration> {
+        millis(self.client_idle_timeout_ms)
+    }
+
+    /// `partial_request_timeout_ms` as a duration; `None` when off.
+    pub fn partial_request_timeout(&self) -> Option<Duration> {
+        millis(self.partial_request_timeout_ms)
+    }
+
+    /// `client_write_timeout_ms` as a duration; `None` when off.
+    pub fn write_timeout(&self) -> Option<Duration> {
+        millis(self.client_write_timeout_ms)
+    }
+}
+
+fn millis(ms: u64) -> Option<Duration> {
+    (ms > 0).then(|| Duration::from_millis(ms))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn client_timeouts_are_off_or_above_the_minimum() {
+        let mut p = ProxyConfig {
+            client_idle_timeout_ms: 0,
+            ..ProxyConfig::default()
+        };
+        p.validate().unwrap();
+        assert_eq!(p.idle_timeout(), None);
+        p.partial_request_timeout_ms = MIN_CLIENT_TIMEOUT_MS;
+        p.validate().unwrap();
+        p.client_write_timeout_ms = MIN_CLIENT_TIMEOUT_MS - 1;
+        let err = p.validate().unwrap_err();
+        assert!(
+            err.to_string().contains("proxy.client_write_timeout_ms"),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,135 @@
+//! What the writer half tells the reader half for the idle timeout
+//! (`proxy.client_idle_timeout_ms`): when it last wrote to the client, and
+//! whether the client is exempt now. As on Redis (its `timeout`), a client
+//! is idle only when nothing passed either way for the whole period, and
+//! never while it waits for a reply (a blocking command such as `BLPOP`),
+//! is subscribed or is in `MONITOR`.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// One session's activity as the writer half records it; the reader half
+/// reads it when its idle timer fires.
+#[derive(Debug)]
+pub struct Activity {
+    epoch: Instant,
+    /// When the writer last wrote to the client, in ms after `epoch`.
+    last_write_ms: AtomicU64,
+    /// Replies are owed, or the client is subscribed or in `MONITOR`.
+    exempt: AtomicBool,
+}
+
+/// What the reader does when its idle timer fires.
+#[derive(Debug, PartialEq, Eq)]
+pub enum IdleCheck {
+    /// The client was idle the whole period: close it.
+    Close,
+    /// Not idle (or exempt): look again at this instant.
+    Until(Instant),
+}
+
+impl Activity {
+    /// A session's record, starting now.
+    pub fn new() -> Activity {
+        Activity {
+            epoch: Instant::now(),
+            last_write_ms: AtomicU64::new(0),
+            exempt: AtomicBool::new(false),
+        }
+    }
+
+    /// The writer wrote to the client.
+    pub fn wrote(&self) {
+        let ms = self.epoch.elapsed().as_millis() as u64;
+        self.last_write_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// Whether the idle timer is suspended (replies owed, subscribed,
+    /// `MONITOR`); the writer sets it after every step.
+    pub fn set_exempt(&self, exempt: bool) {
+        // Read first: a store on every reply would bounce the cache line for
+        // nothing when nothing changes.
+        if self.exempt.load(Ordering::Relaxed) != exempt {
+            self.exempt.store(exempt, Ordering::Relaxed);
+        }
+    }
+
+    /// At `now`, with the last client read at `last_read`: close the client,
+    /// or look again later.
+    pub fn check(&self, now: Instant, last_read: Instant, idle: Duration) -> IdleCheck {
+        if self.exempt.load(Ordering::Relaxed) {
+            return IdleCheck::Until(now + idle);
+        }
+        let wrote = self.epoch + Duration::from_millis(self.last_write_ms.load(Ordering::Relaxed));
+        let last = last_read.max(wrote);
+        if now >= last + idle {
+            IdleCheck::Close
+        } else {
+            IdleCheck::Until(last + idle)
+        }
+    }
+}
+
+impl Default for Activity {
+    fn default() -> Self {
+        Activity::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const IDLE: Duration = Duration::from_secs(10);
+
+    #[tokio::test(start_paused = true)]
+    async fn silent_client_is_closed_after_the_period() {
+        let a = Activity::new();
+        let read = Instant::now();
+        tokio::time::advance(Duration::from_secs(9)).await;
+        assert_eq!(
+            a.check(Instant::now(), read, IDLE),
+            IdleCheck::Until(read + IDLE)
+        );
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(a.check(Instant::now(), read, IDLE), IdleCheck::Close);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_write_restarts_the_period() {
+        let a = Activity::new();
+        let read = Instant::now();
+        tokio::time::advance(Duration::from_secs(6)).await;
+        a.wrote();
+        let wrote = Instant::now();
+        tokio::time::advance(Duration::from_secs(4)).await;
+        assert_eq!(
+            a.check(Instant::now(), read, IDLE),
+            IdleCheck::Until(wrote + IDLE)
+        );
+        tokio::time::advance(Duration::from_secs(6)).await;
+        assert_eq!(a.check(Instant::now(), read, IDLE), IdleCheck::Close);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn exempt_client_is_never_closed() {
+        // A BLPOP waiting longer than the period, then its reply: the
+        // period runs from the reply, as on Redis.
+        let a = Activity::new();
+        let read = Instant::now();
+        a.set_exempt(true);
+        tokio::time::advance(Duration::from_secs(25)).await;
+        let now = Instant::now();
+        assert_eq!(a.check(now, read, IDLE), IdleCheck::Until(now + IDLE));
+        a.wrote();
+        a.set_exempt(false);
+        let wrote = Instant::now();
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(
+            a.check(Instant::now(), read, IDLE),
+            IdleCheck::Until(wrote + IDLE)
+        );
+    }
+}
