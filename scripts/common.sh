@@ -118,11 +118,16 @@ is_port_free() {
 	! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
 }
 
-# A loopback port that was free a moment ago, from the ephemeral-ish range.
+# A loopback port that was free a moment ago, from 20000 up to the kernel's
+# ephemeral range (default 32768): a port in that range may be the source
+# port of some connection on a busy machine, which a listener then cannot
+# bind although nothing accepts on it.
 pick_free_port() {
-	local port
+	local port top=50000 low
+	read -r low _ </proc/sys/net/ipv4/ip_local_port_range 2>/dev/null && [ "$low" -gt 21000 ] &&
+		[ "$low" -lt "$top" ] && top=$low
 	for _ in $(seq 1 50); do
-		port=$((20000 + RANDOM % 30000))
+		port=$((20000 + RANDOM % (top - 20000)))
 		if is_port_free "$port"; then
 			printf '%s\n' "$port"
 			return 0

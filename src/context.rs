@@ -96,6 +96,10 @@ pub struct ServerContext {
     /// Client slots, `proxy.max_clients` in all: one pool shared by every
     /// event loop's accept loop.
     pub client_slots: Arc<tokio::sync::Semaphore>,
+    /// The event loops' runtimes (the one this context was made on, and
+    /// each extra `--threads` loop's, registered when it starts), for
+    /// [`ServerContext::tasks_alive`].
+    pub runtimes: std::sync::Mutex<Vec<tokio::runtime::Handle>>,
 }
 
 /// What a reload needs from the binary.
@@ -173,7 +177,19 @@ impl ServerContext {
             upstream_warn: RateLimit::new(WARN_INTERVAL),
             accept_warn: RateLimit::new(WARN_INTERVAL),
             client_slots: Arc::new(tokio::sync::Semaphore::new(config.proxy.max_clients)),
+            runtimes: std::sync::Mutex::new(
+                tokio::runtime::Handle::try_current().into_iter().collect(),
+            ),
         }
+    }
+
+    /// Tasks alive now, summed over every event loop's runtime (sessions,
+    /// lockgate's own connections, the admin side): a number that keeps
+    /// growing under steady traffic is a leak.
+    pub fn tasks_alive(&self) -> usize {
+        (sync::lock(&self.runtimes).iter())
+            .map(|h| h.metrics().num_alive_tasks())
+            .sum()
     }
 
     /// Re-reads the configuration file and puts what may change at run

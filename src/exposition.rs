@@ -96,6 +96,12 @@ impl Collector for Counters {
         }
         gauge(
             &mut e,
+            "tasks_alive",
+            "Tokio tasks alive, summed over every event loop",
+            ctx.tasks_alive() as i64,
+        )?;
+        gauge(
+            &mut e,
             "lock_tracked_keys",
             "Lock keys in the contention table",
             ctx.locks.storm.len() as i64,
@@ -189,6 +195,7 @@ mod tests {
         "lockgate_lock_hold_seconds",
         "lockgate_commands",
         "lockgate_lock_tracked_keys",
+        "lockgate_tasks_alive",
         "lockgate_hot_lock_attempts",
     ];
 

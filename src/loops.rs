@@ -19,6 +19,7 @@ use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 use crate::context::ServerContext;
+use crate::sync;
 
 /// One extra loop's listeners, bound (with `SO_REUSEPORT`) by the caller
 /// on its own runtime and handed over as std sockets in non-blocking mode.
@@ -69,6 +70,7 @@ fn run_one(listeners: LoopListeners, ctx: Arc<ServerContext>, shutdown: Cancella
             return;
         }
     };
+    sync::lock(&ctx.runtimes).push(runtime.handle().clone());
     runtime.block_on(async move {
         let plain = match tokio::net::TcpListener::from_std(listeners.plain) {
             Ok(l) => l,

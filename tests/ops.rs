@@ -788,6 +788,40 @@ async fn status_page_in_chromium_shows_a_hot_key_within_2s_and_a_killed_master_d
     assert!(spins.load(Ordering::Relaxed) > 0);
 }
 
+/// `lockgate_tasks_alive` is exported, above 0, and counts a session's
+/// task: three open client connections raise it by at least 3, and it
+/// comes back down when they close (what the soak script samples).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_alive_gauge_counts_sessions() {
+    let redis = RedisServer::start();
+    let lg = Ops::start(base_config(&redis.addr())).await;
+    let idle = lg.metrics().await.int("lockgate_tasks_alive");
+    assert!(idle > 0, "lockgate_tasks_alive = {idle}");
+
+    let mut clients = Vec::new();
+    for _ in 0..3 {
+        let mut c = lg.client().await;
+        assert_eq!(c.call_s(&["PING"]).await, "+PONG\r\n");
+        clients.push(c);
+    }
+    let busy = lg.metrics().await.int("lockgate_tasks_alive");
+    assert!(busy >= idle + 3, "3 sessions: tasks {idle} -> {busy}");
+
+    drop(clients);
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let now = lg.metrics().await.int("lockgate_tasks_alive");
+        if now <= idle {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "tasks_alive stayed {now} after the sessions closed (idle {idle})"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readyz_follows_the_upstream_and_healthz_stays_up() {
     let mut primary = RedisServer::start();
