@@ -39,7 +39,9 @@
 //!   and partial-request timeouts, with [`session::activity`] (what the
 //!   writer last wrote, whether the client is exempt from idling);
 //!   `session::detached` serves a client while the primary is
-//!   unreachable (the same client timeouts);
+//!   unreachable (the same client timeouts); [`session::linger`] closes a
+//!   client after a protocol error without a reset (FIN, then its input
+//!   drained, bounded);
 //!   [`session::pending`] is what the two halves tell each other;
 //!   [`session::jobs`] runs a session's deferred work in command order;
 //!   [`session::carry`] carries out the routes of one read batch (what
