@@ -1,4 +1,5 @@
-//! The close after a protocol error. Redis answers a bad frame with an
+//! The close after a protocol error (or a request not completed in time,
+//! `proxy.partial_request_timeout_ms`). Redis answers a bad frame with an
 //! error and closes; lockgate does the same, but it may stop reading in
 //! the middle of what the client sent (an oversize line is refused after
 //! 64 KiB). Closing a socket with unread bytes makes the kernel reset the

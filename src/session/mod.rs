@@ -183,7 +183,7 @@ async fn serve(
     if ctx.locks.has_release_on_disconnect() {
         watchdog::release_on_disconnect(&ctx.locks, &ctx.primary, &conn).await;
     }
-    if matches!(read_end, ReaderEnd::Protocol) {
+    if matches!(read_end, ReaderEnd::Protocol | ReaderEnd::PartialRequest) {
         linger::linger(&mut client_r, &mut client_w, shutdown).await;
     }
     if let ReaderEnd::Failed(e) = &read_end {
