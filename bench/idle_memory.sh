@@ -68,23 +68,26 @@ REDIS_PID=$!
 PIDS+=("$REDIS_PID")
 wait_ready redis-server "$REDIS_PID" "$P_REDIS" "$TMP/redis.log"
 
-P_LOCKGATE=$(pick_free_port)
-printf '[proxy]\nmax_clients = %d\n' $((N + 1000)) >"$TMP/lockgate.toml"
-RUST_LOG=warn "$LOCKGATE_BIN" --config "$TMP/lockgate.toml" --admin-listen "" \
-  --listen "127.0.0.1:$P_LOCKGATE" --upstream "127.0.0.1:$P_REDIS" >"$TMP/lockgate.log" 2>&1 &
-LOCKGATE_PID=$!
-PIDS+=("$LOCKGATE_PID")
-wait_ready lockgate "$LOCKGATE_PID" "$P_LOCKGATE" "$TMP/lockgate.log"
+# start_lockgate NAME [TOML_LINE]: lockgate in front of Redis on a free
+# port, room for N clients, with one more [proxy] setting if given; sets
+# LG_PORT and LG_PID.
+start_lockgate() {
+  local name=$1 extra=${2:-}
+  LG_PORT=$(pick_free_port)
+  printf '[proxy]\nmax_clients = %d\n%s\n' $((N + 1000)) "$extra" >"$TMP/$name.toml"
+  RUST_LOG=warn "$LOCKGATE_BIN" --config "$TMP/$name.toml" --admin-listen "" \
+    --listen "127.0.0.1:$LG_PORT" --upstream "127.0.0.1:$P_REDIS" >"$TMP/$name.log" 2>&1 &
+  LG_PID=$!
+  PIDS+=("$LG_PID")
+  wait_ready "$name" "$LG_PID" "$LG_PORT" "$TMP/$name.log"
+}
 
+start_lockgate lockgate
+P_LOCKGATE=$LG_PORT LOCKGATE_PID=$LG_PID
 # The same lockgate with 4 KiB read buffers instead of 64 KiB, to show how
 # much of its per-connection memory is the buffers.
-P_LOCKGATE_4K=$(pick_free_port)
-printf '[proxy]\nmax_clients = %d\nread_chunk_bytes = 4096\n' $((N + 1000)) >"$TMP/lockgate-4k.toml"
-RUST_LOG=warn "$LOCKGATE_BIN" --config "$TMP/lockgate-4k.toml" --admin-listen "" \
-  --listen "127.0.0.1:$P_LOCKGATE_4K" --upstream "127.0.0.1:$P_REDIS" >"$TMP/lockgate-4k.log" 2>&1 &
-LOCKGATE_4K_PID=$!
-PIDS+=("$LOCKGATE_4K_PID")
-wait_ready lockgate-4k "$LOCKGATE_4K_PID" "$P_LOCKGATE_4K" "$TMP/lockgate-4k.log"
+start_lockgate lockgate-4k "read_chunk_bytes = 4096"
+P_LOCKGATE_4K=$LG_PORT LOCKGATE_4K_PID=$LG_PID
 
 P_HAPROXY=$(pick_free_port)
 cat >"$TMP/haproxy.cfg" <<EOF

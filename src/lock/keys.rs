@@ -372,18 +372,10 @@ mod tests {
 
     #[test]
     fn the_prefilter_never_hides_a_match() {
+        let defaults = crate::config::LocksConfig::default().keys;
+        let defaults: Vec<&str> = defaults.iter().map(String::as_str).collect();
         let sets: [&[&str]; 4] = [
-            &[
-                "lock:*",
-                "lock_*",
-                "locks:*",
-                "*:lock",
-                "*:lock:*",
-                "*_lock",
-                "*:locks:*",
-                "mutex:*",
-                "*:mutex",
-            ],
+            &defaults,
             &["*x*", "a", "*:lock:*"],
             &["lock:*", "h?x*"],
             &["", "*:lock"],
