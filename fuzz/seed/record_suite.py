@@ -343,15 +343,18 @@ def main():
                     how = f"stopped after {UNIT_TIMEOUT}s"
             with open(log, "rb") as f:
                 text = re.sub(rb"\x1b\[[0-9;]*m", b"", f.read())
+            lines = text.splitlines()
             if run.returncode != 0:
-                lines = text.splitlines()
-                shown = [line for line in lines
-                         if line.startswith((b"[err]", b"[exception]", b"[TIMEOUT]"))]
+                shown = list(dict.fromkeys(
+                    line for line in lines
+                    if line.startswith((b"[err]", b"[exception]", b"[TIMEOUT]"))))
                 sys.stderr.buffer.write(b"".join(
                     b"    " + line + b"\n" for line in shown or lines[-3:]))
-            print(f"record_suite.py: {unit}: {text.count(b'[ok]: ')} ok, "
-                  f"{text.count(b'[err]: ')} err, {how}, {time.time() - t0:.0f}s",
-                  file=sys.stderr)
+            ok = sum(line.startswith(b"[ok]: ") for line in lines)
+            # A failed test is named twice: when it fails and at the end.
+            err = len({line for line in lines if line.startswith(b"[err]: ")})
+            print(f"record_suite.py: {unit}: {ok} ok, {err} err, {how}, "
+                  f"{time.time() - t0:.0f}s", file=sys.stderr)
         time.sleep(0.5)
     finally:
         server.terminate()
