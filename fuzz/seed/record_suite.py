@@ -341,6 +341,10 @@ def main():
                     os.killpg(run.pid, 15)
                     run.wait()
                     how = f"stopped after {UNIT_TIMEOUT}s"
+                except BaseException:
+                    # Interrupted: runtest and its test clients go too.
+                    os.killpg(run.pid, 15)
+                    raise
             with open(log, "rb") as f:
                 text = re.sub(rb"\x1b\[[0-9;]*m", b"", f.read())
             lines = text.splitlines()
@@ -359,9 +363,9 @@ def main():
     finally:
         server.terminate()
         server.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
     with relay.lock:
         conversations = [(bytes(c["sent"]), bytes(c["replied"])) for c in relay.conversations]
-    shutil.rmtree(tmp, ignore_errors=True)
 
     requests, replies = {}, {}
     for sent, replied in conversations:
