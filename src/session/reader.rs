@@ -185,13 +185,21 @@ pub async fn read_loop(
                     if tx.send(vec![Pending::ClientEof]).await.is_err() {
                         return ReaderEnd::Cancelled;
                     }
-                    tokio::select! {
+                    // Cancelled meanwhile (shutdown, or the writer ended):
+                    // the close goes on at once, as it did before this
+                    // wait, or the writer would wait for Redis's close
+                    // until the grace period ran out.
+                    let cancelled_first = tokio::select! {
                         biased;
-                        _ = &mut cancelled => return ReaderEnd::Cancelled,
-                        () = activity.until_close_may_pass() => {}
-                    }
+                        _ = &mut cancelled => true,
+                        () = activity.until_close_may_pass() => false,
+                    };
                     let _ = upstream.shutdown().await;
-                    return ReaderEnd::Eof;
+                    return if cancelled_first {
+                        ReaderEnd::Cancelled
+                    } else {
+                        ReaderEnd::Eof
+                    };
                 }
                 Ok(n) => {
                     timers.read();
