@@ -76,13 +76,17 @@ impl LockService {
         // at once, and a holder's own re-entrant attempt never waits for
         // itself.
         let rules = self.rules();
-        let (mine, spinning) = match sync::lock(conn).get(key) {
-            Some(a) if a.standing != Standing::Lost => (true, false),
-            Some(a) => (
-                false,
-                a.last_try.elapsed().as_millis() < u128::from(rules.spin_window_ms()),
-            ),
-            None => (false, false),
+        let (mine, spinning, conn_id) = {
+            let c = sync::lock(conn);
+            let (mine, spinning) = match c.get(key) {
+                Some(a) if a.standing != Standing::Lost => (true, false),
+                Some(a) => (
+                    false,
+                    a.last_try.elapsed().as_millis() < u128::from(rules.spin_window_ms()),
+                ),
+                None => (false, false),
+            };
+            (mine, spinning, c.id)
         };
         // An attempt of the holder, or of a connection whose earlier
         // attempt is not answered yet, goes to Redis: the table knows the
@@ -95,7 +99,7 @@ impl LockService {
             return Early::Probe(None);
         }
         let park_ms = if parkable && spinning { park_ms } else { 0 };
-        match self.storm.admit(key, probe_ms) {
+        match self.storm.admit(key, probe_ms, conn_id) {
             Admission::Probe => Early::Probe((park_ms > 0).then_some(Park { park_ms, ..park })),
             Admission::Absorb => {
                 // An attempt on a held key, answered without asking Redis.
@@ -172,6 +176,11 @@ mod tests {
         }
     }
 
+    /// A connection that is not the one under test.
+    fn anyone() -> crate::lock::lease::ConnId {
+        ConnLocks::new(1).id
+    }
+
     fn no_parking() -> Arc<dyn Acquirer> {
         unreachable!("nothing parks in these tests")
     }
@@ -185,7 +194,10 @@ mod tests {
         let mut config = Config::default();
         config.locks.retry.max_attempts_per_sec = 1;
         let locks = LockService::new(&config);
-        assert_eq!(locks.storm.admit(b"lock:a", 100), Admission::Probe);
+        assert_eq!(
+            locks.storm.admit(b"lock:a", 100, anyone()),
+            Admission::Probe
+        );
         locks.storm.learn(b"lock:a", false, 60_000);
         let conn = Arc::new(Mutex::new(locks.conn_locks()));
         let op = setnx("lock:a", Shape::SetNx);
@@ -214,7 +226,7 @@ mod tests {
     #[test]
     fn goes_to_redis_when_it_must() {
         let locks = LockService::new(&Config::default());
-        locks.storm.admit(b"lock:a", 100);
+        locks.storm.admit(b"lock:a", 100, anyone());
         locks.storm.learn(b"lock:a", false, 60_000);
         let conn = Arc::new(Mutex::new(locks.conn_locks()));
         let untracked = locks.admit(
@@ -253,7 +265,7 @@ mod tests {
     #[test]
     fn a_connections_own_pipelined_attempts_are_never_absorbed() {
         let locks = LockService::new(&Config::default());
-        locks.storm.admit(b"lock:h", 100);
+        locks.storm.admit(b"lock:h", 100, anyone());
         locks.storm.learn(b"lock:h", true, 60_000);
         let conn = Arc::new(Mutex::new(locks.conn_locks()));
         sync::lock(&conn).attempt(

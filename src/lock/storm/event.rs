@@ -21,6 +21,8 @@ pub(super) enum Event {
     Attempt {
         /// Probe interval, ms.
         probe_ms: u64,
+        /// The connection making it.
+        owner: ConnId,
     },
     /// A client's attempt was answered: acquired for `ms` of lease, or
     /// held by someone else for `ms` more (`-1`: a key without lease).

@@ -127,8 +127,8 @@ impl Key {
     pub(super) fn step(&mut self, event: Event, now: Instant, limits: Limits) -> Vec<Action> {
         let mut out = Vec::new();
         match event {
-            Event::Attempt { probe_ms } => {
-                let admission = self.admit(probe_ms, now);
+            Event::Attempt { probe_ms, owner } => {
+                let admission = self.admit(probe_ms, owner, now);
                 if admission == Admission::Absorb {
                     out.push(Action::Count(Tally::Absorbed));
                 }
@@ -207,7 +207,7 @@ impl Key {
         self.waiters.iter().filter(|w| w.live()).count()
     }
 
-    fn admit(&mut self, probe_ms: u64, now: Instant) -> Admission {
+    fn admit(&mut self, probe_ms: u64, owner: ConnId, now: Instant) -> Admission {
         if probe_ms == 0 {
             return Admission::Probe;
         }
@@ -227,8 +227,17 @@ impl Key {
         // asks Redis on the queue's behalf), also behind a spinner between
         // two attempts, whose place is kept for at most max(park, probe):
         // only evident spinners have places (a try-lock is never parked),
-        // so no lone attempt leaves a place behind it.
-        if (held && probed) || in_flight || !self.waiters.is_empty() {
+        // so no lone attempt leaves a place behind it. The spinner whose
+        // kept place is at the front is behind nobody: its attempt is the
+        // one the queue waits for (the driver acquires only for a parked
+        // attempt), so it asks Redis; absorbing it would refuse a free
+        // lock to the very attempt whose turn it is, and one that cannot
+        // park (pipelined) would be answered "not acquired" for nothing.
+        let queued_ahead = self
+            .waiters
+            .front()
+            .is_some_and(|w| w.live() || w.owner != owner);
+        if (held && probed) || in_flight || queued_ahead {
             return Admission::Absorb;
         }
         view.last_probe = Some(now);

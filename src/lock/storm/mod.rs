@@ -251,12 +251,13 @@ impl Storm {
         self.on(&state, event, Instant::now())
     }
 
-    /// Decides whether an attempt on `key` goes to Redis.
-    pub fn admit(&self, key: &[u8], probe_ms: u64) -> Admission {
+    /// Decides whether an attempt on `key` by connection `owner` goes to
+    /// Redis.
+    pub fn admit(&self, key: &[u8], probe_ms: u64, owner: ConnId) -> Admission {
         if probe_ms == 0 {
             return Admission::Probe;
         }
-        let actions = self.on_key(key, true, Event::Attempt { probe_ms });
+        let actions = self.on_key(key, true, Event::Attempt { probe_ms, owner });
         actions
             .into_iter()
             .flatten()

@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::super::{Acquirer, Admission, Ask, Storm};
-use super::{ask, conn};
+use super::{anyone, ask, conn};
 use crate::config::RetryConfig;
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
@@ -153,12 +153,12 @@ async fn handoffs_go_oldest_first() {
 #[tokio::test(start_paused = true)]
 async fn spinning_attempts_are_absorbed() {
     let storm = storm(|_| {});
-    assert_eq!(storm.admit(b"lock:a", 100), Admission::Probe);
+    assert_eq!(storm.admit(b"lock:a", 100, anyone()), Admission::Probe);
     storm.learn(b"lock:a", false, 5_000);
     let mut probes = 1;
     for _ in 1..500 {
         run_for(1).await;
-        if storm.admit(b"lock:a", 100) == Admission::Probe {
+        if storm.admit(b"lock:a", 100, anyone()) == Admission::Probe {
             probes += 1;
             storm.learn(b"lock:a", false, 5_000);
         }
@@ -234,27 +234,27 @@ async fn bounds_are_counted() {
     assert_eq!(ProxyMetrics::get(&storm.metrics.waiters_rejected), 1);
     assert_eq!(storm.waiting(b"lock:a"), 2);
 
-    assert_eq!(storm.admit(b"lock:b", 100), Admission::Probe);
+    assert_eq!(storm.admit(b"lock:b", 100, anyone()), Admission::Probe);
     storm.learn(b"lock:b", false, 60_000);
     assert_eq!(storm.len(), 2);
     // Both keys busy: a third is not tracked (its attempts go to Redis).
     for _ in 0..3 {
-        assert_eq!(storm.admit(b"lock:c", 100), Admission::Probe);
+        assert_eq!(storm.admit(b"lock:c", 100, anyone()), Admission::Probe);
     }
     assert_eq!(ProxyMetrics::get(&storm.metrics.untracked), 3);
     assert_eq!(storm.len(), 2);
     // A search in vain just before lock:b's lease ends...
     run_for(59_999).await;
-    storm.admit(b"lock:d", 100);
+    storm.admit(b"lock:d", 100, anyone());
     assert_eq!(ProxyMetrics::get(&storm.metrics.untracked), 4);
     // ...is not repeated for EVICT_RETRY, though lock:b is idle now...
     run_for(2).await;
-    storm.admit(b"lock:c", 100);
+    storm.admit(b"lock:c", 100, anyone());
     assert_eq!(ProxyMetrics::get(&storm.metrics.untracked), 5);
     assert_eq!(ProxyMetrics::get(&storm.metrics.evictions), 0);
     // ...and after it, lock:b gives its room to lock:c.
     run_for(10).await;
-    storm.admit(b"lock:c", 100);
+    storm.admit(b"lock:c", 100, anyone());
     assert_eq!(ProxyMetrics::get(&storm.metrics.evictions), 1);
     assert_eq!(storm.len(), 2);
 }

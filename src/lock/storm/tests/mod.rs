@@ -26,6 +26,11 @@ fn conn() -> Arc<Mutex<ConnLocks>> {
     Arc::new(Mutex::new(ConnLocks::opened(16, 0)))
 }
 
+/// A connection of its own: an attempt by nobody else under test.
+fn anyone() -> crate::lock::lease::ConnId {
+    ConnLocks::new(1).id
+}
+
 /// What parking `conn`'s SETNX on `key` with `value` asks for.
 fn ask(key: &str, value: &str, conn: &Arc<Mutex<ConnLocks>>) -> Ask {
     let conn_id = crate::sync::lock(conn).id;

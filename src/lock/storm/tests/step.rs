@@ -8,7 +8,7 @@ use tokio::time::Instant;
 use super::super::event::{Acquisition, Action, Event, Tally};
 use super::super::key::{Key, Limits, Timing, Turn};
 use super::super::Admission;
-use super::{ask, conn};
+use super::{anyone, ask, conn};
 use crate::protocol::encode::LocalReply;
 
 pub(super) const LIMITS: Limits = Limits {
@@ -190,6 +190,7 @@ fn admission_follows_the_view() {
         let actions = key.step(
             Event::Attempt {
                 probe_ms: row.probe_ms,
+                owner: anyone(),
             },
             now,
             LIMITS,
@@ -221,7 +222,14 @@ fn spinning_attempts_are_absorbed_between_probes() {
     let t0 = Instant::now();
     let mut key = Key::default();
     let attempt = |key: &mut Key, at: u64| {
-        admission(&key.step(Event::Attempt { probe_ms: 100 }, t0 + ms(at), LIMITS))
+        admission(&key.step(
+            Event::Attempt {
+                probe_ms: 100,
+                owner: anyone(),
+            },
+            t0 + ms(at),
+            LIMITS,
+        ))
     };
     assert_eq!(attempt(&mut key, 0), Some(Admission::Probe));
     assert_eq!(
@@ -268,7 +276,14 @@ fn answers_set_the_view() {
         assert!(matches!(actions[..], [Action::Wake]));
     }
     let mut key = Key::default();
-    key.step(Event::Attempt { probe_ms: 100 }, t0, LIMITS);
+    key.step(
+        Event::Attempt {
+            probe_ms: 100,
+            owner: anyone(),
+        },
+        t0,
+        LIMITS,
+    );
     key.step(Event::Released, t0 + ms(1), LIMITS);
     let actions = key.step(
         Event::Learned {
@@ -413,6 +428,73 @@ fn park_end_keeps_the_place_then_exits() {
     assert!(gone.iter().any(|a| matches!(a, Action::Exit)));
     assert_eq!(key.turn, Turn::Off);
     assert!(key.idle(t0 + ms(10_001)));
+}
+
+/// The spinner whose kept place is at the front of the queue is behind
+/// nobody: once the lock is free its own next attempt goes to Redis (one
+/// pipelined, which cannot park, was answered "not acquired" for a free
+/// lock: the differential test, seed 416058946), while any other
+/// connection's, also a younger spinner's with its own place, is absorbed.
+#[test]
+fn the_front_spinners_own_attempt_asks_redis() {
+    let base = std::time::Instant::now();
+    let t0 = Instant::now();
+    let mut key = Key::default();
+    let (front, young) = (conn(), conn());
+    let id_of = |c: &std::sync::Arc<std::sync::Mutex<crate::lock::lease::ConnLocks>>| {
+        crate::sync::lock(c).id
+    };
+    for (id, c, since) in [(1, &front, 0), (2, &young, 1)] {
+        let event = Event::Park {
+            id,
+            since: base + ms(since),
+            reply: oneshot::channel().0,
+            ask: ask("lock:a", "v", c),
+            timing: TIMING,
+        };
+        key.step(event, t0, LIMITS);
+    }
+    key.view.held_until = Some(t0 + ms(10_000));
+    key.view.last_probe = Some(t0 + ms(150));
+    let at_end = key.step(Event::Tick, t0 + ms(200), LIMITS);
+    assert_eq!(answered(&at_end).len(), 2, "both parks ended");
+    assert_eq!(key.waiters.len(), 2, "both places kept");
+    key.step(Event::Released, t0 + ms(201), LIMITS);
+    let attempt = |key: &mut Key, owner, at| {
+        admission(&key.step(
+            Event::Attempt {
+                probe_ms: 100,
+                owner,
+            },
+            t0 + ms(at),
+            LIMITS,
+        ))
+    };
+    assert_eq!(
+        attempt(&mut key, anyone(), 202),
+        Some(Admission::Absorb),
+        "a newcomer"
+    );
+    assert_eq!(
+        attempt(&mut key, id_of(&young), 203),
+        Some(Admission::Absorb),
+        "the younger spinner"
+    );
+    assert_eq!(
+        attempt(&mut key, id_of(&front), 204),
+        Some(Admission::Probe),
+        "the front spinner"
+    );
+    assert_eq!(
+        key.view.probing,
+        Some(t0 + ms(204)),
+        "its attempt is in flight"
+    );
+    assert_eq!(
+        attempt(&mut key, id_of(&young), 205),
+        Some(Admission::Absorb),
+        "nobody wins while it is on its way"
+    );
 }
 
 /// What the driver's acquisition teaches: acquired hands the lock to the
