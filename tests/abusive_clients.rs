@@ -138,6 +138,67 @@ async fn trickled_request_is_cut_and_never_reaches_redis() {
     lg.stop().await;
 }
 
+/// After a partial-request timeout the close lingers, as after a protocol
+/// error: the client's replies owed (4 MiB, more than the socket buffers
+/// hold while it reads slowly) and the error all arrive, though it went on
+/// sending after the cut. Closing with its late bytes unread would make
+/// the kernel reset the connection and drop what was not delivered yet.
+#[tokio::test]
+async fn replies_and_the_error_arrive_whole_when_the_trickle_goes_on_after_the_cut() {
+    let _serial = SERIAL.lock().await;
+    let redis = RedisServer::start();
+    let mut cfg = config(&redis.addr());
+    cfg.proxy.partial_request_timeout_ms = 300;
+    let lg = Lockgate::start_with(cfg).await;
+    let big = vec![b'v'; 1 << 20];
+    let mut setter = RawClient::connect(lg.addr).await;
+    assert_eq!(setter.call_bin(&[b"SET", b"big", &big]).await, b"+OK\r\n");
+
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.set_recv_buffer_size(4096).expect("rcvbuf");
+    let stream = socket.connect(lg.addr).await.expect("connect");
+    stream.set_nodelay(true).expect("nodelay");
+    let (mut r, mut w) = stream.into_split();
+    let mut head = Vec::new();
+    for _ in 0..4 {
+        head.extend(cmd(&["GET", "big"]));
+    }
+    // A bulk of 100 bytes that never comes whole in time.
+    head.extend(b"*1\r\n$100\r\n");
+    w.write_all(&head).await.expect("write");
+    let cut_at = Instant::now() + WAIT;
+    while get(&lg.ctx.metrics.clients_closed_partial_request) == 0 {
+        assert!(Instant::now() < cut_at, "never cut");
+        if w.write_all(b"x").await.is_err() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Bytes sent after the cut, which lockgate's reader no longer reads.
+    for _ in 0..3 {
+        w.write_all(b"x").await.expect("write after the cut");
+    }
+    let mut got = Vec::new();
+    let read = tokio::time::timeout(WAIT, r.read_to_end(&mut got))
+        .await
+        .expect("closed in time");
+    let mut want = Vec::new();
+    for _ in 0..4 {
+        want.extend(format!("${}\r\n", big.len()).into_bytes());
+        want.extend(&big);
+        want.extend(b"\r\n");
+    }
+    want.extend(b"-ERR Protocol error: request not completed within 300 ms\r\n");
+    assert!(
+        read.is_ok() && got == want,
+        "{read:?}: got {} bytes of {}; the end: {}",
+        got.len(),
+        want.len(),
+        show(&got[got.len().saturating_sub(80)..])
+    );
+    lg.stop().await;
+}
+
 #[tokio::test]
 async fn client_that_never_reads_is_cut_and_redis_frees_its_buffer() {
     let _serial = SERIAL.lock().await;

@@ -183,10 +183,8 @@ where
         // Replies read ahead while a write waited come before anything
         // Redis sends now, and so does the end of Redis's side seen then.
         if read_upstream && client.take_ahead(&mut buf) {
-            match forward(client, &mut buf, &mut st, &mut rx).await {
-                Ok(true) => return WriterEnd::Closed,
-                Ok(false) => {}
-                Err(e) => return WriterEnd::Failed(e),
+            if let Some(end) = forward_or_end(client, &mut buf, &mut st, &mut rx).await {
+                return end;
             }
             continue;
         }
@@ -222,10 +220,8 @@ where
                     continue;
                 }
                 if !buf.is_empty() {
-                    match forward(client, &mut buf, &mut st, &mut rx).await {
-                        Ok(true) => return WriterEnd::Closed,
-                        Ok(false) => {}
-                        Err(e) => return WriterEnd::Failed(e),
+                    if let Some(end) = forward_or_end(client, &mut buf, &mut st, &mut rx).await {
+                        return end;
                     }
                 }
             }
@@ -241,11 +237,11 @@ where
                     Some(end) => return end,
                     None => continue,
                 },
-                Ok(_) => match forward(client, &mut buf, &mut st, &mut rx).await {
-                    Ok(true) => return WriterEnd::Closed,
-                    Ok(false) => {}
-                    Err(e) => return WriterEnd::Failed(e),
-                },
+                Ok(_) => {
+                    if let Some(end) = forward_or_end(client, &mut buf, &mut st, &mut rx).await {
+                        return end;
+                    }
+                }
                 Err(e) => return WriterEnd::Failed(SessionError::UpstreamIo(e)),
             },
             // In a block, so the timer is made only once it is polled: a
@@ -277,6 +273,21 @@ fn upstream_closed(
     }
     let owed = st.raw || st.queue.iter().any(|p| !matches!(p, Pending::Local(_)));
     Some(WriterEnd::UpstreamClosed { owed })
+}
+
+/// [`forward`], as the write loop's end if it ends there: `Closed` at a
+/// `Close` entry, `Failed` on an error, `None` to go on.
+async fn forward_or_end<W: AsyncWrite + Unpin, R: AsyncRead + Unpin, L: LockReplies>(
+    client: &mut Client<'_, '_, W, R, L>,
+    buf: &mut BytesMut,
+    st: &mut Replies,
+    rx: &mut mpsc::Receiver<Vec<Pending>>,
+) -> Option<WriterEnd> {
+    match forward(client, buf, st, rx).await {
+        Ok(true) => Some(WriterEnd::Closed),
+        Ok(false) => None,
+        Err(e) => Some(WriterEnd::Failed(e)),
+    }
 }
 
 /// Forwards the complete frames in `buf` (and any partial bulk payload),
