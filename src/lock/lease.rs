@@ -356,10 +356,13 @@ impl ConnLocks {
                     a.since = Instant::now();
                     let since = a.since;
                     self.aged(Bytes::copy_from_slice(key), since);
-                } else if standing == Standing::Held {
+                } else if standing == Standing::Held && token_seq(&t) > token_seq(&a.token) {
                     // A re-entrant attempt pipelined behind another won: the
                     // key was free, so the owner record is this attempt's
                     // now, not the older holding's (its value is not kept).
+                    // A holding newer than the attempt (a takeover pipelined
+                    // after it: SETNX, GETSET) ran later on Redis and keeps
+                    // the owner record.
                     a.token = t;
                     a.value = Bytes::new();
                     a.lease_ms = lease_ms.unwrap_or(a.lease_ms);

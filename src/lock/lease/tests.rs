@@ -106,3 +106,30 @@ fn an_earlier_pipelined_attempt_that_won_holds_the_key() {
     assert_eq!(a.lease_ms, 2000);
     assert!(a.retry.is_none());
 }
+
+/// `SETNX` then `GETSET` pipelined, the `SETNX` answered after the
+/// takeover was recorded: the takeover ran later on Redis and its token is
+/// the owner record's, so the `SETNX` that won does not take the record
+/// back (found by the differential test, seed 466929453: a `MULTI` with a
+/// re-entrant `SETNX` and an `EXPIRE` then carried the older token and the
+/// `EXPIRE` was refused).
+#[test]
+fn a_takeover_pipelined_after_an_attempt_keeps_the_record() {
+    let mut c = ConnLocks::new(8);
+    let key = Bytes::from_static(b"lock:a");
+    c.attempt(
+        key.clone(),
+        Bytes::from_static(b"t:1"),
+        Bytes::from_static(b"v"),
+        Standing::Trying,
+        1000,
+    );
+    c.took_over(key.clone(), Bytes::from_static(b"t:2"), 1000);
+    c.settle(&key, b"t:1", Standing::Held, None);
+    let a = c.get(&key).expect("record");
+    assert_eq!(a.standing, Standing::Held);
+    assert_eq!(&a.token[..], b"t:2", "the takeover holds");
+    assert!(a.takeover);
+    assert!(a.unsettled.is_empty(), "the earlier attempt is settled");
+    assert_eq!(c.attempt_tokens(&key).0, Bytes::from_static(b"t:2"));
+}
