@@ -722,9 +722,13 @@ impl Model {
                 self.conns[conn].refused_at.insert(key.clone(), now);
                 // Refused by Redis or answered locally: lockgate records
                 // a loss either way (a holder trying again still holds).
+                // An attempt of a connection whose earlier one is not
+                // settled (`Trying`: queued in a MULTI whose outcome
+                // lockgate never learns) goes to Redis as a new attempt,
+                // and the earlier one stays a candidate (`unsettled`).
                 let c = &mut self.conns[conn];
                 match c.recs.get(&key).map(|r| r.standing.clone()) {
-                    Some(Standing::Held) | None => {
+                    Some(Standing::Held | Standing::Trying) | None => {
                         c.attempt(&key, t.clone());
                         c.settle(&key, &t, false);
                     }
