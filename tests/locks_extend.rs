@@ -198,3 +198,28 @@ async fn an_owner_whose_lease_lapsed_cannot_extend_the_next_holder() {
     assert_eq!(b.call(&["PEXPIRE", "lock:x", "90000"]).await, ":1\r\n");
     assert_lease(&mut r, "lock:x", 89_000, 90_000).await;
 }
+
+/// A holder's `EXPIRE` that finds its lease lapsed, with an acquisition
+/// pipelined behind it on the key now free: the acquisition is the
+/// connection's, so its next extension passes the owner check, as on Redis
+/// (found by the differential test, seed 332985417: the lapsed extension
+/// dropped the whole record, the acquisition behind it among it).
+#[tokio::test]
+async fn an_acquisition_pipelined_behind_a_lapsed_extension_is_kept() {
+    let (_redis, lg, mut r) = setup("a", 300).await;
+    let mut a = RawClient::connect(lg.addr).await;
+
+    assert_eq!(a.call(&["SETNX", "lock:p", "v1"]).await, ":1\r\n");
+    until!("lock:p to expire", !exists(&mut r, "lock:p").await);
+    let mut pipeline = cmd(&["EXPIRE", "lock:p", "1"]);
+    pipeline.extend(cmd(&["SET", "lock:p", "v2", "NX"]));
+    a.send(&pipeline).await;
+    assert_eq!(a.read_raw_frames(2).await, b":0\r\n+OK\r\n");
+    let l = &lg.ctx.locks.metrics;
+    assert_eq!(m(&l.lease_expired_before_release), 1);
+    // A re-entrant attempt refused: the connection still holds the key.
+    assert_eq!(a.call(&["SETNX", "lock:p", "v3"]).await, ":0\r\n");
+    assert_eq!(a.call(&["PEXPIRE", "lock:p", "60000"]).await, ":1\r\n");
+    assert_lease(&mut r, "lock:p", 59_000, 60_000).await;
+    assert_eq!(a.call(&["DEL", "lock:p"]).await, ":1\r\n");
+}

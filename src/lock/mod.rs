@@ -107,6 +107,10 @@ pub enum LockPending {
     Extend {
         /// The lock key.
         key: Bytes,
+        /// Tokens numbered below this were issued before the extension was
+        /// planned: if it finds the lease lapsed, only those attempts are
+        /// over (an acquisition pipelined after it is still on its way).
+        upto: u64,
     },
     /// A client script on these lock keys: its reply passes as it is, and
     /// what lockgate knew of the keys is dropped (it may have released them).

@@ -276,7 +276,8 @@ impl LockService {
                 ];
                 argv.extend(args.iter().map(|a| &a[..]));
                 let cmd = Call::new(Script::Extend, &[&key, &owner], &argv);
-                (cmd, LockPending::Extend { key })
+                let upto = self.tokens.issued();
+                (cmd, LockPending::Extend { key, upto })
             }
             LockOp::Takeover { key, command, args } => {
                 ProxyMetrics::inc(&self.metrics.takeovers);
@@ -398,7 +399,7 @@ impl LockService {
                     }
                 }
             }
-            LockPending::Extend { key } => {
+            LockPending::Extend { key, upto } => {
                 let (allowed, lapsed) = (fact(facts, 0), fact(facts, 1));
                 ProxyMetrics::add(&self.metrics.stale_conn_denied, fact(facts, 3));
                 if allowed == 0 {
@@ -408,12 +409,14 @@ impl LockService {
                     // (a lease shortened to 1 s frees the lock in 1 s).
                     self.storm.extended(&key, pttl);
                 }
-                if lapsed > 0 {
-                    if let Some(rec) = conn.get(&key).cloned() {
-                        if rec.standing == Standing::Held {
-                            conn.remove(&key);
-                            self.lapsed(&key, &rec, "extend");
-                        }
+                // The holding lapsed: the attempts made before the
+                // extension are over, as after a release. One pipelined
+                // after it (`EXPIRE`, then `SET NX` on the key now free)
+                // stays on record, or the acquisition it makes would be
+                // nobody's and its holder's next `EXPIRE` refused.
+                if lapsed > 0 && conn.get(&key).is_some_and(|r| r.standing == Standing::Held) {
+                    if let Some(rec) = conn.released(&key, upto) {
+                        self.lapsed(&key, &rec, "extend");
                     }
                 }
             }
