@@ -19,6 +19,11 @@
 #   LOCKGATE_BIN=...  use this binary instead of `cargo build --release`
 #   QUORUM=1          also run bench/quorum.sh (the quorum row) and append
 #                     its table to the summary (0: skip it)
+#   TOKIO_COPY=1      also a reference row (0: skip it): examples/tokio_copy.rs,
+#                     the least a tokio proxy does (copy_bidirectional on one
+#                     current-thread runtime, no parsing): what lockgate costs
+#                     over it is its own work, what it costs over HAProxy the
+#                     runtime's
 #   TLS=1             also the TLS rows (0: skip them): redis-benchmark --tls
 #                     to Redis's TLS port (direct_tls), to lockgate's TLS
 #                     listener in front of plain Redis (lockgate_tls), and
@@ -71,6 +76,7 @@ LOCK_KEYSPACE=${LOCK_KEYSPACE:-100000000}
 DATA_SIZE=${DATA_SIZE:-3}
 RUN_TIMEOUT=${RUN_TIMEOUT:-120}
 TLS=${TLS:-1}
+TOKIO_COPY=${TOKIO_COPY:-1}
 QUORUM=${QUORUM:-1}
 
 LOG_TAG=passthrough
@@ -97,9 +103,10 @@ fi
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 bench_start passthrough
 
-mapfile -t PORTS < <(python3 "$HELPER" ports 9)
+mapfile -t PORTS < <(python3 "$HELPER" ports 10)
 P_REDIS=${PORTS[0]} P_TWEM=${PORTS[1]} P_HAPROXY=${PORTS[2]} P_LOCKGATE=${PORTS[3]} P_TWEM_STATS=${PORTS[4]}
 P_REDIS_TLS=${PORTS[5]} P_LOCKGATE_TLS=${PORTS[6]} P_LOCKGATE_UP_TLS=${PORTS[7]} P_LOCKGATE_T2=${PORTS[8]}
+P_TOKIO_COPY=${PORTS[9]}
 
 # TLS: one throwaway CA, one certificate for 127.0.0.1 used by Redis and lockgate.
 REDIS_TLS_ARGS=()
@@ -189,6 +196,20 @@ declare -A PORT_OF=([direct]=$P_REDIS [twemproxy]=$P_TWEM [haproxy]=$P_HAPROXY [
 declare -A PID_OF=([direct]="" [twemproxy]=$TWEM_PID [haproxy]=$HAPROXY_PID [lockgate]=$LOCKGATE_PID [lockgate_t2]=$LOCKGATE_T2_PID)
 declare -A ARGS_OF=()
 TARGETS=(direct twemproxy haproxy lockgate lockgate_t2)
+
+if [[ $TOKIO_COPY == 1 ]]; then
+  log "building the reference row (cargo build --release --example tokio_copy)"
+  (cd "$REPO" && cargo build --release --quiet --example tokio_copy) ||
+    die "cargo build --release --example tokio_copy failed"
+  "$REPO/target/release/examples/tokio_copy" "127.0.0.1:$P_TOKIO_COPY" "127.0.0.1:$P_REDIS" \
+    >"$TMP/tokio-copy.log" 2>&1 &
+  TOKIO_COPY_PID=$!
+  PIDS+=("$TOKIO_COPY_PID")
+  wait_ready tokio_copy "$TOKIO_COPY_PID" "$P_TOKIO_COPY" "$TMP/tokio-copy.log"
+  PORT_OF+=([tokio_copy]=$P_TOKIO_COPY)
+  PID_OF+=([tokio_copy]=$TOKIO_COPY_PID)
+  TARGETS+=(tokio_copy)
+fi
 
 if [[ $TLS == 1 ]]; then
   # A second lockgate whose upstream is Redis's TLS port.

@@ -218,6 +218,36 @@ def report(tsv, meta_path, out):
                 emit(f"| {label if key == 'rps' else ''} | {name} | " + " | ".join(cells + rs) + " |")
         emit("")
 
+    # The reference row (TOKIO_COPY=1): a tokio proxy that only copies.
+    if runs.get(("set_p1", "tokio_copy")):
+        emit(
+            "Reference: tokio copy = examples/tokio_copy.rs, `copy_bidirectional` on one "
+            "current-thread runtime, no parsing (the least a tokio proxy does). What lockgate "
+            "costs over it is lockgate's own work; what it costs over HAProxy is the runtime's."
+        )
+        emit("")
+        emit(
+            "| workload | metric | HAProxy | tokio copy | lockgate "
+            "| copy/HAProxy | lg/copy | lg/HAProxy |"
+        )
+        emit("|---|---|--:|--:|--:|--:|--:|--:|")
+        ref = ["haproxy", "tokio_copy", "lockgate"]
+        for w, label in THROUGHPUT:
+            for key, name, fmt in (
+                ("rps", "ops/s", kfmt),
+                ("ops_cpu", "ops/CPU-s", kfmt),
+                ("proxy_us", "proxy µs/op", usfmt),
+            ):
+                m = {t: med(vals(w, t, key)) for t in ref}
+                cells = [fmt(m[t]) for t in ref]
+                rs = [
+                    f"{ratio(m['tokio_copy'], m['haproxy']):.2f}×",
+                    f"{ratio(m['lockgate'], m['tokio_copy']):.2f}×",
+                    f"{ratio(m['lockgate'], m['haproxy']):.2f}×",
+                ]
+                emit(f"| {label if key == 'rps' else ''} | {name} | " + " | ".join(cells + rs) + " |")
+        emit("")
+
     # Locks: SETNX on fresh lock keys, which lockgate turns into its
     # acquisition script; compared with lockgate's own plain SET.
     if runs.get(("setnx_p1", "lockgate")):
