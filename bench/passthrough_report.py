@@ -145,6 +145,17 @@ def report(tsv, meta_path, out):
     )
     emit("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
 
+    def side_table(workloads, targets, pairs, metrics):
+        """Rows per workload and metric for `targets`, then one ratio
+        column per (numerator, denominator) pair of targets."""
+        for w, label in workloads:
+            for key, name, fmt in metrics:
+                m = {t: med(vals(w, t, key)) for t in targets}
+                cells = [fmt(m[t]) + (spread(vals(w, t, key)) if fmt is kfmt else "") for t in targets]
+                rs = [f"{ratio(m[a], m[b]):.2f}×" for a, b in pairs]
+                emit(f"| {label if key == metrics[0][0] else ''} | {name} | " + " | ".join(cells + rs) + " |")
+        emit("")
+
     def ratios(w, key):
         lg = med(vals(w, "lockgate", key))
         rs = [f"{ratio(lg, med(vals(w, t, key))):.2f}×" for t in TARGETS[:3]]
@@ -205,18 +216,12 @@ def report(tsv, meta_path, out):
             "| lg TLS/lockgate | lg up-TLS/lockgate | lg TLS/direct TLS |"
         )
         emit("|---|---|--:|--:|--:|--:|--:|--:|--:|")
-        tls_targets = ["direct_tls", "lockgate", "lockgate_tls", "lockgate_up_tls"]
-        for w, label in THROUGHPUT + LATENCY:
-            for key, name in (("rps", "ops/s"), ("ops_cpu", "ops/CPU-s")):
-                m = {t: med(vals(w, t, key)) for t in tls_targets}
-                cells = [kfmt(m[t]) + spread(vals(w, t, key)) for t in tls_targets]
-                rs = [
-                    f"{ratio(m['lockgate_tls'], m['lockgate']):.2f}×",
-                    f"{ratio(m['lockgate_up_tls'], m['lockgate']):.2f}×",
-                    f"{ratio(m['lockgate_tls'], m['direct_tls']):.2f}×",
-                ]
-                emit(f"| {label if key == 'rps' else ''} | {name} | " + " | ".join(cells + rs) + " |")
-        emit("")
+        side_table(
+            THROUGHPUT + LATENCY,
+            ["direct_tls", "lockgate", "lockgate_tls", "lockgate_up_tls"],
+            [("lockgate_tls", "lockgate"), ("lockgate_up_tls", "lockgate"), ("lockgate_tls", "direct_tls")],
+            [("rps", "ops/s", kfmt), ("ops_cpu", "ops/CPU-s", kfmt)],
+        )
 
     # The reference row (TOKIO_COPY=1): a tokio proxy that only copies.
     if runs.get(("set_p1", "tokio_copy")):
@@ -231,22 +236,12 @@ def report(tsv, meta_path, out):
             "| copy/HAProxy | lg/copy | lg/HAProxy |"
         )
         emit("|---|---|--:|--:|--:|--:|--:|--:|")
-        ref = ["haproxy", "tokio_copy", "lockgate"]
-        for w, label in THROUGHPUT:
-            for key, name, fmt in (
-                ("rps", "ops/s", kfmt),
-                ("ops_cpu", "ops/CPU-s", kfmt),
-                ("proxy_us", "proxy µs/op", usfmt),
-            ):
-                m = {t: med(vals(w, t, key)) for t in ref}
-                cells = [fmt(m[t]) for t in ref]
-                rs = [
-                    f"{ratio(m['tokio_copy'], m['haproxy']):.2f}×",
-                    f"{ratio(m['lockgate'], m['tokio_copy']):.2f}×",
-                    f"{ratio(m['lockgate'], m['haproxy']):.2f}×",
-                ]
-                emit(f"| {label if key == 'rps' else ''} | {name} | " + " | ".join(cells + rs) + " |")
-        emit("")
+        side_table(
+            THROUGHPUT,
+            ["haproxy", "tokio_copy", "lockgate"],
+            [("tokio_copy", "haproxy"), ("lockgate", "tokio_copy"), ("lockgate", "haproxy")],
+            [("rps", "ops/s", kfmt), ("ops_cpu", "ops/CPU-s", kfmt), ("proxy_us", "proxy µs/op", usfmt)],
+        )
 
     # Locks: SETNX on fresh lock keys, which lockgate turns into its
     # acquisition script; compared with lockgate's own plain SET.
