@@ -261,9 +261,16 @@ async fn fifo(pause: Duration) {
         (0..10).collect::<Vec<_>>(),
         "acquisition order ({pause:?} between attempts)"
     );
-    // Each went through the parking room, each handoff a real acquisition.
-    assert_eq!(m(&s.handoffs), 10);
+    // Each acquisition was a real one on Redis: the holder's and one per
+    // spinner. Most are handoffs from the parking room; a poller whose turn
+    // came while it was between attempts (its place kept) acquires with
+    // its own next attempt, which goes to Redis.
     assert_eq!(m(&lg.ctx.locks.metrics.acquired), 11);
+    assert!(
+        (1..=10).contains(&m(&s.handoffs)),
+        "handoffs = {}",
+        m(&s.handoffs)
+    );
 }
 
 /// 1. FIFO: ten spin loops (no sleep) start in a known order on a held

@@ -213,7 +213,12 @@ impl Key {
         }
         let interval = Duration::from_millis(probe_ms);
         let view = &mut self.view;
-        let held = view.held_until.is_some_and(|u| u > now);
+        // After the driver was refused without learning a holder (a key
+        // without lease, an outage), no attempt goes before the back-off
+        // ends: the queue's own spinner would otherwise ask Redis on
+        // every attempt in between.
+        let held =
+            view.held_until.is_some_and(|u| u > now) || view.backoff_until.is_some_and(|b| b > now);
         let probed = view
             .last_probe
             .is_some_and(|p| now.duration_since(p) < interval);

@@ -495,6 +495,22 @@ fn the_front_spinners_own_attempt_asks_redis() {
         Some(Admission::Absorb),
         "nobody wins while it is on its way"
     );
+    // The driver was refused without learning a holder (a key without
+    // lease): back-off. The front spinner's attempts wait it out too, or
+    // each would ask Redis (tests/storm_handoff.rs: the incident's key).
+    key.view.probing = None;
+    key.view.backoff_until = Some(t0 + ms(400));
+    key.view.last_probe = Some(t0 + ms(250));
+    assert_eq!(
+        attempt(&mut key, id_of(&front), 300),
+        Some(Admission::Absorb),
+        "backing off"
+    );
+    assert_eq!(
+        attempt(&mut key, id_of(&front), 400),
+        Some(Admission::Probe),
+        "back-off over"
+    );
 }
 
 /// What the driver's acquisition teaches: acquired hands the lock to the
