@@ -29,6 +29,10 @@ struct Prefilter {
     singles: ByteSet,
     /// Bit `a * 256 + b`: a contained literal starts with bytes `a b`.
     pairs: Box<[u64; 1024]>,
+    /// The distinct first bytes of those pairs (the defaults have one,
+    /// `:`): with at most three, a key is searched for them with `memchr`
+    /// instead of testing every pair of bytes in it.
+    pair_starts: Vec<u8>,
 }
 
 /// A set of bytes as a 256-bit map.
@@ -56,6 +60,7 @@ impl Prefilter {
             lasts: ByteSet::default(),
             singles: ByteSet::default(),
             pairs: Box::new([0; 1024]),
+            pair_starts: Vec::new(),
         };
         for p in patterns {
             match p {
@@ -67,6 +72,9 @@ impl Prefilter {
                     [a, b, ..] => {
                         let bit = usize::from(*a) << 8 | usize::from(*b);
                         f.pairs[bit >> 6] |= 1 << (bit & 63);
+                        if !f.pair_starts.contains(a) {
+                            f.pair_starts.push(*a);
+                        }
                     }
                 },
                 Compiled::Glob(_) => return None,
@@ -85,10 +93,50 @@ impl Prefilter {
         if !self.singles.is_empty() && key.iter().any(|&b| self.singles.has(b)) {
             return true;
         }
-        key.windows(2).any(|w| {
-            let bit = usize::from(w[0]) << 8 | usize::from(w[1]);
+        self.any_pair(key)
+    }
+
+    /// True when `key` (at least one byte) holds the first two bytes of a
+    /// contained literal. With at most four distinct first bytes (the
+    /// defaults have one, `:`), eight key bytes at a time are tested for
+    /// them at once (SWAR), and only the positions found are looked up.
+    fn any_pair(&self, key: &[u8]) -> bool {
+        let pair_at = |i: usize| {
+            let bit = usize::from(key[i]) << 8 | usize::from(key[i + 1]);
             self.pairs[bit >> 6] & (1 << (bit & 63)) != 0
-        })
+        };
+        // Where a pair may start: every byte but the last.
+        let starts = key.len() - 1;
+        if self.pair_starts.is_empty() {
+            return false;
+        }
+        if self.pair_starts.len() > 4 {
+            return (0..starts).any(pair_at);
+        }
+        const ONES: u64 = 0x0101_0101_0101_0101;
+        const HIGHS: u64 = 0x8080_8080_8080_8080;
+        let mut at = 0;
+        while at < starts {
+            let take = (starts - at).min(8);
+            let mut word = [0u8; 8];
+            word[..take].copy_from_slice(&key[at..at + take]);
+            let w = u64::from_le_bytes(word);
+            // The high bit of each byte of `w` equal to a start byte (and
+            // maybe of a byte above one: every candidate is checked).
+            let mut found = self.pair_starts.iter().fold(0, |m, &b| {
+                let x = w ^ (u64::from(b) * ONES);
+                m | (x.wrapping_sub(ONES) & !x & HIGHS)
+            });
+            while found != 0 {
+                let i = at + (found.trailing_zeros() / 8) as usize;
+                if i < starts && pair_at(i) {
+                    return true;
+                }
+                found &= found - 1;
+            }
+            at += 8;
+        }
+        false
     }
 }
 
@@ -374,11 +422,15 @@ mod tests {
     fn the_prefilter_never_hides_a_match() {
         let defaults = crate::config::LocksConfig::default().keys;
         let defaults: Vec<&str> = defaults.iter().map(String::as_str).collect();
-        let sets: [&[&str]; 4] = [
+        let sets: [&[&str]; 8] = [
             &defaults,
             &["*x*", "a", "*:lock:*"],
             &["lock:*", "h?x*"],
             &["", "*:lock"],
+            &["*ab*", "*cd*"],
+            &["*ab*", "*cd*", "*ef*"],
+            &["*ab*", "*cd*", "*ef*", "*gh*"],
+            &["*ab*", "*cd*", "*ef*", "*gh*", "*:lock:*"],
         ];
         let keys = [
             "",
@@ -401,6 +453,23 @@ mod tests {
             ":l:lock:x",
             "mutex",
             "a:lockx",
+            "ab",
+            "xxcd",
+            "xefx",
+            "a:gh",
+            "gxh",
+            "aab",
+            "ccd:",
+            "e",
+            "0123456789ab",
+            "01234567ab",
+            "0123456ab",
+            "xxxxxxxxxxxxxxxxxcd",
+            "aaaaaaaaaaaaaaaaaaaa",
+            "\u{1}\u{1}\u{1}\u{1}\u{1}\u{1}\u{1}ef",
+            "aaaaaaaa:lock:bbbb",
+            "key:000000012345",
+            "user:0000000000001:lock:x",
         ];
         for set in sets {
             let k = KeyPatterns::new(set.iter().copied());
