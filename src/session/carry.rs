@@ -234,7 +234,14 @@ fn script_lock_keys(
     if expect != Expect::One {
         return None;
     }
-    if command::classify(args.get(0), b"", b"") != command::CommandKind::Eval {
+    // Every command passing through comes here: rule out all but the
+    // `EVAL` family (4, 7, 8 or 10 bytes, starting with E) before the
+    // full classification.
+    let name = args.get(0);
+    if !matches!(name.len(), 4 | 7 | 8 | 10) || !name[0].eq_ignore_ascii_case(&b'e') {
+        return None;
+    }
+    if command::classify(name, b"", b"") != command::CommandKind::Eval {
         return None;
     }
     let n: usize = std::str::from_utf8(args.get(2)).ok()?.parse().ok()?;
