@@ -122,12 +122,16 @@ impl RequestParser {
     }
 
     fn parse_multibulk(&mut self, buf: &[u8]) -> Result<Option<Request>, ProtocolError> {
-        let Some((count, mut pos)) = header_line(buf, 0, ProtocolError::TooBigMultibulkCount)?
+        let Some((count, mut pos)) = header_value(
+            buf,
+            0,
+            ProtocolError::TooBigMultibulkCount,
+            ProtocolError::InvalidMultibulkLength,
+        )?
         else {
             self.needed = buf.len() + 1;
             return Ok(None);
         };
-        let count = string2ll(count).ok_or(ProtocolError::InvalidMultibulkLength)?;
         if count <= 0 {
             return Ok(Some(Request {
                 len: pos,
@@ -146,11 +150,16 @@ impl RequestParser {
             if kind != b'$' {
                 return Err(ProtocolError::ExpectedBulk(kind));
             }
-            let Some((len, data)) = header_line(buf, pos, ProtocolError::TooBigBulkCount)? else {
+            let Some((len, data)) = header_value(
+                buf,
+                pos,
+                ProtocolError::TooBigBulkCount,
+                ProtocolError::InvalidBulkLength,
+            )?
+            else {
                 self.needed = buf.len() + 1;
                 return Ok(None);
             };
-            let len = string2ll(len).ok_or(ProtocolError::InvalidBulkLength)?;
             if len < 0 || len as u64 > self.limits.max_bulk_bytes {
                 return Err(ProtocolError::InvalidBulkLength);
             }
@@ -200,6 +209,41 @@ impl RequestParser {
         };
         Ok(Some(Request { len: nl + 1, kind }))
     }
+}
+
+/// The number in the CRLF-terminated header starting at `start` (its type
+/// byte included), read as `string2ll` reads it, and the position after the
+/// CRLF; `too_big` when no CRLF comes within the line limit, `invalid` when
+/// the number is not one Redis accepts.
+fn header_value(
+    buf: &[u8],
+    start: usize,
+    too_big: ProtocolError,
+    invalid: ProtocolError,
+) -> Result<Option<(i64, usize)>, ProtocolError> {
+    // The form every client sends, `0` or up to 18 digits without a
+    // leading zero and then CRLF, read in one pass; anything else (a sign,
+    // a leading zero, a long or cut line) takes the general path, which
+    // gives the same answer for this form.
+    let from = start + 1;
+    let mut i = from;
+    let mut value: i64 = 0;
+    while let Some(&d) = buf.get(i) {
+        if !d.is_ascii_digit() || i - from == 18 {
+            break;
+        }
+        value = value * 10 + i64::from(d - b'0');
+        i += 1;
+    }
+    let leading_zero = buf.get(from) == Some(&b'0') && i - from > 1;
+    if i > from && !leading_zero && buf.get(i..i + 2) == Some(b"\r\n") {
+        return Ok(Some((value, i + 2)));
+    }
+    let Some((digits, after)) = header_line(buf, start, too_big)? else {
+        return Ok(None);
+    };
+    let value = string2ll(digits).ok_or(invalid)?;
+    Ok(Some((value, after)))
 }
 
 /// Finds the CRLF-terminated header starting at `start` (its type byte
