@@ -11,6 +11,7 @@
 //! the commands not yet answered.
 
 pub mod activity;
+mod branches;
 pub mod carry;
 mod detached;
 pub mod jobs;
@@ -22,9 +23,12 @@ pub mod quorum_transaction;
 pub mod reader;
 pub mod writer;
 
+use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
+use std::pin::pin;
 use std::sync::{Arc, Mutex};
+use std::task::Poll;
 use std::time::Duration;
 
 use bytes::BytesMut;
@@ -153,29 +157,62 @@ async fn serve(
         writer_done.cancel();
         end
     };
-    let halves = async {
-        let (read_end, write_end, ()) = tokio::join!(reader, writer, runner.run(&writer_done));
-        (read_end, write_end)
-    };
-    let served = async {
+    let runner = runner.run(&writer_done);
+    let watchdog = async {
         if ctx.locks.has_watchdog() {
-            tokio::select! {
-                ends = halves => Some(ends),
-                _ = watchdog::run(&ctx.locks, &ctx.primary, &conn) => None,
-            }
+            watchdog::run(&ctx.locks, &ctx.primary, &conn).await;
         } else {
-            Some(halves.await)
+            std::future::pending::<()>().await;
         }
     };
-    // When the primary is replaced (Sentinel), the session is closed: its
-    // client reconnects, as after a failover of a Redis it talked to
-    // directly (SELECT, subscriptions and MULTI cannot silently move).
-    let ends = tokio::select! {
-        ends = served => ends,
-        _ = ctx.primary_addr.changed_from(generation) => {
-            ProxyMetrics::inc(&ctx.primary_addr.metrics.sessions_closed);
-            None
-        }
+    let primary_changed = ctx.primary_addr.changed_from(generation);
+    // In a block, so the branches (and their borrows of the sockets) are
+    // gone before the lingering close below.
+    let ends = {
+        let (mut reader, mut writer, mut runner) = (pin!(reader), pin!(writer), pin!(runner));
+        let (mut watchdog, mut primary_changed) = (pin!(watchdog), pin!(primary_changed));
+        // One poll loop over the five branches, each polled only when its own
+        // waker fired (see `branches`): the reader, the writer and the job
+        // runner all run to their end; the watchdog ending (its lock lost) or
+        // the primary being replaced (Sentinel) closes the session. After a
+        // failover the client reconnects, as after a failover of a Redis it
+        // talked to directly (SELECT, subscriptions and MULTI cannot silently
+        // move).
+        let branches = branches::Branches::new(5);
+        let (mut read_end, mut write_end, mut ran) = (None, None, false);
+        std::future::poll_fn(|cx| {
+            let woken = branches.woken(cx);
+            if woken & 1 != 0 && read_end.is_none() {
+                if let Poll::Ready(end) = reader.as_mut().poll(&mut branches.context(0)) {
+                    read_end = Some(end);
+                }
+            }
+            if woken & 2 != 0 && write_end.is_none() {
+                if let Poll::Ready(end) = writer.as_mut().poll(&mut branches.context(1)) {
+                    write_end = Some(end);
+                }
+            }
+            if woken & 4 != 0 && !ran {
+                ran = runner.as_mut().poll(&mut branches.context(2)).is_ready();
+            }
+            if ran && read_end.is_some() && write_end.is_some() {
+                return Poll::Ready(read_end.take().zip(write_end.take()));
+            }
+            if woken & 8 != 0 && watchdog.as_mut().poll(&mut branches.context(3)).is_ready() {
+                return Poll::Ready(None);
+            }
+            if woken & 16 != 0
+                && primary_changed
+                    .as_mut()
+                    .poll(&mut branches.context(4))
+                    .is_ready()
+            {
+                ProxyMetrics::inc(&ctx.primary_addr.metrics.sessions_closed);
+                return Poll::Ready(None);
+            }
+            Poll::Pending
+        })
+        .await
     };
     let Some((read_end, write_end)) = ends else {
         return;

@@ -1,0 +1,129 @@
+//! Wakers per branch for the session's poll loop. A session runs its
+//! reader, writer and job runner, and the watchers beside them (the
+//! watchdog, a change of primary), as branches of one task. `join!` and
+//! `select!` poll every branch whenever any one of them is woken, and a
+//! pending branch is not free to poll: the job runner's and the primary
+//! watcher's waits each take a lock on every poll, twice per command at
+//! `-P 1`. Here each branch polls with a waker of its own, which marks the
+//! branch and wakes the task; the session polls only the branches marked
+//! since its last poll (all of them the first time).
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Wake, Waker};
+
+use futures_util::task::AtomicWaker;
+
+/// The wakers of up to 32 branches of one task.
+pub struct Branches {
+    shared: Arc<Shared>,
+    wakers: Vec<Waker>,
+}
+
+struct Shared {
+    /// Bit `i`: branch `i` was woken since the task last took the set.
+    woken: AtomicU32,
+    /// The task's own waker, registered at every poll.
+    task: AtomicWaker,
+}
+
+struct Branch {
+    shared: Arc<Shared>,
+    bit: u32,
+}
+
+impl Wake for Branch {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.shared.woken.fetch_or(self.bit, Ordering::AcqRel);
+        self.shared.task.wake();
+    }
+}
+
+impl Branches {
+    /// Wakers for `n` branches (at most 32), every one marked woken.
+    pub fn new(n: usize) -> Branches {
+        let n = n.min(32);
+        let all = if n == 32 { u32::MAX } else { (1u32 << n) - 1 };
+        let shared = Arc::new(Shared {
+            woken: AtomicU32::new(all),
+            task: AtomicWaker::new(),
+        });
+        let wakers = (0..n)
+            .map(|i| {
+                Waker::from(Arc::new(Branch {
+                    shared: shared.clone(),
+                    bit: 1 << i,
+                }))
+            })
+            .collect();
+        Branches { shared, wakers }
+    }
+
+    /// At the start of the task's poll: registers its waker, then takes
+    /// the set of branches woken since the last poll (bit `i` for branch
+    /// `i`). A wake after this is for the next poll.
+    pub fn woken(&self, cx: &Context<'_>) -> u32 {
+        self.shared.task.register(cx.waker());
+        self.shared.woken.swap(0, Ordering::AcqRel)
+    }
+
+    /// The context branch `i` is polled with.
+    pub fn context(&self, i: usize) -> Context<'_> {
+        Context::from_waker(&self.wakers[i])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::future::Future;
+    use std::pin::pin;
+    use std::task::Poll;
+    use tokio::sync::oneshot;
+
+    /// Only woken branches are reported, each once; every branch the
+    /// first time; a wake wakes the task.
+    #[tokio::test]
+    async fn reports_the_branches_woken_since_the_last_poll() {
+        let b = Branches::new(3);
+        let (tx0, rx0) = oneshot::channel::<u8>();
+        let (tx2, rx2) = oneshot::channel::<u8>();
+        let (mut rx0, mut rx2) = (pin!(rx0), pin!(rx2));
+        let mut seen = Vec::new();
+        let mut got = Vec::new();
+        let mut senders = (Some(tx0), Some(tx2));
+        std::future::poll_fn(|cx| {
+            let woken = b.woken(cx);
+            seen.push(woken);
+            if woken & 1 != 0 {
+                if let Poll::Ready(v) = rx0.as_mut().poll(&mut b.context(0)) {
+                    got.push(v.unwrap_or(0));
+                }
+            }
+            if woken & 4 != 0 {
+                if let Poll::Ready(v) = rx2.as_mut().poll(&mut b.context(2)) {
+                    got.push(v.unwrap_or(0));
+                }
+            }
+            // Send from inside the poll, after the branches were polled:
+            // each send wakes its branch, and so the task again.
+            if let Some(tx) = senders.1.take() {
+                let _ = tx.send(2);
+            } else if let Some(tx) = senders.0.take() {
+                let _ = tx.send(1);
+            }
+            if got.len() == 2 {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        })
+        .await;
+        assert_eq!(seen, [0b111, 0b100, 0b001]);
+        assert_eq!(got, [2, 1]);
+    }
+}
