@@ -42,6 +42,9 @@
 //!   unreachable (the same client timeouts); [`session::linger`] closes a
 //!   client after a protocol error without a reset (FIN, then its input
 //!   drained, bounded);
+//!   `session::branches` gives each part of a session (reader, writer,
+//!   job runner, watchdog, primary watcher) a waker of its own, so the
+//!   session's poll loop polls only the parts that were woken;
 //!   [`session::pending`] is what the two halves tell each other;
 //!   [`session::jobs`] runs a session's deferred work in command order;
 //!   [`session::carry`] carries out the routes of one read batch (what
