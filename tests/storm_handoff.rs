@@ -197,3 +197,37 @@ async fn a_key_without_lease_is_probed_once_per_interval() {
         lg.stop().await;
     }
 }
+
+/// A spinner whose connection closes leaves no place in the key's queue
+/// behind it: a newcomer is not held back for a client that is gone (found
+/// by the differential test, seed 572840741: a `SET NX` on a free lock got
+/// nil while a closed spinner's kept place lasted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_spinners_place_does_not_hold_newcomers_back() {
+    // A probe interval of 3 s keeps a spinner's place for 3 s after its
+    // park ends: long enough that the check below cannot pass by timing.
+    let (_redis, lg, mut r) = setup_with("handoff", 30_000, |c| {
+        c.locks.retry.park_ms = 50;
+        c.locks.retry.probe_interval_ms = 3_000;
+    })
+    .await;
+    let open = || m(&lg.ctx.metrics.connections_active);
+    assert_eq!(r.call(&["SET", "lock:gone", "x"]).await, "+OK\r\n");
+    let mut other = RawClient::connect(lg.addr).await;
+    until!("one session", open() == 1);
+    let mut spinner = RawClient::connect(lg.addr).await;
+    until!("two sessions", open() == 2);
+    assert_eq!(spinner.call(&["SETNX", "lock:gone", "y"]).await, ":0\r\n");
+    // Moments later: parked, answered when its park ends, its place kept.
+    assert_eq!(spinner.call(&["SETNX", "lock:gone", "y"]).await, ":0\r\n");
+    assert_eq!(m(&lg.ctx.locks.storm.metrics.park_timeouts), 1);
+    drop(spinner);
+    until!("the spinner's session to end", open() == 1);
+    assert_eq!(other.call(&["DEL", "lock:gone"]).await, ":1\r\n");
+    assert_eq!(
+        other.call(&["SET", "lock:gone", "z", "NX"]).await,
+        "+OK\r\n",
+        "held back behind a closed connection's place"
+    );
+    lg.stop().await;
+}

@@ -446,6 +446,11 @@ impl ConnLocks {
         self.map.remove(key)
     }
 
+    /// Every key this connection has a record of.
+    pub fn keys(&self) -> impl Iterator<Item = &Bytes> {
+        self.map.keys()
+    }
+
     /// Keys this connection holds now, with their tokens.
     pub fn held(&self) -> impl Iterator<Item = (&Bytes, &Acquisition)> {
         self.map

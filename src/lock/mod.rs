@@ -370,6 +370,20 @@ impl LockService {
         ConnLocks::opened(self.max_conn_locks, self.tokens.issued())
     }
 
+    /// A client connection closed: the places it kept in contention queues
+    /// between two attempts go, or they would hold newcomers back for a
+    /// client that is gone (for up to `max(park_ms, probe_interval_ms)`).
+    /// Its attempts still parked are answered by their dropped channels.
+    pub fn connection_closed(&self, conn: &std::sync::Mutex<ConnLocks>) {
+        let (id, keys) = {
+            let c = crate::sync::lock(conn);
+            (c.id, c.keys().cloned().collect::<Vec<_>>())
+        };
+        for key in keys {
+            self.storm.leave(&key, id);
+        }
+    }
+
     /// Counts a SETNX / SET NX on a key outside `locks.keys`, by prefix.
     pub fn note_unmatched(&self, key: &[u8]) {
         ProxyMetrics::inc(&self.metrics.unmatched_setnx);

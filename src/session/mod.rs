@@ -109,6 +109,20 @@ pub async fn run(
     .await
 }
 
+/// At the end of a session, on every path out of it (also when it is
+/// dropped at shutdown): its connection's kept places in contention
+/// queues go ([`crate::lock::LockService::connection_closed`]).
+struct LeaveQueues<'a> {
+    ctx: &'a ServerContext,
+    conn: &'a Mutex<ConnLocks>,
+}
+
+impl Drop for LeaveQueues<'_> {
+    fn drop(&mut self) {
+        self.ctx.locks.connection_closed(self.conn);
+    }
+}
+
 async fn serve(
     ctx: &Arc<ServerContext>,
     mut client: Stream,
@@ -127,6 +141,7 @@ async fn serve(
     let (mut up_r, mut up_w) = upstream.split();
     let (tx, rx) = mpsc::channel(ctx.config.proxy.max_inflight_batches);
     let conn = Arc::new(Mutex::new(conn));
+    let _leave = LeaveQueues { ctx, conn: &conn };
     let reader_cancel = shutdown.child_token();
     let writer_done = CancellationToken::new();
     let (job_queue, runner) = jobs::queue(ctx.config.proxy.max_inflight_batches);
