@@ -470,30 +470,24 @@ fn the_front_spinners_own_attempt_asks_redis() {
             LIMITS,
         ))
     };
-    assert_eq!(
-        attempt(&mut key, anyone(), 202),
-        Some(Admission::Absorb),
-        "a newcomer"
-    );
-    assert_eq!(
-        attempt(&mut key, id_of(&young), 203),
-        Some(Admission::Absorb),
-        "the younger spinner"
-    );
-    assert_eq!(
-        attempt(&mut key, id_of(&front), 204),
-        Some(Admission::Probe),
-        "the front spinner"
-    );
+    let turns = [
+        (anyone(), 202, Admission::Absorb, "a newcomer"),
+        (id_of(&young), 203, Admission::Absorb, "the younger spinner"),
+        (id_of(&front), 204, Admission::Probe, "the front spinner"),
+        (
+            id_of(&young),
+            205,
+            Admission::Absorb,
+            "nobody wins while it is on its way",
+        ),
+    ];
+    for (owner, at, want, who) in turns {
+        assert_eq!(attempt(&mut key, owner, at), Some(want), "{who}");
+    }
     assert_eq!(
         key.view.probing,
         Some(t0 + ms(204)),
-        "its attempt is in flight"
-    );
-    assert_eq!(
-        attempt(&mut key, id_of(&young), 205),
-        Some(Admission::Absorb),
-        "nobody wins while it is on its way"
+        "the front spinner's attempt in flight"
     );
     // The driver was refused without learning a holder (a key without
     // lease): back-off. The front spinner's attempts wait it out too, or
@@ -501,16 +495,12 @@ fn the_front_spinners_own_attempt_asks_redis() {
     key.view.probing = None;
     key.view.backoff_until = Some(t0 + ms(400));
     key.view.last_probe = Some(t0 + ms(250));
-    assert_eq!(
-        attempt(&mut key, id_of(&front), 300),
-        Some(Admission::Absorb),
-        "backing off"
-    );
-    assert_eq!(
-        attempt(&mut key, id_of(&front), 400),
-        Some(Admission::Probe),
-        "back-off over"
-    );
+    for (at, want, when) in [
+        (300, Admission::Absorb, "backing off"),
+        (400, Admission::Probe, "back-off over"),
+    ] {
+        assert_eq!(attempt(&mut key, id_of(&front), at), Some(want), "{when}");
+    }
 }
 
 /// What the driver's acquisition teaches: acquired hands the lock to the
