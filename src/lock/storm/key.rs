@@ -213,12 +213,7 @@ impl Key {
         }
         let interval = Duration::from_millis(probe_ms);
         let view = &mut self.view;
-        // After the driver was refused without learning a holder (a key
-        // without lease, an outage), no attempt goes before the back-off
-        // ends: the queue's own spinner would otherwise ask Redis on
-        // every attempt in between.
-        let held =
-            view.held_until.is_some_and(|u| u > now) || view.backoff_until.is_some_and(|b| b > now);
+        let held = view.held_until.is_some_and(|u| u > now);
         let probed = view
             .last_probe
             .is_some_and(|p| now.duration_since(p) < interval);
@@ -242,7 +237,14 @@ impl Key {
             .waiters
             .front()
             .is_some_and(|w| w.live() || w.owner != owner);
-        if (held && probed) || in_flight || queued_ahead {
+        // That spinner waits out the driver's back-off, as the driver
+        // does, after an attempt refused without a holder learned (a key
+        // without lease, an outage): else it would ask Redis on every
+        // attempt in between. Nobody else is held back by a back-off.
+        let backing_off = !self.waiters.is_empty()
+            && !queued_ahead
+            && view.backoff_until.is_some_and(|b| b > now);
+        if ((held || backing_off) && probed) || in_flight || queued_ahead {
             return Admission::Absorb;
         }
         view.last_probe = Some(now);

@@ -503,6 +503,24 @@ fn the_front_spinners_own_attempt_asks_redis() {
     }
 }
 
+/// A back-off holds back only the front spinner's own attempts: with no
+/// queue on the key, an attempt goes to Redis (`tests/sentinel.rs`: the
+/// first attempt after a failover hold ended was refused while the
+/// driver's back-off from the hold still ran).
+#[test]
+fn a_back_off_alone_holds_nobody_back() {
+    let t0 = Instant::now();
+    let mut key = Key::default();
+    key.view.backoff_until = Some(t0 + ms(100));
+    key.view.last_probe = Some(t0);
+    let attempt = Event::Attempt {
+        probe_ms: 100,
+        owner: anyone(),
+    };
+    let actions = key.step(attempt, t0 + ms(10), LIMITS);
+    assert_eq!(admission(&actions), Some(Admission::Probe));
+}
+
 /// What the driver's acquisition teaches: acquired hands the lock to the
 /// waiter; refused with a holder's lease waits for it; refused without a
 /// lease (an outage, a fairness yield) backs off; a release that came
