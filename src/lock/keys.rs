@@ -115,29 +115,41 @@ impl Prefilter {
         }
         const ONES: u64 = 0x0101_0101_0101_0101;
         const HIGHS: u64 = 0x8080_8080_8080_8080;
+        if key.len() < 8 {
+            return (0..starts).any(pair_at);
+        }
         let mut at = 0;
         while at < starts {
-            let take = (starts - at).min(8);
-            let mut word = [0u8; 8];
-            word[..take].copy_from_slice(&key[at..at + take]);
-            let w = u64::from_le_bytes(word);
+            // Whole words only (one load, not a copy of a variable length):
+            // the last one is the key's last eight bytes, overlapping the
+            // word before, whose positions are masked off.
+            let base = at.min(key.len() - 8);
+            let w = word(&key[base..]);
             // The high bit of each byte of `w` equal to a start byte (and
             // maybe of a byte above one: every candidate is checked).
             let mut found = self.pair_starts.iter().fold(0, |m, &b| {
                 let x = w ^ (u64::from(b) * ONES);
                 m | (x.wrapping_sub(ONES) & !x & HIGHS)
             });
+            found &= u64::MAX << ((at - base) * 8);
             while found != 0 {
-                let i = at + (found.trailing_zeros() / 8) as usize;
+                let i = base + (found.trailing_zeros() / 8) as usize;
                 if i < starts && pair_at(i) {
                     return true;
                 }
                 found &= found - 1;
             }
-            at += 8;
+            at = base + 8;
         }
         false
     }
+}
+
+/// The first eight bytes of `bytes` (at least eight long), little-endian.
+fn word(bytes: &[u8]) -> u64 {
+    let mut w = [0u8; 8];
+    w.copy_from_slice(&bytes[..8]);
+    u64::from_le_bytes(w)
 }
 
 /// A pattern in the cheapest form that matches exactly the same keys: the
@@ -478,6 +490,31 @@ mod tests {
                     .iter()
                     .position(|p| glob_match(p.as_bytes(), key.as_bytes()));
                 assert_eq!(k.find(key.as_bytes()), naive, "{set:?} ~ {key}");
+            }
+        }
+    }
+
+    /// A contained literal is found at every position of keys of every
+    /// length around the prefilter's 8-byte words (whole, overlapping
+    /// last, and shorter than one).
+    #[test]
+    fn the_prefilter_finds_a_pair_at_every_position() {
+        for set in [
+            &["*ab*"][..],
+            &["*ab*", "*:lock:*"],
+            &["*ab*", "*cd*", "*ef*"],
+        ] {
+            let k = KeyPatterns::new(set.iter().copied());
+            for len in 2..=26 {
+                for at in 0..len - 1 {
+                    let mut key = vec![b'a'; len];
+                    key[at + 1] = b'b';
+                    // Every other position holds `a` (a start byte) not
+                    // followed by `b`: candidates that must be rejected.
+                    assert_eq!(k.find(&key), Some(0), "{set:?} len {len} at {at}");
+                    key[at + 1] = b'x';
+                    assert_eq!(k.find(&key), None, "{set:?} len {len} without");
+                }
             }
         }
     }
