@@ -72,6 +72,39 @@ pub struct ReplyScanner {
     top: Option<FrameEnd>,
 }
 
+/// A type byte whose element is one line (`+`, `-`, `:`, `,`, `#`, `_`,
+/// `(`), ended by its `\n`.
+fn is_line_type(type_byte: u8) -> bool {
+    matches!(type_byte, b'+' | b'-' | b':' | b',' | b'#' | b'_' | b'(')
+}
+
+/// Where the first `\n` of `buf` is. Most lines are a few bytes (`+OK`,
+/// `:1`): the first 16 are looked at one by one, which is cheaper than
+/// setting up `memchr` for them.
+fn line_end(buf: &[u8]) -> Option<usize> {
+    const SHORT: usize = 16;
+    let short = &buf[..buf.len().min(SHORT)];
+    if let Some(nl) = short.iter().position(|&b| b == b'\n') {
+        return Some(nl);
+    }
+    let rest = buf.get(SHORT..)?;
+    memchr::memchr(b'\n', rest).map(|nl| nl + SHORT)
+}
+
+/// The frame end of `line`, a whole top-level line element (its `\n`
+/// included).
+fn line_frame(line: &[u8]) -> FrameEnd {
+    let mut head = [0; 8];
+    let n = line.len().min(8);
+    head[..n].copy_from_slice(&line[..n]);
+    FrameEnd {
+        kind: FrameKind::Reply,
+        type_byte: line[0],
+        len: line.len() as u64,
+        head,
+    }
+}
+
 impl ReplyScanner {
     /// A scanner at the start of a stream.
     pub fn new() -> ReplyScanner {
@@ -118,6 +151,22 @@ impl ReplyScanner {
                         }
                     }
                 },
+                State::Header if self.top.is_none() && is_line_type(buf[pos]) => {
+                    // The commonest reply by far (`+OK`, `:1`, an error) is
+                    // one line: found whole in one search, its frame made
+                    // at once.
+                    match line_end(&buf[pos..]) {
+                        Some(nl) => {
+                            return Ok((pos + nl + 1, Some(line_frame(&buf[pos..=pos + nl]))))
+                        }
+                        None => {
+                            self.start_element(buf[pos]);
+                            self.grow_top(&buf[pos..]);
+                            self.state = State::Line;
+                            return Ok((buf.len(), None));
+                        }
+                    }
+                }
                 State::Header => match self.header(&buf[pos..])? {
                     None => return Ok((pos, None)),
                     Some((used, finished)) => {
@@ -141,7 +190,7 @@ impl ReplyScanner {
         let type_byte = buf[0];
         let top_level = self.top.is_none();
         match type_byte {
-            b'+' | b'-' | b':' | b',' | b'#' | b'_' | b'(' => {
+            t if is_line_type(t) => {
                 self.start_element(type_byte);
                 self.grow_top(&buf[..1]);
                 self.state = State::Line;

@@ -215,6 +215,7 @@ impl RequestParser {
 /// byte included), read as `string2ll` reads it, and the position after the
 /// CRLF; `too_big` when no CRLF comes within the line limit, `invalid` when
 /// the number is not one Redis accepts.
+#[inline(always)]
 fn header_value(
     buf: &[u8],
     start: usize,
