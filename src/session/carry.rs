@@ -167,22 +167,25 @@ pub(super) fn route_batch(
                 }
                 commands += 1;
                 let args = CommandArgs::new(parser, rest);
-                ProxyMetrics::inc(&ctx.metrics.commands[command::label_index(args.get(0))]);
-                let kind = command::classify(args.get(0), args.get(1), args.get(2));
+                // Each argument lookup is a checked slice: the name and
+                // the first argument are looked up once.
+                let (name, arg1) = (args.get(0), args.get(1));
+                ProxyMetrics::inc(&ctx.metrics.commands[command::label_index(name)]);
+                let kind = command::classify(name, arg1, args.get(2));
                 let route = router::route(kind, args, view, &ctx.locks, ctx.quorum.is_some());
                 remember_script(ctx, kind, args);
-                if evalsha::is_flush(args.get(0), args.get(1)) {
+                if evalsha::is_flush(name, arg1) {
                     // Every connection's scripts may be gone.
                     ctx.locks.script_epoch.flushed();
                 }
                 if kind == command::CommandKind::Lockgate
-                    && args.get(1).eq_ignore_ascii_case(b"AUTH")
+                    && arg1.eq_ignore_ascii_case(b"AUTH")
                     && args.get(2) == ctx.config.admin.password.as_bytes()
                 {
                     view.admin_ok = true;
                 }
                 if kind == command::CommandKind::Select {
-                    view.db = std::str::from_utf8(args.get(1))
+                    view.db = std::str::from_utf8(arg1)
                         .ok()
                         .and_then(|d| d.parse().ok())
                         .unwrap_or(u64::MAX);
