@@ -11,11 +11,14 @@
 //!   writes: it re-encodes to the same bytes, and no line element holds CR
 //!   or LF) every frame ends where the decoder's frame ends. The scanner
 //!   reports an attribute as a frame of its own; the decoder folds it into
-//!   the frame it annotates, so their lengths are added up first.
+//!   the frame it annotates, so their lengths are added up first;
+//! - `simple_frames` (the writer's pass over a run of plain replies) takes
+//!   exactly the frames the scanner reports first, all replies, and never
+//!   more than it is allowed.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use lockgate::protocol::reply::{FrameKind, ReplyScanner};
+use lockgate::protocol::reply::{simple_frames, FrameKind, ReplyScanner};
 use lockgate::protocol::ProtocolError;
 use redis_protocol::resp2::types::{OwnedFrame as Frame2, Resp2Frame};
 use redis_protocol::resp3::types::{OwnedFrame as Frame3, Resp3Frame};
@@ -159,6 +162,16 @@ fuzz_target!(|input: &[u8]| {
     let whole = scan(data, None);
     let cut = scan(data, Some(u64::from(selector) | 0x5851_f42d_0000_0000));
     assert_eq!(whole, cut, "whole vs cut");
+
+    let (used, n) = simple_frames(data, usize::MAX);
+    assert!(n <= whole.0.len(), "simple_frames took {n} frames, the scanner {}", whole.0.len());
+    let taken = &whole.0[..n];
+    assert!(taken.iter().all(|f| f.0 == FrameKind::Reply), "simple_frames took a non-reply");
+    assert_eq!(used as u64, taken.iter().map(|f| f.1).sum::<u64>(), "simple_frames' bytes");
+    let max = usize::from(selector >> 5);
+    let (used_max, n_max) = simple_frames(data, max);
+    assert_eq!(n_max, n.min(max), "simple_frames past its limit");
+    assert_eq!(used_max as u64, taken[..n_max].iter().map(|f| f.1).sum::<u64>());
 
     // Attributes folded into the frame they annotate, as the decoder does.
     let mut lengths = Vec::new();

@@ -105,6 +105,67 @@ fn line_frame(line: &[u8]) -> FrameEnd {
     }
 }
 
+/// How many whole plain replies, at most `max`, `buf` starts with, and the
+/// bytes they take: one-line replies (`+OK`, `:1`, errors, RESP3 scalars)
+/// and bulk strings (`$3\r\nfoo\r\n`, `$-1\r\n`) that are all in. It stops
+/// at anything else (an aggregate, a push, an attribute, a frame not all
+/// in, a header it does not read in one pass), which
+/// [`ReplyScanner::advance`] then reads: `buf` must start at a frame
+/// boundary. On the frames it takes the two agree (the `reply` fuzz target
+/// checks it); the writer counts a run of forwarded replies with it, without
+/// the scanner's per-frame bookkeeping.
+pub fn simple_frames(buf: &[u8], max: usize) -> (usize, usize) {
+    let (mut pos, mut frames) = (0, 0);
+    while frames < max {
+        let Some(&type_byte) = buf.get(pos) else {
+            break;
+        };
+        let rest = &buf[pos..];
+        let len = if is_line_type(type_byte) {
+            match line_end(rest) {
+                Some(nl) => nl + 1,
+                None => break,
+            }
+        } else if type_byte == b'$' {
+            match whole_bulk(rest) {
+                Some(len) => len,
+                None => break,
+            }
+        } else {
+            break;
+        };
+        pos += len;
+        frames += 1;
+    }
+    (pos, frames)
+}
+
+/// The length of the bulk string `buf` starts with (`$` first) when its
+/// header is `$-1` or up to 18 digits, then CRLF, and all its bytes are in.
+/// [`ReplyScanner::advance`] reads these headers the same way (it also
+/// takes the payload's CRLF on trust, counting `n + 2` bytes).
+fn whole_bulk(buf: &[u8]) -> Option<usize> {
+    if buf.get(1) == Some(&b'-') {
+        return buf.starts_with(b"$-1\r\n").then_some(5);
+    }
+    let mut n: u64 = 0;
+    let mut i = 1;
+    while let Some(&d) = buf.get(i) {
+        if !d.is_ascii_digit() || i > 18 {
+            break;
+        }
+        n = n * 10 + u64::from(d - b'0');
+        i += 1;
+    }
+    if i == 1 || buf.get(i..i + 2) != Some(b"\r\n") {
+        return None;
+    }
+    let len = (i + 2)
+        .checked_add(usize::try_from(n).ok()?)?
+        .checked_add(2)?;
+    (buf.len() >= len).then_some(len)
+}
+
 impl ReplyScanner {
     /// A scanner at the start of a stream.
     pub fn new() -> ReplyScanner {
@@ -404,5 +465,38 @@ mod tests {
             frames(b"|0\r\n+OK\r\n", 3),
             vec![(FrameKind::Attribute, 4), (FrameKind::Reply, 5)]
         );
+    }
+
+    /// `simple_frames` takes the plain replies the scanner reports as they
+    /// are, stops where it must leave the rest to the scanner, and never
+    /// takes more than asked.
+    #[test]
+    fn simple_frames_agree_with_the_scanner() {
+        let plain: &[u8] =
+            b"+OK\r\n$3\r\nfoo\r\n$-1\r\n:12\r\n-ERR x\r\n$0\r\n\r\n_\r\n#t\r\n$03\r\nbar\r\n";
+        let (used, n) = simple_frames(plain, usize::MAX);
+        assert_eq!((used, n), (plain.len(), 9));
+        let lens: Vec<u64> = frames(plain, plain.len()).iter().map(|f| f.1).collect();
+        assert_eq!(lens, [5, 9, 5, 5, 8, 6, 3, 4, 10]);
+        assert_eq!(simple_frames(plain, 2), (14, 2));
+        for stop in [
+            &b"*1\r\n:1\r\n"[..],
+            b">2\r\n",
+            b"|1\r\n",
+            b"%0\r\n",
+            b"$3\r\nfo",
+            b"$-2\r\n",
+            b"$-01\r\n",
+            b"$+3\r\nfoo\r\n",
+            b"$3\rx",
+            b"$\r\n",
+            b"$1234567890123456789\r\n",
+            b"+OK",
+            b"",
+        ] {
+            let mut input = b"+A\r\n".to_vec();
+            input.extend_from_slice(stop);
+            assert_eq!(simple_frames(&input, 9), (4, 1), "{stop:?}");
+        }
     }
 }

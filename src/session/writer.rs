@@ -26,7 +26,7 @@ use crate::lock::evalsha::Rerun;
 use crate::lock::{LockPending, ReplyOutcome};
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
-use crate::protocol::reply::FrameKind;
+use crate::protocol::reply::{simple_frames, FrameKind};
 use client::Client;
 use replies::{FrameClass, Replies};
 
@@ -318,6 +318,19 @@ async fn forward<W: AsyncWrite + Unpin, R: AsyncRead + Unpin, L: LockReplies>(
                 // entry for the next reply is already in the channel.
                 while let Ok(entries) = rx.try_recv() {
                     st.accept(entries);
+                }
+            }
+            // A run of plain replies (most of a pipeline's) is counted in
+            // one pass: one-line replies and bulk strings are replies to
+            // the entry at the front whatever else holds (a published
+            // message or a confirmation is an array or a push).
+            let run = st.plain_run();
+            if run > 0 {
+                let (used, frames) = simple_frames(&buf[pos..], run);
+                if frames > 0 {
+                    pos += used;
+                    st.counted(frames);
+                    continue;
                 }
             }
             st.frame = FrameClass::Other;

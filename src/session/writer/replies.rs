@@ -257,6 +257,30 @@ impl Replies {
         false
     }
 
+    /// How many replies of a run of forwarded ones may be counted without
+    /// a look inside each: all but the last that the `Upstream` entry at
+    /// the front still owes, while replies are counted and no frame is
+    /// half read. The last one takes the general path, which settles what
+    /// follows the run (lockgate's own replies behind it).
+    pub(super) fn plain_run(&self) -> usize {
+        match self.queue.front() {
+            Some(Pending::Upstream(n))
+                if !self.raw && self.capture.is_none() && self.scanner.at_boundary() =>
+            {
+                (*n as usize).saturating_sub(1)
+            }
+            _ => 0,
+        }
+    }
+
+    /// `frames` replies of the run at the front (at most
+    /// [`Replies::plain_run`]) were forwarded.
+    pub(super) fn counted(&mut self, frames: usize) {
+        if let Some(Pending::Upstream(n)) = self.queue.front_mut() {
+            *n = n.saturating_sub(u32::try_from(frames).unwrap_or(u32::MAX));
+        }
+    }
+
     /// True when the front entry is written by lockgate, not Redis.
     pub(super) fn front_is_local(&self) -> bool {
         matches!(
