@@ -2,8 +2,7 @@
 //! Names are matched case-insensitively without allocating; everything not
 //! listed is [`CommandKind::Other`] and is forwarded untouched.
 
-/// Longest command name worth classifying; longer names are `Other`.
-const MAX_NAME: usize = 16;
+mod names;
 
 /// What a command does to the connection's reply stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -212,72 +211,62 @@ pub const LABELS: &[&str] = &[
 
 /// Index of `name` in [`LABELS`] (0: other). Case-insensitive.
 pub fn label_index(name: &[u8]) -> usize {
-    if name.len() > 12 {
-        return 0;
-    }
-    let mut lower = [0u8; 12];
-    for (o, c) in lower.iter_mut().zip(name) {
-        *o = c.to_ascii_lowercase();
-    }
-    let lower = &lower[..name.len()];
-    // Length and first byte rule out almost every label without a memcmp
-    // call; this runs for every request.
-    LABELS
-        .iter()
-        .position(|l| {
-            let l = l.as_bytes();
-            l.len() == lower.len() && l.first() == lower.first() && l == lower
-        })
-        .unwrap_or(0)
+    names::label_of(names::key(name))
 }
 
 /// Classifies a command by its name (`arg0`) and, for `CLIENT`, its
 /// subcommand and argument.
 pub fn classify(name: &[u8], arg1: &[u8], arg2: &[u8]) -> CommandKind {
-    let mut upper = [0u8; MAX_NAME];
-    let Some(name) = uppercase(name, &mut upper) else {
-        return CommandKind::Other;
-    };
-    match name {
-        b"MULTI" => CommandKind::Multi,
-        b"EXEC" => CommandKind::Exec,
-        b"DISCARD" => CommandKind::Discard,
-        b"HELLO" => CommandKind::Hello,
-        b"RESET" => CommandKind::Reset,
-        b"QUIT" => CommandKind::Quit,
-        b"SUBSCRIBE" => CommandKind::Subscribe(SubKind::Subscribe),
-        b"PSUBSCRIBE" => CommandKind::Subscribe(SubKind::PSubscribe),
-        b"SSUBSCRIBE" => CommandKind::Subscribe(SubKind::SSubscribe),
-        b"UNSUBSCRIBE" => CommandKind::Subscribe(SubKind::Unsubscribe),
-        b"PUNSUBSCRIBE" => CommandKind::Subscribe(SubKind::PUnsubscribe),
-        b"SUNSUBSCRIBE" => CommandKind::Subscribe(SubKind::SUnsubscribe),
-        b"MONITOR" => CommandKind::Monitor,
-        b"SYNC" | b"PSYNC" => CommandKind::Sync,
-        b"BLPOP" | b"BRPOP" | b"BRPOPLPUSH" | b"BLMOVE" | b"BLMPOP" | b"BZPOPMIN" | b"BZPOPMAX"
-        | b"BZMPOP" | b"XREAD" | b"XREADGROUP" | b"WAIT" | b"WAITAOF" => CommandKind::Blocking,
-        b"SETNX" => CommandKind::SetNx,
-        b"SET" => CommandKind::Set,
-        b"GETSET" => CommandKind::GetSet,
-        b"GETDEL" => CommandKind::GetDel,
-        b"GETEX" => CommandKind::GetEx,
-        b"DEL" => CommandKind::Del,
-        b"UNLINK" => CommandKind::Unlink,
-        b"EXPIRE" => CommandKind::Expire("EXPIRE"),
-        b"PEXPIRE" => CommandKind::Expire("PEXPIRE"),
-        b"EXPIREAT" => CommandKind::Expire("EXPIREAT"),
-        b"PEXPIREAT" => CommandKind::Expire("PEXPIREAT"),
-        b"PERSIST" => CommandKind::Persist,
-        b"LOCKGATE" => CommandKind::Lockgate,
-        b"SELECT" => CommandKind::Select,
-        b"GET" | b"TTL" | b"PTTL" | b"TYPE" => CommandKind::Read(ReadKeys::First),
-        b"EXISTS" => CommandKind::Read(ReadKeys::All),
-        b"EVAL" | b"EVALSHA" | b"EVAL_RO" | b"EVALSHA_RO" => CommandKind::Eval,
-        b"SCRIPT" => CommandKind::Script,
-        b"MGET" | b"TOUCH" | b"WATCH" | b"RENAME" | b"RENAMENX" | b"COPY" => {
-            CommandKind::MultiKey(MultiKeys::All)
-        }
-        b"MSET" | b"MSETNX" => CommandKind::MultiKey(MultiKeys::Pairs),
-        b"CLIENT" if arg1.eq_ignore_ascii_case(b"REPLY") => {
+    classify_key(names::key(name), arg1, arg2)
+}
+
+/// [`classify`] and [`label_index`] at once, the name folded once: what
+/// every request passing through needs.
+pub fn lookup(name: &[u8], arg1: &[u8], arg2: &[u8]) -> (CommandKind, usize) {
+    let key = names::key(name);
+    (classify_key(key, arg1, arg2), names::label_of(key))
+}
+
+fn classify_key(folded: u128, arg1: &[u8], arg2: &[u8]) -> CommandKind {
+    use names::*;
+    match folded {
+        MULTI => CommandKind::Multi,
+        EXEC => CommandKind::Exec,
+        DISCARD => CommandKind::Discard,
+        HELLO => CommandKind::Hello,
+        RESET => CommandKind::Reset,
+        QUIT => CommandKind::Quit,
+        SUBSCRIBE => CommandKind::Subscribe(SubKind::Subscribe),
+        PSUBSCRIBE => CommandKind::Subscribe(SubKind::PSubscribe),
+        SSUBSCRIBE => CommandKind::Subscribe(SubKind::SSubscribe),
+        UNSUBSCRIBE => CommandKind::Subscribe(SubKind::Unsubscribe),
+        PUNSUBSCRIBE => CommandKind::Subscribe(SubKind::PUnsubscribe),
+        SUNSUBSCRIBE => CommandKind::Subscribe(SubKind::SUnsubscribe),
+        MONITOR => CommandKind::Monitor,
+        SYNC | PSYNC => CommandKind::Sync,
+        BLPOP | BRPOP | BRPOPLPUSH | BLMOVE | BLMPOP | BZPOPMIN | BZPOPMAX | BZMPOP | XREAD
+        | XREADGROUP | WAIT | WAITAOF => CommandKind::Blocking,
+        SETNX => CommandKind::SetNx,
+        SET => CommandKind::Set,
+        GETSET => CommandKind::GetSet,
+        GETDEL => CommandKind::GetDel,
+        GETEX => CommandKind::GetEx,
+        DEL => CommandKind::Del,
+        UNLINK => CommandKind::Unlink,
+        EXPIRE => CommandKind::Expire("EXPIRE"),
+        PEXPIRE => CommandKind::Expire("PEXPIRE"),
+        EXPIREAT => CommandKind::Expire("EXPIREAT"),
+        PEXPIREAT => CommandKind::Expire("PEXPIREAT"),
+        PERSIST => CommandKind::Persist,
+        LOCKGATE => CommandKind::Lockgate,
+        SELECT => CommandKind::Select,
+        GET | TTL | PTTL | TYPE => CommandKind::Read(ReadKeys::First),
+        EXISTS => CommandKind::Read(ReadKeys::All),
+        EVAL | EVALSHA | EVAL_RO | EVALSHA_RO => CommandKind::Eval,
+        SCRIPT => CommandKind::Script,
+        MGET | TOUCH | WATCH | RENAME | RENAMENX | COPY => CommandKind::MultiKey(MultiKeys::All),
+        MSET | MSETNX => CommandKind::MultiKey(MultiKeys::Pairs),
+        CLIENT if arg1.eq_ignore_ascii_case(b"REPLY") => {
             if arg2.eq_ignore_ascii_case(b"OFF") {
                 CommandKind::ClientReply(ReplyMode::Off)
             } else if arg2.eq_ignore_ascii_case(b"SKIP") {
@@ -290,15 +279,6 @@ pub fn classify(name: &[u8], arg1: &[u8], arg2: &[u8]) -> CommandKind {
         }
         _ => CommandKind::Other,
     }
-}
-
-/// Uppercases `name` into `buf`; `None` if it is too long to be a known name.
-fn uppercase<'a>(name: &[u8], buf: &'a mut [u8; MAX_NAME]) -> Option<&'a [u8]> {
-    let out = buf.get_mut(..name.len())?;
-    for (o, c) in out.iter_mut().zip(name) {
-        *o = c.to_ascii_uppercase();
-    }
-    Some(out)
 }
 
 #[cfg(test)]

@@ -170,8 +170,8 @@ pub(super) fn route_batch(
                 // Each argument lookup is a checked slice: the name and
                 // the first argument are looked up once.
                 let (name, arg1) = (args.get(0), args.get(1));
-                ProxyMetrics::inc(&ctx.metrics.commands[command::label_index(name)]);
-                let kind = command::classify(name, arg1, args.get(2));
+                let (kind, label) = command::lookup(name, arg1, args.get(2));
+                ProxyMetrics::inc(&ctx.metrics.commands[label]);
                 let route = router::route(kind, args, view, &ctx.locks, ctx.quorum.is_some());
                 remember_script(ctx, kind, args);
                 if evalsha::is_flush(name, arg1) {
@@ -196,7 +196,7 @@ pub(super) fn route_batch(
                 out.last = out.used == buf.len();
                 out.batch.silent = view.silent(kind);
                 if !quorum_transaction(ctx, kind, &route, view, conn, tx, args, &mut out) {
-                    carry_out(ctx, &route, args, view, conn, whole, &mut out);
+                    carry_out(ctx, kind, &route, args, view, conn, whole, &mut out);
                 }
                 out.batch.silent = false;
                 *view = view.after(kind, &route);
@@ -226,25 +226,18 @@ pub(super) fn route_batch(
     out
 }
 
-/// The lock keys of a client script (`EVAL`/`EVALSHA`), on either store:
-/// it may release or extend them (redis-py, Redisson release with Lua), so
-/// what the storm room knows about them is dropped once it has run.
+/// The lock keys of a client script (`EVAL`/`EVALSHA`, `kind`
+/// [`command::CommandKind::Eval`]), on either store: it may release or
+/// extend them (redis-py, Redisson release with Lua), so what the storm
+/// room knows about them is dropped once it has run.
 fn script_lock_keys(
     ctx: &ServerContext,
+    kind: command::CommandKind,
     args: CommandArgs<'_>,
     expect: Expect,
 ) -> Option<Vec<bytes::Bytes>> {
-    if expect != Expect::One {
-        return None;
-    }
-    // Every command passing through comes here: rule out all but the
-    // `EVAL` family (4, 7, 8 or 10 bytes, starting with E) before the
-    // full classification.
-    let name = args.get(0);
-    if !matches!(name.len(), 4 | 7 | 8 | 10) || !name[0].eq_ignore_ascii_case(&b'e') {
-        return None;
-    }
-    if command::classify(name, b"", b"") != command::CommandKind::Eval {
+    // Every command passing through comes here: its kind is known already.
+    if expect != Expect::One || kind != command::CommandKind::Eval {
         return None;
     }
     let n: usize = std::str::from_utf8(args.get(2)).ok()?.parse().ok()?;
@@ -285,9 +278,12 @@ fn by_sha(
     })
 }
 
-/// Carries out one routing decision for the command at `whole` in the buffer.
+/// Carries out one routing decision for the command (of `kind`) at `whole`
+/// in the buffer.
+#[allow(clippy::too_many_arguments)]
 fn carry_out(
     ctx: &Arc<ServerContext>,
+    kind: command::CommandKind,
     route: &Route,
     args: CommandArgs<'_>,
     view: &mut SessionView,
@@ -304,7 +300,7 @@ fn carry_out(
                 view.scripts.subscribed();
             }
             out.pieces.client(whole);
-            match script_lock_keys(ctx, args, *expect).filter(|_| ctx.quorum.is_none()) {
+            match script_lock_keys(ctx, kind, args, *expect).filter(|_| ctx.quorum.is_none()) {
                 Some(keys) => out.batch.lock(LockPending::Script { keys }, None),
                 None => out.batch.record(*expect),
             }
@@ -398,7 +394,7 @@ fn carry_out(
             let (ctx2, eval) = (ctx.clone(), matches!(route, Route::QuorumEval));
             // A client script may release its locks (redis-py, Redisson):
             // once it has run, what the storm room knew of them is dropped.
-            let touched = script_lock_keys(ctx, args, Expect::One).unwrap_or_default();
+            let touched = script_lock_keys(ctx, kind, args, Expect::One).unwrap_or_default();
             out.defer(Box::pin(async move {
                 let reply = match &ctx2.quorum {
                     Some(q) if eval => ctx2.locks.quorum_eval(q, command, fallback).await,

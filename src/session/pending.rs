@@ -102,6 +102,7 @@ pub struct Batch {
 
 impl Batch {
     /// Records a forwarded command expecting `expect`.
+    #[inline]
     pub fn record(&mut self, expect: Expect) {
         if self.silent && expect != Expect::Reset {
             return;
