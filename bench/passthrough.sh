@@ -17,6 +17,9 @@
 #   DATA_SIZE=3       redis-benchmark -d
 #   RUN_TIMEOUT=120   seconds before one redis-benchmark run is given up
 #   LOCKGATE_BIN=...  use this binary instead of `cargo build --release`
+#   ONLY="set_p16 get_p16"  run only these workloads (ids: set_p1 get_p1
+#                     set_p16 get_p16 set_c1 get_c1 setnx_p1), e.g. to check
+#                     one change; a partial run's report has only their rows
 #   QUORUM=1          also run bench/quorum.sh (the quorum row) and append
 #                     its table to the summary (0: skip it)
 #   TOKIO_COPY=1      also a reference row (0: skip it): examples/tokio_copy.rs,
@@ -277,6 +280,14 @@ WORKLOADS=(
   "setnx_p1 setnx_lock 50 1 $N_P1"
 )
 LOCK_TARGETS=(direct haproxy lockgate lockgate_t2)
+if [[ -n ${ONLY:-} ]]; then
+  kept=()
+  for w in "${WORKLOADS[@]}"; do
+    if [[ " $ONLY " == *" ${w%% *} "* ]]; then kept+=("$w"); fi
+  done
+  [[ ${#kept[@]} -gt 0 ]] || die "ONLY=$ONLY names no workload"
+  WORKLOADS=("${kept[@]}")
+fi
 
 run_one() {
   local round=$1 wl=$2 test=$3 clients=$4 pipe=$5 n=$6 target=$7

@@ -240,6 +240,19 @@ fn header_value(
     if i > from && !leading_zero && buf.get(i..i + 2) == Some(b"\r\n") {
         return Ok(Some((value, i + 2)));
     }
+    header_value_slow(buf, start, too_big, invalid)
+}
+
+/// [`header_value`] for any other form: kept out of line, so the common
+/// form's loop stays small where it is inlined.
+#[cold]
+#[inline(never)]
+fn header_value_slow(
+    buf: &[u8],
+    start: usize,
+    too_big: ProtocolError,
+    invalid: ProtocolError,
+) -> Result<Option<(i64, usize)>, ProtocolError> {
     let Some((digits, after)) = header_line(buf, start, too_big)? else {
         return Ok(None);
     };

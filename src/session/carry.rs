@@ -230,16 +230,23 @@ pub(super) fn route_batch(
 /// [`command::CommandKind::Eval`]), on either store: it may release or
 /// extend them (redis-py, Redisson release with Lua), so what the storm
 /// room knows about them is dropped once it has run.
+#[inline]
 fn script_lock_keys(
     ctx: &ServerContext,
     kind: command::CommandKind,
     args: CommandArgs<'_>,
     expect: Expect,
 ) -> Option<Vec<bytes::Bytes>> {
-    // Every command passing through comes here: its kind is known already.
+    // Every command passing through comes here: its kind is known already,
+    // and only a script goes on to the search.
     if expect != Expect::One || kind != command::CommandKind::Eval {
         return None;
     }
+    eval_lock_keys(ctx, args)
+}
+
+/// The lock keys among the keys of the `EVAL`-family command `args`.
+fn eval_lock_keys(ctx: &ServerContext, args: CommandArgs<'_>) -> Option<Vec<bytes::Bytes>> {
     let n: usize = std::str::from_utf8(args.get(2)).ok()?.parse().ok()?;
     let keys: Vec<bytes::Bytes> = (3..(3 + n).min(args.len()))
         .map(|i| args.get(i))
