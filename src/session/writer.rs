@@ -385,7 +385,8 @@ async fn forward<W: AsyncWrite + Unpin, R: AsyncRead + Unpin, L: LockReplies>(
                     st.out.extend_from_slice(&captured);
                 }
             } else if end.kind == FrameKind::Reply {
-                if let Some(Pending::Lock(pending, rerun)) = st.queue.pop_front() {
+                if let Some(Pending::Lock(entry)) = st.queue.pop_front() {
+                    let (pending, rerun) = *entry;
                     match client.locks.on_reply(pending, rerun, captured.into()) {
                         // A failed attempt waits for a handoff instead, or
                         // a lost script for its rerun.

@@ -47,14 +47,14 @@ impl LockReplies for FakeLocks {
 }
 
 fn lock_entry() -> Pending {
-    Pending::Lock(
+    Pending::Lock(Box::new((
         LockPending::Acquire {
             key: Bytes::from_static(b"lock:a"),
             token: Bytes::from_static(b"t:1"),
             park: None,
         },
         None,
-    )
+    )))
 }
 
 fn setup<'a>(
