@@ -92,11 +92,16 @@ pub enum Pending {
     ClientEof,
 }
 
+/// What the reader half sends the writer half for one read batch: its
+/// entries in command order. Inline for one or two entries (what almost
+/// every batch has), so a batch allocates nothing.
+pub type Entries = smallvec::SmallVec<[Pending; 2]>;
+
 /// The entries of one read batch, with consecutive forwarded replies merged.
 #[derive(Debug, Default)]
 pub struct Batch {
     /// Entries in command order.
-    pub entries: Vec<Pending>,
+    pub entries: Entries,
     /// The command being recorded gets no reply (`CLIENT REPLY OFF|SKIP`):
     /// Redis sends none, and lockgate writes none in its place.
     pub silent: bool,
@@ -189,8 +194,8 @@ mod tests {
         b.record(Expect::Hello);
         b.record(Expect::One);
         assert_eq!(
-            b.entries,
-            vec![Pending::Upstream(2), Pending::Hello, Pending::Upstream(1)]
+            &b.entries[..],
+            &[Pending::Upstream(2), Pending::Hello, Pending::Upstream(1)][..]
         );
     }
 }

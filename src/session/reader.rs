@@ -14,7 +14,7 @@ use super::activity::{Activity, IdleCheck};
 
 use super::carry::route_batch;
 use super::jobs::Jobs;
-use super::pending::Pending;
+use super::pending::{Entries, Pending};
 use super::quorum_transaction::QuorumTransaction;
 use super::SessionError;
 use crate::context::ServerContext;
@@ -45,7 +45,7 @@ pub enum ReaderEnd {
 /// What the reader half shares with the rest of its session.
 pub struct Links<'a> {
     /// Entries for the writer half.
-    pub tx: mpsc::Sender<Vec<Pending>>,
+    pub tx: mpsc::Sender<Entries>,
     /// The connection's lock records.
     pub conn: &'a Arc<Mutex<ConnLocks>>,
     /// Where deferred work goes.
@@ -182,7 +182,11 @@ pub async fn read_loop(
                     // as if the client had gone), and closes. Not before the
                     // replies owed ahead of a blocking command are in: Redis
                     // drops what it has not sent yet when it sees the close.
-                    if tx.send(vec![Pending::ClientEof]).await.is_err() {
+                    if tx
+                        .send(smallvec::smallvec![Pending::ClientEof])
+                        .await
+                        .is_err()
+                    {
                         return ReaderEnd::Cancelled;
                     }
                     // Cancelled meanwhile (shutdown, or the writer ended):
@@ -276,7 +280,7 @@ async fn expired(
     ctx: &ServerContext,
     timers: &mut Timers,
     activity: &Activity,
-    tx: &mpsc::Sender<Vec<Pending>>,
+    tx: &mpsc::Sender<Entries>,
     raw: bool,
 ) -> Option<ReaderEnd> {
     let now = Instant::now();
@@ -290,7 +294,7 @@ async fn expired(
             // Unlike Redis, which waits for ever: say why, then close. On a
             // connection whose replies are not counted (MONITOR) the error
             // could land among replies still on their way: just close.
-            let mut entries = Vec::with_capacity(2);
+            let mut entries = Entries::new();
             if !raw {
                 entries.push(Pending::Local(LocalReply::err(format!(
                     "Protocol error: request not completed within {} ms",

@@ -20,7 +20,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::activity::Activity;
-use super::pending::Pending;
+use super::pending::{Entries, Pending};
 use super::SessionError;
 use crate::lock::evalsha::Rerun;
 use crate::lock::{LockPending, ReplyOutcome};
@@ -86,7 +86,7 @@ pub async fn write_loop<W, R, L>(
     setup: Setup<'_, L>,
     client: &mut W,
     upstream: &mut R,
-    mut rx: mpsc::Receiver<Vec<Pending>>,
+    mut rx: mpsc::Receiver<Entries>,
 ) -> WriterEnd
 where
     W: AsyncWrite + Unpin,
@@ -259,7 +259,7 @@ where
 /// half-closed first and the loop goes on until no reply of its own is owed.
 fn upstream_closed(
     st: &mut Replies,
-    rx: &mut mpsc::Receiver<Vec<Pending>>,
+    rx: &mut mpsc::Receiver<Entries>,
     upstream_eof: &mut bool,
 ) -> Option<WriterEnd> {
     while let Ok(entries) = rx.try_recv() {
@@ -281,7 +281,7 @@ async fn forward_or_end<W: AsyncWrite + Unpin, R: AsyncRead + Unpin, L: LockRepl
     client: &mut Client<'_, '_, W, R, L>,
     buf: &mut BytesMut,
     st: &mut Replies,
-    rx: &mut mpsc::Receiver<Vec<Pending>>,
+    rx: &mut mpsc::Receiver<Entries>,
 ) -> Option<WriterEnd> {
     match forward(client, buf, st, rx).await {
         Ok(true) => Some(WriterEnd::Closed),
@@ -297,7 +297,7 @@ async fn forward<W: AsyncWrite + Unpin, R: AsyncRead + Unpin, L: LockReplies>(
     client: &mut Client<'_, '_, W, R, L>,
     buf: &mut BytesMut,
     st: &mut Replies,
-    rx: &mut mpsc::Receiver<Vec<Pending>>,
+    rx: &mut mpsc::Receiver<Entries>,
 ) -> Result<bool, SessionError> {
     let mut pos = 0;
     // Local replies rendered before the first frame (a deferred reply that

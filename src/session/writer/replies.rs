@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 
 use bytes::BytesMut;
 
-use super::super::pending::Pending;
+use super::super::pending::{Entries, Pending};
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
 use crate::protocol::reply::{FrameEnd, FrameKind, ReplyScanner};
@@ -128,7 +128,7 @@ impl Replies {
     }
 
     /// Takes a batch of entries from the reader half.
-    pub(super) fn accept(&mut self, entries: Vec<Pending>) {
+    pub(super) fn accept(&mut self, entries: Entries) {
         for entry in entries {
             if entry == Pending::ClientEof {
                 self.await_eof = true;

@@ -21,7 +21,7 @@ use crate::lock::{split_reply, LockPending, ReplyOutcome};
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
 use crate::session::activity::Activity;
-use crate::session::pending::{Deferred, Pending};
+use crate::session::pending::{Deferred, Entries, Pending};
 
 /// The lock room as the tests need it: a lock script's `{reply, facts}`
 /// gives the client its reply, unless a parked reply was queued, which
@@ -99,8 +99,8 @@ async fn run(entries: Vec<Pending>, from_redis: &[u8]) -> (WriterEnd, Vec<u8>) {
     let locks = FakeLocks::default();
     let (mut client_side, mut writer_client) = duplex(1 << 20);
     let (mut redis_side, mut writer_upstream) = duplex(1 << 20);
-    let (tx, rx) = mpsc::channel(8);
-    tx.send(entries).await.unwrap();
+    let (tx, rx) = mpsc::channel::<Entries>(8);
+    tx.send(entries.into()).await.unwrap();
     redis_side.write_all(from_redis).await.unwrap();
     drop(tx);
     let end = write_loop(
@@ -280,8 +280,8 @@ async fn a_reply_split_at_every_byte_boundary_reads_the_same() {
         let locks = FakeLocks::default();
         let (mut client_side, mut writer_client) = duplex(1 << 16);
         let mut upstream = Pieces(pieces.into());
-        let (tx, rx) = mpsc::channel(8);
-        tx.send(entries()).await.unwrap();
+        let (tx, rx) = mpsc::channel::<Entries>(8);
+        tx.send(entries().into()).await.unwrap();
         drop(tx);
         let end = tokio::time::timeout(
             Duration::from_secs(5),
@@ -316,8 +316,10 @@ async fn close_after_one_reply(owed: u32) -> (WriterEnd, Vec<u8>) {
     let locks = FakeLocks::default();
     let (mut client_side, mut writer_client) = duplex(1 << 16);
     let (mut redis_side, mut writer_upstream) = duplex(1 << 16);
-    let (tx, rx) = mpsc::channel(8);
-    tx.send(vec![Pending::Upstream(owed)]).await.unwrap();
+    let (tx, rx) = mpsc::channel::<Entries>(8);
+    tx.send(smallvec::smallvec![Pending::Upstream(owed)])
+        .await
+        .unwrap();
     redis_side.write_all(b":1\r\n").await.unwrap();
     drop(redis_side);
     let end = write_loop(
@@ -365,11 +367,11 @@ async fn a_deferred_reply_keeps_its_place() {
     locks.parked.lock().unwrap().push_back(parked_rx);
     let (mut client_side, mut writer_client) = duplex(1 << 16);
     let (mut redis_side, mut writer_upstream) = duplex(1 << 16);
-    let (tx, rx) = mpsc::channel(8);
+    let (tx, rx) = mpsc::channel::<Entries>(8);
     let (job_tx, job_rx) = oneshot::channel();
     let (silent_tx, silent_rx) = oneshot::channel();
     let script = async {
-        tx.send(vec![
+        tx.send(smallvec::smallvec![
             Pending::Upstream(1),
             Pending::Deferred(Deferred(job_rx)),
             Pending::Upstream(1),
@@ -420,10 +422,10 @@ async fn replies_behind_a_deferred_one_outlive_the_upstream_close() {
     let locks = FakeLocks::default();
     let (mut client_side, mut writer_client) = duplex(1 << 16);
     let (mut redis_side, mut writer_upstream) = duplex(1 << 16);
-    let (tx, rx) = mpsc::channel(8);
+    let (tx, rx) = mpsc::channel::<Entries>(8);
     let (job_tx, job_rx) = oneshot::channel();
     let script = async {
-        tx.send(vec![
+        tx.send(smallvec::smallvec![
             Pending::Upstream(1),
             Pending::Deferred(Deferred(job_rx)),
             Pending::Upstream(1),
