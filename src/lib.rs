@@ -56,10 +56,13 @@
 //! - [`protocol`]: pure RESP framing, no I/O: [`protocol::request`] (client
 //!   commands, multibulk and inline, limits checked on headers),
 //!   [`protocol::reply`] (resumable frame scanner for RESP2/RESP3 replies;
-//!   its property test against `redis-protocol` is `reply_props`),
+//!   its property test against `redis-protocol` is `reply_props`;
+//!   [`protocol::reply::simple_frames`] counts a run of plain replies in
+//!   one pass for the writer),
 //!   [`protocol::encode`] (replies lockgate writes).
 //! - [`command`]: the command table (which commands change the reply flow,
-//!   which can touch locks).
+//!   which can touch locks); `command::names` folds a name into an integer
+//!   once, for both the kind and the metrics label.
 //! - [`router`]: pure `(command, session view, lock patterns) → Route`:
 //!   forward, lock operation, refusal, or admin.
 //! - [`lock`]: the lock room, which never sees sockets: [`lock::keys`]
@@ -138,7 +141,7 @@
 //! # The path of a command
 //!
 //! client bytes → [`session::reader`] asks [`protocol::request`] where the
-//! command ends → [`command::classify`] → [`router::route`] → the reader
+//! command ends → [`command::lookup`] (kind and label) → [`router::route`] → the reader
 //! sends a [`session::pending::Pending`] entry to the writer half, then the
 //! client's own bytes to Redis (one write per read batch) → Redis replies →
 //! [`session::writer`] finds frame ends with [`protocol::reply`], matches
