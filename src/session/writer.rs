@@ -319,6 +319,23 @@ async fn forward<W: AsyncWrite + Unpin, R: AsyncRead + Unpin, L: LockReplies>(
                 while let Ok(entries) = rx.try_recv() {
                     st.accept(entries);
                 }
+                // Taken only now (the replies were read ahead while the
+                // client was slow), they may start with a reply of
+                // lockgate's own, which goes before the next frame; one
+                // still being worked out stops the pass at the loop's top.
+                if st.front_is_local() {
+                    if pos > 0 {
+                        client.write(&buf[..pos]).await?;
+                        buf.advance(pos);
+                        pos = 0;
+                    }
+                    let closing = st.settle();
+                    client.flush_out(&mut st.out).await?;
+                    if closing {
+                        return Ok(true);
+                    }
+                    continue;
+                }
             }
             // A run of plain replies (most of a pipeline's) is counted in
             // one pass: one-line replies and bulk strings are replies to

@@ -465,3 +465,47 @@ async fn a_close_entry_ends_after_what_came_before() {
     assert!(matches!(end, WriterEnd::Closed), "{end:?}");
     assert_eq!(out, b"+OK\r\n-ERR Protocol error: bad\r\n");
 }
+
+/// Replies read ahead while the client was slow to read (with
+/// `max_client_output_bytes` set), whose entries the writer takes only
+/// afterwards: when those entries start with a reply of lockgate's own
+/// (an attempt answered before Redis, say), it goes before Redis's next
+/// reply, not after it.
+#[tokio::test]
+async fn entries_taken_after_a_read_ahead_keep_a_local_reply_first() {
+    let metrics = ProxyMetrics::default();
+    let locks = FakeLocks::default();
+    let mut with_bound = setup(&metrics, &locks, 4096);
+    with_bound.max_output = 1 << 16;
+    // An 8-byte pipe: the first reply waits for the client to read.
+    let (mut client_side, mut writer_client) = duplex(8);
+    let (mut redis_side, mut writer_upstream) = duplex(1 << 16);
+    let (tx, rx) = mpsc::channel::<Entries>(8);
+    tx.send(smallvec::smallvec![Pending::Upstream(1)])
+        .await
+        .unwrap();
+    let first = format!("$64\r\n{}\r\n", "x".repeat(64));
+    redis_side.write_all(first.as_bytes()).await.unwrap();
+    let script = async {
+        // The writer is stuck on the full pipe by now: the next batch's
+        // entries come, then Redis's reply to its forwarded command.
+        tx.send(smallvec::smallvec![
+            Pending::Local(LocalReply::Integer(7)),
+            Pending::Upstream(1)
+        ])
+        .await
+        .unwrap();
+        redis_side.write_all(b"+B\r\n").await.unwrap();
+        let got = read_exactly(&mut client_side, first.len() + 8).await;
+        drop(tx);
+        got
+    };
+    let (end, got) = tokio::join!(
+        write_loop(with_bound, &mut writer_client, &mut writer_upstream, rx),
+        script
+    );
+    let want = format!("{first}:7\r\n+B\r\n");
+    assert_eq!(String::from_utf8_lossy(&got), want);
+    assert_eq!(ProxyMetrics::get(&metrics.unexpected_replies), 0);
+    assert!(matches!(end, WriterEnd::Drained), "{end:?}");
+}
