@@ -324,14 +324,7 @@ async fn forward<W: AsyncWrite + Unpin, R: AsyncRead + Unpin, L: LockReplies>(
                 // lockgate's own, which goes before the next frame; one
                 // still being worked out stops the pass at the loop's top.
                 if st.front_is_local() {
-                    if pos > 0 {
-                        client.write(&buf[..pos]).await?;
-                        buf.advance(pos);
-                        pos = 0;
-                    }
-                    let closing = st.settle();
-                    client.flush_out(&mut st.out).await?;
-                    if closing {
+                    if local_replies_next(client, buf, &mut pos, st).await? {
                         return Ok(true);
                     }
                     continue;
@@ -437,12 +430,7 @@ async fn forward<W: AsyncWrite + Unpin, R: AsyncRead + Unpin, L: LockReplies>(
                     _ => break,
                 }
             }
-            client.write(&buf[..pos]).await?;
-            buf.advance(pos);
-            pos = 0;
-            let closing = st.settle();
-            client.flush_out(&mut st.out).await?;
-            if closing {
+            if local_replies_next(client, buf, &mut pos, st).await? {
                 return Ok(true);
             }
         }
@@ -452,4 +440,23 @@ async fn forward<W: AsyncWrite + Unpin, R: AsyncRead + Unpin, L: LockReplies>(
         buf.advance(pos);
     }
     Ok(false)
+}
+
+/// Writes the frames scanned so far (`buf[..pos]`), then lockgate's own
+/// replies at the front of the queue, which come next in the order.
+/// Returns true when a `Close` entry was reached.
+async fn local_replies_next<W: AsyncWrite + Unpin, R: AsyncRead + Unpin, L: LockReplies>(
+    client: &mut Client<'_, '_, W, R, L>,
+    buf: &mut BytesMut,
+    pos: &mut usize,
+    st: &mut Replies,
+) -> Result<bool, SessionError> {
+    if *pos > 0 {
+        client.write(&buf[..*pos]).await?;
+        buf.advance(*pos);
+        *pos = 0;
+    }
+    let closing = st.settle();
+    client.flush_out(&mut st.out).await?;
+    Ok(closing)
 }
