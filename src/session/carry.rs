@@ -26,58 +26,54 @@ use std::sync::{Arc, Mutex};
 
 /// What goes upstream for one read batch: ranges of the client's own
 /// bytes, and commands lockgate wrote in place of lock commands. Almost
-/// every batch is one run of the client's bytes, kept without a `Vec` (an
-/// allocation and a free per batch, one per command at `-P 1`).
+/// every batch is one run of the client's bytes, kept in `first` without
+/// a `Vec` (an allocation and a free per batch, one per command at
+/// `-P 1`); everything after it, in order, in `more`.
 #[derive(Debug, Default)]
-pub(super) enum Pieces {
-    #[default]
-    Empty,
-    /// One run of the client's bytes.
-    Client(Range<usize>),
-    /// Anything else, in order.
-    Many(Vec<Piece>),
+pub(super) struct Pieces {
+    first: Option<Range<usize>>,
+    more: Vec<Piece>,
 }
 
 #[derive(Debug)]
-pub(super) enum Piece {
+enum Piece {
     Client(Range<usize>),
     Own(Bytes),
 }
 
 impl Pieces {
     pub(super) fn client(&mut self, range: Range<usize>) {
-        match self {
-            Pieces::Empty => *self = Pieces::Client(range),
-            Pieces::Client(last) if last.end == range.start => last.end = range.end,
-            Pieces::Client(last) => {
-                *self = Pieces::Many(vec![Piece::Client(last.clone()), Piece::Client(range)]);
+        let last = match self.more.last_mut() {
+            Some(Piece::Client(last)) => Some(last),
+            Some(Piece::Own(_)) => None,
+            None if self.first.is_none() => {
+                self.first = Some(range);
+                return;
             }
-            Pieces::Many(pieces) => match pieces.last_mut() {
-                Some(Piece::Client(last)) if last.end == range.start => last.end = range.end,
-                _ => pieces.push(Piece::Client(range)),
-            },
+            None => self.first.as_mut(),
+        };
+        match last {
+            Some(last) if last.end == range.start => last.end = range.end,
+            _ => self.more.push(Piece::Client(range)),
         }
     }
 
     pub(super) fn own(&mut self, bytes: Bytes) {
-        match self {
-            Pieces::Empty => *self = Pieces::Many(vec![Piece::Own(bytes)]),
-            Pieces::Client(last) => {
-                *self = Pieces::Many(vec![Piece::Client(last.clone()), Piece::Own(bytes)]);
-            }
-            Pieces::Many(pieces) => pieces.push(Piece::Own(bytes)),
-        }
+        self.more.push(Piece::Own(bytes));
     }
 
     /// The bytes to write upstream, given the batch's client bytes. The
     /// common case (only client bytes, contiguous) is zero-copy.
     pub(super) fn assemble(self, client: Bytes) -> Bytes {
-        match self {
-            Pieces::Empty => Bytes::new(),
-            Pieces::Client(r) => client.slice(r),
-            Pieces::Many(pieces) => {
+        match (self.first, self.more.is_empty()) {
+            (None, true) => Bytes::new(),
+            (Some(r), true) => client.slice(r),
+            (first, false) => {
                 let mut out = BytesMut::new();
-                for p in &pieces {
+                if let Some(r) = first {
+                    out.extend_from_slice(&client[r]);
+                }
+                for p in &self.more {
                     match p {
                         Piece::Client(r) => out.extend_from_slice(&client[r.clone()]),
                         Piece::Own(b) => out.extend_from_slice(b),
