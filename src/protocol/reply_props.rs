@@ -10,7 +10,7 @@
 use redis_protocol::resp2::types::{OwnedFrame as Frame2, Resp2Frame};
 use redis_protocol::resp3::types::{OwnedFrame as Frame3, Resp3Frame, VerbatimStringFormat};
 
-use super::reply::{FrameKind, ReplyScanner};
+use super::reply::{simple_frames, FrameKind, ReplyScanner};
 
 /// Cases per protocol; each is cut at every byte boundary.
 const CASES: u64 = 300;
@@ -218,6 +218,14 @@ fn agree(case: u64, frames: &[(bool, Vec<u8>)], decode: impl Fn(&[u8]) -> Option
     }
     for cut in 0..=input.len() {
         assert_eq!(scan(&input, cut), want, "case {case}, cut {cut}");
+        // The writer's pass over plain replies, on what has come so far:
+        // whole frames the scanner reports too, none of them a push.
+        let (used, n) = simple_frames(&input[..cut], usize::MAX);
+        let taken = &want[..n.min(want.len())];
+        assert_eq!(taken.len(), n, "case {case}, cut {cut}: simple_frames");
+        assert!(taken.iter().all(|f| !f.0), "case {case}, cut {cut}: a push");
+        let bytes: u64 = taken.iter().map(|f| f.1).sum();
+        assert_eq!(used as u64, bytes, "case {case}, cut {cut}: simple_frames");
     }
 }
 
