@@ -187,6 +187,11 @@ pub(super) fn route_batch(
                 let (name, arg1) = (args.get(0), args.get(1));
                 let (kind, label) = command::lookup(name, arg1, args.get(2));
                 ProxyMetrics::inc(&ctx.metrics.commands[label]);
+                if router::forwards_plainly(kind, args, view, &ctx.locks, ctx.quorum.is_some()) {
+                    out.pieces.client(whole);
+                    out.batch.record(Expect::One);
+                    continue;
+                }
                 let route = router::route(kind, args, view, &ctx.locks, ctx.quorum.is_some());
                 remember_script(ctx, kind, args);
                 if evalsha::is_flush(name, arg1) {
