@@ -301,6 +301,16 @@ impl ServerContext {
             kind: Kind::Counter,
             value: self.quorum.as_ref().map_or(&NO_QUORUM, |q| &q.clock.jumps),
         });
+        f(Counter {
+            name: "lock_quorum_noscript_reruns",
+            stats_name: "lock_quorum_noscript_reruns",
+            help: "Lock scripts a lock master answered NOSCRIPT, run again as EVAL",
+            kind: Kind::Counter,
+            value: self
+                .quorum
+                .as_ref()
+                .map_or(&NO_QUORUM, |q| &*q.noscript_reruns),
+        });
     }
 
     /// The request limits from the configuration.

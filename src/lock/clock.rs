@@ -268,7 +268,7 @@ impl Quorum {
     pub async fn ballot(
         &self,
         to: &[Arc<Master>],
-        command: &Bytes,
+        command: &super::node::Request,
         clock_at: usize,
         facts: impl Fn(&[u8]) -> Vec<i64>,
         mut enough: impl FnMut(usize, usize) -> bool,

@@ -59,6 +59,11 @@ const ALL: [Script; 5] = [
 ];
 
 impl Script {
+    /// Every script lockgate runs.
+    pub fn all() -> [Script; 5] {
+        ALL
+    }
+
     /// The Lua body.
     pub fn body(self) -> &'static str {
         match self {

@@ -11,16 +11,20 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use crate::protocol::encode;
+use super::evalsha;
 use crate::protocol::reply::ReplyScanner;
 use crate::sentinel::Primary;
 use crate::sync;
 use crate::tls::Stream;
 use crate::upstream::Connector;
+
+mod open;
+use open::open;
+pub(crate) use open::{connect_authenticated, handshake, request, FrameReader};
 
 /// `CLIENT SETNAME` of lockgate's own connections.
 pub const INTERNAL_NAME: &str = "lockgate-internal";
@@ -42,8 +46,46 @@ pub enum NodeError {
     Busy(String),
 }
 
+/// One command for a node, and what to send in its place if the node
+/// answers `-NOSCRIPT` (it ran nothing). lockgate's lock scripts go to the
+/// quorum's masters as `EVALSHA`, so a master reads and hashes a 40-byte
+/// name per call instead of a 2–3 KiB body; every master's connection
+/// loads them when it opens ([`NodeConfig::load_scripts`]), so only a `SCRIPT FLUSH` on the master
+/// makes the fallback, the same call as `EVAL`, go out. It goes out from
+/// the connection task itself, at once, whether or not the caller still
+/// waits (a quorum that stopped waiting still runs the call on every
+/// master); it is written after whatever was queued before the `NOSCRIPT`
+/// came back, the one place where a master may run this lockgate's calls
+/// out of their order. Counted in `lock_quorum_noscript_reruns`.
+#[derive(Debug, Clone)]
+pub struct Request {
+    /// The command.
+    pub command: Bytes,
+    /// Sent instead after a `-NOSCRIPT` answer, once (the rerun has none).
+    pub fallback: Option<Bytes>,
+}
+
+impl Request {
+    /// `call` as `EVALSHA`, with its `EVAL` as the fallback.
+    pub fn script(call: &evalsha::Call) -> Request {
+        Request {
+            command: call.evalsha(),
+            fallback: Some(call.eval()),
+        }
+    }
+}
+
+impl From<Bytes> for Request {
+    fn from(command: Bytes) -> Request {
+        Request {
+            command,
+            fallback: None,
+        }
+    }
+}
+
 struct Call {
-    command: Bytes,
+    request: Request,
     reply: oneshot::Sender<Bytes>,
 }
 
@@ -100,6 +142,13 @@ pub struct NodeConfig {
     /// Set for the primary: connect to the primary in force instead of
     /// `addr`, and reconnect when it changes (Sentinel).
     pub follow: Option<Arc<Primary>>,
+    /// Load lockgate's lock scripts when a connection opens, for calls
+    /// sent as [`Request::script`] (the quorum's masters; the primary's
+    /// own calls go as `EVAL`, and its sessions load what they use).
+    pub load_scripts: bool,
+    /// Counts the calls sent again as `EVAL` after `-NOSCRIPT` (see
+    /// [`Request`]); shared by the quorum's masters.
+    pub noscript_reruns: Option<Arc<AtomicU64>>,
 }
 
 impl NodeConfig {
@@ -118,6 +167,8 @@ impl NodeConfig {
             max_queued: config.locks.max_queued_calls,
             connector,
             follow: None,
+            load_scripts: false,
+            noscript_reruns: None,
         }
     }
 
@@ -186,7 +237,7 @@ impl Node {
 
     /// Sends one command and waits up to `timeout` for its raw reply.
     pub async fn call(&self, command: Bytes, timeout: Duration) -> Result<Bytes, NodeError> {
-        self.send(command, timeout).await
+        self.send(command.into(), timeout).await
     }
 
     /// Queues one command now, before anything is awaited, and returns the
@@ -195,10 +246,10 @@ impl Node {
     /// waiting once a majority answered still releases on every master.
     pub fn send(
         &self,
-        command: Bytes,
+        request: Request,
         timeout: Duration,
     ) -> impl std::future::Future<Output = Result<Bytes, NodeError>> + Send + 'static {
-        let queued = self.queue(command);
+        let queued = self.queue(request);
         let (state, addr) = (self.state.clone(), self.addr.clone());
         async move {
             match tokio::time::timeout(timeout, queued?).await {
@@ -212,8 +263,8 @@ impl Node {
         }
     }
 
-    /// Hands `command` to the connection task; the receiver gets its reply.
-    fn queue(&self, command: Bytes) -> Result<oneshot::Receiver<Bytes>, NodeError> {
+    /// Hands `request` to the connection task; the receiver gets its reply.
+    fn queue(&self, request: Request) -> Result<oneshot::Receiver<Bytes>, NodeError> {
         // Known down: fail at once (a quorum answers as soon as a majority
         // is known). Before the first connection, calls wait in the queue.
         if !self.state.up.load(Ordering::Relaxed) && self.state.connects.load(Ordering::Relaxed) > 0
@@ -222,7 +273,7 @@ impl Node {
             return Err(NodeError::Down(self.addr.to_string()));
         }
         let (reply, rx) = oneshot::channel();
-        if self.calls.try_send(Call { command, reply }).is_err() {
+        if self.calls.try_send(Call { request, reply }).is_err() {
             self.state.failures.fetch_add(1, Ordering::Relaxed);
             return Err(NodeError::Busy(self.addr.to_string()));
         }
@@ -246,7 +297,7 @@ async fn connection_loop(
                 state.connects.fetch_add(1, Ordering::Relaxed);
                 state.up.store(true, Ordering::Relaxed);
                 tokio::select! {
-                    _ = serve(stream, &mut calls) => {}
+                    _ = serve(stream, &mut calls, config.noscript_reruns.as_deref()) => {}
                     _ = config.replaced(generation) => backoff = Duration::ZERO,
                 }
                 state.up.store(false, Ordering::Relaxed);
@@ -263,137 +314,29 @@ async fn connection_loop(
     }
 }
 
-/// Connects, authenticates and reads the node's `run_id` and uptime.
-async fn open(config: &NodeConfig) -> Result<(Stream, String, Option<(Instant, u64)>), String> {
-    let mut stream = handshake(config).await?;
-    let info = request(
-        &mut stream,
-        &encode::command(&[b"INFO", b"server"]),
-        config.connect_timeout,
-    )
-    .await?;
-    let read_at = Instant::now();
-    let info = String::from_utf8_lossy(&info);
-    let field = |name: &str| {
-        info.lines()
-            .find_map(|l| l.strip_prefix(name).map(|v| v.trim().to_string()))
-    };
-    let run_id = field("run_id:").unwrap_or_default();
-    let uptime = field("uptime_in_seconds:")
-        .and_then(|v| v.parse().ok())
-        .map(|secs| (read_at, secs));
-    Ok((stream, run_id, uptime))
-}
-
-/// A new connection of lockgate's own to `config.addr`: connected,
-/// authenticated with `upstream.username/password`, and named
-/// [`INTERNAL_NAME`] so operators (and `CLIENT LIST`) can tell it from
-/// client sessions.
-pub(crate) async fn handshake(config: &NodeConfig) -> Result<Stream, String> {
-    let mut stream = connect_authenticated(config).await?;
-    let setname = encode::command(&[b"CLIENT", b"SETNAME", INTERNAL_NAME.as_bytes()]);
-    request(&mut stream, &setname, config.connect_timeout).await?;
-    Ok(stream)
-}
-
-/// A new connection to `config.addr`, authenticated when a password is
-/// set; nothing else is sent (a sentinel may not take `CLIENT SETNAME`).
-pub(crate) async fn connect_authenticated(config: &NodeConfig) -> Result<Stream, String> {
-    let mut stream = config
-        .connector
-        .connect(&config.addr, config.connect_timeout)
-        .await
-        .map_err(|e| e.to_string())?;
-    if !config.password.is_empty() {
-        let mut args: Vec<&[u8]> = vec![b"AUTH"];
-        if !config.username.is_empty() {
-            args.push(config.username.as_bytes());
-        }
-        args.push(config.password.as_bytes());
-        let reply = request(&mut stream, &encode::command(&args), config.connect_timeout).await?;
-        if reply.first() == Some(&b'-') {
-            return Err(String::from_utf8_lossy(&reply).trim().to_string());
-        }
-    }
-    Ok(stream)
-}
-
-/// Reads whole replies off a connection of lockgate's own, one at a time.
-pub(crate) struct FrameReader {
-    buf: BytesMut,
-    scanner: ReplyScanner,
-    pos: usize,
-}
-
-impl FrameReader {
-    /// A reader at the start of a connection's replies.
-    pub(crate) fn new() -> FrameReader {
-        FrameReader {
-            buf: BytesMut::with_capacity(4096),
-            scanner: ReplyScanner::new(),
-            pos: 0,
-        }
-    }
-
-    /// The next complete top-level frame (reply or push), as its bytes.
-    pub(crate) async fn next(
-        &mut self,
-        stream: &mut (impl AsyncRead + Unpin),
-    ) -> Result<BytesMut, String> {
-        loop {
-            loop {
-                let (used, end) = self
-                    .scanner
-                    .advance(&self.buf[self.pos..])
-                    .map_err(|e| e.to_string())?;
-                self.pos += used;
-                if end.is_some() {
-                    let frame = self.buf.split_to(self.pos);
-                    self.pos = 0;
-                    return Ok(frame);
-                }
-                if used == 0 {
-                    break;
-                }
-            }
-            if stream
-                .read_buf(&mut self.buf)
-                .await
-                .map_err(|e| e.to_string())?
-                == 0
-            {
-                return Err("connection closed".to_string());
-            }
-        }
-    }
-}
-
-/// One request/reply exchange on a fresh connection (before pipelining).
-pub(crate) async fn request(
-    stream: &mut (impl AsyncRead + AsyncWrite + Unpin),
-    command: &[u8],
-    timeout: Duration,
-) -> Result<Vec<u8>, String> {
-    let io = async {
-        stream.write_all(command).await.map_err(|e| e.to_string())?;
-        stream.flush().await.map_err(|e| e.to_string())?;
-        FrameReader::new().next(stream).await.map(|f| f.to_vec())
-    };
-    tokio::time::timeout(timeout, io)
-        .await
-        .unwrap_or_else(|_| Err("timed out".to_string()))
-}
-
 /// Pipelines calls over one connection until it fails.
-async fn serve(mut stream: Stream, calls: &mut mpsc::Receiver<Call>) {
+async fn serve(mut stream: Stream, calls: &mut mpsc::Receiver<Call>, reruns: Option<&AtomicU64>) {
     let (mut rd, mut wr) = stream.split();
-    let waiting: Mutex<VecDeque<oneshot::Sender<Bytes>>> = Mutex::new(VecDeque::new());
+    // Each call written waits here for its reply, with its fallback.
+    let waiting: Mutex<VecDeque<(oneshot::Sender<Bytes>, Option<Bytes>)>> =
+        Mutex::new(VecDeque::new());
+    // Fallbacks to write after a `-NOSCRIPT`: at most one per call waiting,
+    // so bounded by `max_queued` and the calls in flight.
+    let (rerun_tx, mut rerun_rx) = mpsc::unbounded_channel::<Call>();
     let writer = async {
         let mut out = BytesMut::new();
         // Reused across batches: no allocation per batch.
         let mut batch = Vec::new();
-        while let Some(call) = calls.recv().await {
-            batch.push(call);
+        loop {
+            let first = tokio::select! {
+                biased;
+                Some(rerun) = rerun_rx.recv() => rerun,
+                call = calls.recv() => match call {
+                    Some(call) => call,
+                    None => return,
+                },
+            };
+            batch.push(first);
             while let Ok(more) = calls.try_recv() {
                 batch.push(more);
                 if batch.len() >= 256 {
@@ -403,8 +346,8 @@ async fn serve(mut stream: Stream, calls: &mut mpsc::Receiver<Call>) {
             {
                 let mut w = sync::lock(&waiting);
                 for call in batch.drain(..) {
-                    out.extend_from_slice(&call.command);
-                    w.push_back(call.reply);
+                    out.extend_from_slice(&call.request.command);
+                    w.push_back((call.reply, call.request.fallback));
                 }
             }
             if wr.write_all(&out).await.is_err() || wr.flush().await.is_err() {
@@ -431,11 +374,22 @@ async fn serve(mut stream: Stream, calls: &mut mpsc::Receiver<Call>) {
                 pos += used;
                 match end {
                     Some(end) if end.kind == crate::protocol::reply::FrameKind::Reply => {
-                        let frame = Bytes::copy_from_slice(&buf[start..pos]);
+                        let frame = &buf[start..pos];
                         start = pos;
-                        let next = sync::lock(&waiting).pop_front();
-                        if let Some(tx) = next {
-                            let _ = tx.send(frame);
+                        let Some((tx, fallback)) = sync::lock(&waiting).pop_front() else {
+                            continue;
+                        };
+                        match fallback {
+                            Some(command) if frame.starts_with(b"-NOSCRIPT") => {
+                                if let Some(n) = reruns {
+                                    n.fetch_add(1, Ordering::Relaxed);
+                                }
+                                let request = Request::from(command);
+                                let _ = rerun_tx.send(Call { request, reply: tx });
+                            }
+                            _ => {
+                                let _ = tx.send(Bytes::copy_from_slice(frame));
+                            }
                         }
                     }
                     Some(_) => start = pos,

@@ -209,6 +209,9 @@ pub struct Quorum {
     /// Fence counter copies and sit-outs by reason (shared with the
     /// masters).
     pub rejoin: Arc<RejoinMetrics>,
+    /// Lock scripts a master answered `NOSCRIPT` and ran again as `EVAL`
+    /// (see [`super::node::Request`]): its script cache was flushed.
+    pub noscript_reruns: Arc<AtomicU64>,
     /// The masters' clock offsets (jumps sit a master out).
     pub clock: super::clock::ClockWatch,
 }
@@ -240,15 +243,18 @@ impl Quorum {
             ms => ms,
         }));
         let metrics = Arc::new(RejoinMetrics::default());
+        let noscript_reruns = Arc::new(AtomicU64::new(0));
         let masters = q
             .masters
             .iter()
             .map(|addr| {
+                let node = NodeConfig {
+                    load_scripts: true,
+                    noscript_reruns: Some(noscript_reruns.clone()),
+                    ..NodeConfig::for_addr(config, addr, connector.clone())
+                };
                 Arc::new(Master {
-                    node: Node::spawn(
-                        NodeConfig::for_addr(config, addr, connector.clone()),
-                        stop.clone(),
-                    ),
+                    node: Node::spawn(node, stop.clone()),
                     sitting_out_until: Mutex::new(None),
                     seen: Mutex::new((String::new(), 0)),
                     rejoin_ms: rejoin_ms.clone(),
@@ -266,6 +272,7 @@ impl Quorum {
             rejoin_ms,
             scripts: dashmap::DashMap::new(),
             rejoin: metrics,
+            noscript_reruns,
             clock: super::clock::ClockWatch::new(config),
         });
         let sampled = quorum.clone();

@@ -50,7 +50,7 @@ impl LockService {
             let answers = q
                 .ballot(
                     &eligible,
-                    &take,
+                    &take.into(),
                     script::QFENCE_CLOCK_FACT,
                     facts,
                     |_, _| false,
@@ -75,7 +75,7 @@ impl LockService {
                     &[&instance_token, token_s.as_bytes()],
                 );
                 // Only on the masters whose vote counted.
-                let committed = q.ask(&answers.yes_from, &commit, |_| false).await;
+                let committed = q.ask(&answers.yes_from, &commit.into(), |_| false).await;
                 let ok = committed
                     .replies
                     .iter()
@@ -95,7 +95,7 @@ impl LockService {
                 ]);
             }
             let undo = super::eval_on(script::RELEASE_TOKEN, &key, &[], &[&instance_token, b""]);
-            q.ask_all(&undo).await;
+            q.ask_all(&undo.into()).await;
             if q.lost_quorum(answers.yes, answers.replies.len(), eligible.len()) {
                 // Up, but too few answered in time: try again while WAIT
                 // lasts, else say so (not "masters down").
@@ -129,7 +129,7 @@ impl LockService {
     pub async fn quorum_fence_simple(&self, q: &Quorum, command: Bytes) -> LocalReply {
         // A majority alike decides "1 iff a majority did it" as every
         // answer would.
-        let answers = q.ask_agreed(&command).await;
+        let answers = q.ask_agreed(&command.into()).await;
         if answers.replies.len() < q.majority() {
             return q.no_quorum(answers.replies.len());
         }

@@ -10,6 +10,7 @@ use std::time::Instant;
 use bytes::Bytes;
 
 use super::lease::{ConnLocks, Standing};
+use super::node::Request;
 use super::ops::{LockOp, Shape, Ttl};
 use super::quorum::{integer, majority_identical, majority_integer, now_unix_ms, Quorum};
 use super::{script, split_reply, LockPending, LockService};
@@ -109,7 +110,7 @@ impl LockService {
         };
         // Answered once a majority agrees: the masters not waited for
         // still run it (see `Quorum::ask_agreed`).
-        let answers = q.ask_agreed(&planned.call.eval()).await;
+        let answers = q.ask_agreed(&Request::script(&planned.call)).await;
         if answers.replies.len() < q.majority() {
             return q.no_quorum(answers.replies.len());
         }
@@ -184,7 +185,7 @@ impl LockService {
         let answers = q
             .ballot(
                 &eligible,
-                &planned.call.eval(),
+                &Request::script(&planned.call),
                 script::ACQUIRE_CLOCK_FACT,
                 |r| split_reply(r).1,
                 |y, answered| y >= majority || answered - y + (n - eligible.len()) > n - majority,
@@ -205,7 +206,7 @@ impl LockService {
         }
         // Not acquired: undo it everywhere, also where the answer was late.
         let undo = super::eval_on(script::RELEASE_TOKEN, &key, &[], &[&token, &value]);
-        q.ask_all(&undo).await;
+        q.ask_all(&undo.into()).await;
         sync::lock(&conn).settle(&key, &token, Standing::Lost, None);
         if q.lost_quorum(granted, answers.replies.len(), eligible.len()) {
             ProxyMetrics::inc(&self.metrics.quorum_failures);
@@ -257,7 +258,7 @@ impl LockService {
     /// A read (`GET`, `EXISTS`, `TTL`, `PTTL`, `TYPE`) of lock keys: the
     /// majority's answer; integers (TTLs) the smallest within the majority.
     pub async fn quorum_read(&self, q: &Quorum, command: Bytes) -> LocalReply {
-        let answers = q.ask_agreed(&command).await;
+        let answers = q.ask_agreed(&command.into()).await;
         merge_replies(q, &answers.replies)
     }
 
@@ -271,7 +272,7 @@ impl LockService {
         fallback: Option<Bytes>,
     ) -> LocalReply {
         let all: Vec<usize> = (0..q.masters.len()).collect();
-        let mut answers = q.ask_each(&all, &command).await;
+        let mut answers = q.ask_each(&all, &command.into()).await;
         if let Some(eval) = fallback {
             // Only the masters that lost the script run it again, so it
             // runs exactly once everywhere.
@@ -285,7 +286,7 @@ impl LockService {
                 })
                 .collect();
             if !lost.is_empty() {
-                for (i, again) in lost.iter().zip(q.ask_each(&lost, &eval).await) {
+                for (i, again) in lost.iter().zip(q.ask_each(&lost, &eval.into()).await) {
                     answers[*i] = again;
                 }
             }

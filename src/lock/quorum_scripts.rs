@@ -28,7 +28,7 @@ impl Quorum {
     /// Loads `body` on every master in the background (a client's
     /// `SCRIPT LOAD`, so a later `EVALSHA` finds it), giving up at `stop`.
     pub fn load_script_everywhere(self: &Arc<Self>, body: &[u8], stop: &CancellationToken) {
-        let load = encode::command(&[b"SCRIPT", b"LOAD", body]);
+        let load = encode::command(&[b"SCRIPT", b"LOAD", body]).into();
         let (q, stop) = (self.clone(), stop.clone());
         tokio::spawn(async move {
             tokio::select! {

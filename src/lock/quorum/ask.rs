@@ -10,11 +10,12 @@ use bytes::Bytes;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 
 use super::{Answers, Master, Quorum};
+use crate::lock::node::Request;
 
 impl Quorum {
     /// Each master's answer to `command` (`None`: none in time), for the
     /// masters `to` (indexes), in that order.
-    pub async fn ask_each(&self, to: &[usize], command: &Bytes) -> Vec<Option<Bytes>> {
+    pub async fn ask_each(&self, to: &[usize], command: &Request) -> Vec<Option<Bytes>> {
         let timeout = self.node_timeout();
         // Every command is queued before any answer is awaited.
         let calls: Vec<_> = to
@@ -36,7 +37,7 @@ impl Quorum {
     pub async fn ask(
         &self,
         to: &[Arc<Master>],
-        command: &Bytes,
+        command: &Request,
         mut enough: impl FnMut(&[Bytes]) -> bool,
     ) -> Answers {
         let timeout = self.node_timeout();
@@ -60,7 +61,7 @@ impl Quorum {
     }
 
     /// Sends `command` to all masters (including those sitting out).
-    pub async fn ask_all(&self, command: &Bytes) -> Answers {
+    pub async fn ask_all(&self, command: &Request) -> Answers {
         let all = self.masters.clone();
         self.ask(&all, command, |_| false).await
     }
@@ -75,7 +76,7 @@ impl Quorum {
     // majority can differ, so the majority-identical reply, and per
     // position the `majority`-th largest integer (`majority_integer`), are
     // that reply's.
-    pub async fn ask_agreed(&self, command: &Bytes) -> Answers {
+    pub async fn ask_agreed(&self, command: &Request) -> Answers {
         let all = self.masters.clone();
         let majority = self.majority();
         self.ask(&all, command, |replies| agreed(replies, majority))
