@@ -64,7 +64,9 @@
 //!   which can touch locks); `command::names` folds a name into an integer
 //!   once, for both the kind and the metrics label.
 //! - [`router`]: pure `(command, session view, lock patterns) → Route`:
-//!   forward, lock operation, refusal, or admin.
+//!   forward, lock operation, refusal, or admin; [`router::forwards_plainly`]
+//!   is its shortcut for the common case (a command forwarded as it is,
+//!   one reply, the session unchanged), asked first for every command.
 //! - [`lock`]: the lock room, which never sees sockets: [`lock::keys`]
 //!   (patterns), [`lock::ops`] (commands → ops), [`lock::script`] (the Lua),
 //!   [`lock::evalsha`] (scripts by SHA1 on clients' connections: loaded
@@ -73,7 +75,9 @@
 //!   [`lock::lease`] (tokens, per-connection records), [`lock::watchdog`]
 //!   (renewal, release on disconnect over lockgate's own connection),
 //!   [`lock::node`] (lockgate's own shared, pipelined connection to one
-//!   Redis), [`lock::fence`] (the fencing-token API on one Redis),
+//!   Redis; on a lock master its calls go by SHA1 and a `NOSCRIPT` is
+//!   sent again as `EVAL` by the connection itself; `node::open`: connect,
+//!   authenticate, load the lock scripts), [`lock::fence`] (the fencing-token API on one Redis),
 //!   [`lock::quorum`] (the masters, majority merges, sit-outs after a
 //!   restart, a reconnection or a clock jump; `quorum::ask`: one command
 //!   to the masters in parallel, the wait ended once the answer is
@@ -141,7 +145,8 @@
 //! # The path of a command
 //!
 //! client bytes → [`session::reader`] asks [`protocol::request`] where the
-//! command ends → [`command::lookup`] (kind and label) → [`router::route`] → the reader
+//! command ends → [`command::lookup`] (kind and label) →
+//! [`router::forwards_plainly`], else [`router::route`] → the reader
 //! sends a [`session::pending::Pending`] entry to the writer half, then the
 //! client's own bytes to Redis (one write per read batch) → Redis replies →
 //! [`session::writer`] finds frame ends with [`protocol::reply`], matches
