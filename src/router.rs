@@ -303,8 +303,9 @@ mod tests {
     use crate::config::Config;
     use crate::protocol::request::RequestLimits;
 
-    fn routed(line: &str, view: &SessionView) -> Route {
-        let locks = LockService::new(&Config::default());
+    /// `line` parsed as one inline command: the parser and the bytes it
+    /// read, for [`CommandArgs::new`].
+    pub(super) fn parsed(line: &str) -> (RequestParser, String) {
         let mut p = RequestParser::new(RequestLimits {
             max_bulk_bytes: 1 << 20,
             max_multibulk_len: 64,
@@ -313,6 +314,12 @@ mod tests {
         });
         let buf = format!("{line}\r\n");
         p.parse(buf.as_bytes()).unwrap().unwrap();
+        (p, buf)
+    }
+
+    fn routed(line: &str, view: &SessionView) -> Route {
+        let locks = LockService::new(&Config::default());
+        let (p, buf) = parsed(line);
         let args = CommandArgs::new(&p, buf.as_bytes());
         let kind = classify(args.get(0), args.get(1), args.get(2));
         route(kind, args, view, &locks, false)
@@ -433,14 +440,7 @@ mod tests {
                         line.push(' ');
                         line.push_str(words[(first + i) % words.len()]);
                     }
-                    let mut p = RequestParser::new(RequestLimits {
-                        max_bulk_bytes: 1 << 20,
-                        max_multibulk_len: 64,
-                        max_inline_bytes: 1024,
-                        max_request_bytes: 1 << 20,
-                    });
-                    let buf = format!("{line}\r\n");
-                    p.parse(buf.as_bytes()).unwrap().unwrap();
+                    let (p, buf) = parsed(&line);
                     let args = CommandArgs::new(&p, buf.as_bytes());
                     let kind = classify(args.get(0), args.get(1), args.get(2));
                     for view in &views {

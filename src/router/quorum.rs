@@ -151,18 +151,10 @@ mod tests {
     use super::*;
     use crate::command::classify;
     use crate::config::Config;
-    use crate::protocol::request::{RequestLimits, RequestParser};
 
     fn routed(line: &str, in_multi: bool) -> Option<Route> {
         let locks = LockService::new(&Config::default());
-        let mut p = RequestParser::new(RequestLimits {
-            max_bulk_bytes: 1 << 20,
-            max_multibulk_len: 64,
-            max_inline_bytes: 1024,
-            max_request_bytes: 1 << 20,
-        });
-        let buf = format!("{line}\r\n");
-        p.parse(buf.as_bytes()).unwrap().unwrap();
+        let (p, buf) = crate::router::tests::parsed(line);
         let args = CommandArgs::new(&p, buf.as_bytes());
         let kind = classify(args.get(0), args.get(1), args.get(2));
         let view = SessionView {
