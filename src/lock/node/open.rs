@@ -14,7 +14,8 @@ use crate::protocol::encode;
 use crate::protocol::reply::ReplyScanner;
 use crate::tls::Stream;
 
-/// Connects, authenticates and reads the node's `run_id` and uptime.
+/// Connects, authenticates, reads the node's `run_id` and uptime, and
+/// loads the lock scripts if [`NodeConfig::load_scripts`].
 pub(super) async fn open(
     config: &NodeConfig,
 ) -> Result<(Stream, String, Option<(Instant, u64)>), String> {
@@ -38,12 +39,11 @@ pub(super) async fn open(
     // The lock scripts, so their `EVALSHA`s find them (see
     // [`super::Request`]). A refusal (an ACL without `SCRIPT`) is no
     // failure: those calls then run as `EVAL` after one `NOSCRIPT` each.
-    for script in evalsha::Script::all()
-        .iter()
-        .filter(|_| config.load_scripts)
-    {
-        let load = encode::command(&[b"SCRIPT", b"LOAD", script.body().as_bytes()]);
-        request(&mut stream, &load, config.connect_timeout).await?;
+    if config.load_scripts {
+        for script in evalsha::Script::all() {
+            let load = encode::command(&[b"SCRIPT", b"LOAD", script.body().as_bytes()]);
+            request(&mut stream, &load, config.connect_timeout).await?;
+        }
     }
     Ok((stream, run_id, uptime))
 }
