@@ -304,7 +304,7 @@ impl ServerContext {
         f(Counter {
             name: "lock_quorum_noscript_reruns",
             stats_name: "lock_quorum_noscript_reruns",
-            help: "Lock scripts a lock master answered NOSCRIPT, run again as EVAL",
+            help: "Scripts a lock master answered NOSCRIPT, run again there as EVAL",
             kind: Kind::Counter,
             value: self
                 .quorum

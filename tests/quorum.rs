@@ -378,6 +378,8 @@ async fn evalsha_fallback_runs_the_script_once_per_master() {
         "one EVALSHA must enter the reentrant lock once on every master \
          (reply, hold count per master)"
     );
+    // Master 0's rerun, and no other: every master is waited for.
+    assert_eq!(cl.quorum().noscript_reruns.load(Ordering::Relaxed), 1);
 }
 
 /// The calls of `command` in a master's `INFO commandstats` (0: none).

@@ -47,11 +47,13 @@ pub enum NodeError {
 }
 
 /// One command for a node, and what to send in its place if the node
-/// answers `-NOSCRIPT` (it ran nothing). lockgate's lock scripts go to the
-/// quorum's masters as `EVALSHA`, so a master reads and hashes a 40-byte
-/// name per call instead of a 2–3 KiB body; every master's connection
-/// loads them when it opens ([`NodeConfig::load_scripts`]), so only a `SCRIPT FLUSH` on the master
-/// makes the fallback, the same call as `EVAL`, go out. It goes out from
+/// answers `-NOSCRIPT` (it ran nothing): an `EVALSHA` and the same call as
+/// `EVAL`. lockgate's lock scripts go to the quorum's masters this way, so
+/// a master reads and hashes a 40-byte name per call instead of a 2–3 KiB
+/// body; every master's connection loads them when it opens
+/// ([`NodeConfig::load_scripts`]), so only a `SCRIPT FLUSH` on the master
+/// makes their fallback go out. A client's `EVALSHA` on lock keys goes the
+/// same way, with the body lockgate has seen. The fallback goes out from
 /// the connection task itself, at once, whether or not the caller still
 /// waits (a quorum that stopped waiting still runs the call on every
 /// master); it is written after whatever was queued before the `NOSCRIPT`

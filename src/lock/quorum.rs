@@ -209,8 +209,9 @@ pub struct Quorum {
     /// Fence counter copies and sit-outs by reason (shared with the
     /// masters).
     pub rejoin: Arc<RejoinMetrics>,
-    /// Lock scripts a master answered `NOSCRIPT` and ran again as `EVAL`
-    /// (see [`super::node::Request`]): its script cache was flushed.
+    /// Scripts a master answered `NOSCRIPT` and ran again as `EVAL` (see
+    /// [`super::node::Request`]): lockgate's after its script cache was
+    /// flushed, or a client's it never loaded.
     pub noscript_reruns: Arc<AtomicU64>,
     /// The masters' clock offsets (jumps sit a master out).
     pub clock: super::clock::ClockWatch,

@@ -263,36 +263,17 @@ impl LockService {
     }
 
     /// A client script whose keys are all lock keys, run on every master;
-    /// a master that lost the script gets it again as `EVAL` with the body
-    /// lockgate has seen.
+    /// a master that lost the script (an `EVALSHA` answered `NOSCRIPT`)
+    /// runs `fallback`, the same call as `EVAL` with the body lockgate has
+    /// seen, so it runs exactly once everywhere (see [`Request`]).
     pub async fn quorum_eval(
         &self,
         q: &Quorum,
         command: Bytes,
         fallback: Option<Bytes>,
     ) -> LocalReply {
-        let all: Vec<usize> = (0..q.masters.len()).collect();
-        let mut answers = q.ask_each(&all, &command.into()).await;
-        if let Some(eval) = fallback {
-            // Only the masters that lost the script run it again, so it
-            // runs exactly once everywhere.
-            let lost: Vec<usize> = all
-                .iter()
-                .copied()
-                .filter(|&i| {
-                    answers[i]
-                        .as_ref()
-                        .is_some_and(|r| r.starts_with(b"-NOSCRIPT"))
-                })
-                .collect();
-            if !lost.is_empty() {
-                for (i, again) in lost.iter().zip(q.ask_each(&lost, &eval.into()).await) {
-                    answers[*i] = again;
-                }
-            }
-        }
-        let replies: Vec<Bytes> = answers.into_iter().flatten().collect();
-        merge_replies(q, &replies)
+        let answers = q.ask_all(&Request { command, fallback }).await;
+        merge_replies(q, &answers.replies)
     }
 }
 

@@ -13,22 +13,6 @@ use super::{Answers, Master, Quorum};
 use crate::lock::node::Request;
 
 impl Quorum {
-    /// Each master's answer to `command` (`None`: none in time), for the
-    /// masters `to` (indexes), in that order.
-    pub async fn ask_each(&self, to: &[usize], command: &Request) -> Vec<Option<Bytes>> {
-        let timeout = self.node_timeout();
-        // Every command is queued before any answer is awaited.
-        let calls: Vec<_> = to
-            .iter()
-            .map(|&i| self.masters[i].node.send(command.clone(), timeout))
-            .collect();
-        futures_util::future::join_all(calls)
-            .await
-            .into_iter()
-            .map(Result::ok)
-            .collect()
-    }
-
     /// Sends `command` to every master in `to` in parallel and collects the
     /// answers that come within the node timeout. `enough` is asked after
     /// each answer and may end the wait early (a majority known); the
