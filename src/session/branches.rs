@@ -8,9 +8,11 @@
 //! branch and wakes the task; the session polls only the branches marked
 //! since its last poll (all of them the first time).
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Wake, Waker};
+use std::task::{Context, Poll, Wake, Waker};
 
 use futures_util::task::AtomicWaker;
 
@@ -75,6 +77,65 @@ impl Branches {
     pub fn context(&self, i: usize) -> Context<'_> {
         Context::from_waker(&self.wakers[i])
     }
+
+    /// Branch `i`'s waker, for a [`Stop`] of that branch.
+    pub fn waker(&self, i: usize) -> Waker {
+        self.wakers[i].clone()
+    }
+}
+
+/// A stop flag for one branch, set from another branch of the task or
+/// from a watcher of the server's shutdown. Setting it wakes that branch
+/// through the waker it was made with, so the branch checks the flag with
+/// a plain load and registers nothing: a `CancellationToken`'s wait takes
+/// two locks at every poll (its state's and its waiters'), and the reader
+/// polled its wait about four times per read batch.
+///
+/// Contract: [`Stop::stopped`] is polled only by the branch whose waker
+/// the flag holds (any future inside that branch polls with that waker).
+pub struct Stop {
+    set: AtomicBool,
+    branch: Waker,
+}
+
+impl Stop {
+    /// A flag, not set, that wakes `branch` when set.
+    pub fn new(branch: Waker) -> Stop {
+        Stop {
+            set: AtomicBool::new(false),
+            branch,
+        }
+    }
+
+    /// Sets the flag and wakes the branch (once: setting it again does
+    /// nothing).
+    pub fn stop(&self) {
+        if !self.set.swap(true, Ordering::AcqRel) {
+            self.branch.wake_by_ref();
+        }
+    }
+
+    /// Ready once the flag is set; see the contract above.
+    pub fn stopped(&self) -> Stopped<'_> {
+        Stopped(self)
+    }
+}
+
+/// [`Stop::stopped`]'s future.
+pub struct Stopped<'a>(&'a Stop);
+
+impl Future for Stopped<'_> {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<()> {
+        // No waker to register: `stop` wakes the branch, which polls this
+        // again.
+        if self.0.set.load(Ordering::Acquire) {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    }
 }
 
 #[cfg(test)]
@@ -125,5 +186,36 @@ mod tests {
         .await;
         assert_eq!(seen, [0b111, 0b100, 0b001]);
         assert_eq!(got, [2, 1]);
+    }
+
+    /// A branch waiting on a [`Stop`] is woken, and only it, when another
+    /// branch sets the flag; before that its wait is pending.
+    #[tokio::test]
+    async fn a_stop_wakes_its_branch_only() {
+        let b = Branches::new(2);
+        let stop = Stop::new(b.waker(0));
+        let mut stopped = stop.stopped();
+        let mut seen = Vec::new();
+        let mut polls = 0;
+        std::future::poll_fn(|cx| {
+            let woken = b.woken(cx);
+            seen.push(woken);
+            polls += 1;
+            if woken & 1 != 0 && Pin::new(&mut stopped).poll(&mut b.context(0)).is_ready() {
+                return Poll::Ready(());
+            }
+            if woken & 2 != 0 {
+                // The other branch stops the first, on its second poll.
+                if polls == 2 {
+                    stop.stop();
+                    stop.stop();
+                } else {
+                    b.waker(1).wake_by_ref();
+                }
+            }
+            Poll::Pending
+        })
+        .await;
+        assert_eq!(seen, [0b11, 0b10, 0b01]);
     }
 }

@@ -142,7 +142,9 @@ async fn serve(
     let (tx, rx) = mpsc::channel(ctx.config.proxy.max_inflight_batches);
     let conn = Arc::new(Mutex::new(conn));
     let _leave = LeaveQueues { ctx, conn: &conn };
-    let reader_cancel = shutdown.child_token();
+    // Made first: the reader's stop flag wakes the reader's branch.
+    let branches = branches::Branches::new(6);
+    let reader_stop = branches::Stop::new(branches.waker(0));
     let writer_done = CancellationToken::new();
     let (job_queue, runner) = jobs::queue(ctx.config.proxy.max_inflight_batches);
     let activity = activity::Activity::new();
@@ -151,7 +153,7 @@ async fn serve(
             tx,
             conn: &conn,
             jobs: job_queue,
-            cancel: &reader_cancel,
+            stop: &reader_stop,
             activity: &activity,
         };
         reader::read_loop(ctx, &mut buf, &mut client_r, &mut up_w, links).await
@@ -168,7 +170,7 @@ async fn serve(
             max_output: ctx.config.proxy.max_client_output_bytes as usize,
         };
         let end = writer::write_loop(setup, &mut client_w, &mut up_r, rx).await;
-        reader_cancel.cancel();
+        reader_stop.stop();
         writer_done.cancel();
         end
     };
@@ -181,22 +183,35 @@ async fn serve(
         }
     };
     let primary_changed = ctx.primary_addr.changed_from(generation);
+    // Shutdown stops the reader through its flag (polled only when
+    // shutdown fires).
+    let shutdown_seen = shutdown.cancelled();
     // In a block, so the branches (and their borrows of the sockets) are
     // gone before the lingering close below.
     let ends = {
         let (mut reader, mut writer, mut runner) = (pin!(reader), pin!(writer), pin!(runner));
         let (mut watchdog, mut primary_changed) = (pin!(watchdog), pin!(primary_changed));
-        // One poll loop over the five branches, each polled only when its own
+        let mut shutdown_seen = pin!(shutdown_seen);
+        // One poll loop over the six branches, each polled only when its own
         // waker fired (see `branches`): the reader, the writer and the job
         // runner all run to their end; the watchdog ending (its lock lost) or
         // the primary being replaced (Sentinel) closes the session. After a
         // failover the client reconnects, as after a failover of a Redis it
         // talked to directly (SELECT, subscriptions and MULTI cannot silently
-        // move).
-        let branches = branches::Branches::new(5);
-        let (mut read_end, mut write_end, mut ran) = (None, None, false);
+        // move); shutdown sets the reader's stop flag.
+        let (mut read_end, mut write_end, mut ran, mut stopping) = (None, None, false, false);
         std::future::poll_fn(|cx| {
             let woken = branches.woken(cx);
+            if woken & 32 != 0
+                && !stopping
+                && shutdown_seen
+                    .as_mut()
+                    .poll(&mut branches.context(5))
+                    .is_ready()
+            {
+                stopping = true;
+                reader_stop.stop();
+            }
             if woken & 1 != 0 && read_end.is_none() {
                 if let Poll::Ready(end) = reader.as_mut().poll(&mut branches.context(0)) {
                     read_end = Some(end);
