@@ -168,6 +168,9 @@ pub(super) fn route_batch(
         released: Vec::new(),
     };
     let mut commands = 0u64;
+    // Plain forwards not yet recorded: one entry per run (see `Batch::ones`);
+    // recorded before anything else is.
+    let mut plain = 0u32;
     loop {
         let pos = out.used;
         let rest = &buf[pos..];
@@ -189,9 +192,10 @@ pub(super) fn route_batch(
                 ProxyMetrics::inc(&ctx.metrics.commands[label]);
                 if router::forwards_plainly(kind, args, view, &ctx.locks, ctx.quorum.is_some()) {
                     out.pieces.client(whole);
-                    out.batch.record(Expect::One);
+                    plain += 1;
                     continue;
                 }
+                out.batch.ones(std::mem::take(&mut plain));
                 let route = router::route(kind, args, view, &ctx.locks, ctx.quorum.is_some());
                 remember_script(ctx, kind, args);
                 if evalsha::is_flush(name, arg1) {
@@ -225,6 +229,7 @@ pub(super) fn route_batch(
                 }
             }
             Err(e) => {
+                out.batch.ones(std::mem::take(&mut plain));
                 ProxyMetrics::inc(&ctx.metrics.protocol_errors);
                 ctx.metrics.error(e.source_kind());
                 tracing::debug!(error = %e, "malformed request; closing");
@@ -242,6 +247,7 @@ pub(super) fn route_batch(
             }
         }
     }
+    out.batch.ones(plain);
     ProxyMetrics::add(&ctx.metrics.commands_total, commands);
     out
 }

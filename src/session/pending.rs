@@ -135,6 +135,24 @@ impl Batch {
         }
     }
 
+    /// Records `n` forwarded commands expecting one reply each, in one
+    /// step: the router's plain forwards are counted in a local and
+    /// recorded once per run (a look at the last entry per command cost
+    /// about 30 instructions, at -P16 a tenth of lockgate's own work on
+    /// a GET). Never while silent: plain forwards are counted replies.
+    #[inline]
+    pub fn ones(&mut self, n: u32) {
+        if n == 0 {
+            return;
+        }
+        debug_assert!(!self.silent);
+        if let Some(Pending::Upstream(m)) = self.entries.last_mut() {
+            *m += n;
+        } else {
+            self.entries.push(Pending::Upstream(n));
+        }
+    }
+
     /// Records a lock script whose reply carries facts (`rerun`: it went
     /// up as `EVALSHA`). Silent: Redis sends no reply, so there are no
     /// facts to learn.
@@ -196,6 +214,22 @@ mod tests {
         assert_eq!(
             &b.entries[..],
             &[Pending::Upstream(2), Pending::Hello, Pending::Upstream(1)][..]
+        );
+    }
+
+    #[test]
+    fn a_run_of_ones_merges_with_what_is_before_it() {
+        let mut b = Batch::default();
+        b.ones(0);
+        assert!(b.entries.is_empty());
+        b.ones(3);
+        b.record(Expect::One);
+        b.ones(2);
+        b.record(Expect::Hello);
+        b.ones(4);
+        assert_eq!(
+            &b.entries[..],
+            &[Pending::Upstream(6), Pending::Hello, Pending::Upstream(4)][..]
         );
     }
 }
