@@ -43,8 +43,10 @@
 //!   client after a protocol error without a reset (FIN, then its input
 //!   drained, bounded);
 //!   `session::branches` gives each part of a session (reader, writer,
-//!   job runner, watchdog, primary watcher) a waker of its own, so the
-//!   session's poll loop polls only the parts that were woken;
+//!   job runner, watchdog, primary watcher, shutdown) a waker of its own,
+//!   so the session's poll loop polls only the parts that were woken, and
+//!   the reader's stop flag (`Stop`: set by the writer's end or shutdown,
+//!   checked with a plain load);
 //!   [`session::pending`] is what the two halves tell each other;
 //!   [`session::jobs`] runs a session's deferred work in command order;
 //!   [`session::carry`] carries out the routes of one read batch (what

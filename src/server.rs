@@ -98,10 +98,9 @@ pub async fn serve(
                 };
                 crate::session::run(ctx.clone(), client, peer, conn, shutdown.clone()).await
             };
-            tokio::select! {
-                _ = serve => {}
-                _ = force.cancelled() => {}
-            }
+            // The forced cut is polled only when it fires, not at every
+            // wake of the session.
+            crate::session::branches::Until::new(serve, force.cancelled()).await;
             ctx.metrics
                 .connections_active
                 .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);

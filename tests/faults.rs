@@ -509,3 +509,46 @@ async fn half_closed_client_still_gets_its_replies() {
     }
     lg.stop().await;
 }
+
+/// Shutdown while the writer is stuck writing to a client that does not
+/// read (a 32 MB reply, more than the sockets hold): the writer's own
+/// drain deadline cannot end a write in progress, so the server's forced
+/// cut around every session ends it once `shutdown_grace_ms` is over (the
+/// write timeout, 60 s by default, would be far later). Without the cut,
+/// the stop would wait for the write timeout.
+#[tokio::test]
+async fn shutdown_cuts_a_session_stuck_writing_after_the_grace_period() {
+    let redis = RedisServer::start();
+    let addr = redis.addr();
+    assert_eq!(
+        direct(&addr, &["SETRANGE", "big", "33554431", "x"]).await,
+        ":33554432\r\n"
+    );
+    let lg = Lockgate::start_with(config(&addr)).await;
+    let mut stuck = tokio::net::TcpStream::connect(lg.addr)
+        .await
+        .expect("connect");
+    stuck
+        .write_all(&cmd(&["GET", "big"]))
+        .await
+        .expect("write GET");
+    // Bytes at the client: the writer has started its write, which
+    // cannot finish while the client does not read.
+    tokio::time::timeout(WAIT, stuck.readable())
+        .await
+        .expect("the reply to start coming")
+        .expect("readable");
+
+    let stopping = Instant::now();
+    lg.stop().await;
+    let took = stopping.elapsed();
+    assert!(
+        took >= Duration::from_millis(300),
+        "stopped before the grace period was over: {took:?}"
+    );
+    assert!(
+        took < Duration::from_millis(300) + MARGIN,
+        "the cut came late: {took:?}"
+    );
+    drop(stuck);
+}

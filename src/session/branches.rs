@@ -84,6 +84,48 @@ impl Branches {
     }
 }
 
+pin_project_lite::pin_project! {
+    /// Runs `main` until it is ready (`Some` of its output) or `stop` is
+    /// (`None`). `main` is polled at every poll of the task, as it would be
+    /// on its own; `stop` only the first time and when its own waker fired.
+    /// A `select!` over the two polled both at every wake: with `stop` a
+    /// `CancellationToken`'s wait (the server's forced shutdown around
+    /// every session), two locks per poll, about two polls per command at
+    /// `-P 1`. A struct, not an `async fn`: the session's future is held
+    /// in place, not copied into a second slot of a bigger state.
+    pub struct Until<M, S> {
+        #[pin]
+        main: M,
+        #[pin]
+        stop: S,
+        branches: Branches,
+    }
+}
+
+impl<M: Future, S: Future> Until<M, S> {
+    /// `main`, cut short by `stop`.
+    pub fn new(main: M, stop: S) -> Until<M, S> {
+        Until {
+            main,
+            stop,
+            branches: Branches::new(1),
+        }
+    }
+}
+
+impl<M: Future, S: Future> Future for Until<M, S> {
+    type Output = Option<M::Output>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<M::Output>> {
+        let this = self.project();
+        if this.branches.woken(cx) != 0 && this.stop.poll(&mut this.branches.context(0)).is_ready()
+        {
+            return Poll::Ready(None);
+        }
+        this.main.poll(cx).map(Some)
+    }
+}
+
 /// A stop flag for one branch, set from another branch of the task or
 /// from a watcher of the server's shutdown. Setting it wakes that branch
 /// through the waker it was made with, so the branch checks the flag with
@@ -186,6 +228,29 @@ mod tests {
         .await;
         assert_eq!(seen, [0b111, 0b100, 0b001]);
         assert_eq!(got, [2, 1]);
+    }
+
+    /// `Until` ends with `main`'s output, or with `None` as soon as `stop`
+    /// is ready, polling `stop` only when woken.
+    #[tokio::test]
+    async fn until_ends_with_main_or_at_stop() {
+        let (tx, rx) = oneshot::channel::<u8>();
+        let (stop_tx, stop_rx) = oneshot::channel::<()>();
+        tokio::spawn(async move {
+            let _ = tx.send(7);
+        });
+        assert_eq!(Until::new(rx, stop_rx).await, Some(Ok(7)));
+        drop(stop_tx);
+
+        let (stop_tx, stop_rx) = oneshot::channel::<()>();
+        tokio::spawn(async move {
+            tokio::task::yield_now().await;
+            let _ = stop_tx.send(());
+        });
+        assert_eq!(
+            Until::new(std::future::pending::<u8>(), stop_rx).await,
+            None
+        );
     }
 
     /// A branch waiting on a [`Stop`] is woken, and only it, when another

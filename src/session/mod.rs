@@ -11,7 +11,7 @@
 //! the commands not yet answered.
 
 pub mod activity;
-mod branches;
+pub(crate) mod branches;
 pub mod carry;
 mod detached;
 pub mod jobs;
