@@ -50,7 +50,7 @@ pub struct Links<'a> {
     /// Where deferred work goes.
     pub jobs: Jobs,
     /// Stops the reader (shutdown, or the writer half ended); polled from
-    /// the reader's own branch only (see [`Stop`]).
+    /// the reader's own branch only (see `session::branches::Stop`).
     pub stop: &'a Stop,
     /// What the writer half did last, for the idle timeout.
     pub activity: &'a Activity,
