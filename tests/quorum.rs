@@ -14,6 +14,7 @@ use std::sync::atomic::Ordering;
 use support::int;
 use support::locks::{bulk, owner};
 use support::quorum::{Cluster, NIL};
+use support::redis::command_calls;
 use support::resp::call;
 
 /// One case of the matrix: the masters in `held` hold `key` for another
@@ -382,17 +383,6 @@ async fn evalsha_fallback_runs_the_script_once_per_master() {
     assert_eq!(cl.quorum().noscript_reruns.load(Ordering::Relaxed), 1);
 }
 
-/// The calls of `command` in a master's `INFO commandstats` (0: none).
-fn calls_of(stats: &str, command: &str) -> u64 {
-    let prefix = format!("cmdstat_{command}:calls=");
-    stats
-        .lines()
-        .find_map(|l| l.strip_prefix(&prefix))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
-}
-
 /// lockgate's lock scripts reach the masters as `EVALSHA` (loaded when
 /// each connection opens), not as a 2-3 KiB `EVAL` body per call; a master
 /// whose script cache was flushed answers `NOSCRIPT`, which lockgate runs
@@ -412,10 +402,10 @@ async fn lock_scripts_go_by_sha_and_survive_a_flushed_master() {
         // A master not waited for may still be running its share.
         until!(
             format!("acquisition and release on master {i} by EVALSHA"),
-            calls_of(&cl.on_master(i, &["INFO", "commandstats"]).await, "evalsha") == 2
+            command_calls(&cl.on_master(i, &["INFO", "commandstats"]).await, "evalsha") == 2
         );
         let stats = cl.on_master(i, &["INFO", "commandstats"]).await;
-        assert_eq!(calls_of(&stats, "eval"), 0, "master {i}: {stats}");
+        assert_eq!(command_calls(&stats, "eval"), 0, "master {i}: {stats}");
     }
     assert_eq!(reruns(), 0);
 

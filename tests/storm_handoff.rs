@@ -9,17 +9,12 @@ mod support;
 use std::time::Duration;
 
 use support::locks::{get, m, owner, pttl, setup_with, Call};
+use support::redis::command_calls;
 use support::{eventually, RawClient};
 
 /// Calls of `name` on Redis since the last `CONFIG RESETSTAT`.
 async fn calls(r: &mut RawClient, name: &str) -> u64 {
-    let info = r.call(&["INFO", "commandstats"]).await;
-    let prefix = format!("cmdstat_{name}:calls=");
-    info.lines()
-        .find_map(|l| l.strip_prefix(prefix.as_str()))
-        .and_then(|rest| rest.split(',').next())
-        .map(|n| n.parse().expect("a call count"))
-        .unwrap_or(0)
+    command_calls(&r.call(&["INFO", "commandstats"]).await, name)
 }
 
 /// Lock scripts run on Redis since the last `CONFIG RESETSTAT`: `EVAL`

@@ -5,7 +5,8 @@
 //!
 //! Every test file says `mod support;` and uses what it needs:
 //!
-//! - [`redis`]: [`RedisServer`], [`free_port`], [`until_uptime`].
+//! - [`redis`]: [`RedisServer`], [`free_port`], [`until_uptime`],
+//!   [`redis::command_calls`] (`INFO commandstats`).
 //! - [`proxy`]: [`Lockgate`], lockgate (the proxy under test) in the test's process.
 //! - [`resp`]: [`RawClient`], [`cmd`], [`encode`], [`frame_len`] (the one
 //!   RESP frame scanner), [`show`].

@@ -153,3 +153,15 @@ pub async fn until_uptime(addr: &str, secs: u64) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// The calls of `command` (lower case, as Redis names it) in the text of
+/// an `INFO commandstats` reply; 0 when it has none.
+pub fn command_calls(stats: &str, command: &str) -> u64 {
+    let prefix = format!("cmdstat_{command}:calls=");
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .and_then(|rest| rest.split(',').next())
+        .map(|n| n.parse().expect("a call count"))
+        .unwrap_or(0)
+}
