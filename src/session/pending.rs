@@ -116,13 +116,7 @@ impl Batch {
         }
         match expect {
             Expect::Nothing => {}
-            Expect::One => {
-                if let Some(Pending::Upstream(n)) = self.entries.last_mut() {
-                    *n += 1;
-                } else {
-                    self.entries.push(Pending::Upstream(1));
-                }
-            }
+            Expect::One => self.ones(1),
             Expect::Hello => self.entries.push(Pending::Hello),
             Expect::Blocking => self.entries.push(Pending::Blocking),
             Expect::Reset => self.entries.push(Pending::Reset),
@@ -139,7 +133,8 @@ impl Batch {
     /// step: the router's plain forwards are counted in a local and
     /// recorded once per run (a look at the last entry per command cost
     /// about 30 instructions, at -P16 a tenth of lockgate's own work on
-    /// a GET). Never while silent: plain forwards are counted replies.
+    /// a GET). Never while silent: these are counted replies (`record`
+    /// returns before this for a silent command).
     #[inline]
     pub fn ones(&mut self, n: u32) {
         if n == 0 {
