@@ -39,11 +39,18 @@ pub(super) async fn open(
     // The lock scripts, so their `EVALSHA`s find them (see
     // [`super::Request`]). A refusal (an ACL without `SCRIPT`) is no
     // failure: those calls then run as `EVAL` after one `NOSCRIPT` each.
+    // All in one write: one round trip at every (re)connection.
     if config.load_scripts {
-        for script in evalsha::Script::all() {
-            let load = encode::command(&[b"SCRIPT", b"LOAD", script.body().as_bytes()]);
-            request(&mut stream, &load, config.connect_timeout).await?;
+        let scripts = evalsha::Script::all();
+        let mut loads = BytesMut::new();
+        for script in scripts {
+            loads.extend_from_slice(&encode::command(&[
+                b"SCRIPT",
+                b"LOAD",
+                script.body().as_bytes(),
+            ]));
         }
+        requests(&mut stream, &loads, scripts.len(), config.connect_timeout).await?;
     }
     Ok((stream, run_id, uptime))
 }
@@ -137,10 +144,30 @@ pub(crate) async fn request(
     command: &[u8],
     timeout: Duration,
 ) -> Result<Vec<u8>, String> {
+    let mut replies = requests(stream, command, 1, timeout).await?;
+    Ok(replies.pop().map(|f| f.to_vec()).unwrap_or_default())
+}
+
+/// `n` commands, `commands` in one write, and their `n` replies in order,
+/// all within `timeout`: one round trip where [`request`] takes `n`.
+async fn requests(
+    stream: &mut (impl AsyncRead + AsyncWrite + Unpin),
+    commands: &[u8],
+    n: usize,
+    timeout: Duration,
+) -> Result<Vec<BytesMut>, String> {
     let io = async {
-        stream.write_all(command).await.map_err(|e| e.to_string())?;
+        stream
+            .write_all(commands)
+            .await
+            .map_err(|e| e.to_string())?;
         stream.flush().await.map_err(|e| e.to_string())?;
-        FrameReader::new().next(stream).await.map(|f| f.to_vec())
+        let mut reader = FrameReader::new();
+        let mut replies = Vec::with_capacity(n);
+        for _ in 0..n {
+            replies.push(reader.next(stream).await?);
+        }
+        Ok(replies)
     };
     tokio::time::timeout(timeout, io)
         .await
