@@ -68,8 +68,17 @@ struct Args {
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
     /// Target port.
-    #[arg(long)]
-    port: u16,
+    #[arg(long, required_unless_present = "ports")]
+    port: Option<u16>,
+    /// Several targets (a fleet of sidecars in front of one Redis), comma
+    /// separated: client i connects to the (i mod n)-th; the JSON line then
+    /// gives acquisitions per target (`per_target`). Overrides `--port`.
+    #[arg(long, value_delimiter = ',')]
+    ports: Vec<u16>,
+    /// After a won SETNX, send `EXPIRE key N` as the incident's app did
+    /// (0: none, the default).
+    #[arg(long, default_value_t = 0)]
+    expire_s: u64,
     /// Contending clients, one connection each.
     #[arg(long, default_value_t = 50)]
     clients: usize,
@@ -248,6 +257,10 @@ async fn run_client(
                 out.acquisitions += 1;
                 out.first_acquired.get_or_insert(got);
                 out.waits_us.push(micros(got - round));
+                if args.expire_s > 0 {
+                    let secs = args.expire_s.to_string();
+                    conn.call(&[b"EXPIRE", key, secs.as_bytes()]).await?;
+                }
                 out.open_since = None;
                 let released = shared
                     .released_at
@@ -341,6 +354,19 @@ fn json_str(s: &str) -> String {
     out
 }
 
+/// The `HOST:PORT`s clients connect to: `--ports`, else `--port`.
+fn targets(args: &Args) -> Vec<String> {
+    let ports = match (args.ports.is_empty(), args.port) {
+        (false, _) => args.ports.clone(),
+        (true, Some(p)) => vec![p],
+        (true, None) => vec![6379],
+    };
+    ports
+        .iter()
+        .map(|p| format!("{}:{}", args.host, p))
+        .collect()
+}
+
 /// One connection, its failure naming the address.
 async fn connect(addr: &str) -> anyhow::Result<Conn> {
     Conn::connect(addr)
@@ -357,11 +383,11 @@ async fn run(args: Arc<Args>) -> anyhow::Result<String> {
     if args.try_every_ms > 0 {
         return run_try(args).await;
     }
-    let addr = format!("{}:{}", args.host, args.port);
+    let targets = targets(&args);
     let connecting = Instant::now();
     let mut conns = Vec::with_capacity(args.clients);
-    for _ in 0..args.clients {
-        conns.push(connect(&addr).await?);
+    for i in 0..args.clients {
+        conns.push(connect(&targets[i % targets.len()]).await?);
     }
 
     let connect_ms = micros(connecting.elapsed()) as f64 / 1000.0;
@@ -408,6 +434,10 @@ async fn run(args: Arc<Args>) -> anyhow::Result<String> {
     let late: u64 = results.iter().map(|r| r.late).sum();
     let del_missed: u64 = results.iter().map(|r| r.del_missed).sum();
     let per_client: Vec<u64> = results.iter().map(|r| r.acquisitions).collect();
+    let mut per_target = vec![0u64; targets.len()];
+    for (i, n) in per_client.iter().enumerate() {
+        per_target[i % targets.len()] += n;
+    }
     let distinct = per_client.iter().filter(|&&n| n > 0).count();
     let never = results
         .iter()
@@ -439,7 +469,7 @@ async fn run(args: Arc<Args>) -> anyhow::Result<String> {
         json,
         "{{\"clients\":{},\"sleep_us\":{},\"hold_ms\":{},\"duration_s\":{},\"connect_ms\":{:.3},\"elapsed_s\":{:.3},\
          \"attempts\":{},\"acquisitions\":{},\"acquired_late\":{},\"del_missed\":{},\
-         \"per_client\":[{}],\"distinct_acquirers\":{},\"unfinished\":{},\
+         \"per_client\":[{}],\"per_target\":[{}],\"distinct_acquirers\":{},\"unfinished\":{},\
          \"waiting_at_end\":{},\"oldest_open_wait_ms\":{:.3},\
          \"first_acquired_ms\":{:.3},\"held_avg_ms\":{:.3},\"wait_ms\":{},\"handoff_ms\":{},\"overlaps\":{},\"errors\":{},\"first_error\":{}}}",
         args.clients,
@@ -453,6 +483,11 @@ async fn run(args: Arc<Args>) -> anyhow::Result<String> {
         late,
         del_missed,
         per_client
+            .iter()
+            .map(u64::to_string)
+            .collect::<Vec<_>>()
+            .join(","),
+        per_target
             .iter()
             .map(u64::to_string)
             .collect::<Vec<_>>()
@@ -528,7 +563,7 @@ async fn run_try_client(
 /// Try-lock mode (`--try-every-ms`): a holder keeps the lock for the whole
 /// run while the clients try it now and then; one JSON line of results.
 async fn run_try(args: Arc<Args>) -> anyhow::Result<String> {
-    let addr = format!("{}:{}", args.host, args.port);
+    let addr = targets(&args).swap_remove(0);
     let key = args.key.as_bytes();
     let pid = std::process::id();
     let connecting = Instant::now();

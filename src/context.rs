@@ -150,23 +150,41 @@ impl ServerContext {
         };
         let on_primary = NodeConfig::for_addr(&config, &config.upstream.addr, upstream.clone())
             .following(&primary_addr);
-        let primary = Node::spawn(on_primary.clone(), stop.clone());
+        // The lock scripts load when the connection opens: a parked
+        // attempt's driver and a passed turn go by SHA1, not as bodies.
+        let primary = Node::spawn(
+            NodeConfig {
+                load_scripts: true,
+                ..on_primary.clone()
+            },
+            stop.clone(),
+        );
         let locks = LockService::new(&config);
-        // Releases are announced where the locks live.
-        let stores = match config.locks.quorum.masters.is_empty() {
-            true => vec![on_primary],
-            false => (config.locks.quorum.masters.iter())
-                .map(|addr| NodeConfig::for_addr(&config, addr, masters.clone()))
+        let quorum = Quorum::start(&config, &stop, &masters);
+        // Wake-ups come from where the locks live.
+        let stores: Vec<(NodeConfig, Node)> = match &quorum {
+            None => vec![(on_primary, primary.clone())],
+            Some(q) => (config.locks.quorum.masters.iter())
+                .zip(&q.masters)
+                .map(|(addr, m)| {
+                    let on_master = NodeConfig::for_addr(&config, addr, masters.clone());
+                    (on_master, m.node.clone())
+                })
                 .collect(),
         };
-        for store in stores {
+        for (on_store, node) in stores {
+            let store = announce::Store {
+                config: on_store,
+                node,
+                prefix: locks.instance_prefix().to_string(),
+            };
             announce::spawn(store, locks.storm.clone(), stop.clone());
         }
         ServerContext {
             reload: std::sync::Mutex::new(None),
             current: std::sync::RwLock::new(config.clone()),
             locks,
-            quorum: Quorum::start(&config, &stop, &masters),
+            quorum,
             tls,
             upstream,
             primary,
@@ -375,12 +393,13 @@ impl crate::lock::storm::Acquirer for ServerContext {
     fn acquire(
         &self,
         ask: crate::lock::storm::Ask,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = (bool, i64)> + Send + '_>> {
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = crate::lock::storm::Tried> + Send + '_>>
+    {
         Box::pin(async move {
             // After a switch of the primary, no acquisition on its behalf
             // either (`locks.failover_delay_ms`; never with the quorum).
             if self.held_after_failover(&ask.key) {
-                return (false, 0);
+                return crate::lock::storm::Tried::default();
             }
             let timeout = Duration::from_millis(self.config.upstream.connect_timeout_ms);
             self.locks

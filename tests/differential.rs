@@ -10,8 +10,8 @@
 //! a key changed directly on Redis behind lockgate's back, SUBSCRIBE +
 //! UNSUBSCRIBE). Each step runs on the direct side, then on the lockgate
 //! side; the replies are compared command by command, then the keyspace
-//! (lockgate's `lockgate:owner:{…}`, `lockgate:fence:{…}` and
-//! `lockgate:waiting:{…}` keys left out,
+//! (lockgate's `lockgate:owner:{…}`, `lockgate:fence:{…}`,
+//! `lockgate:queue:{…}` and `lockgate:places:{…}` keys left out,
 //! TTLs by class and remaining PTTL loosely).
 //!
 //! The only differences allowed are lockgate's deliberate ones, listed in
@@ -1356,7 +1356,8 @@ impl Run {
             keys.retain(|k| {
                 !k.contains("lockgate:owner:{")
                     && !k.contains("lockgate:fence:{")
-                    && !k.contains("lockgate:waiting:{")
+                    && !k.contains("lockgate:queue:{")
+                    && !k.contains("lockgate:places:{")
             });
             keys.sort();
             sides.push(keys);

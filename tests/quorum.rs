@@ -115,11 +115,11 @@ async fn matrix_case(cl: &Cluster, c: &mut support::RawClient, n: usize, mask: u
     for &i in &held {
         cl.on_master(i, &["DEL", &key]).await;
     }
-    // A failed attempt leaves its instance's waiting mark (fairness across
-    // instances; it expires by itself): the only key allowed to remain.
-    let waiting = format!("lockgate:waiting:{{{key}}}");
+    // A failed attempt leaves its instance's place in the key's queue
+    // (it expires by itself): the only keys allowed to remain.
+    let (queue, places) = (format!("lockgate:queue:{{{key}}}"), format!("lockgate:places:{{{key}}}"));
     for i in 0..n {
-        cl.on_master(i, &["DEL", &waiting]).await;
+        cl.on_master(i, &["DEL", &queue, &places]).await;
     }
     for i in 0..n {
         assert_eq!(

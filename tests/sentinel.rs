@@ -270,7 +270,8 @@ async fn a_killed_primary_is_followed() {
     let mut session = RawClient::connect(lg.addr).await;
     assert_eq!(call(&mut session, &["SET", "before", "1"]).await, "+OK\r\n");
     direct(&group.primary.addr(), &["WAIT", "1", "5000"]).await;
-    let numsub = ["PUBSUB", "NUMSUB", "lockgate:released"];
+    let channel = format!("lockgate:wake:{}", lg.ctx.locks.instance_prefix());
+    let numsub = ["PUBSUB", "NUMSUB", channel.as_str()];
     assert!(direct(&new, &numsub).await.ends_with(":0\r\n"));
     let started = Instant::now();
     group.primary.stop();
@@ -284,10 +285,10 @@ async fn a_killed_primary_is_followed() {
         session.closed_within(WAIT).await,
         "a session on the dead primary stays open"
     );
-    // lockgate's own connection and the release announcements followed.
+    // lockgate's own connection and the wake-up subscription followed.
     until_ready(&lg).await;
     until!(
-        "the release announcements to subscribe on the new primary",
+        "the wake-up channel to be subscribed on the new primary",
         direct(&new, &numsub).await.ends_with(":1\r\n")
     );
     // LOCKGATE LOCK runs on lockgate's own connection (failover delay off

@@ -362,11 +362,17 @@ async fn a_storm_starting_on_a_slow_redis_is_absorbed_too() {
     assert_eq!(get(&mut r, "lock:b").await.as_deref(), Some("h"));
 }
 
-/// PUBSUB NUMSUB lockgate:released on Redis directly.
-async fn subscribers(r: &mut RawClient) -> i64 {
-    let reply = r.call(&["PUBSUB", "NUMSUB", "lockgate:released"]).await;
-    let last = reply.trim_end().rsplit("\r\n").next().unwrap_or_default();
-    int(&format!("{last}\r\n"))
+/// How many of `instances` have subscribed to their wake-up channels
+/// (`lockgate:wake:<instance_id>:`), PUBSUB NUMSUB on Redis directly.
+async fn subscribers(r: &mut RawClient, instances: &[&str]) -> i64 {
+    let mut n = 0;
+    for id in instances {
+        let channel = format!("lockgate:wake:{id}:");
+        let reply = r.call(&["PUBSUB", "NUMSUB", &channel]).await;
+        let last = reply.trim_end().rsplit("\r\n").next().unwrap_or_default();
+        n += int(&format!("{last}\r\n"));
+    }
+    n
 }
 
 /// Two instances on one Redis; the holder acquires and releases through
@@ -380,8 +386,8 @@ async fn handoff_across_instances(b_probe_ms: u64) -> Duration {
     let b = Lockgate::start_with(cb).await;
     let mut r = RawClient::connect(redis.addr()).await;
     until!(
-        "both instances to subscribe to lockgate:released",
-        subscribers(&mut r).await == 2
+        "both instances to subscribe to their wake-up channels",
+        subscribers(&mut r, &["inst-a", "inst-b"]).await == 2
     );
 
     let mut holder = RawClient::connect(a.addr).await;

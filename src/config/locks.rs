@@ -78,12 +78,19 @@ pub struct RetryConfig {
     /// script refuses, `lock_fairness_yields`) until that instance has had
     /// it. Without it a release hands the lock to the releasing instance's
     /// own waiters first, and another instance's clients can wait without
-    /// bound. A waiting instance's marker counts while renewed within
-    /// `max(this, 2 × probe_interval_ms, 200)` (it is renewed at each
-    /// probe), so a stopped instance holds others back at most that long.
-    /// 0: off (the yield only: failed attempts still leave their marks,
-    /// which tell releases to announce themselves); otherwise at least 10.
+    /// bound. 0: off (the yield only: failed attempts still take their
+    /// places in the key's queue, which decides whom a release wakes);
+    /// otherwise at least 10.
     pub max_local_preference_ms: u64,
+    /// How long an instance's place in a key's cross-instance queue (in the
+    /// lock store) lasts without renewal, ms. The instance first in the
+    /// queue renews it at each probe; the others, which wait for their
+    /// wake-up instead of probing, once per third of this. So a waiting
+    /// instance costs the store one small script per third of this, and a
+    /// sidecar that dies while waiting holds the others back at most this
+    /// plus a third. At least 300, and taken as at least 3 ×
+    /// `probe_interval_ms` (of the key's pattern).
+    pub queue_ttl_ms: u64,
 }
 
 impl Default for RetryConfig {
@@ -96,6 +103,7 @@ impl Default for RetryConfig {
             max_waiters_per_key: 10_000,
             max_attempts_per_sec: 1_000,
             max_local_preference_ms: 500,
+            queue_ttl_ms: 2_000,
         }
     }
 }

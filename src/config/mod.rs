@@ -277,6 +277,12 @@ impl Config {
                 &format!("must be 0 (off) or at least {MIN_LOCAL_PREFERENCE_MS}"),
             ));
         }
+        if self.locks.retry.queue_ttl_ms < MIN_QUEUE_TTL_MS {
+            return Err(invalid(
+                "locks.retry.queue_ttl_ms",
+                &format!("must be at least {MIN_QUEUE_TTL_MS}"),
+            ));
+        }
         if !(0.0..0.5).contains(&q.clock_drift_factor) {
             return Err(invalid(
                 "locks.quorum.clock_drift_factor",
@@ -335,6 +341,10 @@ fn invalid(key: &'static str, reason: &str) -> ConfigError {
         reason: reason.to_string(),
     }
 }
+
+/// Smallest `locks.retry.queue_ttl_ms`: a third of it is how often a
+/// waiting instance renews its place, which must take a few round trips.
+pub const MIN_QUEUE_TTL_MS: u64 = 300;
 
 /// Smallest `locks.retry.max_local_preference_ms` other than 0 (off).
 pub const MIN_LOCAL_PREFERENCE_MS: u64 = 10;

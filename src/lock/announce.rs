@@ -1,10 +1,15 @@
-//! Release announcements between lockgate instances: a release made
-//! through lockgate of a key some instance waits for (the key has waiting
-//! marks: that instance's attempts failed lately) is PUBLISHed on
-//! `lockgate:released` (by the release scripts themselves, on the store
-//! that holds the lock), and every instance subscribes there, so a waiter
-//! parked on one instance is woken by a release through another. A lost
-//! (or unsent) announcement only delays a handoff until the next probe.
+//! Wake-ups between lockgate instances. Instances whose attempts on a
+//! lock key failed wait in the key's queue in the store that holds the
+//! lock (see [`super::script::ACQUIRE`]); a release, through whichever
+//! instance, wakes the queue's head alone with `PUBLISH
+//! lockgate:wake:<prefix> key` (the release scripts do it themselves, on
+//! that store). Every instance subscribes to its own channel there, so a
+//! release costs the store one message to one subscriber, however many
+//! instances wait. An instance woken for a key it no longer waits on
+//! passes the turn ([`super::script::PASS`]: it leaves the queue and the
+//! next head is woken). A lost wake-up only delays a handoff: the head
+//! probes once per probe interval, the others renew their places once per
+//! `queue_ttl_ms / 3`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,34 +17,46 @@ use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 use tokio_util::sync::CancellationToken;
 
-use super::node::{handshake, FrameReader, NodeConfig};
-use super::storm::{Storm, RELEASED_CHANNEL};
+use super::evalsha::{Call, Script};
+use super::node::{handshake, FrameReader, Node, NodeConfig, Request};
+use super::storm::Storm;
+use super::{owner_key, places_key, queue_key, WAKE_PREFIX};
 use crate::protocol::encode;
 use crate::tls::Stream;
 
 /// Longest pause between two subscription attempts.
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
 
-/// Subscribes to `lockgate:released` on `node` until `stop`.
-pub fn spawn(node: NodeConfig, storm: Arc<Storm>, stop: CancellationToken) {
+/// Where wake-ups come from and turns are passed: one lock store.
+pub struct Store {
+    /// How to subscribe there.
+    pub config: NodeConfig,
+    /// lockgate's own connection there, for passes.
+    pub node: Node,
+    /// This instance's prefix (`instance_id:`): its channel's name.
+    pub prefix: String,
+}
+
+/// Subscribes to this instance's wake-up channel on `store` until `stop`.
+pub fn spawn(store: Store, storm: Arc<Storm>, stop: CancellationToken) {
     tokio::spawn(async move {
         tokio::select! {
             _ = stop.cancelled() => {}
-            _ = listen(node, storm) => {}
+            _ = listen(store, storm) => {}
         }
     });
 }
 
-async fn listen(node: NodeConfig, storm: Arc<Storm>) {
+async fn listen(store: Store, storm: Arc<Storm>) {
     let mut backoff = Duration::from_millis(10);
     loop {
-        let (now, generation) = node.resolve().await;
+        let (now, generation) = store.config.resolve().await;
         tokio::select! {
-            end = subscribed(&now, &storm, &mut backoff) => if let Err(e) = end {
-                tracing::debug!(node = %now.addr, error = %e, "release announcements interrupted");
+            end = subscribed(&now, &store, &storm, &mut backoff) => if let Err(e) = end {
+                tracing::debug!(node = %now.addr, error = %e, "wake-ups interrupted");
             },
             // The primary changed: subscribe on the new one.
-            _ = node.replaced(generation) => backoff = Duration::ZERO,
+            _ = store.config.replaced(generation) => backoff = Duration::ZERO,
         }
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).clamp(Duration::from_millis(10), MAX_BACKOFF);
@@ -48,14 +65,30 @@ async fn listen(node: NodeConfig, storm: Arc<Storm>) {
 
 async fn subscribed(
     node: &NodeConfig,
+    store: &Store,
     storm: &Storm,
     backoff: &mut Duration,
 ) -> Result<(), String> {
     let stream = handshake(node).await?;
-    messages(stream, RELEASED_CHANNEL.as_bytes(), backoff, |key| {
-        storm.announced(key)
+    let channel = format!("{WAKE_PREFIX}{}", store.prefix);
+    messages(stream, channel.as_bytes(), backoff, |key| {
+        if !storm.announced(key) {
+            pass(store, key, node.connect_timeout);
+        }
     })
     .await
+}
+
+/// Passes the turn on `key`: queued on lockgate's own connection now, its
+/// answer not awaited (a lost pass costs the next head one renewal).
+fn pass(store: &Store, key: &[u8], timeout: Duration) {
+    let (owner, queue, places) = (owner_key(key), queue_key(key), places_key(key));
+    let call = Call::new(
+        Script::Pass,
+        &[key, &owner, &queue, &places],
+        &[store.prefix.as_bytes()],
+    );
+    drop(store.node.send(Request::script(&call), timeout));
 }
 
 /// Subscribes `stream` to `channel` and hands each message's payload to

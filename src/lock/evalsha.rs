@@ -47,20 +47,23 @@ pub enum Script {
     Extend,
     /// [`script::TAKEOVER`].
     Takeover,
+    /// [`script::PASS`].
+    Pass,
 }
 
 /// Every [`Script`], in the order of their bits in [`Loaded`].
-const ALL: [Script; 5] = [
+const ALL: [Script; 6] = [
     Script::Acquire,
     Script::Release,
     Script::ReleaseHandoff,
     Script::Extend,
     Script::Takeover,
+    Script::Pass,
 ];
 
 impl Script {
     /// Every script lockgate runs.
-    pub fn all() -> [Script; 5] {
+    pub fn all() -> [Script; 6] {
         ALL
     }
 
@@ -72,12 +75,13 @@ impl Script {
             Script::ReleaseHandoff => script::RELEASE_HANDOFF,
             Script::Extend => script::EXTEND,
             Script::Takeover => script::TAKEOVER,
+            Script::Pass => script::PASS,
         }
     }
 
     /// The body's SHA1 in lowercase hex, as Redis names it (computed once).
     pub fn sha(self) -> &'static str {
-        static SHAS: OnceLock<[String; 5]> = OnceLock::new();
+        static SHAS: OnceLock<[String; 6]> = OnceLock::new();
         let shas =
             SHAS.get_or_init(|| ALL.map(|s| sha1_smol::Sha1::from(s.body()).digest().to_string()));
         &shas[self as usize]
@@ -230,6 +234,14 @@ pub fn eval_on(script: &str, key: &[u8], extra: &[&[u8]], argv: &[&[u8]]) -> Byt
     let mut keys: Vec<&[u8]> = vec![key, &owner];
     keys.extend_from_slice(extra);
     eval(script, &keys, argv)
+}
+
+/// [`eval_on`] for a script that wakes the key's queue
+/// ([`super::script::RELEASE_TOKEN`], [`super::script::FENCE_UNLOCK`]):
+/// KEYS lock, owner record, queue, places.
+pub fn eval_queued(script: &str, key: &[u8], argv: &[&[u8]]) -> Bytes {
+    let (queue, places) = (super::queue_key(key), super::places_key(key));
+    eval_on(script, key, &[&queue, &places], argv)
 }
 
 /// `EVAL script numkeys keys… argv…` as RESP.

@@ -28,7 +28,7 @@ pub fn counter_key(key: &[u8]) -> Bytes {
 
 /// `EVAL FENCE_UNLOCK` for `key` and `token`.
 pub fn unlock_command(key: &[u8], token: &[u8]) -> Bytes {
-    super::eval_on(script::FENCE_UNLOCK, key, &[], &[token])
+    super::evalsha::eval_queued(script::FENCE_UNLOCK, key, &[token])
 }
 
 /// `EVAL FENCE_EXTEND` for `key`, `token` and a new lease.

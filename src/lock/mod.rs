@@ -75,10 +75,18 @@ use metrics::LockMetrics;
 /// Prefix of owner records: `lockgate:owner:{key}`.
 pub const OWNER_PREFIX: &[u8] = b"lockgate:owner:{";
 
-/// Prefix of a key's waiting marks (fairness across instances, see
-/// [`script::ACQUIRE`]): `lockgate:waiting:{key}`, in the owner record's
-/// hash slot.
-pub const WAITING_PREFIX: &[u8] = b"lockgate:waiting:{";
+/// Prefix of a key's cross-instance queue (see [`script::ACQUIRE`]):
+/// `lockgate:queue:{key}`, in the owner record's hash slot.
+pub const QUEUE_PREFIX: &[u8] = b"lockgate:queue:{";
+
+/// Prefix of the ends of the places in a key's queue:
+/// `lockgate:places:{key}`, in the owner record's hash slot.
+pub const PLACES_PREFIX: &[u8] = b"lockgate:places:{";
+
+/// The pub/sub channel prefix an instance is woken on when its place in a
+/// key's queue comes first: `lockgate:wake:<instance prefix>`, the lock
+/// key as the message.
+pub const WAKE_PREFIX: &str = "lockgate:wake:";
 
 /// What the writer half must do with the reply to a planned lock command.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -227,9 +235,6 @@ pub struct LockService {
     max_lease_ms: std::sync::atomic::AtomicU64,
 }
 
-/// Shortest life of a waiting mark, ms (see [`LockService::fairness_for`]).
-const MIN_MARK_MS: u64 = 200;
-
 /// Interval between two repeats of the same lock warning.
 const WARN_INTERVAL: Duration = Duration::from_secs(10);
 
@@ -308,17 +313,24 @@ impl LockService {
         )
     }
 
-    /// Fairness across instances for `key`: (bound, window) in ms, as the
-    /// scripts take them. The bound is `locks.retry.max_local_preference_ms`
-    /// (0: off); a waiting mark counts while renewed within the window,
-    /// `max(bound, 2 × probe interval, 200)`, as a waiting instance renews
-    /// it at each probe (marks are kept with the bound off too: releases
-    /// are announced only to keys with marks).
+    /// Fairness across instances for `key`: (bound, a place's life in the
+    /// key's queue) in ms, as the scripts take them. The bound is
+    /// `locks.retry.max_local_preference_ms` (0: off); the life
+    /// `max(locks.retry.queue_ttl_ms, 3 × probe interval)`, as the instance
+    /// first in the queue renews its place at each probe and the others
+    /// once per [`LockService::renew_ms`].
     pub fn fairness_for(&self, key: &[u8]) -> (u64, u64) {
-        let bound = self.rules().retry.max_local_preference_ms;
+        let retry = &self.rules().retry;
         let (probe_ms, _) = self.retry_for(key);
-        let window = bound.max(probe_ms.saturating_mul(2)).max(MIN_MARK_MS);
-        (bound, window)
+        let ttl = retry.queue_ttl_ms.max(probe_ms.saturating_mul(3));
+        (retry.max_local_preference_ms, ttl)
+    }
+
+    /// How often an instance behind another in `key`'s queue renews its
+    /// place (asks the store again) while no wake-up comes, ms: a third of
+    /// the place's life, so one lost renewal does not cost the place.
+    pub fn renew_ms(&self, key: &[u8]) -> u64 {
+        (self.fairness_for(key).1 / 3).max(1)
     }
 
     /// True when some pattern has the watchdog on.
@@ -483,17 +495,23 @@ pub fn split_reply(frame: &[u8]) -> (&[u8], Vec<i64>) {
 
 /// `lockgate:owner:{key}`.
 pub fn owner_key(key: &[u8]) -> Bytes {
-    let mut k = BytesMut::with_capacity(OWNER_PREFIX.len() + key.len() + 1);
-    k.extend_from_slice(OWNER_PREFIX);
-    k.extend_from_slice(key);
-    k.extend_from_slice(b"}");
-    k.freeze()
+    tagged(OWNER_PREFIX, key)
 }
 
-/// `lockgate:waiting:{key}`.
-pub fn waiting_key(key: &[u8]) -> Bytes {
-    let mut k = BytesMut::with_capacity(WAITING_PREFIX.len() + key.len() + 1);
-    k.extend_from_slice(WAITING_PREFIX);
+/// `lockgate:queue:{key}`.
+pub fn queue_key(key: &[u8]) -> Bytes {
+    tagged(QUEUE_PREFIX, key)
+}
+
+/// `lockgate:places:{key}`.
+pub fn places_key(key: &[u8]) -> Bytes {
+    tagged(PLACES_PREFIX, key)
+}
+
+/// `prefix` (ending in `{`), `key`, `}`.
+fn tagged(prefix: &[u8], key: &[u8]) -> Bytes {
+    let mut k = BytesMut::with_capacity(prefix.len() + key.len() + 1);
+    k.extend_from_slice(prefix);
     k.extend_from_slice(key);
     k.extend_from_slice(b"}");
     k.freeze()

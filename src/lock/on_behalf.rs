@@ -11,8 +11,9 @@ use super::lease::ConnLocks;
 use super::node::Node;
 use super::ops::{LockOp, Ttl};
 use super::quorum::Quorum;
-use super::storm::{Acquirer, Ask};
-use super::{split_reply, LockService, Park};
+use super::node::Request;
+use super::storm::{Acquirer, Ask, Tried};
+use super::{script, split_reply, LockService, Park};
 use crate::protocol::encode::LocalReply;
 use crate::sync;
 
@@ -46,17 +47,16 @@ impl LockService {
     }
 
     /// A parked attempt's driver acquiring for its waiter, on the quorum
-    /// when there is one, else through `primary` (bounded by `timeout`).
-    /// Returns (acquired, the holder's remaining lease in ms as Redis
-    /// reported it); a failed call counts as not acquired with no lease
-    /// known.
+    /// when there is one, else through `primary` (bounded by `timeout`,
+    /// as `EVALSHA`: the primary's connection loads the lock scripts).
+    /// A failed call counts as not acquired with no lease known.
     pub async fn acquire_on_behalf(
         &self,
         quorum: Option<&Quorum>,
         primary: &Node,
         timeout: Duration,
         ask: Ask,
-    ) -> (bool, i64) {
+    ) -> Tried {
         let lease = ask.lease_ms;
         let op = LockOp::Acquire {
             key: ask.key.clone(),
@@ -68,22 +68,28 @@ impl LockService {
             let out = self
                 .quorum_acquire(q, op, ask.shape, lease, ask.conn, true)
                 .await;
-            return (out.acquired, out.pttl);
+            return Tried {
+                acquired: out.acquired,
+                pttl: out.pttl,
+                behind_ms: out.behind_ms,
+            };
         }
         let planned = self.plan_for_handoff(op, &mut sync::lock(&ask.conn));
         let Some(pending) = planned.pending else {
-            return (false, 0);
+            return Tried::default();
         };
-        match primary.call(planned.call.eval(), timeout).await {
+        match primary.send(Request::script(&planned.call), timeout).await {
             Ok(reply) => {
                 let (_, facts) = split_reply(&reply);
                 self.complete(pending, &facts, &mut sync::lock(&ask.conn));
-                (
-                    facts.first() == Some(&1),
-                    facts.get(1).copied().unwrap_or(0),
-                )
+                let behind = facts.get(script::ACQUIRE_BEHIND_FACT) == Some(&1);
+                Tried {
+                    acquired: facts.first() == Some(&1),
+                    pttl: facts.get(1).copied().unwrap_or(0),
+                    behind_ms: if behind { self.renew_ms(&ask.key) } else { 0 },
+                }
             }
-            Err(_) => (false, 0),
+            Err(_) => Tried::default(),
         }
     }
 }

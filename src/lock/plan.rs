@@ -9,7 +9,7 @@ use super::hotkeys::Event;
 use super::lease::{self, ConnLocks, Standing};
 use super::ops::{LockOp, Ttl};
 use super::storm::HandedOver;
-use super::{owner_key, script, waiting_key, LockPending, LockService, Planned};
+use super::{owner_key, places_key, queue_key, script, LockPending, LockService, Planned};
 use crate::metrics::ProxyMetrics;
 
 /// Whether Redis runs a planned command at once or queues it in a
@@ -164,12 +164,12 @@ impl LockService {
                     lease,
                 );
                 let owner = owner_key(&key);
-                let waiting = waiting_key(&key);
+                let (queue, places) = (queue_key(&key), places_key(&key));
                 let (bound, window) = self.fairness_for(&key);
                 let (bound, window) = (bound.to_string(), window.to_string());
                 let cmd = Call::new(
                     Script::Acquire,
-                    &[&key, &owner, &waiting],
+                    &[&key, &owner, &queue, &places],
                     &[
                         acquire_info,
                         &value,
@@ -198,14 +198,16 @@ impl LockService {
             } => {
                 let n = lock_keys.len().to_string();
                 let owners: Vec<Bytes> = lock_keys.iter().map(|k| owner_key(k)).collect();
-                let marks: Vec<Bytes> = lock_keys.iter().map(|k| waiting_key(k)).collect();
+                let queues: Vec<Bytes> = lock_keys.iter().map(|k| queue_key(k)).collect();
+                let places: Vec<Bytes> = lock_keys.iter().map(|k| places_key(k)).collect();
                 let tokens: Vec<Bytes> = lock_keys.iter().map(|k| conn.token(k)).collect();
                 let alts: Vec<Bytes> = lock_keys.iter().map(|k| conn.attempt_tokens(k).1).collect();
                 let mut keys: Vec<&[u8]> = Vec::new();
-                for ((k, o), w) in lock_keys.iter().zip(&owners).zip(&marks) {
+                for (((k, o), q), p) in lock_keys.iter().zip(&owners).zip(&queues).zip(&places) {
                     keys.push(k);
                     keys.push(o);
-                    keys.push(w);
+                    keys.push(q);
+                    keys.push(p);
                 }
                 keys.extend(plain.iter().map(|k| &k[..]));
                 let verb: &[u8] = if unlink { b"UNLINK" } else { b"DEL" };
@@ -222,12 +224,11 @@ impl LockService {
                 let cmd = match (&claim, lock_keys.first()) {
                     (Some((c, token, alt)), Some(key)) => {
                         let lease = c.lease_ms.to_string();
-                        let waiting = waiting_key(key);
-                        let (bound, window) = self.fairness_for(key);
-                        let (bound, window) = (bound.to_string(), window.to_string());
+                        let (bound, _) = self.fairness_for(key);
+                        let bound = bound.to_string();
                         Call::new(
                             Script::ReleaseHandoff,
-                            &[key, &owner_key(key), &waiting],
+                            &[key, &owner_key(key), &queue_key(key), &places_key(key)],
                             &[
                                 info,
                                 verb,
@@ -240,7 +241,6 @@ impl LockService {
                                 alt,
                                 born,
                                 bound.as_bytes(),
-                                window.as_bytes(),
                             ],
                         )
                     }
@@ -331,7 +331,11 @@ impl LockService {
                 if fact(facts, script::ACQUIRE_YIELD_FACT) == 1 {
                     ProxyMetrics::inc(&self.metrics.fairness_yields);
                 }
-                self.storm.learn(&key, acquired == 1, pttl);
+                let behind_ms = match fact(facts, script::ACQUIRE_BEHIND_FACT) {
+                    1 => self.renew_ms(&key),
+                    _ => 0,
+                };
+                self.storm.learned(&key, acquired == 1, pttl, behind_ms);
                 if acquired == 1 {
                     ProxyMetrics::inc(&self.metrics.acquired);
                     self.hot.record(&key, Event::Acquired);

@@ -41,6 +41,10 @@ pub struct Outcome {
     pub acquired: bool,
     /// The lease granted (acquired) or the holder's remaining lease, ms.
     pub pttl: i64,
+    /// Not acquired, and a majority of the masters have another instance
+    /// first in the key's queue: how long to wait for the wake-up, ms (0:
+    /// not behind).
+    pub behind_ms: u64,
 }
 
 impl Outcome {
@@ -49,6 +53,7 @@ impl Outcome {
             reply,
             acquired: false,
             pttl: 0,
+            behind_ms: 0,
         }
     }
 }
@@ -202,10 +207,11 @@ impl LockService {
                 reply: super::storm::shaped(shape, true),
                 acquired: true,
                 pttl: lease_ms as i64,
+                behind_ms: 0,
             };
         }
         // Not acquired: undo it everywhere, also where the answer was late.
-        let undo = super::eval_on(script::RELEASE_TOKEN, &key, &[], &[&token, &value]);
+        let undo = super::evalsha::eval_queued(script::RELEASE_TOKEN, &key, &[&token, &value]);
         q.ask_all(&undo.into()).await;
         sync::lock(&conn).settle(&key, &token, Standing::Lost, None);
         if q.lost_quorum(granted, answers.replies.len(), eligible.len()) {
@@ -233,7 +239,14 @@ impl LockService {
             .filter_map(|f| f.get(1).copied())
             .collect();
         let pttl = pttls.iter().copied().min().unwrap_or(0);
-        self.storm.learn(&key, false, pttl);
+        // Behind another instance on a majority: wait for the wake-up (one
+        // per master that frees the lock) instead of probing.
+        let behind = (answers.replies.iter())
+            .filter(|r| split_reply(r).1.get(script::ACQUIRE_BEHIND_FACT) == Some(&1))
+            .count()
+            >= majority;
+        let behind_ms = if behind { self.renew_ms(&key) } else { 0 };
+        self.storm.learned(&key, false, pttl, behind_ms);
         let reply = match shape {
             Shape::SetGet => {
                 let olds: Vec<Bytes> = answers
@@ -252,6 +265,7 @@ impl LockService {
             reply,
             acquired: false,
             pttl,
+            behind_ms,
         }
     }
 

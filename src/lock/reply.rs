@@ -90,8 +90,9 @@ mod tests {
         fn acquire(
             &self,
             _: Ask,
-        ) -> std::pin::Pin<Box<dyn std::future::Future<Output = (bool, i64)> + Send + '_>> {
-            Box::pin(async { (false, 0) })
+        ) -> std::pin::Pin<Box<dyn std::future::Future<Output = crate::lock::storm::Tried> + Send + '_>>
+        {
+            Box::pin(async { crate::lock::storm::Tried::default() })
         }
 
         fn stopped(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>> {

@@ -50,79 +50,100 @@ end
     };
 }
 
-/// Fairness across instances sharing a lock store, as Lua functions the
-/// acquiring scripts start with. The key's waiting marks
-/// (`lockgate:waiting:{key}`, a hash) hold, per instance prefix, `since:seen`
-/// in the store's own clock (ms): since when that instance's attempts have
-/// failed without its getting the lock, and when one last failed. A mark
-/// counts while seen within `window` ms. `must_yield(wk, me, bound,
-/// window, now)` returns (yield, any): yield when another instance has
-/// waited longer than `bound` and longer than `me`; any when the hash had
-/// marks. `mark_waiting` records a failure of `me`; an acquisition by `me`
-/// deletes its mark.
-macro_rules! fairness {
+/// The key's cross-instance queue, as Lua functions the acquiring and
+/// releasing scripts start with. Instances whose attempts on a lock key
+/// failed wait in the store, in two keys in the lock's hash slot: the
+/// queue `lockgate:queue:{key}` (a sorted set: member the instance prefix,
+/// score since when, in the store's clock in ms, that instance has waited)
+/// and the places' ends `lockgate:places:{key}` (a hash: instance prefix →
+/// the store time in ms its place lapses unless renewed). Every cost is
+/// O(log N) in the queue's length N, none O(N):
+///
+/// - `q_join(qk, sk, me, ttl, now)`: a failed attempt of `me` takes a place
+///   (keeping its `since` while its place has not lapsed) or renews it for
+///   `ttl` ms; both keys expire `ttl` ms after the last renewal of anyone.
+/// - `q_head(qk, sk, now)`: the instance first in the queue and its
+///   `since`, after dropping at most 16 heads whose place lapsed (an
+///   instance that died or stopped waiting: nothing of it blocks longer
+///   than its `ttl`).
+/// - `q_yield(qk, sk, me, bound, now)`: (yield, head): yield when the head
+///   is another instance that has waited longer than `bound` ms
+///   (`locks.retry.max_local_preference_ms`) and longer than `me`.
+/// - `q_wake(qk, sk, key, now)`: the lock is free: wake the head alone,
+///   `PUBLISH lockgate:wake:<prefix> key` (one subscriber: its own
+///   channel), so a release costs one message whatever the fleet's size.
+/// - `q_leave(qk, sk, me)`: `me` acquired, or stopped waiting.
+macro_rules! queue {
     () => {
         r#"
-local function fair_now()
+local function q_now()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
-local function fair_mark(v)
-  local c = string.find(v, ':', 1, true)
-  if not c then return nil, nil end
-  return tonumber(string.sub(v, 1, c - 1)), tonumber(string.sub(v, c + 1))
-end
-local function must_yield(wk, me, bound, window, now)
-  local w = redis.call('HGETALL', wk)
-  local mine, eldest = nil, nil
-  for i = 1, #w, 2 do
-    local since, seen = fair_mark(w[i + 1])
-    if since and seen and now - seen <= window then
-      if w[i] == me then mine = since
-      elseif not eldest or since < eldest then eldest = since end
-    end
+local function q_head(qk, sk, now)
+  for _ = 1, 16 do
+    local h = redis.call('ZRANGE', qk, 0, 0, 'WITHSCORES')
+    if #h == 0 then return nil, nil end
+    if tonumber(redis.call('HGET', sk, h[1]) or '0') >= now then return h[1], tonumber(h[2]) end
+    redis.call('ZREM', qk, h[1])
+    redis.call('HDEL', sk, h[1])
   end
-  return eldest ~= nil and now - eldest > bound and (mine == nil or eldest < mine), #w > 0
+  return nil, nil
 end
-local function mark_waiting(wk, me, window, now)
-  local since = now
-  local old = redis.call('HGET', wk, me)
-  if old then
-    local s, seen = fair_mark(old)
-    if s and seen and now - seen <= window then since = s end
-  end
-  redis.call('HSET', wk, me, since .. ':' .. now)
-  redis.call('PEXPIRE', wk, window)
+local function q_yield(qk, sk, me, bound, now)
+  local head, since = q_head(qk, sk, now)
+  if not head or head == me or bound <= 0 or now - since <= bound then return false, head end
+  local mine = redis.call('ZSCORE', qk, me)
+  return (not mine) or since < tonumber(mine), head
+end
+local function q_join(qk, sk, me, ttl, now)
+  local ends = redis.call('HGET', sk, me)
+  if not ends or tonumber(ends) < now then redis.call('ZADD', qk, now, me) end
+  redis.call('HSET', sk, me, now + ttl)
+  redis.call('PEXPIRE', qk, ttl)
+  redis.call('PEXPIRE', sk, ttl)
+end
+local function q_wake(qk, sk, key, now)
+  local head = q_head(qk, sk, now)
+  if head then redis.call('PUBLISH', 'lockgate:wake:' .. head, key) end
+end
+local function q_leave(qk, sk, me)
+  if redis.call('ZREM', qk, me) == 1 then redis.call('HDEL', sk, me) end
 end
 "#
     };
 }
 
 /// Acquire: `SET k v NX <ttl>` plus the owner record, atomically.
-/// KEYS: lock, owner record, waiting marks. ARGV: info, value, token, ttl
-/// kind (`PX`/`EX`/`PXAT`/`EXAT`), ttl, shape (`setnx` → 1/0, `set` →
-/// OK/nil, `setget` → old value), instance prefix, fairness bound ms (`0`:
-/// off), marks' window ms. Facts: acquired (1/0), the key's PTTL afterwards
-/// (the holder's remaining lease when not acquired), the master's clock
-/// with info `"2"` (the quorum's acquisitions; `TIME`, µs since the epoch,
-/// fact [`ACQUIRE_CLOCK_FACT`], read in the same atomic step as the `SET
-/// NX` it vouches for, see [`super::clock`]; 0 otherwise), and yielded
-/// (1: not tried, another instance has waited past the bound, fact
-/// [`ACQUIRE_YIELD_FACT`]). A failed attempt marks this instance waiting
-/// (also with the bound off: a release announces itself only when the key
-/// has marks, see [`RELEASE`]). Uncontended (no marks), it runs `EXISTS`,
-/// `SET NX` and the owner record's `SET`, nothing else. The owner record gets
-/// the lock's own expiry option, so an acquisition asks no PTTL unless its
-/// lease is a deadline (`PXAT`/`EXAT`).
+/// KEYS: lock, owner record, queue, places (see [`queue`]). ARGV: info,
+/// value, token, ttl kind (`PX`/`EX`/`PXAT`/`EXAT`), ttl, shape (`setnx` →
+/// 1/0, `set` → OK/nil, `setget` → old value), instance prefix, fairness
+/// bound ms (`0`: off), a place's life in the queue ms (`0`: no queue).
+/// Facts: acquired (1/0), the key's PTTL afterwards (the holder's remaining
+/// lease when not acquired), the master's clock with info `"2"` (the
+/// quorum's acquisitions; `TIME`, µs since the epoch, fact
+/// [`ACQUIRE_CLOCK_FACT`], read in the same atomic step as the `SET NX` it
+/// vouches for, see [`super::clock`]; 0 otherwise), yielded (1: not tried,
+/// another instance has waited past the bound, fact
+/// [`ACQUIRE_YIELD_FACT`]), and behind (1: not acquired and another
+/// instance is first in the key's queue, fact [`ACQUIRE_BEHIND_FACT`]: this
+/// one waits for its wake-up instead of probing). A failed attempt takes or
+/// renews this instance's place in the queue (also with the bound off: a
+/// release wakes the queue's head, see [`RELEASE`]); a yielded attempt on
+/// a free lock wakes the head at once, not at its next probe. Uncontended
+/// (no queue), it runs `EXISTS`, `SET NX` and the owner record's `SET`,
+/// nothing else. The owner record gets the lock's own expiry option, so an
+/// acquisition asks no PTTL unless its lease is a deadline (`PXAT`/`EXAT`).
 pub const ACQUIRE: &str = concat!(
-    fairness!(),
+    queue!(),
     r#"
-local bound, window, me = tonumber(ARGV[8]) or 0, tonumber(ARGV[9]) or 0, ARGV[7]
-local now, yield, marks = 0, false, false
--- No instance waiting (no marks): no clock to read, nothing to weigh.
-if bound > 0 and redis.call('EXISTS', KEYS[3]) == 1 then
-  now = fair_now()
-  yield, marks = must_yield(KEYS[3], me, bound, window, now)
+local bound, ttl, me = tonumber(ARGV[8]) or 0, tonumber(ARGV[9]) or 0, ARGV[7]
+local now, yield, head = 0, false, nil
+-- No instance waiting (no queue): no clock to read, nothing to weigh.
+local queued = ttl > 0 and redis.call('EXISTS', KEYS[3]) == 1
+if queued then
+  now = q_now()
+  yield, head = q_yield(KEYS[3], KEYS[4], me, bound, now)
 end
 local old = false
 if ARGV[6] == 'setget' then
@@ -134,32 +155,32 @@ if not yield then
   ok = redis.pcall('SET', KEYS[1], ARGV[2], 'NX', ARGV[4], ARGV[5])
   if type(ok) == 'table' and ok.err then return ok end
 end
-local acquired, pttl = 0, 0
+local acquired, pttl, behind = 0, 0, 0
 if ok then
   acquired = 1
   redis.call('SET', KEYS[2], ARGV[3], ARGV[4], ARGV[5])
   if ARGV[4] == 'PX' then pttl = tonumber(ARGV[5])
   elseif ARGV[4] == 'EX' then pttl = tonumber(ARGV[5]) * 1000
   else pttl = redis.call('PTTL', KEYS[1]) end
-  if marks then redis.call('HDEL', KEYS[3], me) end
+  if queued then q_leave(KEYS[3], KEYS[4], me) end
 else
   pttl = redis.call('PTTL', KEYS[1])
-  -- Marked even with fairness off: releases announce only where marks are.
-  if window > 0 then
-    if now == 0 then now = fair_now() end
-    mark_waiting(KEYS[3], me, window, now)
+  if ttl > 0 then
+    if now == 0 then now = q_now() end
+    q_join(KEYS[3], KEYS[4], me, ttl, now)
+    if head and head ~= me then behind = 1 end
   end
   -- Held back for a longer waiter elsewhere: wake it now, not at its
   -- next probe.
-  if yield and pttl == -2 then redis.call('PUBLISH', 'lockgate:released', KEYS[1]) end
+  if yield and pttl == -2 then redis.call('PUBLISH', 'lockgate:wake:' .. head, KEYS[1]) end
 end
 local reply = old
 if ARGV[6] == 'setnx' then reply = acquired elseif ARGV[6] == 'set' then reply = ok end
 local yielded = yield and 1 or 0
-if ARGV[1] == '1' then return {reply, acquired, pttl, 0, yielded} end
+if ARGV[1] == '1' then return {reply, acquired, pttl, 0, yielded, behind} end
 if ARGV[1] == '2' then
   local t = redis.call('TIME')
-  return {reply, acquired, pttl, tonumber(t[1]) * 1000000 + tonumber(t[2]), yielded}
+  return {reply, acquired, pttl, tonumber(t[1]) * 1000000 + tonumber(t[2]), yielded, behind}
 end
 return reply
 "#
@@ -171,15 +192,16 @@ pub const ACQUIRE_CLOCK_FACT: usize = 2;
 /// Where [`ACQUIRE`]'s facts say it yielded to another instance.
 pub const ACQUIRE_YIELD_FACT: usize = 3;
 
+/// Where [`ACQUIRE`]'s facts say another instance is first in the queue.
+pub const ACQUIRE_BEHIND_FACT: usize = 4;
+
 /// Owner-checked release for `DEL`/`UNLINK`.
-/// KEYS: n triples (lock key, owner record, waiting marks), then ordinary
-/// keys. A release is announced on `lockgate:released` only when the key
-/// has waiting marks: every instance whose attempts on it failed lately
-/// (one parked there probes, and so marks, at least every probe interval)
-/// and so may wait for it; one that attempted longer ago than the marks'
-/// window sends its next attempt to Redis anyway. Inside `MULTI` (info
-/// `"0"`) a release is always announced: the facts that would tell this
-/// instance are not seen there.
+/// KEYS: n quadruples (lock key, owner record, queue, places; see
+/// [`queue`]), then ordinary keys. A release of a key with a queue wakes
+/// the queue's head alone (`lockgate:wake:<prefix>`), whichever instance
+/// it is: one message per release, however many instances wait. Inside
+/// `MULTI` (info `"0"`) too: this instance sees no facts there, and if its
+/// own attempts wait first in the queue the wake-up is how it learns.
 /// ARGV: info, n, command (`DEL`/`UNLINK`), ownership (`instance`/`any`),
 /// instance prefix (`id:`), the connection's birth (see `allows`), then n
 /// tokens (`''` = this connection never acquired that key), then n lists of
@@ -191,13 +213,15 @@ pub const ACQUIRE_YIELD_FACT: usize = 3;
 /// rule's age check).
 pub const RELEASE: &str = concat!(
     owner_check!(),
+    queue!(),
     r#"
 local n = tonumber(ARGV[2])
 local cmd, any, prefix, born = ARGV[3], ARGV[4] == 'any', ARGV[5], ARGV[6]
 local total, released, denied, lapsed, stale = 0, 0, 0, 0, 0
 local seen = {}
 for i = 1, n do
-  local key, rec, wk, tok, alt = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i], ARGV[6 + i], ARGV[6 + n + i]
+  local key, rec, qk, sk = KEYS[4 * i - 3], KEYS[4 * i - 2], KEYS[4 * i - 1], KEYS[4 * i]
+  local tok, alt = ARGV[6 + i], ARGV[6 + n + i]
   if seen[key] then tok = '' end
   seen[key] = true
   local owner = redis.call('GET', rec)
@@ -214,16 +238,12 @@ for i = 1, n do
       d = redis.call(cmd, key)
     end
     total = total + d
-    -- Inside MULTI (info '0') this instance sees no facts: its own
-    -- announcement is how it learns the lock is free.
-    if d > 0 and (ARGV[1] == '0' or redis.call('EXISTS', wk) == 1) then
-      redis.call('PUBLISH', 'lockgate:released', key)
-    end
+    if d > 0 and redis.call('EXISTS', qk) == 1 then q_wake(qk, sk, key, q_now()) end
   else
     denied = denied + 1
   end
 end
-if #KEYS > 3 * n then total = total + redis.call(cmd, unpack(KEYS, 3 * n + 1)) end
+if #KEYS > 4 * n then total = total + redis.call(cmd, unpack(KEYS, 4 * n + 1)) end
 if ARGV[1] == '1' then return {total, released, denied, lapsed, 0, stale} end
 return total
 "#
@@ -233,30 +253,30 @@ return total
 /// to the oldest attempt parked on this instance (retry storms): when the
 /// release is allowed the lock is overwritten with the next holder's
 /// value, owner record and lease instead of deleted, so it is never free
-/// in between and nothing needs announcing. KEYS: lock, owner record,
-/// waiting marks. ARGV: info, command (`DEL`/`UNLINK`), ownership,
+/// in between and nobody needs waking. KEYS: lock, owner record, queue,
+/// places (see [`queue`]). ARGV: info, command (`DEL`/`UNLINK`), ownership,
 /// instance prefix, token (as [`RELEASE`]), next value, next token, next
 /// lease ms, the newer unsettled attempts (as [`RELEASE`]), the
-/// connection's birth, fairness bound ms and marks' window (as
-/// [`ACQUIRE`]). Reply: the number deleted, as DEL. Facts: released,
-/// denied, lapsed, handed (1/0), stale, yielded (1: another instance has
-/// waited past the bound, so the lock was released as by [`RELEASE`], not
-/// handed).
+/// connection's birth, fairness bound ms (as [`ACQUIRE`]). Reply: the
+/// number deleted, as DEL. Facts: released, denied, lapsed, handed (1/0),
+/// stale, yielded (1: another instance has waited past the bound, so the
+/// lock was released and that instance woken, not handed).
 /// A lock key that is not a string is deleted as DEL would, not handed.
 pub const RELEASE_HANDOFF: &str = concat!(
     owner_check!(),
-    fairness!(),
+    queue!(),
     r#"
-local key, rec = KEYS[1], KEYS[2]
+local key, rec, qk, sk = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local owner = redis.call('GET', rec)
 local allowed, lapsed, stale = allows(owner, ARGV[5], ARGV[9], ARGV[4], ARGV[3] == 'any', ARGV[10])
 local d, handed, yielded = 0, 0, 0
 if allowed then
-  local bound, marks = tonumber(ARGV[11]) or 0, false
+  local bound = tonumber(ARGV[11]) or 0
+  local queued = redis.call('EXISTS', qk) == 1
   local now, yield = 0, false
-  if bound > 0 then
-    now = fair_now()
-    yield, marks = must_yield(KEYS[3], ARGV[4], bound, tonumber(ARGV[12]), now)
+  if queued then
+    now = q_now()
+    yield = q_yield(qk, sk, ARGV[4], bound, now)
   end
   local old = false
   if yield then
@@ -267,14 +287,14 @@ if allowed then
   end
   if type(old) == 'table' and old.err then
     if owner then d = redis.call(ARGV[2], key, rec) - 1 else d = redis.call(ARGV[2], key) end
-    if d > 0 and redis.call('EXISTS', KEYS[3]) == 1 then
-      redis.call('PUBLISH', 'lockgate:released', key)
-    end
+    if d > 0 and queued then q_wake(qk, sk, key, now) end
   else
     redis.call('SET', rec, ARGV[7], 'PX', ARGV[8])
     if old then d = 1 end
     handed = 1
-    if marks then redis.call('HDEL', KEYS[3], ARGV[4]) end
+    -- Kept locally (within the bound): this instance's next waiters go to
+    -- the back of the queue, behind the instances waiting now.
+    if queued then q_leave(qk, sk, ARGV[4]) end
   end
 end
 local released = 0
@@ -283,6 +303,22 @@ local denied = 1
 if allowed then denied = 0 end
 if ARGV[1] == '1' then return {d, released, denied, lapsed, handed, stale, yielded} end
 return d
+"#
+);
+
+/// An instance woken for a key it no longer waits on passes its turn: it
+/// leaves the key's queue and, if the lock is free, wakes the new head.
+/// KEYS: lock, owner record (unused), queue, places. ARGV: instance
+/// prefix. Reply: 1 if it was in the queue.
+pub const PASS: &str = concat!(
+    queue!(),
+    r#"
+local left = redis.call('ZREM', KEYS[3], ARGV[1])
+redis.call('HDEL', KEYS[4], ARGV[1])
+if redis.call('EXISTS', KEYS[1]) == 0 and redis.call('EXISTS', KEYS[3]) == 1 then
+  q_wake(KEYS[3], KEYS[4], KEYS[1], q_now())
+end
+return left
 "#
 );
 
@@ -374,9 +410,12 @@ return 1
 "#;
 
 /// Release by token (release on disconnect), with the same checks as
-/// [`RENEW`]. KEYS: lock, owner record. ARGV: token, value (`''`: not
-/// checked). Reply: 1 released, 0 not ours.
-pub const RELEASE_TOKEN: &str = r#"
+/// [`RENEW`]; the queue's head is woken as by [`RELEASE`]. KEYS: lock,
+/// owner record, queue, places. ARGV: token, value (`''`: not checked).
+/// Reply: 1 released, 0 not ours.
+pub const RELEASE_TOKEN: &str = concat!(
+    queue!(),
+    r#"
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
 local v = redis.call('GET', KEYS[1])
 if not v or (ARGV[2] ~= '' and v ~= ARGV[2]) then
@@ -384,9 +423,10 @@ if not v or (ARGV[2] ~= '' and v ~= ARGV[2]) then
   return 0
 end
 redis.call('DEL', KEYS[1], KEYS[2])
-redis.call('PUBLISH', 'lockgate:released', KEYS[1])
+if redis.call('EXISTS', KEYS[3]) == 1 then q_wake(KEYS[3], KEYS[4], KEYS[1], q_now()) end
 return 1
-"#;
+"#
+);
 
 /// A fixed error reply, for refusals that must take a command's place in a
 /// transaction. ARGV: the error text (with its code).
@@ -405,14 +445,18 @@ redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[1])
 return {t, 0}
 "#;
 
-/// `LOCKGATE UNLOCK`: delete only if the lock still holds this token.
-/// KEYS: lock, owner record. ARGV: token. Reply: 1 released, 0 not.
-pub const FENCE_UNLOCK: &str = r#"
+/// `LOCKGATE UNLOCK`: delete only if the lock still holds this token,
+/// waking the queue's head as [`RELEASE`] does. KEYS: lock, owner record,
+/// queue, places. ARGV: token. Reply: 1 released, 0 not.
+pub const FENCE_UNLOCK: &str = concat!(
+    queue!(),
+    r#"
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1], KEYS[2])
-redis.call('PUBLISH', 'lockgate:released', KEYS[1])
+if redis.call('EXISTS', KEYS[3]) == 1 then q_wake(KEYS[3], KEYS[4], KEYS[1], q_now()) end
 return 1
-"#;
+"#
+);
 
 /// `LOCKGATE EXTEND`: extend only a lock that still holds this token, so
 /// an expired lock is never resurrected. KEYS: lock, owner record. ARGV:

@@ -103,7 +103,7 @@ pub async fn release_on_disconnect(service: &LockService, primary: &Node, conn: 
         key, token, value, ..
     } in due
     {
-        let cmd = super::eval_on(script::RELEASE_TOKEN, &key, &[], &[&token, &value]);
+        let cmd = super::evalsha::eval_queued(script::RELEASE_TOKEN, &key, &[&token, &value]);
         match primary.call(cmd, CALL_TIMEOUT).await {
             Ok(reply) if reply.as_ref() == b":1\r\n" => {
                 ProxyMetrics::inc(&service.metrics.released_on_disconnect);

@@ -33,12 +33,13 @@ impl Storm {
                 match action {
                     Action::Acquire { id, ask } => {
                         let lease_ms = ask.lease_ms;
-                        let (acquired, pttl) = acquirer.acquire(ask).await;
+                        let tried = acquirer.acquire(ask).await;
                         event = Event::Acquired(Acquisition {
                             id,
-                            acquired,
-                            pttl,
+                            acquired: tried.acquired,
+                            pttl: tried.pttl,
                             lease_ms,
+                            behind_ms: tried.behind_ms,
                         });
                     }
                     Action::Handoff { id, reply, shape } => {

@@ -31,6 +31,10 @@ pub(super) enum Event {
         acquired: bool,
         /// The lease or the holder's PTTL, ms.
         ms: i64,
+        /// Not acquired, and another instance is first in the key's queue
+        /// in the store: wait this long (ms) for the wake-up before asking
+        /// again (0: this instance is first, or there is no queue).
+        behind_ms: u64,
     },
     /// The holder moved its lease: `pttl_ms` left (`-2`: the key is gone).
     Extended {
@@ -98,6 +102,8 @@ pub(super) struct Acquisition {
     pub(super) pttl: i64,
     /// The lease asked for, ms.
     pub(super) lease_ms: u64,
+    /// As [`Event::Learned`]'s: behind another instance for this long.
+    pub(super) behind_ms: u64,
 }
 
 /// A counter the table increments.

@@ -87,6 +87,12 @@ pub(super) struct View {
     /// outage, a key without lease, a fairness yield): no new attempt
     /// before then.
     pub(super) backoff_until: Option<Instant>,
+    /// Another instance was first in the key's queue in the store at the
+    /// last answer: attempts here wait for its wake-up (a release wakes
+    /// only the queue's head) and ask again no sooner than then, so the
+    /// instances behind cost the store one renewal per interval, not one
+    /// probe each per probe interval.
+    pub(super) behind_until: Option<Instant>,
     /// The holder last learned acquired through this instance.
     pub(super) ours: bool,
     /// Counts releases seen, so an answer that was on its way while a
@@ -101,6 +107,12 @@ pub(super) struct Timing {
     pub(super) park_ms: u64,
     /// The key's probe interval, ms.
     pub(super) probe_ms: u64,
+}
+
+/// Until when an answer that said "behind another instance for `ms`"
+/// keeps this one from asking (`None`: not behind).
+fn behind(now: Instant, ms: u64) -> Option<Instant> {
+    (ms > 0).then(|| now + Duration::from_millis(ms))
 }
 
 /// The table-wide settings a key's steps need.
@@ -134,7 +146,11 @@ impl Key {
                 }
                 out.push(Action::Admit(admission));
             }
-            Event::Learned { acquired, ms } => self.learn(acquired, ms, now, limits, &mut out),
+            Event::Learned {
+                acquired,
+                ms,
+                behind_ms,
+            } => self.learn(acquired, ms, behind_ms, now, limits, &mut out),
             Event::Extended { pttl_ms: -2 } => self.release(&mut out),
             Event::Extended { pttl_ms } => {
                 if pttl_ms > 0 {
@@ -244,7 +260,11 @@ impl Key {
         let backing_off = !self.waiters.is_empty()
             && !queued_ahead
             && view.backoff_until.is_some_and(|b| b > now);
-        if ((held || backing_off) && probed) || in_flight || queued_ahead {
+        // Another instance is first in the store's queue: its turn comes
+        // before any attempt of this one (the release wakes it), until
+        // this instance is woken or its renewal is due.
+        let behind = view.behind_until.is_some_and(|b| b > now);
+        if ((held || backing_off) && probed) || in_flight || queued_ahead || behind {
             return Admission::Absorb;
         }
         view.last_probe = Some(now);
@@ -252,10 +272,12 @@ impl Key {
         Admission::Probe
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn learn(
         &mut self,
         acquired: bool,
         ms: i64,
+        behind_ms: u64,
         now: Instant,
         limits: Limits,
         out: &mut Vec<Action>,
@@ -280,6 +302,7 @@ impl Key {
             _ => None,
         };
         view.ours = acquired || ours_before;
+        view.behind_until = behind(now, if acquired { 0 } else { behind_ms });
         // A driver waiting for this answer goes on.
         out.push(Action::Wake);
     }
@@ -289,6 +312,8 @@ impl Key {
         view.held_until = None;
         view.last_probe = None;
         view.backoff_until = None;
+        // Woken (or released here): nobody is known ahead any more.
+        view.behind_until = None;
         view.releases += 1;
         out.push(Action::Wake);
     }
@@ -430,17 +455,26 @@ impl Key {
         let in_flight = view
             .probing
             .filter(|p| now.duration_since(*p) < Duration::from_millis(probe_ms.max(1)));
+        let behind = view.behind_until.filter(|&b| b > now);
         let free = view.held_until.is_none_or(|u| u <= now)
             && in_flight.is_none()
-            && view.backoff_until.is_none_or(|b| b <= now);
+            && view.backoff_until.is_none_or(|b| b <= now)
+            && behind.is_none();
         // What this instance knows is a hint: a lock held through it may
         // still be freed behind its back (deleted directly, its lease
         // shortened by another app or instance), so the queue asks Redis
-        // at least once per probe interval whoever holds it.
-        let probe_due = probe_ms > 0
-            && view
-                .last_probe
-                .is_none_or(|p| now.duration_since(p) >= Duration::from_millis(probe_ms));
+        // at least once per probe interval whoever holds it; behind another
+        // instance in the store's queue, once its renewal is due (the
+        // release wakes the head; a lost wake-up costs one renewal).
+        let probe_due = match behind {
+            Some(_) => false,
+            None => {
+                probe_ms > 0
+                    && view
+                        .last_probe
+                        .is_none_or(|p| now.duration_since(p) >= Duration::from_millis(probe_ms))
+            }
+        };
         let front = self.waiters.front().filter(|w| w.live());
         if let (Some(w), true, Turn::Waiting) = (front, free || probe_due, self.turn) {
             let (id, ask) = (w.id, w.ask.clone());
@@ -456,8 +490,13 @@ impl Key {
         if let Some(u) = view.held_until.filter(|&u| u > now) {
             wake_at = wake_at.min(u);
         }
-        if let Some(p) = view.last_probe.filter(|_| probe_ms > 0) {
-            wake_at = wake_at.min(p + Duration::from_millis(probe_ms));
+        match behind {
+            Some(b) => wake_at = wake_at.min(b),
+            None => {
+                if let Some(p) = view.last_probe.filter(|_| probe_ms > 0) {
+                    wake_at = wake_at.min(p + Duration::from_millis(probe_ms));
+                }
+            }
         }
         if let Turn::Handing { until, .. } = self.turn {
             wake_at = wake_at.min(until);
@@ -479,6 +518,7 @@ impl Key {
             acquired,
             pttl,
             lease_ms,
+            behind_ms,
         } = done;
         let released_meanwhile = match self.turn {
             Turn::Acquiring { releases, .. } => {
@@ -488,6 +528,11 @@ impl Key {
             _ => false,
         };
         let Timing { park_ms, probe_ms } = self.timing;
+        self.view.behind_until = match released_meanwhile {
+            // Woken while asking: the answer's "behind" is older news.
+            true => None,
+            false => behind(now, if acquired { 0 } else { behind_ms }),
+        };
         if acquired {
             self.view.held_until = Some(now + Duration::from_millis(lease_ms));
             self.view.ours = true;

@@ -3,9 +3,13 @@
 //! parked on it. While a key is known held, at most one attempt per
 //! `probe_interval` goes to Redis; the others are answered "not acquired"
 //! locally, or parked for up to `park_ms`: when the lock is released (by
-//! this instance, announced by another on `lockgate:released`, or its lease
-//! running out), lockgate acquires it for the oldest parked attempt (FIFO
-//! by first attempt) and answers it "acquired".
+//! this instance, or by another, which wakes this one on
+//! `lockgate:wake:<prefix>` when this one is first in the key's queue in
+//! the store, or its lease running out), lockgate acquires it for the
+//! oldest parked attempt (FIFO by first attempt) and answers it
+//! "acquired". Behind another instance in the store's queue, this one does
+//! not probe: it waits for its wake-up, renewing its place once per
+//! `queue_ttl_ms / 3` (see [`crate::lock::script::ACQUIRE`]).
 //!
 //! Answering "not acquired" early is always safe for mutual exclusion;
 //! every "acquired" is a real acquisition on Redis (or the quorum).
@@ -41,9 +45,6 @@ use crate::sync;
 use event::{Action, Event, Tally};
 use key::{Key, Limits, Timing};
 
-/// The pub/sub channel releases are announced on.
-pub const RELEASED_CHANNEL: &str = "lockgate:released";
-
 crate::metrics::counters! {
     /// Counters of the storm room.
     pub struct StormMetrics {
@@ -63,9 +64,14 @@ crate::metrics::counters! {
         /// Keys not tracked because the table was full of busy keys.
         untracked: Counter "lock_untracked",
             "Lock keys not tracked because the contention table was full of busy keys";
-        /// Release announcements received.
-        announcements: Counter "lock_release_announcements",
-            "Releases announced by any instance";
+        /// Wake-ups received: this instance's place came first in a key's
+        /// queue in the store when its lock was freed.
+        announcements: Counter "lock_wakeups",
+            "Wake-ups received: this instance came first in a key's queue when the lock was freed";
+        /// Wake-ups for keys nothing waits on here any more: the turn was
+        /// passed on (the place left, the next instance woken).
+        passes: Counter "lock_wakeups_passed",
+            "Wake-ups passed on: nothing waited on the key here any more";
         /// Replies delayed because one connection hammered one key.
         smoothed: Counter "lock_smoothed", "Replies delayed for hammering one key";
     }
@@ -141,15 +147,28 @@ pub enum Admission {
     Absorb,
 }
 
+/// What an acquisition for a parked attempt found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Tried {
+    /// Acquired.
+    pub acquired: bool,
+    /// The holder's remaining lease when not acquired, ms (≤ 0: none
+    /// known, as after an error).
+    pub pttl: i64,
+    /// Not acquired and another instance is first in the key's queue in
+    /// the store: how long (ms) to wait for the wake-up before asking
+    /// again (0: not behind).
+    pub behind_ms: u64,
+}
+
 /// What the handoff driver needs from the rest of lockgate: acquire a lock
 /// for a parked attempt, on the primary or the quorum.
 pub trait Acquirer: Send + Sync + 'static {
-    /// Acquires for `ask`; returns (acquired, remaining lease of the holder
-    /// in ms when not acquired).
+    /// Acquires for `ask`.
     fn acquire(
         &self,
         ask: Ask,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = (bool, i64)> + Send + '_>>;
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Tried> + Send + '_>>;
     /// Completes when lockgate stops.
     fn stopped(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>>;
 }
@@ -271,7 +290,19 @@ impl Storm {
     /// Learns the outcome of an attempt that went to Redis: held by us for
     /// `lease_ms`, or by someone else for `pttl_ms` more.
     pub fn learn(&self, key: &[u8], acquired: bool, ms: i64) {
-        self.on_key(key, true, Event::Learned { acquired, ms });
+        self.learned(key, acquired, ms, 0);
+    }
+
+    /// [`Storm::learn`], where the store also said whether another instance
+    /// is first in the key's queue: `behind_ms` > 0, attempts here wait
+    /// that long for the wake-up before asking again.
+    pub fn learned(&self, key: &[u8], acquired: bool, ms: i64, behind_ms: u64) {
+        let event = Event::Learned {
+            acquired,
+            ms,
+            behind_ms,
+        };
+        self.on_key(key, true, event);
     }
 
     /// The holder of `key` moved its lease through this instance (`EXPIRE`
@@ -299,11 +330,21 @@ impl Storm {
         self.on_key(key, false, Event::Released);
     }
 
-    /// A release announced on `lockgate:released` (maybe by another
-    /// instance).
-    pub fn announced(&self, key: &[u8]) {
+    /// A wake-up on this instance's channel (`lockgate:wake:<prefix>`):
+    /// its place came first in `key`'s queue when the lock was freed, by a
+    /// release through any instance. Returns false when nothing waits on
+    /// the key here any more (no parked attempt, no kept place): the
+    /// caller passes the turn on ([`super::script::PASS`]), counted.
+    pub fn announced(&self, key: &[u8]) -> bool {
         ProxyMetrics::inc(&self.metrics.announcements);
+        let waits = self
+            .state(key, false)
+            .is_some_and(|s| !sync::lock(&s.inner).waiters.is_empty());
         self.released(key);
+        if !waits {
+            ProxyMetrics::inc(&self.metrics.passes);
+        }
+        waits
     }
 
     /// Parks an attempt that did not get the lock, first made at `since`,

@@ -12,7 +12,7 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::super::{Acquirer, Admission, Ask, Storm};
+use super::super::{Acquirer, Admission, Ask, Storm, Tried};
 use super::{anyone, ask, conn};
 use crate::config::RetryConfig;
 use crate::metrics::ProxyMetrics;
@@ -47,14 +47,19 @@ impl Fake {
 }
 
 impl Acquirer for Fake {
-    fn acquire(&self, ask: Ask) -> Pin<Box<dyn Future<Output = (bool, i64)> + Send + '_>> {
+    fn acquire(&self, ask: Ask) -> Pin<Box<dyn Future<Output = Tried> + Send + '_>> {
         Box::pin(async move {
             let value = String::from_utf8_lossy(&ask.value).into_owned();
             crate::sync::lock(&self.calls).push((value, Instant::now()));
             tokio::time::sleep(self.delay).await;
-            crate::sync::lock(&self.script)
+            let (acquired, pttl) = crate::sync::lock(&self.script)
                 .pop_front()
-                .unwrap_or((false, 10_000))
+                .unwrap_or((false, 10_000));
+            Tried {
+                acquired,
+                pttl,
+                behind_ms: 0,
+            }
         })
     }
 

@@ -241,6 +241,7 @@ fn spinning_attempts_are_absorbed_between_probes() {
         Event::Learned {
             acquired: false,
             ms: 5_000,
+            behind_ms: 0,
         },
         t0 + ms(2),
         LIMITS,
@@ -266,7 +267,11 @@ fn answers_set_the_view() {
     ];
     for (acquired, got, held, ours) in rows {
         let mut key = Key::default();
-        let actions = key.step(Event::Learned { acquired, ms: got }, t0, LIMITS);
+        let actions = key.step(Event::Learned {
+                acquired,
+                ms: got,
+                behind_ms: 0,
+            }, t0, LIMITS);
         assert_eq!(
             key.view.held_until,
             held.map(|h| t0 + ms(h)),
@@ -289,6 +294,7 @@ fn answers_set_the_view() {
         Event::Learned {
             acquired: false,
             ms: 900,
+            behind_ms: 0,
         },
         t0 + ms(2),
         LIMITS,
@@ -541,6 +547,7 @@ fn acquisition_outcomes() {
             acquired,
             pttl,
             lease_ms: 700,
+            behind_ms: 0,
         })
     };
 
