@@ -92,7 +92,7 @@ pub fn masters(ctx: &ServerContext) -> LocalReply {
 /// pairs: `addr` (empty: none confirmed), `followed` (`sentinel` or
 /// `fixed`), `switches`, `last_switch_from`, `last_switch_to`,
 /// `last_switch_unix_ms` (empty / 0: none), `failover_hold_ms` (what is left
-/// of `locks.failover_delay_ms`).
+/// of `locks.failover_delay_ms`, rounded up).
 pub fn primary(ctx: &ServerContext) -> LocalReply {
     let p = &ctx.primary_addr;
     let last = p.last_switch().filter(|_| p.switches() > 0);
@@ -100,7 +100,9 @@ pub fn primary(ctx: &ServerContext) -> LocalReply {
         Some(_) => 0,
         None => p
             .hold_left(ctx.locks.failover_delay())
-            .map_or(0, |d| d.as_millis() as i64),
+            // Rounded up: 0 only once the hold is over (a truncated 0
+            // with a fraction of a millisecond left still refused locks).
+            .map_or(0, |d| d.as_micros().div_ceil(1000) as i64),
     };
     let pairs: Vec<(&str, LocalReply)> = vec![
         ("addr", text(p.addr().as_deref().unwrap_or(""))),
