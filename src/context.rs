@@ -150,15 +150,11 @@ impl ServerContext {
         };
         let on_primary = NodeConfig::for_addr(&config, &config.upstream.addr, upstream.clone())
             .following(&primary_addr);
-        // The lock scripts load when the connection opens: a parked
-        // attempt's driver and a passed turn go by SHA1, not as bodies.
-        let primary = Node::spawn(
-            NodeConfig {
-                load_scripts: true,
-                ..on_primary.clone()
-            },
-            stop.clone(),
-        );
+        // A parked attempt's driver and a passed turn go by SHA1 (the
+        // sessions load the scripts, and a `NOSCRIPT` reruns as `EVAL`,
+        // which caches it): not loaded at each (re)connection, which a
+        // primary paused for a failover would hold up.
+        let primary = Node::spawn(on_primary.clone(), stop.clone());
         let locks = LockService::new(&config);
         let quorum = Quorum::start(&config, &stop, &masters);
         // Wake-ups come from where the locks live.

@@ -7,9 +7,10 @@
 //! release costs the store one message to one subscriber, however many
 //! instances wait. An instance woken for a key it no longer waits on
 //! passes the turn ([`super::script::PASS`]: it leaves the queue and the
-//! next head is woken). A lost wake-up only delays a handoff: the head
-//! probes once per probe interval, the others renew their places once per
-//! `queue_ttl_ms / 3`.
+//! next head is woken). A wake-up is lost only while the subscription is
+//! down, and once it is back every key this instance waits on asks the
+//! store again; the head also probes once per probe interval, and any
+//! instance renewing its place on a free lock wakes the head again.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -71,7 +72,10 @@ async fn subscribed(
 ) -> Result<(), String> {
     let stream = handshake(node).await?;
     let channel = format!("{WAKE_PREFIX}{}", store.prefix);
-    messages(stream, channel.as_bytes(), backoff, |key| {
+    // Wake-ups sent while this instance was not subscribed are lost:
+    // every key it waits on asks the store again once it is.
+    let subscribed = || storm.resubscribed();
+    messages(stream, channel.as_bytes(), backoff, subscribed, |key| {
         if !storm.announced(key) {
             pass(store, key, node.connect_timeout);
         }
@@ -92,13 +96,15 @@ fn pass(store: &Store, key: &[u8], timeout: Duration) {
 }
 
 /// Subscribes `stream` to `channel` and hands each message's payload to
-/// `on` until the connection fails (the error says why). Once subscribed,
-/// `backoff` goes back to its shortest, so the caller's next reconnection
-/// after a long-lived subscription is prompt.
+/// `on` until the connection fails (the error says why); `subscribed` runs
+/// once the subscription is confirmed. Once subscribed, `backoff` goes
+/// back to its shortest, so the caller's next reconnection after a
+/// long-lived subscription is prompt.
 pub(crate) async fn messages(
     mut stream: Stream,
     channel: &[u8],
     backoff: &mut Duration,
+    subscribed: impl FnOnce(),
     mut on: impl FnMut(&[u8]),
 ) -> Result<(), String> {
     stream
@@ -108,10 +114,13 @@ pub(crate) async fn messages(
     stream.flush().await.map_err(|e| e.to_string())?;
     *backoff = Duration::from_millis(10);
     let mut frames = FrameReader::new();
+    let mut subscribed = Some(subscribed);
     loop {
         let frame = frames.next(&mut stream).await?;
         if let Some(payload) = message_payload(&frame) {
             on(payload);
+        } else if let Some(confirmed) = subscribed.take() {
+            confirmed();
         }
     }
 }

@@ -69,6 +69,11 @@ counters! {
         /// waited for the lock longer than `max_local_preference_ms`.
         fairness_yields: Counter "lock_fairness_yields",
             "Acquisitions and handoffs held back for another instance waiting past max_local_preference_ms";
+        /// Places in a key's cross-instance queue dropped by this
+        /// instance's scripts because their instance stopped renewing them
+        /// (it died, or stopped waiting without passing its turn).
+        queue_places_lapsed: Counter "lock_queue_places_lapsed",
+            "Places in a key's cross-instance queue dropped because their instance stopped renewing them";
         /// Lock scripts Redis answered `NOSCRIPT` (its script cache was
         /// flushed) and lockgate ran again as `EVAL` on its own connection:
         /// commands the client pipelined after them ran first.

@@ -333,6 +333,17 @@ impl LockService {
         (self.fairness_for(key).1 / 3).max(1)
     }
 
+    /// How long an attempt on `key` that the store found behind another
+    /// instance waits for its wake-up before asking again, ms: `scale`
+    /// (the [`script::ACQUIRE_BEHIND_FACT`], its place's rank, 1 to 64)
+    /// renewal intervals; 0 when not behind.
+    pub fn behind_ms(&self, key: &[u8], scale: i64) -> u64 {
+        match scale {
+            s if s <= 0 => 0,
+            s => self.renew_ms(key).saturating_mul(s.min(64) as u64),
+        }
+    }
+
     /// True when some pattern has the watchdog on.
     pub fn has_watchdog(&self) -> bool {
         self.rules().overrides.iter().any(|(_, o)| o.watchdog)

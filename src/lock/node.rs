@@ -146,7 +146,8 @@ pub struct NodeConfig {
     pub follow: Option<Arc<Primary>>,
     /// Load lockgate's lock scripts when a connection opens, for calls
     /// sent as [`Request::script`] (the quorum's masters; the primary's
-    /// own calls go as `EVAL`, and its sessions load what they use).
+    /// sessions load what they use, and a `NOSCRIPT` there reruns as
+    /// `EVAL`, which caches the script for the next `EVALSHA`).
     pub load_scripts: bool,
     /// Counts the calls sent again as `EVAL` after `-NOSCRIPT` (see
     /// [`Request`]); shared by the quorum's masters.

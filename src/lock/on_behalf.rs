@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use super::lease::ConnLocks;
 use super::node::Node;
+use super::node::Request;
 use super::ops::{LockOp, Ttl};
 use super::quorum::Quorum;
-use super::node::Request;
 use super::storm::{Acquirer, Ask, Tried};
 use super::{script, split_reply, LockService, Park};
 use crate::protocol::encode::LocalReply;
@@ -82,11 +82,11 @@ impl LockService {
             Ok(reply) => {
                 let (_, facts) = split_reply(&reply);
                 self.complete(pending, &facts, &mut sync::lock(&ask.conn));
-                let behind = facts.get(script::ACQUIRE_BEHIND_FACT) == Some(&1);
+                let scale = facts.get(script::ACQUIRE_BEHIND_FACT).copied();
                 Tried {
                     acquired: facts.first() == Some(&1),
                     pttl: facts.get(1).copied().unwrap_or(0),
-                    behind_ms: if behind { self.renew_ms(&ask.key) } else { 0 },
+                    behind_ms: self.behind_ms(&ask.key, scale.unwrap_or(0)),
                 }
             }
             Err(_) => Tried::default(),

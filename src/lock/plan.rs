@@ -328,13 +328,13 @@ impl LockService {
                     return None;
                 };
                 let pttl = facts.get(1).copied().unwrap_or(-1);
+                let dropped = fact(facts, script::ACQUIRE_DROPPED_FACT);
+                ProxyMetrics::add(&self.metrics.queue_places_lapsed, dropped);
                 if fact(facts, script::ACQUIRE_YIELD_FACT) == 1 {
                     ProxyMetrics::inc(&self.metrics.fairness_yields);
                 }
-                let behind_ms = match fact(facts, script::ACQUIRE_BEHIND_FACT) {
-                    1 => self.renew_ms(&key),
-                    _ => 0,
-                };
+                let scale = facts.get(script::ACQUIRE_BEHIND_FACT).copied();
+                let behind_ms = self.behind_ms(&key, scale.unwrap_or(0));
                 self.storm.learned(&key, acquired == 1, pttl, behind_ms);
                 if acquired == 1 {
                     ProxyMetrics::inc(&self.metrics.acquired);
@@ -370,6 +370,8 @@ impl LockService {
                 ProxyMetrics::add(&self.metrics.release_denied, denied);
                 ProxyMetrics::add(&self.metrics.stale_conn_denied, fact(facts, 4));
                 ProxyMetrics::add(&self.metrics.fairness_yields, fact(facts, 5));
+                let dropped = fact(facts, script::RELEASE_DROPPED_FACT);
+                ProxyMetrics::add(&self.metrics.queue_places_lapsed, dropped);
                 let handed = fact(facts, 3) == 1;
                 match (handoff, keys.first()) {
                     (Some(claim), Some(key)) if handed => {

@@ -94,7 +94,8 @@ impl LockService {
                     LocalReply::Integer(validity),
                 ]);
             }
-            let undo = super::evalsha::eval_queued(script::RELEASE_TOKEN, &key, &[&instance_token, b""]);
+            let undo =
+                super::evalsha::eval_queued(script::RELEASE_TOKEN, &key, &[&instance_token, b""]);
             q.ask_all(&undo.into()).await;
             if q.lost_quorum(answers.yes, answers.replies.len(), eligible.len()) {
                 // Up, but too few answered in time: try again while WAIT

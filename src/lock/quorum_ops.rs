@@ -197,6 +197,10 @@ impl LockService {
             )
             .await;
         let granted = answers.yes;
+        let dropped: i64 = (answers.replies.iter())
+            .filter_map(|r| split_reply(r).1.get(script::ACQUIRE_DROPPED_FACT).copied())
+            .sum();
+        ProxyMetrics::add(&self.metrics.queue_places_lapsed, dropped.max(0) as u64);
         let validity = q.validity_ms(lease_ms, started.elapsed());
         if granted >= majority && validity > 0 {
             q.granted(lease_ms);
@@ -241,11 +245,15 @@ impl LockService {
         let pttl = pttls.iter().copied().min().unwrap_or(0);
         // Behind another instance on a majority: wait for the wake-up (one
         // per master that frees the lock) instead of probing.
-        let behind = (answers.replies.iter())
-            .filter(|r| split_reply(r).1.get(script::ACQUIRE_BEHIND_FACT) == Some(&1))
-            .count()
-            >= majority;
-        let behind_ms = if behind { self.renew_ms(&key) } else { 0 };
+        let scales: Vec<i64> = (answers.replies.iter())
+            .filter_map(|r| split_reply(r).1.get(script::ACQUIRE_BEHIND_FACT).copied())
+            .filter(|&s| s > 0)
+            .collect();
+        let scale = match scales.len() >= majority {
+            true => scales.iter().copied().min().unwrap_or(0),
+            false => 0,
+        };
+        let behind_ms = self.behind_ms(&key, scale);
         self.storm.learned(&key, false, pttl, behind_ms);
         let reply = match shape {
             Shape::SetGet => {

@@ -90,8 +90,9 @@ mod tests {
         fn acquire(
             &self,
             _: Ask,
-        ) -> std::pin::Pin<Box<dyn std::future::Future<Output = crate::lock::storm::Tried> + Send + '_>>
-        {
+        ) -> std::pin::Pin<
+            Box<dyn std::future::Future<Output = crate::lock::storm::Tried> + Send + '_>,
+        > {
             Box::pin(async { crate::lock::storm::Tried::default() })
         }
 

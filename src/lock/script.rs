@@ -61,21 +61,36 @@ end
 ///
 /// - `q_join(qk, sk, me, ttl, now)`: a failed attempt of `me` takes a place
 ///   (keeping its `since` while its place has not lapsed) or renews it for
-///   `ttl` ms; both keys expire `ttl` ms after the last renewal of anyone.
+///   `ttl × scale` ms, `scale` = its rank in the queue, 1 to 64, which it
+///   returns: an instance far back renews its place that much less often
+///   (every `scale × ttl / 3`), so the renewals of a queue of N cost
+///   O(log N) per `ttl`, not N. Both keys expire when the longest place
+///   does; the field `.ttl` keeps `ttl`.
 /// - `q_head(qk, sk, now)`: the instance first in the queue and its
 ///   `since`, after dropping at most 16 heads whose place lapsed (an
 ///   instance that died or stopped waiting: nothing of it blocks longer
-///   than its `ttl`).
-/// - `q_yield(qk, sk, me, bound, now)`: (yield, head): yield when the head
-///   is another instance that has waited longer than `bound` ms
-///   (`locks.retry.max_local_preference_ms`) and longer than `me`.
+///   than its `ttl`), counted in `q_dropped` (a fact of the scripts, so
+///   lockgate counts them: `lock_queue_places_lapsed`).
+/// - `q_yield(qk, sk, me, bound, now)`: (yield, head): yield to the head,
+///   another instance, when it has waited longer than `bound` ms
+///   (`locks.retry.max_local_preference_ms`) and longer than `me`, or when
+///   `me`'s turn with the lock has lasted longer than its share of the
+///   bound, `bound / n` for n instances in the queue: so turns have equal
+///   lengths and the head waits about `bound` at most, whatever n. A turn
+///   begins when an instance acquires while others wait (the field
+///   `.turn` of the places hash, `start prefix`); its local handoffs
+///   continue it.
 /// - `q_wake(qk, sk, key, now)`: the lock is free: wake the head alone,
 ///   `PUBLISH lockgate:wake:<prefix> key` (one subscriber: its own
 ///   channel), so a release costs one message whatever the fleet's size.
+///   The head's place is cut to `ttl` from now: a live head acquires or
+///   renews within it; a dead one (its place long, from far back) lapses
+///   then.
 /// - `q_leave(qk, sk, me)`: `me` acquired, or stopped waiting.
 macro_rules! queue {
     () => {
         r#"
+local q_dropped = 0
 local function q_now()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -87,25 +102,49 @@ local function q_head(qk, sk, now)
     if tonumber(redis.call('HGET', sk, h[1]) or '0') >= now then return h[1], tonumber(h[2]) end
     redis.call('ZREM', qk, h[1])
     redis.call('HDEL', sk, h[1])
+    q_dropped = q_dropped + 1
   end
   return nil, nil
 end
+local function q_turn(sk, me, now)
+  local t = redis.call('HGET', sk, '.turn')
+  if t then
+    local c = string.find(t, ' ', 1, true)
+    if c and string.sub(t, c + 1) == me then return tonumber(string.sub(t, 1, c - 1)) or now end
+  end
+  return now
+end
+local function q_began(sk, me, now)
+  if q_turn(sk, me, now) == now then redis.call('HSET', sk, '.turn', now .. ' ' .. me) end
+end
 local function q_yield(qk, sk, me, bound, now)
   local head, since = q_head(qk, sk, now)
-  if not head or head == me or bound <= 0 or now - since <= bound then return false, head end
-  local mine = redis.call('ZSCORE', qk, me)
-  return (not mine) or since < tonumber(mine), head
+  if not head or head == me or bound <= 0 then return false, head end
+  if now - since > bound then
+    local mine = redis.call('ZSCORE', qk, me)
+    if (not mine) or since < tonumber(mine) then return true, head end
+  end
+  local share = bound / math.max(redis.call('ZCARD', qk), 1)
+  return now - q_turn(sk, me, now) > share, head
 end
 local function q_join(qk, sk, me, ttl, now)
   local ends = redis.call('HGET', sk, me)
   if not ends or tonumber(ends) < now then redis.call('ZADD', qk, now, me) end
-  redis.call('HSET', sk, me, now + ttl)
-  redis.call('PEXPIRE', qk, ttl)
-  redis.call('PEXPIRE', sk, ttl)
+  local scale = math.min(math.max(redis.call('ZRANK', qk, me), 1), 64)
+  local life = ttl * scale
+  redis.call('HSET', sk, me, now + life, '.ttl', ttl)
+  if redis.call('PTTL', qk) < life then
+    redis.call('PEXPIRE', qk, life)
+    redis.call('PEXPIRE', sk, life)
+  end
+  return scale
 end
 local function q_wake(qk, sk, key, now)
   local head = q_head(qk, sk, now)
-  if head then redis.call('PUBLISH', 'lockgate:wake:' .. head, key) end
+  if not head then return end
+  redis.call('PUBLISH', 'lockgate:wake:' .. head, key)
+  local grace = now + tonumber(redis.call('HGET', sk, '.ttl') or '0')
+  if tonumber(redis.call('HGET', sk, head) or '0') > grace then redis.call('HSET', sk, head, grace) end
 end
 local function q_leave(qk, sk, me)
   if redis.call('ZREM', qk, me) == 1 then redis.call('HDEL', sk, me) end
@@ -124,10 +163,12 @@ end
 /// quorum's acquisitions; `TIME`, µs since the epoch, fact
 /// [`ACQUIRE_CLOCK_FACT`], read in the same atomic step as the `SET NX` it
 /// vouches for, see [`super::clock`]; 0 otherwise), yielded (1: not tried,
-/// another instance has waited past the bound, fact
-/// [`ACQUIRE_YIELD_FACT`]), and behind (1: not acquired and another
-/// instance is first in the key's queue, fact [`ACQUIRE_BEHIND_FACT`]: this
-/// one waits for its wake-up instead of probing). A failed attempt takes or
+/// the queue's head goes first, see `q_yield`, fact
+/// [`ACQUIRE_YIELD_FACT`]), behind (not acquired and another instance is
+/// first in the key's queue: this one's place's scale, 1 to 64, fact
+/// [`ACQUIRE_BEHIND_FACT`]; it waits for its wake-up, renewing its place
+/// every scale × `ttl / 3`; 0: first or no queue), and the lapsed places
+/// dropped from the queue (fact [`ACQUIRE_DROPPED_FACT`]). A failed attempt takes or
 /// renews this instance's place in the queue (also with the bound off: a
 /// release wakes the queue's head, see [`RELEASE`]); a yielded attempt on
 /// a free lock wakes the head at once, not at its next probe. Uncontended
@@ -162,13 +203,16 @@ if ok then
   if ARGV[4] == 'PX' then pttl = tonumber(ARGV[5])
   elseif ARGV[4] == 'EX' then pttl = tonumber(ARGV[5]) * 1000
   else pttl = redis.call('PTTL', KEYS[1]) end
-  if queued then q_leave(KEYS[3], KEYS[4], me) end
+  if queued then
+    q_leave(KEYS[3], KEYS[4], me)
+    q_began(KEYS[4], me, now)
+  end
 else
   pttl = redis.call('PTTL', KEYS[1])
   if ttl > 0 then
     if now == 0 then now = q_now() end
-    q_join(KEYS[3], KEYS[4], me, ttl, now)
-    if head and head ~= me then behind = 1 end
+    local scale = q_join(KEYS[3], KEYS[4], me, ttl, now)
+    if head and head ~= me then behind = scale end
   end
   -- Held back for a longer waiter elsewhere: wake it now, not at its
   -- next probe.
@@ -177,10 +221,10 @@ end
 local reply = old
 if ARGV[6] == 'setnx' then reply = acquired elseif ARGV[6] == 'set' then reply = ok end
 local yielded = yield and 1 or 0
-if ARGV[1] == '1' then return {reply, acquired, pttl, 0, yielded, behind} end
+if ARGV[1] == '1' then return {reply, acquired, pttl, 0, yielded, behind, q_dropped} end
 if ARGV[1] == '2' then
   local t = redis.call('TIME')
-  return {reply, acquired, pttl, tonumber(t[1]) * 1000000 + tonumber(t[2]), yielded, behind}
+  return {reply, acquired, pttl, tonumber(t[1]) * 1000000 + tonumber(t[2]), yielded, behind, q_dropped}
 end
 return reply
 "#
@@ -194,6 +238,13 @@ pub const ACQUIRE_YIELD_FACT: usize = 3;
 
 /// Where [`ACQUIRE`]'s facts say another instance is first in the queue.
 pub const ACQUIRE_BEHIND_FACT: usize = 4;
+
+/// Where [`ACQUIRE`]'s facts count the lapsed places it dropped.
+pub const ACQUIRE_DROPPED_FACT: usize = 5;
+
+/// Where [`RELEASE`]'s and [`RELEASE_HANDOFF`]'s facts count the lapsed
+/// places they dropped.
+pub const RELEASE_DROPPED_FACT: usize = 6;
 
 /// Owner-checked release for `DEL`/`UNLINK`.
 /// KEYS: n quadruples (lock key, owner record, queue, places; see
@@ -210,7 +261,8 @@ pub const ACQUIRE_BEHIND_FACT: usize = 4;
 /// lapsed and the key, if any, is someone else's).
 /// Reply: the number deleted, as DEL. Facts: released, denied, lapsed, 0
 /// (where [`RELEASE_HANDOFF`] says handed), stale (denied by the pooled
-/// rule's age check).
+/// rule's age check), 0 (where it says yielded), lapsed places dropped
+/// ([`RELEASE_DROPPED_FACT`]).
 pub const RELEASE: &str = concat!(
     owner_check!(),
     queue!(),
@@ -244,7 +296,7 @@ for i = 1, n do
   end
 end
 if #KEYS > 4 * n then total = total + redis.call(cmd, unpack(KEYS, 4 * n + 1)) end
-if ARGV[1] == '1' then return {total, released, denied, lapsed, 0, stale} end
+if ARGV[1] == '1' then return {total, released, denied, lapsed, 0, stale, 0, q_dropped} end
 return total
 "#
 );
@@ -259,8 +311,9 @@ return total
 /// lease ms, the newer unsettled attempts (as [`RELEASE`]), the
 /// connection's birth, fairness bound ms (as [`ACQUIRE`]). Reply: the
 /// number deleted, as DEL. Facts: released, denied, lapsed, handed (1/0),
-/// stale, yielded (1: another instance has waited past the bound, so the
-/// lock was released and that instance woken, not handed).
+/// stale, yielded (1: the queue's head goes first, see `q_yield`, so the
+/// lock was released and that instance woken, not handed), lapsed places
+/// dropped ([`RELEASE_DROPPED_FACT`]).
 /// A lock key that is not a string is deleted as DEL would, not handed.
 pub const RELEASE_HANDOFF: &str = concat!(
     owner_check!(),
@@ -292,16 +345,19 @@ if allowed then
     redis.call('SET', rec, ARGV[7], 'PX', ARGV[8])
     if old then d = 1 end
     handed = 1
-    -- Kept locally (within the bound): this instance's next waiters go to
+    -- Kept locally (within its turn): this instance's next waiters go to
     -- the back of the queue, behind the instances waiting now.
-    if queued then q_leave(qk, sk, ARGV[4]) end
+    if queued then
+      q_leave(qk, sk, ARGV[4])
+      q_began(sk, ARGV[4], now)
+    end
   end
 end
 local released = 0
 if owner then released = d end
 local denied = 1
 if allowed then denied = 0 end
-if ARGV[1] == '1' then return {d, released, denied, lapsed, handed, stale, yielded} end
+if ARGV[1] == '1' then return {d, released, denied, lapsed, handed, stale, yielded, q_dropped} end
 return d
 "#
 );

@@ -257,18 +257,24 @@ async fn subscribed(
     backoff: &mut Duration,
 ) -> Result<(), String> {
     let stream = connect_authenticated(sentinel).await?;
-    announce::messages(stream, b"+switch-master", backoff, |payload| {
-        // `<name> <old-ip> <old-port> <new-ip> <new-port>`
-        let text = String::from_utf8_lossy(payload);
-        if text.split(' ').next() == Some(f.name.as_str()) {
-            primary
-                .metrics
-                .switch_messages
-                .fetch_add(1, Ordering::Relaxed);
-            tracing::info!(sentinel = %sentinel.addr, message = %text, "+switch-master");
-            wake.notify_one();
-        }
-    })
+    announce::messages(
+        stream,
+        b"+switch-master",
+        backoff,
+        || {},
+        |payload| {
+            // `<name> <old-ip> <old-port> <new-ip> <new-port>`
+            let text = String::from_utf8_lossy(payload);
+            if text.split(' ').next() == Some(f.name.as_str()) {
+                primary
+                    .metrics
+                    .switch_messages
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::info!(sentinel = %sentinel.addr, message = %text, "+switch-master");
+                wake.notify_one();
+            }
+        },
+    )
     .await
 }
 

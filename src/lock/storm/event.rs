@@ -81,6 +81,9 @@ pub(super) enum Event {
         /// The claimed waiter.
         id: u64,
     },
+    /// The wake-up channel was (re)subscribed: wake-ups may have been
+    /// lost, so nothing is known to be ahead of this instance any more.
+    Resubscribed,
     /// The driver looks at the key: woken, or its timer fired.
     Tick,
     /// The driver's acquisition ended.

@@ -180,6 +180,11 @@ impl Key {
                 }
                 out.push(Action::Wake);
             }
+            Event::Resubscribed => {
+                if self.view.behind_until.take().is_some() {
+                    out.push(Action::Wake);
+                }
+            }
             Event::Tick => self.tick(now, &mut out),
             Event::Acquired(done) => self.acquired(done, now, &mut out),
             Event::Stopped => {

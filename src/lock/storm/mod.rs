@@ -408,6 +408,17 @@ impl Storm {
         out
     }
 
+    /// This instance's wake-up channel was (re)subscribed: a wake-up sent
+    /// while it was down is lost, so every key with attempts waiting here
+    /// stops waiting for one and asks the store at once (O(keys), once per
+    /// reconnection).
+    pub fn resubscribed(&self) {
+        let now = Instant::now();
+        for e in self.table.iter() {
+            self.on(e.value(), Event::Resubscribed, now);
+        }
+    }
+
     /// Attempts parked on `key` now.
     pub fn waiting(&self, key: &[u8]) -> usize {
         self.state(key, false)

@@ -1,6 +1,6 @@
 //! Unit tests of the storm room's own logic, without sockets.
 //!
-//! `step` and `step_handoff` drive a key's state machine ([`super::key::Key::step`]) with
+//! `step`, `step_handoff` and `step_queue` drive a key's state machine ([`super::key::Key::step`]) with
 //! events and made-up times, table-driven. `driver` runs the table and its
 //! driver task under `tokio::time::pause()` with a scripted in-memory
 //! [`super::Acquirer`]: that fake stands for "acquire on Redis or the quorum", the
@@ -12,6 +12,7 @@
 mod driver;
 mod step;
 mod step_handoff;
+mod step_queue;
 
 use std::sync::{Arc, Mutex};
 

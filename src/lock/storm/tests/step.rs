@@ -267,11 +267,15 @@ fn answers_set_the_view() {
     ];
     for (acquired, got, held, ours) in rows {
         let mut key = Key::default();
-        let actions = key.step(Event::Learned {
+        let actions = key.step(
+            Event::Learned {
                 acquired,
                 ms: got,
                 behind_ms: 0,
-            }, t0, LIMITS);
+            },
+            t0,
+            LIMITS,
+        );
         assert_eq!(
             key.view.held_until,
             held.map(|h| t0 + ms(h)),
