@@ -1,0 +1,295 @@
+//! The incident at its real shape: lockgate runs one per app pod, so one
+//! hot lock key is contended through many lockgate processes in front of
+//! one Redis. Real `lockgate` binaries (separate processes, as sidecars
+//! are) and a real `redis-server`:
+//!
+//! - eight instances, three legacy `SETNX`/`DEL` spin loops each, share
+//!   one key for a few seconds: every instance acquires often (none
+//!   starves), no two clients ever hold the lock at once, and Redis's
+//!   commands per acquisition (`INFO commandstats`, calls inside scripts
+//!   counted) stay under a bound that does not depend on the fleet's size
+//!   (before the store's queue, ten instances cost Redis about 41 commands
+//!   per acquisition and forty 436: every release woke every instance);
+//! - an instance first in the key's queue, with parked waiters, is
+//!   SIGKILLed: the next release's wake-up goes to nobody, and another
+//!   instance's waiter gets the lock within the stated bound
+//!   (`queue_ttl_ms` plus a third of it, plus a probe interval), its dead
+//!   place dropped and counted (`lock_queue_places_lapsed`).
+//!
+//! `FLEET_SECS` [4] runs the shared-key workload longer.
+
+mod support;
+
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use support::binary::{start, Running};
+use support::redis::command_calls;
+use support::{RawClient, RedisServer};
+
+/// Commands Redis may run per acquisition, whatever the number of
+/// instances (measured: 10–13 with 8 instances on a quiet box, 9 with one).
+const MAX_COMMANDS_PER_ACQUISITION: f64 = 20.0;
+
+/// Starts a lockgate binary in front of `redis` with instance id `id` and
+/// the `[locks.retry]` lines `retry`; returns it and its address.
+fn instance(redis: &str, id: &str, retry: &str) -> (Running, String) {
+    let dir = std::env::temp_dir().join(format!("lockgate-fleet-{}-{id}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let file = dir.join("lockgate.toml");
+    let text = format!("[locks]\ninstance_id = \"{id}\"\n\n[locks.retry]\n{retry}\n");
+    std::fs::write(&file, text).expect("config");
+    let path = file.to_string_lossy().to_string();
+    start(&["--config", &path, "--upstream", redis])
+}
+
+/// How long a winner holds the lock, ms (`FLEET_HOLD_MS` [2]).
+fn hold_ms() -> u64 {
+    env_or("FLEET_HOLD_MS", 2)
+}
+
+fn env_or(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
+/// What the clients of the shared-key run saw.
+#[derive(Default)]
+struct Shared {
+    holders: AtomicI64,
+    overlaps: AtomicU64,
+}
+
+/// One spin loop on `lock:fleet` through `addr` until `stop`: SETNX until
+/// it returns 1 (no pause: the incident's loop), hold 2 ms, DEL. Returns
+/// its acquisitions.
+async fn spinner(addr: String, me: String, shared: Arc<Shared>, stop: Arc<AtomicBool>) -> u64 {
+    let mut c = RawClient::connect(addr).await;
+    let mut acquired = 0;
+    while !stop.load(Ordering::SeqCst) {
+        let reply = c.call_raw(&["SETNX", "lock:fleet", &me]).await;
+        match &reply[..] {
+            b":1\r\n" => {
+                if shared.holders.fetch_add(1, Ordering::SeqCst) > 0 {
+                    shared.overlaps.fetch_add(1, Ordering::SeqCst);
+                }
+                acquired += 1;
+                // The incident's app: SETNX, then EXPIRE.
+                let expire = c.call_raw(&["EXPIRE", "lock:fleet", "10"]).await;
+                assert_eq!(expire, b":1\r\n", "{me}: EXPIRE of a held lock");
+                tokio::time::sleep(Duration::from_millis(hold_ms())).await;
+                shared.holders.fetch_sub(1, Ordering::SeqCst);
+                let del = c.call_raw(&["DEL", "lock:fleet"]).await;
+                assert_eq!(del, b":1\r\n", "{me}: DEL of a held lock");
+            }
+            b":0\r\n" => {}
+            other => panic!("{me}: SETNX answered {}", String::from_utf8_lossy(other)),
+        }
+    }
+    acquired
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eight_instances_share_a_hot_key_fairly_at_a_bounded_cost_to_redis() {
+    const INSTANCES: usize = 8;
+    let clients = env_or("FLEET_CLIENTS", 3) as usize;
+    let secs = env_or("FLEET_SECS", 4);
+    let redis = RedisServer::start();
+    let fleet: Vec<(Running, String)> = (0..INSTANCES)
+        .map(|i| instance(&redis.addr(), &format!("fleet-{i}"), ""))
+        .collect();
+    let mut r = RawClient::connect(redis.addr()).await;
+    assert_eq!(r.call_s(&["CONFIG", "RESETSTAT"]).await, "+OK\r\n");
+
+    let (shared, stop) = (
+        Arc::new(Shared::default()),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let mut tasks = Vec::new();
+    for (i, (_, addr)) in fleet.iter().enumerate() {
+        for k in 0..clients {
+            let (shared, stop) = (shared.clone(), stop.clone());
+            let me = format!("c{i}-{k}");
+            tasks.push((i, tokio::spawn(spinner(addr.clone(), me, shared, stop))));
+        }
+    }
+    tokio::time::sleep(Duration::from_secs(secs)).await;
+    stop.store(true, Ordering::SeqCst);
+    let mut per_instance = [0u64; INSTANCES];
+    for (i, task) in tasks {
+        per_instance[i] += tokio::time::timeout(Duration::from_secs(10), task)
+            .await
+            .expect("a spin loop ends within 10 s of the stop (its park is bounded)")
+            .expect("spin loop");
+    }
+    let stats = r.call_s(&["INFO", "commandstats"]).await;
+    let commands: u64 = stats
+        .lines()
+        .filter(|l| l.starts_with("cmdstat_") && !l.starts_with("cmdstat_config"))
+        .filter_map(|l| l.split_once(':').map(|(name, _)| &name[8..]))
+        .map(|name| command_calls(&stats, name))
+        .sum();
+    let total: u64 = per_instance.iter().sum();
+    let per_acq = commands as f64 / total.max(1) as f64;
+    let publishes = command_calls(&stats, "publish") as f64 / total.max(1) as f64;
+    println!(
+        "{INSTANCES} instances x {clients} spinners, {secs} s: {total} acquisitions {per_instance:?}, \
+         {per_acq:.1} Redis commands and {publishes:.2} PUBLISH per acquisition (load {})",
+        std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim()
+    );
+    for (i, (_, addr)) in fleet.iter().enumerate() {
+        let mut seen = Vec::new();
+        for name in [
+            "lock_wakeups",
+            "lock_wakeups_passed",
+            "lock_fairness_yields",
+            "lock_queue_places_lapsed",
+            "lock_handoffs",
+        ] {
+            seen.push(format!("{} {}", &name[5..], stat(addr, name).await));
+        }
+        println!(
+            "instance {i}: {} acquisitions, {}",
+            per_instance[i],
+            seen.join(", ")
+        );
+    }
+    assert_eq!(
+        shared.overlaps.load(Ordering::SeqCst),
+        0,
+        "two holders at once"
+    );
+    let mean = total as f64 / INSTANCES as f64;
+    assert!(
+        total >= 100,
+        "only {total} acquisitions in {secs} s: the lock is not handed on"
+    );
+    for (i, n) in per_instance.iter().enumerate() {
+        assert!(
+            *n as f64 >= mean / 5.0,
+            "instance {i} acquired {n} times, the mean is {mean:.0}: {per_instance:?}"
+        );
+    }
+    assert!(
+        per_acq <= MAX_COMMANDS_PER_ACQUISITION,
+        "{per_acq:.1} Redis commands per acquisition (at most {MAX_COMMANDS_PER_ACQUISITION})"
+    );
+    // A release wakes one instance, not the fleet.
+    assert!(publishes <= 1.5, "{publishes:.2} PUBLISH per acquisition");
+}
+
+/// `LOCKGATE STATS` counter `name` of the instance at `addr`.
+async fn stat(addr: &str, name: &str) -> u64 {
+    let mut c = RawClient::connect(addr).await;
+    let reply = c.call_s(&["LOCKGATE", "STATS"]).await;
+    let lines: Vec<&str> = reply.split("\r\n").collect();
+    lines
+        .iter()
+        .position(|l| *l == name)
+        .and_then(|i| lines.get(i + 1))
+        .and_then(|v| v.trim_start_matches(':').parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in LOCKGATE STATS: {reply}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_instance_first_in_the_queue_is_passed_over_within_the_bound() {
+    // Places last 600 ms without renewal; those behind renew every 200 ms.
+    const TTL_MS: u64 = 600;
+    let retry = format!("queue_ttl_ms = {TTL_MS}\nprobe_interval_ms = 100\npark_ms = 5000");
+    let redis = RedisServer::start();
+    let (_a, a) = instance(&redis.addr(), "holder", &retry);
+    let (mut k_proc, k) = instance(&redis.addr(), "doomed", &retry);
+    let (_b, b) = instance(&redis.addr(), "survivor", &retry);
+    let b_addr = b.clone();
+    let mut r = RawClient::connect(redis.addr()).await;
+    let queue = "lockgate:queue:{lock:k}";
+
+    let mut holder = RawClient::connect(&a).await;
+    assert_eq!(holder.call_s(&["SETNX", "lock:k", "h"]).await, ":1\r\n");
+    // The doomed instance's client spins first: its instance is first in
+    // the queue, with a parked waiter; then the survivor's.
+    let stop = Arc::new(AtomicBool::new(false));
+    // Over a plain socket: its instance dies under it, and the loop ends
+    // at the first error.
+    let doomed_client = {
+        let (k, stop) = (k.clone(), stop.clone());
+        tokio::spawn(async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let mut s = tokio::net::TcpStream::connect(k).await.expect("connect");
+            let mut buf = [0u8; 64];
+            while !stop.load(Ordering::SeqCst) {
+                let setnx = support::resp::cmd(&["SETNX", "lock:k", "d"]);
+                if s.write_all(&setnx).await.is_err()
+                    || matches!(s.read(&mut buf).await, Ok(0) | Err(_))
+                {
+                    return;
+                }
+            }
+        })
+    };
+    until!(
+        "the doomed instance to be first in the queue",
+        r.call_s(&["ZRANGE", queue, "0", "0"]).await == "*1\r\n$7\r\ndoomed:\r\n"
+    );
+    let survivor = tokio::spawn(async move {
+        let mut c = RawClient::connect(b).await;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            assert!(Instant::now() < deadline, "the survivor never acquired");
+            if c.call_s(&["SETNX", "lock:k", "s"]).await == ":1\r\n" {
+                return (Instant::now(), c);
+            }
+        }
+    });
+    until!(
+        "the survivor to wait behind it",
+        r.call_s(&["ZCARD", queue]).await == ":2\r\n"
+    );
+    // Past the fairness bound (500 ms), the survivor may not take the lock
+    // ahead of it: only the dead place's lapse lets it through.
+    until!("the doomed instance to have waited 600 ms", {
+        let since = r.call_s(&["ZSCORE", queue, "doomed:"]).await;
+        let since: u64 = since
+            .split("\r\n")
+            .nth(1)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(u64::MAX);
+        let time = r.call_s(&["TIME"]).await;
+        let parts: Vec<u64> = time.split("\r\n").filter_map(|l| l.parse().ok()).collect();
+        let now_ms =
+            parts.first().copied().unwrap_or(0) * 1000 + parts.get(1).copied().unwrap_or(0) / 1000;
+        now_ms >= since.saturating_add(600)
+    });
+    k_proc.0.kill().expect("SIGKILL the doomed instance");
+    k_proc.0.wait().expect("reaped");
+    stop.store(true, Ordering::SeqCst);
+    let _ = doomed_client.await;
+    let released = Instant::now();
+    assert_eq!(holder.call_s(&["DEL", "lock:k"]).await, ":1\r\n");
+    let (acquired, mut c) = survivor.await.expect("survivor");
+    let took = acquired.duration_since(released);
+    // The dead place lapses at most TTL after its last renewal (a probe
+    // interval before the kill at most), and the survivor's next renewal
+    // comes within a third of TTL: 600 + 200 + 100 ms, and a loaded box's
+    // slack.
+    let bound = Duration::from_millis(TTL_MS + TTL_MS / 3 + 100 + 1_500);
+    println!(
+        "a dead first instance held the lock back {} ms after the release (bound {} ms, load {})",
+        took.as_millis(),
+        bound.as_millis(),
+        std::fs::read_to_string("/proc/loadavg")
+            .unwrap_or_default()
+            .trim()
+    );
+    assert!(
+        took <= bound,
+        "{took:?} after the release (at most {bound:?})"
+    );
+    assert_eq!(c.call_s(&["GET", "lock:k"]).await, "$1\r\ns\r\n");
+    let lapsed = stat(&a, "lock_queue_places_lapsed").await
+        + stat(&b_addr, "lock_queue_places_lapsed").await;
+    assert!(lapsed >= 1, "the dead place was not counted");
+}
