@@ -117,7 +117,10 @@ async fn matrix_case(cl: &Cluster, c: &mut support::RawClient, n: usize, mask: u
     }
     // A failed attempt leaves its instance's place in the key's queue
     // (it expires by itself): the only keys allowed to remain.
-    let (queue, places) = (format!("lockgate:queue:{{{key}}}"), format!("lockgate:places:{{{key}}}"));
+    let (queue, places) = (
+        format!("lockgate:queue:{{{key}}}"),
+        format!("lockgate:places:{{{key}}}"),
+    );
     for i in 0..n {
         cl.on_master(i, &["DEL", &queue, &places]).await;
     }
