@@ -14,13 +14,21 @@
 # p99, and the spread of acquisitions over the instances (fewest/most per
 # instance, and the instances that acquired none).
 #
-#   bench/fleet.sh                full run (~2 min after the build)
-#   QUICK=1 bench/fleet.sh        smoke test: 3 s runs, FLEETS="1 4"
+# Then the model (bench/fleet_model.rs): fleets too large to run as
+# processes here (MODEL_FLEETS), each instance a lightweight task with one
+# spinning client following the protocol with lockgate's own Lua scripts
+# against the same Redis: every handoff crosses instances, the worst case
+# for the store. Its table gives Redis CPU and commands per acquisition and
+# the instances' probes and renewals per acquisition.
+#
+#   bench/fleet.sh                full run (~3 min after the build)
+#   QUICK=1 bench/fleet.sh        smoke test: 3 s runs, FLEETS="1 4", MODEL_FLEETS="40 200"
 #
 # Environment (all optional):
 #   DURATION=8  ROUNDS=1  CLIENTS=80  HOLD_MS=5  EXPIRE_S=10
-#   FLEETS="1 2 10 40"            fleet sizes
-#   LOCKGATE_BIN=... STORM_BIN=... prebuilt binaries instead of building
+#   FLEETS="1 2 10 40"            fleet sizes (real processes)
+#   MODEL_FLEETS="2 10 40 200 1000" fleet sizes of the model ("": none)
+#   LOCKGATE_BIN=... STORM_BIN=... MODEL_BIN=... prebuilt binaries
 #
 # The markdown summary is printed and written to bench/results/fleet-latest.md,
 # the raw runs to bench/results/fleet-latest.jsonl. Only ratios within one
@@ -38,9 +46,11 @@ QUICK=${QUICK:-0}
 if [[ $QUICK == 1 ]]; then
   DURATION=${DURATION:-3}
   FLEETS=${FLEETS:-"1 4"}
+  MODEL_FLEETS=${MODEL_FLEETS:-"40 200"}
 else
   DURATION=${DURATION:-8}
   FLEETS=${FLEETS:-"1 2 10 40"}
+  MODEL_FLEETS=${MODEL_FLEETS:-"2 10 40 200 1000"}
 fi
 ROUNDS=${ROUNDS:-1}
 CLIENTS=${CLIENTS:-80}
@@ -56,12 +66,14 @@ install_missing "redis-server redis-tools" redis-server redis-cli python3 timeou
 build=()
 [[ -n ${LOCKGATE_BIN:-} ]] || build+=(--bin lockgate)
 [[ -n ${STORM_BIN:-} ]] || build+=(--example storm)
+[[ -n ${MODEL_BIN:-} ]] || build+=(--example fleet_model)
 if ((${#build[@]})); then
   log "building (cargo build --release ${build[*]})"
   (cd "$REPO" && cargo build --release --quiet "${build[@]}") || die "cargo build --release failed"
 fi
 LOCKGATE_BIN=${LOCKGATE_BIN:-$REPO/target/release/lockgate}
 STORM_BIN=${STORM_BIN:-$REPO/target/release/examples/storm}
+MODEL_BIN=${MODEL_BIN:-$REPO/target/release/examples/fleet_model}
 
 # shellcheck source=bench/lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -169,16 +181,45 @@ for ((round = 1; round <= ROUNDS; round++)); do
     run_one "$round" "${TARGETS[$(((k + round - 1) % ${#TARGETS[@]}))]}"
   done
 done
+# The model: one lightweight instance per task, the same Redis.
+MODEL_RUNS="$TMP/model.jsonl"
+: >"$MODEL_RUNS"
+for n in $MODEL_FLEETS; do
+  for ((round = 1; round <= ROUNDS; round++)); do
+    out="$TMP/m$round-$n"
+    [[ $(rcli "$P_REDIS" flushall) == OK ]] || die "FLUSHALL failed"
+    [[ $(rcli "$P_REDIS" config resetstat) == OK ]] || die "CONFIG RESETSTAT failed"
+    c0=$(cpu_ns "$REDIS_PID")
+    timeout "$RUN_TIMEOUT" "$MODEL_BIN" --port "$P_REDIS" --instances "$n" --hold-ms "$HOLD_MS" \
+      --duration-s "$DURATION" >"$out.json" 2>"$out.err" || { cat "$out.err" >&2; die "fleet model ($n) failed"; }
+    c1=$(cpu_ns "$REDIS_PID")
+    rcli "$P_REDIS" info commandstats >"$out.cmdstats"
+    python3 - "$out.json" "$out.cmdstats" "$round" $((c1 - c0)) >>"$MODEL_RUNS" <<'EOF'
+import json, sys
+g = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+calls = {}
+for l in open(sys.argv[2]):
+    if l.startswith("cmdstat_"):
+        name = l.split(":")[0][len("cmdstat_"):]
+        if name not in ("config", "info", "flushall", "script|load", "subscribe"):
+            calls[name] = int(l.split("calls=")[1].split(",")[0])
+g.update(round=int(sys.argv[3]), redis_ns=int(sys.argv[4]), calls=calls)
+print(json.dumps(g))
+EOF
+    log "model round $round, $n instances: $(tail -1 "$MODEL_RUNS" | cut -c1-160)"
+  done
+done
 LOAD_END=$(cut -d' ' -f1-3 /proc/loadavg)
 
 rev=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)
 [[ -z $(git -C "$REPO" status --porcelain -- src 2>/dev/null) ]] || rev="$rev+dirty"
 mkdir -p "$RESULTS"
-cp "$RUNS" "$RESULTS/fleet-latest.jsonl"
-python3 - "$RUNS" "$rev" "$LOAD_START" "$LOAD_END" "$CLIENTS" "$HOLD_MS" "$DURATION" <<'EOF' | tee "$RESULTS/fleet-latest.md"
+cat "$RUNS" "$MODEL_RUNS" >"$RESULTS/fleet-latest.jsonl"
+python3 - "$RUNS" "$MODEL_RUNS" "$rev" "$LOAD_START" "$LOAD_END" "$CLIENTS" "$HOLD_MS" "$DURATION" <<'EOF' | tee "$RESULTS/fleet-latest.md"
 import json, statistics, sys
 runs = [json.loads(l) for l in open(sys.argv[1])]
-rev, l0, l1, clients, hold, dur = sys.argv[2:8]
+model = [json.loads(l) for l in open(sys.argv[2])]
+rev, l0, l1, clients, hold, dur = sys.argv[3:9]
 print(f"# Fleet storm: lockgate {rev}, {clients} clients, hold {hold} ms, {dur} s per run")
 print(f"\nload average {l0} at the start, {l1} at the end; medians over rounds.\n")
 def med(xs):
@@ -216,4 +257,21 @@ for t, r in rows.items():
 fleet = [r["cpu_ms"] for t, r in rows.items() if t != "direct" and t != "1"]
 if len(fleet) >= 2 and min(fleet) > 0:
     print(f"\nRedis CPU per acquisition, largest over smallest across fleets of 2 or more: {max(fleet) / min(fleet):.2f}×")
+if model:
+    print("\n## The model: one spinning client per instance (every handoff crosses instances)\n")
+    print("| instances | Redis CPU/acq | vs direct | commands/acq | scripts/acq | PUBLISH/acq | head probes/acq | renewals/acq | acq/s | per instance (min–max, none) | errors |")
+    print("|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+    for n in sorted({m["instances"] for m in model}):
+        ms = [m for m in model if m["instances"] == n]
+        def per(m, v):
+            return v / max(m["acquisitions"], 1)
+        cpu = med([per(m, m["redis_ns"]) / 1e6 for m in ms])
+        ratio = f"{cpu / d['cpu_ms']:.3f}×" if d and d["cpu_ms"] > 0 else "–"
+        print(f"| {n} | {cpu:.3f} ms | {ratio} | {med([per(m, sum(m['calls'].values())) for m in ms]):.1f} "
+              f"| {med([per(m, m['calls'].get('evalsha', 0)) for m in ms]):.2f} "
+              f"| {med([per(m, m['calls'].get('publish', 0)) for m in ms]):.2f} "
+              f"| {med([per(m, m['head_probes']) for m in ms]):.2f} | {med([per(m, m['renewals']) for m in ms]):.2f} "
+              f"| {med([m['acquisitions'] / m['elapsed_s'] for m in ms]):.0f} "
+              f"| {med([m['min_per_instance'] for m in ms]):.0f}–{med([m['max_per_instance'] for m in ms]):.0f}, {med([m['none'] for m in ms]):.0f} "
+              f"| {sum(m['errors'] for m in ms)} |")
 EOF

@@ -124,7 +124,11 @@ fn fencing(ctx: &Arc<ServerContext>, sub: &[u8], args: CommandArgs<'_>) -> Admin
                 match &ctx2.quorum {
                     Some(q) => {
                         let cmd = fence::unlock_command(&key, &token);
-                        ctx2.locks.quorum_fence_simple(q, cmd).await
+                        let reply = ctx2.locks.quorum_fence_simple(q, cmd).await;
+                        if reply == LocalReply::Integer(1) {
+                            ctx2.locks.released(&key);
+                        }
+                        reply
                     }
                     None => {
                         ctx2.locks

@@ -125,8 +125,15 @@ impl LockService {
         token: Bytes,
         timeout: Duration,
     ) -> LocalReply {
-        self.fence_simple(node, unlock_command(&key, &token), timeout, false)
-            .await
+        let reply = self
+            .fence_simple(node, unlock_command(&key, &token), timeout, false)
+            .await;
+        // Released here: this instance's own view of the key follows at
+        // once (the store wakes only the queue's head, maybe another one).
+        if reply == LocalReply::Integer(1) {
+            self.storm.released(&key);
+        }
+        reply
     }
 
     /// `LOCKGATE EXTEND`: 1 if this token still held the lock and it was

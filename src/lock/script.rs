@@ -95,13 +95,19 @@ local function q_now()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
+local function q_leave(qk, sk, me)
+  if redis.call('ZREM', qk, me) == 1 then
+    -- The last place gone, the places' hash goes too (its '.ttl' and
+    -- '.turn' alone would outlive the queue).
+    if redis.call('EXISTS', qk) == 0 then redis.call('DEL', sk) else redis.call('HDEL', sk, me) end
+  end
+end
 local function q_head(qk, sk, now)
   for _ = 1, 16 do
     local h = redis.call('ZRANGE', qk, 0, 0, 'WITHSCORES')
     if #h == 0 then return nil, nil end
     if tonumber(redis.call('HGET', sk, h[1]) or '0') >= now then return h[1], tonumber(h[2]) end
-    redis.call('ZREM', qk, h[1])
-    redis.call('HDEL', sk, h[1])
+    q_leave(qk, sk, h[1])
     q_dropped = q_dropped + 1
   end
   return nil, nil
@@ -114,7 +120,10 @@ local function q_turn(sk, me, now)
   end
   return now
 end
-local function q_began(sk, me, now)
+local function q_began(qk, sk, me, now)
+  -- Only while others wait: a turn is a share among them (and a hash
+  -- written without a queue would have no expiry).
+  if redis.call('EXISTS', qk) == 0 then return end
   if q_turn(sk, me, now) == now then redis.call('HSET', sk, '.turn', now .. ' ' .. me) end
 end
 local function q_yield(qk, sk, me, bound, now)
@@ -145,9 +154,6 @@ local function q_wake(qk, sk, key, now)
   redis.call('PUBLISH', 'lockgate:wake:' .. head, key)
   local grace = now + tonumber(redis.call('HGET', sk, '.ttl') or '0')
   if tonumber(redis.call('HGET', sk, head) or '0') > grace then redis.call('HSET', sk, head, grace) end
-end
-local function q_leave(qk, sk, me)
-  if redis.call('ZREM', qk, me) == 1 then redis.call('HDEL', sk, me) end
 end
 "#
     };
@@ -205,7 +211,7 @@ if ok then
   else pttl = redis.call('PTTL', KEYS[1]) end
   if queued then
     q_leave(KEYS[3], KEYS[4], me)
-    q_began(KEYS[4], me, now)
+    q_began(KEYS[3], KEYS[4], me, now)
   end
 else
   pttl = redis.call('PTTL', KEYS[1])
@@ -349,7 +355,7 @@ if allowed then
     -- the back of the queue, behind the instances waiting now.
     if queued then
       q_leave(qk, sk, ARGV[4])
-      q_began(sk, ARGV[4], now)
+      q_began(qk, sk, ARGV[4], now)
     end
   end
 end

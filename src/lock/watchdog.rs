@@ -107,6 +107,9 @@ pub async fn release_on_disconnect(service: &LockService, primary: &Node, conn: 
         match primary.call(cmd, CALL_TIMEOUT).await {
             Ok(reply) if reply.as_ref() == b":1\r\n" => {
                 ProxyMetrics::inc(&service.metrics.released_on_disconnect);
+                // This instance's view follows at once (the store wakes
+                // only the queue's head).
+                service.storm.released(&key);
             }
             Ok(_) => {}
             Err(e) => {
