@@ -224,8 +224,8 @@ impl LockService {
                 let cmd = match (&claim, lock_keys.first()) {
                     (Some((c, token, alt)), Some(key)) => {
                         let lease = c.lease_ms.to_string();
-                        let (bound, _) = self.fairness_for(key);
-                        let bound = bound.to_string();
+                        let (bound, window) = self.fairness_for(key);
+                        let (bound, window) = (bound.to_string(), window.to_string());
                         Call::new(
                             Script::ReleaseHandoff,
                             &[key, &owner_key(key), &queue_key(key), &places_key(key)],
@@ -241,6 +241,7 @@ impl LockService {
                                 alt,
                                 born,
                                 bound.as_bytes(),
+                                window.as_bytes(),
                             ],
                         )
                     }
@@ -373,6 +374,12 @@ impl LockService {
                 let dropped = fact(facts, script::RELEASE_DROPPED_FACT);
                 ProxyMetrics::add(&self.metrics.queue_places_lapsed, dropped);
                 let handed = fact(facts, 3) == 1;
+                // Yielded to another instance first in the queue: the
+                // waiter it was for took a place behind it (the script did).
+                let scale = match fact(facts, 5) {
+                    1 => facts.get(script::HANDOFF_BEHIND_FACT).copied().unwrap_or(0),
+                    _ => 0,
+                };
                 match (handoff, keys.first()) {
                     (Some(claim), Some(key)) if handed => {
                         handed_over = self.storm.hand_over(key, claim);
@@ -382,7 +389,10 @@ impl LockService {
                 }
                 if released > 0 && !handed {
                     for key in &keys {
-                        self.storm.released(key);
+                        match scale {
+                            0 => self.storm.released(key),
+                            s => self.storm.yielded(key, self.behind_ms(key, s)),
+                        }
                     }
                 }
                 let mut lapsed_left = lapsed;

@@ -85,7 +85,8 @@ end
 ///   channel), so a release costs one message whatever the fleet's size.
 ///   The head's place is cut to `ttl` from now: a live head acquires or
 ///   renews within it; a dead one (its place long, from far back) lapses
-///   then.
+///   then. Returns the head woken, also kept as the field `.woken`, so an
+///   attempt that yields on the free lock does not wake it twice.
 /// - `q_leave(qk, sk, me)`: `me` acquired, or stopped waiting.
 macro_rules! queue {
     () => {
@@ -150,10 +151,12 @@ local function q_join(qk, sk, me, ttl, now)
 end
 local function q_wake(qk, sk, key, now)
   local head = q_head(qk, sk, now)
-  if not head then return end
+  if not head then return nil end
   redis.call('PUBLISH', 'lockgate:wake:' .. head, key)
   local grace = now + tonumber(redis.call('HGET', sk, '.ttl') or '0')
   if tonumber(redis.call('HGET', sk, head) or '0') > grace then redis.call('HSET', sk, head, grace) end
+  redis.call('HSET', sk, '.woken', head)
+  return head
 end
 "#
     };
@@ -212,6 +215,8 @@ if ok then
   if queued then
     q_leave(KEYS[3], KEYS[4], me)
     q_began(KEYS[3], KEYS[4], me, now)
+    -- Taken: any wake-up sent before is spent.
+    redis.call('HDEL', KEYS[4], '.woken')
   end
 else
   pttl = redis.call('PTTL', KEYS[1])
@@ -222,7 +227,10 @@ else
   end
   -- Held back for a longer waiter elsewhere: wake it now, not at its
   -- next probe.
-  if yield and pttl == -2 then redis.call('PUBLISH', 'lockgate:wake:' .. head, KEYS[1]) end
+  -- (Once: a release that freed it woke the head already.)
+  if yield and pttl == -2 and redis.call('HGET', KEYS[4], '.woken') ~= head then
+    q_wake(KEYS[3], KEYS[4], KEYS[1], now)
+  end
 end
 local reply = old
 if ARGV[6] == 'setnx' then reply = acquired elseif ARGV[6] == 'set' then reply = ok end
@@ -251,6 +259,11 @@ pub const ACQUIRE_DROPPED_FACT: usize = 5;
 /// Where [`RELEASE`]'s and [`RELEASE_HANDOFF`]'s facts count the lapsed
 /// places they dropped.
 pub const RELEASE_DROPPED_FACT: usize = 6;
+
+/// Where [`RELEASE_HANDOFF`]'s facts give, when it yielded, the scale of
+/// the releasing instance's new place in the queue (as
+/// [`ACQUIRE_BEHIND_FACT`]).
+pub const HANDOFF_BEHIND_FACT: usize = 7;
 
 /// Owner-checked release for `DEL`/`UNLINK`.
 /// KEYS: n quadruples (lock key, owner record, queue, places; see
@@ -315,11 +328,13 @@ return total
 /// places (see [`queue`]). ARGV: info, command (`DEL`/`UNLINK`), ownership,
 /// instance prefix, token (as [`RELEASE`]), next value, next token, next
 /// lease ms, the newer unsettled attempts (as [`RELEASE`]), the
-/// connection's birth, fairness bound ms (as [`ACQUIRE`]). Reply: the
-/// number deleted, as DEL. Facts: released, denied, lapsed, handed (1/0),
-/// stale, yielded (1: the queue's head goes first, see `q_yield`, so the
-/// lock was released and that instance woken, not handed), lapsed places
-/// dropped ([`RELEASE_DROPPED_FACT`]).
+/// connection's birth, fairness bound ms and a place's life ms (as
+/// [`ACQUIRE`]). Reply: the number deleted, as DEL. Facts: released,
+/// denied, lapsed, handed (1/0), stale, yielded (1: the queue's head goes
+/// first, see `q_yield`, so the lock was released and that instance woken,
+/// not handed, and the waiter it was for takes a place in the queue),
+/// lapsed places dropped ([`RELEASE_DROPPED_FACT`]), and that place's scale
+/// ([`HANDOFF_BEHIND_FACT`]).
 /// A lock key that is not a string is deleted as DEL would, not handed.
 pub const RELEASE_HANDOFF: &str = concat!(
     owner_check!(),
@@ -328,7 +343,7 @@ pub const RELEASE_HANDOFF: &str = concat!(
 local key, rec, qk, sk = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local owner = redis.call('GET', rec)
 local allowed, lapsed, stale = allows(owner, ARGV[5], ARGV[9], ARGV[4], ARGV[3] == 'any', ARGV[10])
-local d, handed, yielded = 0, 0, 0
+local d, handed, yielded, behind = 0, 0, 0, 0
 if allowed then
   local bound = tonumber(ARGV[11]) or 0
   local queued = redis.call('EXISTS', qk) == 1
@@ -347,6 +362,9 @@ if allowed then
   if type(old) == 'table' and old.err then
     if owner then d = redis.call(ARGV[2], key, rec) - 1 else d = redis.call(ARGV[2], key) end
     if d > 0 and queued then q_wake(qk, sk, key, now) end
+    -- Its own waiter waits on, behind the head it yielded to: its place
+    -- taken now, not at its next attempt.
+    if yield then behind = q_join(qk, sk, ARGV[4], tonumber(ARGV[12]) or 0, now) end
   else
     redis.call('SET', rec, ARGV[7], 'PX', ARGV[8])
     if old then d = 1 end
@@ -363,7 +381,7 @@ local released = 0
 if owner then released = d end
 local denied = 1
 if allowed then denied = 0 end
-if ARGV[1] == '1' then return {d, released, denied, lapsed, handed, stale, yielded, q_dropped} end
+if ARGV[1] == '1' then return {d, released, denied, lapsed, handed, stale, yielded, q_dropped, behind} end
 return d
 "#
 );

@@ -51,6 +51,12 @@ pub(super) enum Event {
     },
     /// The lock was released (through this instance, or announced).
     Released,
+    /// Released through this instance, and another instance first in the
+    /// store's queue was woken for it: this one waits behind it.
+    Yielded {
+        /// How long to wait for the wake-up before asking again, ms.
+        behind_ms: u64,
+    },
     /// An attempt parks.
     Park {
         /// A fresh waiter id, used if it takes a new place.

@@ -165,6 +165,10 @@ impl Key {
             }
             Event::Left { owner } => self.waiters.retain(|w| w.live() || w.owner != owner),
             Event::Released => self.release(&mut out),
+            Event::Yielded { behind_ms } => {
+                self.release(&mut out);
+                self.view.behind_until = behind(now, behind_ms);
+            }
             Event::Park {
                 id,
                 since,

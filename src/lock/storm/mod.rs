@@ -330,6 +330,13 @@ impl Storm {
         self.on_key(key, false, Event::Released);
     }
 
+    /// The lock on `key` was released through this instance and given to
+    /// another instance first in the store's queue: this one's attempts
+    /// wait behind it (for their wake-up, or `behind_ms`).
+    pub fn yielded(&self, key: &[u8], behind_ms: u64) {
+        self.on_key(key, false, Event::Yielded { behind_ms });
+    }
+
     /// A wake-up on this instance's channel (`lockgate:wake:<prefix>`):
     /// its place came first in `key`'s queue when the lock was freed, by a
     /// release through any instance. Returns false when nothing waits on
