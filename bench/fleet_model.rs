@@ -15,7 +15,10 @@
 //!   renewal, as lockgate does.
 //!
 //! One client per instance is the worst case for the store: every handoff
-//! crosses instances (no local handoff). Wake-ups arrive on one
+//! crosses instances (no local handoff). After `--warmup-s` the counters,
+//! `INFO commandstats` and Redis's own CPU (`INFO cpu`) are read, and again
+//! at the end: the JSON line gives the measured window alone. Wake-ups
+//! arrive on one
 //! subscription connection subscribed to every instance's own channel
 //! (`lockgate:wake:<prefix>`, one subscriber each, as in a real fleet);
 //! commands go over `--connections` shared connections, so the model's
@@ -46,9 +49,13 @@ struct Args {
     /// Instances, one spinning client each.
     #[arg(long, default_value_t = 1000)]
     instances: usize,
-    /// Length of the run, seconds.
+    /// Length of the measured run, seconds.
     #[arg(long, default_value_t = 8.0)]
     duration_s: f64,
+    /// Seconds before it, not measured: every instance's first attempt
+    /// (N places taken at once) is start-up, not the steady state.
+    #[arg(long, default_value_t = 2.0)]
+    warmup_s: f64,
     /// How long a winner holds the lock, ms.
     #[arg(long, default_value_t = 5)]
     hold_ms: u64,
@@ -313,8 +320,8 @@ async fn run(args: Arc<Args>) -> anyhow::Result<String> {
         })
     };
 
-    let start = Instant::now();
-    let deadline = start + Duration::from_secs_f64(args.duration_s);
+    let begun = Instant::now();
+    let deadline = begun + Duration::from_secs_f64(args.warmup_s + args.duration_s);
     let mut tasks = Vec::new();
     for i in 0..args.instances {
         let wake = wakes[format!("lockgate:wake:m{i}:").as_bytes()].clone();
@@ -328,34 +335,97 @@ async fn run(args: Arc<Args>) -> anyhow::Result<String> {
             deadline,
         )));
     }
+    tokio::time::sleep_until(begun + Duration::from_secs_f64(args.warmup_s)).await;
+    let start = Instant::now();
+    let before = Snapshot::take(&counts, &mut admin).await?;
+    tokio::time::sleep_until(deadline).await;
+    let after = Snapshot::take(&counts, &mut admin).await?;
     let mut errors = 0;
     for t in tasks {
         if !matches!(t.await, Ok(Ok(()))) {
             errors += 1;
         }
     }
-    let elapsed = start.elapsed().as_secs_f64();
+    let elapsed = after.at.duration_since(start).as_secs_f64();
     listener.abort();
-    let per: Vec<u64> = counts
-        .per
-        .iter()
-        .map(|n| n.load(Ordering::Relaxed))
+    let per: Vec<u64> = (after.per.iter().zip(&before.per))
+        .map(|(a, b)| a - b)
         .collect();
-    let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    let calls: Vec<String> = (after.calls.iter())
+        .map(|(name, n)| (name, n - before.calls.get(name).copied().unwrap_or(0)))
+        .filter(|(_, n)| *n > 0)
+        .map(|(name, n)| format!("\"{name}\":{n}"))
+        .collect();
     Ok(format!(
         "{{\"instances\":{},\"elapsed_s\":{:.3},\"acquisitions\":{},\"head_probes\":{},\"renewals\":{},\
-         \"wakes\":{},\"min_per_instance\":{},\"max_per_instance\":{},\"none\":{},\"errors\":{}}}",
+         \"wakes\":{},\"min_per_instance\":{},\"max_per_instance\":{},\"none\":{},\"errors\":{},\
+         \"redis_ns\":{},\"calls\":{{{}}}}}",
         args.instances,
         elapsed,
-        get(&counts.acquisitions),
-        get(&counts.head_probes),
-        get(&counts.renewals),
-        get(&counts.wakes),
+        after.acquisitions - before.acquisitions,
+        after.head_probes - before.head_probes,
+        after.renewals - before.renewals,
+        after.wakes - before.wakes,
         per.iter().min().copied().unwrap_or(0),
         per.iter().max().copied().unwrap_or(0),
         per.iter().filter(|&&n| n == 0).count(),
-        errors
+        errors,
+        after.cpu_ns.saturating_sub(before.cpu_ns),
+        calls.join(",")
     ))
+}
+
+/// The counters, Redis's commands and its CPU at one moment.
+struct Snapshot {
+    at: Instant,
+    acquisitions: u64,
+    head_probes: u64,
+    renewals: u64,
+    wakes: u64,
+    per: Vec<u64>,
+    calls: HashMap<String, u64>,
+    cpu_ns: u64,
+}
+
+impl Snapshot {
+    async fn take(counts: &Counts, admin: &mut Conn) -> anyhow::Result<Snapshot> {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let text = |r: Reply| match r {
+            Reply::Bulk(Some(b)) => String::from_utf8_lossy(&b).into_owned(),
+            _ => String::new(),
+        };
+        let stats = text(admin.call(&[b"INFO", b"commandstats"]).await?);
+        let cpu = text(admin.call(&[b"INFO", b"cpu"]).await?);
+        let calls = (stats.lines())
+            .filter_map(|l| l.strip_prefix("cmdstat_"))
+            .filter_map(|l| {
+                let (name, rest) = l.split_once(':')?;
+                let n = rest
+                    .strip_prefix("calls=")?
+                    .split(',')
+                    .next()?
+                    .parse()
+                    .ok()?;
+                Some((name.to_string(), n))
+            })
+            .filter(|(name, _)| !matches!(name.as_str(), "info" | "subscribe" | "script|load"))
+            .collect();
+        // used_cpu_sys and used_cpu_user: seconds, to the µs.
+        let cpu_s: f64 = (cpu.lines())
+            .filter(|l| l.starts_with("used_cpu_sys:") || l.starts_with("used_cpu_user:"))
+            .filter_map(|l| l.split_once(':')?.1.trim().parse::<f64>().ok())
+            .sum();
+        Ok(Snapshot {
+            at: Instant::now(),
+            acquisitions: get(&counts.acquisitions),
+            head_probes: get(&counts.head_probes),
+            renewals: get(&counts.renewals),
+            wakes: get(&counts.wakes),
+            per: counts.per.iter().map(get).collect(),
+            calls,
+            cpu_ns: (cpu_s * 1e9) as u64,
+        })
+    }
 }
 
 /// `SCRIPT LOAD`s `body`; its SHA1.
