@@ -11,10 +11,13 @@
 //!   (before the store's queue, ten instances cost Redis about 41 commands
 //!   per acquisition and forty 436: every release woke every instance);
 //! - an instance first in the key's queue, with parked waiters, is
-//!   SIGKILLed: the next release's wake-up goes to nobody, and another
-//!   instance's waiter gets the lock within the stated bound
-//!   (`queue_ttl_ms` plus a third of it, plus a probe interval), its dead
-//!   place dropped and counted (`lock_queue_places_lapsed`).
+//!   SIGKILLed: the next release's wake-up reaches no subscriber, so the
+//!   script drops its place at once and the next instance's waiter gets
+//!   the lock (places lasting 5 s, the lock goes on within 1.5 s); or it is
+//!   SIGSTOPped: the wake-up reaches it and nothing happens, its place
+//!   (cut to `queue_ttl_ms` by the wake-up) lapses and the next instance
+//!   takes the lock within `queue_ttl_ms` plus a third of it; both counted
+//!   (`lock_queue_places_lapsed`).
 //!
 //! `FLEET_SECS` [4] runs the shared-key workload longer.
 
@@ -194,11 +197,23 @@ async fn stat(addr: &str, name: &str) -> u64 {
         .unwrap_or_else(|| panic!("no {name} in LOCKGATE STATS: {reply}"))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_killed_instance_first_in_the_queue_is_passed_over_within_the_bound() {
-    // Places last 600 ms without renewal; those behind renew every 200 ms.
-    const TTL_MS: u64 = 600;
-    let retry = format!("queue_ttl_ms = {TTL_MS}\nprobe_interval_ms = 100\npark_ms = 5000");
+/// What happens to the instance first in the queue.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Fault {
+    /// SIGKILL: its connections close with it.
+    Killed,
+    /// SIGSTOP: its connections stay open, it answers nothing.
+    Hung,
+}
+
+/// Three instances on `lock:k` (places last `ttl_ms`): a holder through
+/// the first; the doomed instance's spinner waits first in the queue, with
+/// a parked waiter, past the fairness bound; the survivor's behind it.
+/// Then `fault` strikes the doomed instance and the holder releases.
+/// Returns how long after the release the survivor's spinner got the lock,
+/// and the lapsed places the survivor and the holder counted.
+async fn first_in_queue_fails(fault: Fault, ttl_ms: u64) -> (Duration, u64) {
+    let retry = format!("queue_ttl_ms = {ttl_ms}\nprobe_interval_ms = 100\npark_ms = 5000");
     let redis = RedisServer::start();
     let (_a, a) = instance(&redis.addr(), "holder", &retry);
     let (mut k_proc, k) = instance(&redis.addr(), "doomed", &retry);
@@ -209,11 +224,9 @@ async fn a_killed_instance_first_in_the_queue_is_passed_over_within_the_bound() 
 
     let mut holder = RawClient::connect(&a).await;
     assert_eq!(holder.call_s(&["SETNX", "lock:k", "h"]).await, ":1\r\n");
-    // The doomed instance's client spins first: its instance is first in
-    // the queue, with a parked waiter; then the survivor's.
+    // Over a plain socket: its instance may die under it, and the loop
+    // ends at the first error.
     let stop = Arc::new(AtomicBool::new(false));
-    // Over a plain socket: its instance dies under it, and the loop ends
-    // at the first error.
     let doomed_client = {
         let (k, stop) = (k.clone(), stop.clone());
         tokio::spawn(async move {
@@ -249,12 +262,10 @@ async fn a_killed_instance_first_in_the_queue_is_passed_over_within_the_bound() 
         r.call_s(&["ZCARD", queue]).await == ":2\r\n"
     );
     // Past the fairness bound (500 ms), the survivor may not take the lock
-    // ahead of it: only the dead place's lapse lets it through.
+    // ahead of it: only the doomed place's end lets it through.
     until!("the doomed instance to have waited 600 ms", {
         let since = r.call_s(&["ZSCORE", queue, "doomed:"]).await;
-        let since: u64 = since
-            .split("\r\n")
-            .nth(1)
+        let since: u64 = (since.split("\r\n").nth(1))
             .and_then(|v| v.parse().ok())
             .unwrap_or(u64::MAX);
         let time = r.call_s(&["TIME"]).await;
@@ -263,33 +274,71 @@ async fn a_killed_instance_first_in_the_queue_is_passed_over_within_the_bound() 
             parts.first().copied().unwrap_or(0) * 1000 + parts.get(1).copied().unwrap_or(0) / 1000;
         now_ms >= since.saturating_add(600)
     });
-    k_proc.0.kill().expect("SIGKILL the doomed instance");
-    k_proc.0.wait().expect("reaped");
+    let pid = k_proc.0.id();
+    let paused = match fault {
+        Fault::Killed => {
+            k_proc.0.kill().expect("SIGKILL the doomed instance");
+            k_proc.0.wait().expect("reaped");
+            // Its connections are closed once Redis has no client of it.
+            until!("Redis to see the doomed instance gone", {
+                let numsub = r
+                    .call_s(&["PUBSUB", "NUMSUB", "lockgate:wake:doomed:"])
+                    .await;
+                numsub.ends_with(":0\r\n")
+            });
+            None
+        }
+        Fault::Hung => Some(support::process::Paused::stop(pid).await),
+    };
     stop.store(true, Ordering::SeqCst);
-    let _ = doomed_client.await;
     let released = Instant::now();
     assert_eq!(holder.call_s(&["DEL", "lock:k"]).await, ":1\r\n");
     let (acquired, mut c) = survivor.await.expect("survivor");
     let took = acquired.duration_since(released);
-    // The dead place lapses at most TTL after its last renewal (a probe
-    // interval before the kill at most), and the survivor's next renewal
-    // comes within a third of TTL: 600 + 200 + 100 ms, and a loaded box's
-    // slack.
-    let bound = Duration::from_millis(TTL_MS + TTL_MS / 3 + 100 + 1_500);
+    assert_eq!(c.call_s(&["GET", "lock:k"]).await, "$1\r\ns\r\n");
+    let lapsed = stat(&a, "lock_queue_places_lapsed").await
+        + stat(&b_addr, "lock_queue_places_lapsed").await;
+    drop(paused);
+    doomed_client.abort();
     println!(
-        "a dead first instance held the lock back {} ms after the release (bound {} ms, load {})",
+        "{fault:?} first instance: the lock went on {} ms after the release, {lapsed} place(s) dropped (load {})",
         took.as_millis(),
-        bound.as_millis(),
         std::fs::read_to_string("/proc/loadavg")
             .unwrap_or_default()
             .trim()
     );
+    (took, lapsed)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_instance_first_in_the_queue_is_passed_over_at_once() {
+    // Places that last 5 s: only the wake-up that reaches no subscriber
+    // can pass it over sooner.
+    let (took, lapsed) = first_in_queue_fails(Fault::Killed, 5_000).await;
+    let bound = Duration::from_millis(1_500);
     assert!(
         took <= bound,
         "{took:?} after the release (at most {bound:?})"
     );
-    assert_eq!(c.call_s(&["GET", "lock:k"]).await, "$1\r\ns\r\n");
-    let lapsed = stat(&a, "lock_queue_places_lapsed").await
-        + stat(&b_addr, "lock_queue_places_lapsed").await;
     assert!(lapsed >= 1, "the dead place was not counted");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_instance_first_in_the_queue_is_passed_over_within_its_place() {
+    // Its subscription stays open: the wake-up reaches it and nothing
+    // happens. Its place, cut to 600 ms by the wake-up, lapses; the
+    // survivor (second, renewing every 200 ms) then takes the lock:
+    // 600 + 200 ms, a round trip, and a loaded box's slack.
+    const TTL_MS: u64 = 600;
+    let (took, lapsed) = first_in_queue_fails(Fault::Hung, TTL_MS).await;
+    let bound = Duration::from_millis(TTL_MS + TTL_MS / 3 + 100 + 1_500);
+    assert!(
+        took <= bound,
+        "{took:?} after the release (at most {bound:?})"
+    );
+    assert!(
+        took >= Duration::from_millis(TTL_MS / 2),
+        "{took:?}: passed over before its place could lapse"
+    );
+    assert!(lapsed >= 1, "the hung place was not counted");
 }

@@ -83,10 +83,13 @@ end
 /// - `q_wake(qk, sk, key, now)`: the lock is free: wake the head alone,
 ///   `PUBLISH lockgate:wake:<prefix> key` (one subscriber: its own
 ///   channel), so a release costs one message whatever the fleet's size.
-///   The head's place is cut to `ttl` from now: a live head acquires or
-///   renews within it; a dead one (its place long, from far back) lapses
-///   then. Returns the head woken, also kept as the field `.woken`, so an
-///   attempt that yields on the free lock does not wake it twice.
+///   A head nobody listens for (`PUBLISH` reached no subscriber: its
+///   instance is gone, its connections closed with it) loses its place at
+///   once, counted in `q_dropped`, and the next is woken. The woken head's
+///   place is cut to `ttl` from now: a live head acquires or renews within
+///   it; a hung one (its place long, from far back) lapses then. Returns
+///   the head woken, also kept as the field `.woken`, so an attempt that
+///   yields on the free lock does not wake it twice.
 /// - `q_leave(qk, sk, me)`: `me` acquired, or stopped waiting.
 macro_rules! queue {
     () => {
@@ -150,13 +153,21 @@ local function q_join(qk, sk, me, ttl, now)
   return scale
 end
 local function q_wake(qk, sk, key, now)
-  local head = q_head(qk, sk, now)
-  if not head then return nil end
-  redis.call('PUBLISH', 'lockgate:wake:' .. head, key)
-  local grace = now + tonumber(redis.call('HGET', sk, '.ttl') or '0')
-  if tonumber(redis.call('HGET', sk, head) or '0') > grace then redis.call('HSET', sk, head, grace) end
-  redis.call('HSET', sk, '.woken', head)
-  return head
+  for _ = 1, 16 do
+    local head = q_head(qk, sk, now)
+    if not head then return nil end
+    if redis.call('PUBLISH', 'lockgate:wake:' .. head, key) > 0 then
+      local grace = now + tonumber(redis.call('HGET', sk, '.ttl') or '0')
+      if tonumber(redis.call('HGET', sk, head) or '0') > grace then redis.call('HSET', sk, head, grace) end
+      redis.call('HSET', sk, '.woken', head)
+      return head
+    end
+    -- Nobody listens on its channel: its instance is gone (a killed
+    -- sidecar's connections close with it). The next one.
+    q_leave(qk, sk, head)
+    q_dropped = q_dropped + 1
+  end
+  return nil
 end
 "#
     };
