@@ -102,8 +102,10 @@
 //!   this instance handing the lock to the oldest parked attempt in the
 //!   same script; `storm::tests`: the rules step by step and the driver
 //!   under paused time with a scripted acquirer), [`lock::failover`] (the failover delay of acquisitions after the
-//!   primary changed), [`lock::announce`] (release announcements
-//!   between instances on `lockgate:released`),
+//!   primary changed), [`lock::announce`] (wake-ups between instances:
+//!   each subscribes to its own channel `lockgate:wake:<prefix>`, a
+//!   release wakes the head of the key's queue in the store, see
+//!   docs/fleet.md),
 //!   [`lock::quorum_scripts`] (client script bodies remembered for
 //!   masters that answer `NOSCRIPT`, `SCRIPT LOAD` on every master),
 //!   [`lock::metrics`] (the lock room's counters and the quorum's rejoin

@@ -2,8 +2,9 @@
 //! redis-server: legacy `SETNX` spin loops on a held lock key are absorbed
 //! (at most one upstream probe per key per `probe_interval_ms`), parked up
 //! to `park_ms`, and handed the lock oldest first when it is released
-//! through lockgate, through another lockgate instance (announced on
-//! `lockgate:released`) or by its lease running out. Every `:1` is checked
+//! through lockgate, through another lockgate instance (which wakes the
+//! instance first in the key's queue on `lockgate:wake:<prefix>`) or by
+//! its lease running out. Every `:1` is checked
 //! against Redis itself; upstream cost is read from `INFO commandstats`
 //! (lockgate sends lock operations as `EVAL`).
 

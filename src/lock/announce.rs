@@ -148,9 +148,9 @@ mod tests {
 
     #[test]
     fn payload_of_a_message() {
-        let m = b"*3\r\n$7\r\nmessage\r\n$17\r\nlockgate:released\r\n$6\r\nlock:a\r\n";
+        let m = b"*3\r\n$7\r\nmessage\r\n$16\r\nlockgate:wake:a:\r\n$6\r\nlock:a\r\n";
         assert_eq!(message_payload(m), Some(&b"lock:a"[..]));
-        let s = b"*3\r\n$9\r\nsubscribe\r\n$17\r\nlockgate:released\r\n:1\r\n";
+        let s = b"*3\r\n$9\r\nsubscribe\r\n$16\r\nlockgate:wake:a:\r\n:1\r\n";
         assert_eq!(message_payload(s), None);
     }
 }
