@@ -92,15 +92,6 @@ PIDS+=("$REDIS_PID")
 wait_ready redis-server "$REDIS_PID" "$P_REDIS" "$TMP/redis.log"
 
 rcli() { redis-cli -h 127.0.0.1 -p "$@"; }
-cpu_ns() {
-  local sum=0 t v _
-  for t in /proc/"$1"/task/*/schedstat; do
-    read -r v _ 2>/dev/null <"$t" || continue
-    sum=$((sum + v))
-  done
-  echo "$sum"
-}
-now_ns() { date +%s%N; }
 
 # Starts N lockgates (ports 1..N of PORTS); their PIDs in FLEET_PIDS.
 FLEET_PIDS=()
@@ -127,7 +118,8 @@ stop_fleet() {
 RUNS="$TMP/runs.jsonl"
 : >"$RUNS"
 run_one() {
-  local round=$1 target=$2 ports out="$TMP/r$round-$2" c0 c1 t0 t1
+  local round=$1 target=$2 ports c0 c1 t0 t1
+  local out="$TMP/r$round-$target"
   if [[ $target == direct ]]; then
     ports=$P_REDIS
   else

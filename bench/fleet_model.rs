@@ -103,16 +103,6 @@ impl Reply {
     }
 }
 
-fn encode(args: &[&[u8]]) -> Vec<u8> {
-    let mut out = format!("*{}\r\n", args.len()).into_bytes();
-    for a in args {
-        out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
-        out.extend_from_slice(a);
-        out.extend_from_slice(b"\r\n");
-    }
-    out
-}
-
 impl Conn {
     async fn connect(port: u16) -> io::Result<Conn> {
         let stream = TcpStream::connect(("127.0.0.1", port)).await?;
@@ -125,7 +115,8 @@ impl Conn {
     }
 
     async fn send(&mut self, args: &[&[u8]]) -> io::Result<()> {
-        self.writer.write_all(&encode(args)).await
+        let request = lockgate::protocol::encode::command(args);
+        self.writer.write_all(&request).await
     }
 
     async fn call(&mut self, args: &[&[u8]]) -> io::Result<Reply> {
@@ -167,6 +158,20 @@ impl Conn {
     }
 }
 
+/// `EVALSHA sha` on `keys` with `argv` over `conn`.
+async fn evalsha(
+    conn: &Mutex<Conn>,
+    sha: &str,
+    keys: &[&[u8]],
+    argv: &[&[u8]],
+) -> io::Result<Reply> {
+    let numkeys = keys.len().to_string();
+    let mut args: Vec<&[u8]> = vec![b"EVALSHA", sha.as_bytes(), numkeys.as_bytes()];
+    args.extend_from_slice(keys);
+    args.extend_from_slice(argv);
+    conn.lock().await.call(&args).await
+}
+
 /// What the instances did, summed.
 #[derive(Default)]
 struct Counts {
@@ -194,63 +199,45 @@ async fn instance(
     let value = format!("v{i}");
     let key = args.key.as_bytes();
     let (owner, queue, places) = (
-        format!("lockgate:owner:{{{}}}", args.key),
-        format!("lockgate:queue:{{{}}}", args.key),
-        format!("lockgate:places:{{{}}}", args.key),
+        lockgate::lock::owner_key(key),
+        lockgate::lock::queue_key(key),
+        lockgate::lock::places_key(key),
     );
+    let keys: [&[u8]; 4] = [key, &owner, &queue, &places];
     let (bound, ttl) = (args.bound_ms.to_string(), args.ttl_ms.to_string());
     let conn = &pool[i % pool.len()];
     let mut seq = 0u64;
     while Instant::now() < deadline {
         seq += 1;
         let token = format!("{prefix}{seq}");
-        let reply = conn
-            .lock()
-            .await
-            .call(&[
-                b"EVALSHA",
-                shas.0.as_bytes(),
-                b"4",
-                key,
-                owner.as_bytes(),
-                queue.as_bytes(),
-                places.as_bytes(),
-                b"1",
-                value.as_bytes(),
-                token.as_bytes(),
-                b"PX",
-                b"30000",
-                b"setnx",
-                prefix.as_bytes(),
-                bound.as_bytes(),
-                ttl.as_bytes(),
-            ])
-            .await?;
+        let argv: [&[u8]; 9] = [
+            b"1",
+            value.as_bytes(),
+            token.as_bytes(),
+            b"PX",
+            b"30000",
+            b"setnx",
+            prefix.as_bytes(),
+            bound.as_bytes(),
+            ttl.as_bytes(),
+        ];
+        let reply = evalsha(conn, &shas.0, &keys, &argv).await?;
         // {reply, acquired, pttl, clock, yielded, behind, dropped}
         if reply.int(1) == 1 {
             counts.acquisitions.fetch_add(1, Ordering::Relaxed);
             counts.per[i].fetch_add(1, Ordering::Relaxed);
             tokio::time::sleep(Duration::from_millis(args.hold_ms)).await;
-            conn.lock()
-                .await
-                .call(&[
-                    b"EVALSHA",
-                    shas.1.as_bytes(),
-                    b"4",
-                    key,
-                    owner.as_bytes(),
-                    queue.as_bytes(),
-                    places.as_bytes(),
-                    b"1",
-                    b"1",
-                    b"DEL",
-                    b"instance",
-                    prefix.as_bytes(),
-                    b"0",
-                    token.as_bytes(),
-                    b"",
-                ])
-                .await?;
+            let argv: [&[u8]; 8] = [
+                b"1",
+                b"1",
+                b"DEL",
+                b"instance",
+                prefix.as_bytes(),
+                b"0",
+                token.as_bytes(),
+                b"",
+            ];
+            evalsha(conn, &shas.1, &keys, &argv).await?;
             continue;
         }
         let (pttl, scale) = (reply.int(2), reply.int(5));

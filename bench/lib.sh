@@ -1,7 +1,8 @@
 # shellcheck shell=bash
 # Shared by the benchmark scripts (sourced, not run): a temp dir, the PIDs
 # of everything started (stopped at exit: TERM, then KILL after 3 s), and a
-# readiness wait. Needs `die` from scripts/common.sh (sourced first).
+# readiness wait, and CPU and wall-clock readings. Needs `die` from
+# scripts/common.sh (sourced first).
 
 # bench_start NAME: makes $TMP and installs the exit traps.
 bench_start() {
@@ -38,3 +39,17 @@ wait_ready() {
   die "$name not answering PING on port $port after 10 s"
 }
 
+
+# CPU time of a process (all its threads), in ns: field 1 of each thread's
+# schedstat. /proc/PID/stat counts whole ticks, too coarse for an idle Redis.
+cpu_ns() {
+  local sum=0 t v _
+  for t in /proc/"$1"/task/*/schedstat; do
+    read -r v _ 2>/dev/null <"$t" || continue
+    sum=$((sum + v))
+  done
+  echo "$sum"
+}
+
+# Wall-clock time, in ns.
+now_ns() { date +%s%N; }

@@ -258,7 +258,6 @@ procs_ticks() {
   for pid in "$@"; do sum=$((sum + $(cpu_ticks "$pid"))); done
   echo "$sum"
 }
-now_ns() { date +%s%N; }
 
 # --- runs ---------------------------------------------------------------------
 mkdir -p "$RESULTS"

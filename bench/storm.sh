@@ -193,17 +193,6 @@ cpu_ticks() {
   read -r -a f <<<"$rest"
   echo $((f[11] + f[12]))      # fields 14 (utime) and 15 (stime)
 }
-# CPU time of a process (all its threads), in ns: field 1 of each thread's
-# schedstat. /proc/PID/stat counts whole ticks, too coarse for an idle Redis.
-cpu_ns() {
-  local sum=0 t v _
-  for t in /proc/"$1"/task/*/schedstat; do
-    read -r v _ 2>/dev/null <"$t" || continue
-    sum=$((sum + v))
-  done
-  echo "$sum"
-}
-now_ns() { date +%s%N; }
 
 reset_redis() {
   local r=$1

@@ -281,7 +281,6 @@ impl Key {
         Admission::Probe
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn learn(
         &mut self,
         acquired: bool,
