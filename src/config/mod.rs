@@ -418,6 +418,19 @@ mod tests {
     }
 
     #[test]
+    fn a_queue_place_lasts_a_few_round_trips() {
+        let mut cfg = Config::default();
+        cfg.locks.retry.queue_ttl_ms = MIN_QUEUE_TTL_MS;
+        cfg.validate().unwrap();
+        cfg.locks.retry.queue_ttl_ms = MIN_QUEUE_TTL_MS - 1;
+        let err = cfg.validate().unwrap_err();
+        assert!(
+            err.to_string().contains("locks.retry.queue_ttl_ms"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn shipped_file_matches_defaults() {
         let text = include_str!("../../config/lockgate.toml");
         let cfg = Config::from_toml(text).unwrap();
