@@ -395,7 +395,7 @@ impl crate::lock::storm::Acquirer for ServerContext {
             // After a switch of the primary, no acquisition on its behalf
             // either (`locks.failover_delay_ms`; never with the quorum).
             if self.held_after_failover(&ask.key) {
-                return crate::lock::storm::Tried::default();
+                return crate::lock::storm::Tried::FAILED;
             }
             let timeout = Duration::from_millis(self.config.upstream.connect_timeout_ms);
             self.locks

@@ -43,7 +43,10 @@ const MAX_PUBLISH_PER_ACQUISITION: f64 = 1.0;
 /// Starts a lockgate binary in front of `redis` with instance id `id` and
 /// the `[locks.retry]` lines `retry`; returns it and its address.
 fn instance(redis: &str, id: &str, retry: &str) -> (Running, String) {
-    let dir = std::env::temp_dir().join(format!("lockgate-fleet-{}-{id}", std::process::id()));
+    // One file per start: the tests run in parallel with the same ids.
+    static STARTS: AtomicU64 = AtomicU64::new(0);
+    let n = STARTS.fetch_add(1, Ordering::SeqCst);
+    let dir = std::env::temp_dir().join(format!("lockgate-fleet-{}-{n}-{id}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let file = dir.join("lockgate.toml");
     let text = format!("[locks]\ninstance_id = \"{id}\"\n\n[locks.retry]\n{retry}\n");

@@ -76,20 +76,24 @@ impl LockService {
         }
         let planned = self.plan_for_handoff(op, &mut sync::lock(&ask.conn));
         let Some(pending) = planned.pending else {
-            return Tried::default();
+            return Tried::FAILED;
         };
         match primary.send(Request::script(&planned.call), timeout).await {
             Ok(reply) => {
                 let (_, facts) = split_reply(&reply);
                 self.complete(pending, &facts, &mut sync::lock(&ask.conn));
+                // An error reply carries no facts: nothing learned.
+                let Some(&pttl) = facts.get(1) else {
+                    return Tried::FAILED;
+                };
                 let scale = facts.get(script::ACQUIRE_BEHIND_FACT).copied();
                 Tried {
                     acquired: facts.first() == Some(&1),
-                    pttl: facts.get(1).copied().unwrap_or(0),
+                    pttl,
                     behind_ms: self.behind_ms(&ask.key, scale.unwrap_or(0)),
                 }
             }
-            Err(_) => Tried::default(),
+            Err(_) => Tried::FAILED,
         }
     }
 }

@@ -52,7 +52,7 @@ impl Outcome {
         Outcome {
             reply,
             acquired: false,
-            pttl: 0,
+            pttl: -3,
             behind_ms: 0,
         }
     }
@@ -242,7 +242,7 @@ impl LockService {
             .filter(|f| f.first() == Some(&0))
             .filter_map(|f| f.get(1).copied())
             .collect();
-        let pttl = pttls.iter().copied().min().unwrap_or(0);
+        let pttl = pttls.iter().copied().min().unwrap_or(-3);
         // Behind another instance on a majority: wait for the wake-up (one
         // per master that frees the lock) instead of probing.
         let scales: Vec<i64> = (answers.replies.iter())

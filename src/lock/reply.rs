@@ -93,7 +93,7 @@ mod tests {
         ) -> std::pin::Pin<
             Box<dyn std::future::Future<Output = crate::lock::storm::Tried> + Send + '_>,
         > {
-            Box::pin(async { crate::lock::storm::Tried::default() })
+            Box::pin(async { crate::lock::storm::Tried::FAILED })
         }
 
         fn stopped(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>> {

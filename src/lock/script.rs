@@ -127,7 +127,7 @@ end
 local function q_began(qk, sk, me, now)
   -- Only while others wait: a turn is a share among them (and a hash
   -- written without a queue would have no expiry).
-  if redis.call('EXISTS', qk) == 0 then return end
+  if redis.call('EXISTS', qk) == 0 or redis.call('EXISTS', sk) == 0 then return end
   if q_turn(sk, me, now) == now then redis.call('HSET', sk, '.turn', now .. ' ' .. me) end
 end
 local function q_yield(qk, sk, me, bound, now)
@@ -146,10 +146,9 @@ local function q_join(qk, sk, me, ttl, now)
   local scale = math.min(math.max(redis.call('ZRANK', qk, me), 1), 64)
   local life = ttl * scale
   redis.call('HSET', sk, me, now + life, '.ttl', ttl)
-  if redis.call('PTTL', qk) < life then
-    redis.call('PEXPIRE', qk, life)
-    redis.call('PEXPIRE', sk, life)
-  end
+  -- Each key on its own: neither may ever stay without an expiry.
+  if redis.call('PTTL', qk) < life then redis.call('PEXPIRE', qk, life) end
+  if redis.call('PTTL', sk) < life then redis.call('PEXPIRE', sk, life) end
   return scale
 end
 local function q_wake(qk, sk, key, now)

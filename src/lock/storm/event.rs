@@ -99,8 +99,8 @@ pub(super) enum Event {
 }
 
 /// The end of the driver's acquisition for waiter `id`: acquired with
-/// `lease_ms`, or not, with the holder's `pttl` (≤ 0: no holder with a
-/// lease, as after an outage or a fairness yield).
+/// `lease_ms`, or not, with the holder's `pttl` (0: a lease ending now;
+/// < 0: no holder with a lease, as after an outage or a fairness yield).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Acquisition {
     /// The waiter acquired for.

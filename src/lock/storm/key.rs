@@ -555,11 +555,15 @@ impl Key {
                 }
             }
         } else if !released_meanwhile {
-            self.view.held_until = (pttl > 0).then(|| now + Duration::from_millis(pttl as u64));
+            // PTTL 0 is a lease ending within the millisecond (Redis's
+            // cached clock a little behind lockgate's deadline for it):
+            // held until then, and asked again at once, not backed off.
+            self.view.held_until =
+                (pttl >= 0).then(|| now + Duration::from_millis(pttl.max(1) as u64));
             // Refused, but nobody holds it with a lease: asking again at
             // once would only spin.
             self.view.backoff_until =
-                (pttl <= 0).then(|| now + Duration::from_millis(probe_ms.max(park_ms).max(1)));
+                (pttl < 0).then(|| now + Duration::from_millis(probe_ms.max(park_ms).max(1)));
         }
     }
 }

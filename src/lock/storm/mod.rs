@@ -148,17 +148,27 @@ pub enum Admission {
 }
 
 /// What an acquisition for a parked attempt found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Tried {
     /// Acquired.
     pub acquired: bool,
-    /// The holder's remaining lease when not acquired, ms (≤ 0: none
-    /// known, as after an error).
+    /// The holder's remaining lease when not acquired, ms (0: ending
+    /// now; < 0: none known, as after an error).
     pub pttl: i64,
     /// Not acquired and another instance is first in the key's queue in
     /// the store: how long (ms) to wait for the wake-up before asking
     /// again (0: not behind).
     pub behind_ms: u64,
+}
+
+impl Tried {
+    /// No answer (an error, a refusal before Redis): not acquired, no
+    /// holder known, so the driver backs off rather than spin.
+    pub const FAILED: Tried = Tried {
+        acquired: false,
+        pttl: -3,
+        behind_ms: 0,
+    };
 }
 
 /// What the handoff driver needs from the rest of lockgate: acquire a lock

@@ -578,6 +578,18 @@ fn acquisition_outcomes() {
     assert_eq!(key.view.held_until, Some(t0 + ms(305)));
     assert_eq!(key.view.backoff_until, None);
 
+    // PTTL 0: the lease ends within the millisecond (Redis's clock a
+    // little behind ours): asked again at once, not at the next probe.
+    let mut key = Key::default();
+    let _rx = start(&mut key);
+    key.step(done(false, 0), t0 + ms(5), LIMITS);
+    assert_eq!(key.view.held_until, Some(t0 + ms(6)));
+    assert_eq!(key.view.backoff_until, None);
+    assert_eq!(
+        acquire_for(&key.step(Event::Tick, t0 + ms(6), LIMITS)),
+        Some(1)
+    );
+
     let mut key = Key::default();
     let _rx = start(&mut key);
     key.step(done(false, -2), t0 + ms(5), LIMITS);
