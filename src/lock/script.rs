@@ -173,7 +173,7 @@ end
 }
 
 /// Acquire: `SET k v NX <ttl>` plus the owner record, atomically.
-/// KEYS: lock, owner record, queue, places (see [`queue`]). ARGV: info,
+/// KEYS: lock, owner record, queue, places (see the `queue!` functions). ARGV: info,
 /// value, token, ttl kind (`PX`/`EX`/`PXAT`/`EXAT`), ttl, shape (`setnx` →
 /// 1/0, `set` → OK/nil, `setget` → old value), instance prefix, fairness
 /// bound ms (`0`: off), a place's life in the queue ms (`0`: no queue).
@@ -277,7 +277,7 @@ pub const HANDOFF_BEHIND_FACT: usize = 7;
 
 /// Owner-checked release for `DEL`/`UNLINK`.
 /// KEYS: n quadruples (lock key, owner record, queue, places; see
-/// [`queue`]), then ordinary keys. A release of a key with a queue wakes
+/// the `queue!` functions), then ordinary keys. A release of a key with a queue wakes
 /// the queue's head alone (`lockgate:wake:<prefix>`), whichever instance
 /// it is: one message per release, however many instances wait. Inside
 /// `MULTI` (info `"0"`) too: this instance sees no facts there, and if its
@@ -335,7 +335,7 @@ return total
 /// release is allowed the lock is overwritten with the next holder's
 /// value, owner record and lease instead of deleted, so it is never free
 /// in between and nobody needs waking. KEYS: lock, owner record, queue,
-/// places (see [`queue`]). ARGV: info, command (`DEL`/`UNLINK`), ownership,
+/// places (see the `queue!` functions). ARGV: info, command (`DEL`/`UNLINK`), ownership,
 /// instance prefix, token (as [`RELEASE`]), next value, next token, next
 /// lease ms, the newer unsettled attempts (as [`RELEASE`]), the
 /// connection's birth, fairness bound ms and a place's life ms (as
