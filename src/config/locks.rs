@@ -72,11 +72,12 @@ pub struct RetryConfig {
     /// gets its "not acquired" replies delayed (smoothing). 0: off.
     pub max_attempts_per_sec: u64,
     /// Fairness across instances sharing a lock store, in milliseconds:
-    /// once another lockgate instance has had attempts on a key failing
-    /// for longer than this without acquiring it, this instance neither
-    /// acquires it nor hands it to its own parked attempts (the store's
-    /// script refuses, `lock_fairness_yields`) until that instance has had
-    /// it. Without it a release hands the lock to the releasing instance's
+    /// an instance keeps a lock among its own clients for at most this
+    /// divided by the instances waiting for it (its turn), and once the
+    /// instance first in the key's queue has waited longer than this, no
+    /// other instance acquires the lock or hands it to its own parked
+    /// attempts (the store's script refuses, `lock_fairness_yields`) until
+    /// that instance has had it. Without it a release hands the lock to the releasing instance's
     /// own waiters first, and another instance's clients can wait without
     /// bound. 0: off (the yield only: failed attempts still take their
     /// places in the key's queue, which decides whom a release wakes);
