@@ -406,14 +406,14 @@ async fn handoff_across_instances(b_probe_ms: u64) -> Duration {
         .expect("waiter alive");
     let sb = &b.ctx.locks.storm.metrics;
     assert!(m(&sb.parked) >= 1, "the waiter was never parked on B");
-    assert_eq!(m(&sb.announcements), 0, "nothing was released yet");
+    assert_eq!(m(&sb.wakeups), 0, "nothing was released yet");
 
     let released = Instant::now();
     assert_eq!(holder.call(&["DEL", "lock:x"]).await, ":1\r\n");
     let spun = join(waiter, "the waiter on B").await;
     let won_at = spun.won_at.expect("the waiter on B acquired lock:x");
     assert_eq!(get(&mut r, "lock:x").await.as_deref(), Some("w"));
-    assert!(m(&sb.announcements) >= 1, "B heard no release announcement");
+    assert!(m(&sb.wakeups) >= 1, "B heard no release announcement");
     // The waiter got it by a handoff or by its own next attempt, which the
     // announcement let through to Redis: the callers bound how soon.
     won_at.saturating_duration_since(released)

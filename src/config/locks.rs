@@ -77,19 +77,21 @@ pub struct RetryConfig {
     /// instance first in the key's queue has waited longer than this, no
     /// other instance acquires the lock or hands it to its own parked
     /// attempts (the store's script refuses, `lock_fairness_yields`) until
-    /// that instance has had it. Without it a release hands the lock to the releasing instance's
-    /// own waiters first, and another instance's clients can wait without
-    /// bound. 0: off (the yield only: failed attempts still take their
+    /// that instance has had it. Without it a release hands the lock to
+    /// the releasing instance's own waiters first, and another instance's
+    /// clients can wait without bound. 0: off (the yield only: failed attempts still take their
     /// places in the key's queue, which decides whom a release wakes);
     /// otherwise at least 10.
     pub max_local_preference_ms: u64,
     /// How long an instance's place in a key's cross-instance queue (in the
-    /// lock store) lasts without renewal, ms. The instance first in the
-    /// queue renews it at each probe; the others, which wait for their
-    /// wake-up instead of probing, once per third of this. So a waiting
-    /// instance costs the store one small script per third of this, and a
-    /// sidecar that dies while waiting holds the others back at most this
-    /// plus a third. At least 300, and taken as at least 3 ×
+    /// lock store) lasts without renewal, ms, times the place's rank (1 to
+    /// 64). The instance first in the queue renews it at each probe; the
+    /// others, which wait for their wake-up instead of probing, once per a
+    /// third of their place's life: a waiting instance costs the store one
+    /// small script per `rank × this / 3`. A killed sidecar is passed over
+    /// at the next release (nobody receives its wake-up); a hung one once
+    /// its place, cut to this by the wake-up, lapses and the instance
+    /// behind it renews. At least 300, and taken as at least 3 ×
     /// `probe_interval_ms` (of the key's pattern).
     pub queue_ttl_ms: u64,
 }

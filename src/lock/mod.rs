@@ -316,9 +316,10 @@ impl LockService {
     /// Fairness across instances for `key`: (bound, a place's life in the
     /// key's queue) in ms, as the scripts take them. The bound is
     /// `locks.retry.max_local_preference_ms` (0: off); the life
-    /// `max(locks.retry.queue_ttl_ms, 3 × probe interval)`, as the instance
-    /// first in the queue renews its place at each probe and the others
-    /// once per [`LockService::renew_ms`].
+    /// `max(locks.retry.queue_ttl_ms, 3 × probe interval)` (the script
+    /// multiplies it by the place's rank, up to 64), as the instance first
+    /// in the queue renews its place at each probe and the others once per
+    /// [`LockService::behind_ms`].
     pub fn fairness_for(&self, key: &[u8]) -> (u64, u64) {
         let retry = &self.rules().retry;
         let (probe_ms, _) = self.retry_for(key);
@@ -326,9 +327,10 @@ impl LockService {
         (retry.max_local_preference_ms, ttl)
     }
 
-    /// How often an instance behind another in `key`'s queue renews its
-    /// place (asks the store again) while no wake-up comes, ms: a third of
-    /// the place's life, so one lost renewal does not cost the place.
+    /// How often an instance second in `key`'s queue renews its place (asks
+    /// the store again) while no wake-up comes, ms: a third of the place's
+    /// life, so one lost renewal does not cost the place; one further back
+    /// renews [`LockService::behind_ms`], rank times this.
     pub fn renew_ms(&self, key: &[u8]) -> u64 {
         (self.fairness_for(key).1 / 3).max(1)
     }

@@ -8,8 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::lease::ConnLocks;
-use super::node::Node;
-use super::node::Request;
+use super::node::{Node, Request};
 use super::ops::{LockOp, Ttl};
 use super::quorum::Quorum;
 use super::storm::{Acquirer, Ask, Tried};
@@ -48,7 +47,7 @@ impl LockService {
 
     /// A parked attempt's driver acquiring for its waiter, on the quorum
     /// when there is one, else through `primary` (bounded by `timeout`,
-    /// as `EVALSHA`: the primary's connection loads the lock scripts).
+    /// as `EVALSHA`, rerun as `EVAL` if Redis lost the script).
     /// A failed call counts as not acquired with no lease known.
     pub async fn acquire_on_behalf(
         &self,

@@ -90,7 +90,8 @@ end
 ///   it; a hung one (its place long, from far back) lapses then. Returns
 ///   the head woken, also kept as the field `.woken`, so an attempt that
 ///   yields on the free lock does not wake it twice.
-/// - `q_leave(qk, sk, me)`: `me` acquired, or stopped waiting.
+/// - `q_leave(qk, sk, me)`: `me` acquired, or stopped waiting; 1 if it
+///   had a place.
 macro_rules! queue {
     () => {
         r#"
@@ -100,11 +101,13 @@ local function q_now()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 local function q_leave(qk, sk, me)
-  if redis.call('ZREM', qk, me) == 1 then
+  local left = redis.call('ZREM', qk, me)
+  if left == 1 then
     -- The last place gone, the places' hash goes too (its '.ttl' and
     -- '.turn' alone would outlive the queue).
     if redis.call('EXISTS', qk) == 0 then redis.call('DEL', sk) else redis.call('HDEL', sk, me) end
   end
+  return left
 end
 local function q_head(qk, sk, now)
   for _ = 1, 16 do
@@ -403,8 +406,7 @@ return d
 pub const PASS: &str = concat!(
     queue!(),
     r#"
-local left = redis.call('ZREM', KEYS[3], ARGV[1])
-redis.call('HDEL', KEYS[4], ARGV[1])
+local left = q_leave(KEYS[3], KEYS[4], ARGV[1])
 if redis.call('EXISTS', KEYS[1]) == 0 and redis.call('EXISTS', KEYS[3]) == 1 then
   q_wake(KEYS[3], KEYS[4], KEYS[1], q_now())
 end

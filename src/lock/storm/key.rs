@@ -474,15 +474,11 @@ impl Key {
         // at least once per probe interval whoever holds it; behind another
         // instance in the store's queue, once its renewal is due (the
         // release wakes the head; a lost wake-up costs one renewal).
-        let probe_due = match behind {
-            Some(_) => false,
-            None => {
-                probe_ms > 0
-                    && view
-                        .last_probe
-                        .is_none_or(|p| now.duration_since(p) >= Duration::from_millis(probe_ms))
-            }
-        };
+        let probe_due = behind.is_none()
+            && probe_ms > 0
+            && view
+                .last_probe
+                .is_none_or(|p| now.duration_since(p) >= Duration::from_millis(probe_ms));
         let front = self.waiters.front().filter(|w| w.live());
         if let (Some(w), true, Turn::Waiting) = (front, free || probe_due, self.turn) {
             let (id, ask) = (w.id, w.ask.clone());

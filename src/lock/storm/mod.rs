@@ -9,7 +9,8 @@
 //! oldest parked attempt (FIFO by first attempt) and answers it
 //! "acquired". Behind another instance in the store's queue, this one does
 //! not probe: it waits for its wake-up, renewing its place once per
-//! `queue_ttl_ms / 3` (see [`crate::lock::script::ACQUIRE`]).
+//! `scale × queue_ttl_ms / 3`, scale its rank up to 64 (see
+//! [`crate::lock::script::ACQUIRE`]).
 //!
 //! Answering "not acquired" early is always safe for mutual exclusion;
 //! every "acquired" is a real acquisition on Redis (or the quorum).
@@ -66,7 +67,7 @@ crate::metrics::counters! {
             "Lock keys not tracked because the contention table was full of busy keys";
         /// Wake-ups received: this instance's place came first in a key's
         /// queue in the store when its lock was freed.
-        announcements: Counter "lock_wakeups",
+        wakeups: Counter "lock_wakeups",
             "Wake-ups received: this instance came first in a key's queue when the lock was freed";
         /// Wake-ups for keys nothing waits on here any more: the turn was
         /// passed on (the place left, the next instance woken).
@@ -353,7 +354,7 @@ impl Storm {
     /// the key here any more (no parked attempt, no kept place): the
     /// caller passes the turn on ([`super::script::PASS`]), counted.
     pub fn announced(&self, key: &[u8]) -> bool {
-        ProxyMetrics::inc(&self.metrics.announcements);
+        ProxyMetrics::inc(&self.metrics.wakeups);
         let waits = self
             .state(key, false)
             .is_some_and(|s| !sync::lock(&s.inner).waiters.is_empty());
