@@ -17,7 +17,11 @@
 //!   SIGSTOPped: the wake-up reaches it and nothing happens, its place
 //!   (cut to `queue_ttl_ms` by the wake-up) lapses and the next instance
 //!   takes the lock within `queue_ttl_ms` plus a third of it; both counted
-//!   (`lock_queue_places_lapsed`).
+//!   (`lock_queue_places_lapsed`);
+//! - an instance first in the queue only because of a try-lock it answered
+//!   long ago is woken with nothing waiting: it passes its turn (`PASS`)
+//!   and the next instance gets the lock at once, not when the place
+//!   lapses (5 s).
 //!
 //! `FLEET_SECS` [4], `FLEET_INSTANCES` [16], `FLEET_CLIENTS` [2] and
 //! `FLEET_HOLD_MS` [5] change the shared-key workload.
@@ -358,4 +362,58 @@ async fn a_hung_instance_first_in_the_queue_is_passed_over_within_its_place() {
         "{took:?}: passed over before its place could lapse"
     );
     assert!(lapsed >= 1, "the hung place was not counted");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_woken_instance_with_nothing_waiting_passes_its_turn_at_once() {
+    // Places that last 5 s: only the pass can move the lock on sooner.
+    let retry = "queue_ttl_ms = 5000\nprobe_interval_ms = 100\npark_ms = 5000";
+    let redis = RedisServer::start();
+    let (_a, a) = instance(&redis.addr(), "holder", retry);
+    let (_p, p) = instance(&redis.addr(), "tried", retry);
+    let (_b, b) = instance(&redis.addr(), "survivor", retry);
+    let mut r = RawClient::connect(redis.addr()).await;
+    let queue = "lockgate:queue:{lock:k}";
+
+    let mut holder = RawClient::connect(&a).await;
+    assert_eq!(holder.call_s(&["SETNX", "lock:k", "h"]).await, ":1\r\n");
+    // One try-lock, answered at once (not parked, no place kept): its
+    // instance is first in the store's queue and waits on nothing.
+    let mut once = RawClient::connect(&p).await;
+    assert_eq!(once.call_s(&["SETNX", "lock:k", "t"]).await, ":0\r\n");
+    until!(
+        "the try-lock's instance to be first in the queue",
+        r.call_s(&["ZRANGE", queue, "0", "0"]).await == "*1\r\n$6\r\ntried:\r\n"
+    );
+    let survivor = tokio::spawn(async move {
+        let mut c = RawClient::connect(b).await;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            assert!(Instant::now() < deadline, "the survivor never acquired");
+            if c.call_s(&["SETNX", "lock:k", "s"]).await == ":1\r\n" {
+                return Instant::now();
+            }
+        }
+    });
+    until!(
+        "the survivor to wait behind it",
+        r.call_s(&["ZCARD", queue]).await == ":2\r\n"
+    );
+    let released = Instant::now();
+    assert_eq!(holder.call_s(&["DEL", "lock:k"]).await, ":1\r\n");
+    let took = survivor.await.expect("survivor").duration_since(released);
+    println!(
+        "the lock went on {} ms after the release through a passed turn (load {})",
+        took.as_millis(),
+        std::fs::read_to_string("/proc/loadavg")
+            .unwrap_or_default()
+            .trim()
+    );
+    let bound = Duration::from_millis(1_500);
+    assert!(
+        took <= bound,
+        "{took:?} after the release (at most {bound:?})"
+    );
+    assert_eq!(stat(&p, "lock_wakeups").await, 1);
+    assert_eq!(stat(&p, "lock_wakeups_passed").await, 1);
 }
