@@ -141,7 +141,7 @@ impl Collector for Counters {
             for m in &q.masters {
                 let now = match m.state() {
                     MasterState::Up => "up",
-                    MasterState::SittingOut(_) => "sitting_out",
+                    MasterState::SittingOut(..) => "sitting_out",
                     MasterState::Down => "down",
                 };
                 for s in ["up", "sitting_out", "down"] {
@@ -157,7 +157,7 @@ impl Collector for Counters {
             )?;
             for m in &q.masters {
                 let left = match m.state() {
-                    MasterState::SittingOut(d) => d.as_secs_f64(),
+                    MasterState::SittingOut(d, _) => d.as_secs_f64(),
                     _ => 0.0,
                 };
                 let labels = [("master", m.node.addr())];

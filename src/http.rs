@@ -73,10 +73,7 @@ pub fn not_ready(ctx: &ServerContext) -> Option<String> {
         let up = q.eligible().len();
         // Ready when an acquisition can succeed (clock_faults asks more).
         if up < q.votes_needed() {
-            return Some(format!(
-                "lock quorum unavailable ({up} of {} masters up)",
-                q.masters.len()
-            ));
+            return Some(format!("lock quorum unavailable: {}", q.availability()));
         }
     }
     None
@@ -120,12 +117,19 @@ async fn status(State(ctx): State<Arc<ServerContext>>) -> Response {
         .iter()
         .flat_map(|q| q.masters.iter())
         .map(|m| {
-            let (state, left) = match m.state() {
-                MasterState::Up => ("up", 0),
-                MasterState::SittingOut(d) => ("sitting out", d.as_millis() as u64),
-                MasterState::Down => ("down", 0),
+            let (state, left, why) = match m.state() {
+                MasterState::Up => ("up", 0, ""),
+                MasterState::SittingOut(d, why) => {
+                    ("sitting out", d.as_millis() as u64, why.name())
+                }
+                MasterState::Down => ("down", 0, ""),
             };
-            serde_json::json!({"addr": m.node.addr(), "state": state, "rejoin_in_ms": left})
+            serde_json::json!({
+                "addr": m.node.addr(),
+                "state": state,
+                "rejoin_in_ms": left,
+                "sitting_out_because": why,
+            })
         })
         .collect();
     let body = serde_json::json!({

@@ -83,11 +83,10 @@
 //!   [`lock::quorum`] (the masters, majority merges, sit-outs after a
 //!   restart, a reconnection or a clock jump; `quorum::ask`: one command
 //!   to the masters in parallel, the wait ended once the answer is
-//!   known), [`lock::rejoin`] (a
-//!   returning master votes again only once the fence counters of a
-//!   majority were copied to it; `rejoin::copy`: one such copy),
+//!   known),
 //!   [`lock::quorum_ops`] (Redlock acquisition and the other ops on the
-//!   quorum), [`lock::quorum_fence`] (fencing tokens on the quorum),
+//!   quorum), [`lock::quorum_fence`] (fencing tokens on the quorum: never
+//!   below a voter's clock, so no counter is copied to a returning master),
 //!   [`lock::clock`] (the masters' clocks: a master whose clock jumps sits
 //!   out, its vote uncounted; the stricter `clock_faults` quorum),
 //!   [`lock::split`] (per-key commands split between the quorum and the
@@ -108,7 +107,7 @@
 //!   docs/fleet.md),
 //!   [`lock::quorum_scripts`] (client script bodies remembered for
 //!   masters that answer `NOSCRIPT`, `SCRIPT LOAD` on every master),
-//!   [`lock::metrics`] (the lock room's counters and the quorum's rejoin
+//!   [`lock::metrics`] (the lock room's counters and the quorum's sit-out
 //!   counters, declared with `counters!`), [`lock::hotkeys`] (the bounded
 //!   top-K sketch of hot lock keys the lock room feeds; `hotkeys::sketch`:
 //!   its slots and histograms),

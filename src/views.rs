@@ -64,7 +64,8 @@ pub fn locks(ctx: &ServerContext, pattern: &[u8]) -> LocalReply {
     )
 }
 
-/// `MASTERS`: each lock master: address, state, ms until it rejoins.
+/// `MASTERS`: each lock master: address, state, ms until it rejoins, and
+/// why it sits out (empty unless it does).
 pub fn masters(ctx: &ServerContext) -> LocalReply {
     let Some(q) = &ctx.quorum else {
         return LocalReply::Array(Vec::new());
@@ -73,15 +74,18 @@ pub fn masters(ctx: &ServerContext) -> LocalReply {
         q.masters
             .iter()
             .map(|m| {
-                let (state, left) = match m.state() {
-                    MasterState::Up => ("up", 0),
-                    MasterState::SittingOut(d) => ("sitting out", d.as_millis() as i64),
-                    MasterState::Down => ("down", 0),
+                let (state, left, why) = match m.state() {
+                    MasterState::Up => ("up", 0, ""),
+                    MasterState::SittingOut(d, why) => {
+                        ("sitting out", d.as_millis() as i64, why.name())
+                    }
+                    MasterState::Down => ("down", 0, ""),
                 };
                 LocalReply::Array(vec![
                     text(m.node.addr()),
                     text(state),
                     LocalReply::Integer(left),
+                    text(why),
                 ])
             })
             .collect(),

@@ -103,7 +103,7 @@ fn usage_error(reply: &str) -> bool {
 // 1. Tokens, validity, the value and lease on Redis, no-WAIT contention.
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tokens_start_at_one_and_strictly_increase() {
+async fn tokens_start_above_the_clock_and_strictly_increase() {
     let redis = RedisServer::start();
     let lg = Lockgate::start_with(config(&redis.addr())).await;
     let mut r = RawClient::connect(redis.addr()).await;
@@ -111,13 +111,24 @@ async fn tokens_start_at_one_and_strictly_increase() {
     let mut b = RawClient::connect(lg.addr).await;
     let ttl = 5_000u64;
 
-    let mut last = 0;
-    for expected in 1..=3 {
+    // A token is above Redis's clock in µs (so it keeps growing when the
+    // counter is lost) and above the counter.
+    let time = call(&mut r, &["TIME"]).await;
+    let secs: i64 = time
+        .split("\r\n")
+        .nth(2)
+        .and_then(|s| s.parse().ok())
+        .expect("TIME");
+    let mut last = secs * 1_000_000;
+    for round in 1..=3 {
         let (token, validity) = lock(&mut a, "fk", ttl, None)
             .await
             .expect("free lock acquired");
-        assert_eq!(token, expected, "tokens 1, 2, 3 in order");
-        assert!(token > last);
+        assert!(token > last, "round {round}: token {token} after {last}");
+        assert!(
+            token < last + 60_000_000,
+            "round {round}: token {token} a minute past {last}"
+        );
         last = token;
         assert!(
             validity <= ttl as i64 && validity > ttl as i64 - 100,
@@ -166,9 +177,13 @@ async fn tokens_start_at_one_and_strictly_increase() {
     }
 
     // Another key has its own counter.
-    assert_eq!(acquire(&mut b, "fk2", 2_000).await, 1);
-    assert_eq!(get(&mut r, &counter("fk2")).await.as_deref(), Some("1"));
-    assert_eq!(get(&mut r, &counter("fk")).await.as_deref(), Some("3"));
+    let other = acquire(&mut b, "fk2", 2_000).await;
+    assert!(
+        other > last,
+        "fk2's token {other} after fk's {last}: the clock"
+    );
+    assert_eq!(get(&mut r, &counter("fk2")).await, Some(other.to_string()));
+    assert_eq!(get(&mut r, &counter("fk")).await, Some(last.to_string()));
 }
 
 // ---------------------------------------------------------------------------
@@ -420,23 +435,32 @@ async fn local_reply_after_a_deferred_one_keeps_its_place() {
 
 const PAIRS: usize = 200;
 
+/// A counter far above any clock in µs (year 2223), so the next token is
+/// known before the lock is taken: [`NEXT_TOKEN`].
+const HIGH_COUNTER: i64 = 8_000_000_000_000_000;
+const NEXT_TOKEN: i64 = HIGH_COUNTER + 1;
+
 /// One write: for each i, `LOCKGATE LOCK p{i} 5000`, `GET g{i}`,
-/// `LOCKGATE UNLOCK p{i} 1`, `GET g{i}` (keys are fresh, so token 1).
-/// Returns the replies, checked for order: every GET answers its own key
-/// between the right lock replies.
+/// `LOCKGATE UNLOCK p{i} NEXT_TOKEN`, `GET g{i}` (each key's counter set to
+/// [`HIGH_COUNTER`] first). Returns the replies, checked for order: every
+/// GET answers its own key between the right lock replies.
 async fn pipelined_pairs(c: &mut RawClient, r: &mut RawClient) -> Vec<String> {
     for i in 0..PAIRS {
         assert_eq!(
             call(r, &["SET", &format!("g{i}"), &format!("v{i}")]).await,
             "+OK\r\n"
         );
+        let high = HIGH_COUNTER.to_string();
+        let set = call(r, &["SET", &counter(&format!("p{i}")), &high]).await;
+        assert_eq!(set, "+OK\r\n");
     }
+    let next = NEXT_TOKEN.to_string();
     let mut batch = Vec::new();
     for i in 0..PAIRS {
         let (p, g) = (format!("p{i}"), format!("g{i}"));
         batch.extend(cmd(&["LOCKGATE", "LOCK", &p, "5000"]));
         batch.extend(cmd(&["GET", &g]));
-        batch.extend(cmd(&["LOCKGATE", "UNLOCK", &p, "1"]));
+        batch.extend(cmd(&["LOCKGATE", "UNLOCK", &p, &next]));
         batch.extend(cmd(&["GET", &g]));
     }
     c.send(&batch).await;
@@ -446,7 +470,10 @@ async fn pipelined_pairs(c: &mut RawClient, r: &mut RawClient) -> Vec<String> {
         let l = text(&c.read_raw().await);
         let (token, validity) =
             lock_reply(&l).unwrap_or_else(|| panic!("pair {i}: LOCK p{i} on a fresh key was nil"));
-        assert_eq!(token, 1, "pair {i}: first token of p{i}");
+        assert_eq!(
+            token, NEXT_TOKEN,
+            "pair {i}: the token after p{i}'s counter"
+        );
         assert!(
             validity > 0 && validity <= 5_000,
             "pair {i}: validity {validity}"
@@ -482,17 +509,17 @@ async fn pipelined_lock_unlock_pairs_keep_reply_order() {
     let mut r = RawClient::connect(redis.addr()).await;
     let mut c = RawClient::connect(lg.addr).await;
     pipelined_pairs(&mut c, &mut r).await;
-    // Every LOCK really ran on Redis: each counter is at 1.
+    // Every LOCK really ran on Redis: each counter is at the token.
     for i in (0..PAIRS).step_by(37) {
         assert_eq!(
-            get(&mut r, &counter(&format!("p{i}"))).await.as_deref(),
-            Some("1")
+            get(&mut r, &counter(&format!("p{i}"))).await,
+            Some(NEXT_TOKEN.to_string())
         );
     }
 }
 
 /// On Redis, pipelined commands run in the order sent; a client pipelining
-/// `LOCK p 5000` then `UNLOCK p 1` on a fresh key expects the UNLOCK to find
+/// `LOCK p 5000` then `UNLOCK p <the next token>` expects the UNLOCK to find
 /// the lock and release it. Lockgate answers each on a task of its own, so
 /// this checks that the tasks also reach Redis in command order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -600,8 +627,8 @@ async fn extend_after_expiry_does_not_resurrect() {
         !exists(&mut r, &owner("xk")).await,
         "owner record came back"
     );
-    // The lock is free for the next holder, with the next token.
-    assert_eq!(acquire(&mut a, "xk", 1_000).await, t + 1);
+    // The lock is free for the next holder, with a larger token.
+    assert!(acquire(&mut a, "xk", 1_000).await > t);
 }
 
 // ---------------------------------------------------------------------------
@@ -618,7 +645,6 @@ async fn tokens_keep_increasing_across_lockgate_restarts() {
         for _ in 0..2 {
             let t = acquire(&mut c, "rk", 5_000).await;
             assert!(t > last, "round {round}: token {t} after {last}");
-            assert_eq!(t, last + 1, "round {round}: the counter lives on Redis");
             assert_eq!(get(&mut r, "rk").await, Some(t.to_string()));
             assert_eq!(unlock(&mut c, "rk", t).await, ":1\r\n");
             last = t;
@@ -672,10 +698,11 @@ async fn usage_errors_leave_the_connection_usable() {
     assert!(usage_error(&replies[1]), "{replies:?}");
     assert!(usage_error(&replies[2]), "{replies:?}");
     assert_eq!(replies[3], "$1\r\n1\r\n", "{replies:?}");
-    assert_eq!(lock_reply(&replies[4]).map(|x| x.0), Some(1), "{replies:?}");
+    let token = lock_reply(&replies[4]).map(|x| x.0.to_string());
+    assert!(token.is_some(), "{replies:?}");
     // The bad commands touched nothing: only the good LOCK made a counter.
-    assert_eq!(get(&mut r, &counter("uk")).await.as_deref(), Some("1"));
-    assert_eq!(get(&mut r, "uk").await.as_deref(), Some("1"));
+    assert_eq!(get(&mut r, &counter("uk")).await, token);
+    assert_eq!(get(&mut r, "uk").await, token);
 }
 
 // ---------------------------------------------------------------------------
@@ -714,7 +741,7 @@ async fn primary_down_answers_an_error_then_recovers() {
     let mut redis = RedisServer::start();
     let lg = Lockgate::start_with(config(&redis.addr())).await;
     let mut c = RawClient::connect(lg.addr).await;
-    assert_eq!(acquire(&mut c, "dk", 1_000).await, 1);
+    let before = acquire(&mut c, "dk", 1_000).await;
     drop(c);
 
     redis.stop();
@@ -744,11 +771,12 @@ async fn primary_down_answers_an_error_then_recovers() {
     }
 
     redis.restart();
-    // Redis restarted empty: the counter starts again.
-    let t = until_lock_works(&lg, "dk3").await;
-    assert_eq!(t, 1);
+    // Redis restarted empty: its counters are gone, and a token is still
+    // above every earlier one (Redis's clock moved on).
+    let t = until_lock_works(&lg, "dk").await;
+    assert!(t > before, "token {t} after a restart, {before} before");
     let mut r = RawClient::connect(redis.addr()).await;
-    assert_eq!(get(&mut r, "dk3").await, Some(t.to_string()));
+    assert_eq!(get(&mut r, "dk").await, Some(t.to_string()));
 }
 
 /// A primary that accepts connections but does not answer (stopped with
@@ -759,7 +787,7 @@ async fn hung_primary_answers_an_error_in_bounded_time() {
     let redis = RedisServer::start();
     let lg = Lockgate::start_with(config(&redis.addr())).await;
     let mut c = RawClient::connect(lg.addr).await;
-    assert_eq!(acquire(&mut c, "hk0", 1_000).await, 1);
+    let before = acquire(&mut c, "hk0", 1_000).await;
     let pid = redis.pid();
 
     signal(pid, "-STOP");
@@ -780,7 +808,7 @@ async fn hung_primary_answers_an_error_in_bounded_time() {
 
     // Works again once Redis answers.
     let t = until_lock_works(&lg, "hk2").await;
-    assert_eq!(t, 1);
+    assert!(t > before, "token {t}, {before} before");
     let mut r = RawClient::connect(redis.addr()).await;
     assert_eq!(get(&mut r, "hk2").await, Some(t.to_string()));
 }

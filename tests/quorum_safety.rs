@@ -285,7 +285,7 @@ fn fault_loop(
                 } => {
                     for (g, ctx) in ctxs.iter().enumerate() {
                         match states(ctx)[i] {
-                            MasterState::SittingOut(_) => sat_out[g] = true,
+                            MasterState::SittingOut(..) => sat_out[g] = true,
                             MasterState::Up if sat_out[g] => back[g] = true,
                             _ => {}
                         }
@@ -628,7 +628,7 @@ impl Workload {
                     .enumerate()
                     .map(|(i, m)| {
                         let state = match m.state() {
-                            MasterState::SittingOut(_) => "sitting out".to_string(),
+                            MasterState::SittingOut(..) => "sitting out".to_string(),
                             s => format!("{s:?}"),
                         };
                         let timeouts = m.node.state.timeouts.load(Ordering::Relaxed);
@@ -950,7 +950,7 @@ async fn restarted_master_never_votes_before_sitting_out() {
     // C (index 2) restarts and sits out.
     masters[2].restart();
     eventually("C sits out after its restart", || {
-        matches!(states(&ctx)[2], MasterState::SittingOut(_))
+        matches!(states(&ctx)[2], MasterState::SittingOut(..))
     })
     .await;
     let sat_out_at = Instant::now();
@@ -1018,7 +1018,7 @@ async fn restarted_master_never_votes_before_sitting_out() {
     let marked = {
         let deadline = valid_until - Duration::from_millis(200);
         loop {
-            if matches!(states(&ctx)[0], MasterState::SittingOut(_)) {
+            if matches!(states(&ctx)[0], MasterState::SittingOut(..)) {
                 break true;
             }
             if Instant::now() >= deadline {
@@ -1099,13 +1099,13 @@ async fn master_restarted_right_after_lockgate_connected_still_sits_out() {
     let deadline = Instant::now() + Duration::from_millis(500);
     let state = loop {
         let s = m.state();
-        if matches!(s, MasterState::SittingOut(_)) || Instant::now() >= deadline {
+        if matches!(s, MasterState::SittingOut(..)) || Instant::now() >= deadline {
             break s;
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     };
     assert!(
-        matches!(state, MasterState::SittingOut(_)),
+        matches!(state, MasterState::SittingOut(..)),
         "SAFETY: master 0, restarted empty right after lockgate had connected to every master \
          (kill + start took {} ms), was reconnected and counted at once without sitting out \
          its rejoin delay: state {state:?} 500 ms after the reconnection",

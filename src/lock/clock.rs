@@ -250,6 +250,8 @@ pub struct Ballot {
     pub distrusted: usize,
     /// The masters whose "yes" counted.
     pub yes_from: Vec<Arc<Master>>,
+    /// Their facts, in the same order as `yes_from`.
+    pub yes_facts: Vec<Vec<i64>>,
 }
 
 impl Quorum {
@@ -301,6 +303,7 @@ impl Quorum {
                 } else if m.state() == MasterState::Up {
                     ballot.yes += 1;
                     ballot.yes_from.push(m);
+                    ballot.yes_facts.push(f);
                 }
             }
             ballot.replies.push(reply);

@@ -89,19 +89,10 @@ counters! {
 }
 
 counters! {
-    /// The quorum's rejoin counters: fence counters copied to returning
-    /// masters, and sit-outs by reason (clock jumps are counted by the clock
-    /// watch, `lock_quorum_clock_jumps`). Zero without a quorum.
+    /// The quorum's rejoin counters: sit-outs by reason (clock jumps are
+    /// counted by the clock watch, `lock_quorum_clock_jumps`). Zero
+    /// without a quorum.
     pub struct RejoinMetrics {
-        /// Fence counters raised on a returning master by a copy.
-        counters_copied: Counter "lock_fence_counters_copied",
-            "Fence counters raised on a returning lock master before it votes again";
-        /// Copy rounds that failed (the master keeps sitting out; retried).
-        copy_failures: Counter "lock_fence_copy_failures",
-            "Fence counter copy rounds that failed (the master keeps sitting out)";
-        /// Copy rounds that admitted a master (it holds the counters again).
-        copies: Counter "lock_fence_copies",
-            "Fence counter copies that let a returning lock master vote again";
         /// Sit-outs of a master that restarted (new `run_id`).
         sit_outs_restarted: Counter "lock_quorum_sit_outs_restarted",
             "Lock master sit-outs after a restart (new run_id)";

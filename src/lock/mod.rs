@@ -52,7 +52,6 @@ pub mod quorum;
 pub mod quorum_fence;
 pub mod quorum_ops;
 pub mod quorum_scripts;
-pub mod rejoin;
 mod reply;
 pub use reply::ReplyOutcome;
 pub mod script;

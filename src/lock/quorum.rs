@@ -4,10 +4,13 @@
 //! was unreachable sits out acquisitions for `rejoin_delay` (counting as
 //! "no") while still receiving releases, so a restart without persistence
 //! cannot hand a lock out twice; so does one lockgate first sees less than
-//! `rejoin_delay` after it started. Such a master also votes only once the
-//! fence counters were copied to it ([`super::rejoin`]).
+//! `rejoin_delay` after it started. Nothing else holds a master back: a
+//! fencing token is never below a voter's clock (see
+//! [`super::quorum_fence::fence_token`]), so no counter needs copying
+//! before a master votes again, and once a majority is up and past its
+//! delay, acquisitions succeed whatever happened before.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -18,7 +21,6 @@ mod ask;
 
 use super::metrics::RejoinMetrics;
 use super::node::{Node, NodeConfig};
-use super::rejoin::Admission;
 use crate::config::{Config, QuorumConfig, QuorumLoss};
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
@@ -32,18 +34,14 @@ const WATCH_INTERVAL: Duration = Duration::from_millis(50);
 pub struct Master {
     /// The shared connection.
     pub node: Node,
-    /// Acquisitions skip this master until then (see [`SitOut`]).
-    sitting_out_until: Mutex<Option<Instant>>,
+    /// Acquisitions skip this master until then, and why (the reason of
+    /// the sit-out that ends last; see [`SitOut`]).
+    sitting_out_until: Mutex<Option<(Instant, SitOut)>>,
     /// Its `run_id` when last seen, and the connection count then.
     seen: Mutex<(String, u64)>,
     /// The sit-out after a return, in ms (shared with the quorum, which
     /// raises it with the longest lease granted).
     rejoin_ms: Arc<AtomicU64>,
-    /// Whether its current connection holds the fence counters.
-    pub admission: Admission,
-    /// Whether lockgate's first connection found it started less than the
-    /// rejoin delay before (see [`super::rejoin`]'s best-effort copies).
-    young: AtomicBool,
     /// The quorum's counters (sit-outs by reason).
     metrics: Arc<RejoinMetrics>,
 }
@@ -51,7 +49,7 @@ pub struct Master {
 /// Why a master sits out acquisitions for a while.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SitOut {
-    /// A new `run_id`: it may have lost its locks and fence counters.
+    /// A new `run_id`: it may have lost its locks.
     Restarted,
     /// The same `run_id` on a new connection: lockgate may have missed
     /// releases and commits while it was unreachable.
@@ -63,13 +61,25 @@ pub enum SitOut {
     ClockJump,
 }
 
+impl SitOut {
+    /// The reason as `LOCKGATE MASTERS`, the status page and errors name it.
+    pub fn name(self) -> &'static str {
+        match self {
+            SitOut::Restarted => "restarted",
+            SitOut::Reconnected => "reconnected",
+            SitOut::Young => "started recently",
+            SitOut::ClockJump => "clock jump",
+        }
+    }
+}
+
 /// A master's state as operators see it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum MasterState {
     /// Connected and taking part.
     Up,
-    /// Connected, sitting out acquisitions for this much longer.
-    SittingOut(Duration),
+    /// Connected, sitting out acquisitions for this much longer, and why.
+    SittingOut(Duration, SitOut),
     /// Not connected.
     Down,
 }
@@ -86,11 +96,8 @@ impl Master {
             return MasterState::Down;
         }
         let until = *sync::lock(&self.sitting_out_until);
-        let connects = self.node.state.connects.load(Ordering::Relaxed);
-        match until.map(|u| u.saturating_duration_since(Instant::now())) {
-            Some(left) if !left.is_zero() => MasterState::SittingOut(left),
-            // Its delay is over but the counters are not copied yet.
-            _ if !self.admission.is_admitted(connects) => MasterState::SittingOut(Duration::ZERO),
+        match until.map(|(u, why)| (u.saturating_duration_since(Instant::now()), why)) {
+            Some((left, why)) if !left.is_zero() => MasterState::SittingOut(left, why),
             _ => MasterState::Up,
         }
     }
@@ -110,19 +117,13 @@ impl Master {
         // Only the very first connection may be trusted without a sit-out,
         // and only when the master had already run for the rejoin delay.
         if seen.1 == 0 && connects == 1 {
-            match self.young_until(rejoin_delay) {
-                None => self.admission.trust(connects),
-                Some(until) => {
-                    self.young.store(true, Ordering::Relaxed);
-                    self.sit_out_until(until, SitOut::Young);
-                    self.admission.require_copy(connects);
-                    tracing::warn!(
-                        master = self.node.addr(),
-                        sit_out_ms =
-                            until.saturating_duration_since(Instant::now()).as_millis() as u64,
-                        "lock master started less than the rejoin delay ago: it sits out"
-                    );
-                }
+            if let Some(until) = self.young_until(rejoin_delay) {
+                self.sit_out_until(until, SitOut::Young);
+                tracing::warn!(
+                    master = self.node.addr(),
+                    sit_out_ms = until.saturating_duration_since(Instant::now()).as_millis() as u64,
+                    "lock master started less than the rejoin delay ago: it sits out"
+                );
             }
         } else {
             let (why, reason) = if run_id != seen.0 {
@@ -130,15 +131,6 @@ impl Master {
             } else {
                 ("reconnected", SitOut::Reconnected)
             };
-            // The same process keeps its counters: a connection lost (a
-            // network blip, lockgate's own) asks for no copy, else losing
-            // a majority of connections at once could never be undone.
-            // Releases and commits it missed meanwhile only leave it with
-            // less, as a master that did not vote.
-            match reason == SitOut::Reconnected && self.admission.is_admitted(seen.1) {
-                true => self.admission.trust(connects),
-                false => self.admission.require_copy(connects),
-            }
             self.sit_out_until(Instant::now() + rejoin_delay, reason);
             tracing::warn!(
                 master = self.node.addr(),
@@ -160,21 +152,18 @@ impl Master {
         (until > Instant::now()).then_some(until)
     }
 
-    /// Whether lockgate's first connection to it found it started less
-    /// than the rejoin delay before.
-    pub fn young_at_first_sight(&self) -> bool {
-        self.young.load(Ordering::Relaxed)
-    }
-
     /// Sits the master out of acquisitions until `end` (or longer, if it
     /// already sits out longer), for `why`. The one sit-out of a master:
     /// restarts, reconnections, a young master at first sight and clock
-    /// jumps all end up here; missing fence counters extend it past `end`
-    /// (see [`Master::state`]).
+    /// jumps all end up here, and it always ends: nothing but time brings a
+    /// master back.
     pub fn sit_out_until(&self, end: Instant, why: SitOut) {
         {
             let mut until = sync::lock(&self.sitting_out_until);
-            *until = Some(until.map_or(end, |u| u.max(end)));
+            *until = match *until {
+                Some((u, was)) if u >= end => Some((u, was)),
+                _ => Some((end, why)),
+            };
         }
         let counter = match why {
             SitOut::Restarted => &self.metrics.sit_outs_restarted,
@@ -259,8 +248,6 @@ impl Quorum {
                     sitting_out_until: Mutex::new(None),
                     seen: Mutex::new((String::new(), 0)),
                     rejoin_ms: rejoin_ms.clone(),
-                    admission: Admission::new(Duration::from_millis(q.node_timeout_ms)),
-                    young: AtomicBool::new(false),
                     metrics: metrics.clone(),
                 })
             })
@@ -284,7 +271,6 @@ impl Quorum {
                 _ = sampled.sample_clocks() => {}
             }
         });
-        super::rejoin::spawn(quorum.clone(), stop.clone());
         let watched = quorum.clone();
         let stop = stop.clone();
         tokio::spawn(async move {
@@ -335,14 +321,51 @@ impl Quorum {
     pub fn loss_reply(&self, not_acquired: LocalReply) -> LocalReply {
         match self.config.on_quorum_loss {
             QuorumLoss::NotAcquired => not_acquired,
-            QuorumLoss::Error => {
-                let up = self.eligible().len();
-                LocalReply::err(format!(
-                    "lockgate: lock quorum unavailable ({up} of {} masters up)",
-                    self.masters.len()
-                ))
+            QuorumLoss::Error => LocalReply::err(format!(
+                "lockgate: lock quorum unavailable: {}",
+                self.availability()
+            )),
+        }
+    }
+
+    /// How many masters vote, sit out (why, and until when) and are down,
+    /// as clients and operators read it: `2 of 5 masters vote, 3 sit out
+    /// (restarted, 0.8 s left)`. The time is until enough sit-outs end for
+    /// the votes an acquisition needs, rounded up to a tenth of a second
+    /// (down masters may still keep it unavailable after that).
+    pub fn availability(&self) -> String {
+        let (mut vote, mut down) = (0, 0);
+        let mut out: Vec<(Duration, SitOut)> = Vec::new();
+        for m in &self.masters {
+            match m.state() {
+                MasterState::Up => vote += 1,
+                MasterState::SittingOut(left, why) => out.push((left, why)),
+                MasterState::Down => down += 1,
             }
         }
+        let mut text = format!("{vote} of {} masters vote", self.masters.len());
+        if !out.is_empty() {
+            out.sort_by_key(|o| o.0);
+            let mut reasons: Vec<&str> = Vec::new();
+            for (_, why) in &out {
+                if !reasons.contains(&why.name()) {
+                    reasons.push(why.name());
+                }
+            }
+            let wanted = self.votes_needed().saturating_sub(vote).clamp(1, out.len());
+            let left = out[wanted - 1].0.as_millis().div_ceil(100);
+            text.push_str(&format!(
+                ", {} sit out ({}, {}.{} s left)",
+                out.len(),
+                reasons.join(", "),
+                left / 10,
+                left % 10
+            ));
+        }
+        if down > 0 {
+            text.push_str(&format!(", {down} down"));
+        }
+        text
     }
 
     /// Whether an acquisition that got `granted` yes out of `answered`

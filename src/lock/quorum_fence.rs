@@ -14,9 +14,10 @@ use crate::protocol::encode::LocalReply;
 
 impl LockService {
     /// `LOCKGATE LOCK` on the quorum: take the lock on a majority under an
-    /// instance token while reading their token counters, then write
-    /// max + 1 as the lock's value and counter on that majority before
-    /// answering `[token, validity-ms]`. Tries until `wait` has passed.
+    /// instance token while reading their token counters and clocks, then
+    /// write the token ([`fence_token`]) as the lock's value and counter on
+    /// that majority before answering `[token, validity-ms]`. Tries until
+    /// `wait` has passed.
     pub async fn quorum_fence_lock(
         &self,
         q: &Quorum,
@@ -61,12 +62,8 @@ impl LockService {
                 .collect();
             let mut acquired = None;
             if answers.yes >= majority {
-                let token = takers
-                    .iter()
-                    .filter_map(|&i| facts(&answers.replies[i]).get(2).copied())
-                    .max()
-                    .unwrap_or(0)
-                    + 1;
+                let token =
+                    fence_token(&takers, &answers.yes_facts, |i| facts(&answers.replies[i]));
                 let token_s = token.to_string();
                 let commit = super::eval_on(
                     script::QFENCE_COMMIT,
@@ -140,5 +137,61 @@ impl LockService {
             .filter(|r| integer(r) == Some(1))
             .count();
         LocalReply::Integer(i64::from(done >= q.majority()))
+    }
+}
+
+/// The token of a quorum acquisition: one more than the largest counter
+/// any taker reported (`takers`: indices of replies that took the lock,
+/// read by `facts`) and the largest clock (µs) among the masters whose
+/// "yes" counted (`counted`: their facts). The counter keeps tokens
+/// growing while a majority keeps its data; the clock keeps them growing
+/// when every counter was lost, because a master that lost them sat out
+/// the rejoin delay since (`docs/quorum.md`). A distrusted clock (one that
+/// jumped) is not used.
+pub fn fence_token(
+    takers: &[usize],
+    counted: &[Vec<i64>],
+    facts: impl Fn(usize) -> Vec<i64>,
+) -> i64 {
+    let counter = takers
+        .iter()
+        .filter_map(|&i| facts(i).get(2).copied())
+        .max()
+        .unwrap_or(0);
+    let clock = counted
+        .iter()
+        .filter_map(|f| f.get(script::QFENCE_CLOCK_FACT).copied())
+        .max()
+        .unwrap_or(0);
+    counter.max(clock) + 1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fence_token;
+
+    #[test]
+    fn a_token_is_above_every_counter_and_every_counted_clock() {
+        // facts: {taken, pttl, counter, clock}
+        let replies = [
+            vec![1, 0, 7, 1_000],
+            vec![1, 0, 9, 1_005],
+            vec![0, 40, 0, 9_999],
+        ];
+        let facts = |i: usize| replies[i].clone();
+        // Counters lost (0), clocks counted: the largest clock + 1.
+        let lost = [vec![1, 0, 0, 2_000], vec![1, 0, 0, 2_004]];
+        assert_eq!(fence_token(&[], &lost, |_| vec![]), 2_005);
+        // A counter above every clock wins (tokens issued faster than 1 µs
+        // apart, or a voter's clock behind).
+        assert_eq!(
+            fence_token(&[0, 1], &[replies[0].clone()], facts),
+            1_001,
+            "the clock counted is 1 000, the counters 7 and 9"
+        );
+        let high = [vec![1, 0, 5_000, 1_000]];
+        assert_eq!(fence_token(&[0], &high, |_| high[0].clone()), 5_001);
+        // A refusing master's clock is not a counted one.
+        assert_eq!(fence_token(&[0], &[], facts), 8);
     }
 }

@@ -525,14 +525,25 @@ return 1
 pub const ERROR: &str = "return redis.error_reply(ARGV[1])";
 
 /// Fencing-token acquisition (`LOCKGATE LOCK`): the lock's value is the
-/// token, a per-key counter (`lockgate:fence:{key}`, never expiring) that
-/// only grows. KEYS: lock, owner record, counter. ARGV: ttl ms, instance
-/// token for the owner record. Reply: `{token, 0}` when acquired, `{0,
-/// holder's pttl}` when not.
+/// token, one more than the larger of the key's counter
+/// (`lockgate:fence:{key}`, never expiring, raised to each token) and
+/// Redis's clock in µs. The counter makes tokens grow while Redis keeps
+/// it; the clock makes them grow when it is lost (a restart without
+/// persistence, a flush): a token issued later is above every earlier one
+/// as long as the clock did not step back (`docs/faults.md`). KEYS: lock,
+/// owner record, counter. ARGV: ttl ms, instance token for the owner
+/// record. Reply: `{token, 0}` when acquired, `{0, holder's pttl}` when
+/// not.
+// The token is formatted with '%.0f': a Lua number handed to redis.call
+// is converted with too few digits for µs since the epoch (16 digits).
 pub const FENCE_LOCK: &str = r#"
 if redis.call('EXISTS', KEYS[1]) == 1 then return {0, redis.call('PTTL', KEYS[1])} end
-local t = redis.call('INCR', KEYS[3])
-redis.call('SET', KEYS[1], t, 'PX', ARGV[1])
+local now = redis.call('TIME')
+local us = tonumber(now[1]) * 1000000 + tonumber(now[2])
+local t = math.max(tonumber(redis.call('GET', KEYS[3]) or '0') or 0, us) + 1
+local s = string.format('%.0f', t)
+redis.call('SET', KEYS[3], s)
+redis.call('SET', KEYS[1], s, 'PX', ARGV[1])
 redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[1])
 return {t, 0}
 "#;
@@ -561,7 +572,10 @@ return 1
 "#;
 
 /// Quorum fencing, step 1 on each master: take the lock under an instance
-/// token and report the key's token counter. KEYS: lock, owner record,
+/// token and report the key's token counter and the master's clock; the
+/// token is one more than the largest of both among the masters whose
+/// "yes" counted, so it is never below a voter's clock even when every
+/// counter was lost (`docs/quorum.md`). KEYS: lock, owner record,
 /// counter. ARGV: ttl ms, instance token. Reply: `{1, 0, counter, clock}`
 /// taken, `{0, pttl, 0, clock}` held by someone else; `clock` is the
 /// master's `TIME` in µs (see [`super::clock`]).
@@ -580,8 +594,10 @@ return {1, 0, tonumber(redis.call('GET', KEYS[3]) or '0'), clock()}
 pub const QFENCE_CLOCK_FACT: usize = 3;
 
 /// Quorum fencing, step 2 on the acquiring majority: the lock's value
-/// becomes the token (max counter + 1) and the counter is raised to it, so
-/// any later majority (which overlaps this one) reads at least this token.
+/// becomes the token (one more than the largest counter and clock the
+/// voters reported, see [`QFENCE_ACQUIRE`]) and the counter is raised to
+/// it, so any later majority (which overlaps this one) reads at least this
+/// token while its masters keep their data.
 /// KEYS: lock, owner record, counter. ARGV: instance token, token.
 /// Reply: 1 committed, 0 the lock is no longer ours.
 pub const QFENCE_COMMIT: &str = r#"
