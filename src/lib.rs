@@ -86,7 +86,8 @@
 //!   known),
 //!   [`lock::quorum_ops`] (Redlock acquisition and the other ops on the
 //!   quorum), [`lock::quorum_fence`] (fencing tokens on the quorum: never
-//!   below a voter's clock, so no counter is copied to a returning master),
+//!   below the median clock of its voters, so no counter is copied to a
+//!   returning master),
 //!   [`lock::clock`] (the masters' clocks: a master whose clock jumps sits
 //!   out, its vote uncounted; the stricter `clock_faults` quorum),
 //!   [`lock::split`] (per-key commands split between the quorum and the

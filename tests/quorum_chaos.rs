@@ -31,7 +31,7 @@ mod chaos;
 mod support;
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -122,6 +122,7 @@ async fn locks_stay_exclusive_and_fenced_under_chaos() {
         tuning,
         lgs: cluster.lgs.iter().map(|l| l.addr).collect(),
         until,
+        stop: AtomicBool::new(false),
         next_id: AtomicU64::new(0),
         inside: AtomicUsize::new(0),
         entered: tokio::sync::Notify::new(),

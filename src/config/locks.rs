@@ -127,7 +127,9 @@ pub struct QuorumConfig {
     /// How long a master that restarted (new run_id) or was unreachable sits
     /// out acquisitions, in milliseconds; one lockgate first sees less than
     /// this after it started sits out the rest. 0: the longest lease
-    /// lockgate has granted, never less than `default_lease_ms`.
+    /// lockgate has granted, never less than `default_lease_ms`. Fencing
+    /// tokens assume most voters' clocks are within half of it of true
+    /// time (`docs/quorum.md`).
     pub rejoin_delay_ms: u64,
     /// When fewer than a majority of masters can take part in an
     /// acquisition: `"error"` (reply an error) or `"not_acquired"`.

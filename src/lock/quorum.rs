@@ -5,7 +5,7 @@
 //! "no") while still receiving releases, so a restart without persistence
 //! cannot hand a lock out twice; so does one lockgate first sees less than
 //! `rejoin_delay` after it started. Nothing else holds a master back: a
-//! fencing token is never below a voter's clock (see
+//! fencing token is never below the median clock of its voters (see
 //! [`super::quorum_fence::fence_token`]), so no counter needs copying
 //! before a master votes again, and once a majority is up and past its
 //! delay, acquisitions succeed whatever happened before.

@@ -140,14 +140,17 @@ impl LockService {
     }
 }
 
-/// The token of a quorum acquisition: one more than the largest counter
-/// any taker reported (`takers`: indices of replies that took the lock,
-/// read by `facts`) and the largest clock (µs) among the masters whose
-/// "yes" counted (`counted`: their facts). The counter keeps tokens
-/// growing while a majority keeps its data; the clock keeps them growing
-/// when every counter was lost, because a master that lost them sat out
-/// the rejoin delay since (`docs/quorum.md`). A distrusted clock (one that
-/// jumped) is not used.
+/// The token of a quorum acquisition: one more than the larger of the
+/// largest counter any taker reported (`takers`: indices of replies that
+/// took the lock, read by `facts`) and the median clock (µs; the lower one
+/// of an even count) among the masters whose "yes" counted (`counted`:
+/// their facts). The counter keeps tokens growing while a majority keeps
+/// its data; the clock keeps them growing when every counter was lost,
+/// because a master that lost them sat out the rejoin delay since
+/// (`docs/quorum.md`). The median, not the largest: one master whose clock
+/// runs ahead (stepped forward, and trusted again after its sit-out) must
+/// not carry tokens into the future, where a later loss of the counters
+/// would leave the next token below it.
 pub fn fence_token(
     takers: &[usize],
     counted: &[Vec<i64>],
@@ -158,11 +161,15 @@ pub fn fence_token(
         .filter_map(|&i| facts(i).get(2).copied())
         .max()
         .unwrap_or(0);
-    let clock = counted
+    let mut clocks: Vec<i64> = counted
         .iter()
         .filter_map(|f| f.get(script::QFENCE_CLOCK_FACT).copied())
-        .max()
-        .unwrap_or(0);
+        .collect();
+    clocks.sort_unstable();
+    let clock = match clocks.len() {
+        0 => 0,
+        n => clocks[(n - 1) / 2],
+    };
     counter.max(clock) + 1
 }
 
@@ -171,7 +178,7 @@ mod tests {
     use super::fence_token;
 
     #[test]
-    fn a_token_is_above_every_counter_and_every_counted_clock() {
+    fn a_token_is_above_every_counter_and_the_median_counted_clock() {
         // facts: {taken, pttl, counter, clock}
         let replies = [
             vec![1, 0, 7, 1_000],
@@ -179,11 +186,24 @@ mod tests {
             vec![0, 40, 0, 9_999],
         ];
         let facts = |i: usize| replies[i].clone();
-        // Counters lost (0), clocks counted: the largest clock + 1.
-        let lost = [vec![1, 0, 0, 2_000], vec![1, 0, 0, 2_004]];
-        assert_eq!(fence_token(&[], &lost, |_| vec![]), 2_005);
-        // A counter above every clock wins (tokens issued faster than 1 µs
-        // apart, or a voter's clock behind).
+        // Counters lost (0): the median clock of the voters + 1.
+        let lost = [
+            vec![1, 0, 0, 2_000],
+            vec![1, 0, 0, 2_004],
+            vec![1, 0, 0, 2_001],
+        ];
+        assert_eq!(fence_token(&[], &lost, |_| vec![]), 2_002);
+        // One clock 60 s ahead among three (or five) voters is outvoted.
+        let ahead = [
+            vec![1, 0, 0, 2_000],
+            vec![1, 0, 0, 62_000_000],
+            vec![1, 0, 0, 2_003],
+        ];
+        assert_eq!(fence_token(&[], &ahead, |_| vec![]), 2_004);
+        // An even count takes the lower median.
+        assert_eq!(fence_token(&[], &lost[..2], |_| vec![]), 2_001);
+        // A counter above the clocks wins (tokens issued faster than 1 µs
+        // apart, or the voters' clocks behind).
         assert_eq!(
             fence_token(&[0, 1], &[replies[0].clone()], facts),
             1_001,

@@ -573,9 +573,9 @@ return 1
 
 /// Quorum fencing, step 1 on each master: take the lock under an instance
 /// token and report the key's token counter and the master's clock; the
-/// token is one more than the largest of both among the masters whose
-/// "yes" counted, so it is never below a voter's clock even when every
-/// counter was lost (`docs/quorum.md`). KEYS: lock, owner record,
+/// token is one more than the larger of the largest counter and the median
+/// clock among the masters whose "yes" counted, so it keeps growing even
+/// when every counter was lost (`docs/quorum.md`). KEYS: lock, owner record,
 /// counter. ARGV: ttl ms, instance token. Reply: `{1, 0, counter, clock}`
 /// taken, `{0, pttl, 0, clock}` held by someone else; `clock` is the
 /// master's `TIME` in µs (see [`super::clock`]).
@@ -594,8 +594,7 @@ return {1, 0, tonumber(redis.call('GET', KEYS[3]) or '0'), clock()}
 pub const QFENCE_CLOCK_FACT: usize = 3;
 
 /// Quorum fencing, step 2 on the acquiring majority: the lock's value
-/// becomes the token (one more than the largest counter and clock the
-/// voters reported, see [`QFENCE_ACQUIRE`]) and the counter is raised to
+/// becomes the token (see [`QFENCE_ACQUIRE`]) and the counter is raised to
 /// it, so any later majority (which overlaps this one) reads at least this
 /// token while its masters keep their data.
 /// KEYS: lock, owner record, counter. ARGV: instance token, token.

@@ -55,6 +55,8 @@ pub struct Shared {
     pub lgs: Vec<SocketAddr>,
     /// Workers stop taking the lock then.
     pub until: Instant,
+    /// Or once this is set.
+    pub stop: std::sync::atomic::AtomicBool,
     /// Section ids.
     pub next_id: AtomicU64,
     /// Holders inside their section now (paused ones excluded).
@@ -166,7 +168,7 @@ pub async fn worker(id: usize, kind: Kind, lg: usize, sh: Arc<Shared>, seed: u64
         outage: None,
         sh,
     };
-    while Instant::now() < w.sh.until {
+    while Instant::now() < w.sh.until && !w.sh.stop.load(Ordering::Relaxed) {
         w.attempt().await;
     }
     w.report
