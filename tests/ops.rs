@@ -742,19 +742,24 @@ async fn status_page_in_chromium_shows_a_hot_key_within_2s_and_a_killed_master_d
 
     // LOCKGATE MASTERS and /metrics agree.
     let masters = call(&mut holder, &["LOCKGATE", "MASTERS"]).await;
-    let rows: Vec<(String, String, i64)> = masters
+    let rows: Vec<(String, String, i64, String, i64)> = masters
         .items()
         .iter()
         .map(|r| {
             let f = r.items();
-            assert_eq!(f.len(), 3, "{r:?}");
-            (f[0].text().to_string(), f[1].text().to_string(), f[2].int())
+            assert_eq!(f.len(), 5, "{r:?}");
+            let (addr, state, policy) = (f[0].text(), f[1].text(), f[3].text());
+            (addr.to_string(), state.to_string(), f[2].int(), policy.to_string(), f[4].int())
         })
         .collect();
-    let want: Vec<(String, String, i64)> = addrs
+    // The policy as read while the master was up: redis-server's default.
+    let want: Vec<(String, String, i64, String, i64)> = addrs
         .iter()
         .enumerate()
-        .map(|(i, a)| (a.clone(), if i == 2 { "down" } else { "up" }.to_string(), 0))
+        .map(|(i, a)| {
+            let state = if i == 2 { "down" } else { "up" };
+            (a.clone(), state.to_string(), 0, "noeviction".to_string(), 0)
+        })
         .collect();
     assert_eq!(rows, want, "LOCKGATE MASTERS");
     let m = q.lg.metrics().await;

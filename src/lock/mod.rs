@@ -37,6 +37,7 @@ pub mod announce;
 pub mod clock;
 pub mod evalsha;
 pub use evalsha::eval_on;
+pub mod eviction;
 pub mod failover;
 pub mod fence;
 pub mod hotkeys;

@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 mod ask;
 
+use super::eviction::{Eviction, Role};
 use super::metrics::RejoinMetrics;
 use super::node::{Node, NodeConfig};
 use super::rejoin::Admission;
@@ -46,6 +47,12 @@ pub struct Master {
     young: AtomicBool,
     /// The quorum's counters (sit-outs by reason).
     metrics: Arc<RejoinMetrics>,
+    /// `locks.require_noeviction` in force (shared with the sessions).
+    eviction: Arc<Eviction>,
+    /// Sitting out for its eviction policy, as last observed.
+    evicting: AtomicBool,
+    /// Its `evicted_keys` growth as last observed.
+    evicted_seen: AtomicU64,
 }
 
 /// Why a master sits out acquisitions for a while.
@@ -61,6 +68,9 @@ pub enum SitOut {
     Young,
     /// Its clock stepped: its keys may have expired early.
     ClockJump,
+    /// With `locks.require_noeviction`: it was seen evicting keys, and a
+    /// held lock key may have been among them.
+    Evicted,
 }
 
 /// A master's state as operators see it.
@@ -85,6 +95,11 @@ impl Master {
         if !self.node.state.up.load(Ordering::Relaxed) {
             return MasterState::Down;
         }
+        // No time bound: until its policy reads `noeviction` (or the key
+        // is turned off), which the periodic check reads again.
+        if self.eviction.master_refused(&self.node.state.memory) {
+            return MasterState::SittingOut(Duration::ZERO);
+        }
         let until = *sync::lock(&self.sitting_out_until);
         let connects = self.node.state.connects.load(Ordering::Relaxed);
         match until.map(|u| u.saturating_duration_since(Instant::now())) {
@@ -101,6 +116,7 @@ impl Master {
     /// check, so a master can never count between reconnecting and being
     /// noticed.
     fn observe(&self, rejoin_delay: Duration) {
+        self.observe_eviction(rejoin_delay);
         let connects = self.node.state.connects.load(Ordering::Relaxed);
         let mut seen = sync::lock(&self.seen);
         if connects == seen.1 {
@@ -150,6 +166,55 @@ impl Master {
         *seen = (run_id, connects);
     }
 
+    /// With `locks.require_noeviction`: notes a policy that may evict
+    /// lock keys (the master sits out while it lasts, see
+    /// [`Master::state`]) and evictions seen since the last look (it sits
+    /// out `rejoin_delay` from now: every lock key it may have lost was
+    /// granted before now, so its lease ends by then). The policy is read
+    /// before the evictions: a reading's growth is written before its
+    /// policy, so a master whose policy reads `noeviction` again never
+    /// votes before the evictions of the same reading are seen.
+    fn observe_eviction(&self, rejoin_delay: Duration) {
+        let memory = &self.node.state.memory;
+        let refused = self.eviction.master_refused(memory);
+        let evicted = memory.evicted.load(Ordering::Relaxed);
+        let grew = self.evicted_seen.swap(evicted, Ordering::Relaxed) < evicted;
+        let required = self.eviction.required();
+        if self.evicting.swap(refused, Ordering::Relaxed) != refused {
+            if refused {
+                ProxyMetrics::inc(&self.metrics.sit_outs_evicting);
+            }
+            tracing::warn!(
+                master = self.node.addr(),
+                policy = memory.policy_name(),
+                sits_out = refused,
+                "lock master's maxmemory-policy (locks.require_noeviction): {}",
+                match refused {
+                    true => "it sits out acquisitions until it reads noeviction",
+                    false => "it may take part in acquisitions again",
+                }
+            );
+        }
+        if grew && required {
+            self.sit_out_until(Instant::now() + rejoin_delay, SitOut::Evicted);
+            tracing::warn!(
+                master = self.node.addr(),
+                policy = memory.policy_name(),
+                sit_out_ms = rejoin_delay.as_millis() as u64,
+                "lock master evicted keys (locks.require_noeviction): it sits out acquisitions until every lock it may have lost has expired"
+            );
+        }
+    }
+
+    /// The reason a master sits out with no end yet, for the operators'
+    /// views: its `maxmemory-policy` (`locks.require_noeviction`).
+    pub fn sit_out_reason(&self) -> Option<String> {
+        let memory = &self.node.state.memory;
+        self.eviction
+            .master_refused(memory)
+            .then(|| format!("maxmemory-policy {}", memory.policy_name()))
+    }
+
     /// When a master lockgate sees for the first time ends its sit-out, if
     /// it started less than `rejoin_delay` ago (`None`: it is older).
     /// Without an uptime it is taken as new.
@@ -180,6 +245,7 @@ impl Master {
             SitOut::Restarted => &self.metrics.sit_outs_restarted,
             SitOut::Reconnected => &self.metrics.sit_outs_reconnected,
             SitOut::Young => &self.metrics.sit_outs_young,
+            SitOut::Evicted => &self.metrics.sit_outs_evicted,
             // Counted as `lock_quorum_clock_jumps` by the clock watch.
             SitOut::ClockJump => return,
         };
@@ -234,6 +300,7 @@ impl Quorum {
         config: &Config,
         stop: &CancellationToken,
         connector: &crate::upstream::Connector,
+        eviction: &Arc<Eviction>,
     ) -> Option<Arc<Quorum>> {
         let q = &config.locks.quorum;
         if q.masters.is_empty() {
@@ -252,6 +319,7 @@ impl Quorum {
                 let node = NodeConfig {
                     load_scripts: true,
                     noscript_reruns: Some(noscript_reruns.clone()),
+                    role: Role::Master,
                     ..NodeConfig::for_addr(config, addr, connector.clone())
                 };
                 Arc::new(Master {
@@ -262,6 +330,9 @@ impl Quorum {
                     admission: Admission::new(Duration::from_millis(q.node_timeout_ms)),
                     young: AtomicBool::new(false),
                     metrics: metrics.clone(),
+                    eviction: eviction.clone(),
+                    evicting: AtomicBool::new(false),
+                    evicted_seen: AtomicU64::new(0),
                 })
             })
             .collect();
