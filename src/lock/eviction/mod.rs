@@ -359,11 +359,13 @@ impl Eviction {
     }
 
     /// Whether a lock master with `memory` sits out acquisitions for its
-    /// policy: `locks.require_noeviction` is on and the policy is not
-    /// `noeviction` (or not read yet).
+    /// policy: `locks.require_noeviction` is on and the policy read is not
+    /// `noeviction`. Not read yet is not refused here: a master is read as
+    /// its connection opens, before it counts as up, so one without a
+    /// reading is down.
     pub fn master_refused(&self, memory: &Memory) -> bool {
         self.required()
-            && !(sync::lock(&memory.reading).as_ref()).is_some_and(|(_, r)| r.policy.keeps_locks())
+            && (sync::lock(&memory.reading).as_ref()).is_some_and(|(_, r)| !r.policy.keeps_locks())
     }
 
     /// With `locks.require_noeviction`, why locks on the primary at
@@ -491,5 +493,6 @@ mod tests {
         assert!(e.master_refused(&m));
         m.opened(1, "a:1", "r", &sample("noeviction", None));
         assert!(!e.master_refused(&m));
+        assert!(!e.master_refused(&Memory::default()), "not read: down");
     }
 }
