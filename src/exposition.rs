@@ -187,7 +187,8 @@ impl Collector for Counters {
 fn eviction_families(ctx: &ServerContext, e: &mut DescriptorEncoder) -> std::fmt::Result {
     let primary_addr = match ctx.primary.state.memory.reading() {
         Some(r) => r.addr.to_string(),
-        None => (ctx.primary_addr.addr()).map_or_else(|| ctx.primary.addr().to_string(), |a| a.to_string()),
+        None => (ctx.primary_addr.addr())
+            .map_or_else(|| ctx.primary.addr().to_string(), |a| a.to_string()),
     };
     let mut nodes: Vec<(&str, String, String, u64)> = Vec::new();
     match &ctx.quorum {
@@ -214,7 +215,11 @@ fn eviction_families(ctx: &ServerContext, e: &mut DescriptorEncoder) -> std::fmt
         MetricType::Gauge,
     )?;
     for (role, node, name, _) in &nodes {
-        let labels = [("role", *role), ("node", node.as_str()), ("policy", name.as_str())];
+        let labels = [
+            ("role", *role),
+            ("node", node.as_str()),
+            ("policy", name.as_str()),
+        ];
         ConstGauge::new(1).encode(policy.encode_family(&labels)?)?;
     }
     let mut evicted = e.encode_descriptor(

@@ -64,7 +64,10 @@ async fn an_evicting_primary_is_named_everywhere_and_locks_are_still_served() {
     let policy = [labels[0], labels[1], ("policy", "allkeys-lru")];
     assert_eq!(m.value("lockgate_upstream_maxmemory_policy", &policy), 1.0);
     assert_eq!(m.series("lockgate_upstream_maxmemory_policy").len(), 1);
-    assert_eq!(m.value("lockgate_upstream_evicted_keys_total", &labels), 0.0);
+    assert_eq!(
+        m.value("lockgate_upstream_evicted_keys_total", &labels),
+        0.0
+    );
     let s = lg.status_json().await;
     assert_eq!(s["primary"]["maxmemory_policy"], "allkeys-lru", "{s}");
     // Off by default: a warning, not a refusal.
@@ -136,7 +139,11 @@ async fn require_noeviction_refuses_lock_leases_until_the_policy_is_fixed() {
         refused
     );
     assert_eq!(c.call_s(&["GETSET", "lock:evict:r", "2"]).await, refused);
-    assert_eq!(c.call_s(&["LOCKGATE", "LOCK", "lock:evict:f", "5000"]).await, refused);
+    assert_eq!(
+        c.call_s(&["LOCKGATE", "LOCK", "lock:evict:f", "5000"])
+            .await,
+        refused
+    );
     // Nothing reached Redis.
     assert_eq!(direct(&addr, &["EXISTS", "lock:evict:r"]).await, ":0\r\n");
     // Ordinary commands pass; a release passes (a lock can be given back).
@@ -146,19 +153,31 @@ async fn require_noeviction_refuses_lock_leases_until_the_policy_is_fixed() {
     assert_eq!(c.call_s(&["DEL", "lock:evict:r"]).await, ":0\r\n");
     // Inside MULTI the refusal takes the command's place in EXEC.
     assert_eq!(c.call_s(&["MULTI"]).await, "+OK\r\n");
-    assert_eq!(c.call_s(&["SETNX", "lock:evict:m", "1"]).await, "+QUEUED\r\n");
-    assert_eq!(c.call_s(&["INCR", "counter"]).await, "+QUEUED\r\n");
     assert_eq!(
-        c.call_s(&["EXEC"]).await,
-        format!("*2\r\n{refused}:1\r\n")
+        c.call_s(&["SETNX", "lock:evict:m", "1"]).await,
+        "+QUEUED\r\n"
     );
-    assert_eq!(primary_field(&mut c, "locks_refused").await, refused[5..refused.len() - 2]);
+    assert_eq!(c.call_s(&["INCR", "counter"]).await, "+QUEUED\r\n");
+    assert_eq!(c.call_s(&["EXEC"]).await, format!("*2\r\n{refused}:1\r\n"));
+    assert_eq!(
+        primary_field(&mut c, "locks_refused").await,
+        refused[5..refused.len() - 2]
+    );
     let counted = ProxyMetrics::get(&lg.ctx.eviction.metrics.refused);
     assert_eq!(counted, 6, "every refusal counted");
-    assert_eq!(lg.metrics().await.int("lockgate_lock_eviction_refused_total"), 6);
+    assert_eq!(
+        lg.metrics()
+            .await
+            .int("lockgate_lock_eviction_refused_total"),
+        6
+    );
     let ready = lg.get("/readyz").await;
     assert_eq!(ready.status, 503);
-    assert!(ready.body.contains("maxmemory-policy is allkeys-lru"), "{}", ready.body);
+    assert!(
+        ready.body.contains("maxmemory-policy is allkeys-lru"),
+        "{}",
+        ready.body
+    );
 
     // Fixed on the Redis: served again within a check, no restart.
     assert_eq!(
@@ -184,12 +203,25 @@ async fn require_noeviction_refuses_lock_leases_until_the_policy_is_fixed() {
     assert_eq!(lg.get("/readyz").await.status, 200);
 
     // And refused again at the next unsafe policy, without a reconnection.
-    direct(&addr, &["CONFIG", "SET", "maxmemory-policy", "volatile-ttl"]).await;
+    direct(
+        &addr,
+        &["CONFIG", "SET", "maxmemory-policy", "volatile-ttl"],
+    )
+    .await;
     until!(
         "locks refused under volatile-ttl",
-        c.call_s(&["SETNX", "lock:evict:v", "1"]).await.contains("volatile-ttl")
+        c.call_s(&["SETNX", "lock:evict:v", "1"])
+            .await
+            .contains("volatile-ttl")
     );
-    assert_eq!(lg.ctx.primary.state.connects.load(std::sync::atomic::Ordering::Relaxed), 1);
+    assert_eq!(
+        lg.ctx
+            .primary
+            .state
+            .connects
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -202,9 +234,11 @@ async fn a_renamed_config_is_read_from_info_memory_and_a_refused_one_is_unknown(
         "CONFIG",
         "",
     ]);
-    assert!(direct(&renamed.addr(), &["CONFIG", "GET", "maxmemory-policy"])
-        .await
-        .starts_with("-ERR unknown command"));
+    assert!(
+        direct(&renamed.addr(), &["CONFIG", "GET", "maxmemory-policy"])
+            .await
+            .starts_with("-ERR unknown command")
+    );
     let lg = Lockgate::start(&renamed.addr()).await;
     let mut c = RawClient::connect(lg.addr).await;
     until_primary_field(&mut c, "maxmemory_policy", "volatile-random").await;
@@ -214,7 +248,9 @@ async fn a_renamed_config_is_read_from_info_memory_and_a_refused_one_is_unknown(
     // An ACL that refuses CONFIG and INFO: unknown, and with
     // require_noeviction locks are refused saying so.
     let redis = RedisServer::start();
-    let acl = ["ACL", "SETUSER", "lg", "on", ">pw", "~*", "&*", "+@all", "-config", "-info"];
+    let acl = [
+        "ACL", "SETUSER", "lg", "on", ">pw", "~*", "&*", "+@all", "-config", "-info",
+    ];
     assert_eq!(direct(&redis.addr(), &acl).await, "+OK\r\n");
     let mut config = base_config(&redis.addr());
     config.upstream.username = "lg".to_string();
@@ -250,8 +286,10 @@ async fn a_master_that_may_evict_sits_out_until_it_reads_noeviction() {
     let evicting = cl.masters[2].addr();
     let set = |p: &'static str| ["CONFIG", "SET", "maxmemory-policy", p];
     assert_eq!(cl.on_master(2, &set("allkeys-lru")).await, "+OK\r\n");
-    cl.wait_state(2, "sitting out", |s| *s == MasterState::SittingOut(Duration::ZERO))
-        .await;
+    cl.wait_state(2, "sitting out", |s| {
+        *s == MasterState::SittingOut(Duration::ZERO)
+    })
+    .await;
     let master = &cl.quorum().masters[2];
     assert_eq!(
         master.sit_out_reason().as_deref(),
@@ -297,6 +335,71 @@ async fn a_master_that_may_evict_sits_out_until_it_reads_noeviction() {
     assert_eq!(cl.on_master(2, &["EXISTS", "lock:q:b"]).await, ":1\r\n");
 }
 
+/// Fills the Redis at `addr` under `allkeys-random` and a `maxmemory` just
+/// above what it uses, directly (not through lockgate), until it evicts;
+/// returns its `evicted_keys` then.
+async fn make_it_evict(addr: &str) -> u64 {
+    let mut r = RawClient::connect(addr).await;
+    let field = |text: &str, name: &str| -> u64 {
+        (text.lines())
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in {text}"))
+    };
+    let used = field(&r.call_s(&["INFO", "memory"]).await, "used_memory:");
+    let limit = (used + 512 * 1024).to_string();
+    for (k, v) in [
+        ("maxmemory", limit.as_str()),
+        ("maxmemory-policy", "allkeys-random"),
+    ] {
+        assert_eq!(r.call_s(&["CONFIG", "SET", k, v]).await, "+OK\r\n");
+    }
+    let value = "x".repeat(16 * 1024);
+    for i in 0..256 {
+        let key = format!("fill:{i}");
+        assert_eq!(r.call_s(&["SET", &key, &value]).await, "+OK\r\n");
+    }
+    let evicted = field(&r.call_s(&["INFO", "stats"]).await, "evicted_keys:");
+    assert!(evicted > 0, "4 MiB into 512 KiB evicted nothing");
+    evicted
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_seen_evicting_sits_out_the_rejoin_delay() {
+    const REJOIN_MS: u64 = 2_000;
+    let cl = Cluster::start(3, |c| {
+        c.locks.require_noeviction = true;
+        c.locks.eviction_check_ms = CHECK_MS;
+        c.locks.quorum.rejoin_delay_ms = REJOIN_MS;
+    })
+    .await;
+    let addr = cl.masters[2].addr();
+    make_it_evict(&addr).await;
+    let set = |p: &'static str| ["CONFIG", "SET", "maxmemory-policy", p];
+    assert_eq!(cl.on_master(2, &set("noeviction")).await, "+OK\r\n");
+    let fixed = Instant::now();
+    let memory = &cl.quorum().masters[2].node.state.memory;
+    until!(
+        "lockgate to read noeviction and the evictions",
+        memory.policy_name() == "noeviction" && ProxyMetrics::get(&memory.evicted) > 0
+    );
+    // Its policy is safe now, but a held lock key may have been evicted:
+    // it sits out until every lease it may have lost has ended.
+    let MasterState::SittingOut(left) = cl.state(2) else {
+        panic!("master 2 votes at once: {:?}", cl.state(2));
+    };
+    assert!(left > Duration::from_millis(REJOIN_MS / 2), "{left:?} left");
+    assert_eq!(cl.quorum().masters[2].sit_out_reason(), None);
+    assert!(ProxyMetrics::get(&cl.quorum().rejoin.sit_outs_evicted) >= 1);
+    cl.wait_state(2, "Up", |s| *s == MasterState::Up).await;
+    let back = fixed.elapsed();
+    println!(
+        "a master seen evicting voted again {} ms after the fix",
+        back.as_millis()
+    );
+    assert!(back >= Duration::from_millis(REJOIN_MS / 2), "{back:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn evicted_keys_growth_is_counted_per_node() {
     let redis = redis_with_policy("allkeys-random");
@@ -306,26 +409,7 @@ async fn evicted_keys_growth_is_counted_per_node() {
     let lg = Ops::start(config).await;
     let mut c = lg.client().await;
     until_primary_field(&mut c, "maxmemory_policy", "allkeys-random").await;
-    // A tiny maxmemory just above what the empty server uses, then fill it
-    // directly (not through lockgate) until Redis evicts.
-    let mut r = RawClient::connect(addr.as_str()).await;
-    let info = r.call_s(&["INFO", "memory"]).await;
-    let used: u64 = (info.lines())
-        .find_map(|l| l.strip_prefix("used_memory:"))
-        .and_then(|v| v.trim().parse().ok())
-        .expect("used_memory");
-    let limit = (used + 512 * 1024).to_string();
-    assert_eq!(r.call_s(&["CONFIG", "SET", "maxmemory", &limit]).await, "+OK\r\n");
-    let value = "x".repeat(16 * 1024);
-    for i in 0..256 {
-        assert_eq!(r.call_s(&["SET", &format!("fill:{i}"), &value]).await, "+OK\r\n");
-    }
-    let stats = r.call_s(&["INFO", "stats"]).await;
-    let evicted: u64 = (stats.lines())
-        .find_map(|l| l.strip_prefix("evicted_keys:"))
-        .and_then(|v| v.trim().parse().ok())
-        .expect("evicted_keys");
-    assert!(evicted > 0, "4 MiB into 512 KiB evicted nothing");
+    let evicted = make_it_evict(&addr).await;
     until!(
         format!("lockgate to count {evicted} evicted keys"),
         primary_field(&mut c, "evicted_keys").await == evicted.to_string()
@@ -345,7 +429,11 @@ async fn evicted_keys_growth_is_counted_per_node() {
 async fn a_new_primary_behind_sentinel_has_its_policy_read() {
     let (primary, replica) = Group::pair().await;
     assert_eq!(
-        direct(&replica.addr(), &["CONFIG", "SET", "maxmemory-policy", "allkeys-lfu"]).await,
+        direct(
+            &replica.addr(),
+            &["CONFIG", "SET", "maxmemory-policy", "allkeys-lfu"]
+        )
+        .await,
         "+OK\r\n"
     );
     // One sentinel that never acts by itself (a long down-after).
@@ -365,8 +453,14 @@ async fn a_new_primary_behind_sentinel_has_its_policy_read() {
     assert_eq!(c.call_s(&["SETNX", "lock:s:a", "1"]).await, ":1\r\n");
 
     // The replica becomes the primary the sentinel names.
-    assert_eq!(direct(&replica.addr(), &["REPLICAOF", "NO", "ONE"]).await, "+OK\r\n");
-    assert_eq!(direct(&sentinel.addr(), &["SENTINEL", "REMOVE", MASTER]).await, "+OK\r\n");
+    assert_eq!(
+        direct(&replica.addr(), &["REPLICAOF", "NO", "ONE"]).await,
+        "+OK\r\n"
+    );
+    assert_eq!(
+        direct(&sentinel.addr(), &["SENTINEL", "REMOVE", MASTER]).await,
+        "+OK\r\n"
+    );
     let port = replica.port.to_string();
     let monitor = ["SENTINEL", "MONITOR", MASTER, "127.0.0.1", &port, "1"];
     assert_eq!(direct(&sentinel.addr(), &monitor).await, "+OK\r\n");

@@ -749,7 +749,13 @@ async fn status_page_in_chromium_shows_a_hot_key_within_2s_and_a_killed_master_d
             let f = r.items();
             assert_eq!(f.len(), 5, "{r:?}");
             let (addr, state, policy) = (f[0].text(), f[1].text(), f[3].text());
-            (addr.to_string(), state.to_string(), f[2].int(), policy.to_string(), f[4].int())
+            (
+                addr.to_string(),
+                state.to_string(),
+                f[2].int(),
+                policy.to_string(),
+                f[4].int(),
+            )
         })
         .collect();
     // The policy as read while the master was up: redis-server's default.

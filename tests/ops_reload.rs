@@ -8,7 +8,6 @@
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -16,15 +15,13 @@ use std::time::{Duration, Instant};
 use bytes::BytesMut;
 use lockgate::context::ReloadHook;
 use lockgate::Config;
-use support::locks::pttl;
 use support::binary::Captured as Binary;
+use support::locks::pttl;
 use support::ops::{call, try_http_get, Ops};
 use support::{cmd, frame_len, free_port, show, RawClient, RedisServer, WAIT};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{watch, Semaphore};
-
-const BIN: &str = env!("CARGO_BIN_EXE_lockgate");
 
 /// A config file's text: `keys` as the lock patterns, `filter` as the log
 /// filter, and `extra` appended.

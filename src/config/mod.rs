@@ -448,10 +448,7 @@ mod tests {
         cfg.validate().unwrap();
         cfg.locks.eviction_check_ms = 0;
         let err = cfg.validate().unwrap_err();
-        assert!(
-            err.to_string().contains("locks.eviction_check_ms"),
-            "{err}"
-        );
+        assert!(err.to_string().contains("locks.eviction_check_ms"), "{err}");
     }
 
     #[test]

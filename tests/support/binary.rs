@@ -97,7 +97,8 @@ impl Conn {
 
 /// The built binary, its output collected; killed on drop.
 pub struct Captured {
-    child: Child,
+    /// The process.
+    pub child: Child,
     output: Arc<Mutex<String>>,
 }
 

@@ -209,7 +209,9 @@ impl Memory {
     }
 
     /// Takes note of the reading made as connection number `connection`
-    /// to `addr` opened (see [`Memory::learn`]).
+    /// to `addr` opened: counts the growth of `evicted_keys` since the last
+    /// reading of the same run (`run_id`), then puts the policy in force,
+    /// logging it when it may evict lock keys.
     pub fn opened(&self, connection: u64, addr: &str, run_id: &str, sample: &Sample) {
         let mut reading = sync::lock(&self.reading);
         self.learn(&mut reading, connection, Arc::from(addr), run_id, sample);
@@ -343,8 +345,7 @@ impl Eviction {
     /// Puts the rules of `config` in force.
     pub fn reload(&self, config: &Config) {
         let l = &config.locks;
-        self.require
-            .store(l.require_noeviction, Ordering::Relaxed);
+        self.require.store(l.require_noeviction, Ordering::Relaxed);
         self.check_ms.store(l.eviction_check_ms, Ordering::Relaxed);
     }
 
@@ -439,7 +440,10 @@ mod tests {
             assert!(!p.keeps_locks(), "{name}");
             assert_eq!(p.name(), name);
         }
-        assert_eq!(Policy::from_name("volatile-ttl"), Policy::Volatile("volatile-ttl".into()));
+        assert_eq!(
+            Policy::from_name("volatile-ttl"),
+            Policy::Volatile("volatile-ttl".into())
+        );
         assert_eq!(Policy::from_name(""), Policy::Unknown);
         assert_eq!(Policy::Unknown.name(), "unknown");
     }
@@ -448,7 +452,11 @@ mod tests {
     fn evicted_keys_growth_counts_within_one_run_only() {
         let m = Memory::default();
         m.opened(1, "a:1", "run1", &sample("allkeys-lru", Some(5)));
-        assert_eq!(m.evicted.load(Ordering::Relaxed), 0, "a first reading is a baseline");
+        assert_eq!(
+            m.evicted.load(Ordering::Relaxed),
+            0,
+            "a first reading is a baseline"
+        );
         m.opened(1, "a:1", "run1", &sample("allkeys-lru", Some(12)));
         assert_eq!(m.evicted.load(Ordering::Relaxed), 7);
         m.opened(1, "a:1", "run1", &sample("allkeys-lru", None));

@@ -22,7 +22,12 @@ use crate::sync;
 
 /// Starts the check of `nodes` (each call bounded by `timeout`); it stops
 /// with `stop`.
-pub fn spawn(nodes: Vec<Node>, eviction: Arc<Eviction>, timeout: Duration, stop: CancellationToken) {
+pub fn spawn(
+    nodes: Vec<Node>,
+    eviction: Arc<Eviction>,
+    timeout: Duration,
+    stop: CancellationToken,
+) {
     tokio::spawn(async move {
         tokio::select! {
             _ = stop.cancelled() => {}

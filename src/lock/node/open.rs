@@ -9,8 +9,8 @@ use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::{NodeConfig, INTERNAL_NAME};
-use crate::lock::eviction::{read, Sample};
 use crate::lock::evalsha;
+use crate::lock::eviction::{read, Sample};
 use crate::protocol::encode;
 use crate::protocol::reply::ReplyScanner;
 use crate::tls::Stream;
