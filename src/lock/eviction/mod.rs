@@ -5,11 +5,12 @@
 //! evicts keys with a TTL, and every lock key and owner record has its
 //! lease; `allkeys-*` evicts any key, fence counters included.
 //!
-//! lockgate reads the policy of every Redis its locks live on (the primary,
-//! or each lock master) on lockgate's own connection: when the connection
-//! opens (so a new primary after a Sentinel switch is read before anything
-//! else is asked of it) and every `locks.eviction_check_ms` after, with
-//! `INFO stats`' `evicted_keys` ([`watch`]). `CONFIG GET maxmemory-policy`
+//! lockgate reads the policy of every Redis it keeps a connection of its own
+//! to (the primary, and each lock master) on that connection: when it opens
+//! (so a new primary after a Sentinel switch is read before anything else is
+//! asked of it) and every `locks.eviction_check_ms` after, with `INFO
+//! stats`' `evicted_keys` ([`watch`]). The primary beside a quorum holds no
+//! lock key: its policy is shown, never warned about or refused. `CONFIG GET maxmemory-policy`
 //! first; where `CONFIG` is renamed or refused (managed Redis), `INFO
 //! memory`'s `maxmemory_policy`; where both are refused, the policy is
 //! `unknown`. A policy that may evict lock keys is logged (at each change,

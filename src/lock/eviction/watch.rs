@@ -1,5 +1,5 @@
 //! The periodic eviction check: every `locks.eviction_check_ms`, each node
-//! lockgate keeps locks on (the primary, or every lock master) is asked
+//! lockgate keeps a connection to (the primary, and every lock master) is asked
 //! its policy and `evicted_keys` on lockgate's own pipelined connection:
 //! two commands queued together (`CONFIG GET maxmemory-policy`, or `INFO
 //! memory` where CONFIG was refused, and `INFO stats`), one round trip per
