@@ -107,11 +107,14 @@ fn fencing(ctx: &Arc<ServerContext>, sub: &[u8], args: CommandArgs<'_>) -> Admin
                 match &ctx2.quorum {
                     Some(q) => ctx2.locks.quorum_fence_lock(q, key, ttl, wait).await,
                     None if ctx2.held_after_failover(&key) => LocalReply::Null,
-                    None => {
-                        ctx2.locks
-                            .fence_lock(&ctx2.primary, key, ttl, wait, timeout)
-                            .await
-                    }
+                    None => match ctx2.eviction_refusal() {
+                        Some(refused) => refused,
+                        None => {
+                            ctx2.locks
+                                .fence_lock(&ctx2.primary, key, ttl, wait, timeout)
+                                .await
+                        }
+                    },
                 }
             })
         }
@@ -150,11 +153,14 @@ fn fencing(ctx: &Arc<ServerContext>, sub: &[u8], args: CommandArgs<'_>) -> Admin
                         let cmd = fence::extend_command(&key, &token, ttl);
                         ctx2.locks.quorum_fence_simple(q, cmd).await
                     }
-                    None => {
-                        ctx2.locks
-                            .fence_extend(&ctx2.primary, key, token, ttl, timeout)
-                            .await
-                    }
+                    None => match ctx2.eviction_refusal() {
+                        Some(refused) => refused,
+                        None => {
+                            ctx2.locks
+                                .fence_extend(&ctx2.primary, key, token, ttl, timeout)
+                                .await
+                        }
+                    },
                 }
             })
         }

@@ -11,11 +11,14 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{AdminConfig, Config, LimitsConfig, ProxyConfig, QuorumConfig, UpstreamConfig};
 use crate::lock::announce;
+use crate::lock::eviction::{self, Eviction, Role};
 use crate::lock::metrics::RejoinMetrics;
 use crate::lock::node::{Node, NodeConfig};
+use crate::lock::ops::LockOp;
 use crate::lock::quorum::Quorum;
 use crate::lock::LockService;
 use crate::metrics::{Counter, Kind, ProxyMetrics, RateLimit};
+use crate::protocol::encode::LocalReply;
 use crate::protocol::request::RequestLimits;
 use crate::sentinel::{follow, Primary};
 use crate::sync;
@@ -80,6 +83,9 @@ pub struct ServerContext {
     pub stop: CancellationToken,
     /// The lock masters, when lock keys live on a quorum.
     pub quorum: Option<Arc<Quorum>>,
+    /// `locks.require_noeviction` in force, the eviction checks' interval
+    /// and counters (see [`crate::lock::eviction`]).
+    pub eviction: Arc<Eviction>,
     /// Where to re-read the configuration on SIGHUP / `LOCKGATE RELOAD`,
     /// and how to change the log filter then (set by the binary).
     pub reload: std::sync::Mutex<Option<ReloadHook>>,
@@ -148,15 +154,34 @@ impl ServerContext {
             }
             false => Primary::fixed(&config.upstream.addr),
         };
-        let on_primary = NodeConfig::for_addr(&config, &config.upstream.addr, upstream.clone())
-            .following(&primary_addr);
+        let on_primary = NodeConfig {
+            role: match config.locks.quorum.masters.is_empty() {
+                true => Role::Primary,
+                false => Role::PrimaryBesideQuorum,
+            },
+            ..NodeConfig::for_addr(&config, &config.upstream.addr, upstream.clone())
+        }
+        .following(&primary_addr);
         // A parked attempt's driver and a passed turn go by SHA1 (the
         // sessions load the scripts, and a `NOSCRIPT` reruns as `EVAL`,
         // which caches it): not loaded at each (re)connection, which a
         // primary paused for a failover would hold up.
         let primary = Node::spawn(on_primary.clone(), stop.clone());
         let locks = LockService::new(&config);
-        let quorum = Quorum::start(&config, &stop, &masters);
+        let eviction = Arc::new(Eviction::new(&config));
+        let quorum = Quorum::start(&config, &stop, &masters, &eviction);
+        // Policies are read again periodically (and as each connection
+        // opens): the primary's, and the masters' where the locks live.
+        let mut checked = vec![primary.clone()];
+        if let Some(q) = &quorum {
+            checked.extend(q.masters.iter().map(|m| m.node.clone()));
+        }
+        eviction::watch::spawn(
+            checked,
+            eviction.clone(),
+            Duration::from_millis(config.upstream.connect_timeout_ms),
+            stop.clone(),
+        );
         // Wake-ups come from where the locks live.
         let stores: Vec<(NodeConfig, Node)> = match &quorum {
             None => vec![(on_primary, primary.clone())],
@@ -181,6 +206,7 @@ impl ServerContext {
             current: std::sync::RwLock::new(config.clone()),
             locks,
             quorum,
+            eviction,
             tls,
             upstream,
             primary,
@@ -262,6 +288,7 @@ impl ServerContext {
         }
         (hook.set_log_filter)(&new.log.filter)?;
         self.locks.reload(&new);
+        self.eviction.reload(&new);
         self.tls.replace(tls_in_force);
         // What is in force: the reloadable sections from the file, the rest
         // as the process started with.
@@ -305,6 +332,7 @@ impl ServerContext {
             self.primary_addr.metrics.counters(),
             self.locks.metrics.counters(),
             self.locks.storm.metrics.counters(),
+            self.eviction.metrics.counters(),
             rejoin.counters(),
         ];
         rooms.into_iter().flatten().for_each(&mut f);
@@ -361,6 +389,30 @@ impl ServerContext {
         result.map(|stream| (stream, current.generation))
     }
 
+    /// With `locks.require_noeviction` and no quorum, the refusal of a lock
+    /// command that would grant or extend a lease on a primary whose
+    /// `maxmemory-policy` (as read from the primary in force) is not
+    /// `noeviction`; releases are never refused. Counted and logged.
+    pub fn refused_for_eviction(&self, op: &LockOp) -> Option<LocalReply> {
+        // One relaxed load on the path of every lock command when off.
+        if !self.eviction.required() || matches!(op, LockOp::Release { .. }) {
+            return None;
+        }
+        self.eviction_refusal()
+    }
+
+    /// With `locks.require_noeviction` and no quorum, the refusal of any
+    /// lease on the primary in force, unless its `maxmemory-policy` reads
+    /// `noeviction` (see [`crate::lock::eviction::Eviction::refusal`]).
+    pub fn eviction_refusal(&self) -> Option<LocalReply> {
+        if !self.eviction.required() || self.quorum.is_some() {
+            return None;
+        }
+        let primary = self.primary_addr.addr();
+        self.eviction
+            .refusal(primary.as_deref(), &self.primary.state.memory)
+    }
+
     /// While acquisitions on the primary are held after a switch of the
     /// primary (`locks.failover_delay_ms`; never with the quorum, whose
     /// masters hold the locks): counts one refused acquisition of `key`,
@@ -395,6 +447,11 @@ impl crate::lock::storm::Acquirer for ServerContext {
             // After a switch of the primary, no acquisition on its behalf
             // either (`locks.failover_delay_ms`; never with the quorum).
             if self.held_after_failover(&ask.key) {
+                return crate::lock::storm::Tried::FAILED;
+            }
+            // Nor on a primary that may evict the lock
+            // (`locks.require_noeviction`): tried again at the next probe.
+            if self.eviction_refusal().is_some() {
                 return crate::lock::storm::Tried::FAILED;
             }
             let timeout = Duration::from_millis(self.config.upstream.connect_timeout_ms);

@@ -120,6 +120,7 @@ impl Collector for Counters {
                 ConstCounter::new(h.count).encode(fam.encode_family(&labels)?)?;
             }
         }
+        eviction_families(ctx, &mut e)?;
         if let Some(q) = &ctx.quorum {
             let mut up = e.encode_descriptor(
                 "master_up",
@@ -180,6 +181,60 @@ impl Collector for Counters {
     }
 }
 
+/// Where lock keys live (the primary, or each lock master): its
+/// `maxmemory-policy` by name (one series per node, the policy as a label,
+/// `unknown` until read) and the growth of its `evicted_keys` lockgate saw.
+fn eviction_families(ctx: &ServerContext, e: &mut DescriptorEncoder) -> std::fmt::Result {
+    let primary_addr = match ctx.primary.state.memory.reading() {
+        Some(r) => r.addr.to_string(),
+        None => (ctx.primary_addr.addr())
+            .map_or_else(|| ctx.primary.addr().to_string(), |a| a.to_string()),
+    };
+    let mut nodes: Vec<(&str, String, String, u64)> = Vec::new();
+    match &ctx.quorum {
+        None => nodes.push((
+            "primary",
+            primary_addr,
+            crate::views::primary_policy(ctx),
+            ProxyMetrics::get(&ctx.primary.state.memory.evicted),
+        )),
+        Some(q) => nodes.extend(q.masters.iter().map(|m| {
+            let memory = &m.node.state.memory;
+            (
+                "master",
+                m.node.addr().to_string(),
+                memory.policy_name(),
+                ProxyMetrics::get(&memory.evicted),
+            )
+        })),
+    }
+    let mut policy = e.encode_descriptor(
+        "upstream_maxmemory_policy",
+        "maxmemory-policy of each Redis holding lock keys, 1 for the policy it has (lock keys are safe only under noeviction)",
+        None,
+        MetricType::Gauge,
+    )?;
+    for (role, node, name, _) in &nodes {
+        let labels = [
+            ("role", *role),
+            ("node", node.as_str()),
+            ("policy", name.as_str()),
+        ];
+        ConstGauge::new(1).encode(policy.encode_family(&labels)?)?;
+    }
+    let mut evicted = e.encode_descriptor(
+        "upstream_evicted_keys",
+        "Keys each Redis holding lock keys evicted while lockgate watched (growth of INFO stats evicted_keys)",
+        None,
+        MetricType::Counter,
+    )?;
+    for (role, node, _, n) in &nodes {
+        let labels = [("role", *role), ("node", node.as_str())];
+        ConstCounter::new(*n).encode(evicted.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeSet;
@@ -197,6 +252,8 @@ mod tests {
         "lockgate_lock_tracked_keys",
         "lockgate_tasks_alive",
         "lockgate_hot_lock_attempts",
+        "lockgate_upstream_maxmemory_policy",
+        "lockgate_upstream_evicted_keys",
     ];
 
     /// Every counter is both exported and in `LOCKGATE STATS`, under the

@@ -69,6 +69,14 @@ pub fn not_ready(ctx: &ServerContext) -> Option<String> {
     if !ctx.primary.state.up.load(Ordering::Relaxed) {
         return Some(format!("upstream {addr} unreachable"));
     }
+    // `locks.require_noeviction` on a primary that may evict lock keys: no
+    // lock can be served, as without a quorum of masters.
+    if ctx.quorum.is_none() {
+        let memory = &ctx.primary.state.memory;
+        if let Some(why) = ctx.eviction.refused_because(Some(&addr), memory) {
+            return Some(why.trim_start_matches("lockgate: ").to_string());
+        }
+    }
     if let Some(q) = &ctx.quorum {
         let up = q.eligible().len();
         // Ready when an acquisition can succeed (clock_faults asks more).
@@ -118,17 +126,20 @@ async fn status(State(ctx): State<Arc<ServerContext>>) -> Response {
         .flat_map(|q| q.masters.iter())
         .map(|m| {
             let (state, left, why) = match m.state() {
-                MasterState::Up => ("up", 0, ""),
+                MasterState::Up => ("up", 0, String::new()),
                 MasterState::SittingOut(d, why) => {
-                    ("sitting out", d.as_millis() as u64, why.name())
+                    ("sitting out", d.as_millis() as u64, m.reason_text(why))
                 }
-                MasterState::Down => ("down", 0, ""),
+                MasterState::Down => ("down", 0, String::new()),
             };
+            let memory = &m.node.state.memory;
             serde_json::json!({
                 "addr": m.node.addr(),
                 "state": state,
                 "rejoin_in_ms": left,
                 "sitting_out_because": why,
+                "maxmemory_policy": memory.policy_name(),
+                "evicted_keys": ProxyMetrics::get(&memory.evicted),
             })
         })
         .collect();

@@ -79,7 +79,11 @@
 //!   [`lock::node`] (lockgate's own shared, pipelined connection to one
 //!   Redis; on a lock master its calls go by SHA1 and a `NOSCRIPT` is
 //!   sent again as `EVAL` by the connection itself; `node::open`: connect,
-//!   authenticate, load the lock scripts), [`lock::fence`] (the fencing-token API on one Redis),
+//!   authenticate, read `run_id`, uptime and eviction policy, load the lock
+//!   scripts), [`lock::eviction`] (each lock store's `maxmemory-policy` and
+//!   `evicted_keys`, read as a connection opens and periodically; shown,
+//!   warned about, and with `locks.require_noeviction` locks refused on an
+//!   evicting primary and an evicting master sat out), [`lock::fence`] (the fencing-token API on one Redis),
 //!   [`lock::quorum`] (the masters, majority merges, sit-outs after a
 //!   restart, a reconnection or a clock jump; `quorum::ask`: one command
 //!   to the masters in parallel, the wait ended once the answer is

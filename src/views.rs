@@ -6,6 +6,7 @@ use bytes::Bytes;
 
 use crate::context::ServerContext;
 use crate::lock::quorum::MasterState;
+use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
 
 /// Most rows `LOCKGATE LOCKS` answers.
@@ -64,8 +65,32 @@ pub fn locks(ctx: &ServerContext, pattern: &[u8]) -> LocalReply {
     )
 }
 
-/// `MASTERS`: each lock master: address, state, ms until it rejoins, and
-/// why it sits out (empty unless it does).
+/// The primary's `maxmemory-policy` by name, as read from the primary in
+/// force (`unknown`: not read from it yet, or unreadable).
+pub fn primary_policy(ctx: &ServerContext) -> String {
+    let reading = ctx.primary.state.memory.reading();
+    match (reading, ctx.primary_addr.addr()) {
+        (Some(r), Some(p)) if r.addr == p => r.policy.name().to_string(),
+        _ => "unknown".to_string(),
+    }
+}
+
+/// Why locks on the primary are refused now (`locks.require_noeviction`),
+/// or "" (without refusing or counting anything).
+fn primary_refused(ctx: &ServerContext) -> String {
+    if ctx.quorum.is_some() {
+        return String::new();
+    }
+    let addr = ctx.primary_addr.addr();
+    (ctx.eviction)
+        .refused_because(addr.as_deref(), &ctx.primary.state.memory)
+        .unwrap_or_default()
+}
+
+/// `MASTERS`: each lock master: address, state, ms until it rejoins (0
+/// where it waits for its policy), why it sits out (empty unless it
+/// does), its `maxmemory-policy` by name, and the keys it was seen
+/// evicting.
 pub fn masters(ctx: &ServerContext) -> LocalReply {
     let Some(q) = &ctx.quorum else {
         return LocalReply::Array(Vec::new());
@@ -75,17 +100,20 @@ pub fn masters(ctx: &ServerContext) -> LocalReply {
             .iter()
             .map(|m| {
                 let (state, left, why) = match m.state() {
-                    MasterState::Up => ("up", 0, ""),
+                    MasterState::Up => ("up", 0, String::new()),
                     MasterState::SittingOut(d, why) => {
-                        ("sitting out", d.as_millis() as i64, why.name())
+                        ("sitting out", d.as_millis() as i64, m.reason_text(why))
                     }
-                    MasterState::Down => ("down", 0, ""),
+                    MasterState::Down => ("down", 0, String::new()),
                 };
+                let memory = &m.node.state.memory;
                 LocalReply::Array(vec![
                     text(m.node.addr()),
                     text(state),
                     LocalReply::Integer(left),
-                    text(why),
+                    text(&why),
+                    text(&memory.policy_name()),
+                    LocalReply::Integer(ProxyMetrics::get(&memory.evicted) as i64),
                 ])
             })
             .collect(),
@@ -96,7 +124,10 @@ pub fn masters(ctx: &ServerContext) -> LocalReply {
 /// pairs: `addr` (empty: none confirmed), `followed` (`sentinel` or
 /// `fixed`), `switches`, `last_switch_from`, `last_switch_to`,
 /// `last_switch_unix_ms` (empty / 0: none), `failover_hold_ms` (what is left
-/// of `locks.failover_delay_ms`, rounded up).
+/// of `locks.failover_delay_ms`, rounded up), `maxmemory_policy` (by name,
+/// `unknown` until read from the primary in force), `evicted_keys` (keys
+/// lockgate saw it evict), `locks_refused` (why, with
+/// `locks.require_noeviction`; empty: served).
 pub fn primary(ctx: &ServerContext) -> LocalReply {
     let p = &ctx.primary_addr;
     let last = p.last_switch().filter(|_| p.switches() > 0);
@@ -125,6 +156,12 @@ pub fn primary(ctx: &ServerContext) -> LocalReply {
             LocalReply::Integer(last.as_ref().map_or(0, |l| l.at_unix_ms as i64)),
         ),
         ("failover_hold_ms", LocalReply::Integer(hold)),
+        ("maxmemory_policy", text(&primary_policy(ctx))),
+        (
+            "evicted_keys",
+            LocalReply::Integer(ProxyMetrics::get(&ctx.primary.state.memory.evicted) as i64),
+        ),
+        ("locks_refused", text(&primary_refused(ctx))),
     ];
     LocalReply::Array(pairs.into_iter().flat_map(|(k, v)| [text(k), v]).collect())
 }
@@ -142,6 +179,9 @@ pub fn primary_json(ctx: &ServerContext) -> serde_json::Value {
             "to": &*l.to,
             "at_unix_ms": l.at_unix_ms,
         })),
+        "maxmemory_policy": primary_policy(ctx),
+        "evicted_keys": ProxyMetrics::get(&ctx.primary.state.memory.evicted),
+        "locks_refused": primary_refused(ctx),
     })
 }
 

@@ -739,27 +739,31 @@ async fn status_page_in_chromium_shows_a_hot_key_within_2s_and_a_killed_master_d
 
     // LOCKGATE MASTERS and /metrics agree.
     let masters = call(&mut holder, &["LOCKGATE", "MASTERS"]).await;
-    let rows: Vec<(String, String, i64, String)> = masters
+    let rows: Vec<(String, String, i64, String, String, i64)> = masters
         .items()
         .iter()
         .map(|r| {
             let f = r.items();
-            assert_eq!(f.len(), 4, "{r:?}");
-            let why = f[3].text().to_string();
+            assert_eq!(f.len(), 6, "{r:?}");
+            let (addr, state, why, policy) = (f[0].text(), f[1].text(), f[3].text(), f[4].text());
             (
-                f[0].text().to_string(),
-                f[1].text().to_string(),
+                addr.to_string(),
+                state.to_string(),
                 f[2].int(),
-                why,
+                why.to_string(),
+                policy.to_string(),
+                f[5].int(),
             )
         })
         .collect();
-    let want: Vec<(String, String, i64, String)> = addrs
+    // The policy as read while the master was up: redis-server's default.
+    let want: Vec<(String, String, i64, String, String, i64)> = addrs
         .iter()
         .enumerate()
         .map(|(i, a)| {
             let state = if i == 2 { "down" } else { "up" };
-            (a.clone(), state.to_string(), 0, String::new())
+            let policy = "noeviction".to_string();
+            (a.clone(), state.to_string(), 0, String::new(), policy, 0)
         })
         .collect();
     assert_eq!(rows, want, "LOCKGATE MASTERS");

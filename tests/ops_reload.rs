@@ -8,7 +8,6 @@
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -16,14 +15,13 @@ use std::time::{Duration, Instant};
 use bytes::BytesMut;
 use lockgate::context::ReloadHook;
 use lockgate::Config;
+use support::binary::Captured as Binary;
 use support::locks::pttl;
 use support::ops::{call, try_http_get, Ops};
 use support::{cmd, frame_len, free_port, show, RawClient, RedisServer, WAIT};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{watch, Semaphore};
-
-const BIN: &str = env!("CARGO_BIN_EXE_lockgate");
 
 /// A config file's text: `keys` as the lock patterns, `filter` as the log
 /// filter, and `extra` appended.
@@ -366,86 +364,6 @@ async fn reload_changes_a_lock_pattern_under_a_pipelined_stream_and_refuses_bad_
         format!("${}\r\n{last}\r\n", last.len())
     );
     assert_eq!(c.call_s(&["PING"]).await, "+PONG\r\n");
-}
-
-/// The built binary, its output collected; killed on drop.
-struct Binary {
-    child: Child,
-    output: Arc<Mutex<String>>,
-}
-
-impl Binary {
-    fn spawn(args: &[&str]) -> Binary {
-        let mut child = Command::new(BIN)
-            .args(args)
-            .env_remove("RUST_LOG")
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn lockgate");
-        let output: Arc<Mutex<String>> = Arc::default();
-        let pipes: [Box<dyn std::io::Read + Send>; 2] = [
-            Box::new(child.stdout.take().expect("stdout")),
-            Box::new(child.stderr.take().expect("stderr")),
-        ];
-        for mut pipe in pipes {
-            let output = output.clone();
-            std::thread::spawn(move || {
-                use std::io::Read;
-                let mut chunk = [0u8; 4096];
-                while let Ok(n) = pipe.read(&mut chunk) {
-                    if n == 0 {
-                        return;
-                    }
-                    output
-                        .lock()
-                        .expect("output")
-                        .push_str(&String::from_utf8_lossy(&chunk[..n]));
-                }
-            });
-        }
-        Binary { child, output }
-    }
-
-    fn output(&self) -> String {
-        self.output.lock().expect("output").clone()
-    }
-
-    /// Waits until the output contains `text` `n` times.
-    async fn until_logged(&mut self, text: &str, n: usize) {
-        let deadline = Instant::now() + WAIT;
-        while self.output().matches(text).count() < n {
-            if let Some(status) = self.child.try_wait().expect("try_wait") {
-                panic!(
-                    "lockgate exited ({status}) before logging {text:?}:\n{}",
-                    self.output()
-                );
-            }
-            assert!(
-                Instant::now() < deadline,
-                "lockgate never logged {text:?} ({n} times); output:\n{}",
-                self.output()
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-
-    fn signal(&self, sig: &str) {
-        let status = Command::new("kill")
-            .args([sig, &self.child.id().to_string()])
-            .status()
-            .expect("run kill");
-        assert!(status.success(), "kill {sig}");
-    }
-}
-
-impl Drop for Binary {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

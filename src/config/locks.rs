@@ -44,6 +44,20 @@ pub struct LocksConfig {
     /// than `default_lease_ms`. 0: off. Not used with the quorum.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub failover_delay_ms: Option<u64>,
+    /// Refuse to serve locks where Redis may evict them: while the
+    /// primary's `maxmemory-policy` is not `noeviction`, lock acquisitions,
+    /// extensions and takeovers on it are answered `-ERR lockgate: locks
+    /// refused: maxmemory-policy is … (locks.require_noeviction)` (releases
+    /// pass); with the quorum, a master whose policy is not `noeviction`
+    /// sits out acquisitions, and one seen evicting keys sits out the
+    /// rejoin delay. Ordinary commands always pass. false: only warn.
+    /// Reloadable; the policy is read again every `eviction_check_ms`, so a
+    /// fixed policy serves locks again without a restart.
+    pub require_noeviction: bool,
+    /// How often lockgate reads `maxmemory-policy` and `evicted_keys` of
+    /// the primary and of each lock master (ms; one round trip per Redis),
+    /// besides at every (re)connection. At least 10.
+    pub eviction_check_ms: u64,
 }
 
 /// Retry-storm control (`[locks.retry]`): while a lock is known held, spin
@@ -202,6 +216,8 @@ impl Default for LocksConfig {
             quorum: QuorumConfig::default(),
             retry: RetryConfig::default(),
             failover_delay_ms: None,
+            require_noeviction: false,
+            eviction_check_ms: 1_000,
         }
     }
 }

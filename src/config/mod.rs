@@ -243,6 +243,12 @@ impl Config {
         }
         positive("admin.hot_keys", self.admin.hot_keys as u64)?;
         positive("locks.max_queued_calls", self.locks.max_queued_calls as u64)?;
+        if self.locks.eviction_check_ms < MIN_EVICTION_CHECK_MS {
+            return Err(invalid(
+                "locks.eviction_check_ms",
+                &format!("must be at least {MIN_EVICTION_CHECK_MS}"),
+            ));
+        }
         let q = &self.locks.quorum;
         if !q.masters.is_empty() && q.masters.len() < 3 {
             return Err(invalid(
@@ -342,6 +348,10 @@ fn invalid(key: &'static str, reason: &str) -> ConfigError {
     }
 }
 
+/// Smallest `locks.eviction_check_ms`: each check is a round trip to every
+/// Redis lockgate keeps locks on.
+const MIN_EVICTION_CHECK_MS: u64 = 10;
+
 /// Smallest `locks.retry.queue_ttl_ms`: a third of it is how often a
 /// waiting instance renews its place, which must take a few round trips.
 pub const MIN_QUEUE_TTL_MS: u64 = 300;
@@ -428,6 +438,17 @@ mod tests {
             err.to_string().contains("locks.retry.queue_ttl_ms"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn eviction_checks_are_at_most_a_hundred_a_second() {
+        let mut cfg = Config::default();
+        cfg.locks.require_noeviction = true;
+        cfg.locks.eviction_check_ms = MIN_EVICTION_CHECK_MS;
+        cfg.validate().unwrap();
+        cfg.locks.eviction_check_ms = 0;
+        let err = cfg.validate().unwrap_err();
+        assert!(err.to_string().contains("locks.eviction_check_ms"), "{err}");
     }
 
     #[test]

@@ -103,5 +103,13 @@ counters! {
         /// after it started.
         sit_outs_young: Counter "lock_quorum_sit_outs_young",
             "Lock master sit-outs at first sight, started less than the rejoin delay before";
+        /// Sit-outs of a master whose `maxmemory-policy` may evict lock
+        /// keys (`locks.require_noeviction`), until it reads `noeviction`.
+        sit_outs_evicting: Counter "lock_quorum_sit_outs_evicting",
+            "Lock master sit-outs for a maxmemory-policy that may evict lock keys (locks.require_noeviction)";
+        /// Sit-outs of the rejoin delay of a master seen evicting keys
+        /// (`locks.require_noeviction`).
+        sit_outs_evicted: Counter "lock_quorum_sit_outs_evicted",
+            "Lock master sit-outs of the rejoin delay after it evicted keys (locks.require_noeviction)";
     }
 }

@@ -25,6 +25,8 @@
 //!   disconnect over a connection of lockgate's own.
 //! - [`clock`]: the quorum masters' clock offsets; a master whose clock
 //!   jumps sits out and its vote does not count.
+//! - [`eviction`]: the lock stores' `maxmemory-policy` and `evicted_keys`;
+//!   `locks.require_noeviction` refuses locks where they may be evicted.
 //! - `reply`: [`LockService::on_reply`], what a lock script's reply means
 //!   for the client (the session's writer writes what it is told).
 //! - [`quorum_scripts`]: client script bodies kept for the quorum.
@@ -37,6 +39,7 @@ pub mod announce;
 pub mod clock;
 pub mod evalsha;
 pub use evalsha::eval_on;
+pub mod eviction;
 pub mod failover;
 pub mod fence;
 pub mod hotkeys;

@@ -16,6 +16,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::evalsha;
+use super::eviction::{Memory, Role};
 use crate::protocol::reply::ReplyScanner;
 use crate::sentinel::Primary;
 use crate::sync;
@@ -109,6 +110,10 @@ pub struct NodeState {
     /// that restarted moments before lockgate first saw it can be told
     /// from one that has run for long.
     pub uptime: Mutex<Option<(Instant, u64)>>,
+    /// Its eviction policy and the keys it was seen evicting, read as
+    /// each connection opens and by the periodic check (see
+    /// [`super::eviction`]).
+    pub memory: Memory,
 }
 
 /// A handle to one node; cheap to clone.
@@ -152,6 +157,8 @@ pub struct NodeConfig {
     /// Counts the calls sent again as `EVAL` after `-NOSCRIPT` (see
     /// [`Request`]); shared by the quorum's masters.
     pub noscript_reruns: Option<Arc<AtomicU64>>,
+    /// The primary or a lock master, as its eviction logs name it.
+    pub role: Role,
 }
 
 impl NodeConfig {
@@ -172,6 +179,7 @@ impl NodeConfig {
             follow: None,
             load_scripts: false,
             noscript_reruns: None,
+            role: Role::Primary,
         }
     }
 
@@ -219,6 +227,7 @@ impl Node {
     pub fn spawn(config: NodeConfig, shutdown: CancellationToken) -> Node {
         let (tx, rx) = mpsc::channel(config.max_queued.max(1));
         let state = Arc::new(NodeState::default());
+        state.memory.set_role(config.role);
         let node = Node {
             addr: Arc::from(config.addr.as_str()),
             calls: tx,
@@ -293,10 +302,17 @@ async fn connection_loop(
     loop {
         let (now, generation) = config.resolve().await;
         match open(&now).await {
-            Ok((stream, run_id, uptime)) => {
+            Ok(opened) => {
                 backoff = Duration::from_millis(10);
-                *sync::lock(&state.run_id) = run_id;
-                *sync::lock(&state.uptime) = uptime;
+                // All known before the connection counts, so nobody sees
+                // it without them (a master's policy decides its vote).
+                let connection = state.connects.load(Ordering::Relaxed) + 1;
+                state
+                    .memory
+                    .opened(connection, &now.addr, &opened.run_id, &opened.memory);
+                *sync::lock(&state.run_id) = opened.run_id;
+                *sync::lock(&state.uptime) = opened.uptime;
+                let stream = opened.stream;
                 state.connects.fetch_add(1, Ordering::Relaxed);
                 state.up.store(true, Ordering::Relaxed);
                 tokio::select! {

@@ -10,7 +10,7 @@
 //! before a master votes again, and once a majority is up and past its
 //! delay, acquisitions succeed whatever happened before.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 mod ask;
 
+use super::eviction::{Eviction, Role};
 use super::metrics::RejoinMetrics;
 use super::node::{Node, NodeConfig};
 use crate::config::{Config, QuorumConfig, QuorumLoss};
@@ -44,6 +45,12 @@ pub struct Master {
     rejoin_ms: Arc<AtomicU64>,
     /// The quorum's counters (sit-outs by reason).
     metrics: Arc<RejoinMetrics>,
+    /// `locks.require_noeviction` in force (shared with the sessions).
+    eviction: Arc<Eviction>,
+    /// Sitting out for its eviction policy, as last observed.
+    evicting: AtomicBool,
+    /// Its `evicted_keys` growth as last observed.
+    evicted_seen: AtomicU64,
 }
 
 /// Why a master sits out acquisitions for a while.
@@ -59,6 +66,13 @@ pub enum SitOut {
     Young,
     /// Its clock stepped: its keys may have expired early.
     ClockJump,
+    /// With `locks.require_noeviction`: it was seen evicting keys, and a
+    /// held lock key may have been among them.
+    Evicted,
+    /// With `locks.require_noeviction`: its `maxmemory-policy` may evict
+    /// lock keys. No time bound: until the policy reads `noeviction` (or
+    /// the key is turned off), which the periodic check reads again.
+    Evicting,
 }
 
 impl SitOut {
@@ -69,6 +83,8 @@ impl SitOut {
             SitOut::Reconnected => "reconnected",
             SitOut::Young => "started recently",
             SitOut::ClockJump => "clock jump",
+            SitOut::Evicted => "evicted keys",
+            SitOut::Evicting => "maxmemory-policy",
         }
     }
 }
@@ -95,6 +111,11 @@ impl Master {
         if !self.node.state.up.load(Ordering::Relaxed) {
             return MasterState::Down;
         }
+        // No time bound: until its policy reads `noeviction` (or the key
+        // is turned off), which the periodic check reads again.
+        if self.eviction.master_refused(&self.node.state.memory) {
+            return MasterState::SittingOut(Duration::ZERO, SitOut::Evicting);
+        }
         let until = *sync::lock(&self.sitting_out_until);
         match until.map(|(u, why)| (u.saturating_duration_since(Instant::now()), why)) {
             Some((left, why)) if !left.is_zero() => MasterState::SittingOut(left, why),
@@ -108,6 +129,7 @@ impl Master {
     /// check, so a master can never count between reconnecting and being
     /// noticed.
     fn observe(&self, rejoin_delay: Duration) {
+        self.observe_eviction(rejoin_delay);
         let connects = self.node.state.connects.load(Ordering::Relaxed);
         let mut seen = sync::lock(&self.seen);
         if connects == seen.1 {
@@ -142,6 +164,66 @@ impl Master {
         *seen = (run_id, connects);
     }
 
+    /// With `locks.require_noeviction`: notes a policy that may evict
+    /// lock keys (the master sits out while it lasts, see
+    /// [`Master::state`]) and evictions seen since the last look (it sits
+    /// out `rejoin_delay` from now: every lock key it may have lost was
+    /// granted before now, so its lease ends by then). The policy is read
+    /// before the evictions: a reading's growth is written before its
+    /// policy, so a master whose policy reads `noeviction` again never
+    /// votes before the evictions of the same reading are seen.
+    fn observe_eviction(&self, rejoin_delay: Duration) {
+        let memory = &self.node.state.memory;
+        let refused = self.eviction.master_refused(memory);
+        let evicted = memory.evicted.load(Ordering::Relaxed);
+        let grew = self.evicted_seen.swap(evicted, Ordering::Relaxed) < evicted;
+        let required = self.eviction.required();
+        if self.evicting.swap(refused, Ordering::Relaxed) != refused {
+            if refused {
+                ProxyMetrics::inc(&self.metrics.sit_outs_evicting);
+            }
+            tracing::warn!(
+                master = self.node.addr(),
+                policy = memory.policy_name(),
+                sits_out = refused,
+                "lock master's maxmemory-policy (locks.require_noeviction): {}",
+                match refused {
+                    true => "it sits out acquisitions until it reads noeviction",
+                    false => "it may take part in acquisitions again",
+                }
+            );
+        }
+        if grew && required {
+            self.sit_out_until(Instant::now() + rejoin_delay, SitOut::Evicted);
+            tracing::warn!(
+                master = self.node.addr(),
+                policy = memory.policy_name(),
+                sit_out_ms = rejoin_delay.as_millis() as u64,
+                "lock master evicted keys (locks.require_noeviction): it sits out acquisitions until every lock it may have lost has expired"
+            );
+        }
+    }
+
+    /// Why it sits out, as operators and clients read it: the reason's
+    /// name, and for [`SitOut::Evicting`] the policy too.
+    pub fn reason_text(&self, why: SitOut) -> String {
+        match why {
+            SitOut::Evicting => self
+                .sit_out_reason()
+                .unwrap_or_else(|| why.name().to_string()),
+            _ => why.name().to_string(),
+        }
+    }
+
+    /// The reason a master sits out with no end yet, for the operators'
+    /// views: its `maxmemory-policy` (`locks.require_noeviction`).
+    pub fn sit_out_reason(&self) -> Option<String> {
+        let memory = &self.node.state.memory;
+        self.eviction
+            .master_refused(memory)
+            .then(|| format!("maxmemory-policy {}", memory.policy_name()))
+    }
+
     /// When a master lockgate sees for the first time ends its sit-out, if
     /// it started less than `rejoin_delay` ago (`None`: it is older).
     /// Without an uptime it is taken as new.
@@ -169,8 +251,10 @@ impl Master {
             SitOut::Restarted => &self.metrics.sit_outs_restarted,
             SitOut::Reconnected => &self.metrics.sit_outs_reconnected,
             SitOut::Young => &self.metrics.sit_outs_young,
-            // Counted as `lock_quorum_clock_jumps` by the clock watch.
-            SitOut::ClockJump => return,
+            SitOut::Evicted => &self.metrics.sit_outs_evicted,
+            // Counted as `lock_quorum_clock_jumps` by the clock watch, and
+            // as `lock_quorum_sit_outs_evicting` where the policy is read.
+            SitOut::ClockJump | SitOut::Evicting => return,
         };
         ProxyMetrics::inc(counter);
     }
@@ -223,6 +307,7 @@ impl Quorum {
         config: &Config,
         stop: &CancellationToken,
         connector: &crate::upstream::Connector,
+        eviction: &Arc<Eviction>,
     ) -> Option<Arc<Quorum>> {
         let q = &config.locks.quorum;
         if q.masters.is_empty() {
@@ -241,6 +326,7 @@ impl Quorum {
                 let node = NodeConfig {
                     load_scripts: true,
                     noscript_reruns: Some(noscript_reruns.clone()),
+                    role: Role::Master,
                     ..NodeConfig::for_addr(config, addr, connector.clone())
                 };
                 Arc::new(Master {
@@ -249,6 +335,9 @@ impl Quorum {
                     seen: Mutex::new((String::new(), 0)),
                     rejoin_ms: rejoin_ms.clone(),
                     metrics: metrics.clone(),
+                    eviction: eviction.clone(),
+                    evicting: AtomicBool::new(false),
+                    evicted_seen: AtomicU64::new(0),
                 })
             })
             .collect();
@@ -335,32 +424,39 @@ impl Quorum {
     /// (down masters may still keep it unavailable after that).
     pub fn availability(&self) -> String {
         let (mut vote, mut down) = (0, 0);
-        let mut out: Vec<(Duration, SitOut)> = Vec::new();
+        let mut timed: Vec<Duration> = Vec::new();
+        let mut reasons: Vec<String> = Vec::new();
+        let mut out = 0;
         for m in &self.masters {
             match m.state() {
                 MasterState::Up => vote += 1,
-                MasterState::SittingOut(left, why) => out.push((left, why)),
+                MasterState::SittingOut(left, why) => {
+                    out += 1;
+                    if why != SitOut::Evicting {
+                        timed.push(left);
+                    }
+                    let reason = m.reason_text(why);
+                    if !reasons.contains(&reason) {
+                        reasons.push(reason);
+                    }
+                }
                 MasterState::Down => down += 1,
             }
         }
         let mut text = format!("{vote} of {} masters vote", self.masters.len());
-        if !out.is_empty() {
-            out.sort_by_key(|o| o.0);
-            let mut reasons: Vec<&str> = Vec::new();
-            for (_, why) in &out {
-                if !reasons.contains(&why.name()) {
-                    reasons.push(why.name());
-                }
+        if out > 0 {
+            let mut until = String::new();
+            if !timed.is_empty() {
+                // Time-bound sit-outs only: a policy has no end of its own.
+                timed.sort();
+                let wanted = self
+                    .votes_needed()
+                    .saturating_sub(vote)
+                    .clamp(1, timed.len());
+                let left = timed[wanted - 1].as_millis().div_ceil(100);
+                until = format!(", {}.{} s left", left / 10, left % 10);
             }
-            let wanted = self.votes_needed().saturating_sub(vote).clamp(1, out.len());
-            let left = out[wanted - 1].0.as_millis().div_ceil(100);
-            text.push_str(&format!(
-                ", {} sit out ({}, {}.{} s left)",
-                out.len(),
-                reasons.join(", "),
-                left / 10,
-                left % 10
-            ));
+            text.push_str(&format!(", {out} sit out ({}{until})", reasons.join(", ")));
         }
         if down > 0 {
             text.push_str(&format!(", {down} down"));

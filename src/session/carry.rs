@@ -311,6 +311,24 @@ fn by_sha(
     })
 }
 
+/// Answers a refused command with `reply`, an error; inside MULTI the
+/// refusal must take the command's slot in the EXEC array, so Redis itself
+/// answers it (a script that returns the error).
+fn refuse(reply: LocalReply, view: &SessionView, out: &mut Routed) {
+    match (&reply, view.in_multi) {
+        (LocalReply::Error(text), true) => {
+            out.pieces.own(encode::command(&[
+                b"EVAL",
+                script::ERROR.as_bytes(),
+                b"0",
+                text,
+            ]));
+            out.batch.record(Expect::One);
+        }
+        _ => out.batch.local(reply),
+    }
+}
+
 /// Carries out one routing decision for the command (of `kind`) at `whole`
 /// in the buffer.
 #[allow(clippy::too_many_arguments)]
@@ -324,6 +342,14 @@ fn carry_out(
     whole: Range<usize>,
     out: &mut Routed,
 ) {
+    // `locks.require_noeviction`: no lease granted or extended on a primary
+    // that may evict it (one relaxed load per lock command when off).
+    if let Some(reply) = match route {
+        Route::Lock(op) => ctx.refused_for_eviction(op),
+        _ => None,
+    } {
+        return refuse(reply, view, out);
+    }
     match route {
         Route::Forward(expect) => {
             if *expect == Expect::EnterRaw {
@@ -396,25 +422,7 @@ fn carry_out(
             let rerun = by_sha(ctx, view, planned.call, out);
             out.batch.lock(pending, rerun);
         }
-        Route::RefusePersist => {
-            let reply = ctx.locks.refuse_persist(args.get(1));
-            if view.in_multi {
-                // Inside MULTI the refusal must take the command's slot in
-                // the EXEC array, so Redis itself answers it.
-                let LocalReply::Error(text) = &reply else {
-                    return;
-                };
-                out.pieces.own(encode::command(&[
-                    b"EVAL",
-                    script::ERROR.as_bytes(),
-                    b"0",
-                    text,
-                ]));
-                out.batch.record(Expect::One);
-            } else {
-                out.batch.local(reply);
-            }
-        }
+        Route::RefusePersist => refuse(ctx.locks.refuse_persist(args.get(1)), view, out),
         Route::QuorumRead | Route::QuorumEval => {
             let command = encode::command(&args.all());
             let fallback = match route {

@@ -1,10 +1,12 @@
 //! The lockgate binary as a child process, for what only the binary does
-//! (its runtime layout, `--threads`, signals), and a blocking line-at-a-time
-//! RESP connection to talk to it.
+//! (its runtime layout, `--threads`, signals, its log), and a blocking
+//! line-at-a-time RESP connection to talk to it; [`Captured`]: the binary
+//! with its output collected.
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::{cmd, free_port, WAIT};
@@ -90,5 +92,89 @@ impl Conn {
     pub fn call(&mut self, args: &[&str]) -> String {
         self.send(args);
         self.read()
+    }
+}
+
+/// The built binary, its output collected; killed on drop.
+pub struct Captured {
+    /// The process.
+    pub child: Child,
+    output: Arc<Mutex<String>>,
+}
+
+impl Captured {
+    /// Starts the binary with `args`, `RUST_LOG` unset and `NO_COLOR`.
+    pub fn spawn(args: &[&str]) -> Captured {
+        let mut child = Command::new(BIN)
+            .args(args)
+            .env_remove("RUST_LOG")
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn lockgate");
+        let output: Arc<Mutex<String>> = Arc::default();
+        let pipes: [Box<dyn std::io::Read + Send>; 2] = [
+            Box::new(child.stdout.take().expect("stdout")),
+            Box::new(child.stderr.take().expect("stderr")),
+        ];
+        for mut pipe in pipes {
+            let output = output.clone();
+            std::thread::spawn(move || {
+                use std::io::Read;
+                let mut chunk = [0u8; 4096];
+                while let Ok(n) = pipe.read(&mut chunk) {
+                    if n == 0 {
+                        return;
+                    }
+                    output
+                        .lock()
+                        .expect("output")
+                        .push_str(&String::from_utf8_lossy(&chunk[..n]));
+                }
+            });
+        }
+        Captured { child, output }
+    }
+
+    /// Everything it printed so far (stdout and stderr).
+    pub fn output(&self) -> String {
+        self.output.lock().expect("output").clone()
+    }
+
+    /// Waits until the output contains `text` `n` times.
+    pub async fn until_logged(&mut self, text: &str, n: usize) {
+        let deadline = Instant::now() + WAIT;
+        while self.output().matches(text).count() < n {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                panic!(
+                    "lockgate exited ({status}) before logging {text:?}:\n{}",
+                    self.output()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "lockgate never logged {text:?} ({n} times); output:\n{}",
+                self.output()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Sends it `sig` (`-HUP`, say) with kill(1).
+    pub fn signal(&self, sig: &str) {
+        let status = Command::new("kill")
+            .args([sig, &self.child.id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill {sig}");
+    }
+}
+
+impl Drop for Captured {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }

@@ -10,8 +10,9 @@
 //! - [`proxy`]: [`Lockgate`], lockgate (the proxy under test) in the test's process.
 //! - [`resp`]: [`RawClient`], [`cmd`], [`encode`], [`frame_len`] (the one
 //!   RESP frame scanner), [`show`].
-//! - [`binary`]: the lockgate binary as a child process ([`binary::start`])
-//!   and a blocking line-reading connection ([`binary::Conn`]).
+//! - [`binary`]: the lockgate binary as a child process ([`binary::start`]),
+//!   with its output collected ([`binary::Captured`]), and a blocking
+//!   line-reading connection ([`binary::Conn`]).
 //! - [`process`]: child processes with bounded run times, signals,
 //!   [`process::Paused`] (a SIGSTOPped process, resumed on drop).
 //! - [`rng`]: the one seeded generator.

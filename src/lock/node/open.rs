@@ -1,7 +1,7 @@
 //! Opening a connection of lockgate's own to a node: connect, authenticate,
-//! name it, read what the node is (`run_id`, uptime), and load lockgate's
-//! lock scripts; and the one-reply-at-a-time exchanges used before a
-//! connection is pipelined.
+//! name it, read what the node is (`run_id`, uptime, eviction policy), and
+//! load lockgate's lock scripts; and the one-reply-at-a-time exchanges used
+//! before a connection is pipelined.
 
 use std::time::{Duration, Instant};
 
@@ -10,24 +10,46 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::{NodeConfig, INTERNAL_NAME};
 use crate::lock::evalsha;
+use crate::lock::eviction::{read, Sample};
 use crate::protocol::encode;
 use crate::protocol::reply::ReplyScanner;
 use crate::tls::Stream;
 
-/// Connects, authenticates, reads the node's `run_id` and uptime, and
-/// loads the lock scripts if [`NodeConfig::load_scripts`].
-pub(super) async fn open(
-    config: &NodeConfig,
-) -> Result<(Stream, String, Option<(Instant, u64)>), String> {
+/// A connection just opened, and what the node said as it opened.
+pub(super) struct Opened {
+    /// The connection, ready to be pipelined.
+    pub stream: Stream,
+    /// `INFO server`'s `run_id` (empty: not reported).
+    pub run_id: String,
+    /// When `INFO server` was read and its `uptime_in_seconds`.
+    pub uptime: Option<(Instant, u64)>,
+    /// Its eviction policy and `evicted_keys` (see [`crate::lock::eviction`]).
+    pub memory: Sample,
+}
+
+/// Connects, authenticates, reads the node's `run_id`, uptime and eviction
+/// policy, and loads the lock scripts if [`NodeConfig::load_scripts`].
+pub(super) async fn open(config: &NodeConfig) -> Result<Opened, String> {
     let mut stream = handshake(config).await?;
-    let info = request(
-        &mut stream,
-        &encode::command(&[b"INFO", b"server"]),
-        config.connect_timeout,
-    )
-    .await?;
+    // One round trip. An error reply (CONFIG renamed or refused, INFO
+    // refused by an ACL) is an answer, never a failure of the connection:
+    // the policy is then read from INFO memory, or "unknown".
+    let mut asked = BytesMut::new();
+    for command in [
+        encode::command(&[b"INFO", b"server"]),
+        read::config_get(),
+        read::info_memory(),
+        read::info_stats(),
+    ] {
+        asked.extend_from_slice(&command);
+    }
+    let replies = requests(&mut stream, &asked, 4, config.connect_timeout).await?;
     let read_at = Instant::now();
-    let info = String::from_utf8_lossy(&info);
+    let [info, config_get, memory, stats] = &replies[..] else {
+        return Err("INFO and CONFIG GET: replies missing".to_string());
+    };
+    let memory = Sample::from_replies(Some(config_get), Some(memory), stats);
+    let info = String::from_utf8_lossy(info);
     let field = |name: &str| {
         info.lines()
             .find_map(|l| l.strip_prefix(name).map(|v| v.trim().to_string()))
@@ -52,7 +74,12 @@ pub(super) async fn open(
         }
         requests(&mut stream, &loads, scripts.len(), config.connect_timeout).await?;
     }
-    Ok((stream, run_id, uptime))
+    Ok(Opened {
+        stream,
+        run_id,
+        uptime,
+        memory,
+    })
 }
 
 /// A new connection of lockgate's own to `config.addr`: connected,

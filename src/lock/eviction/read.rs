@@ -1,0 +1,124 @@
+//! Reading a node's eviction policy and `evicted_keys` from its replies:
+//! `CONFIG GET maxmemory-policy`, else `INFO memory`'s `maxmemory_policy`,
+//! and `INFO stats`' `evicted_keys`. Pure: the replies in, a [`Sample`]
+//! out; an error reply is an answer ("refused"), never a failure.
+
+use bytes::Bytes;
+
+use super::Policy;
+use crate::protocol::encode;
+
+/// One reading of a node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sample {
+    /// The policy (`Unknown` when neither source told it).
+    pub policy: Policy,
+    /// `INFO stats`' `evicted_keys`, when it answered.
+    pub evicted_keys: Option<u64>,
+    /// `CONFIG GET` was refused (renamed, an ACL, a managed Redis):
+    /// later readings ask `INFO memory` instead.
+    pub config_refused: bool,
+}
+
+/// `CONFIG GET maxmemory-policy`.
+pub fn config_get() -> Bytes {
+    encode::command(&[b"CONFIG", b"GET", b"maxmemory-policy"])
+}
+
+/// `INFO memory`.
+pub fn info_memory() -> Bytes {
+    encode::command(&[b"INFO", b"memory"])
+}
+
+/// `INFO stats`.
+pub fn info_stats() -> Bytes {
+    encode::command(&[b"INFO", b"stats"])
+}
+
+impl Sample {
+    /// What the replies say: `config` to `CONFIG GET maxmemory-policy`
+    /// (`None`: not asked), `memory` to `INFO memory` (`None`: not asked),
+    /// `stats` to `INFO stats`. CONFIG's answer wins when it has one.
+    pub fn from_replies(config: Option<&[u8]>, memory: Option<&[u8]>, stats: &[u8]) -> Sample {
+        let from_config = config.and_then(policy_from_config);
+        let name = from_config
+            .clone()
+            .or_else(|| memory.and_then(|m| info_field(m, "maxmemory_policy")));
+        Sample {
+            policy: name.map_or(Policy::Unknown, |n| Policy::from_name(&n)),
+            evicted_keys: info_field(stats, "evicted_keys").and_then(|v| v.parse().ok()),
+            config_refused: config.is_some() && from_config.is_none(),
+        }
+    }
+}
+
+/// The policy named in a `CONFIG GET maxmemory-policy` reply (a RESP2
+/// array or RESP3 map of one name/value pair); `None` for an error (an
+/// unknown or refused command) or an empty answer.
+pub fn policy_from_config(reply: &[u8]) -> Option<String> {
+    let text = std::str::from_utf8(reply).ok()?;
+    let mut lines = text.split("\r\n");
+    if !matches!(lines.next()?, "*2" | "%1") {
+        return None;
+    }
+    let mut bulks = lines.filter(|l| !l.starts_with('$'));
+    if !bulks.next()?.eq_ignore_ascii_case("maxmemory-policy") {
+        return None;
+    }
+    let value = bulks.next()?.trim();
+    (!value.is_empty()).then(|| value.to_string())
+}
+
+/// The value of `field` in an `INFO` reply (`field:value` lines); `None`
+/// for an error reply or a missing field.
+fn info_field(reply: &[u8], field: &str) -> Option<String> {
+    if reply.first() == Some(&b'-') {
+        return None;
+    }
+    let text = String::from_utf8_lossy(reply);
+    text.lines().find_map(|l| {
+        l.strip_prefix(field)?
+            .strip_prefix(':')
+            .map(|v| v.trim().to_string())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CONFIG: &[u8] = b"*2\r\n$16\r\nmaxmemory-policy\r\n$11\r\nallkeys-lru\r\n";
+    const MEMORY: &[u8] =
+        b"$60\r\n# Memory\r\nused_memory:1\r\nmaxmemory_policy:volatile-ttl\r\nx:1\r\n\r\n";
+    const STATS: &[u8] = b"$40\r\n# Stats\r\nevicted_keys:17\r\nevicted_clients:0\r\n\r\n";
+
+    #[test]
+    fn config_get_is_read_first() {
+        let s = Sample::from_replies(Some(CONFIG), Some(MEMORY), STATS);
+        assert_eq!(s.policy, Policy::AllKeys("allkeys-lru".into()));
+        assert_eq!(s.evicted_keys, Some(17), "evicted_clients is another field");
+        assert!(!s.config_refused);
+        let map = b"%1\r\n$16\r\nmaxmemory-policy\r\n$10\r\nnoeviction\r\n";
+        assert_eq!(policy_from_config(map).as_deref(), Some("noeviction"));
+    }
+
+    #[test]
+    fn a_refused_config_falls_back_to_info_memory_then_unknown() {
+        for refused in [
+            &b"-ERR unknown command 'CONFIG', with args beginning with: 'GET' \r\n"[..],
+            b"-NOPERM this user has no permissions to run the 'config|get' command\r\n",
+            b"*0\r\n",
+        ] {
+            let s = Sample::from_replies(Some(refused), Some(MEMORY), STATS);
+            assert_eq!(s.policy, Policy::Volatile("volatile-ttl".into()));
+            assert!(s.config_refused);
+            let s = Sample::from_replies(Some(refused), Some(b"-NOPERM no\r\n"), b"-NOPERM\r\n");
+            assert_eq!(s.policy, Policy::Unknown);
+            assert_eq!(s.evicted_keys, None);
+        }
+        // Not asked: not refused.
+        let s = Sample::from_replies(None, Some(MEMORY), STATS);
+        assert!(!s.config_refused);
+        assert_eq!(s.policy.name(), "volatile-ttl");
+    }
+}

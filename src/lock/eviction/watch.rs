@@ -1,0 +1,85 @@
+//! The periodic eviction check: every `locks.eviction_check_ms`, each node
+//! lockgate keeps a connection to (the primary, and every lock master) is asked
+//! its policy and `evicted_keys` on lockgate's own pipelined connection:
+//! two commands queued together (`CONFIG GET maxmemory-policy`, or `INFO
+//! memory` where CONFIG was refused, and `INFO stats`), one round trip per
+//! node per interval, all nodes in parallel, each bounded by the
+//! connection timeout. A node that is down is skipped (its next connection
+//! reads the policy as it opens). The check is what lets a fixed policy
+//! serve locks again without a restart.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use super::read::{config_get, info_memory, info_stats};
+use super::{Eviction, Sample};
+use crate::lock::node::Node;
+use crate::metrics::ProxyMetrics;
+use crate::sync;
+
+/// Starts the check of `nodes` (each call bounded by `timeout`); it stops
+/// with `stop`.
+pub fn spawn(
+    nodes: Vec<Node>,
+    eviction: Arc<Eviction>,
+    timeout: Duration,
+    stop: CancellationToken,
+) {
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = stop.cancelled() => {}
+            _ = run(&nodes, &eviction, timeout) => {}
+        }
+    });
+}
+
+async fn run(nodes: &[Node], eviction: &Eviction, timeout: Duration) {
+    loop {
+        tokio::time::sleep(eviction.check_interval()).await;
+        let checks = nodes.iter().map(|n| check(n, eviction, timeout));
+        futures_util::future::join_all(checks).await;
+    }
+}
+
+/// Reads `node` once and takes note of what it said; a reading that
+/// straddles a reconnection is dropped (it may be another Redis's).
+pub async fn check(node: &Node, eviction: &Eviction, timeout: Duration) {
+    let state = &node.state;
+    if !state.up.load(Ordering::Relaxed) {
+        return;
+    }
+    let connects = state.connects.load(Ordering::Relaxed);
+    let by_info = state.memory.config_refused();
+    let first = match by_info {
+        true => info_memory(),
+        false => config_get(),
+    };
+    // Both queued before either is awaited: one round trip.
+    let first = node.send(first.into(), timeout);
+    let stats = node.send(info_stats().into(), timeout);
+    let (Ok(first), Ok(stats)) = tokio::join!(first, stats) else {
+        ProxyMetrics::inc(&eviction.metrics.check_failures);
+        return;
+    };
+    let mut sample = match by_info {
+        true => Sample::from_replies(None, Some(&first), &stats),
+        false => Sample::from_replies(Some(&first), None, &stats),
+    };
+    if sample.config_refused {
+        // Found refused just now: INFO memory at once, and from now on.
+        match node.call(info_memory(), timeout).await {
+            Ok(memory) => sample = Sample::from_replies(Some(&first), Some(&memory), &stats),
+            Err(_) => {
+                ProxyMetrics::inc(&eviction.metrics.check_failures);
+                return;
+            }
+        }
+    }
+    let run_id = sync::lock(&state.run_id).clone();
+    // Dropped if another connection opened meanwhile: its own reading,
+    // made as it opened, is the one in force.
+    state.memory.checked(connects, &run_id, &sample);
+}
