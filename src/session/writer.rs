@@ -42,6 +42,9 @@ pub enum WriterEnd {
         /// Replies were still owed to the client.
         owed: bool,
     },
+    /// The reader found the client gone (its connection reset) while
+    /// replies were still owed: they are dropped, nothing can reach it.
+    ClientGone,
     /// The reader ended but owed replies did not come within the grace period.
     DrainTimeout,
     /// Writing the client or reading Redis failed.
@@ -165,13 +168,7 @@ where
         if st.await_eof && !st.owes_upstream() {
             activity.close_may_pass();
         }
-        if reader_done
-            && st.deferred.is_none()
-            && !st.await_eof
-            && st.queue.is_empty()
-            && st.scanner.at_boundary()
-            && st.capture.is_none()
-        {
+        if reader_done && !st.await_eof && !st.owes_client() {
             return WriterEnd::Drained;
         }
         if buf.capacity() - buf.len() < chunk / 4 {
@@ -228,6 +225,14 @@ where
             msg = rx.recv(), if !reader_done => match msg {
                 Some(entries) => st.accept(entries),
                 None => {
+                    // The reader sets the flag before it ends, and every
+                    // entry it sent is in by now.
+                    if activity.is_client_gone() {
+                        return match st.owes_client() {
+                            true => WriterEnd::ClientGone,
+                            false => WriterEnd::Drained,
+                        };
+                    }
                     reader_done = true;
                     deadline = Instant::now() + grace;
                 }
