@@ -6,7 +6,8 @@
 //! and its upstream connection end at once, counted (`clients_gone`),
 //! instead of waiting for the reply (after a half-close: until Redis
 //! answers) or for `proxy.shutdown_grace_ms`. A half-close alone keeps its
-//! replies coming.
+//! replies coming. Over TLS too, and in the binary with two event loops,
+//! whose descriptors are read from `/proc/PID/fd`.
 //!
 //! The grace period is long (20 s) and the pause longer, so "held until
 //! the grace period" or "until Redis answers" fails here instead of
@@ -18,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use lockgate::Config;
 use support::abusive::{connected_clients, get, named, on_redis, open_fds, SERIAL};
+use support::binary;
 use support::resilience::wait_blocked;
 use support::resp::direct;
 use support::tls::{client_config, s, Pki, TlsClient};
@@ -183,37 +185,24 @@ async fn a_half_closed_client_still_gets_its_late_reply() {
     lg.stop().await;
 }
 
-/// The issue's burst, with replies held instead of a Redis slowed by the
-/// burst itself: clients that each pipeline writes and leave without
-/// reading, half of them half-closing first. Nothing they leave behind
-/// outlives them: sessions, lockgate's descriptors, Redis's connections.
-#[tokio::test]
-async fn a_burst_of_clients_leaving_mid_reply_leaves_nothing_behind() {
-    const WORKERS: usize = 8;
-    const BURST: Duration = Duration::from_millis(1500);
-    let _serial = SERIAL.lock().await;
-    let redis = RedisServer::start();
-    let lg = Lockgate::start_with(config(&redis.addr())).await;
-    let mut warm = RawClient::connect(lg.addr).await;
-    assert_eq!(warm.call_raw(&["PING"]).await, b"+PONG\r\n");
-    drop(warm);
-    until!(
-        "the warm-up session to end",
-        get(&lg.ctx.metrics.connections_active) == 0
-    );
-    let redis_baseline = connected_clients(&redis.addr()).await;
-    let fds_baseline = open_fds();
-    pause_writes(&redis.addr()).await;
+/// How long the bursts last, and how many clients connect at once.
+const BURST: Duration = Duration::from_millis(1500);
+const AT_ONCE: usize = 8;
 
+/// The bursts' clients, [`AT_ONCE`] at a time for [`BURST`]: each
+/// pipelines writes (their replies held) and leaves with its `PONG`
+/// unread, so its close is a reset; every other one half-closes first.
+/// Returns how many there were.
+async fn burst(addr: std::net::SocketAddr) -> usize {
     let mut pipeline = Vec::new();
     for i in 0..20 {
         pipeline.extend(cmd(&["SET", &format!("k{i}"), "v"]));
     }
     let pipeline = std::sync::Arc::new(pipeline);
     let end = Instant::now() + BURST;
-    let workers: Vec<_> = (0..WORKERS)
+    let workers: Vec<_> = (0..AT_ONCE)
         .map(|w| {
-            let (addr, pipeline) = (lg.addr, pipeline.clone());
+            let pipeline = pipeline.clone();
             tokio::spawn(async move {
                 let mut n = 0;
                 while Instant::now() < end {
@@ -232,6 +221,30 @@ async fn a_burst_of_clients_leaving_mid_reply_leaves_nothing_behind() {
     for w in workers {
         clients += w.await.expect("burst worker");
     }
+    clients
+}
+
+/// The issue's burst, with replies held instead of a Redis slowed by the
+/// burst itself: clients that each pipeline writes and leave without
+/// reading, half of them half-closing first. Nothing they leave behind
+/// outlives them: sessions, lockgate's descriptors, Redis's connections.
+#[tokio::test]
+async fn a_burst_of_clients_leaving_mid_reply_leaves_nothing_behind() {
+    let _serial = SERIAL.lock().await;
+    let redis = RedisServer::start();
+    let lg = Lockgate::start_with(config(&redis.addr())).await;
+    let mut warm = RawClient::connect(lg.addr).await;
+    assert_eq!(warm.call_raw(&["PING"]).await, b"+PONG\r\n");
+    drop(warm);
+    until!(
+        "the warm-up session to end",
+        get(&lg.ctx.metrics.connections_active) == 0
+    );
+    let redis_baseline = connected_clients(&redis.addr()).await;
+    let fds_baseline = open_fds();
+    pause_writes(&redis.addr()).await;
+
+    let clients = burst(lg.addr).await;
     let left = Instant::now();
     let figures = |redis_now: u64| {
         format!(
@@ -269,4 +282,60 @@ async fn a_burst_of_clients_leaving_mid_reply_leaves_nothing_behind() {
     assert!(took < PROMPT * 2, "gone only after {took:?}");
     assert!(get(&lg.ctx.metrics.clients_gone) > 0);
     lg.stop().await;
+}
+
+/// The binary with two event loops (`--threads 2`, each its own runtime
+/// and listener), the same burst: its descriptors (`/proc/PID/fd`) and
+/// Redis's connections are back to their baseline at once.
+#[tokio::test]
+async fn with_two_event_loops_a_burst_leaves_no_descriptor_behind() {
+    let _serial = SERIAL.lock().await;
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = dir.path().join("lockgate.toml");
+    std::fs::write(&config, "[proxy]\nshutdown_grace_ms = 20000\n").expect("config");
+    let config = config.to_str().expect("utf-8 path");
+    let (lockgate, addr) = binary::start(&[
+        "--config",
+        config,
+        "--upstream",
+        &redis.addr(),
+        "--threads",
+        "2",
+    ]);
+    let addr: std::net::SocketAddr = addr.parse().expect("address");
+    let fds = || {
+        std::fs::read_dir(format!("/proc/{}/fd", lockgate.0.id()))
+            .expect("lockgate's descriptors")
+            .count()
+    };
+    drop(named(addr, "warm").await);
+    until!(
+        "the warm-up session to leave Redis",
+        !on_redis(&redis.addr(), "warm").await
+    );
+    let redis_baseline = connected_clients(&redis.addr()).await;
+    let fds_baseline = fds();
+    pause_writes(&redis.addr()).await;
+
+    let clients = burst(addr).await;
+    let left = Instant::now();
+    let at_once = fds() as i64 - fds_baseline as i64;
+    until!(
+        format!(
+            "lockgate's descriptors to return to the baseline; {} more",
+            fds() as i64 - fds_baseline as i64
+        ),
+        fds() <= fds_baseline
+    );
+    until!(
+        "Redis's connections to return to the baseline",
+        connected_clients(&redis.addr()).await == redis_baseline
+    );
+    let took = left.elapsed();
+    eprintln!(
+        "--threads 2: {clients} clients in {BURST:?}; {at_once} more descriptors as the last \
+         left; all gone after {took:?}"
+    );
+    assert!(took < PROMPT * 2, "gone only after {took:?}");
 }
