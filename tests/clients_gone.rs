@@ -17,6 +17,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
+use lockgate::config::LockOverride;
 use lockgate::Config;
 use support::abusive::{connected_clients, get, named, on_redis, open_fds, SERIAL};
 use support::binary;
@@ -153,6 +154,42 @@ async fn a_tls_client_that_resets_is_let_go_at_once_half_closed_or_not() {
         );
         assert_eq!(get(&lg.ctx.metrics.clients_gone), n as u64 + 1);
     }
+    lg.stop().await;
+}
+
+/// A lock acquisition still on its way when its client resets: the
+/// session reads on for its outcome (writing nothing, within the grace
+/// period), so the lock the client took, ephemeral here, is released as
+/// its connection closes, not left to its 30 s lease.
+#[tokio::test]
+async fn a_lock_taken_as_its_client_resets_is_still_released_on_disconnect() {
+    let _serial = SERIAL.lock().await;
+    let redis = RedisServer::start();
+    let mut cfg = config(&redis.addr());
+    cfg.locks.overrides = vec![LockOverride {
+        pattern: "lock:eph:*".into(),
+        lease_ms: 30_000,
+        release_on_disconnect: true,
+        ..Default::default()
+    }];
+    let lg = Lockgate::start_with(cfg).await;
+    pause_writes(&redis.addr()).await;
+    let mut c = with_unread_reply(lg.addr, "locker").await;
+    c.send(&cmd(&["SETNX", "lock:eph:1", "me"])).await;
+    wait_blocked(&redis.addr(), "evalsha").await;
+    drop(c);
+
+    let unpaused = direct(&redis.addr(), &["CLIENT", "UNPAUSE"]).await;
+    assert_eq!(unpaused, "+OK\r\n");
+    let took = until_gone(&lg, &redis.addr(), "locker").await;
+    assert!(took < PROMPT, "the session outlived its client by {took:?}");
+    assert_eq!(
+        direct(&redis.addr(), &["EXISTS", "lock:eph:1"]).await,
+        ":0\r\n",
+        "the lock was left to its lease"
+    );
+    assert_eq!(get(&lg.ctx.locks.metrics.released_on_disconnect), 1);
+    assert_eq!(get(&lg.ctx.metrics.clients_gone), 1);
     lg.stop().await;
 }
 

@@ -43,7 +43,9 @@ pub enum WriterEnd {
         owed: bool,
     },
     /// The reader found the client gone (its connection reset) while
-    /// replies were still owed: they are dropped, nothing can reach it.
+    /// replies were still owed: they are dropped, nothing can reach it
+    /// (the outcome of a lock command on its way is still read, within
+    /// the grace period).
     ClientGone,
     /// The reader ended but owed replies did not come within the grace period.
     DrainTimeout,
@@ -115,6 +117,7 @@ where
         max_output,
         ahead: BytesMut::new(),
         upstream_end: None,
+        discard: false,
     };
     let mut st = Replies::new();
     let mut buf = BytesMut::with_capacity(chunk);
@@ -122,6 +125,9 @@ where
     // Redis closed after a client's half-close: what it sent is all there
     // is, but replies lockgate makes itself may still be owed before it.
     let mut upstream_eof = false;
+    // The client is gone, and the writer reads on, writing nothing, only
+    // for the outcome of a lock command.
+    let mut gone = false;
     let mut deadline = Instant::now();
     loop {
         // Nothing after a deferred reply may be written before it.
@@ -167,6 +173,9 @@ where
         );
         if st.await_eof && !st.owes_upstream() {
             activity.close_may_pass();
+        }
+        if gone && !st.owes_lock_outcome() {
+            return WriterEnd::ClientGone;
         }
         if reader_done && !st.await_eof && !st.owes_client() {
             return WriterEnd::Drained;
@@ -225,16 +234,24 @@ where
             msg = rx.recv(), if !reader_done => match msg {
                 Some(entries) => st.accept(entries),
                 None => {
+                    reader_done = true;
+                    deadline = Instant::now() + grace;
                     // The reader sets the flag before it ends, and every
                     // entry it sent is in by now.
                     if activity.is_client_gone() {
-                        return match st.owes_client() {
-                            true => WriterEnd::ClientGone,
-                            false => WriterEnd::Drained,
-                        };
+                        if !st.owes_client() {
+                            return WriterEnd::Drained;
+                        }
+                        // A lock command's outcome on its way is still
+                        // read (it decides what is released at the close,
+                        // with `release_on_disconnect`); nothing else is
+                        // waited for.
+                        if !st.owes_lock_outcome() {
+                            return WriterEnd::ClientGone;
+                        }
+                        gone = true;
+                        client.discard = true;
                     }
-                    reader_done = true;
-                    deadline = Instant::now() + grace;
                 }
             },
             read = client.upstream.read_buf(&mut buf), if read_upstream => match read {
@@ -254,7 +271,10 @@ where
             // Sleep looks up the runtime, on every reply.
             _ = async { tokio::time::sleep_until(deadline).await }, if reader_done => {
                 ProxyMetrics::inc(&metrics.drain_timeouts);
-                return WriterEnd::DrainTimeout;
+                return match gone {
+                    true => WriterEnd::ClientGone,
+                    false => WriterEnd::DrainTimeout,
+                };
             }
         }
     }
