@@ -37,7 +37,9 @@
 //!   scripts' replies to the lock room through
 //!   [`session::writer::LockReplies`]; the reader also enforces the idle
 //!   and partial-request timeouts, with [`session::activity`] (what the
-//!   writer last wrote, whether the client is exempt from idling);
+//!   writer last wrote, whether the client is exempt from idling, and the
+//!   reader's word that the client is gone: a reset, also after its
+//!   half-close, ends the writer at once);
 //!   `session::detached` serves a client while the primary is
 //!   unreachable (the same client timeouts); [`session::linger`] closes a
 //!   client after a protocol error without a reset (FIN, then its input
@@ -140,7 +142,8 @@
 //! - [`tls`]: rustls configurations from the PEM files (checked at
 //!   validation), the reloadable [`tls::TlsStore`], the TLS listener's
 //!   bounded handshake and its counters; [`tls::stream`]: a connection
-//!   that is plain TCP or TLS, and its halves.
+//!   that is plain TCP or TLS, and its halves (TLS's share the session
+//!   and still reach the socket, to see a reset after a half-close).
 //! - [`metrics`]: the proxy's counters, `counters!` (how every room
 //!   declares its counters once, for `/metrics` and `STATS` alike) and the
 //!   rate limit for repeated warnings.

@@ -161,6 +161,12 @@ counters! {
         /// than `proxy.max_client_output_bytes` of replies waited for them.
         clients_closed_output_limit: Counter "clients_closed_output_limit",
             "Clients closed with more than proxy.max_client_output_bytes of replies waiting";
+        /// Sessions ended at once because their client was gone with
+        /// replies still owed: its connection reset (seen by a read, also
+        /// after a half-close) or a write to it failed. The upstream
+        /// connection closes with the session.
+        clients_gone: Counter "clients_gone",
+            "Sessions ended at once because the client reset or a write to it failed, with replies owed";
         /// TLS handshakes completed on the TLS listener.
         tls_handshakes: Counter "tls_handshakes",
             "TLS handshakes completed on the TLS listener";

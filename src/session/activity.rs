@@ -4,7 +4,8 @@
 //! is idle only when nothing passed either way for the whole period, and
 //! never while it waits for a reply (a blocking command such as `BLPOP`),
 //! is subscribed or is in `MONITOR`. It also tells the reader when a
-//! client's half-close may be passed on to Redis.
+//! client's half-close may be passed on to Redis, and the writer when the
+//! reader found the client gone (nothing more can reach it).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
@@ -25,6 +26,8 @@ pub struct Activity {
     /// command: the close may go on to Redis.
     close_ready: AtomicBool,
     close_notify: Notify,
+    /// The reader found the client's connection reset or broken.
+    gone: AtomicBool,
 }
 
 /// What the reader does when its idle timer fires.
@@ -45,7 +48,20 @@ impl Activity {
             exempt: AtomicBool::new(false),
             close_ready: AtomicBool::new(false),
             close_notify: Notify::new(),
+            gone: AtomicBool::new(false),
         }
+    }
+
+    /// The reader found the client's connection reset (or reading it
+    /// failed): no reply can reach the client any more. Set before the
+    /// reader ends, so the writer sees it when the reader's channel closes.
+    pub fn client_gone(&self) {
+        self.gone.store(true, Ordering::Release);
+    }
+
+    /// Whether [`Activity::client_gone`] was called.
+    pub fn is_client_gone(&self) -> bool {
+        self.gone.load(Ordering::Acquire)
     }
 
     /// The writer saw the client's half-close and every reply Redis owes

@@ -253,9 +253,24 @@ async fn serve(
     if matches!(read_end, ReaderEnd::Protocol | ReaderEnd::PartialRequest) {
         linger::linger(&mut client_r, &mut client_w, shutdown).await;
     }
-    if let ReaderEnd::Failed(e) = &read_end {
-        ctx.metrics.error(e.source_kind());
-        tracing::debug!(error = %e, "reader ended");
+    match &read_end {
+        ReaderEnd::Failed(e) => {
+            ctx.metrics.error(e.source_kind());
+            tracing::debug!(error = %e, "reader ended");
+        }
+        ReaderEnd::Gone => ctx.metrics.error(ErrorSource::Client),
+        _ => {}
+    }
+    // The client went while replies were owed (a reset seen by the reader,
+    // or a write that failed): the session ends now, and with it the
+    // upstream connection, so Redis frees the connection and what it holds
+    // for it.
+    if matches!(
+        write_end,
+        WriterEnd::ClientGone | WriterEnd::Failed(SessionError::ClientIo(_))
+    ) {
+        ProxyMetrics::inc(&ctx.metrics.clients_gone);
+        tracing::debug!("client gone with replies owed; session ended");
     }
     match write_end {
         WriterEnd::UpstreamClosed { owed: true } => {

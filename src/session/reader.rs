@@ -37,7 +37,11 @@ pub enum ReaderEnd {
     Idle,
     /// A request was not complete within `proxy.partial_request_timeout_ms`.
     PartialRequest,
-    /// Reading the client or writing Redis failed.
+    /// The client's connection was reset, or reading it failed (also after
+    /// its half-close): no reply can reach it any more, so the writer half
+    /// stops at once instead of waiting for the replies owed.
+    Gone,
+    /// Writing Redis failed.
     Failed(SessionError),
 }
 
@@ -190,24 +194,35 @@ pub async fn read_loop(
                     // Cancelled meanwhile (shutdown, or the writer ended):
                     // the close goes on at once, as it did before this
                     // wait, or the writer would wait for Redis's close
-                    // until the grace period ran out.
-                    let cancelled_first = tokio::select! {
+                    // until the grace period ran out. A FIN alone may be a
+                    // half-close of a client that still reads, so the
+                    // replies owed are still written; a reset after it
+                    // says the client is gone, and the session ends now
+                    // (Redis may be slow to answer, and until it does the
+                    // writer has nothing to write that could fail).
+                    let waited = tokio::select! {
                         biased;
-                        _ = &mut cancelled => true,
-                        () = activity.until_close_may_pass() => false,
+                        _ = &mut cancelled => ReaderEnd::Cancelled,
+                        () = activity.until_close_may_pass() => ReaderEnd::Eof,
+                        () = client.reset() => ReaderEnd::Gone,
                     };
+                    if let ReaderEnd::Gone = waited {
+                        tracing::debug!("client reset after its half-close");
+                        activity.client_gone();
+                        return waited;
+                    }
                     let _ = upstream.shutdown().await;
-                    return if cancelled_first {
-                        ReaderEnd::Cancelled
-                    } else {
-                        ReaderEnd::Eof
-                    };
+                    return waited;
                 }
                 Ok(n) => {
                     timers.read();
                     ProxyMetrics::add(&ctx.metrics.client_bytes_in, n as u64);
                 }
-                Err(e) => return ReaderEnd::Failed(SessionError::ClientIo(e)),
+                Err(e) => {
+                    tracing::debug!(error = %e, "reading the client failed");
+                    activity.client_gone();
+                    return ReaderEnd::Gone;
+                }
             }
             if buf.len() < parser.needed() {
                 continue;

@@ -42,6 +42,11 @@ pub enum WriterEnd {
         /// Replies were still owed to the client.
         owed: bool,
     },
+    /// The reader found the client gone (its connection reset) while
+    /// replies were still owed: they are dropped, nothing can reach it
+    /// (the outcome of a lock command on its way is still read, within
+    /// the grace period).
+    ClientGone,
     /// The reader ended but owed replies did not come within the grace period.
     DrainTimeout,
     /// Writing the client or reading Redis failed.
@@ -112,6 +117,7 @@ where
         max_output,
         ahead: BytesMut::new(),
         upstream_end: None,
+        discard: false,
     };
     let mut st = Replies::new();
     let mut buf = BytesMut::with_capacity(chunk);
@@ -119,6 +125,9 @@ where
     // Redis closed after a client's half-close: what it sent is all there
     // is, but replies lockgate makes itself may still be owed before it.
     let mut upstream_eof = false;
+    // The client is gone, and the writer reads on, writing nothing, only
+    // for the outcome of a lock command.
+    let mut gone = false;
     let mut deadline = Instant::now();
     loop {
         // Nothing after a deferred reply may be written before it.
@@ -165,13 +174,10 @@ where
         if st.await_eof && !st.owes_upstream() {
             activity.close_may_pass();
         }
-        if reader_done
-            && st.deferred.is_none()
-            && !st.await_eof
-            && st.queue.is_empty()
-            && st.scanner.at_boundary()
-            && st.capture.is_none()
-        {
+        if gone && !st.owes_lock_outcome() {
+            return WriterEnd::ClientGone;
+        }
+        if reader_done && !st.await_eof && !st.owes_client() {
             return WriterEnd::Drained;
         }
         if buf.capacity() - buf.len() < chunk / 4 {
@@ -230,6 +236,22 @@ where
                 None => {
                     reader_done = true;
                     deadline = Instant::now() + grace;
+                    // The reader sets the flag before it ends, and every
+                    // entry it sent is in by now.
+                    if activity.is_client_gone() {
+                        if !st.owes_client() {
+                            return WriterEnd::Drained;
+                        }
+                        // A lock command's outcome on its way is still
+                        // read (it decides what is released at the close,
+                        // with `release_on_disconnect`); nothing else is
+                        // waited for.
+                        if !st.owes_lock_outcome() {
+                            return WriterEnd::ClientGone;
+                        }
+                        gone = true;
+                        client.discard = true;
+                    }
                 }
             },
             read = client.upstream.read_buf(&mut buf), if read_upstream => match read {
@@ -249,7 +271,10 @@ where
             // Sleep looks up the runtime, on every reply.
             _ = async { tokio::time::sleep_until(deadline).await }, if reader_done => {
                 ProxyMetrics::inc(&metrics.drain_timeouts);
-                return WriterEnd::DrainTimeout;
+                return match gone {
+                    true => WriterEnd::ClientGone,
+                    false => WriterEnd::DrainTimeout,
+                };
             }
         }
     }

@@ -1,16 +1,19 @@
 //! A connection that is plain TCP or TLS over TCP, for clients and for
 //! Redis alike. The plain variant costs one `match` per poll and no copy:
-//! [`Stream::split`] gives TCP's own borrowed halves; only TLS goes through
-//! `tokio::io::split` (one session shared by both halves).
+//! [`Stream::split`] gives TCP's own borrowed halves; only TLS shares one
+//! session between its halves ([`TlsHalf`], a lock per poll, as
+//! `tokio::io::split`).
 //!
 //! Writers must `flush` after writing: TLS keeps records that the socket
 //! did not take yet until the next write or flush (a no-op on plain TCP).
 
 use std::io;
+use std::os::fd::AsFd;
 use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 use tokio::net::tcp;
 use tokio::net::TcpStream;
 
@@ -33,7 +36,7 @@ pub enum ReadPart<'a> {
     /// Plain TCP's own half.
     Plain(tcp::ReadHalf<'a>),
     /// TLS's half.
-    Tls(tokio::io::ReadHalf<&'a mut TlsStream>),
+    Tls(TlsHalf<'a>),
 }
 
 /// The writing half of a [`Stream`].
@@ -42,7 +45,75 @@ pub enum WritePart<'a> {
     /// Plain TCP's own half.
     Plain(tcp::WriteHalf<'a>),
     /// TLS's half.
-    Tls(tokio::io::WriteHalf<&'a mut TlsStream>),
+    Tls(TlsHalf<'a>),
+}
+
+/// One half of a TLS stream. Both halves share the session (reading may
+/// write, a key update, and writing may read), each taking the lock for
+/// one poll: as `tokio::io::split` does, never contended in a session,
+/// whose halves are polled by its one task. Unlike `tokio::io::split`'s
+/// halves, this one reaches the socket underneath ([`ReadPart::reset`]).
+#[derive(Debug, Clone)]
+pub struct TlsHalf<'a>(Arc<Mutex<&'a mut TlsStream>>);
+
+impl TlsHalf<'_> {
+    fn with<R>(&self, f: impl FnOnce(Pin<&mut TlsStream>) -> R) -> R {
+        // A panic inside a poll leaves the session as any error would.
+        let mut stream = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        f(Pin::new(&mut **stream))
+    }
+
+    /// A second handle on the TCP socket, registered with the runtime on
+    /// its own (a duplicated descriptor, closed when dropped): it waits on
+    /// the socket's state without holding the session. `None` if the
+    /// descriptor cannot be duplicated (out of descriptors).
+    fn second_socket(&self) -> Option<TcpStream> {
+        let fd = self
+            .with(|s| s.get_ref().0.as_fd().try_clone_to_owned())
+            .ok()?;
+        // The copy shares the original's non-blocking mode (one open file).
+        TcpStream::from_std(std::net::TcpStream::from(fd)).ok()
+    }
+}
+
+impl AsyncRead for TlsHalf<'_> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        self.with(|s| s.poll_read(cx, buf))
+    }
+}
+
+impl AsyncWrite for TlsHalf<'_> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.with(|s| s.poll_write(cx, buf))
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        self.with(|s| s.poll_write_vectored(cx, bufs))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.with(|s| s.is_write_vectored())
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.with(|s| s.poll_flush(cx))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.with(|s| s.poll_shutdown(cx))
+    }
 }
 
 impl Stream {
@@ -54,8 +125,8 @@ impl Stream {
                 (ReadPart::Plain(r), WritePart::Plain(w))
             }
             Stream::Tls(s) => {
-                let (r, w) = tokio::io::split(&mut **s);
-                (ReadPart::Tls(r), WritePart::Tls(w))
+                let half = TlsHalf(Arc::new(Mutex::new(&mut **s)));
+                (ReadPart::Tls(half.clone()), WritePart::Tls(half))
             }
         }
     }
@@ -67,6 +138,37 @@ impl Stream {
             Stream::Tls(s) => s.get_ref().0,
         }
     }
+}
+
+impl ReadPart<'_> {
+    /// Waits until the connection is reset or broken (an error is pending
+    /// on the socket: the peer's RST, a keepalive timeout), for a reader
+    /// that has seen the peer's half-close and reads no more: after the
+    /// FIN every read returns 0 at once, so only the socket's error
+    /// readiness tells a peer that is gone from one that still reads.
+    ///
+    /// TLS: the socket under the session is watched through a second
+    /// descriptor for it, made only here (the session is shared with the
+    /// writing half); without one (out of descriptors) a reset is seen at
+    /// the next write instead.
+    pub async fn reset(&self) {
+        match self {
+            ReadPart::Plain(r) => error_on(r.as_ref()).await,
+            ReadPart::Tls(half) => match half.second_socket() {
+                Some(socket) => error_on(&socket).await,
+                None => std::future::pending().await,
+            },
+        }
+    }
+}
+
+/// Ready once an error is pending on `socket`.
+async fn error_on(socket: &TcpStream) {
+    if socket.ready(Interest::ERROR).await.is_ok() {
+        return;
+    }
+    // Only when the runtime is going away: not a reset.
+    std::future::pending().await
 }
 
 /// A TLS peer that closes TCP without `close_notify` (many Redis clients

@@ -36,6 +36,9 @@ pub(super) struct Client<'a, 's, W, R, L> {
     /// Redis's side ended (EOF: `Ok`) while reading ahead; acted on once
     /// `ahead` is forwarded.
     pub(super) upstream_end: Option<io::Result<()>>,
+    /// The client is gone: writes are dropped, while the writer reads on
+    /// only for the outcome of a lock command.
+    pub(super) discard: bool,
 }
 
 /// What ended one wait of a blocked write.
@@ -59,6 +62,9 @@ impl<W: AsyncWrite + Unpin, R: AsyncRead + Unpin, L> Client<'_, '_, W, R, L> {
     /// Writes `bytes` to the client and flushes (TLS holds records until
     /// then); with a write timeout, each step must make progress within it.
     pub(super) async fn write(&mut self, bytes: &[u8]) -> Result<(), SessionError> {
+        if self.discard {
+            return Ok(());
+        }
         if self.write_timeout.is_none() && self.max_output == 0 {
             self.stream
                 .write_all(bytes)
@@ -220,6 +226,7 @@ mod tests {
             max_output,
             ahead: BytesMut::new(),
             upstream_end: None,
+            discard: false,
             metrics: &metrics,
             locks: &(),
             activity: &activity,
@@ -284,6 +291,7 @@ mod tests {
             max_output: 0,
             ahead: BytesMut::new(),
             upstream_end: None,
+            discard: false,
             metrics: &metrics,
             locks: &(),
             activity: &activity,

@@ -230,6 +230,22 @@ impl Replies {
         self.queue.pop_front();
     }
 
+    /// Whether a reply is still owed to the client: an entry waits for
+    /// its reply, a deferred reply is awaited, or a frame is half through.
+    pub(super) fn owes_client(&self) -> bool {
+        self.deferred.is_some()
+            || !self.queue.is_empty()
+            || !self.scanner.at_boundary()
+            || self.capture.is_some()
+    }
+
+    /// Whether the reply to a lock command is still to come: its outcome
+    /// decides what the lock room records for the connection, and so
+    /// what it releases when the connection closes.
+    pub(super) fn owes_lock_outcome(&self) -> bool {
+        self.queue.iter().any(|p| matches!(p, Pending::Lock(_)))
+    }
+
     /// True while Redis owes a reply that a client's half-close must wait
     /// for: one ahead of the first blocking command, or one half read.
     /// Redis drops what it has not yet sent when it sees the close, so the

@@ -356,6 +356,112 @@ async fn upstream_close_with_nothing_owed_is_not_a_loss() {
     assert_eq!(out, b":1\r\n");
 }
 
+/// The reader found the client gone after Redis answered one of `owed`
+/// replies and went quiet (a slow reply): how the writer ends, at once,
+/// with Redis still silent.
+async fn gone_after_one_reply(owed: u32) -> WriterEnd {
+    let metrics = ProxyMetrics::default();
+    let locks = FakeLocks::default();
+    let activity = Activity::new();
+    let (mut client_side, mut writer_client) = duplex(1 << 16);
+    let (mut redis_side, mut writer_upstream) = duplex(1 << 16);
+    let (tx, rx) = mpsc::channel::<Entries>(8);
+    tx.send(smallvec::smallvec![Pending::Upstream(owed)])
+        .await
+        .unwrap();
+    redis_side.write_all(b":1\r\n").await.unwrap();
+    let setup = Setup {
+        activity: &activity,
+        ..setup(&metrics, &locks, 4096)
+    };
+    let writer = write_loop(setup, &mut writer_client, &mut writer_upstream, rx);
+    let reader = async {
+        assert_eq!(read_exactly(&mut client_side, 4).await, b":1\r\n");
+        // As the reader half does: the flag, then its end.
+        activity.client_gone();
+        drop(tx);
+        std::future::pending::<()>().await
+    };
+    let end = tokio::time::timeout(Duration::from_secs(1), async {
+        tokio::select! {
+            end = writer => end,
+            _ = reader => unreachable!("the reader never ends first"),
+        }
+    })
+    .await
+    .expect("the writer ends at once, not at Redis's next reply");
+    drop(redis_side);
+    end
+}
+
+#[tokio::test]
+async fn a_client_gone_with_replies_owed_ends_the_writer_at_once() {
+    let end = gone_after_one_reply(2).await;
+    assert!(matches!(end, WriterEnd::ClientGone), "{end:?}");
+}
+
+#[tokio::test]
+async fn a_client_gone_with_nothing_owed_is_drained() {
+    let end = gone_after_one_reply(1).await;
+    assert!(matches!(end, WriterEnd::Drained), "{end:?}");
+}
+
+/// The client gone while a lock command's reply is on its way: the writer
+/// reads on until the lock room has its outcome (what the client took is
+/// then known, and released at the close), writes nothing, and ends
+/// without waiting for the replies after it.
+#[tokio::test]
+async fn a_client_gone_before_a_lock_reply_waits_for_its_outcome_only() {
+    let metrics = ProxyMetrics::default();
+    let locks = FakeLocks::default();
+    let activity = Activity::new();
+    let (mut client_side, mut writer_client) = duplex(1 << 16);
+    let (mut redis_side, mut writer_upstream) = duplex(1 << 16);
+    let (tx, rx) = mpsc::channel::<Entries>(8);
+    tx.send(smallvec::smallvec![
+        Pending::Upstream(1),
+        lock_entry(),
+        Pending::Upstream(1),
+    ])
+    .await
+    .unwrap();
+    redis_side.write_all(b":1\r\n").await.unwrap();
+    let setup = Setup {
+        activity: &activity,
+        ..setup(&metrics, &locks, 4096)
+    };
+    let writer = write_loop(setup, &mut writer_client, &mut writer_upstream, rx);
+    let script = async {
+        assert_eq!(read_exactly(&mut client_side, 4).await, b":1\r\n");
+        activity.client_gone();
+        drop(tx);
+        // Still reading Redis: the lock's reply comes late.
+        nothing_more(&mut client_side).await;
+        redis_side
+            .write_all(b"*3\r\n:1\r\n:1\r\n:30000\r\n")
+            .await
+            .unwrap();
+        std::future::pending::<()>().await
+    };
+    let end = tokio::time::timeout(Duration::from_secs(1), async {
+        tokio::select! {
+            end = writer => end,
+            _ = script => unreachable!("the script never ends first"),
+        }
+    })
+    .await
+    .expect("the writer ends once the lock's outcome is in");
+    assert!(matches!(end, WriterEnd::ClientGone), "{end:?}");
+    assert_eq!(locks.seen.lock().unwrap().len(), 1, "the outcome was read");
+    drop(writer_client);
+    let mut rest = Vec::new();
+    client_side.read_to_end(&mut rest).await.unwrap();
+    assert!(
+        rest.is_empty(),
+        "written to a client that is gone: {rest:?}"
+    );
+}
+
 /// A deferred reply (a job's, a parked lock attempt's) holds back every
 /// reply after it, though Redis's are already in; a silent one is awaited
 /// and dropped.
