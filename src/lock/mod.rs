@@ -29,6 +29,9 @@
 //!   for the client (the session's writer writes what it is told).
 //! - [`quorum_scripts`]: client script bodies kept for the quorum.
 //! - [`admit`]: an acquisition's fate before Redis ([`LockService::admit`]).
+//! - `forget`: what forwarded commands change behind the lock room's back
+//!   ([`Forget`], [`LockService::forget`]), and the database a lock
+//!   command ran in ([`Database`]).
 //! - [`storm`]: retry storms (the contention table, one key's state
 //!   machine, the handoff driver). - [`hotkeys`]: the hottest lock keys.
 

@@ -337,9 +337,9 @@ fn carry_out(
         Route::ForwardForget(what, expect) => {
             out.pieces.client(whole);
             if *what == Forget::Scripts {
-                // Loads sent from now on may still reach Redis before the
-                // flush: connections load again once it is acknowledged
-                // too, but none sends EVALSHA it knows may be gone.
+                // Also when sent: no connection sends EVALSHA into a flush
+                // on its way. A load that still reaches Redis before the
+                // flush is redone once Redis acknowledges it.
                 ctx.locks.script_epoch.flushed();
             }
             // Queued in a transaction: it runs at EXEC, which forgets then
