@@ -71,6 +71,32 @@ ensure_redis() {
 	fi
 }
 
+# True when every module of tests/py/requirements.txt imports and redis-py
+# is 8.x.
+python_ready() {
+	python3 - <<'PY' >/dev/null 2>&1
+import pottery, prometheus_client, pytest, pytest_asyncio, pytest_timeout, redis
+assert int(redis.__version__.split(".")[0]) >= 8
+PY
+}
+
+# python3 with what tests/py/requirements.txt lists (the Python the tests
+# drive lockgate with, and pytest for redis-py's own lock tests).
+ensure_python() {
+	local requirements="$LOCKGATE_ROOT/tests/py/requirements.txt"
+	have python3 || apt_install python3 python3-pip
+	python_ready && return 0
+	python3 -m pip --version >/dev/null 2>&1 || apt_install python3-pip
+	log "python3 -m pip install -q -r tests/py/requirements.txt"
+	# Debian's own python3 is "externally managed" (PEP 668); this is a test
+	# machine, so install next to the system packages anyway.
+	PIP_BREAK_SYSTEM_PACKAGES=1 PIP_ROOT_USER_ACTION=ignore \
+		PIP_DISABLE_PIP_VERSION_CHECK=1 \
+		python3 -m pip install -q -r "$requirements" </dev/null ||
+		die "pip install -r $requirements failed"
+	python_ready || die "python3 still cannot import what $requirements lists"
+}
+
 # cargo and rustc (rustup's stable toolchain; Debian's cargo is older than the
 # crate's rust-version).
 ensure_cargo() {

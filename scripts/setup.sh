@@ -9,7 +9,7 @@
 #   rustup   the stable Rust toolchain with rustfmt and clippy
 #   cargo    cargo-fuzz (scripts/fuzz.sh; g++ from apt for libFuzzer)
 #   pip      tests/py/requirements.txt (redis-py 8.x, pottery,
-#            prometheus_client)
+#            prometheus_client, pytest for redis-py's own lock tests)
 #
 # scripts/test.sh runs it first; `scripts/test.sh --no-setup` skips it on a
 # machine that is already provisioned. Redis's own test suite installs its
@@ -29,8 +29,6 @@ case "${1:-}" in
 *) die "unknown argument: $1 (scripts/setup.sh takes none)" ;;
 esac
 
-REQUIREMENTS="$LOCKGATE_ROOT/tests/py/requirements.txt"
-
 ensure_rust_components() {
 	local missing=()
 	cargo fmt --version >/dev/null 2>&1 || missing+=(rustfmt)
@@ -39,28 +37,6 @@ ensure_rust_components() {
 	have rustup || die "cargo ${missing[*]} missing and rustup not found to add them"
 	log "rustup component add ${missing[*]}"
 	rustup component add "${missing[@]}" || die "rustup component add ${missing[*]} failed"
-}
-
-# True when every module of the requirements imports and redis-py is 8.x.
-python_ready() {
-	python3 - <<'PY' >/dev/null 2>&1
-import pottery, prometheus_client, redis
-assert int(redis.__version__.split(".")[0]) >= 8
-PY
-}
-
-ensure_python() {
-	have python3 || apt_install python3 python3-pip
-	python_ready && return 0
-	python3 -m pip --version >/dev/null 2>&1 || apt_install python3-pip
-	log "python3 -m pip install -q -r tests/py/requirements.txt"
-	# Debian's own python3 is "externally managed" (PEP 668); this is a test
-	# machine, so install next to the system packages anyway.
-	PIP_BREAK_SYSTEM_PACKAGES=1 PIP_ROOT_USER_ACTION=ignore \
-		PIP_DISABLE_PIP_VERSION_CHECK=1 \
-		python3 -m pip install -q -r "$REQUIREMENTS" </dev/null ||
-		die "pip install -r $REQUIREMENTS failed"
-	python_ready || die "python3 still cannot import what $REQUIREMENTS lists"
 }
 
 ensure_redis

@@ -17,6 +17,12 @@
 #               for 20 s on its seed corpus; installs cargo-fuzz when
 #               missing; see docs/fuzzing.md)
 #      demo     scripts/demo.sh --smoke         (release build, real Redis)
+#      redis-py scripts/redis-py-locks.sh       (redis-py's own lock tests,
+#               sync and asyncio, directly and through lockgate with their
+#               key "foo" a lock key; fails when one that passes directly
+#               fails through lockgate, but for the named deliberate
+#               differences. Fetches the tests from redis-py's source
+#               distribution into target/redis-py-suite/; under a minute)
 #      suite    scripts/redis-suite.sh          (Redis's own tcl test suite
 #               directly, through HAProxy and through lockgate; fails when a
 #               test that passes directly fails through lockgate. Fetches
@@ -35,7 +41,7 @@ case "${1:-}" in
 '') ;;
 --no-setup) SETUP=0 ;;
 -h | --help)
-	sed -n '2,27s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"
+	sed -n '2,33s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"
 	exit 0
 	;;
 *) die "unknown argument: $1 (scripts/test.sh takes --no-setup or nothing)" ;;
@@ -87,6 +93,7 @@ step doctest cargo test --doc
 step doc env RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --quiet
 step fuzz scripts/fuzz.sh --seconds 20
 step demo scripts/demo.sh --smoke
+step redis-py scripts/redis-py-locks.sh
 step suite scripts/redis-suite.sh
 
 printf '\n==> summary\n' >&2

@@ -63,9 +63,16 @@ pub enum CommandKind {
     Script,
     /// Commands over several keys whose keys the quorum routes must see:
     /// `MGET`, `TOUCH` (split between the stores), `MSET`, `MSETNX`,
-    /// `WATCH`, `RENAME`, `COPY`… (refused across them); which arguments
-    /// are keys.
+    /// `WATCH` (refused across them); which arguments are keys.
     MultiKey(MultiKeys),
+    /// `FLUSHDB`, `FLUSHALL`, `SWAPDB`: every key of a database changes at
+    /// once, lock keys too, behind the lock room's back.
+    Flush,
+    /// A value leaves a key or arrives at one, in this database or another:
+    /// `RENAME`, `RENAMENX`, `COPY src dst …` (the first 2 arguments are
+    /// keys), `MOVE key db` (the first 1). Refused across the stores with
+    /// the quorum, like [`CommandKind::MultiKey`].
+    Relocate(u8),
     /// Anything else: one request, one reply.
     Other,
 }
@@ -264,7 +271,10 @@ fn classify_key(folded: u128, arg1: &[u8], arg2: &[u8]) -> CommandKind {
         EXISTS => CommandKind::Read(ReadKeys::All),
         EVAL | EVALSHA | EVAL_RO | EVALSHA_RO => CommandKind::Eval,
         SCRIPT => CommandKind::Script,
-        MGET | TOUCH | WATCH | RENAME | RENAMENX | COPY => CommandKind::MultiKey(MultiKeys::All),
+        MGET | TOUCH | WATCH => CommandKind::MultiKey(MultiKeys::All),
+        RENAME | RENAMENX | COPY => CommandKind::Relocate(2),
+        MOVE => CommandKind::Relocate(1),
+        FLUSHDB | FLUSHALL | SWAPDB => CommandKind::Flush,
         MSET | MSETNX => CommandKind::MultiKey(MultiKeys::Pairs),
         CLIENT if arg1.eq_ignore_ascii_case(b"REPLY") => {
             if arg2.eq_ignore_ascii_case(b"OFF") {
@@ -311,6 +321,10 @@ mod tests {
             CommandKind::Expire("PEXPIREAT")
         );
         assert_eq!(classify(b"setnx", b"k", b"v"), CommandKind::SetNx);
+        assert_eq!(classify(b"flushall", b"ASYNC", b""), CommandKind::Flush);
+        assert_eq!(classify(b"SWAPDB", b"0", b"1"), CommandKind::Flush);
+        assert_eq!(classify(b"renamenx", b"a", b"b"), CommandKind::Relocate(2));
+        assert_eq!(classify(b"MOVE", b"a", b"1"), CommandKind::Relocate(1));
         assert_eq!(classify(&[b'A'; 40], b"", b""), CommandKind::Other);
     }
 }

@@ -124,7 +124,12 @@
 //!   settled, a failed attempt parked) as a [`lock::ReplyOutcome`];
 //!   [`lock::on_behalf`] (acquisitions away from the client's own
 //!   connection: a quorum attempt that may wait for a handoff, a parked
-//!   attempt's driver acquiring for its waiter).
+//!   attempt's driver acquiring for its waiter); `lock::forget`: what a
+//!   command forwarded as it is changed behind the lock room's back (a
+//!   flush, a rename of a lock key, `SCRIPT FLUSH`: a [`lock::Forget`] the
+//!   router names), dropped from its view once Redis acknowledged it, and
+//!   the database a lock command ran in ([`lock::Database`]: the view
+//!   describes database 0).
 //! - [`admin`]: `LOCKGATE …` over RESP: the dispatch, counters, the
 //!   fencing API (`LOCK | UNLOCK | EXTEND`); [`views`]: `HOTKEYS`, `LOCKS`,
 //!   `MASTERS`, `CONFIG`, `RELOAD`.

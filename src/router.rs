@@ -6,6 +6,7 @@
 use crate::command::{CommandKind, ReplyMode, SubKind};
 use crate::lock::ops::{self, LockOp};
 use crate::lock::split::Split;
+use crate::lock::Forget;
 use crate::lock::LockService;
 use crate::protocol::request::RequestParser;
 
@@ -47,6 +48,16 @@ pub enum Route {
     /// `SETNX`/`SET … NX` on a key outside `locks.keys`: forwarded
     /// untouched, and counted by key prefix.
     ForwardUnmatched,
+    /// A command that changes lock keys or Redis's script cache behind the
+    /// lock room's back (`FLUSHDB`, `FLUSHALL`, `SWAPDB`, `RENAME`,
+    /// `RENAMENX`, `COPY`, `MOVE` of or onto lock keys, `SCRIPT FLUSH`, the
+    /// `EXEC` of a transaction with one; see [`SessionView::forget_at_exec`]):
+    /// the client's bytes go to the primary as for `Forward`, and what the
+    /// lock room knew is dropped as the [`Forget`] says once Redis
+    /// acknowledges it. Where no reply can be matched to it (`Expect::Nothing`
+    /// while replies are not counted, a reply silenced by `CLIENT REPLY`),
+    /// it is dropped when sent; inside `MULTI`, at the `EXEC`.
+    ForwardForget(Forget, Expect),
     /// A lock operation, carried out by [`crate::lock::LockService`].
     Lock(LockOp),
     /// `PERSIST` on a lock key: refused (a lock without a lease is the
@@ -86,6 +97,10 @@ pub struct SessionView {
     /// The lock scripts the upstream connection has loaded (see
     /// [`crate::lock::evalsha`]).
     pub scripts: crate::lock::evalsha::Loaded,
+    /// Inside `MULTI`, a command was queued whose route is
+    /// [`Route::ForwardForget`]: it runs at `EXEC`, so the `EXEC` forgets
+    /// ([`Forget::Everything`]) once Redis answers it.
+    pub forget_at_exec: bool,
 }
 
 impl SessionView {
@@ -161,8 +176,21 @@ pub fn forwards_plainly(
         CommandKind::Other | CommandKind::Read(_) | CommandKind::MultiKey(_) => true,
         // Options (`NX`, a lease) need the full look; a bare SET only its key.
         CommandKind::Set => args.len() == 3 && !locks.is_lock_key(args.get(1)),
+        CommandKind::Relocate(n) => relocated(n, args, locks).next().is_none(),
         _ => false,
     }
+}
+
+/// The lock keys among the first `n` arguments after the name of a
+/// [`CommandKind::Relocate`] command (its keys).
+fn relocated<'a>(
+    n: u8,
+    args: CommandArgs<'a>,
+    locks: &'a LockService,
+) -> impl Iterator<Item = &'a [u8]> + 'a {
+    (1..=usize::from(n).min(args.len().saturating_sub(1)))
+        .map(move |i| args.get(i))
+        .filter(|k| locks.is_lock_key(k))
 }
 
 /// Decides the route of one non-empty command of kind `kind`. `quorum`:
@@ -189,6 +217,7 @@ pub fn route(
         };
         return match route(kind, args, &counted, locks, quorum) {
             Route::Forward(_) | Route::ForwardUnmatched => Route::Forward(Expect::Nothing),
+            Route::ForwardForget(forget, _) => Route::ForwardForget(forget, Expect::Nothing),
             Route::Admin => Route::Admin,
             _ => Route::Refuse(RAW_REFUSAL.to_string()),
         };
@@ -215,6 +244,26 @@ pub fn route(
         CommandKind::Hello if !view.in_multi => Route::Forward(Expect::Hello),
         CommandKind::Blocking if !view.in_multi => Route::Forward(Expect::Blocking),
         CommandKind::Lockgate if !view.in_multi => Route::Admin,
+        CommandKind::Exec if view.in_multi && view.forget_at_exec => {
+            Route::ForwardForget(Forget::Everything, Expect::One)
+        }
+        // With the quorum, lock keys live on the masters, which a client's
+        // command never reaches: a flush empties the primary only, and
+        // what lockgate knows of the masters' keys stays true.
+        CommandKind::Flush if !quorum => Route::ForwardForget(Forget::Database, Expect::One),
+        // With the quorum, one on a lock key was refused above.
+        CommandKind::Relocate(n) if !quorum => {
+            let keys: Vec<bytes::Bytes> = relocated(n, args, locks)
+                .map(bytes::Bytes::copy_from_slice)
+                .collect();
+            match keys.is_empty() {
+                true => Route::Forward(Expect::One),
+                false => Route::ForwardForget(Forget::Keys(keys), Expect::One),
+            }
+        }
+        CommandKind::Script if crate::lock::evalsha::is_flush(args.get(0), key) => {
+            Route::ForwardForget(Forget::Scripts, Expect::One)
+        }
         CommandKind::SetNx if args.len() == 3 => {
             if lock_key() {
                 lock_op(ops::parse_setnx(&args.all()))
@@ -285,10 +334,18 @@ impl SessionView {
         match kind {
             CommandKind::Multi => next.in_multi = true,
             CommandKind::Quit if !self.in_multi => next.quit = true,
-            CommandKind::Exec | CommandKind::Discard => next.in_multi = false,
+            CommandKind::Exec | CommandKind::Discard => {
+                next.in_multi = false;
+                next.forget_at_exec = false;
+            }
             CommandKind::Reset => {
                 next.in_multi = false;
+                next.forget_at_exec = false;
                 next.db = 0;
+            }
+            // Queued: it runs at EXEC, which forgets then.
+            _ if self.in_multi && matches!(route, Route::ForwardForget(..)) => {
+                next.forget_at_exec = true;
             }
             _ => {}
         }
@@ -414,18 +471,21 @@ mod tests {
         let locks = LockService::new(&Config::default());
         let names = "GET get SET sEt SETNX GETSET GETDEL GETEX DEL UNLINK EXPIRE PEXPIRE \
             PERSIST EXISTS MGET MSET TOUCH EVAL EVALSHA SCRIPT CLIENT SELECT LOCKGATE MULTI EXEC \
-            DISCARD QUIT RESET HELLO MONITOR SUBSCRIBE BLPOP HSET INCR PING";
+            DISCARD QUIT RESET HELLO MONITOR SUBSCRIBE BLPOP HSET INCR PING FLUSHDB FLUSHALL \
+            SWAPDB MOVE RENAME renamenx COPY";
         let words = [
             "lock:a", "user:1", "NX", "PX", "10", "REPLY", "OFF", "FLUSH",
         ];
         let mut views = Vec::new();
-        for bits in 0..16u8 {
+        for bits in 0..64u8 {
             for replies in [ReplyMode::On, ReplyMode::Off, ReplyMode::Skip] {
                 views.push(SessionView {
                     raw: bits & 1 != 0,
                     in_multi: bits & 2 != 0,
                     quit: bits & 4 != 0,
                     admin_ok: bits & 8 != 0,
+                    forget_at_exec: bits & 16 != 0,
+                    db: u64::from(bits >> 5),
                     replies,
                     ..SessionView::default()
                 });
@@ -460,6 +520,97 @@ mod tests {
         }
         // The shortcut is taken (GET, HSET, bare SET on plain keys…).
         assert!(yes > 1000, "{yes}");
+    }
+
+    /// Commands that change lock keys or the script cache behind the lock
+    /// room's back are forwarded with what to forget; the same commands on
+    /// other keys, or with the quorum (whose masters they never reach), are
+    /// plain forwards.
+    #[test]
+    fn what_changes_lock_keys_is_forgotten() {
+        let v = SessionView::default();
+        let keys = |ks: &[&'static str]| {
+            Forget::Keys(
+                ks.iter()
+                    .map(|k| bytes::Bytes::from_static(k.as_bytes()))
+                    .collect(),
+            )
+        };
+        let forget = |f| Route::ForwardForget(f, Expect::One);
+        for line in ["FLUSHDB", "flushall ASYNC", "FLUSHALL SYNC", "SWAPDB 0 1"] {
+            assert_eq!(routed(line, &v), forget(Forget::Database), "{line}");
+        }
+        assert_eq!(
+            routed("RENAME lock:a user:1", &v),
+            forget(keys(&["lock:a"]))
+        );
+        assert_eq!(
+            routed("RENAMENX user:1 lock:b", &v),
+            forget(keys(&["lock:b"]))
+        );
+        assert_eq!(
+            routed("COPY lock:a lock:b DB 1 REPLACE", &v),
+            forget(keys(&["lock:a", "lock:b"]))
+        );
+        assert_eq!(routed("MOVE lock:a 1", &v), forget(keys(&["lock:a"])));
+        assert_eq!(routed("SCRIPT FLUSH ASYNC", &v), forget(Forget::Scripts));
+        for line in [
+            "RENAME a b",
+            "COPY a b DB 1",
+            "MOVE a 1",
+            "SCRIPT LOAD x",
+            "FUNCTION FLUSH",
+        ] {
+            assert_eq!(routed(line, &v), Route::Forward(Expect::One), "{line}");
+        }
+        // While replies are not counted, still forgotten (when sent).
+        let raw = SessionView { raw: true, ..v };
+        assert_eq!(
+            routed("FLUSHDB", &raw),
+            Route::ForwardForget(Forget::Database, Expect::Nothing)
+        );
+        // With the quorum: flushes reach the primary only; a lock key
+        // renamed, copied or moved is refused as before.
+        let locks = LockService::new(&Config::default());
+        let quorum = |line: &str| {
+            let (p, buf) = parsed(line);
+            let args = CommandArgs::new(&p, buf.as_bytes());
+            let kind = classify(args.get(0), args.get(1), args.get(2));
+            route(kind, args, &v, &locks, true)
+        };
+        assert_eq!(quorum("FLUSHALL"), Route::Forward(Expect::One));
+        assert_eq!(quorum("SWAPDB 0 1"), Route::Forward(Expect::One));
+        assert!(matches!(quorum("MOVE lock:a 1"), Route::Refuse(_)));
+        assert!(matches!(quorum("RENAME lock:a lock:b"), Route::Refuse(_)));
+        assert_eq!(quorum("RENAME a b"), Route::Forward(Expect::One));
+        assert_eq!(quorum("SCRIPT FLUSH"), forget(Forget::Scripts));
+    }
+
+    /// Inside `MULTI` a forgetting command is queued: the transaction's
+    /// `EXEC` forgets everything; `DISCARD` and `RESET` forget nothing.
+    #[test]
+    fn a_transaction_forgets_at_its_exec() {
+        let multi = SessionView::default().after(CommandKind::Multi, &Route::Forward(Expect::One));
+        assert_eq!(routed("EXEC", &multi), Route::Forward(Expect::One));
+        let r = routed("FLUSHDB", &multi);
+        let queued = multi.after(CommandKind::Flush, &r);
+        assert!(queued.forget_at_exec);
+        // A nested MULTI (an error) keeps the transaction as it is.
+        assert_eq!(
+            queued.after(CommandKind::Multi, &Route::Forward(Expect::One)),
+            queued
+        );
+        let exec = routed("EXEC", &queued);
+        assert_eq!(exec, Route::ForwardForget(Forget::Everything, Expect::One));
+        let done = queued.after(CommandKind::Exec, &exec);
+        assert_eq!(done, SessionView::default());
+        for end in [CommandKind::Discard, CommandKind::Reset] {
+            let r = Route::Forward(Expect::One);
+            assert_eq!(queued.after(end, &r), SessionView::default(), "{end:?}");
+        }
+        // Plain keys: nothing to forget at EXEC.
+        let r = routed("RENAME a b", &multi);
+        assert!(!multi.after(CommandKind::Relocate(2), &r).forget_at_exec);
     }
 
     #[test]

@@ -11,14 +11,19 @@
 //! - `Admin` only for `LOCKGATE`, `RefusePersist` only for `PERSIST` on a
 //!   lock key, `ForwardUnmatched` only for SETNX/SET on another key, a
 //!   subscription counts its arguments, and the quorum routes only appear
-//!   in quorum mode.
+//!   in quorum mode;
+//! - what is forgotten comes only from a command that changes it: the
+//!   database from FLUSHDB/FLUSHALL/SWAPDB and the keys from
+//!   RENAME/RENAMENX/COPY/MOVE (lock keys among the command's keys), both
+//!   only on one Redis; the scripts from SCRIPT FLUSH; everything only from
+//!   the EXEC of a transaction that queued one of these.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use lockgate::command::{classify, CommandKind, ReplyMode};
 use lockgate::config::Config;
 use lockgate::lock::ops::LockOp;
-use lockgate::lock::LockService;
+use lockgate::lock::{Forget, LockService};
 use lockgate::protocol::request::{RequestKind, RequestLimits, RequestParser};
 use lockgate::router::{route, CommandArgs, Expect, Route, SessionView, RAW_REFUSAL};
 
@@ -34,6 +39,7 @@ fn view(b: u8, db: u8) -> SessionView {
             _ => ReplyMode::Skip,
         },
         db: u64::from(db),
+        forget_at_exec: b & 0x80 != 0,
         ..SessionView::default()
     }
 }
@@ -59,8 +65,12 @@ fn check(
     }
     if v.raw {
         assert!(
-            matches!(r, Route::Forward(Expect::Nothing) | Route::Admin)
-                || *r == Route::Refuse(RAW_REFUSAL.to_string()),
+            matches!(
+                r,
+                Route::Forward(Expect::Nothing)
+                    | Route::ForwardForget(_, Expect::Nothing)
+                    | Route::Admin
+            ) || *r == Route::Refuse(RAW_REFUSAL.to_string()),
             "raw: {r:?}"
         );
         return;
@@ -118,6 +128,32 @@ fn check(
         }
         Route::QuorumRead | Route::QuorumEval | Route::QuorumSplit(_) => assert!(quorum),
         Route::Refuse(msg) => assert!(!msg.is_empty()),
+        Route::ForwardForget(what, expect) => {
+            assert_eq!(*expect, Expect::One);
+            match what {
+                Forget::Database => {
+                    assert!(matches!(name, b"FLUSHDB" | b"FLUSHALL" | b"SWAPDB"));
+                    assert!(!quorum);
+                }
+                Forget::Keys(keys) => {
+                    assert!(matches!(name, b"RENAME" | b"RENAMENX" | b"COPY" | b"MOVE"));
+                    assert!(!quorum && !keys.is_empty());
+                    let named = if name == b"MOVE" { 1 } else { 2 };
+                    for k in keys {
+                        assert!(locks.is_lock_key(k));
+                        assert!((1..=named).any(|i| args.get(i) == &k[..]));
+                    }
+                }
+                Forget::Scripts => {
+                    assert_eq!(name, b"SCRIPT");
+                    assert!(key.eq_ignore_ascii_case(b"FLUSH"));
+                }
+                Forget::Everything => {
+                    assert_eq!(name, b"EXEC");
+                    assert!(v.in_multi && v.forget_at_exec);
+                }
+            }
+        }
         Route::Forward(_) => {}
     }
 }

@@ -100,6 +100,10 @@ names!(
     MSET,
     MSETNX,
     CLIENT,
+    FLUSHDB,
+    FLUSHALL,
+    SWAPDB,
+    MOVE,
 );
 
 /// Index in [`LABELS`] of the name folded to `key` (0, `other`, when it

@@ -79,6 +79,13 @@ counters! {
         /// commands the client pipelined after them ran first.
         noscript_reruns: Counter "lock_noscript_reruns",
             "Lock scripts run again after NOSCRIPT (Redis's script cache was flushed)";
+        /// Commands forwarded as they are that changed lock keys or the
+        /// script cache behind the lock room's back (`FLUSHDB`, `FLUSHALL`,
+        /// `SWAPDB`, `RENAME`/`RENAMENX`/`COPY`/`MOVE` of or onto lock keys,
+        /// `SCRIPT FLUSH`, a transaction with one): what lockgate knew of
+        /// them was dropped once Redis acknowledged it.
+        view_forgets: Counter "lock_view_forgets",
+            "Forwarded commands that changed lock keys or scripts behind lockgate (flushes, SWAPDB, RENAME, COPY, MOVE, SCRIPT FLUSH): its view of them dropped";
     }
     other {
         /// Seconds from a connection's first attempt on a lock to acquiring it.

@@ -31,6 +31,9 @@
 //!   for the client (the session's writer writes what it is told).
 //! - [`quorum_scripts`]: client script bodies kept for the quorum.
 //! - [`admit`]: an acquisition's fate before Redis ([`LockService::admit`]).
+//! - `forget`: what forwarded commands change behind the lock room's back
+//!   ([`Forget`], [`LockService::forget`]), and the database a lock
+//!   command ran in ([`Database`]).
 //! - [`storm`]: retry storms (the contention table, one key's state
 //!   machine, the handoff driver). - [`hotkeys`]: the hottest lock keys.
 
@@ -42,6 +45,8 @@ pub use evalsha::eval_on;
 pub mod eviction;
 pub mod failover;
 pub mod fence;
+mod forget;
+pub use forget::{Database, Forget};
 pub mod hotkeys;
 pub mod keys;
 pub mod lease;
@@ -101,6 +106,8 @@ pub enum LockPending {
         token: Bytes,
         /// If it fails: park it (retry storms), with these settings.
         park: Option<Park>,
+        /// Where it ran: the contention table learns only database 0.
+        db: Database,
     },
     /// A release of these lock keys.
     Release {
@@ -112,6 +119,8 @@ pub enum LockPending {
         /// planned: only those attempts of the connection does it end (an
         /// attempt pipelined after it is the connection's next).
         upto: u64,
+        /// Where it ran: the contention table learns only database 0.
+        db: Database,
     },
     /// An extension.
     Extend {
@@ -121,6 +130,8 @@ pub enum LockPending {
         /// planned: if it finds the lease lapsed, only those attempts are
         /// over (an acquisition pipelined after it is still on its way).
         upto: u64,
+        /// Where it ran: the contention table learns only database 0.
+        db: Database,
     },
     /// A client script on these lock keys: its reply passes as it is, and
     /// what lockgate knew of the keys is dropped (it may have released them).
@@ -128,6 +139,11 @@ pub enum LockPending {
         /// The lock keys among the script's keys.
         keys: Vec<Bytes>,
     },
+    /// A command forwarded as it is that changed lock keys or Redis's
+    /// script cache behind the lock room's back (a flush, a rename): its
+    /// reply passes as it is and, unless it is an error, what lockgate knew
+    /// is dropped as the [`Forget`] says.
+    Forget(Forget),
     /// A takeover with `token`.
     Takeover {
         /// The lock key.

@@ -9,7 +9,9 @@ use super::hotkeys::Event;
 use super::lease::{self, ConnLocks, Standing};
 use super::ops::{LockOp, Ttl};
 use super::storm::HandedOver;
-use super::{owner_key, places_key, queue_key, script, LockPending, LockService, Planned};
+use super::{
+    owner_key, places_key, queue_key, script, Database, LockPending, LockService, Planned,
+};
 use crate::metrics::ProxyMetrics;
 
 /// Whether Redis runs a planned command at once or queues it in a
@@ -79,20 +81,36 @@ impl LockService {
         )
     }
 
-    /// [`LockService::plan`] on one Redis (not the quorum): a release of
-    /// one lock key that attempts of this instance are parked on also
-    /// hands the lock to the oldest of them ([`script::RELEASE_HANDOFF`]).
-    /// The caller settles the handoff with [`LockService::finish_handoff`]
-    /// when [`LockService::complete`] reports one.
-    pub fn plan_on_primary(&self, op: LockOp, conn: &mut ConnLocks, queueing: Queueing) -> Planned {
-        self.plan_with(
-            op,
-            conn,
-            queueing,
-            Attempt::Counted,
-            Handoff::Offer,
-            ClockFact::Skip,
-        )
+    /// [`LockService::plan`] on one Redis (not the quorum), in the
+    /// client's database `db`: in database 0, a release of one lock key
+    /// that attempts of this instance are parked on also hands the lock to
+    /// the oldest of them ([`script::RELEASE_HANDOFF`]); elsewhere it
+    /// hands nothing over (they wait in database 0) and the outcome teaches
+    /// the contention table nothing (see [`Database`]). The caller settles
+    /// the handoff with [`LockService::finish_handoff`] when
+    /// [`LockService::complete`] reports one.
+    pub fn plan_on_primary(
+        &self,
+        op: LockOp,
+        conn: &mut ConnLocks,
+        queueing: Queueing,
+        db: Database,
+    ) -> Planned {
+        let offer = match db {
+            Database::Zero => Handoff::Offer,
+            Database::Other => Handoff::No,
+        };
+        let mut planned =
+            self.plan_with(op, conn, queueing, Attempt::Counted, offer, ClockFact::Skip);
+        if let Some(
+            LockPending::Acquire { db: at, .. }
+            | LockPending::Release { db: at, .. }
+            | LockPending::Extend { db: at, .. },
+        ) = &mut planned.pending
+        {
+            *at = db;
+        }
+        planned
     }
 
     /// [`LockService::plan`] for an acquisition lockgate makes on a parked
@@ -188,6 +206,7 @@ impl LockService {
                         key,
                         token,
                         park: None,
+                        db: Database::Zero,
                     },
                 )
             }
@@ -260,6 +279,7 @@ impl LockService {
                         keys: lock_keys,
                         handoff,
                         upto: self.tokens.issued(),
+                        db: Database::Zero,
                     },
                 )
             }
@@ -278,7 +298,8 @@ impl LockService {
                 argv.extend(args.iter().map(|a| &a[..]));
                 let cmd = Call::new(Script::Extend, &[&key, &owner], &argv);
                 let upto = self.tokens.issued();
-                (cmd, LockPending::Extend { key, upto })
+                let db = Database::Zero;
+                (cmd, LockPending::Extend { key, upto, db })
             }
             LockOp::Takeover { key, command, args } => {
                 ProxyMetrics::inc(&self.metrics.takeovers);
@@ -321,11 +342,15 @@ impl LockService {
     ) -> Option<HandedOver> {
         let mut handed_over = None;
         match pending {
-            LockPending::Acquire { key, token, .. } => {
+            LockPending::Acquire { key, token, db, .. } => {
+                // In another database the table neither probed nor learns.
+                let storm = (db == Database::Zero).then_some(&*self.storm);
                 let Some(&acquired) = facts.first() else {
                     // An error reply: nothing learned, and the next attempt
                     // must see the error too.
-                    self.storm.unprobe(&key);
+                    if let Some(storm) = storm {
+                        storm.unprobe(&key);
+                    }
                     return None;
                 };
                 let pttl = facts.get(1).copied().unwrap_or(-1);
@@ -336,7 +361,9 @@ impl LockService {
                 }
                 let scale = facts.get(script::ACQUIRE_BEHIND_FACT).copied();
                 let behind_ms = self.behind_ms(&key, scale.unwrap_or(0));
-                self.storm.learned(&key, acquired == 1, pttl, behind_ms);
+                if let Some(storm) = storm {
+                    storm.learned(&key, acquired == 1, pttl, behind_ms);
+                }
                 if acquired == 1 {
                     ProxyMetrics::inc(&self.metrics.acquired);
                     self.hot.record(&key, Event::Acquired);
@@ -365,6 +392,7 @@ impl LockService {
                 keys,
                 handoff,
                 upto,
+                db,
             } => {
                 let (released, denied, lapsed) = (fact(facts, 0), fact(facts, 1), fact(facts, 2));
                 ProxyMetrics::add(&self.metrics.released, released);
@@ -389,9 +417,11 @@ impl LockService {
                 }
                 if released > 0 && !handed {
                     for key in &keys {
-                        match scale {
-                            0 => self.storm.released(key),
-                            s => self.storm.yielded(key, self.behind_ms(key, s)),
+                        match (scale, db) {
+                            // Another database's queue says nothing of
+                            // database 0's: only the drop is kept.
+                            (0, _) | (_, Database::Other) => self.storm.released(key),
+                            (s, Database::Zero) => self.storm.yielded(key, self.behind_ms(key, s)),
                         }
                     }
                 }
@@ -415,12 +445,12 @@ impl LockService {
                     }
                 }
             }
-            LockPending::Extend { key, upto } => {
+            LockPending::Extend { key, upto, db } => {
                 let (allowed, lapsed) = (fact(facts, 0), fact(facts, 1));
                 ProxyMetrics::add(&self.metrics.stale_conn_denied, fact(facts, 3));
                 if allowed == 0 {
                     ProxyMetrics::inc(&self.metrics.extend_denied);
-                } else if let Some(&pttl) = facts.get(2) {
+                } else if let (Some(&pttl), Database::Zero) = (facts.get(2), db) {
                     // The holder moved its lease: lockgate's view follows
                     // (a lease shortened to 1 s frees the lock in 1 s).
                     self.storm.extended(&key, pttl);
@@ -442,6 +472,9 @@ impl LockService {
                     self.storm.released(key);
                 }
             }
+            // Acknowledged (an error reply never gets here, see
+            // `LockService::on_reply`).
+            LockPending::Forget(what) => self.forget(&what),
         }
         handed_over
     }
@@ -465,6 +498,7 @@ impl LockService {
                 key: handed.key.clone(),
                 token: claim.token,
                 park: None,
+                db: Database::Zero,
             };
             // An acquisition hands nothing over.
             let _ = self.complete(pending, &[1, claim.lease_ms as i64], &mut c);

@@ -41,6 +41,11 @@ impl LockService {
         let (reply, facts) = match pending {
             // A client script's reply is the client's, whole.
             LockPending::Script { .. } => (frame.clone(), Vec::new()),
+            // Refused: it changed nothing, so nothing is dropped.
+            LockPending::Forget(_) if super::forget::is_error(&frame) => {
+                return ReplyOutcome::Reply(frame);
+            }
+            LockPending::Forget(_) => (frame.clone(), Vec::new()),
             _ => {
                 let (reply, facts) = split_reply(&frame);
                 (frame.slice_ref(reply), facts)

@@ -75,6 +75,9 @@ pub(super) fn quorum_route(
                 .ok()?;
             (3..(3 + n).min(args.len())).map(|i| args.get(i)).collect()
         }
+        CommandKind::Relocate(n) => (1..=usize::from(n).min(args.len().saturating_sub(1)))
+            .map(|i| args.get(i))
+            .collect(),
         CommandKind::Read(ReadKeys::First) => vec![args.get(1)],
         CommandKind::SetNx
         | CommandKind::Set
@@ -139,9 +142,11 @@ pub(super) fn quorum_route(
         CommandKind::Eval => Some(Route::QuorumEval),
         // Any other command on a lock key would act on the primary, where
         // the lock does not live.
-        CommandKind::MultiKey(_) | CommandKind::Other => Some(Route::Refuse(format!(
-            "lockgate: {name} is not supported on lock keys with the lock quorum"
-        ))),
+        CommandKind::MultiKey(_) | CommandKind::Relocate(_) | CommandKind::Other => {
+            Some(Route::Refuse(format!(
+                "lockgate: {name} is not supported on lock keys with the lock quorum"
+            )))
+        }
         _ => None,
     }
 }

@@ -13,7 +13,7 @@ use crate::lock::evalsha::{self, Rerun};
 use crate::lock::lease::ConnLocks;
 use crate::lock::ops::LockOp;
 use crate::lock::script;
-use crate::lock::LockPending;
+use crate::lock::{Database, Forget, LockPending};
 use crate::lock::{Queueing, Refusal};
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::{self, LocalReply};
@@ -198,10 +198,6 @@ pub(super) fn route_batch(
                 out.batch.ones(std::mem::take(&mut plain));
                 let route = router::route(kind, args, view, &ctx.locks, ctx.quorum.is_some());
                 remember_script(ctx, kind, args);
-                if evalsha::is_flush(name, arg1) {
-                    // Every connection's scripts may be gone.
-                    ctx.locks.script_epoch.flushed();
-                }
                 if kind == command::CommandKind::Lockgate
                     && arg1.eq_ignore_ascii_case(b"AUTH")
                     && args.get(2) == ctx.config.admin.password.as_bytes()
@@ -364,6 +360,32 @@ fn carry_out(
                 None => out.batch.record(*expect),
             }
         }
+        Route::ForwardForget(what, expect) => {
+            out.pieces.client(whole);
+            if *what == Forget::Scripts {
+                // Also when sent: no connection sends EVALSHA into a flush
+                // on its way. A load that still reaches Redis before the
+                // flush is redone once Redis acknowledges it.
+                ctx.locks.script_epoch.flushed();
+            }
+            // Queued in a transaction: it runs at EXEC, which forgets then
+            // (see `SessionView::forget_at_exec`).
+            let queued = view.in_multi && kind != command::CommandKind::Exec;
+            match expect {
+                _ if queued => out.batch.record(*expect),
+                Expect::One if !out.batch.silent => {
+                    out.batch.lock(LockPending::Forget(what.clone()), None)
+                }
+                // No reply will be matched to it: dropped now, before Redis
+                // runs it (a probe in between may learn the old state
+                // again, bounded by probe_interval_ms as any change made
+                // behind lockgate's back).
+                _ => {
+                    ctx.locks.forget(what);
+                    out.batch.record(*expect);
+                }
+            }
+        }
         Route::ForwardUnmatched => {
             ctx.locks.note_unmatched(args.get(1));
             out.pieces.client(whole);
@@ -395,7 +417,9 @@ fn carry_out(
                 out.released.extend(lock_keys.iter().cloned());
                 ctx.locks.releasing(lock_keys, sync::lock(conn).id);
             }
-            let tracked = !view.in_multi && view.db == 0 && !after_release;
+            // The contention table describes database 0 only.
+            let db = Database::of(view.db);
+            let tracked = !view.in_multi && db == Database::Zero && !after_release;
             let Some(park) = out.early(parking::admit(ctx, op, conn, tracked, out.last)) else {
                 return;
             };
@@ -403,9 +427,9 @@ fn carry_out(
                 true => Queueing::InMulti,
                 false => Queueing::Now,
             };
-            let planned = ctx
-                .locks
-                .plan_on_primary(op.clone(), &mut sync::lock(conn), queueing);
+            let planned =
+                ctx.locks
+                    .plan_on_primary(op.clone(), &mut sync::lock(conn), queueing, db);
             let Some(pending) = planned.pending else {
                 // Inside MULTI: EVAL (a NOSCRIPT in EXEC's array could not
                 // be run again in its place).
@@ -414,9 +438,12 @@ fn carry_out(
                 return;
             };
             let pending = match pending {
-                LockPending::Acquire { key, token, .. } => {
-                    LockPending::Acquire { key, token, park }
-                }
+                LockPending::Acquire { key, token, db, .. } => LockPending::Acquire {
+                    key,
+                    token,
+                    park,
+                    db,
+                },
                 p => p,
             };
             let rerun = by_sha(ctx, view, planned.call, out);

@@ -123,7 +123,7 @@ pub(super) fn quorum_transaction(
             tx.failed = true;
             return false;
         }
-        (_, Route::Forward(_)) if view.in_multi => {
+        (_, Route::Forward(_) | Route::ForwardForget(..)) if view.in_multi => {
             tx.primary += 1;
             return false;
         }

@@ -341,6 +341,17 @@ impl Storm {
         self.on_key(key, false, Event::Released);
     }
 
+    /// Every tracked key changed behind this instance's back (a flush, a
+    /// `SWAPDB` acknowledged by Redis): what it knew of each is dropped and
+    /// their parked attempts are woken, as by a release of each (O(keys),
+    /// at most `max_keys`, once per such command).
+    pub fn forget_all(&self) {
+        let now = Instant::now();
+        for e in self.table.iter() {
+            self.on(e.value(), Event::Released, now);
+        }
+    }
+
     /// The lock on `key` was released through this instance and given to
     /// another instance first in the store's queue: this one's attempts
     /// wait behind it (for their wake-up, or `behind_ms`).

@@ -52,6 +52,7 @@ fn lock_entry() -> Pending {
             key: Bytes::from_static(b"lock:a"),
             token: Bytes::from_static(b"t:1"),
             park: None,
+            db: crate::lock::Database::Zero,
         },
         None,
     )))

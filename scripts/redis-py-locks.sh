@@ -1,0 +1,291 @@
+#!/usr/bin/env bash
+# redis-py's own lock tests, through lockgate.
+#
+#   scripts/redis-py-locks.sh            fetch the tests if needed, run them
+#   scripts/redis-py-locks.sh --fetch    only fetch and unpack the tests
+#
+# The tests are those of the installed redis-py (tests/test_lock.py and
+# tests/test_asyncio/test_lock.py, sync and asyncio), from its source
+# distribution on PyPI of the same version, fetched with `pip download` into
+# target/redis-py-suite/ (only its tests/ and pyproject.toml are unpacked, so
+# the installed redis-py is what runs). Their fixtures flush the database
+# between tests, and every test locks the key "foo". They run with pytest
+# (tests/py/requirements.txt; installed when missing), in RESP2 and RESP3,
+# against three targets in turn, each with a fresh redis-server on a free
+# loopback port:
+#   direct       redis-server itself
+#   lockgate     target/release/lockgate, with locks.keys = ["foo"] (the
+#                tests' lock key; everything else as config/lockgate.toml's
+#                defaults)
+#   lockgate-1m  the same with locks.retry.probe_interval_ms = 60000: an
+#                answer from a stale view of the lock would last the whole
+#                run, not up to 100 ms, so it cannot pass by chance
+# and prints per target what passed and the names of what failed.
+#
+# LOCKGATE_BIN=PATH runs that lockgate binary instead of building one (an
+# older build, to see a test fail there).
+#
+# Exit status: 0 when every test that passes directly also passes through
+# both lockgates, apart from the EXCEPTIONS below, each of which must fail
+# with the message named there (a deliberate difference of lockgate's, in
+# the README); 1 otherwise.
+set -euo pipefail
+
+LOG_TAG=redis-py
+# shellcheck source=scripts/common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+usage() { sed -n '2,31s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"; }
+
+FETCH_ONLY=0
+while [ $# -gt 0 ]; do
+	case "$1" in
+	--fetch) FETCH_ONLY=1 ;;
+	-h | --help)
+		usage
+		exit 0
+		;;
+	*)
+		usage >&2
+		die "unknown argument: $1"
+		;;
+	esac
+	shift
+done
+
+# The test files run.
+TESTS=(tests/test_lock.py tests/test_asyncio/test_lock.py)
+
+# Tests that pass directly and must fail through lockgate, each with the
+# message it must fail with: "test|regex of the failure message|why". A test
+# is named as in pytest's JUnit report: module.Class::name. They assert
+# `ttl("foo") == -1` after acquiring without a timeout: through lockgate a
+# lock never lives without a lease (locks.default_lease_ms, 30 s), the
+# README's "lease on a lease-less lock".
+LEASE='assert [0-9]+ == -1|a lock never lives without a lease (default_lease_ms)'
+EXCEPTIONS=()
+for t in test_lock test_lock_token test_lock_token_thread_local_false; do
+	EXCEPTIONS+=("tests.test_lock.TestLock::$t|$LEASE")
+	for client in single pool; do
+		EXCEPTIONS+=("tests.test_asyncio.test_lock.TestLock::${t}[${client}]|$LEASE")
+	done
+done
+
+cd "$LOCKGATE_ROOT"
+SUITE_DIR="$LOCKGATE_ROOT/target/redis-py-suite"
+
+ensure_redis
+ensure_python
+
+# --- fetching the tests ---------------------------------------------------------
+
+# Leaves the tests of the installed redis-py in $SUITE_SRC.
+fetch_tests() {
+	local version dl tarball top
+	version="$(python3 -c 'import redis; print(redis.__version__)')"
+	[ -n "$version" ] || die "cannot tell the version of the installed redis-py"
+	SUITE_SRC="$SUITE_DIR/redis-py-$version"
+	if [ -f "$SUITE_SRC/tests/test_lock.py" ] && [ -f "$SUITE_SRC/pyproject.toml" ]; then
+		return 0
+	fi
+	log "fetching redis-py $version's tests (its source distribution)"
+	dl="$SUITE_DIR/download.$$"
+	rm -rf "$dl"
+	mkdir -p "$dl"
+	PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore \
+		python3 -m pip download -q --no-deps --no-binary :all: "redis==$version" -d "$dl" </dev/null ||
+		die "pip download redis==$version (source distribution) failed"
+	tarball="$(find "$dl" -maxdepth 1 -name "redis-$version.tar.gz" | head -n 1)"
+	[ -n "$tarball" ] || die "pip download left no redis-$version.tar.gz in $dl"
+	top="redis-$version"
+	tar -xzf "$tarball" -C "$dl" "$top/tests" "$top/pyproject.toml" ||
+		die "the source distribution has no tests/ or pyproject.toml"
+	[ -f "$dl/$top/tests/test_lock.py" ] || die "no tests/test_lock.py in $(basename "$tarball")"
+	rm -rf "$SUITE_SRC"
+	mv "$dl/$top" "$SUITE_SRC"
+	rm -rf "$dl"
+	log "redis-py $version's tests are in ${SUITE_SRC#"$LOCKGATE_ROOT"/}"
+}
+
+fetch_tests
+[ "$FETCH_ONLY" -eq 1 ] && exit 0
+
+if [ -z "${LOCKGATE_BIN:-}" ]; then
+	ensure_cargo
+	log "cargo build --release"
+	cargo build --release -q || die "cargo build --release failed"
+	LOCKGATE_BIN="$(cargo_target_dir)/release/lockgate"
+fi
+[ -x "$LOCKGATE_BIN" ] || die "lockgate binary not found at $LOCKGATE_BIN"
+
+# --- processes ----------------------------------------------------------------
+
+WORKDIR="$(mktemp -d "${TMPDIR:-/tmp}/lockgate-redis-py.XXXXXX")"
+PIDS=()
+
+# stop_pid PID — SIGTERM, up to 8 s, then SIGKILL.
+stop_pid() {
+	local pid="$1" i
+	if kill -0 "$pid" 2>/dev/null; then
+		kill -TERM "$pid" 2>/dev/null || true
+		for ((i = 0; i < 80; i++)); do
+			kill -0 "$pid" 2>/dev/null || break
+			sleep 0.1
+		done
+		kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null
+	fi
+	wait "$pid" 2>/dev/null || true
+}
+
+# Stops the processes of one target, newest first (the proxy before Redis).
+stop_all() {
+	local i
+	for ((i = ${#PIDS[@]} - 1; i >= 0; i--)); do stop_pid "${PIDS[i]}"; done
+	PIDS=()
+}
+
+# shellcheck disable=SC2317  # invoked by the EXIT trap
+cleanup() {
+	local rc=$?
+	trap - EXIT INT TERM HUP
+	stop_all
+	if [ "$rc" -ne 0 ] && [ -d "$WORKDIR" ]; then
+		log "logs kept in $WORKDIR"
+	else
+		rm -rf "$WORKDIR"
+	fi
+	exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+trap 'exit 129' HUP
+
+# wait_ping PORT PID NAME — until PONG on PORT, while PID lives (15 s).
+wait_ping() {
+	local port="$1" pid="$2" name="$3" i
+	for ((i = 0; i < 150; i++)); do
+		kill -0 "$pid" 2>/dev/null || die "$name exited during startup (see $WORKDIR)"
+		[ "$(redis-cli -h 127.0.0.1 -p "$port" ping </dev/null 2>&1)" = PONG ] && return 0
+		sleep 0.1
+	done
+	die "$name did not answer PING on 127.0.0.1:$port within 15 s"
+}
+
+# The tests' lock key; everything else is lockgate's default.
+cat >"$WORKDIR/lockgate.toml" <<'EOF'
+[locks]
+keys = ["foo"]
+EOF
+cat "$WORKDIR/lockgate.toml" - >"$WORKDIR/lockgate-1m.toml" <<'EOF'
+[locks.retry]
+probe_interval_ms = 60000
+EOF
+
+# start_target NAME — a fresh redis-server, and lockgate with
+# $WORKDIR/NAME.toml in front of it unless NAME=direct; sets PORT to where
+# the tests connect.
+start_target() {
+	local name="$1" dir="$WORKDIR/$1" rport pport pid
+	mkdir -p "$dir"
+	rport="$(pick_free_port)"
+	redis-server --bind 127.0.0.1 --port "$rport" --save '' --appendonly no \
+		--dir "$dir" --logfile "$dir/redis.log" --daemonize no </dev/null &
+	pid=$!
+	PIDS+=("$pid")
+	wait_ping "$rport" "$pid" redis-server
+	PORT="$rport"
+	[ "$name" = direct ] && return 0
+	pport="$(pick_free_port)"
+	"$LOCKGATE_BIN" --config "$WORKDIR/$name.toml" --listen "127.0.0.1:$pport" \
+		--upstream "127.0.0.1:$rport" --admin-listen "" \
+		</dev/null >"$dir/lockgate.log" 2>&1 &
+	pid=$!
+	PIDS+=("$pid")
+	wait_ping "$pport" "$pid" "$name"
+	PORT="$pport"
+}
+
+# run_tests TARGET PROTOCOL — the tests against $PORT; the JUnit report in
+# $WORKDIR/TARGET-PROTOCOL.xml (pytest's own exit status is not the verdict).
+run_tests() {
+	local target="$1" protocol="$2" t0=$SECONDS
+	(
+		cd "$SUITE_SRC"
+		exec timeout -k 5 300 python3 -m pytest -q -p no:cacheprovider -W ignore \
+			--redis-url="redis://127.0.0.1:$PORT" --protocol="$protocol" \
+			--junitxml="$WORKDIR/$target-$protocol.xml" "${TESTS[@]}"
+	) </dev/null >"$WORKDIR/$target-$protocol.log" 2>&1 || true
+	[ -f "$WORKDIR/$target-$protocol.xml" ] ||
+		die "pytest wrote no report for $target (RESP$protocol): see $WORKDIR/$target-$protocol.log"
+	log "[$target] RESP$protocol: $(tail -n 1 "$WORKDIR/$target-$protocol.log") ($((SECONDS - t0))s)"
+}
+
+TARGETS=(direct lockgate lockgate-1m)
+for target in "${TARGETS[@]}"; do
+	start_target "$target"
+	for protocol in 2 3; do run_tests "$target" "$protocol"; done
+	stop_all
+done
+
+# --- the verdict --------------------------------------------------------------
+
+printf '%s\n' "${EXCEPTIONS[@]}" >"$WORKDIR/exceptions"
+status=0
+python3 - "$WORKDIR" "${TARGETS[@]:1}" <<'PY' || status=$?
+import re
+import sys
+import xml.etree.ElementTree as ET
+
+workdir = sys.argv[1]
+
+
+def results(name):
+    """{test: (passed, failure message)} of one JUnit report."""
+    out = {}
+    for case in ET.parse(f"{workdir}/{name}.xml").iter("testcase"):
+        test = f"{case.get('classname')}::{case.get('name')}"
+        bad = case.find("failure")
+        if bad is None:
+            bad = case.find("error")
+        skipped = case.find("skipped") is not None
+        out[test] = (bad is None and not skipped, None if bad is None else bad.get("message", ""))
+    return out
+
+
+exceptions = {}
+for line in open(f"{workdir}/exceptions"):
+    test, message, why = line.rstrip("\n").split("|", 2)
+    exceptions[test] = (re.compile(message), why)
+
+failed = False
+for target, protocol in [(t, p) for t in sys.argv[2:] for p in ("2", "3")]:
+    direct, gated = results(f"direct-{protocol}"), results(f"{target}-{protocol}")
+    baseline = sorted(t for t, (ok, _) in direct.items() if ok)
+    if not baseline:
+        print(f"RESP{protocol}: no test passed directly", file=sys.stderr)
+        failed = True
+        continue
+    lost = [t for t in baseline if not gated.get(t, (False, "did not run"))[0]]
+    print(f"\n{target}, RESP{protocol}: {len(baseline)} pass directly, "
+          f"{len(baseline) - len(lost)} through {target}")
+    for test in lost:
+        message = gated.get(test, (False, "did not run"))[1] or ""
+        first = message.splitlines()[0] if message else ""
+        rule = exceptions.get(test)
+        if rule and rule[0].search(message):
+            print(f"    excepted ({rule[1]}): {test}: {first}")
+        else:
+            print(f"    LOST: {test}: {first}")
+            failed = True
+    for test in sorted(set(exceptions) - set(lost)):
+        print(f"warning: exception no longer needed (passes through lockgate or not directly): {test}",
+              file=sys.stderr)
+sys.exit(1 if failed else 0)
+PY
+if [ "$status" -ne 0 ]; then
+	printf '\nredis-py-locks: FAILED: a test that passes directly lost through lockgate\n'
+	exit 1
+fi
+printf '\nredis-py-locks: every test that passes directly passes through lockgate (%d excepted per run)\n' \
+	"${#EXCEPTIONS[@]}"
