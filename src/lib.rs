@@ -86,10 +86,11 @@
 //!   `evicted_keys`, read as a connection opens and periodically; shown,
 //!   warned about, and with `locks.require_noeviction` locks refused on an
 //!   evicting primary and an evicting master sat out), [`lock::fence`] (the fencing-token API on one Redis),
-//!   [`lock::quorum`] (the masters, majority merges, sit-outs after a
-//!   restart, a reconnection or a clock jump; `quorum::ask`: one command
-//!   to the masters in parallel, the wait ended once the answer is
-//!   known),
+//!   [`lock::quorum`] (the quorum, majority merges, the availability
+//!   errors; `quorum::master`: one master and its sit-outs after a
+//!   restart, a reconnection, a clock jump or evictions; `quorum::ask`:
+//!   one command to the masters in parallel, the wait ended once the
+//!   answer is known),
 //!   [`lock::quorum_ops`] (Redlock acquisition and the other ops on the
 //!   quorum), [`lock::quorum_fence`] (fencing tokens on the quorum: never
 //!   below the median clock of its voters, so no counter is copied to a
