@@ -161,3 +161,26 @@ pick_free_port() {
 	done
 	die "no free loopback port found"
 }
+
+# stop_pid PID — SIGTERM, up to 8 s, then SIGKILL (only a process the
+# script started).
+stop_pid() {
+	local pid="$1" i
+	if kill -0 "$pid" 2>/dev/null; then
+		kill -TERM "$pid" 2>/dev/null || true
+		for ((i = 0; i < 80; i++)); do
+			kill -0 "$pid" 2>/dev/null || break
+			sleep 0.1
+		done
+		kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null
+	fi
+	wait "$pid" 2>/dev/null || true
+}
+
+# Stops the processes the script started, listed in the array PIDS, newest
+# first (a proxy before its Redis).
+stop_all() {
+	local i
+	for ((i = ${#PIDS[@]} - 1; i >= 0; i--)); do stop_pid "${PIDS[i]}"; done
+	PIDS=()
+}

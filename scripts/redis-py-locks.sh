@@ -123,27 +123,6 @@ fi
 WORKDIR="$(mktemp -d "${TMPDIR:-/tmp}/lockgate-redis-py.XXXXXX")"
 PIDS=()
 
-# stop_pid PID — SIGTERM, up to 8 s, then SIGKILL.
-stop_pid() {
-	local pid="$1" i
-	if kill -0 "$pid" 2>/dev/null; then
-		kill -TERM "$pid" 2>/dev/null || true
-		for ((i = 0; i < 80; i++)); do
-			kill -0 "$pid" 2>/dev/null || break
-			sleep 0.1
-		done
-		kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null
-	fi
-	wait "$pid" 2>/dev/null || true
-}
-
-# Stops the processes of one target, newest first (the proxy before Redis).
-stop_all() {
-	local i
-	for ((i = ${#PIDS[@]} - 1; i >= 0; i--)); do stop_pid "${PIDS[i]}"; done
-	PIDS=()
-}
-
 # shellcheck disable=SC2317  # invoked by the EXIT trap
 cleanup() {
 	local rc=$?

@@ -75,19 +75,7 @@ async fn start(t: &Tuning) -> Cluster {
     }
     // Masters started moments ago sit out their rejoin delay first.
     for lg in &lgs {
-        let deadline = Instant::now() + support::WAIT;
-        loop {
-            let states = lg.masters(Duration::from_secs(1)).await.unwrap_or_default();
-            if states.len() == 5 && states.iter().all(|s| s == "up") {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{} never counted every master: {states:?}",
-                lg.name
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        lg.all_up(5).await;
     }
     Cluster {
         primary,
@@ -194,15 +182,6 @@ async fn locks_stay_exclusive_and_fenced_under_chaos() {
         println!("quorum_chaos: {e}");
     }
     if !v.clean() {
-        let all: Vec<&String> = v
-            .overlaps
-            .iter()
-            .chain(&v.lost)
-            .chain(&v.fence_refused_valid)
-            .chain(&v.old_token_accepted)
-            .chain(&v.token_order)
-            .take(6)
-            .collect();
         let logs: Vec<String> = cluster
             .lgs
             .iter()
@@ -210,10 +189,7 @@ async fn locks_stay_exclusive_and_fenced_under_chaos() {
             .collect();
         panic!(
             "SAFETY failure with QUORUM_CHAOS_SEED={seed}:\n{}\n\nlockgate logs:\n{}",
-            all.iter()
-                .map(|s| s.as_str())
-                .collect::<Vec<_>>()
-                .join("\n\n"),
+            v.first(6),
             logs.join("\n")
         );
     }

@@ -71,29 +71,12 @@ async fn start(t: &Tuning) -> Run {
         lgs.push(LockgateProc::start(&format!("lg{k}"), &primary.addr(), &addrs, t).await);
     }
     for lg in &lgs {
-        all_up(lg).await;
+        lg.all_up(5).await;
     }
     Run {
         _primary: primary,
         masters,
         lgs,
-    }
-}
-
-/// Waits until `lg` counts every master.
-async fn all_up(lg: &LockgateProc) {
-    let deadline = Instant::now() + support::WAIT;
-    loop {
-        let states = lg.masters(Duration::from_secs(1)).await.unwrap_or_default();
-        if states.len() == 5 && states.iter().all(|s| s == "up") {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{} never counted every master: {states:?}",
-            lg.name
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
@@ -302,21 +285,9 @@ async fn run_seed(seed: u64) -> Outcome {
         )
     };
     if !v.clean() {
-        let all: Vec<&String> = v
-            .overlaps
-            .iter()
-            .chain(&v.lost)
-            .chain(&v.fence_refused_valid)
-            .chain(&v.old_token_accepted)
-            .chain(&v.token_order)
-            .take(6)
-            .collect();
         panic!(
             "SAFETY failure with QUORUM_RECOVERY_SEED={seed}:\n{}\n\n{}",
-            all.iter()
-                .map(|s| s.as_str())
-                .collect::<Vec<_>>()
-                .join("\n\n"),
+            v.first(6),
             timeline()
         );
     }

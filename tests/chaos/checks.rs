@@ -227,6 +227,21 @@ impl Verdict {
             && self.old_token_accepted.is_empty()
             && self.token_order.is_empty()
     }
+
+    /// The first `n` failures, of every kind, for a failing test's message.
+    pub fn first(&self, n: usize) -> String {
+        let all: Vec<&str> = self
+            .overlaps
+            .iter()
+            .chain(&self.lost)
+            .chain(&self.fence_refused_valid)
+            .chain(&self.old_token_accepted)
+            .chain(&self.token_order)
+            .take(n)
+            .map(|s| s.as_str())
+            .collect();
+        all.join("\n\n")
+    }
 }
 
 /// The two sections, the releases between them and the faults nearby.

@@ -235,6 +235,27 @@ impl LockgateProc {
         lines[lines.len().saturating_sub(30)..].join("\n")
     }
 
+    /// Waits until this instance counts all `n` masters `up` (masters
+    /// started moments ago sit out first).
+    pub async fn all_up(&self, n: usize) {
+        let deadline = Instant::now() + crate::support::WAIT;
+        loop {
+            let states = self
+                .masters(Duration::from_secs(1))
+                .await
+                .unwrap_or_default();
+            if states.len() == n && states.iter().all(|s| s == "up") {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} never counted every master: {states:?}",
+                self.name
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// Each master's state as this instance reports it (`LOCKGATE
     /// MASTERS`): "up", "sitting out" or "down", in configuration order;
     /// `None` when it does not answer within `wait`.
