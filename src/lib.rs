@@ -86,17 +86,18 @@
 //!   `evicted_keys`, read as a connection opens and periodically; shown,
 //!   warned about, and with `locks.require_noeviction` locks refused on an
 //!   evicting primary and an evicting master sat out), [`lock::fence`] (the fencing-token API on one Redis),
-//!   [`lock::quorum`] (the quorum, majority merges, the availability
-//!   errors; `quorum::master`: one master and its sit-outs after a
-//!   restart, a reconnection, a clock jump or evictions; `quorum::ask`:
-//!   one command to the masters in parallel, the wait ended once the
-//!   answer is known),
-//!   [`lock::quorum_ops`] (Redlock acquisition and the other ops on the
-//!   quorum), [`lock::quorum_fence`] (fencing tokens on the quorum: never
-//!   below the median clock of its voters, so no counter is copied to a
-//!   returning master),
-//!   [`lock::clock`] (the masters' clocks: a master whose clock jumps sits
-//!   out, its vote uncounted; the stricter `clock_faults` quorum),
+//!   [`lock::quorum`] (the Redlock quorum in one folder: majority merges
+//!   and the availability errors; `quorum::master`: one master and its
+//!   sit-outs after a restart, a reconnection, a clock jump or evictions;
+//!   `quorum::ask`: one command to the masters in parallel, the wait ended
+//!   once the answer is known; [`lock::quorum::ops`]: Redlock acquisition
+//!   and the other ops; [`lock::quorum::fence`]: fencing tokens, never
+//!   below the median clock of their voters, so no counter is copied to a
+//!   returning master; [`lock::quorum::clock`]: the masters' clocks, a
+//!   master whose clock jumps sits out, its vote uncounted, and the
+//!   stricter `clock_faults` quorum; [`lock::quorum::scripts`]: client
+//!   script bodies remembered for masters that answer `NOSCRIPT`, `SCRIPT
+//!   LOAD` on every master),
 //!   [`lock::split`] (per-key commands split between the quorum and the
 //!   primary: which key goes where, how the answers merge),
 //!   [`lock::admit`] (an acquisition's fate before Redis: on to Redis,
@@ -113,8 +114,6 @@
 //!   each subscribes to its own channel `lockgate:wake:<prefix>`, a
 //!   release wakes the head of the key's queue in the store, see
 //!   docs/fleet.md),
-//!   [`lock::quorum_scripts`] (client script bodies remembered for
-//!   masters that answer `NOSCRIPT`, `SCRIPT LOAD` on every master),
 //!   [`lock::metrics`] (the lock room's counters and the quorum's sit-out
 //!   counters, declared with `counters!`), [`lock::hotkeys`] (the bounded
 //!   top-K sketch of hot lock keys the lock room feeds; `hotkeys::sketch`:

@@ -61,7 +61,7 @@ impl LockService {
             return Early::Probe(None);
         }
         let (probe_ms, park_ms) = self.retry_for(key);
-        let Ok(lease_ms) = super::quorum_ops::lease_of(ttl, self.lease_ms(key)) else {
+        let Ok(lease_ms) = super::quorum::ops::lease_of(ttl, self.lease_ms(key)) else {
             return Early::Probe(None);
         };
         let park = Park {

@@ -23,13 +23,13 @@
 //!   connections. - [`lease`]: tokens and per-connection records.
 //! - [`metrics`]: counters. - [`watchdog`]: lease renewal and release on
 //!   disconnect over a connection of lockgate's own.
-//! - [`clock`]: the quorum masters' clock offsets; a master whose clock
-//!   jumps sits out and its vote does not count.
+//! - [`quorum`]: the Redlock quorum, all of it in one folder (its masters
+//!   and their sit-outs, clocks, Redlock operations, fencing, client
+//!   scripts).
 //! - [`eviction`]: the lock stores' `maxmemory-policy` and `evicted_keys`;
 //!   `locks.require_noeviction` refuses locks where they may be evicted.
 //! - `reply`: [`LockService::on_reply`], what a lock script's reply means
 //!   for the client (the session's writer writes what it is told).
-//! - [`quorum_scripts`]: client script bodies kept for the quorum.
 //! - [`admit`]: an acquisition's fate before Redis ([`LockService::admit`]).
 //! - `forget`: what forwarded commands change behind the lock room's back
 //!   ([`Forget`], [`LockService::forget`]), and the database a lock
@@ -39,7 +39,6 @@
 
 pub mod admit;
 pub mod announce;
-pub mod clock;
 pub mod evalsha;
 pub use evalsha::eval_on;
 pub mod eviction;
@@ -57,9 +56,6 @@ pub mod ops;
 mod plan;
 pub use plan::Queueing;
 pub mod quorum;
-pub mod quorum_fence;
-pub mod quorum_ops;
-pub mod quorum_scripts;
 mod reply;
 pub use reply::ReplyOutcome;
 pub mod script;

@@ -169,7 +169,7 @@ impl LockService {
                 }
                 let token = self.tokens.next();
                 let lease = self.lease_ms(&key);
-                self.granting(super::quorum_ops::lease_of(&ttl, lease).unwrap_or(lease));
+                self.granting(super::quorum::ops::lease_of(&ttl, lease).unwrap_or(lease));
                 let (kind, amount) = match &ttl {
                     Ttl::Default => ("PX", Bytes::from(lease.to_string())),
                     Ttl::Given(kind, v) => (*kind, v.clone()),

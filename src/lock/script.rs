@@ -184,7 +184,7 @@ end
 /// lease when not acquired), the master's clock with info `"2"` (the
 /// quorum's acquisitions; `TIME`, µs since the epoch, fact
 /// [`ACQUIRE_CLOCK_FACT`], read in the same atomic step as the `SET NX` it
-/// vouches for, see [`super::clock`]; 0 otherwise), yielded (1: not tried,
+/// vouches for, see [`super::quorum::clock`]; 0 otherwise), yielded (1: not tried,
 /// the queue's head goes first, see `q_yield`, fact
 /// [`ACQUIRE_YIELD_FACT`]), behind (not acquired and another instance is
 /// first in the key's queue: this one's place's scale, 1 to 64, fact
@@ -578,7 +578,7 @@ return 1
 /// when every counter was lost (`docs/quorum.md`). KEYS: lock, owner record,
 /// counter. ARGV: ttl ms, instance token. Reply: `{1, 0, counter, clock}`
 /// taken, `{0, pttl, 0, clock}` held by someone else; `clock` is the
-/// master's `TIME` in µs (see [`super::clock`]).
+/// master's `TIME` in µs (see [`super::quorum::clock`]).
 pub const QFENCE_ACQUIRE: &str = r#"
 local function clock()
   local t = redis.call('TIME')

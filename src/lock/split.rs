@@ -8,7 +8,7 @@
 use bytes::Bytes;
 
 use super::quorum::integer;
-use super::quorum_ops::as_local;
+use super::quorum::ops::as_local;
 use crate::protocol::encode::{self, LocalReply};
 
 /// How the answers of the two parts become the client's one reply.

@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 
 /// Tells the quorum about script bodies the client sends (`EVAL`,
 /// `SCRIPT LOAD`), for masters that lost them; a `SCRIPT LOAD`ed body is
-/// also loaded on every master (see [`crate::lock::quorum_scripts`]).
+/// also loaded on every master (see [`crate::lock::quorum::scripts`]).
 pub(super) fn remember_script(
     ctx: &Arc<ServerContext>,
     kind: command::CommandKind,

@@ -264,7 +264,7 @@ impl Master {
     }
 
     /// Sits the master out for `delay` from now because its clock jumped:
-    /// its keys may have expired early (see [`crate::lock::clock`]).
+    /// its keys may have expired early (see [`super::clock`]).
     pub fn sit_out(&self, delay: Duration) {
         self.sit_out_until(Instant::now() + delay, SitOut::ClockJump);
     }

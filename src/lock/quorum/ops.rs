@@ -9,11 +9,11 @@ use std::time::Instant;
 
 use bytes::Bytes;
 
-use super::lease::{ConnLocks, Standing};
-use super::node::Request;
-use super::ops::{LockOp, Shape, Ttl};
-use super::quorum::{integer, majority_identical, majority_integer, now_unix_ms, Quorum};
-use super::{script, split_reply, LockPending, LockService};
+use super::{integer, majority_identical, majority_integer, now_unix_ms, Quorum};
+use crate::lock::lease::{ConnLocks, Standing};
+use crate::lock::node::Request;
+use crate::lock::ops::{LockOp, Shape, Ttl};
+use crate::lock::{script, split_reply, LockPending, LockService};
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
 use crate::sync;
@@ -109,7 +109,7 @@ impl LockService {
                 .await
                 .reply;
         }
-        let planned = self.plan(op, &mut sync::lock(&conn), super::Queueing::Now);
+        let planned = self.plan(op, &mut sync::lock(&conn), crate::lock::Queueing::Now);
         let Some(pending) = planned.pending else {
             return LocalReply::err("lockgate: internal error (no outcome planned)");
         };
@@ -208,14 +208,15 @@ impl LockService {
                 self.complete(pending, &[1, lease_ms as i64], &mut sync::lock(&conn));
             }
             return Outcome {
-                reply: super::storm::shaped(shape, true),
+                reply: crate::lock::storm::shaped(shape, true),
                 acquired: true,
                 pttl: lease_ms as i64,
                 behind_ms: 0,
             };
         }
         // Not acquired: undo it everywhere, also where the answer was late.
-        let undo = super::evalsha::eval_queued(script::RELEASE_TOKEN, &key, &[&token, &value]);
+        let undo =
+            crate::lock::evalsha::eval_queued(script::RELEASE_TOKEN, &key, &[&token, &value]);
         q.ask_all(&undo.into()).await;
         sync::lock(&conn).settle(&key, &token, Standing::Lost, None);
         if q.lost_quorum(granted, answers.replies.len(), eligible.len()) {

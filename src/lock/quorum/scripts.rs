@@ -9,7 +9,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use tokio_util::sync::CancellationToken;
 
-use super::quorum::Quorum;
+use super::Quorum;
 use crate::protocol::encode;
 
 /// Most script bodies remembered for masters that lost them.

@@ -6,7 +6,7 @@
 //! cannot hand a lock out twice; so does one lockgate first sees less than
 //! `rejoin_delay` after it started. Nothing else holds a master back: a
 //! fencing token is never below the median clock of its voters (see
-//! [`super::quorum_fence::fence_token`]), so no counter needs copying
+//! [`fence::fence_token`]), so no counter needs copying
 //! before a master votes again, and once a majority is up and past its
 //! delay, acquisitions succeed whatever happened before.
 
@@ -18,7 +18,11 @@ use bytes::Bytes;
 use tokio_util::sync::CancellationToken;
 
 mod ask;
+pub mod clock;
+pub mod fence;
 mod master;
+pub mod ops;
+pub mod scripts;
 
 pub use master::{Master, MasterState, SitOut};
 
@@ -52,7 +56,7 @@ pub struct Quorum {
     /// flushed, or a client's it never loaded.
     pub noscript_reruns: Arc<AtomicU64>,
     /// The masters' clock offsets (jumps sit a master out).
-    pub clock: super::clock::ClockWatch,
+    pub clock: clock::ClockWatch,
 }
 
 /// What the masters answered to one command.
@@ -111,7 +115,7 @@ impl Quorum {
             scripts: dashmap::DashMap::new(),
             rejoin: metrics,
             noscript_reruns,
-            clock: super::clock::ClockWatch::new(config),
+            clock: clock::ClockWatch::new(config),
         });
         let sampled = quorum.clone();
         let sample_stop = stop.clone();

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 
-use super::quorum::{Master, MasterState, Quorum};
+use super::{Master, MasterState, Quorum};
 use crate::config::Config;
 use crate::metrics::{ProxyMetrics, RateLimit};
 
@@ -270,7 +270,7 @@ impl Quorum {
     pub async fn ballot(
         &self,
         to: &[Arc<Master>],
-        command: &super::node::Request,
+        command: &crate::lock::node::Request,
         clock_at: usize,
         facts: impl Fn(&[u8]) -> Vec<i64>,
         mut enough: impl FnMut(usize, usize) -> bool,

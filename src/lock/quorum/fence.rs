@@ -1,4 +1,4 @@
-//! The fencing-token API on the quorum (see [`super::fence`] for one
+//! The fencing-token API on the quorum (see [`crate::lock::fence`] for one
 //! Redis): a token is read from and written back to the same majority, and
 //! any two majorities overlap, so tokens only grow, also when a minority of
 //! masters restarts empty.
@@ -7,8 +7,8 @@ use std::time::Instant;
 
 use bytes::Bytes;
 
-use super::quorum::{integer, Quorum};
-use super::{script, LockService};
+use super::{integer, Quorum};
+use crate::lock::{script, LockService};
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
 
@@ -26,7 +26,7 @@ impl LockService {
         wait: std::time::Duration,
     ) -> LocalReply {
         let deadline = Instant::now() + wait;
-        let counter = super::fence::counter_key(&key);
+        let counter = crate::lock::fence::counter_key(&key);
         let ttl = ttl_ms.to_string();
         // More than (N + clock_faults) / 2: a plain majority by default.
         let majority = q.votes_needed();
@@ -39,13 +39,13 @@ impl LockService {
             }
             let instance_token = self.next_token();
             let started = Instant::now();
-            let take = super::eval_on(
+            let take = crate::lock::eval_on(
                 script::QFENCE_ACQUIRE,
                 &key,
                 &[&counter],
                 &[ttl.as_bytes(), &instance_token],
             );
-            let facts = |r: &[u8]| super::fence::integers(r);
+            let facts = |r: &[u8]| crate::lock::fence::integers(r);
             // A master whose clock jumped takes no part (see `clock`); its
             // counter is still read, as a higher one is never unsafe.
             let answers = q
@@ -65,7 +65,7 @@ impl LockService {
                 let token =
                     fence_token(&takers, &answers.yes_facts, |i| facts(&answers.replies[i]));
                 let token_s = token.to_string();
-                let commit = super::eval_on(
+                let commit = crate::lock::eval_on(
                     script::QFENCE_COMMIT,
                     &key,
                     &[&counter],
@@ -91,8 +91,11 @@ impl LockService {
                     LocalReply::Integer(validity),
                 ]);
             }
-            let undo =
-                super::evalsha::eval_queued(script::RELEASE_TOKEN, &key, &[&instance_token, b""]);
+            let undo = crate::lock::evalsha::eval_queued(
+                script::RELEASE_TOKEN,
+                &key,
+                &[&instance_token, b""],
+            );
             q.ask_all(&undo.into()).await;
             if q.lost_quorum(answers.yes, answers.replies.len(), eligible.len()) {
                 // Up, but too few answered in time: try again while WAIT
