@@ -17,142 +17,27 @@
 //!
 //! # Layout
 //!
-//! - [`config`]: the serde configuration tree, defaults, `validate()`.
-//! - [`error`]: [`error::ErrorSource`], the client/upstream/internal tag
-//!   every module's error enum carries.
+//! One line per top-level module; each module's own doc has its detail.
+//!
+//! - [`config`]: the configuration tree, its defaults and `validate()`.
+//! - [`error`]: [`error::ErrorSource`], the client/upstream/internal tag.
 //! - [`shutdown`]: SIGTERM/SIGINT → graceful drain.
-//! - [`context`]: [`context::ServerContext`], what sessions, the admin and
-//!   the HTTP side share, and the reload of the configuration file.
-//! - [`server`]: accept loop, `max_clients`, accept back-off, session
-//!   spawning, drain with a grace period.
-//! - [`loops`]: `--threads N`: more event loops, one current-thread runtime
-//!   per thread, each accepting on its own `SO_REUSEPORT` listener.
-//! - [`session`]: one client. [`session::reader`] reads and routes commands
-//!   and forwards the client's bytes; [`session::writer`] copies replies
-//!   back in order and writes lockgate's own replies between them (generic
-//!   over its streams, tested over in-memory pipes; `writer::replies` is
-//!   its bookkeeping without I/O, `writer::client` its writes to the
-//!   client, bounded by `proxy.client_write_timeout_ms`, and the replies it
-//!   reads ahead meanwhile up to `proxy.max_client_output_bytes`), and hands lock
-//!   scripts' replies to the lock room through
-//!   [`session::writer::LockReplies`]; the reader also enforces the idle
-//!   and partial-request timeouts, with [`session::activity`] (what the
-//!   writer last wrote, whether the client is exempt from idling, and the
-//!   reader's word that the client is gone: a reset, also after its
-//!   half-close, ends the writer at once);
-//!   `session::detached` serves a client while the primary is
-//!   unreachable (the same client timeouts); [`session::linger`] closes a
-//!   client after a protocol error without a reset (FIN, then its input
-//!   drained, bounded);
-//!   `session::branches` gives each part of a session (reader, writer,
-//!   job runner, watchdog, primary watcher, shutdown) a waker of its own,
-//!   so the session's poll loop polls only the parts that were woken, and
-//!   the reader's stop flag (`Stop`: set by the writer's end or shutdown,
-//!   checked with a plain load);
-//!   [`session::pending`] is what the two halves tell each other;
-//!   [`session::jobs`] runs a session's deferred work in command order;
-//!   [`session::carry`] carries out the routes of one read batch (what
-//!   goes upstream, what the writer must expect);
-//!   [`session::parking`] carries out the lock room's decision on an
-//!   attempt ([`lock::LockService::admit`]) with the session's acquirer;
-//!   [`session::quorum_transaction`] and [`session::quorum_split`] carry out
-//!   transactions and split commands on the quorum.
-//! - [`protocol`]: pure RESP framing, no I/O: [`protocol::request`] (client
-//!   commands, multibulk and inline, limits checked on headers),
-//!   [`protocol::reply`] (resumable frame scanner for RESP2/RESP3 replies;
-//!   its property test against `redis-protocol` is `reply_props`;
-//!   [`protocol::reply::simple_frames`] counts a run of plain replies in
-//!   one pass for the writer),
-//!   [`protocol::encode`] (replies lockgate writes).
-//! - [`command`]: the command table (which commands change the reply flow,
-//!   which can touch locks); `command::names` folds a name into an integer
-//!   once, for both the kind and the metrics label.
-//! - [`router`]: pure `(command, session view, lock patterns) → Route`:
-//!   forward, lock operation, refusal, or admin; [`router::forwards_plainly`]
-//!   is its shortcut for the common case (a command forwarded as it is,
-//!   one reply, the session unchanged), asked first for every command.
-//! - [`lock`]: the lock room, which never sees sockets: [`lock::keys`]
-//!   (patterns), [`lock::ops`] (commands → ops), [`lock::script`] (the Lua),
-//!   [`lock::evalsha`] (scripts by SHA1 on clients' connections: loaded
-//!   once per connection, a `NOSCRIPT` run again as `EVAL` on lockgate's
-//!   own connection),
-//!   [`lock::lease`] (tokens, per-connection records), [`lock::watchdog`]
-//!   (renewal, release on disconnect over lockgate's own connection),
-//!   [`lock::node`] (lockgate's own shared, pipelined connection to one
-//!   Redis; on a lock master its calls go by SHA1 and a `NOSCRIPT` is
-//!   sent again as `EVAL` by the connection itself; `node::open`: connect,
-//!   authenticate, read `run_id`, uptime and eviction policy, load the lock
-//!   scripts), [`lock::eviction`] (each lock store's `maxmemory-policy` and
-//!   `evicted_keys`, read as a connection opens and periodically; shown,
-//!   warned about, and with `locks.require_noeviction` locks refused on an
-//!   evicting primary and an evicting master sat out), [`lock::fence`] (the fencing-token API on one Redis),
-//!   [`lock::quorum`] (the Redlock quorum in one folder: majority merges
-//!   and the availability errors; `quorum::master`: one master and its
-//!   sit-outs after a restart, a reconnection, a clock jump or evictions;
-//!   `quorum::ask`: one command to the masters in parallel, the wait ended
-//!   once the answer is known; [`lock::quorum::ops`]: Redlock acquisition
-//!   and the other ops; [`lock::quorum::fence`]: fencing tokens, never
-//!   below the median clock of their voters, so no counter is copied to a
-//!   returning master; [`lock::quorum::clock`]: the masters' clocks, a
-//!   master whose clock jumps sits out, its vote uncounted, and the
-//!   stricter `clock_faults` quorum; [`lock::quorum::scripts`]: client
-//!   script bodies remembered for masters that answer `NOSCRIPT`, `SCRIPT
-//!   LOAD` on every master),
-//!   [`lock::split`] (per-key commands split between the quorum and the
-//!   primary: which key goes where, how the answers merge),
-//!   [`lock::admit`] (an acquisition's fate before Redis: on to Redis,
-//!   absorbed, delayed or parked; counted and fed to the hot keys),
-//!   [`lock::storm`] (retry storms: the contention table, probe cap,
-//!   parking and FIFO handoff; `storm::key`: one key's rules as a state
-//!   machine, `Key::step(event, now)` → actions, with `storm::event` its
-//!   events and actions; `storm::driver`: the task that carries them out
-//!   for a key with parked attempts; `storm::handoff`: a release through
-//!   this instance handing the lock to the oldest parked attempt in the
-//!   same script; `storm::tests`: the rules step by step and the driver
-//!   under paused time with a scripted acquirer), [`lock::failover`] (the failover delay of acquisitions after the
-//!   primary changed), [`lock::announce`] (wake-ups between instances:
-//!   each subscribes to its own channel `lockgate:wake:<prefix>`, a
-//!   release wakes the head of the key's queue in the store, see
-//!   docs/fleet.md),
-//!   [`lock::metrics`] (the lock room's counters and the quorum's sit-out
-//!   counters, declared with `counters!`), [`lock::hotkeys`] (the bounded
-//!   top-K sketch of hot lock keys the lock room feeds; `hotkeys::sketch`:
-//!   its slots and histograms),
-//!   [`lock::LockService`] (plan an op, learn its outcome; states the
-//!   safety invariants); `lock::reply`: [`lock::LockService::on_reply`],
-//!   the outcome of a lock script's reply (facts learned, a handoff
-//!   settled, a failed attempt parked) as a [`lock::ReplyOutcome`];
-//!   [`lock::on_behalf`] (acquisitions away from the client's own
-//!   connection: a quorum attempt that may wait for a handoff, a parked
-//!   attempt's driver acquiring for its waiter); `lock::forget`: what a
-//!   command forwarded as it is changed behind the lock room's back (a
-//!   flush, a rename of a lock key, `SCRIPT FLUSH`: a [`lock::Forget`] the
-//!   router names), dropped from its view once Redis acknowledged it, and
-//!   the database a lock command ran in ([`lock::Database`]: the view
-//!   describes database 0).
-//! - [`admin`]: `LOCKGATE …` over RESP: the dispatch, counters, the
-//!   fencing API (`LOCK | UNLOCK | EXTEND`); [`views`]: `HOTKEYS`, `LOCKS`,
-//!   `MASTERS`, `CONFIG`, `RELOAD`.
-//! - [`http`]: the operators' HTTP side (`/metrics`, `/healthz`, `/readyz`,
-//!   the status page); [`exposition`]: Prometheus text from every room's
-//!   counters.
-//! - [`sentinel`]: [`sentinel::Primary`], which Redis is the primary now
-//!   (fixed, or followed through Redis Sentinel by [`sentinel::follow`]:
-//!   `get-master-addr-by-name` confirmed by `ROLE`, `+switch-master`, a
-//!   periodic re-check), its switches, and the failover delay of lock
-//!   acquisitions after one.
-//! - [`upstream`]: [`upstream::Connector`], the one way lockgate connects
-//!   to Redis (sessions, its own connections, the masters): a timeout,
-//!   TLS when configured, a precise error.
-//! - [`tls`]: rustls configurations from the PEM files (checked at
-//!   validation), the reloadable [`tls::TlsStore`], the TLS listener's
-//!   bounded handshake and its counters; [`tls::stream`]: a connection
-//!   that is plain TCP or TLS, and its halves (TLS's share the session
-//!   and still reach the socket, to see a reset after a half-close).
-//! - [`metrics`]: the proxy's counters, `counters!` (how every room
-//!   declares its counters once, for `/metrics` and `STATS` alike) and the
-//!   rate limit for repeated warnings.
-//! - [`sync`]: the one policy for a poisoned std lock (recover the value).
+//! - [`context`]: [`context::ServerContext`], what every part shares.
+//! - [`server`]: the accept loop, `max_clients`, the drain.
+//! - [`loops`]: `--threads N`, one event loop per thread.
+//! - [`session`]: one client: reader, writer, jobs, a batch carried out.
+//! - [`protocol`]: RESP framing, pure, no I/O.
+//! - [`command`]: the command table (reply flow, lock relevance, names).
+//! - [`router`]: pure `(command, session view, patterns) → Route`.
+//! - [`lock`]: the lock room (never sees sockets): leases, quorum, storms.
+//! - [`admin`]: `LOCKGATE …` over RESP; [`views`]: its read-only views.
+//! - [`http`]: `/metrics`, `/healthz`, `/readyz`, the status page.
+//! - [`exposition`]: Prometheus text from every room's counters.
+//! - [`sentinel`]: which Redis is the primary now, and its switches.
+//! - [`upstream`]: [`upstream::Connector`], the one way to reach Redis.
+//! - [`tls`]: rustls configurations, reloads, plain-or-TLS streams.
+//! - [`metrics`]: the proxy's counters, `counters!`, warning rate limits.
+//! - [`sync`]: the one policy for a poisoned std lock.
 //!
 //! The tests (`tests/`) run against real `redis-server` processes; every
 //! helper shared by test files is in one tree, `tests/support/` (its

@@ -1,6 +1,12 @@
 //! RESP framing, pure and without I/O: where a client request ends and what
 //! its arguments are ([`request`]), where a Redis reply ends ([`reply`]), and
 //! the replies lockgate writes itself ([`encode`]).
+//!
+//! [`request`] parses client commands, multibulk and inline, with limits
+//! checked on headers; [`reply`] is a resumable frame scanner for RESP2 and
+//! RESP3 replies (its property test against `redis-protocol` is
+//! `reply_props`; [`reply::simple_frames`] counts a run of plain replies in
+//! one pass for the writer).
 
 pub mod encode;
 pub mod reply;

@@ -9,6 +9,35 @@
 //! `-ERR lockgate: upstream … unavailable (…)` and tries again at most every
 //! `upstream.reconnect_interval_ms`; once connected, it carries on with
 //! the commands not yet answered.
+//!
+//! # Layout
+//!
+//! [`reader`] reads and routes commands and forwards the client's bytes;
+//! [`writer`] copies replies back in order and writes lockgate's own
+//! replies between them (generic over its streams, tested over in-memory
+//! pipes; `writer::replies` is its bookkeeping without I/O,
+//! `writer::client` its writes to the client, bounded by
+//! `proxy.client_write_timeout_ms`, and the replies it reads ahead
+//! meanwhile up to `proxy.max_client_output_bytes`), and hands lock
+//! scripts' replies to the lock room through [`writer::LockReplies`]; the
+//! reader also enforces the idle and partial-request timeouts, with
+//! [`activity`] (what the writer last wrote, whether the client is exempt
+//! from idling, and the reader's word that the client is gone: a reset,
+//! also after its half-close, ends the writer at once); `session::detached`
+//! serves a client while the primary is unreachable (the same client
+//! timeouts); [`linger`] closes a client after a protocol error without a
+//! reset (FIN, then its input drained, bounded); `session::branches` gives
+//! each part of a session (reader, writer, job runner, watchdog, primary
+//! watcher, shutdown) a waker of its own, so the session's poll loop polls
+//! only the parts that were woken, and the reader's stop flag (`Stop`: set
+//! by the writer's end or shutdown, checked with a plain load); [`pending`]
+//! is what the two halves tell each other; [`jobs`] runs a session's
+//! deferred work in command order; [`carry`] carries out the routes of one
+//! read batch (what goes upstream, what the writer must expect);
+//! [`parking`] carries out the lock room's decision on an attempt
+//! ([`crate::lock::LockService::admit`]) with the session's acquirer;
+//! [`quorum_transaction`] and [`quorum_split`] carry out transactions and
+//! split commands on the quorum.
 
 pub mod activity;
 pub(crate) mod branches;
