@@ -28,7 +28,7 @@
 # Exit status: 0 when every test that passes directly also passes through
 # both lockgates, apart from the EXCEPTIONS below, each of which must fail
 # with the message named there (a deliberate difference of lockgate's, in
-# the README); 1 otherwise.
+# docs/behaviour.md); 1 otherwise.
 set -euo pipefail
 
 LOG_TAG=redis-py
@@ -61,7 +61,7 @@ TESTS=(tests/test_lock.py tests/test_asyncio/test_lock.py)
 # is named as in pytest's JUnit report: module.Class::name. They assert
 # `ttl("foo") == -1` after acquiring without a timeout: through lockgate a
 # lock never lives without a lease (locks.default_lease_ms, 30 s), the
-# README's "lease on a lease-less lock".
+# "lease on a lease-less lock" of docs/behaviour.md.
 LEASE='assert [0-9]+ == -1|a lock never lives without a lease (default_lease_ms)'
 EXCEPTIONS=()
 for t in test_lock test_lock_token test_lock_token_thread_local_false; do

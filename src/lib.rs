@@ -7,7 +7,7 @@
 //! lock keys: a bare `SETNX` becomes an atomic lease with an owner record,
 //! and releases and extensions are owner-checked. What an app sees, and
 //! where lockgate differs from Redis on purpose, is in `docs/behaviour.md`
-//! and the README; what holds under pauses, restarts, clock steps and
+//! (what lock keys get, in `docs/locks.md`); what holds under pauses, restarts, clock steps and
 //! several instances is in `docs/faults.md` (the quorum's restarts and
 //! fencing in `docs/quorum.md`, clocks in `docs/clocks.md`); TLS on both
 //! sides in `docs/tls.md`; following a primary through Redis Sentinel, and

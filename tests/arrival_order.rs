@@ -52,7 +52,7 @@ fn a_blocking_command_reaches_redis_before_a_later_command_of_another_connection
     // Measured at load 1.3-3.9 on two cores: 2 of 12000 rounds late through
     // lockgate, 0 of 12000 directly; with the multi-thread runtime up to 90%
     // were. The bound tells the two apart without failing a loaded CI box on
-    // the rare late round whose cause is not found (see README, --threads).
+    // the rare late round whose cause is not found (see docs/configuration.md, --threads).
     assert!(
         late.len() <= MAX_LATE,
         "{} of {rounds} XREADGROUPs (more than {MAX_LATE}) reached Redis after a DEL sent \

@@ -15,7 +15,7 @@
 //! TTLs by class and remaining PTTL loosely).
 //!
 //! The only differences allowed are lockgate's deliberate ones, listed in
-//! [`RULES`] (and in the README). Where one fires and changes state, the
+//! [`RULES`] (and in docs/behaviour.md). Where one fires and changes state, the
 //! key is copied from the lockgate side to the direct side after the step,
 //! so later steps compare meaningfully. To tell a deliberate refusal from a
 //! wrong one the test keeps its own model of who holds each lock through
@@ -31,7 +31,7 @@
 //! budget allows), the same in every run, so a CI run fails only on a
 //! change, not on the draw. `LOCKGATE_DIFF_EXPLORE=1` starts from a seed
 //! drawn from the clock instead, to look for new failures (long soaks,
-//! README "Deliberate differences from Redis").
+//! docs/behaviour.md, "Deliberate differences from Redis").
 //!
 //! Knobs: `LOCKGATE_DIFF_SEED` reruns one seed; `LOCKGATE_DIFF_CASES` (most
 //! sequences, default 60) and `LOCKGATE_DIFF_SECS` (time budget for them,
@@ -358,7 +358,8 @@ fn name_of(cmd: &[String]) -> String {
 }
 
 /// The only differences between Redis and lockgate the test accepts.
-/// Keep in step with the README's "Differential test" table.
+/// Keep in step with docs/behaviour.md's "Deliberate differences from
+/// Redis" table.
 const RULES: &[Rule] = &[
     Rule {
         name: "lease on a lease-less lock",
