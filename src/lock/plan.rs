@@ -8,6 +8,7 @@ use super::evalsha::{Call, Script};
 use super::hotkeys::Event;
 use super::lease::{self, ConnLocks, Standing};
 use super::ops::{LockOp, Ttl};
+use super::script::argv::{AcquireArgv, ExtendArgv, ReleaseArgv, ReleaseHandoffArgv, TakeoverArgv};
 use super::storm::HandedOver;
 use super::{
     owner_key, places_key, queue_key, script, Database, LockPending, LockService, Planned,
@@ -185,20 +186,21 @@ impl LockService {
                 let (queue, places) = (queue_key(&key), places_key(&key));
                 let (bound, window) = self.fairness_for(&key);
                 let (bound, window) = (bound.to_string(), window.to_string());
+                let argv = AcquireArgv {
+                    info: acquire_info,
+                    value: &value,
+                    token: &token,
+                    ttl_kind: kind.as_bytes(),
+                    ttl: &amount,
+                    shape: shape.as_str().as_bytes(),
+                    prefix,
+                    bound_ms: bound.as_bytes(),
+                    place_ms: window.as_bytes(),
+                };
                 let cmd = Call::new(
                     Script::Acquire,
                     &[&key, &owner, &queue, &places],
-                    &[
-                        acquire_info,
-                        &value,
-                        &token,
-                        kind.as_bytes(),
-                        &amount,
-                        shape.as_str().as_bytes(),
-                        prefix,
-                        bound.as_bytes(),
-                        window.as_bytes(),
-                    ],
+                    &argv.slots(),
                 );
                 (
                     cmd,
@@ -245,31 +247,36 @@ impl LockService {
                         let lease = c.lease_ms.to_string();
                         let (bound, window) = self.fairness_for(key);
                         let (bound, window) = (bound.to_string(), window.to_string());
+                        let argv = ReleaseHandoffArgv {
+                            info,
+                            verb,
+                            ownership,
+                            prefix,
+                            token,
+                            next_value: &c.value,
+                            next_token: &c.token,
+                            next_lease_ms: lease.as_bytes(),
+                            alt,
+                            born,
+                            bound_ms: bound.as_bytes(),
+                            place_ms: window.as_bytes(),
+                        };
                         Call::new(
                             Script::ReleaseHandoff,
                             &[key, &owner_key(key), &queue_key(key), &places_key(key)],
-                            &[
-                                info,
-                                verb,
-                                ownership,
-                                prefix,
-                                token,
-                                &c.value,
-                                &c.token,
-                                lease.as_bytes(),
-                                alt,
-                                born,
-                                bound.as_bytes(),
-                                window.as_bytes(),
-                            ],
+                            &argv.slots(),
                         )
                     }
                     _ => {
-                        let mut argv: Vec<&[u8]> =
-                            vec![info, n.as_bytes(), verb, ownership, prefix, born];
-                        argv.extend(tokens.iter().map(|t| &t[..]));
-                        argv.extend(alts.iter().map(|t| &t[..]));
-                        Call::new(Script::Release, &keys, &argv)
+                        let argv = ReleaseArgv {
+                            info,
+                            n: n.as_bytes(),
+                            verb,
+                            ownership,
+                            prefix,
+                            born,
+                        };
+                        Call::new(Script::Release, &keys, &argv.with(&tokens, &alts))
                     }
                 };
                 let handoff = claim.map(|(c, _, _)| c);
@@ -286,17 +293,16 @@ impl LockService {
             LockOp::Extend { key, command, args } => {
                 let (token, alt) = conn.attempt_tokens(&key);
                 let owner = owner_key(&key);
-                let mut argv: Vec<&[u8]> = vec![
+                let argv = ExtendArgv {
                     info,
                     ownership,
                     prefix,
-                    &token,
-                    &alt,
+                    token: &token,
+                    alt: &alt,
                     born,
-                    command.as_bytes(),
-                ];
-                argv.extend(args.iter().map(|a| &a[..]));
-                let cmd = Call::new(Script::Extend, &[&key, &owner], &argv);
+                    command: command.as_bytes(),
+                };
+                let cmd = Call::new(Script::Extend, &[&key, &owner], &argv.with(&args));
                 let upto = self.tokens.issued();
                 let db = Database::Zero;
                 (cmd, LockPending::Extend { key, upto, db })
@@ -315,10 +321,13 @@ impl LockService {
                 conn.took_over(key.clone(), token.clone(), lease);
                 let owner = owner_key(&key);
                 let lease_s = lease.to_string();
-                let mut argv: Vec<&[u8]> =
-                    vec![info, &token, lease_s.as_bytes(), command.as_bytes()];
-                argv.extend(args.iter().map(|a| &a[..]));
-                let cmd = Call::new(Script::Takeover, &[&key, &owner], &argv);
+                let argv = TakeoverArgv {
+                    info,
+                    token: &token,
+                    lease_ms: lease_s.as_bytes(),
+                    command: command.as_bytes(),
+                };
+                let cmd = Call::new(Script::Takeover, &[&key, &owner], &argv.with(&args));
                 (cmd, LockPending::Takeover { key, token })
             }
         };
