@@ -152,6 +152,31 @@ impl Drop for LeaveQueues<'_> {
     }
 }
 
+/// The parts of a session's poll loop, by their index in its
+/// [`branches::Branches`]: each has a waker of its own, and `woken` has
+/// bit `1 << index` set for each part whose waker fired.
+mod branch {
+    /// The reader half.
+    pub const READER: usize = 0;
+    /// The writer half.
+    pub const WRITER: usize = 1;
+    /// The job runner.
+    pub const RUNNER: usize = 2;
+    /// The watchdog (renewals; its end closes the session).
+    pub const WATCHDOG: usize = 3;
+    /// The primary watcher (a Sentinel switch closes the session).
+    pub const PRIMARY: usize = 4;
+    /// Shutdown (sets the reader's stop flag).
+    pub const SHUTDOWN: usize = 5;
+    /// How many.
+    pub const COUNT: usize = 6;
+
+    /// The bit of branch `i` in `Branches::woken`.
+    pub const fn bit(i: usize) -> u32 {
+        1 << i
+    }
+}
+
 async fn serve(
     ctx: &Arc<ServerContext>,
     mut client: Stream,
@@ -172,8 +197,8 @@ async fn serve(
     let conn = Arc::new(Mutex::new(conn));
     let _leave = LeaveQueues { ctx, conn: &conn };
     // Made first: the reader's stop flag wakes the reader's branch.
-    let branches = branches::Branches::new(6);
-    let reader_stop = branches::Stop::new(branches.waker(0));
+    let branches = branches::Branches::new(branch::COUNT);
+    let reader_stop = branches::Stop::new(branches.waker(branch::READER));
     let writer_done = CancellationToken::new();
     let (job_queue, runner) = jobs::queue(ctx.config.proxy.max_inflight_batches);
     let activity = activity::Activity::new();
@@ -231,39 +256,49 @@ async fn serve(
         let (mut read_end, mut write_end, mut ran, mut stopping) = (None, None, false, false);
         std::future::poll_fn(|cx| {
             let woken = branches.woken(cx);
-            if woken & 32 != 0
+            if woken & branch::bit(branch::SHUTDOWN) != 0
                 && !stopping
                 && shutdown_seen
                     .as_mut()
-                    .poll(&mut branches.context(5))
+                    .poll(&mut branches.context(branch::SHUTDOWN))
                     .is_ready()
             {
                 stopping = true;
                 reader_stop.stop();
             }
-            if woken & 1 != 0 && read_end.is_none() {
-                if let Poll::Ready(end) = reader.as_mut().poll(&mut branches.context(0)) {
+            if woken & branch::bit(branch::READER) != 0 && read_end.is_none() {
+                let cx = &mut branches.context(branch::READER);
+                if let Poll::Ready(end) = reader.as_mut().poll(cx) {
                     read_end = Some(end);
                 }
             }
-            if woken & 2 != 0 && write_end.is_none() {
-                if let Poll::Ready(end) = writer.as_mut().poll(&mut branches.context(1)) {
+            if woken & branch::bit(branch::WRITER) != 0 && write_end.is_none() {
+                let cx = &mut branches.context(branch::WRITER);
+                if let Poll::Ready(end) = writer.as_mut().poll(cx) {
                     write_end = Some(end);
                 }
             }
-            if woken & 4 != 0 && !ran {
-                ran = runner.as_mut().poll(&mut branches.context(2)).is_ready();
+            if woken & branch::bit(branch::RUNNER) != 0 && !ran {
+                ran = runner
+                    .as_mut()
+                    .poll(&mut branches.context(branch::RUNNER))
+                    .is_ready();
             }
             if ran && read_end.is_some() && write_end.is_some() {
                 return Poll::Ready(read_end.take().zip(write_end.take()));
             }
-            if woken & 8 != 0 && watchdog.as_mut().poll(&mut branches.context(3)).is_ready() {
+            if woken & branch::bit(branch::WATCHDOG) != 0
+                && watchdog
+                    .as_mut()
+                    .poll(&mut branches.context(branch::WATCHDOG))
+                    .is_ready()
+            {
                 return Poll::Ready(None);
             }
-            if woken & 16 != 0
+            if woken & branch::bit(branch::PRIMARY) != 0
                 && primary_changed
                     .as_mut()
-                    .poll(&mut branches.context(4))
+                    .poll(&mut branches.context(branch::PRIMARY))
                     .is_ready()
             {
                 ProxyMetrics::inc(&ctx.primary_addr.metrics.sessions_closed);
