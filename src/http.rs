@@ -16,7 +16,6 @@ use tokio_util::sync::CancellationToken;
 
 use crate::context::ServerContext;
 use crate::exposition;
-use crate::lock::quorum::MasterState;
 use crate::metrics::ProxyMetrics;
 
 /// The status page: no external assets (many data centres have no
@@ -125,13 +124,7 @@ async fn status(State(ctx): State<Arc<ServerContext>>) -> Response {
         .iter()
         .flat_map(|q| q.masters.iter())
         .map(|m| {
-            let (state, left, why) = match m.state() {
-                MasterState::Up => ("up", 0, String::new()),
-                MasterState::SittingOut(d, why) => {
-                    ("sitting out", d.as_millis() as u64, m.reason_text(why))
-                }
-                MasterState::Down => ("down", 0, String::new()),
-            };
+            let (state, left, why) = m.shown();
             let memory = &m.node.state.memory;
             serde_json::json!({
                 "addr": m.node.addr(),

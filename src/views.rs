@@ -5,7 +5,6 @@
 use bytes::Bytes;
 
 use crate::context::ServerContext;
-use crate::lock::quorum::MasterState;
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
 
@@ -99,18 +98,12 @@ pub fn masters(ctx: &ServerContext) -> LocalReply {
         q.masters
             .iter()
             .map(|m| {
-                let (state, left, why) = match m.state() {
-                    MasterState::Up => ("up", 0, String::new()),
-                    MasterState::SittingOut(d, why) => {
-                        ("sitting out", d.as_millis() as i64, m.reason_text(why))
-                    }
-                    MasterState::Down => ("down", 0, String::new()),
-                };
+                let (state, left, why) = m.shown();
                 let memory = &m.node.state.memory;
                 LocalReply::Array(vec![
                     text(m.node.addr()),
                     text(state),
-                    LocalReply::Integer(left),
+                    LocalReply::Integer(left as i64),
                     text(&why),
                     text(&memory.policy_name()),
                     LocalReply::Integer(ProxyMetrics::get(&memory.evicted) as i64),

@@ -208,6 +208,22 @@ impl Master {
         }
     }
 
+    /// Its state as the operators' views show it: `up`, `sitting out` or
+    /// `down`, the ms until it votes again (0 unless it sits out, and 0
+    /// for a policy, which has no end of its own), and why it sits out
+    /// (empty unless it does).
+    pub fn shown(&self) -> (&'static str, u64, String) {
+        match self.state() {
+            MasterState::Up => ("up", 0, String::new()),
+            MasterState::SittingOut(left, why) => (
+                "sitting out",
+                left.as_millis() as u64,
+                self.reason_text(why),
+            ),
+            MasterState::Down => ("down", 0, String::new()),
+        }
+    }
+
     /// Why it sits out, as operators and clients read it: the reason's
     /// name, and for [`SitOut::Evicting`] the policy too.
     pub fn reason_text(&self, why: SitOut) -> String {
