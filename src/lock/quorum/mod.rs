@@ -260,15 +260,12 @@ impl Quorum {
         ))
     }
 
-    /// Masters that may take part in an acquisition now.
+    /// Masters that may take part in an acquisition now ([`Master::state`]
+    /// takes note of each one's connection first).
     pub fn eligible(&self) -> Vec<Arc<Master>> {
-        let delay = self.rejoin_delay();
         self.masters
             .iter()
-            .filter(|m| {
-                m.observe(delay);
-                m.state() == MasterState::Up
-            })
+            .filter(|m| m.state() == MasterState::Up)
             .cloned()
             .collect()
     }
