@@ -10,7 +10,7 @@
 use std::io;
 use std::os::fd::AsFd;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
@@ -59,7 +59,7 @@ pub struct TlsHalf<'a>(Arc<Mutex<&'a mut TlsStream>>);
 impl TlsHalf<'_> {
     fn with<R>(&self, f: impl FnOnce(Pin<&mut TlsStream>) -> R) -> R {
         // A panic inside a poll leaves the session as any error would.
-        let mut stream = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut stream = crate::sync::lock(&self.0);
         f(Pin::new(&mut **stream))
     }
 
