@@ -231,20 +231,11 @@ async fn run_seed(seed: u64) -> Outcome {
     for t in tasks {
         reports.push(t.await.expect("worker"));
     }
-    let records = std::mem::take(&mut *sh.journal.r.lock().expect("journal"));
     let outcome = Outcome {
-        recovered: (0..workers)
-            .map(|w| {
-                records
-                    .sections
-                    .iter()
-                    .filter(|s| s.client == w && s.start >= since)
-                    .map(|s| s.start - since)
-                    .min()
-            })
-            .collect(),
+        recovered: recovered(j),
         took: began.elapsed(),
     };
+    let records = std::mem::take(&mut *sh.journal.r.lock().expect("journal"));
     let v = judge(&records);
     let tokens: Vec<i64> = records.sections.iter().filter_map(|s| s.token).collect();
     let mut errors: BTreeMap<String, u64> = BTreeMap::new();
