@@ -9,7 +9,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use crate::context::ServerContext;
-use crate::lock::fence;
+use crate::lock::FenceCall;
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
 use crate::router::CommandArgs;
@@ -23,7 +23,7 @@ const MAX_WAIT: Duration = Duration::from_secs(60);
 
 /// Work whose reply lockgate writes once it is done (see
 /// `session::jobs`): it runs after the session's earlier such work.
-pub type Work = std::pin::Pin<Box<dyn std::future::Future<Output = LocalReply> + Send>>;
+pub type Work = crate::lock::Later;
 
 /// An admin answer: ready now, or work to do first.
 pub enum AdminReply {
@@ -89,9 +89,7 @@ fn fencing(ctx: &Arc<ServerContext>, sub: &[u8], args: CommandArgs<'_>) -> Admin
     let usage =
         |u: &str| AdminReply::Now(LocalReply::err(format!("lockgate: usage: LOCKGATE {u}")));
     let key = Bytes::copy_from_slice(args.get(2));
-    let timeout = Duration::from_millis(ctx.config.upstream.connect_timeout_ms);
-    let ctx2 = ctx.clone();
-    let work: Work = match sub {
+    let call = match sub {
         b"LOCK" => {
             let ttl = number(args.get(3)).filter(|&t| t > 0);
             let wait = match (args.len(), args.get(4).to_ascii_uppercase().as_slice()) {
@@ -103,43 +101,18 @@ fn fencing(ctx: &Arc<ServerContext>, sub: &[u8], args: CommandArgs<'_>) -> Admin
                 return usage("LOCK key ttl-ms [WAIT ms]");
             };
             let wait = Duration::from_millis(wait).min(MAX_WAIT);
-            Box::pin(async move {
-                match &ctx2.quorum {
-                    Some(q) => ctx2.locks.quorum_fence_lock(q, key, ttl, wait).await,
-                    None if ctx2.held_after_failover(&key) => LocalReply::Null,
-                    None => match ctx2.eviction_refusal() {
-                        Some(refused) => refused,
-                        None => {
-                            ctx2.locks
-                                .fence_lock(&ctx2.primary, key, ttl, wait, timeout)
-                                .await
-                        }
-                    },
-                }
-            })
+            FenceCall::Lock {
+                key,
+                ttl_ms: ttl,
+                wait,
+            }
         }
         b"UNLOCK" => {
             if args.len() != 4 {
                 return usage("UNLOCK key token");
             }
             let token = Bytes::copy_from_slice(args.get(3));
-            Box::pin(async move {
-                match &ctx2.quorum {
-                    Some(q) => {
-                        let cmd = fence::unlock_command(&key, &token);
-                        let reply = ctx2.locks.quorum_fence_simple(q, cmd).await;
-                        if reply == LocalReply::Integer(1) {
-                            ctx2.locks.released(&key);
-                        }
-                        reply
-                    }
-                    None => {
-                        ctx2.locks
-                            .fence_unlock(&ctx2.primary, key, token, timeout)
-                            .await
-                    }
-                }
-            })
+            FenceCall::Unlock { key, token }
         }
         _ => {
             let ttl = number(args.get(4)).filter(|&t| t > 0);
@@ -147,25 +120,15 @@ fn fencing(ctx: &Arc<ServerContext>, sub: &[u8], args: CommandArgs<'_>) -> Admin
                 return usage("EXTEND key token ttl-ms");
             };
             let token = Bytes::copy_from_slice(args.get(3));
-            Box::pin(async move {
-                match &ctx2.quorum {
-                    Some(q) => {
-                        let cmd = fence::extend_command(&key, &token, ttl);
-                        ctx2.locks.quorum_fence_simple(q, cmd).await
-                    }
-                    None => match ctx2.eviction_refusal() {
-                        Some(refused) => refused,
-                        None => {
-                            ctx2.locks
-                                .fence_extend(&ctx2.primary, key, token, ttl, timeout)
-                                .await
-                        }
-                    },
-                }
-            })
+            FenceCall::Extend {
+                key,
+                token,
+                ttl_ms: ttl,
+            }
         }
     };
-    AdminReply::Later(work)
+    let locks = ctx.locks.clone();
+    AdminReply::Later(Box::pin(async move { locks.fence(call).await }))
 }
 
 fn rows(arg: &[u8]) -> Result<usize, LocalReply> {

@@ -14,11 +14,9 @@ use crate::lock::announce;
 use crate::lock::eviction::{self, Eviction, Role};
 use crate::lock::metrics::RejoinMetrics;
 use crate::lock::node::{Node, NodeConfig};
-use crate::lock::ops::LockOp;
 use crate::lock::quorum::Quorum;
-use crate::lock::LockService;
+use crate::lock::{LockService, Store};
 use crate::metrics::{Counter, Kind, ProxyMetrics, RateLimit};
-use crate::protocol::encode::LocalReply;
 use crate::protocol::request::RequestLimits;
 use crate::sentinel::{follow, Primary};
 use crate::sync;
@@ -74,15 +72,13 @@ pub struct ServerContext {
     pub upstream_warn: RateLimit,
     /// Limits accept-error warnings.
     pub accept_warn: RateLimit,
-    /// The lock room.
-    pub locks: LockService,
+    /// The lock room, and the store where the locks live.
+    pub locks: Arc<LockService>,
     /// lockgate's own shared connection to the primary (watchdog, release
     /// on disconnect, the `LOCKGATE LOCK` fencing API).
     pub primary: Node,
     /// Stops lockgate's own connections when the server has drained.
     pub stop: CancellationToken,
-    /// The lock masters, when lock keys live on a quorum.
-    pub quorum: Option<Arc<Quorum>>,
     /// `locks.require_noeviction` in force, the eviction checks' interval
     /// and counters (see [`crate::lock::eviction`]).
     pub eviction: Arc<Eviction>,
@@ -167,9 +163,17 @@ impl ServerContext {
         // which caches it): not loaded at each (re)connection, which a
         // primary paused for a failover would hold up.
         let primary = Node::spawn(on_primary.clone(), stop.clone());
-        let locks = LockService::new(&config);
         let eviction = Arc::new(Eviction::new(&config));
         let quorum = Quorum::start(&config, &stop, &masters, &eviction);
+        let store = Store::new(
+            primary.clone(),
+            primary_addr.clone(),
+            eviction.clone(),
+            quorum.clone(),
+            stop.clone(),
+            Duration::from_millis(config.upstream.connect_timeout_ms),
+        );
+        let locks = Arc::new(LockService::with_store(&config, store));
         // Policies are read again periodically (and as each connection
         // opens): the primary's, and the masters' where the locks live.
         let mut checked = vec![primary.clone()];
@@ -205,7 +209,6 @@ impl ServerContext {
             reload: std::sync::Mutex::new(None),
             current: std::sync::RwLock::new(config.clone()),
             locks,
-            quorum,
             eviction,
             tls,
             upstream,
@@ -326,7 +329,7 @@ impl ServerContext {
     pub fn each_counter(&self, mut f: impl FnMut(Counter<'_>)) {
         static NO_QUORUM: AtomicU64 = AtomicU64::new(0);
         let no_rejoin = RejoinMetrics::default();
-        let rejoin = self.quorum.as_ref().map_or(&no_rejoin, |q| &*q.rejoin);
+        let rejoin = self.locks.quorum().map_or(&no_rejoin, |q| &*q.rejoin);
         let rooms = [
             self.metrics.counters(),
             self.primary_addr.metrics.counters(),
@@ -341,17 +344,14 @@ impl ServerContext {
             stats_name: "lock_quorum_clock_jumps",
             help: "Lock master clock jumps seen (the master sat out acquisitions)",
             kind: Kind::Counter,
-            value: self.quorum.as_ref().map_or(&NO_QUORUM, |q| &q.clock.jumps),
+            value: self.locks.quorum().map_or(&NO_QUORUM, |q| &q.clock.jumps),
         });
         f(Counter {
             name: "lock_quorum_noscript_reruns",
             stats_name: "lock_quorum_noscript_reruns",
             help: "Scripts a lock master answered NOSCRIPT, run again there as EVAL",
             kind: Kind::Counter,
-            value: self
-                .quorum
-                .as_ref()
-                .map_or(&NO_QUORUM, |q| &*q.noscript_reruns),
+            value: (self.locks.quorum()).map_or(&NO_QUORUM, |q| &*q.noscript_reruns),
         });
     }
 
@@ -387,81 +387,5 @@ impl ServerContext {
             }
         }
         result.map(|stream| (stream, current.generation))
-    }
-
-    /// With `locks.require_noeviction` and no quorum, the refusal of a lock
-    /// command that would grant or extend a lease on a primary whose
-    /// `maxmemory-policy` (as read from the primary in force) is not
-    /// `noeviction`; releases are never refused. Counted and logged.
-    pub fn refused_for_eviction(&self, op: &LockOp) -> Option<LocalReply> {
-        // One relaxed load on the path of every lock command when off.
-        if !self.eviction.required() || matches!(op, LockOp::Release { .. }) {
-            return None;
-        }
-        self.eviction_refusal()
-    }
-
-    /// With `locks.require_noeviction` and no quorum, the refusal of any
-    /// lease on the primary in force, unless its `maxmemory-policy` reads
-    /// `noeviction` (see [`crate::lock::eviction::Eviction::refusal`]).
-    pub fn eviction_refusal(&self) -> Option<LocalReply> {
-        if !self.eviction.required() || self.quorum.is_some() {
-            return None;
-        }
-        let primary = self.primary_addr.addr();
-        self.eviction
-            .refusal(primary.as_deref(), &self.primary.state.memory)
-    }
-
-    /// While acquisitions on the primary are held after a switch of the
-    /// primary (`locks.failover_delay_ms`; never with the quorum, whose
-    /// masters hold the locks): counts one refused acquisition of `key`,
-    /// logs it (rate-limited), and returns true.
-    pub fn held_after_failover(&self, key: &[u8]) -> bool {
-        if self.quorum.is_some() {
-            return false;
-        }
-        let Some(left) = self.primary_addr.hold_left(self.locks.failover_delay()) else {
-            return false;
-        };
-        ProxyMetrics::inc(&self.primary_addr.metrics.failover_refused);
-        if let Some(more) = self.primary_addr.warn.check() {
-            tracing::warn!(
-                key = %String::from_utf8_lossy(key),
-                left_ms = left.as_millis() as u64,
-                suppressed = more,
-                "lock acquisition answered 'not acquired': the primary changed, and a lock granted on the old one may not have been replicated (locks.failover_delay_ms)"
-            );
-        }
-        true
-    }
-}
-
-impl crate::lock::storm::Acquirer for ServerContext {
-    fn acquire(
-        &self,
-        ask: crate::lock::storm::Ask,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = crate::lock::storm::Tried> + Send + '_>>
-    {
-        Box::pin(async move {
-            // After a switch of the primary, no acquisition on its behalf
-            // either (`locks.failover_delay_ms`; never with the quorum).
-            if self.held_after_failover(&ask.key) {
-                return crate::lock::storm::Tried::FAILED;
-            }
-            // Nor on a primary that may evict the lock
-            // (`locks.require_noeviction`): tried again at the next probe.
-            if self.eviction_refusal().is_some() {
-                return crate::lock::storm::Tried::FAILED;
-            }
-            let timeout = Duration::from_millis(self.config.upstream.connect_timeout_ms);
-            self.locks
-                .acquire_on_behalf(self.quorum.as_deref(), &self.primary, timeout, ask)
-                .await
-        })
-    }
-
-    fn stopped(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>> {
-        Box::pin(self.stop.cancelled())
     }
 }

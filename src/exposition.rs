@@ -121,7 +121,7 @@ impl Collector for Counters {
             }
         }
         eviction_families(ctx, &mut e)?;
-        if let Some(q) = &ctx.quorum {
+        if let Some(q) = ctx.locks.quorum() {
             let mut up = e.encode_descriptor(
                 "master_up",
                 "Lock master connected and taking part (1) or not (0)",
@@ -191,7 +191,7 @@ fn eviction_families(ctx: &ServerContext, e: &mut DescriptorEncoder) -> std::fmt
             .map_or_else(|| ctx.primary.addr().to_string(), |a| a.to_string()),
     };
     let mut nodes: Vec<(&str, String, String, u64)> = Vec::new();
-    match &ctx.quorum {
+    match ctx.locks.quorum() {
         None => nodes.push((
             "primary",
             primary_addr,

@@ -70,13 +70,13 @@ pub fn not_ready(ctx: &ServerContext) -> Option<String> {
     }
     // `locks.require_noeviction` on a primary that may evict lock keys: no
     // lock can be served, as without a quorum of masters.
-    if ctx.quorum.is_none() {
+    if !ctx.locks.on_masters() {
         let memory = &ctx.primary.state.memory;
         if let Some(why) = ctx.eviction.refused_because(Some(&addr), memory) {
             return Some(why.trim_start_matches("lockgate: ").to_string());
         }
     }
-    if let Some(q) = &ctx.quorum {
+    if let Some(q) = ctx.locks.quorum() {
         let up = q.eligible().len();
         // Ready when an acquisition can succeed (clock_faults asks more).
         if up < q.votes_needed() {
@@ -119,9 +119,7 @@ async fn status(State(ctx): State<Arc<ServerContext>>) -> Response {
             })
         })
         .collect();
-    let masters: Vec<serde_json::Value> = ctx
-        .quorum
-        .iter()
+    let masters: Vec<serde_json::Value> = (ctx.locks.quorum().into_iter())
         .flat_map(|q| q.masters.iter())
         .map(|m| {
             let (state, left, why) = m.shown();

@@ -167,9 +167,8 @@ pub fn forwards_plainly(
     args: CommandArgs<'_>,
     view: &SessionView,
     locks: &LockService,
-    quorum: bool,
 ) -> bool {
-    if quorum || view.raw || view.quit || view.replies != ReplyMode::On {
+    if locks.on_masters() || view.raw || view.quit || view.replies != ReplyMode::On {
         return false;
     }
     match kind {
@@ -193,15 +192,15 @@ fn relocated<'a>(
         .filter(|k| locks.is_lock_key(k))
 }
 
-/// Decides the route of one non-empty command of kind `kind`. `quorum`:
-/// lock keys live on the lock masters, not on the primary.
+/// Decides the route of one non-empty command of kind `kind`, by where
+/// `locks` keeps the lock keys (the primary, or the lock masters).
 pub fn route(
     kind: CommandKind,
     args: CommandArgs<'_>,
     view: &SessionView,
     locks: &LockService,
-    quorum: bool,
 ) -> Route {
+    let quorum = locks.on_masters();
     if kind == CommandKind::Reset {
         return Route::Forward(Expect::Reset);
     }
@@ -215,7 +214,7 @@ pub fn route(
             raw: false,
             ..*view
         };
-        return match route(kind, args, &counted, locks, quorum) {
+        return match route(kind, args, &counted, locks) {
             Route::Forward(_) | Route::ForwardUnmatched => Route::Forward(Expect::Nothing),
             Route::ForwardForget(forget, _) => Route::ForwardForget(forget, Expect::Nothing),
             Route::Admin => Route::Admin,
@@ -379,7 +378,14 @@ mod tests {
         let (p, buf) = parsed(line);
         let args = CommandArgs::new(&p, buf.as_bytes());
         let kind = classify(args.get(0), args.get(1), args.get(2));
-        route(kind, args, view, &locks, false)
+        route(kind, args, view, &locks)
+    }
+
+    /// A lock room whose lock keys live on three lock masters (offline).
+    pub(super) fn on_masters() -> LockService {
+        let mut config = Config::default();
+        config.locks.quorum.masters = ["a:1", "b:1", "c:1"].map(String::from).to_vec();
+        LockService::new(&config)
     }
 
     #[test]
@@ -468,7 +474,7 @@ mod tests {
     /// is `route`'s `Forward(One)` with the view left as it is.
     #[test]
     fn forwarding_plainly_is_what_route_decides() {
-        let locks = LockService::new(&Config::default());
+        let stores = [LockService::new(&Config::default()), on_masters()];
         let names = "GET get SET sEt SETNX GETSET GETDEL GETEX DEL UNLINK EXPIRE PEXPIRE \
             PERSIST EXISTS MGET MSET TOUCH EVAL EVALSHA SCRIPT CLIENT SELECT LOCKGATE MULTI EXEC \
             DISCARD QUIT RESET HELLO MONITOR SUBSCRIBE BLPOP HSET INCR PING FLUSHDB FLUSHALL \
@@ -504,13 +510,13 @@ mod tests {
                     let args = CommandArgs::new(&p, buf.as_bytes());
                     let kind = classify(args.get(0), args.get(1), args.get(2));
                     for view in &views {
-                        for quorum in [false, true] {
-                            if !forwards_plainly(kind, args, view, &locks, quorum) {
+                        for locks in &stores {
+                            if !forwards_plainly(kind, args, view, locks) {
                                 continue;
                             }
                             yes += 1;
-                            assert!(!quorum, "{line}");
-                            let r = route(kind, args, view, &locks, quorum);
+                            assert!(!locks.on_masters(), "{line}");
+                            let r = route(kind, args, view, locks);
                             assert_eq!(r, Route::Forward(Expect::One), "{line} {view:?}");
                             assert_eq!(view.after(kind, &r), *view, "{line} {view:?}");
                         }
@@ -571,12 +577,12 @@ mod tests {
         );
         // With the quorum: flushes reach the primary only; a lock key
         // renamed, copied or moved is refused as before.
-        let locks = LockService::new(&Config::default());
+        let locks = on_masters();
         let quorum = |line: &str| {
             let (p, buf) = parsed(line);
             let args = CommandArgs::new(&p, buf.as_bytes());
             let kind = classify(args.get(0), args.get(1), args.get(2));
-            route(kind, args, &v, &locks, true)
+            route(kind, args, &v, &locks)
         };
         assert_eq!(quorum("FLUSHALL"), Route::Forward(Expect::One));
         assert_eq!(quorum("SWAPDB 0 1"), Route::Forward(Expect::One));

@@ -77,7 +77,7 @@ pub fn primary_policy(ctx: &ServerContext) -> String {
 /// Why locks on the primary are refused now (`locks.require_noeviction`),
 /// or "" (without refusing or counting anything).
 fn primary_refused(ctx: &ServerContext) -> String {
-    if ctx.quorum.is_some() {
+    if ctx.locks.on_masters() {
         return String::new();
     }
     let addr = ctx.primary_addr.addr();
@@ -91,7 +91,7 @@ fn primary_refused(ctx: &ServerContext) -> String {
 /// does), its `maxmemory-policy` by name, and the keys it was seen
 /// evicting.
 pub fn masters(ctx: &ServerContext) -> LocalReply {
-    let Some(q) = &ctx.quorum else {
+    let Some(q) = ctx.locks.quorum() else {
         return LocalReply::Array(Vec::new());
     };
     LocalReply::Array(
@@ -124,7 +124,7 @@ pub fn masters(ctx: &ServerContext) -> LocalReply {
 pub fn primary(ctx: &ServerContext) -> LocalReply {
     let p = &ctx.primary_addr;
     let last = p.last_switch().filter(|_| p.switches() > 0);
-    let hold = match ctx.quorum {
+    let hold = match ctx.locks.quorum() {
         Some(_) => 0,
         None => p
             .hold_left(ctx.locks.failover_delay())

@@ -567,7 +567,7 @@ impl QuorumOps {
     }
 
     async fn wait_state(&self, i: usize, what: &str, pred: impl Fn(&MasterState) -> bool) {
-        let q = self.lg.ctx.quorum.as_ref().expect("quorum");
+        let q = self.lg.ctx.locks.quorum().expect("quorum");
         let deadline = Instant::now() + WAIT;
         loop {
             let s = q.masters[i].state();

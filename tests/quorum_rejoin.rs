@@ -236,7 +236,7 @@ async fn a_master_restarted_just_before_lockgate_starts_sits_out() {
     config.locks.quorum.rejoin_delay_ms = DELAY_S * 1000;
     let started = Instant::now();
     let lg = Lockgate::start_with(config).await;
-    let q = lg.ctx.quorum.clone().expect("quorum");
+    let q = lg.ctx.locks.quorum().cloned().expect("quorum");
     let mut c = RawClient::connect(lg.addr).await;
 
     // lockgate connects all three: 0 and 1 count.

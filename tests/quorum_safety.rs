@@ -155,8 +155,8 @@ impl Cluster {
 
 /// Each master's state as one lockgate sees it.
 fn states(ctx: &ServerContext) -> Vec<MasterState> {
-    ctx.quorum
-        .as_ref()
+    ctx.locks
+        .quorum()
         .expect("lockgate runs with the quorum")
         .masters
         .iter()
@@ -620,8 +620,8 @@ impl Workload {
         let g = id % self.ctxs.len();
         let ctx = &self.ctxs[g];
         let masters: Vec<String> = ctx
-            .quorum
-            .as_ref()
+            .locks
+            .quorum()
             .map(|q| {
                 q.masters
                     .iter()
@@ -1089,7 +1089,7 @@ async fn master_restarted_right_after_lockgate_connected_still_sits_out() {
     let restarting = Instant::now();
     masters[0].restart();
     let restarted_in = restarting.elapsed();
-    let m = ctx.quorum.as_ref().expect("quorum").masters[0].clone();
+    let m = ctx.locks.quorum().expect("quorum").masters[0].clone();
     eventually("lockgate reconnected to the restarted master", || {
         m.node.state.connects.load(Ordering::SeqCst) >= 2 && m.node.state.up.load(Ordering::SeqCst)
     })

@@ -52,7 +52,7 @@ async fn del_and_unlink_split_between_quorum_and_primary() {
     let mut config = quorum_config(&cl.primary.addr(), &masters);
     config.locks.instance_id = "another-sidecar".to_string();
     let sidecar = support::Lockgate::start_with(config).await;
-    let q = sidecar.ctx.quorum.clone().expect("a quorum");
+    let q = sidecar.ctx.locks.quorum().cloned().expect("a quorum");
     until!(
         "the other sidecar's masters up",
         q.masters.iter().all(|m| m.state() == MasterState::Up)

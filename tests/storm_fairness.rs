@@ -183,7 +183,7 @@ async fn measure(quorum: bool, style: Style) -> Vec<(u64, u64, u64)> {
     }
     if quorum {
         for g in &gates {
-            let q = g.ctx.quorum.clone().expect("quorum");
+            let q = g.ctx.locks.quorum().cloned().expect("quorum");
             eventually("every master up", || {
                 q.masters
                     .iter()

@@ -20,12 +20,10 @@ use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
 use crate::sync;
 
-/// What became of an attempt before it reached Redis.
+/// An attempt answered before it reached Redis.
 #[derive(Debug)]
 pub enum Early {
-    /// Go to Redis; if it fails, park it with these settings.
-    Probe(Option<Park>),
-    /// Answered without Redis: now, or once parked.
+    /// Answered without Redis, now (absorbed: the lock is known held).
     Now(LocalReply),
     /// Parked: the reply comes later.
     Parked(oneshot::Receiver<LocalReply>),
@@ -34,7 +32,9 @@ pub enum Early {
 }
 
 impl LockService {
-    /// Decides an acquisition before it goes upstream. `tracked`: lockgate
+    /// Decides an acquisition before it goes upstream: `Ok` to go to Redis
+    /// (and, if it fails, park with these settings), or answered early.
+    /// `tracked`: lockgate
     /// may answer for the connection (not inside MULTI, where Redis must
     /// queue the command; database 0, which the contention table
     /// describes). `parkable`: also nothing is pipelined behind it, so it
@@ -47,7 +47,7 @@ impl LockService {
         tracked: bool,
         parkable: bool,
         acquirer: impl FnOnce() -> Arc<dyn Acquirer>,
-    ) -> Early {
+    ) -> Result<Option<Park>, Early> {
         let LockOp::Acquire {
             key,
             value,
@@ -55,14 +55,14 @@ impl LockService {
             shape,
         } = op
         else {
-            return Early::Probe(None);
+            return Ok(None);
         };
         if !tracked || *shape == Shape::SetGet {
-            return Early::Probe(None);
+            return Ok(None);
         }
         let (probe_ms, park_ms) = self.retry_for(key);
         let Ok(lease_ms) = super::quorum::ops::lease_of(ttl, self.lease_ms(key)) else {
-            return Early::Probe(None);
+            return Ok(None);
         };
         let park = Park {
             value: value.clone(),
@@ -96,11 +96,11 @@ impl LockService {
         // 1 from Redis). A spin loop waits for each answer, so its
         // attempts stand `Lost` and are still absorbed.
         if mine {
-            return Early::Probe(None);
+            return Ok(None);
         }
         let park_ms = if parkable && spinning { park_ms } else { 0 };
         match self.storm.admit(key, probe_ms, conn_id) {
-            Admission::Probe => Early::Probe((park_ms > 0).then_some(Park { park_ms, ..park })),
+            Admission::Probe => Ok((park_ms > 0).then_some(Park { park_ms, ..park })),
             Admission::Absorb => {
                 // An attempt on a held key, answered without asking Redis.
                 ProxyMetrics::inc(&self.metrics.attempts);
@@ -113,7 +113,7 @@ impl LockService {
                 if park_ms > 0 {
                     if let Some(rx) = self.park(key.clone(), park, conn, acquirer()) {
                         self.hot.record(key, Event::Parked);
-                        return Early::Parked(rx);
+                        return Err(Early::Parked(rx));
                     }
                 }
                 // Smoothing: a connection hammering one key faster than
@@ -123,9 +123,9 @@ impl LockService {
                 match since_last {
                     Some(gap) if rate > 0 && gap < interval => {
                         ProxyMetrics::inc(&self.storm.metrics.smoothed);
-                        Early::Delayed(shaped(*shape, false), interval - gap)
+                        Err(Early::Delayed(shaped(*shape, false), interval - gap))
                     }
-                    _ => Early::Now(shaped(*shape, false)),
+                    _ => Err(Early::Now(shaped(*shape, false))),
                 }
             }
         }
@@ -203,11 +203,11 @@ mod tests {
         let op = setnx("lock:a", Shape::SetNx);
         let first = locks.admit(&op, &conn, true, false, no_parking);
         assert!(
-            matches!(first, Early::Now(LocalReply::Integer(0))),
+            matches!(first, Err(Early::Now(LocalReply::Integer(0)))),
             "{first:?}"
         );
         let second = locks.admit(&op, &conn, true, false, no_parking);
-        let Early::Delayed(reply, delay) = second else {
+        let Err(Early::Delayed(reply, delay)) = second else {
             panic!("not delayed: {second:?}");
         };
         assert_eq!(reply, LocalReply::Integer(0));
@@ -236,7 +236,7 @@ mod tests {
             true,
             no_parking,
         );
-        assert!(matches!(untracked, Early::Probe(None)));
+        assert!(matches!(untracked, Ok(None)));
         let get = locks.admit(
             &setnx("lock:a", Shape::SetGet),
             &conn,
@@ -244,7 +244,7 @@ mod tests {
             true,
             no_parking,
         );
-        assert!(matches!(get, Early::Probe(None)));
+        assert!(matches!(get, Ok(None)));
         let fresh = locks.admit(
             &setnx("lock:b", Shape::SetNx),
             &conn,
@@ -253,7 +253,7 @@ mod tests {
             no_parking,
         );
         assert!(
-            matches!(fresh, Early::Probe(None)),
+            matches!(fresh, Ok(None)),
             "a try-lock does not park"
         );
         assert_eq!(ProxyMetrics::get(&locks.metrics.attempts), 0);
@@ -277,7 +277,7 @@ mod tests {
         );
         let op = setnx("lock:h", Shape::SetNx);
         let own = locks.admit(&op, &conn, true, true, no_parking);
-        assert!(matches!(own, Early::Probe(None)), "{own:?}");
+        assert!(matches!(own, Ok(None)), "{own:?}");
         let pipelined = Arc::new(Mutex::new(locks.conn_locks()));
         sync::lock(&pipelined).attempt(
             Bytes::from_static(b"lock:h"),
@@ -288,13 +288,13 @@ mod tests {
         );
         let next = locks.admit(&op, &pipelined, true, true, no_parking);
         assert!(
-            matches!(next, Early::Probe(None)),
+            matches!(next, Ok(None)),
             "an attempt behind one not answered yet: {next:?}"
         );
         let other = Arc::new(Mutex::new(locks.conn_locks()));
         let theirs = locks.admit(&op, &other, true, false, no_parking);
         assert!(
-            matches!(theirs, Early::Now(LocalReply::Integer(0))),
+            matches!(theirs, Err(Early::Now(LocalReply::Integer(0)))),
             "another connection's attempt is still absorbed: {theirs:?}"
         );
     }

@@ -319,7 +319,7 @@ impl LockService {
 /// A reply read on lockgate's own (RESP2) connection, for a client that
 /// may speak RESP3: the null is the one reply of a lock script whose form
 /// differs, so it is written in the client's protocol.
-fn own_reply(reply: Bytes) -> LocalReply {
+pub(super) fn own_reply(reply: Bytes) -> LocalReply {
     match &reply[..] {
         b"$-1\r\n" | b"*-1\r\n" => LocalReply::Null,
         _ => LocalReply::Raw(reply),

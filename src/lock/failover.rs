@@ -6,7 +6,11 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use bytes::Bytes;
+
+use super::ops::Shape;
 use super::LockService;
+use crate::protocol::encode::{self, LocalReply};
 
 impl LockService {
     /// Records a lease about to be granted (acquisition, takeover,
@@ -29,6 +33,26 @@ impl LockService {
                 .max(rules.default_lease_ms),
         };
         Duration::from_millis(ms)
+    }
+}
+
+/// What an acquisition held after a switch gets: `Ok` a local "not
+/// acquired" in the command's shape, or `Err` a command to send upstream in
+/// its place inside `MULTI` (Redis must queue it and answer it in `EXEC`).
+/// `SET … NX GET` answers nil when it acquired, so it gets an error.
+pub fn held_answer(shape: Shape, in_multi: bool) -> Result<LocalReply, Bytes> {
+    const HELD: &str = "ERR lockgate: lock acquisitions are held after the primary changed (locks.failover_delay_ms)";
+    match (shape, in_multi) {
+        (Shape::SetGet, false) => Ok(LocalReply::Error(Bytes::from_static(HELD.as_bytes()))),
+        (_, false) => Ok(super::storm::shaped(shape, false)),
+        (Shape::SetNx, true) => Err(encode::command(&[b"EVAL", b"return 0", b"0"])),
+        (Shape::Set, true) => Err(encode::command(&[b"EVAL", b"return false", b"0"])),
+        (Shape::SetGet, true) => Err(encode::command(&[
+            b"EVAL",
+            super::script::ERROR.as_bytes(),
+            b"0",
+            HELD.as_bytes(),
+        ])),
     }
 }
 

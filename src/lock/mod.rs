@@ -94,6 +94,9 @@ mod reply;
 pub use reply::ReplyOutcome;
 pub mod script;
 pub mod split;
+mod store;
+pub use admit::Early;
+pub use store::{Attempt, FenceCall, Later, Seat, Store};
 pub mod storm;
 pub mod watchdog;
 
@@ -281,14 +284,23 @@ pub struct LockService {
     /// The longest lease this instance has asked the primary for, in ms
     /// (the default failover delay).
     max_lease_ms: std::sync::atomic::AtomicU64,
+    /// Where the locks live (see [`Store`]).
+    store: Store,
 }
 
 /// Interval between two repeats of the same lock warning.
 const WARN_INTERVAL: Duration = Duration::from_secs(10);
 
 impl LockService {
-    /// The service for a validated configuration.
+    /// The service for a validated configuration, its locks in a store
+    /// that reaches nothing ([`Store::offline`]): its rules, plans and
+    /// reply handling, without Redis.
     pub fn new(config: &Config) -> LockService {
+        LockService::with_store(config, Store::offline(config))
+    }
+
+    /// The service for a validated configuration, its locks in `store`.
+    pub fn with_store(config: &Config, store: Store) -> LockService {
         let c = &config.locks;
         let instance = if c.instance_id.is_empty() {
             let port = config.proxy.listen.rsplit(':').next().unwrap_or("0");
@@ -310,6 +322,7 @@ impl LockService {
             unmatched_warn: RateLimit::new(WARN_INTERVAL),
             handoff_within: Duration::from_millis(config.upstream.connect_timeout_ms),
             max_lease_ms: std::sync::atomic::AtomicU64::new(0),
+            store,
         }
     }
 

@@ -242,6 +242,18 @@ impl Node {
         node
     }
 
+    /// A node at `addr` that is never connected: every call to it fails at
+    /// once (`busy`). For a lock room looked at without Redis (see
+    /// [`crate::lock::Store::offline`]).
+    pub fn detached(addr: &str) -> Node {
+        let (tx, _) = mpsc::channel(1);
+        Node {
+            addr: Arc::from(addr),
+            calls: tx,
+            state: Arc::new(NodeState::default()),
+        }
+    }
+
     /// The node's address.
     pub fn addr(&self) -> &str {
         &self.addr

@@ -9,6 +9,7 @@ use bytes::Bytes;
 use tokio::sync::oneshot;
 
 use super::lease::ConnLocks;
+use super::evalsha::{self, Rerun};
 use super::storm::Acquirer;
 use super::{split_reply, LockPending, LockService, Park};
 use crate::protocol::encode::LocalReply;
@@ -28,6 +29,41 @@ pub enum ReplyOutcome {
 }
 
 impl LockService {
+    /// The outcome of `frame`, Redis's whole reply to the lock call planned
+    /// for `pending` on the client's own connection `conn`: when Redis lost
+    /// the script (`NOSCRIPT`) and `rerun` says how, it runs again on
+    /// lockgate's own connection and its reply takes this one's place
+    /// (never waited for past the server's drain); otherwise as
+    /// [`LockService::on_reply`], a parked attempt's driver acquiring
+    /// through this lock room's store.
+    pub fn outcome(
+        self: &Arc<Self>,
+        pending: LockPending,
+        rerun: Option<Rerun>,
+        frame: Bytes,
+        conn: &Arc<Mutex<ConnLocks>>,
+    ) -> ReplyOutcome {
+        let acquirer = || -> Arc<dyn Acquirer> { self.clone() };
+        let Some(rerun) = rerun.filter(|_| evalsha::is_noscript(&frame)) else {
+            return self.on_reply(pending, frame, conn, acquirer);
+        };
+        let (tx, rx) = oneshot::channel();
+        let (me, conn) = (self.clone(), conn.clone());
+        tokio::spawn(async move {
+            let store = me.store();
+            let acquirer = || -> Arc<dyn Acquirer> { me.clone() };
+            let rerun = me.rerun(&store.primary, store.timeout(), pending, rerun, &conn, acquirer);
+            // A rerun that parked may wait for a handoff: never past the
+            // server's drain.
+            let reply = tokio::select! {
+                reply = rerun => reply,
+                _ = store.stopped() => LocalReply::err("lockgate: shutting down"),
+            };
+            let _ = tx.send(reply);
+        });
+        ReplyOutcome::Rerun(rx)
+    }
+
     /// Learns the outcome of `frame`, Redis's whole reply to the script
     /// planned for `pending` on `conn`'s behalf, and says what the client
     /// gets. `acquirer` acquires for a parked attempt when the lock frees.

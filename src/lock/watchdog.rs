@@ -11,7 +11,6 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::lease::{ConnLocks, Standing};
-use super::node::Node;
 use super::{script, LockService};
 use crate::metrics::ProxyMetrics;
 use crate::sync;
@@ -22,7 +21,8 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(1);
 /// Renews, every tick, the held locks of one connection whose pattern has
 /// `watchdog = true`, each until `max_hold_ms` after it was acquired.
 /// Returns never; the session drops it when the connection ends.
-pub async fn run(service: &LockService, primary: &Node, conn: &Mutex<ConnLocks>) {
+pub async fn run(service: &LockService, conn: &Mutex<ConnLocks>) {
+    let primary = &service.store().primary;
     loop {
         let due = renewals(service, conn);
         let tick = due
@@ -84,7 +84,8 @@ fn renewals(service: &LockService, conn: &Mutex<ConnLocks>) -> Vec<Due> {
 
 /// Releases, by exact token, the held locks of a closed connection whose
 /// pattern has `release_on_disconnect = true`.
-pub async fn release_on_disconnect(service: &LockService, primary: &Node, conn: &Mutex<ConnLocks>) {
+pub async fn release_on_disconnect(service: &LockService, conn: &Mutex<ConnLocks>) {
+    let primary = &service.store().primary;
     let due: Vec<Due> = sync::lock(conn)
         .held()
         .filter(|(key, _)| {

@@ -17,11 +17,8 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use bytes::Bytes;
 use tokio::sync::watch;
 
-use crate::lock::ops::Shape;
-use crate::protocol::encode::{self, LocalReply};
 
 use crate::metrics::{counters, RateLimit};
 use crate::sync;
@@ -210,26 +207,6 @@ impl Primary {
     pub fn hold_left(&self, delay: Duration) -> Option<Duration> {
         let at = (*sync::lock(&self.switched_at))?;
         delay.checked_sub(at.elapsed()).filter(|d| !d.is_zero())
-    }
-}
-
-/// What an acquisition held after a switch gets: `Ok` a local "not
-/// acquired" in the command's shape, or `Err` a command to send upstream in
-/// its place inside `MULTI` (Redis must queue it and answer it in `EXEC`).
-/// `SET … NX GET` answers nil when it acquired, so it gets an error.
-pub fn held_answer(shape: Shape, in_multi: bool) -> Result<LocalReply, Bytes> {
-    const HELD: &str = "ERR lockgate: lock acquisitions are held after the primary changed (locks.failover_delay_ms)";
-    match (shape, in_multi) {
-        (Shape::SetGet, false) => Ok(LocalReply::Error(Bytes::from_static(HELD.as_bytes()))),
-        (_, false) => Ok(crate::lock::storm::shaped(shape, false)),
-        (Shape::SetNx, true) => Err(encode::command(&[b"EVAL", b"return 0", b"0"])),
-        (Shape::Set, true) => Err(encode::command(&[b"EVAL", b"return false", b"0"])),
-        (Shape::SetGet, true) => Err(encode::command(&[
-            b"EVAL",
-            crate::lock::script::ERROR.as_bytes(),
-            b"0",
-            HELD.as_bytes(),
-        ])),
     }
 }
 

@@ -3,7 +3,6 @@
 //! commands lockgate writes in place of lock commands) and what the writer half must expect.
 
 use super::jobs::Jobs;
-use super::parking::{self, Early};
 use super::pending::Batch;
 use super::quorum_transaction::{quorum_transaction, remember_script, QuorumTransaction};
 use crate::admin;
@@ -13,13 +12,12 @@ use crate::lock::evalsha::{self, Rerun};
 use crate::lock::lease::ConnLocks;
 use crate::lock::ops::LockOp;
 use crate::lock::script;
-use crate::lock::{Database, Forget, LockPending};
-use crate::lock::{Queueing, Refusal};
+use crate::lock::{Attempt, Early, Forget, LockPending, Seat};
+use crate::lock::Refusal;
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::{self, LocalReply};
 use crate::protocol::request::{RequestKind, RequestParser};
 use crate::router::{self, CommandArgs, Expect, Route, SessionView};
-use crate::sync;
 use bytes::{Bytes, BytesMut};
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
@@ -107,10 +105,9 @@ pub(super) struct Routed {
 }
 
 impl Routed {
-    /// Takes an attempt answered before Redis (see [`parking::admit`]):
-    /// `None` when it is answered (now, later, or parked), else the park
-    /// settings to go upstream with.
-    fn early(&mut self, early: Early) -> Option<Option<crate::lock::Park>> {
+    /// Takes an attempt answered before Redis (see
+    /// [`crate::lock::LockService::attempt`]): now, later, or parked.
+    fn early(&mut self, early: Early) {
         match early {
             Early::Now(reply) => self.batch.local(reply),
             Early::Delayed(reply, wait) => self.defer_reply(Box::pin(async move {
@@ -118,9 +115,7 @@ impl Routed {
                 reply
             })),
             Early::Parked(rx) => self.batch.deferred(rx),
-            Early::Probe(park) => return Some(park),
         }
-        None
     }
 
     /// Queues `work`, which acts on a store (a quorum operation, a fencing
@@ -190,13 +185,13 @@ pub(super) fn route_batch(
                 let (name, arg1) = (args.get(0), args.get(1));
                 let (kind, label) = command::lookup(name, arg1, args.get(2));
                 ProxyMetrics::inc(&ctx.metrics.commands[label]);
-                if router::forwards_plainly(kind, args, view, &ctx.locks, ctx.quorum.is_some()) {
+                if router::forwards_plainly(kind, args, view, &ctx.locks) {
                     out.pieces.client(whole);
                     plain += 1;
                     continue;
                 }
                 out.batch.ones(std::mem::take(&mut plain));
-                let route = router::route(kind, args, view, &ctx.locks, ctx.quorum.is_some());
+                let route = router::route(kind, args, view, &ctx.locks);
                 remember_script(ctx, kind, args);
                 if kind == command::CommandKind::Lockgate
                     && arg1.eq_ignore_ascii_case(b"AUTH")
@@ -338,14 +333,6 @@ fn carry_out(
     whole: Range<usize>,
     out: &mut Routed,
 ) {
-    // `locks.require_noeviction`: no lease granted or extended on a primary
-    // that may evict it (one relaxed load per lock command when off).
-    if let Some(reply) = match route {
-        Route::Lock(op) => ctx.refused_for_eviction(op),
-        _ => None,
-    } {
-        return refuse(reply, view, out);
-    }
     match route {
         Route::Forward(expect) => {
             if *expect == Expect::EnterRaw {
@@ -355,7 +342,7 @@ fn carry_out(
                 view.scripts.subscribed();
             }
             out.pieces.client(whole);
-            match script_lock_keys(ctx, kind, args, *expect).filter(|_| ctx.quorum.is_none()) {
+            match script_lock_keys(ctx, kind, args, *expect).filter(|_| !ctx.locks.on_masters()) {
                 Some(keys) => out.batch.lock(LockPending::Script { keys }, None),
                 None => out.batch.record(*expect),
             }
@@ -391,90 +378,52 @@ fn carry_out(
             out.pieces.client(whole);
             out.batch.record(Expect::One);
         }
-        Route::Lock(op) if ctx.quorum.is_some() => {
-            let Some(park) = out.early(parking::admit(ctx, op, conn, !view.in_multi, out.last))
-            else {
-                return;
-            };
-            let (ctx2, conn, op) = (ctx.clone(), conn.clone(), op.clone());
-            out.defer(Box::pin(parking::quorum_attempt(ctx2, op, conn, park)));
-        }
-        Route::Lock(LockOp::Acquire { key, shape, .. }) if ctx.held_after_failover(key) => {
-            match crate::sentinel::held_answer(*shape, view.in_multi) {
-                Ok(reply) => out.batch.local(reply),
-                Err(command) => {
-                    out.pieces.own(command);
-                    out.batch.record(Expect::One);
-                }
-            }
-        }
         Route::Lock(op) => {
-            // An attempt pipelined behind a release of the same key goes to
-            // Redis: what lockgate knows of the key predates that release.
             let after_release =
                 matches!(op, LockOp::Acquire { key, .. } if out.released.contains(key));
             if let LockOp::Release { lock_keys, .. } = op {
                 out.released.extend(lock_keys.iter().cloned());
-                ctx.locks.releasing(lock_keys, sync::lock(conn).id);
             }
-            // The contention table describes database 0 only.
-            let db = Database::of(view.db);
-            let tracked = !view.in_multi && db == Database::Zero && !after_release;
-            let Some(park) = out.early(parking::admit(ctx, op, conn, tracked, out.last)) else {
-                return;
+            let seat = Seat {
+                conn,
+                in_multi: view.in_multi,
+                db: view.db,
+                last: out.last,
+                after_release,
             };
-            let queueing = match view.in_multi {
-                true => Queueing::InMulti,
-                false => Queueing::Now,
-            };
-            let planned =
-                ctx.locks
-                    .plan_on_primary(op.clone(), &mut sync::lock(conn), queueing, db);
-            let Some(pending) = planned.pending else {
+            match ctx.locks.attempt(op, seat) {
+                Attempt::Refused(reply) => refuse(reply, view, out),
+                Attempt::Early(early) => out.early(early),
+                Attempt::Held(Ok(reply)) => out.batch.local(reply),
+                Attempt::Held(Err(command)) => {
+                    out.pieces.own(command);
+                    out.batch.record(Expect::One);
+                }
                 // Inside MULTI: EVAL (a NOSCRIPT in EXEC's array could not
                 // be run again in its place).
-                out.pieces.own(planned.call.eval());
-                out.batch.record(Expect::One);
-                return;
-            };
-            let pending = match pending {
-                LockPending::Acquire { key, token, db, .. } => LockPending::Acquire {
-                    key,
-                    token,
-                    park,
-                    db,
-                },
-                p => p,
-            };
-            let rerun = by_sha(ctx, view, planned.call, out);
-            out.batch.lock(pending, rerun);
+                Attempt::OnConnection {
+                    call,
+                    pending: None,
+                } => {
+                    out.pieces.own(call.eval());
+                    out.batch.record(Expect::One);
+                }
+                Attempt::OnConnection {
+                    call,
+                    pending: Some(pending),
+                } => {
+                    let rerun = by_sha(ctx, view, call, out);
+                    out.batch.lock(pending, rerun);
+                }
+                Attempt::Away(work) => out.defer(work),
+            }
         }
         Route::RefusePersist => refuse(ctx.locks.refuse_persist(args.get(1)), view, out),
-        Route::QuorumRead | Route::QuorumEval => {
-            let command = encode::command(&args.all());
-            let fallback = match route {
-                Route::QuorumEval => ctx
-                    .quorum
-                    .as_ref()
-                    .and_then(|q| q.eval_fallback(&args.all())),
-                _ => None,
-            };
-            let (ctx2, eval) = (ctx.clone(), matches!(route, Route::QuorumEval));
-            // A client script may release its locks (redis-py, Redisson):
-            // once it has run, what the storm room knew of them is dropped.
-            let touched = script_lock_keys(ctx, kind, args, Expect::One).unwrap_or_default();
-            out.defer(Box::pin(async move {
-                let reply = match &ctx2.quorum {
-                    Some(q) if eval => ctx2.locks.quorum_eval(q, command, fallback).await,
-                    Some(q) => ctx2.locks.quorum_read(q, command).await,
-                    None => LocalReply::err("lockgate: internal error (no quorum)"),
-                };
-                for key in &touched {
-                    ctx2.locks.released(key);
-                }
-                reply
-            }));
+        Route::QuorumRead => {
+            let (locks, command) = (ctx.locks.clone(), encode::command(&args.all()));
+            out.defer(Box::pin(async move { locks.read(command).await }));
         }
+        Route::QuorumEval => out.defer(ctx.locks.eval(&args.all())),
         Route::QuorumSplit(split) => super::quorum_split::carry_out(ctx, split, conn, out),
         Route::Refuse(message) => {
             ctx.locks

@@ -34,8 +34,6 @@
 //! is what the two halves tell each other; [`jobs`] runs a session's
 //! deferred work in command order; [`carry`] carries out the routes of one
 //! read batch (what goes upstream, what the writer must expect);
-//! [`parking`] carries out the lock room's decision on an attempt
-//! ([`crate::lock::LockService::admit`]) with the session's acquirer;
 //! [`quorum_transaction`] and [`quorum_split`] carry out transactions and
 //! split commands on the quorum.
 
@@ -45,7 +43,6 @@ pub mod carry;
 mod detached;
 pub mod jobs;
 pub mod linger;
-pub mod parking;
 pub mod pending;
 pub mod quorum_split;
 pub mod quorum_transaction;
@@ -67,13 +64,11 @@ use tracing::Instrument;
 
 use crate::context::ServerContext;
 use crate::error::ErrorSource;
-use crate::lock::evalsha::{self, Rerun};
+use crate::lock::evalsha::Rerun;
 use crate::lock::lease::ConnLocks;
-use crate::lock::storm::Acquirer;
 use crate::lock::watchdog;
 use crate::lock::{LockPending, ReplyOutcome};
 use crate::metrics::ProxyMetrics;
-use crate::protocol::encode::LocalReply;
 use crate::protocol::ProtocolError;
 use crate::tls::Stream;
 use crate::upstream::UpstreamError;
@@ -231,7 +226,7 @@ async fn serve(
     let runner = runner.run(&writer_done);
     let watchdog = async {
         if ctx.locks.has_watchdog() {
-            watchdog::run(&ctx.locks, &ctx.primary, &conn).await;
+            watchdog::run(&ctx.locks, &conn).await;
         } else {
             std::future::pending::<()>().await;
         }
@@ -312,7 +307,7 @@ async fn serve(
         return;
     };
     if ctx.locks.has_release_on_disconnect() {
-        watchdog::release_on_disconnect(&ctx.locks, &ctx.primary, &conn).await;
+        watchdog::release_on_disconnect(&ctx.locks, &conn).await;
     }
     if matches!(read_end, ReaderEnd::Protocol | ReaderEnd::PartialRequest) {
         linger::linger(&mut client_r, &mut client_w, shutdown).await;
@@ -375,33 +370,6 @@ impl writer::LockReplies for SessionLocks<'_> {
         rerun: Option<Rerun>,
         frame: bytes::Bytes,
     ) -> ReplyOutcome {
-        let ctx = self.ctx.clone();
-        match rerun {
-            // Redis lost the script: it runs again on lockgate's own
-            // connection and its reply takes this one's place.
-            Some(rerun) if evalsha::is_noscript(&frame) => {
-                let (tx, rx) = tokio::sync::oneshot::channel();
-                let conn = self.conn.clone();
-                tokio::spawn(async move {
-                    let timeout = Duration::from_millis(ctx.config.upstream.connect_timeout_ms);
-                    let acquirer = || -> Arc<dyn Acquirer> { ctx.clone() };
-                    let rerun =
-                        ctx.locks
-                            .rerun(&ctx.primary, timeout, pending, rerun, &conn, acquirer);
-                    // A rerun that parked may wait for a handoff: never
-                    // past the server's drain.
-                    let reply = tokio::select! {
-                        reply = rerun => reply,
-                        _ = ctx.stop.cancelled() => LocalReply::err("lockgate: shutting down"),
-                    };
-                    let _ = tx.send(reply);
-                });
-                ReplyOutcome::Rerun(rx)
-            }
-            _ => {
-                let acquirer = || -> Arc<dyn Acquirer> { ctx.clone() };
-                self.ctx.locks.on_reply(pending, frame, self.conn, acquirer)
-            }
-        }
+        self.ctx.locks.outcome(pending, rerun, frame, self.conn)
     }
 }

@@ -15,15 +15,13 @@
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use futures_util::future::join_all;
 use tokio::sync::oneshot;
 
 use super::carry::Routed;
 use crate::context::ServerContext;
 use crate::lock::lease::ConnLocks;
-use crate::lock::ops::LockOp;
-use crate::lock::split::{Merge, Split};
-use crate::protocol::encode::{self, LocalReply};
+use crate::lock::split::Split;
+use crate::protocol::encode::LocalReply;
 
 /// Sends the primary's part of `split` (if any) in the command's place and
 /// queues the quorum's part; the merged reply takes the command's place in
@@ -34,8 +32,8 @@ pub(super) fn carry_out(
     conn: &Arc<Mutex<ConnLocks>>,
     out: &mut Routed,
 ) {
-    let (ctx2, conn2, part) = (ctx.clone(), conn.clone(), split.clone());
-    let quorum = Box::pin(async move { quorum_part(&ctx2, &part, conn2).await });
+    let (locks, conn2, part) = (ctx.locks.clone(), conn.clone(), split.clone());
+    let quorum = Box::pin(async move { locks.split_part(&part, conn2).await });
     let Some(primary) = split.primary_command() else {
         let split = split.clone();
         out.defer(Box::pin(async move { split.merge(None, quorum.await) }));
@@ -62,50 +60,4 @@ pub(super) fn carry_out(
     out.pieces.own(primary);
     out.batch.feed(fed);
     out.batch.deferred(reply);
-}
-
-/// The quorum's part of `split`: the owner-checked release of the lock keys
-/// (`DEL`, `UNLINK`), their count (`EXISTS`, `TOUCH`), or their values, one
-/// majority read per key (`MGET`).
-pub(super) async fn quorum_part(
-    ctx: &ServerContext,
-    split: &Split,
-    conn: Arc<Mutex<ConnLocks>>,
-) -> LocalReply {
-    let Some(q) = &ctx.quorum else {
-        return LocalReply::err("lockgate: internal error (no quorum)");
-    };
-    let keys = split.lock_keys();
-    match (split.name, split.merge_kind()) {
-        ("DEL" | "UNLINK", _) => {
-            let op = LockOp::Release {
-                lock_keys: keys,
-                plain: Vec::new(),
-                unlink: split.name == "UNLINK",
-            };
-            ctx.locks.on_quorum(q, op, conn).await
-        }
-        (_, Merge::Sum) => {
-            let mut args: Vec<&[u8]> = vec![split.name.as_bytes()];
-            args.extend(keys.iter().map(|k| &k[..]));
-            ctx.locks.quorum_read(q, encode::command(&args)).await
-        }
-        (_, Merge::Values) => {
-            let reads = keys
-                .iter()
-                .map(|k| ctx.locks.quorum_read(q, encode::command(&[b"GET", &k[..]])));
-            let mut values = Vec::with_capacity(keys.len());
-            for value in join_all(reads).await {
-                match value {
-                    // MGET answers nil for a key holding another type.
-                    LocalReply::Error(e) if e.starts_with(b"WRONGTYPE") => {
-                        values.push(LocalReply::Null)
-                    }
-                    LocalReply::Error(e) => return LocalReply::Error(e),
-                    v => values.push(v),
-                }
-            }
-            LocalReply::Array(values)
-        }
-    }
 }

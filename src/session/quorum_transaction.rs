@@ -3,7 +3,6 @@
 //! sends, passed to the quorum for masters that lost them.
 
 use super::carry::Routed;
-use super::quorum_split::quorum_part;
 use crate::command;
 use crate::context::ServerContext;
 use crate::lock::lease::ConnLocks;
@@ -23,16 +22,13 @@ pub(super) fn remember_script(
     kind: command::CommandKind,
     args: CommandArgs<'_>,
 ) {
-    let Some(q) = &ctx.quorum else { return };
     let body = match kind {
         command::CommandKind::Eval if args.get(0).eq_ignore_ascii_case(b"EVAL") => args.get(1),
         command::CommandKind::Script if args.get(1).eq_ignore_ascii_case(b"LOAD") => args.get(2),
         _ => return,
     };
-    q.remember_script(body);
-    if kind == command::CommandKind::Script {
-        q.load_script_everywhere(body, &ctx.stop);
-    }
+    ctx.locks
+        .script_seen(body, kind == command::CommandKind::Script);
 }
 
 /// A transaction's lock operations while lock keys live on the quorum:
@@ -80,7 +76,7 @@ pub(super) fn quorum_transaction(
     args: CommandArgs<'_>,
     out: &mut Routed,
 ) -> bool {
-    if ctx.quorum.is_none() {
+    if !ctx.locks.on_masters() {
         return false;
     }
     let queued = match (kind, route) {
@@ -154,18 +150,15 @@ fn exec_on_quorum(
         )));
         return;
     }
-    let (ctx2, conn) = (ctx.clone(), conn.clone());
+    let (locks, conn) = (ctx.locks.clone(), conn.clone());
     out.defer(Box::pin(async move {
-        let Some(q) = &ctx2.quorum else {
-            return LocalReply::err("lockgate: internal error (no quorum)");
-        };
         let mut replies = Vec::with_capacity(taken.queued.len());
         for queued in taken.queued {
             replies.push(match queued {
-                Queued::Op(op) => ctx2.locks.on_quorum(q, op, conn.clone()).await,
-                Queued::Read(command) => ctx2.locks.quorum_read(q, command).await,
+                Queued::Op(op) => locks.run(op, conn.clone()).await,
+                Queued::Read(command) => locks.read(command).await,
                 Queued::Split(split) => {
-                    let part = quorum_part(&ctx2, &split, conn.clone()).await;
+                    let part = locks.split_part(&split, conn.clone()).await;
                     split.merge(None, part)
                 }
                 Queued::Reply(reply) => reply,

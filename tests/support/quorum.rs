@@ -87,7 +87,7 @@ impl Cluster {
 
     /// The quorum lockgate runs.
     pub fn quorum(&self) -> &Arc<Quorum> {
-        self.lg.ctx.quorum.as_ref().expect("lockgate runs a quorum")
+        self.lg.ctx.locks.quorum().expect("lockgate runs a quorum")
     }
 
     /// What lockgate thinks of master `i` now.

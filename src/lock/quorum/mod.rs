@@ -78,45 +78,17 @@ impl Quorum {
         connector: &crate::upstream::Connector,
         eviction: &Arc<Eviction>,
     ) -> Option<Arc<Quorum>> {
-        let q = &config.locks.quorum;
-        if q.masters.is_empty() {
-            return None;
-        }
-        let rejoin_ms = Arc::new(AtomicU64::new(match q.rejoin_delay_ms {
-            0 => config.locks.default_lease_ms,
-            ms => ms,
-        }));
-        let metrics = Arc::new(RejoinMetrics::default());
         let noscript_reruns = Arc::new(AtomicU64::new(0));
-        let masters = q
-            .masters
-            .iter()
-            .map(|addr| {
-                let node = NodeConfig {
-                    load_scripts: true,
-                    noscript_reruns: Some(noscript_reruns.clone()),
-                    role: Role::Master,
-                    ..NodeConfig::for_addr(config, addr, connector.clone())
-                };
-                Arc::new(Master::new(
-                    Node::spawn(node, stop.clone()),
-                    rejoin_ms.clone(),
-                    metrics.clone(),
-                    eviction.clone(),
-                ))
-            })
-            .collect();
-        let quorum = Arc::new(Quorum {
-            masters,
-            config: q.clone(),
-            default_lease_ms: config.locks.default_lease_ms,
-            max_lease_ms: AtomicU64::new(config.locks.default_lease_ms),
-            rejoin_ms,
-            scripts: dashmap::DashMap::new(),
-            rejoin: metrics,
-            noscript_reruns,
-            clock: clock::ClockWatch::new(config),
-        });
+        let node = |addr: &str| {
+            let node = NodeConfig {
+                load_scripts: true,
+                noscript_reruns: Some(noscript_reruns.clone()),
+                role: Role::Master,
+                ..NodeConfig::for_addr(config, addr, connector.clone())
+            };
+            Node::spawn(node, stop.clone())
+        };
+        let quorum = Quorum::of(config, eviction, node, noscript_reruns.clone())?;
         let sampled = quorum.clone();
         let sample_stop = stop.clone();
         tokio::spawn(async move {
@@ -134,6 +106,52 @@ impl Quorum {
             }
         });
         Some(quorum)
+    }
+
+    /// The quorum for `config` (`None` without masters) whose masters are
+    /// never connected and nothing watched: for a lock room looked at
+    /// without Redis (see [`crate::lock::Store::offline`]).
+    pub fn offline(config: &Config, eviction: &Arc<Eviction>) -> Option<Arc<Quorum>> {
+        let reruns = Arc::new(AtomicU64::new(0));
+        Quorum::of(config, eviction, Node::detached, reruns)
+    }
+
+    fn of(
+        config: &Config,
+        eviction: &Arc<Eviction>,
+        node: impl Fn(&str) -> Node,
+        noscript_reruns: Arc<AtomicU64>,
+    ) -> Option<Arc<Quorum>> {
+        let q = &config.locks.quorum;
+        if q.masters.is_empty() {
+            return None;
+        }
+        let rejoin_ms = Arc::new(AtomicU64::new(match q.rejoin_delay_ms {
+            0 => config.locks.default_lease_ms,
+            ms => ms,
+        }));
+        let metrics = Arc::new(RejoinMetrics::default());
+        let masters = (q.masters.iter())
+            .map(|addr| {
+                Arc::new(Master::new(
+                    node(addr),
+                    rejoin_ms.clone(),
+                    metrics.clone(),
+                    eviction.clone(),
+                ))
+            })
+            .collect();
+        Some(Arc::new(Quorum {
+            masters,
+            config: q.clone(),
+            default_lease_ms: config.locks.default_lease_ms,
+            max_lease_ms: AtomicU64::new(config.locks.default_lease_ms),
+            rejoin_ms,
+            scripts: dashmap::DashMap::new(),
+            rejoin: metrics,
+            noscript_reruns,
+            clock: clock::ClockWatch::new(config),
+        }))
     }
 
     /// N/2 + 1.

@@ -1,0 +1,516 @@
+//! Where the locks live, hidden from everyone outside the lock room: the
+//! primary the sessions talk to, or the Redlock quorum of lock masters.
+//! A session makes one call for an attempt whatever the store
+//! ([`LockService::attempt`]) and gets back what to carry out
+//! ([`Attempt`]); reads, client scripts, transactions and the fencing API
+//! are one call each too. The failover hold of acquisitions after a switch
+//! of the primary, the `locks.require_noeviction` refusal and the
+//! [`Acquirer`] a parked attempt's driver acquires through live here, with
+//! the store they are about.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::future::join_all;
+use tokio_util::sync::CancellationToken;
+
+use super::admit::Early;
+use super::eviction::Eviction;
+use super::fence::{extend_command, unlock_command};
+use super::lease::ConnLocks;
+use super::node::Node;
+use super::ops::LockOp;
+use super::quorum::Quorum;
+use super::split::{Merge, Split};
+use super::storm::{Acquirer, Ask, Tried};
+use super::{evalsha, Database, LockPending, LockService, Queueing};
+use crate::protocol::encode::{self, LocalReply};
+use crate::sentinel::Primary;
+use crate::sync;
+
+/// A reply lockgate makes away from the client's connection; it takes the
+/// command's place in the order.
+pub type Later = Pin<Box<dyn Future<Output = LocalReply> + Send + 'static>>;
+
+/// The store of the locks: lockgate's own connection to the primary, and
+/// the lock masters when lock keys live on a quorum.
+#[derive(Debug)]
+pub struct Store {
+    /// lockgate's own shared connection to the primary (the watchdog,
+    /// release on disconnect, a parked attempt's driver, a `NOSCRIPT`
+    /// rerun, the fencing API on one Redis).
+    pub primary: Node,
+    /// Which Redis is the primary now, for the failover hold.
+    primary_addr: Arc<Primary>,
+    /// `locks.require_noeviction` and the eviction counters.
+    eviction: Arc<Eviction>,
+    /// The lock masters, when lock keys live on a quorum.
+    quorum: Option<Arc<Quorum>>,
+    /// Cancelled when lockgate has drained: parked waits end.
+    stop: CancellationToken,
+    /// How long lockgate's own calls may take (`upstream.connect_timeout_ms`).
+    timeout: Duration,
+}
+
+impl Store {
+    /// How long lockgate's own calls may take, ms
+    /// (`upstream.connect_timeout_ms`).
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Resolves once lockgate has drained (waits end then).
+    pub fn stopped(&self) -> tokio_util::sync::WaitForCancellationFuture<'_> {
+        self.stop.cancelled()
+    }
+
+    /// The store of a running server.
+    pub fn new(
+        primary: Node,
+        primary_addr: Arc<Primary>,
+        eviction: Arc<Eviction>,
+        quorum: Option<Arc<Quorum>>,
+        stop: CancellationToken,
+        timeout: Duration,
+    ) -> Store {
+        Store {
+            primary,
+            primary_addr,
+            eviction,
+            quorum,
+            stop,
+            timeout,
+        }
+    }
+
+    /// The store `config` describes, reaching nothing: the primary at
+    /// `upstream.addr` and the masters of `locks.quorum`, never connected
+    /// (every call fails at once). For a lock room whose rules, routes,
+    /// plans and replies are looked at without Redis (unit tests,
+    /// [`LockService::new`]).
+    pub fn offline(config: &crate::config::Config) -> Store {
+        let eviction = Arc::new(Eviction::new(config));
+        Store {
+            primary: Node::detached(&config.upstream.addr),
+            primary_addr: Primary::fixed(&config.upstream.addr),
+            quorum: Quorum::offline(config, &eviction),
+            eviction,
+            stop: CancellationToken::new(),
+            timeout: Duration::from_millis(config.upstream.connect_timeout_ms),
+        }
+    }
+}
+
+/// Where an attempt comes from, as the session knows it.
+#[derive(Debug, Clone, Copy)]
+pub struct Seat<'a> {
+    /// The connection's lock records.
+    pub conn: &'a Arc<Mutex<ConnLocks>>,
+    /// Inside `MULTI`: Redis must queue the command.
+    pub in_multi: bool,
+    /// The database `SELECT`ed (`u64::MAX`: unreadable).
+    pub db: u64,
+    /// Nothing is pipelined behind it: it may wait (park).
+    pub last: bool,
+    /// A release of the same key was pipelined before it, in this batch:
+    /// what lockgate knows of the key predates that release.
+    pub after_release: bool,
+}
+
+/// What the session carries out for one lock command
+/// ([`LockService::attempt`]).
+pub enum Attempt {
+    /// Refused with this error (`locks.require_noeviction`); inside
+    /// `MULTI` it must take the command's slot in `EXEC`'s array.
+    Refused(LocalReply),
+    /// Answered before Redis: now, after a delay, or once parked.
+    Early(Early),
+    /// Answered "not acquired" while acquisitions are held after a switch
+    /// of the primary: this reply now, or (inside `MULTI`) this command
+    /// sent in the attempt's place, answered by Redis in `EXEC`'s array.
+    Held(Result<LocalReply, Bytes>),
+    /// A script call sent on the client's own connection, and what the
+    /// writer does with its reply (`None` inside `MULTI`: it is sent as
+    /// `EVAL` and its reply passed as it is).
+    OnConnection {
+        /// The script call.
+        call: evalsha::Call,
+        /// What to do with its reply.
+        pending: Option<LockPending>,
+    },
+    /// Carried out by lockgate away from the client's connection (on the
+    /// quorum); the reply takes the command's place, and nothing after it
+    /// goes upstream before it is done.
+    Away(Later),
+}
+
+impl std::fmt::Debug for Attempt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Attempt::Refused(r) => f.debug_tuple("Refused").field(r).finish(),
+            Attempt::Early(e) => f.debug_tuple("Early").field(e).finish(),
+            Attempt::Held(h) => f.debug_tuple("Held").field(h).finish(),
+            Attempt::OnConnection { call, pending } => (f.debug_struct("OnConnection"))
+                .field("call", call)
+                .field("pending", pending)
+                .finish(),
+            Attempt::Away(_) => f.write_str("Away(..)"),
+        }
+    }
+}
+
+/// A call of the fencing-token API (`LOCKGATE LOCK | UNLOCK | EXTEND`).
+#[derive(Debug, Clone)]
+pub enum FenceCall {
+    /// Take `key` for `ttl_ms`, trying for up to `wait`.
+    Lock {
+        /// The lock key.
+        key: Bytes,
+        /// The lease, ms.
+        ttl_ms: u64,
+        /// How long to keep trying.
+        wait: Duration,
+    },
+    /// Release `key` if `token` still holds it.
+    Unlock {
+        /// The lock key.
+        key: Bytes,
+        /// The fencing token.
+        token: Bytes,
+    },
+    /// Extend `key` to `ttl_ms` if `token` still holds it.
+    Extend {
+        /// The lock key.
+        key: Bytes,
+        /// The fencing token.
+        token: Bytes,
+        /// The new lease, ms.
+        ttl_ms: u64,
+    },
+}
+
+impl LockService {
+    /// True when lock keys live on the lock masters, not on the primary:
+    /// what the router routes by (a client's command never reaches the
+    /// masters) and the operators' views show.
+    pub fn on_masters(&self) -> bool {
+        self.store.quorum.is_some()
+    }
+
+    /// The lock masters, for the operators' read-only views (`LOCKGATE
+    /// MASTERS`, the status page, `/metrics`, `/readyz`).
+    pub fn quorum(&self) -> Option<&Arc<Quorum>> {
+        self.store.quorum.as_ref()
+    }
+
+    /// The store (lockgate's own connection to the primary).
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// The one call a session makes for a lock command `op`, whatever the
+    /// store: refused (eviction), answered early (absorbed, delayed,
+    /// parked), held after a failover, planned onto the client's own
+    /// connection, or carried out away from it on the quorum.
+    pub fn attempt(self: &Arc<Self>, op: &LockOp, seat: Seat<'_>) -> Attempt {
+        // `locks.require_noeviction`: no lease granted or extended on a
+        // primary that may evict it (one relaxed load when off).
+        if let Some(reply) = self.refused_for_eviction(op) {
+            return Attempt::Refused(reply);
+        }
+        let acquirer = || -> Arc<dyn Acquirer> { self.clone() };
+        if let Some(q) = &self.store.quorum {
+            let park = match self.admit(op, seat.conn, !seat.in_multi, seat.last, acquirer) {
+                Ok(park) => park,
+                Err(early) => return Attempt::Early(early),
+            };
+            let (me, q, op, conn) = (self.clone(), q.clone(), op.clone(), seat.conn.clone());
+            return Attempt::Away(Box::pin(async move {
+                me.quorum_attempt(&q, op, conn, park, me.clone()).await
+            }));
+        }
+        if let LockOp::Acquire { key, shape, .. } = op {
+            if self.held_after_failover(key) {
+                return Attempt::Held(super::failover::held_answer(*shape, seat.in_multi));
+            }
+        }
+        if let LockOp::Release { lock_keys, .. } = op {
+            self.releasing(lock_keys, sync::lock(seat.conn).id);
+        }
+        // The contention table describes database 0 only.
+        let db = Database::of(seat.db);
+        let tracked = !seat.in_multi && db == Database::Zero && !seat.after_release;
+        let park = match self.admit(op, seat.conn, tracked, seat.last, acquirer) {
+            Ok(park) => park,
+            Err(early) => return Attempt::Early(early),
+        };
+        let queueing = match seat.in_multi {
+            true => Queueing::InMulti,
+            false => Queueing::Now,
+        };
+        let planned = self.plan_on_primary(op.clone(), &mut sync::lock(seat.conn), queueing, db);
+        let pending = planned.pending.map(|pending| match pending {
+            LockPending::Acquire { key, token, db, .. } => LockPending::Acquire {
+                key,
+                token,
+                park,
+                db,
+            },
+            p => p,
+        });
+        Attempt::OnConnection {
+            call: planned.call,
+            pending,
+        }
+    }
+
+    /// A lock operation carried out by lockgate for a client, away from its
+    /// connection (a transaction's lock commands run at `EXEC` on the
+    /// quorum); on one Redis, through lockgate's own connection.
+    pub async fn run(self: &Arc<Self>, op: LockOp, conn: Arc<Mutex<ConnLocks>>) -> LocalReply {
+        match &self.store.quorum {
+            Some(q) => self.on_quorum(q, op, conn).await,
+            None => {
+                let planned = self.plan(op, &mut sync::lock(&conn), Queueing::Now);
+                let Some(pending) = planned.pending else {
+                    return LocalReply::err("lockgate: internal error (no outcome planned)");
+                };
+                let request = super::node::Request::script(&planned.call);
+                match self.store.primary.send(request, self.store.timeout).await {
+                    Ok(frame) => match self.on_reply(pending, frame, &conn, || self.clone()) {
+                        super::ReplyOutcome::Reply(reply) => evalsha::own_reply(reply),
+                        super::ReplyOutcome::Parked(rx) | super::ReplyOutcome::Rerun(rx) => rx
+                            .await
+                            .unwrap_or_else(|_| LocalReply::err("lockgate: internal error (reply lost)")),
+                    },
+                    Err(e) => LocalReply::err(format!("lockgate: {e}")),
+                }
+            }
+        }
+    }
+
+    /// A read of lock keys (`GET`, `EXISTS`, `TTL`…) answered by the store:
+    /// the quorum's majority; on one Redis, its own answer.
+    pub async fn read(&self, command: Bytes) -> LocalReply {
+        match &self.store.quorum {
+            Some(q) => self.quorum_read(q, command).await,
+            None => self.on_primary(command).await,
+        }
+    }
+
+    /// A client script on lock keys only (`args` as sent, `EVAL`/`EVALSHA`
+    /// first), run where the locks live (on the quorum: on every master,
+    /// by its body where a master lost it); what this instance knew of
+    /// its lock keys is dropped once it has run (it may release them).
+    pub fn eval(self: &Arc<Self>, args: &[&[u8]]) -> Later {
+        let command = encode::command(args);
+        let fallback = self
+            .store
+            .quorum
+            .as_ref()
+            .and_then(|q| q.eval_fallback(args));
+        let touched = self.script_lock_keys(args).unwrap_or_default();
+        let me = self.clone();
+        Box::pin(async move {
+            let reply = match &me.store.quorum {
+                Some(q) => me.quorum_eval(q, command, fallback).await,
+                None => me.on_primary(command).await,
+            };
+            for key in &touched {
+                me.released(key);
+            }
+            reply
+        })
+    }
+
+    /// The lock keys among the keys of the `EVAL`-family command `args`
+    /// (name first), if any.
+    pub fn script_lock_keys(&self, args: &[&[u8]]) -> Option<Vec<Bytes>> {
+        let n: usize = std::str::from_utf8(args.get(2)?).ok()?.parse().ok()?;
+        let keys: Vec<Bytes> = (args.iter().skip(3).take(n))
+            .filter(|k| self.is_lock_key(k))
+            .map(|k| Bytes::copy_from_slice(k))
+            .collect();
+        (!keys.is_empty()).then_some(keys)
+    }
+
+    /// A script body a client sent (`EVAL`, or `SCRIPT LOAD` when `load`):
+    /// remembered for lock masters that lost it, and a `SCRIPT LOAD`ed body
+    /// loaded on every master (see [`crate::lock::quorum::scripts`]). On one
+    /// Redis, nothing to do: the client's own connection carries it.
+    pub fn script_seen(&self, body: &[u8], load: bool) {
+        let Some(q) = &self.store.quorum else { return };
+        q.remember_script(body);
+        if load {
+            q.load_script_everywhere(body, &self.store.stop);
+        }
+    }
+
+    /// The lock keys' part of a command split between the store and the
+    /// primary: the owner-checked release of the lock keys (`DEL`,
+    /// `UNLINK`), their count (`EXISTS`, `TOUCH`), or their values, one
+    /// read per key (`MGET`).
+    pub async fn split_part(
+        self: &Arc<Self>,
+        split: &Split,
+        conn: Arc<Mutex<ConnLocks>>,
+    ) -> LocalReply {
+        let keys = split.lock_keys();
+        match (split.name, split.merge_kind()) {
+            ("DEL" | "UNLINK", _) => {
+                let op = LockOp::Release {
+                    lock_keys: keys,
+                    plain: Vec::new(),
+                    unlink: split.name == "UNLINK",
+                };
+                self.run(op, conn).await
+            }
+            (_, Merge::Sum) => {
+                let mut args: Vec<&[u8]> = vec![split.name.as_bytes()];
+                args.extend(keys.iter().map(|k| &k[..]));
+                self.read(encode::command(&args)).await
+            }
+            (_, Merge::Values) => {
+                let reads = keys
+                    .iter()
+                    .map(|k| self.read(encode::command(&[b"GET", &k[..]])));
+                let mut values = Vec::with_capacity(keys.len());
+                for value in join_all(reads).await {
+                    match value {
+                        // MGET answers nil for a key holding another type.
+                        LocalReply::Error(e) if e.starts_with(b"WRONGTYPE") => {
+                            values.push(LocalReply::Null)
+                        }
+                        LocalReply::Error(e) => return LocalReply::Error(e),
+                        v => values.push(v),
+                    }
+                }
+                LocalReply::Array(values)
+            }
+        }
+    }
+
+    /// The fencing-token API (`LOCKGATE LOCK | UNLOCK | EXTEND`) where the
+    /// locks live; on one Redis, held after a failover and refused on an
+    /// evicting primary as any acquisition.
+    pub async fn fence(&self, call: FenceCall) -> LocalReply {
+        let timeout = self.store.timeout;
+        let node = &self.store.primary;
+        match (call, &self.store.quorum) {
+            (FenceCall::Lock { key, ttl_ms, wait }, Some(q)) => {
+                self.quorum_fence_lock(q, key, ttl_ms, wait).await
+            }
+            (FenceCall::Unlock { key, token }, Some(q)) => {
+                let reply = self.quorum_fence_simple(q, unlock_command(&key, &token)).await;
+                if reply == LocalReply::Integer(1) {
+                    self.released(&key);
+                }
+                reply
+            }
+            (FenceCall::Extend { key, token, ttl_ms }, Some(q)) => {
+                self.quorum_fence_simple(q, extend_command(&key, &token, ttl_ms))
+                    .await
+            }
+            (FenceCall::Lock { key, .. }, None) if self.held_after_failover(&key) => {
+                LocalReply::Null
+            }
+            (FenceCall::Lock { key, ttl_ms, wait }, None) => match self.eviction_refusal() {
+                Some(refused) => refused,
+                None => self.fence_lock(node, key, ttl_ms, wait, timeout).await,
+            },
+            (FenceCall::Unlock { key, token }, None) => {
+                self.fence_unlock(node, key, token, timeout).await
+            }
+            (FenceCall::Extend { key, token, ttl_ms }, None) => match self.eviction_refusal() {
+                Some(refused) => refused,
+                None => self.fence_extend(node, key, token, ttl_ms, timeout).await,
+            },
+        }
+    }
+
+    /// With `locks.require_noeviction` and no quorum, the refusal of a lock
+    /// command that would grant or extend a lease on a primary whose
+    /// `maxmemory-policy` (as read from the primary in force) is not
+    /// `noeviction`; releases are never refused. Counted and logged.
+    fn refused_for_eviction(&self, op: &LockOp) -> Option<LocalReply> {
+        // One relaxed load on the path of every lock command when off.
+        if !self.store.eviction.required() || matches!(op, LockOp::Release { .. }) {
+            return None;
+        }
+        self.eviction_refusal()
+    }
+
+    /// With `locks.require_noeviction` and no quorum, the refusal of any
+    /// lease on the primary in force, unless its `maxmemory-policy` reads
+    /// `noeviction` (see [`crate::lock::eviction::Eviction::refusal`]).
+    fn eviction_refusal(&self) -> Option<LocalReply> {
+        let store = &self.store;
+        if !store.eviction.required() || store.quorum.is_some() {
+            return None;
+        }
+        let primary = store.primary_addr.addr();
+        store
+            .eviction
+            .refusal(primary.as_deref(), &store.primary.state.memory)
+    }
+
+    /// While acquisitions on the primary are held after a switch of the
+    /// primary (`locks.failover_delay_ms`; never with the quorum, whose
+    /// masters hold the locks): counts one refused acquisition of `key`,
+    /// logs it (rate-limited), and returns true.
+    fn held_after_failover(&self, key: &[u8]) -> bool {
+        let store = &self.store;
+        if store.quorum.is_some() {
+            return false;
+        }
+        let Some(left) = store.primary_addr.hold_left(self.failover_delay()) else {
+            return false;
+        };
+        crate::metrics::ProxyMetrics::inc(&store.primary_addr.metrics.failover_refused);
+        if let Some(more) = store.primary_addr.warn.check() {
+            tracing::warn!(
+                key = %String::from_utf8_lossy(key),
+                left_ms = left.as_millis() as u64,
+                suppressed = more,
+                "lock acquisition answered 'not acquired': the primary changed, and a lock granted on the old one may not have been replicated (locks.failover_delay_ms)"
+            );
+        }
+        true
+    }
+
+    /// `command` on lockgate's own connection to the primary, its reply as
+    /// it came (an error in it included).
+    async fn on_primary(&self, command: Bytes) -> LocalReply {
+        match self.store.primary.call(command, self.store.timeout).await {
+            Ok(reply) => LocalReply::Raw(reply),
+            Err(e) => LocalReply::err(format!("lockgate: {e}")),
+        }
+    }
+}
+
+impl Acquirer for LockService {
+    fn acquire(&self, ask: Ask) -> Pin<Box<dyn Future<Output = Tried> + Send + '_>> {
+        Box::pin(async move {
+            // After a switch of the primary, no acquisition on its behalf
+            // either (`locks.failover_delay_ms`; never with the quorum).
+            if self.held_after_failover(&ask.key) {
+                return Tried::FAILED;
+            }
+            // Nor on a primary that may evict the lock
+            // (`locks.require_noeviction`): tried again at the next probe.
+            if self.eviction_refusal().is_some() {
+                return Tried::FAILED;
+            }
+            let store = &self.store;
+            self.acquire_on_behalf(store.quorum.as_deref(), &store.primary, store.timeout, ask)
+                .await
+        })
+    }
+
+    fn stopped(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        Box::pin(self.store.stop.cancelled())
+    }
+}
