@@ -4,6 +4,7 @@
 //! for [`crate::lock`]; everything else is forwarded untouched.
 
 use crate::command::{CommandKind, ReplyMode, SubKind};
+use crate::config::AdminConfig;
 use crate::lock::ops::{self, LockOp};
 use crate::lock::split::Split;
 use crate::lock::Forget;
@@ -75,6 +76,52 @@ pub enum Route {
     /// Refused with this message (`-ERR lockgate: …`): e.g. a command that
     /// mixes lock keys with other keys while they live on different stores.
     Refuse(String),
+    /// A `LOCKGATE` command answered with this error, whole (`NOPERM …`
+    /// before `LOCKGATE AUTH`, `WRONGPASS …` for a wrong password).
+    Deny(&'static str),
+    /// Inside `MULTI` with lock keys on the quorum: a command lockgate
+    /// queues itself (answering `+QUEUED`) and runs at `EXEC`, as Redis
+    /// cannot queue what does not go to the primary.
+    Queue(Queued),
+    /// `EXEC` of a transaction with a command refused while queuing: Redis's
+    /// side is discarded and nothing runs (`EXECABORT`).
+    ExecAbort,
+    /// `EXEC` of a transaction with commands lockgate queued: Redis's side
+    /// is discarded and they run in order, unless `mixed` (the transaction
+    /// also queued commands on the primary: refused whole, the two stores
+    /// cannot commit together).
+    ExecQueued {
+        /// Commands were also queued on the primary.
+        mixed: bool,
+    },
+}
+
+/// One command of a transaction that lockgate runs on the quorum at `EXEC`
+/// (see [`Route::Queue`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Queued {
+    /// A lock operation.
+    Op(LockOp),
+    /// A read of lock keys (`GET`, `EXISTS`, `TTL`…), as sent.
+    Read(bytes::Bytes),
+    /// `MGET`/`TOUCH` of lock keys only.
+    Split(Split),
+    /// `PERSIST` of this lock key, refused: an error in its slot, as Redis
+    /// gives a command failing inside `EXEC`.
+    RefusedPersist(bytes::Bytes),
+}
+
+/// What the router knows of a transaction while lock keys live on the
+/// quorum (kept in [`SessionView`], reset at `MULTI`, `EXEC`, `DISCARD`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TxView {
+    /// lockgate queued commands of its own ([`Route::Queue`]).
+    pub queued: bool,
+    /// Commands went to Redis's queue on the primary.
+    pub primary: bool,
+    /// A command was refused while queuing: `EXEC` runs nothing (Redis's
+    /// rule for a command rejected at queue time).
+    pub failed: bool,
 }
 
 /// What the router knows about the connection (kept by the session).
@@ -94,9 +141,8 @@ pub struct SessionView {
     /// `CLIENT REPLY` mode: Redis answers nothing while `Off`, nor the
     /// next command after `Skip`, and lockgate writes nothing in their place.
     pub replies: ReplyMode,
-    /// The lock scripts the upstream connection has loaded (see
-    /// [`crate::lock::evalsha`]).
-    pub scripts: crate::lock::evalsha::Loaded,
+    /// The transaction as lockgate queues it, with lock keys on the quorum.
+    pub tx: TxView,
     /// Inside `MULTI`, a command was queued whose route is
     /// [`Route::ForwardForget`]: it runs at `EXEC`, so the `EXEC` forgets
     /// ([`Forget::Everything`]) once Redis answers it.
@@ -150,6 +196,95 @@ impl<'a> CommandArgs<'a> {
     /// All arguments.
     pub fn all(&self) -> Vec<&'a [u8]> {
         (0..self.len()).map(|i| self.get(i)).collect()
+    }
+}
+
+/// The router's one answer for a command: what becomes of it, and what it
+/// changes in the session.
+#[derive(Debug)]
+pub enum Fate<'a> {
+    /// Forwarded as it is, one reply expected, the session's view left as
+    /// it is: the common case, decided without building a route (see
+    /// [`forwards_plainly`]).
+    Plain,
+    /// Anything else.
+    Routed(Decision<'a>),
+}
+
+/// A command's route and what it changes in the session.
+#[derive(Debug)]
+pub struct Decision<'a> {
+    /// What to do with the command.
+    pub route: Route,
+    /// The session's view once the command is carried out (its database,
+    /// `LOCKGATE AUTH`, `MULTI`, reply mode, the transaction…); the
+    /// command itself is carried out in the view before it.
+    pub next: SessionView,
+    /// A client script body the lock room is told of
+    /// ([`LockService::script_seen`]): `EVAL`'s, or `SCRIPT LOAD`'s (then
+    /// `true`).
+    pub script: Option<(&'a [u8], bool)>,
+}
+
+/// Decides one non-empty command of kind `kind` in the session's `view`:
+/// its route, by where `locks` keeps the lock keys; the admin gate, by
+/// `admin`; the view after it. The one question a session asks the router
+/// per command.
+pub fn decide<'a>(
+    kind: CommandKind,
+    args: CommandArgs<'a>,
+    view: &SessionView,
+    locks: &LockService,
+    admin: &AdminConfig,
+) -> Fate<'a> {
+    if forwards_plainly(kind, args, view, locks) {
+        return Fate::Plain;
+    }
+    let route = route(kind, args, view, locks);
+    let mut next = view.after(kind, &route);
+    let arg1 = args.get(1);
+    match kind {
+        CommandKind::Lockgate
+            if arg1.eq_ignore_ascii_case(b"AUTH") && args.get(2) == admin.password.as_bytes() =>
+        {
+            next.admin_ok = true;
+        }
+        CommandKind::Select => {
+            next.db = std::str::from_utf8(arg1)
+                .ok()
+                .and_then(|d| d.parse().ok())
+                .unwrap_or(u64::MAX);
+        }
+        _ => {}
+    }
+    let route = match route {
+        Route::Admin => gate(arg1, &next, admin),
+        route if locks.on_masters() => quorum::transaction(kind, route, args, view, &mut next),
+        route => route,
+    };
+    let script = match kind {
+        CommandKind::Eval if args.get(0).eq_ignore_ascii_case(b"EVAL") => Some((arg1, false)),
+        CommandKind::Script if arg1.eq_ignore_ascii_case(b"LOAD") => Some((args.get(2), true)),
+        _ => None,
+    };
+    Fate::Routed(Decision {
+        route,
+        next,
+        script,
+    })
+}
+
+/// The admin gate of a `LOCKGATE` command whose subcommand is `sub`, in
+/// the view after it (`admin_ok` already set by a right `LOCKGATE AUTH`):
+/// passed on to Redis when `admin.resp_commands` is off, denied before
+/// `LOCKGATE AUTH` or for a wrong password, else answered by lockgate.
+fn gate(sub: &[u8], next: &SessionView, admin: &AdminConfig) -> Route {
+    let auth = sub.eq_ignore_ascii_case(b"AUTH");
+    match next.admin_ok {
+        _ if !admin.resp_commands => Route::Forward(Expect::One),
+        false if !auth => Route::Deny("NOPERM lockgate: LOCKGATE AUTH <password> required first"),
+        false => Route::Deny("WRONGPASS lockgate: invalid LOCKGATE password"),
+        true => Route::Admin,
     }
 }
 

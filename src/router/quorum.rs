@@ -3,7 +3,7 @@
 //! so lock keys go to the quorum, per-key commands are split between the
 //! two stores, and what needs both stores at once is refused.
 
-use super::{CommandArgs, Route, SessionView};
+use super::{CommandArgs, Queued, Route, SessionView, TxView};
 use crate::command::{CommandKind, MultiKeys, ReadKeys};
 use crate::lock::split::{self, Split};
 use crate::lock::LockService;
@@ -149,6 +149,62 @@ pub(super) fn quorum_route(
         }
         _ => None,
     }
+}
+
+/// What a transaction means with lock keys on the quorum: Redis cannot
+/// queue lock commands (they do not go to the primary), so inside `MULTI`
+/// lockgate queues them itself ([`Route::Queue`]) and runs them at `EXEC`
+/// ([`Route::ExecQueued`]); a command refused while queuing aborts the
+/// `EXEC` ([`Route::ExecAbort`]). `route` is the command's route in `view`;
+/// `next` (the view after it) learns what was queued where.
+pub(super) fn transaction(
+    kind: CommandKind,
+    route: Route,
+    args: CommandArgs<'_>,
+    view: &SessionView,
+    next: &mut SessionView,
+) -> Route {
+    let tx = view.tx;
+    let queued = match (kind, &route) {
+        (CommandKind::Multi, _) if !view.in_multi => {
+            next.tx = TxView::default();
+            return route;
+        }
+        (CommandKind::Discard, _) => {
+            next.tx = TxView::default();
+            return route;
+        }
+        (CommandKind::Exec, _) if view.in_multi && tx.failed => {
+            next.tx = TxView::default();
+            return Route::ExecAbort;
+        }
+        (CommandKind::Exec, _) if view.in_multi && tx.queued => {
+            next.tx = TxView::default();
+            return Route::ExecQueued { mixed: tx.primary };
+        }
+        _ if !view.in_multi => return route,
+        (_, Route::Lock(op)) => Queued::Op(op.clone()),
+        (_, Route::QuorumRead) => Queued::Read(crate::protocol::encode::command(&args.all())),
+        (_, Route::QuorumSplit(split)) => Queued::Split(split.clone()),
+        // A refused PERSIST joins the side the transaction is on: the
+        // quorum's, once lockgate queues commands, else Redis's (the error
+        // in its slot of Redis's own EXEC array).
+        (_, Route::RefusePersist) if tx.queued => {
+            Queued::RefusedPersist(bytes::Bytes::copy_from_slice(args.get(1)))
+        }
+        (_, Route::RefusePersist | Route::Forward(_) | Route::ForwardForget(..)) => {
+            next.tx.primary = true;
+            return route;
+        }
+        // Answered as refused; EXEC then aborts.
+        (_, Route::Refuse(_)) => {
+            next.tx.failed = true;
+            return route;
+        }
+        _ => return route,
+    };
+    next.tx.queued = true;
+    Route::Queue(queued)
 }
 
 #[cfg(test)]

@@ -40,6 +40,7 @@
 pub mod activity;
 pub(crate) mod branches;
 pub mod carry;
+mod dispatch;
 mod detached;
 pub mod jobs;
 pub mod linger;

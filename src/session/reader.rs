@@ -11,17 +11,14 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::carry::route_batch;
+use super::dispatch::Dispatch;
 use super::jobs::Jobs;
 use super::pending::{Entries, Pending};
-use super::quorum_transaction::QuorumTransaction;
 use super::SessionError;
 use crate::context::ServerContext;
 use crate::lock::lease::ConnLocks;
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
-use crate::protocol::request::RequestParser;
-use crate::router::SessionView;
 use crate::tls::stream::{ReadPart, WritePart};
 
 /// How the reader half ended.
@@ -131,18 +128,13 @@ pub async fn read_loop(
     } = links;
     let jobs = &jobs;
     let chunk = ctx.config.proxy.read_chunk_bytes;
-    let mut parser = RequestParser::new(ctx.limits());
-    let mut view = SessionView {
-        admin_ok: ctx.config.admin.password.is_empty(),
-        ..SessionView::default()
-    };
-    let mut quorum_transaction = QuorumTransaction::default();
+    let mut dispatch = Dispatch::new(ctx.clone(), conn.clone(), jobs.clone());
     // A plain load at every await (see `Stop`): a cancellation token's wait
     // took two locks per poll, about four polls per read batch.
     let mut cancelled = stop.stopped();
     let mut timers = Timers::new(ctx);
     loop {
-        if buf.is_empty() || buf.len() < parser.needed() {
+        if buf.is_empty() || buf.len() < dispatch.needed() {
             // Bytes left over are the start of a request still incomplete:
             // its clock starts when the reader first waits for the rest
             // (lockgate's own waits since the read do not count against it).
@@ -151,7 +143,7 @@ pub async fn read_loop(
             } else if timers.partial_since.is_none() && timers.partial.is_some() {
                 timers.partial_since = Some(Instant::now());
             }
-            let want = parser.needed().saturating_sub(buf.len()).max(chunk);
+            let want = dispatch.needed().saturating_sub(buf.len()).max(chunk);
             buf.reserve(want);
             let timer = timers.next();
             // The read goes first: a read that is ready ends the select
@@ -172,7 +164,7 @@ pub async fn read_loop(
             };
             let read = match wake {
                 Wake::Read(read) => read,
-                Wake::Timer => match expired(ctx, &mut timers, activity, &tx, view.raw).await {
+                Wake::Timer => match expired(ctx, &mut timers, activity, &tx, dispatch.raw()).await {
                     Some(end) => return end,
                     None => continue,
                 },
@@ -224,19 +216,11 @@ pub async fn read_loop(
                     return ReaderEnd::Gone;
                 }
             }
-            if buf.len() < parser.needed() {
+            if buf.len() < dispatch.needed() {
                 continue;
             }
         }
-        let routed = route_batch(
-            ctx,
-            &mut parser,
-            &mut view,
-            conn,
-            &mut quorum_transaction,
-            jobs,
-            buf,
-        );
+        let routed = dispatch.batch(buf);
         let (batch, failed) = (routed.batch, routed.failed);
         if routed.used > 0 {
             timers.partial_since = None;

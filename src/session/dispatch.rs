@@ -1,0 +1,403 @@
+//! One session's dispatcher: everything the session knows about its
+//! connection that decides what a command becomes (the parser, the
+//! router's view, the lock scripts the connection has loaded, a quorum
+//! transaction's queue, the connection's lock records and its deferred
+//! work). [`Dispatch::batch`] parses every complete command of a read
+//! batch, asks the router once per command ([`router::decide`]) and
+//! carries the answer out: what goes upstream and what the writer half
+//! must expect ([`Routed`]). No socket is touched here: the reader sends
+//! and writes what it gets, and the tests drive it with bytes.
+
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+
+use super::carry::{Pieces, Routed};
+use super::jobs::Jobs;
+use super::pending::Batch;
+use crate::admin;
+use crate::command::{self, CommandKind};
+use crate::context::ServerContext;
+use crate::lock::evalsha::{self, Loaded, Rerun};
+use crate::lock::lease::ConnLocks;
+use crate::lock::ops::LockOp;
+use crate::lock::{script, Attempt, Forget, LockPending, Refusal, Seat};
+use crate::metrics::ProxyMetrics;
+use crate::protocol::encode::{self, LocalReply};
+use crate::protocol::request::{RequestKind, RequestParser};
+use crate::router::{self, CommandArgs, Decision, Expect, Fate, Queued, Route, SessionView};
+
+/// One session's dispatcher (see the module doc).
+pub struct Dispatch {
+    parser: RequestParser,
+    carrier: Carrier,
+}
+
+/// What carries a decision out: the session's state besides the parser
+/// (kept apart so a command's arguments, which borrow the parser, can be
+/// read while it changes).
+struct Carrier {
+    ctx: Arc<ServerContext>,
+    view: SessionView,
+    /// The lock scripts the upstream connection has loaded (see
+    /// [`crate::lock::evalsha`]).
+    scripts: Loaded,
+    /// A quorum transaction's commands queued by lockgate, run at `EXEC`
+    /// (non-empty exactly while `view.tx.queued`).
+    queued: Vec<Queued>,
+    conn: Arc<Mutex<ConnLocks>>,
+    jobs: Jobs,
+}
+
+impl Dispatch {
+    /// The dispatcher of a new session: `conn` its lock records, `jobs`
+    /// where its deferred work goes.
+    pub fn new(ctx: Arc<ServerContext>, conn: Arc<Mutex<ConnLocks>>, jobs: Jobs) -> Dispatch {
+        let view = SessionView {
+            admin_ok: ctx.config.admin.password.is_empty(),
+            ..SessionView::default()
+        };
+        Dispatch {
+            parser: RequestParser::new(ctx.limits()),
+            carrier: Carrier {
+                ctx,
+                view,
+                scripts: Loaded::default(),
+                queued: Vec::new(),
+                conn,
+                jobs,
+            },
+        }
+    }
+
+    /// Bytes the request being parsed needs before it can be routed.
+    pub fn needed(&self) -> usize {
+        self.parser.needed()
+    }
+
+    /// Replies are not being counted (MONITOR, replication).
+    pub fn raw(&self) -> bool {
+        self.carrier.view.raw
+    }
+
+    /// Parses every complete request in `buf`, decides and carries out
+    /// each; stops after a command whose work lockgate does itself (what
+    /// follows waits for it, see [`Routed::hold`]) or a malformed request.
+    pub fn batch(&mut self, buf: &[u8]) -> Routed {
+        let ctx = self.carrier.ctx.clone();
+        let mut out = Routed::new(self.carrier.jobs.clone());
+        let mut commands = 0u64;
+        // Plain forwards not yet recorded: one entry per run (see
+        // `Batch::ones`); recorded before anything else is.
+        let mut plain = 0u32;
+        loop {
+            let pos = out.used;
+            let rest = &buf[pos..];
+            match self.parser.parse(rest) {
+                Ok(None) => break,
+                Ok(Some(req)) => {
+                    out.used += req.len;
+                    let whole = pos..pos + req.len;
+                    if req.kind == RequestKind::Empty {
+                        out.pieces.client(whole);
+                        continue;
+                    }
+                    commands += 1;
+                    let args = CommandArgs::new(&self.parser, rest);
+                    let (kind, label) = command::lookup(args.get(0), args.get(1), args.get(2));
+                    ProxyMetrics::inc(&ctx.metrics.commands[label]);
+                    let view = &self.carrier.view;
+                    let decision =
+                        match router::decide(kind, args, view, &ctx.locks, &ctx.config.admin) {
+                            Fate::Plain => {
+                                out.pieces.client(whole);
+                                plain += 1;
+                                continue;
+                            }
+                            Fate::Routed(decision) => decision,
+                        };
+                    out.batch.ones(std::mem::take(&mut plain));
+                    // Only a command the client waits on (nothing pipelined
+                    // behind it) may be parked: parking a pipelined attempt
+                    // would hold every reply behind it.
+                    out.last = out.used == buf.len();
+                    self.carrier.carry_out(kind, decision, args, whole, &mut out);
+                    if out.hold.is_some() {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    out.batch.ones(std::mem::take(&mut plain));
+                    ProxyMetrics::inc(&ctx.metrics.protocol_errors);
+                    ctx.metrics.error(e.source_kind());
+                    tracing::debug!(error = %e, "malformed request; closing");
+                    if self.carrier.view.raw {
+                        // Replies are not counted, so the error would jump
+                        // ahead of replies still on their way; a RESET marks
+                        // where they end (the connection is closing anyway).
+                        out.pieces.own(encode::command(&[b"RESET"]));
+                        out.batch.barrier();
+                    }
+                    out.batch.local(LocalReply::err(&e));
+                    out.batch.close();
+                    out.failed = true;
+                    break;
+                }
+            }
+        }
+        out.batch.ones(plain);
+        ProxyMetrics::add(&ctx.metrics.commands_total, commands);
+        out
+    }
+}
+
+impl Carrier {
+    /// Carries out the router's `decision` for the command of `kind` at
+    /// `whole` in the buffer, then moves to the view after it.
+    fn carry_out(
+        &mut self,
+        kind: CommandKind,
+        decision: Decision<'_>,
+        args: CommandArgs<'_>,
+        whole: Range<usize>,
+        out: &mut Routed,
+    ) {
+        let Decision {
+            route,
+            next,
+            script,
+        } = decision;
+        if let Some((body, load)) = script {
+            self.ctx.locks.script_seen(body, load);
+        }
+        out.batch.silent = self.view.silent(kind);
+        self.route(kind, route, args, whole, out);
+        out.batch.silent = false;
+        self.view = next;
+        if !self.view.tx.queued {
+            self.queued.clear();
+        }
+    }
+
+    /// Carries out `route` in the view before the command.
+    fn route(
+        &mut self,
+        kind: CommandKind,
+        route: Route,
+        args: CommandArgs<'_>,
+        whole: Range<usize>,
+        out: &mut Routed,
+    ) {
+        let ctx = &self.ctx;
+        match route {
+            Route::Forward(expect) => {
+                if expect == Expect::EnterRaw {
+                    ProxyMetrics::inc(&ctx.metrics.raw_sessions);
+                }
+                if matches!(expect, Expect::Subscription(..)) {
+                    self.scripts.subscribed();
+                }
+                out.pieces.client(whole);
+                // A client script may release or extend its lock keys
+                // (redis-py, Redisson release with Lua): what the storm
+                // room knows of them is dropped once it has run.
+                match script_keys(ctx, kind, args, expect) {
+                    Some(keys) => out.batch.lock(LockPending::Script { keys }, None),
+                    None => out.batch.record(expect),
+                }
+            }
+            Route::ForwardForget(what, expect) => self.forget(kind, what, expect, whole, out),
+            Route::ForwardUnmatched => {
+                ctx.locks.note_unmatched(args.get(1));
+                out.pieces.client(whole);
+                out.batch.record(Expect::One);
+            }
+            Route::Lock(op) => self.lock(&op, out),
+            Route::RefusePersist => {
+                let reply = ctx.locks.refuse_persist(args.get(1));
+                self.refuse(reply, out)
+            }
+            Route::QuorumRead => {
+                let (locks, command) = (ctx.locks.clone(), encode::command(&args.all()));
+                out.defer(Box::pin(async move { locks.read(command).await }));
+            }
+            Route::QuorumEval => out.defer(ctx.locks.eval(&args.all())),
+            Route::QuorumSplit(split) => super::quorum_split::carry_out(ctx, &split, &self.conn, out),
+            Route::Refuse(message) => {
+                ctx.locks.count_refusal(match message == router::RAW_REFUSAL {
+                    true => Refusal::Raw,
+                    false => Refusal::Mixed,
+                });
+                out.batch.local(LocalReply::err(message));
+            }
+            Route::Deny(message) => out.batch.local(LocalReply::Error(Bytes::from_static(
+                message.as_bytes(),
+            ))),
+            Route::Admin => match admin::handle(ctx, args) {
+                admin::AdminReply::Now(reply) => out.batch.local(reply),
+                admin::AdminReply::Later(work) => out.defer(work),
+            },
+            Route::Queue(queued) => {
+                self.queued.push(queued);
+                out.batch.local(LocalReply::Status("QUEUED"));
+            }
+            Route::ExecAbort => super::quorum_transaction::abort(out),
+            Route::ExecQueued { mixed } => {
+                let queued = std::mem::take(&mut self.queued);
+                super::quorum_transaction::exec(ctx, &self.conn, queued, mixed, out);
+            }
+        }
+    }
+
+    /// A command forwarded as it is that changes lock keys or the script
+    /// cache behind the lock room's back: what the lock room knew is
+    /// dropped once Redis acknowledged it.
+    fn forget(
+        &mut self,
+        kind: CommandKind,
+        what: Forget,
+        expect: Expect,
+        whole: Range<usize>,
+        out: &mut Routed,
+    ) {
+        out.pieces.client(whole);
+        if what == Forget::Scripts {
+            // Also when sent: no connection sends EVALSHA into a flush on
+            // its way. A load that still reaches Redis before the flush is
+            // redone once Redis acknowledges it.
+            self.ctx.locks.script_epoch.flushed();
+        }
+        // Queued in a transaction: it runs at EXEC, which forgets then
+        // (see `SessionView::forget_at_exec`).
+        let queued = self.view.in_multi && kind != CommandKind::Exec;
+        match expect {
+            _ if queued => out.batch.record(expect),
+            Expect::One if !out.batch.silent => out.batch.lock(LockPending::Forget(what), None),
+            // No reply will be matched to it: dropped now, before Redis
+            // runs it (a probe in between may learn the old state again,
+            // bounded by probe_interval_ms as any change made behind
+            // lockgate's back).
+            _ => {
+                self.ctx.locks.forget(&what);
+                out.batch.record(expect);
+            }
+        }
+    }
+
+    /// A lock command: the lock room's one answer for the attempt, carried
+    /// out.
+    fn lock(&mut self, op: &LockOp, out: &mut Routed) {
+        // An attempt pipelined behind a release of the same key goes to
+        // Redis: what lockgate knows of the key predates that release.
+        let after_release = matches!(op, LockOp::Acquire { key, .. } if out.released.contains(key));
+        if let LockOp::Release { lock_keys, .. } = op {
+            out.released.extend(lock_keys.iter().cloned());
+        }
+        let seat = Seat {
+            conn: &self.conn,
+            in_multi: self.view.in_multi,
+            db: self.view.db,
+            last: out.last,
+            after_release,
+        };
+        match self.ctx.locks.attempt(op, seat) {
+            Attempt::Refused(reply) => self.refuse(reply, out),
+            Attempt::Early(early) => out.early(early),
+            Attempt::Held(Ok(reply)) => out.batch.local(reply),
+            Attempt::Held(Err(command)) => {
+                out.pieces.own(command);
+                out.batch.record(Expect::One);
+            }
+            // Inside MULTI: EVAL (a NOSCRIPT in EXEC's array could not be
+            // run again in its place).
+            Attempt::OnConnection {
+                call,
+                pending: None,
+            } => {
+                out.pieces.own(call.eval());
+                out.batch.record(Expect::One);
+            }
+            Attempt::OnConnection {
+                call,
+                pending: Some(pending),
+            } => {
+                let rerun = self.by_sha(call, out);
+                out.batch.lock(pending, rerun);
+            }
+            Attempt::Away(work) => out.defer(work),
+        }
+    }
+
+    /// Puts `call` in the batch as `EVALSHA`, after `SCRIPT LOAD` the first
+    /// time on this connection (its reply swallowed), and returns what to
+    /// rerun it with if Redis lost the script; as `EVAL` where a reply is
+    /// skipped (`CLIENT REPLY`: a load would take the skip), the database
+    /// is unknown (a rerun could not find it) or the connection subscribed
+    /// (see [`evalsha::Loaded::subscribed`]). See [`crate::lock::evalsha`].
+    fn by_sha(&mut self, call: evalsha::Call, out: &mut Routed) -> Option<Rerun> {
+        let db = self.view.db;
+        if out.batch.silent || db == u64::MAX || !self.scripts.by_sha() {
+            out.pieces.own(call.eval());
+            return None;
+        }
+        let epoch = self.ctx.locks.script_epoch.now();
+        if self.scripts.load_first(call.script(), epoch) {
+            out.pieces.own(call.load());
+            out.batch.swallow();
+        }
+        out.pieces.own(call.evalsha());
+        Some(Rerun { call, db, epoch })
+    }
+
+    /// Answers a refused command with `reply`, an error; inside MULTI the
+    /// refusal must take the command's slot in the EXEC array, so Redis
+    /// itself answers it (a script that returns the error).
+    fn refuse(&self, reply: LocalReply, out: &mut Routed) {
+        match (&reply, self.view.in_multi) {
+            (LocalReply::Error(text), true) => {
+                out.pieces.own(encode::command(&[
+                    b"EVAL",
+                    script::ERROR.as_bytes(),
+                    b"0",
+                    text,
+                ]));
+                out.batch.record(Expect::One);
+            }
+            _ => out.batch.local(reply),
+        }
+    }
+}
+
+/// The lock keys of a client script forwarded as it is (`EVAL`/`EVALSHA`,
+/// one reply expected), if any.
+#[inline]
+fn script_keys(
+    ctx: &ServerContext,
+    kind: CommandKind,
+    args: CommandArgs<'_>,
+    expect: Expect,
+) -> Option<Vec<Bytes>> {
+    // Every command forwarded comes here: its kind is known already, and
+    // only a script goes on to the search.
+    if expect != Expect::One || kind != CommandKind::Eval {
+        return None;
+    }
+    ctx.locks.script_lock_keys(&args.all())
+}
+
+impl Routed {
+    /// An empty batch whose deferred work goes to `jobs`.
+    pub(super) fn new(jobs: Jobs) -> Routed {
+        Routed {
+            jobs,
+            last: false,
+            batch: Batch::default(),
+            pieces: Pieces::default(),
+            used: 0,
+            failed: false,
+            hold: None,
+            released: Vec::new(),
+        }
+    }
+}
