@@ -226,6 +226,35 @@ impl ServerContext {
         }
     }
 
+    /// A context for `config` that reaches nothing and starts nothing: its
+    /// lock store is [`Store::offline`] (the primary and the masters never
+    /// connected), no task runs. For tests of what a session decides and
+    /// sends, without sockets.
+    #[cfg(test)]
+    pub(crate) fn offline(config: Config) -> ServerContext {
+        let tls = Arc::new(TlsStore::new(&config));
+        let store = Store::offline(&config);
+        let primary = store.primary.clone();
+        let locks = Arc::new(LockService::with_store(&config, store));
+        ServerContext {
+            reload: std::sync::Mutex::new(None),
+            current: std::sync::RwLock::new(config.clone()),
+            locks,
+            eviction: Arc::new(Eviction::new(&config)),
+            upstream: Connector::new(tls.clone(), Side::Upstream),
+            tls,
+            primary,
+            primary_addr: Primary::fixed(&config.upstream.addr),
+            stop: CancellationToken::new(),
+            config: StartConfig::of(&config),
+            metrics: ProxyMetrics::default(),
+            upstream_warn: RateLimit::new(WARN_INTERVAL),
+            accept_warn: RateLimit::new(WARN_INTERVAL),
+            client_slots: Arc::new(tokio::sync::Semaphore::new(config.proxy.max_clients)),
+            runtimes: std::sync::Mutex::new(Vec::new()),
+        }
+    }
+
     /// Tasks alive now, summed over every event loop's runtime (sessions,
     /// lockgate's own connections, the admin side): a number that keeps
     /// growing under steady traffic is a leak.

@@ -25,11 +25,11 @@
 //! - [`context`]: [`context::ServerContext`], what every part shares.
 //! - [`server`]: the accept loop, `max_clients`, the drain.
 //! - [`loops`]: `--threads N`, one event loop per thread.
-//! - [`session`]: one client: reader, writer, jobs, a batch carried out.
+//! - [`session`]: one client: reader, dispatcher, writer, deferred jobs.
 //! - [`protocol`]: RESP framing, pure, no I/O.
 //! - [`command`]: the command table (reply flow, lock relevance, names).
-//! - [`router`]: pure `(command, session view, patterns) → Route`.
-//! - [`lock`]: the lock room (never sees sockets): leases, quorum, storms.
+//! - [`router`]: pure `(command, session view, lock room) → Fate`, once.
+//! - [`lock`]: the lock room (never sees sockets) and the store it hides.
 //! - [`admin`]: `LOCKGATE …` over RESP; [`views`]: its read-only views.
 //! - [`http`]: `/metrics`, `/healthz`, `/readyz`, the status page.
 //! - [`exposition`]: Prometheus text from every room's counters.
@@ -45,21 +45,27 @@
 //!
 //! # The path of a command
 //!
-//! client bytes → [`session::reader`] asks [`protocol::request`] where the
-//! command ends → [`command::lookup`] (kind and label) →
-//! [`router::forwards_plainly`], else [`router::route`] → the reader
-//! sends a [`session::pending::Pending`] entry to the writer half, then the
-//! client's own bytes to Redis (one write per read batch) → Redis replies →
+//! client bytes → [`session::reader`] hands the read batch to the session's
+//! dispatcher (`session::dispatch`), which asks [`protocol::request`] where
+//! each command ends, [`command::lookup`] its kind and label, and
+//! [`router::decide`] its fate, once: [`router::Fate::Plain`] for the
+//! common case, else a route with the session view after it → the reader
+//! sends the batch's [`session::pending::Pending`] entries to the writer
+//! half, then the client's own bytes to Redis (one write per read batch)
+//! → Redis replies →
 //! [`session::writer`] finds frame ends with [`protocol::reply`], matches
 //! them to entries, and copies the bytes to the client, with lockgate's own
 //! replies (errors, admin answers) written in their place in the order.
 //!
 //! A command on a lock key takes the same road with one detour: the router
-//! returns [`router::Route::Lock`], [`lock::LockService::plan`] turns it into
-//! a script call ([`lock::evalsha`]: `EVALSHA`, after `SCRIPT LOAD` the
-//! first time on a connection) that goes up the client's own connection in the command's
-//! place (so order costs nothing), and the writer hands the script's
-//! `{reply, facts}` answer to [`lock::LockService::on_reply`]: the lock
+//! returns [`router::Route::Lock`], and the dispatcher makes one call to
+//! the lock room whatever store holds the locks
+//! ([`lock::LockService::attempt`]), which answers it early (absorbed,
+//! parked), or plans a script call ([`lock::evalsha`]: `EVALSHA`, after
+//! `SCRIPT LOAD` the first time on a connection) that goes up the client's
+//! own connection in the command's place (so order costs nothing), and
+//! the writer hands the script's `{reply, facts}` answer to
+//! [`lock::LockService::outcome`]: the lock
 //! room learns the facts ([`lock::LockService::complete`]), settles a
 //! handoff the release made, or parks a failed attempt, and tells the
 //! writer what to write: the reply with exactly the original command's
@@ -67,7 +73,8 @@
 //! about locks.
 //!
 //! With a lock quorum, lock commands cannot ride the client's connection:
-//! the reader spawns the quorum operation and queues a
+//! the lock room's answer is work done away from it
+//! ([`lock::Attempt::Away`]), and the dispatcher queues it with a
 //! [`session::pending::Pending::Deferred`] entry; the writer holds every
 //! later reply back until that one is ready, and the reader sends nothing
 //! after it upstream until it is done, so replies and effects keep

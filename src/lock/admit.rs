@@ -252,10 +252,7 @@ mod tests {
             true,
             no_parking,
         );
-        assert!(
-            matches!(fresh, Ok(None)),
-            "a try-lock does not park"
-        );
+        assert!(matches!(fresh, Ok(None)), "a try-lock does not park");
         assert_eq!(ProxyMetrics::get(&locks.metrics.attempts), 0);
     }
 

@@ -18,58 +18,34 @@
 //!
 //! # Layout
 //!
-//! [`keys`] (patterns), [`ops`] (commands → ops), [`script`] (the Lua),
-//! [`evalsha`] (scripts by SHA1 on clients' connections: loaded once per
-//! connection, a `NOSCRIPT` run again as `EVAL` on lockgate's own
-//! connection), [`lease`] (tokens, per-connection records), [`watchdog`]
-//! (renewal, release on disconnect over lockgate's own connection),
-//! [`node`] (lockgate's own shared, pipelined connection to one Redis; on a
-//! lock master its calls go by SHA1 and a `NOSCRIPT` is sent again as
-//! `EVAL` by the connection itself; `node::open`: connect, authenticate,
-//! read `run_id`, uptime and eviction policy, load the lock scripts),
-//! [`eviction`] (each lock store's `maxmemory-policy` and `evicted_keys`,
-//! read as a connection opens and periodically; shown, warned about, and
-//! with `locks.require_noeviction` locks refused on an evicting primary and
-//! an evicting master sat out), [`fence`] (the fencing-token API on one
-//! Redis), [`quorum`] (the Redlock quorum in one folder: majority merges
-//! and the availability errors; `quorum::master`: one master and its
-//! sit-outs after a restart, a reconnection, a clock jump or evictions;
-//! `quorum::ask`: one command to the masters in parallel, the wait ended
-//! once the answer is known; [`quorum::ops`]: Redlock acquisition and the
-//! other ops; [`quorum::fence`]: fencing tokens, never below the median
-//! clock of their voters, so no counter is copied to a returning master;
-//! [`quorum::clock`]: the masters' clocks, a master whose clock jumps sits
-//! out, its vote uncounted, and the stricter `clock_faults` quorum;
-//! [`quorum::scripts`]: client script bodies remembered for masters that
-//! answer `NOSCRIPT`, `SCRIPT LOAD` on every master), [`split`] (per-key
-//! commands split between the quorum and the primary: which key goes where,
-//! how the answers merge), [`admit`] (an acquisition's fate before Redis:
-//! on to Redis, absorbed, delayed or parked; counted and fed to the hot
-//! keys), [`storm`] (retry storms: the contention table, probe cap, parking
-//! and FIFO handoff; `storm::key`: one key's rules as a state machine,
-//! `Key::step(event, now)` → actions, with `storm::event` its events and
-//! actions; `storm::driver`: the task that carries them out for a key with
-//! parked attempts; `storm::handoff`: a release through this instance
-//! handing the lock to the oldest parked attempt in the same script;
-//! `storm::tests`: the rules step by step and the driver under paused time
-//! with a scripted acquirer), [`failover`] (the failover delay of
-//! acquisitions after the primary changed), [`announce`] (wake-ups between
-//! instances: each subscribes to its own channel `lockgate:wake:<prefix>`,
-//! a release wakes the head of the key's queue in the store, see
-//! docs/fleet.md), [`metrics`] (the lock room's counters and the quorum's
-//! sit-out counters, declared with `counters!`), [`hotkeys`] (the bounded
-//! top-K sketch of hot lock keys the lock room feeds; `hotkeys::sketch`:
-//! its slots and histograms), [`LockService`] (plan an op, learn its
-//! outcome; states the safety invariants); `lock::reply`:
-//! [`LockService::on_reply`], the outcome of a lock script's reply (facts
-//! learned, a handoff settled, a failed attempt parked) as a
-//! [`ReplyOutcome`]; [`on_behalf`] (acquisitions away from the client's own
-//! connection: a quorum attempt that may wait for a handoff, a parked
-//! attempt's driver acquiring for its waiter); `lock::forget`: what a
-//! command forwarded as it is changed behind the lock room's back (a flush,
-//! a rename of a lock key, `SCRIPT FLUSH`: a [`Forget`] the router names),
-//! dropped from its view once Redis acknowledged it, and the database a
-//! lock command ran in ([`Database`]: the view describes database 0).
+//! - [`LockService`]: the only way in; `store`: where the locks live (the
+//!   primary, or the quorum), hidden behind it: one call per attempt
+//!   ([`LockService::attempt`] → [`Attempt`]), per read, client script,
+//!   transaction step and fencing call; the failover hold, the
+//!   `locks.require_noeviction` refusal and the acquirer of parked
+//!   attempts.
+//! - [`keys`] (patterns), [`ops`] (commands → ops), `plan` (ops → script
+//!   calls, facts → records), [`script`] (the Lua, and its typed ARGV),
+//!   [`evalsha`] (scripts by SHA1 on clients' connections, a `NOSCRIPT` run
+//!   again as `EVAL`), `reply` (the outcome of a lock script's reply, as a
+//!   [`ReplyOutcome`]), [`lease`] (tokens, per-connection records).
+//! - [`admit`] (an acquisition's fate before Redis: absorbed, delayed,
+//!   parked, or on), [`storm`] (retry storms: the contention table,
+//!   parking, FIFO handoff; `storm::Key::step` the rules as a state
+//!   machine), [`on_behalf`] (acquisitions away from the client's
+//!   connection), [`announce`] (wake-ups between instances, see
+//!   docs/fleet.md), [`hotkeys`] (the top-K sketch of hot lock keys).
+//! - [`quorum`] (the Redlock quorum in one folder: masters and their
+//!   sit-outs, asking them, ops, fencing tokens, clocks, scripts),
+//!   [`split`] (per-key commands split between the quorum and the
+//!   primary).
+//! - [`watchdog`] (renewal, release on disconnect), [`fence`] (the
+//!   fencing-token API on one Redis), [`failover`] (the hold after a switch
+//!   of the primary), [`eviction`] (each store's `maxmemory-policy`),
+//!   `forget` (what a forwarded command changed behind the room's back:
+//!   [`Forget`], [`Database`]).
+//! - [`node`] (lockgate's own shared, pipelined connection to one Redis),
+//!   [`metrics`] (the room's counters).
 
 pub mod admit;
 pub mod announce;

@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use tokio::sync::oneshot;
 
-use super::lease::ConnLocks;
 use super::evalsha::{self, Rerun};
+use super::lease::ConnLocks;
 use super::storm::Acquirer;
 use super::{split_reply, LockPending, LockService, Park};
 use crate::protocol::encode::LocalReply;
@@ -52,7 +52,14 @@ impl LockService {
         tokio::spawn(async move {
             let store = me.store();
             let acquirer = || -> Arc<dyn Acquirer> { me.clone() };
-            let rerun = me.rerun(&store.primary, store.timeout(), pending, rerun, &conn, acquirer);
+            let rerun = me.rerun(
+                &store.primary,
+                store.timeout(),
+                pending,
+                rerun,
+                &conn,
+                acquirer,
+            );
             // A rerun that parked may wait for a handoff: never past the
             // server's drain.
             let reply = tokio::select! {

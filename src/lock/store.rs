@@ -282,9 +282,11 @@ impl LockService {
                 match self.store.primary.send(request, self.store.timeout).await {
                     Ok(frame) => match self.on_reply(pending, frame, &conn, || self.clone()) {
                         super::ReplyOutcome::Reply(reply) => evalsha::own_reply(reply),
-                        super::ReplyOutcome::Parked(rx) | super::ReplyOutcome::Rerun(rx) => rx
-                            .await
-                            .unwrap_or_else(|_| LocalReply::err("lockgate: internal error (reply lost)")),
+                        super::ReplyOutcome::Parked(rx) | super::ReplyOutcome::Rerun(rx) => {
+                            rx.await.unwrap_or_else(|_| {
+                                LocalReply::err("lockgate: internal error (reply lost)")
+                            })
+                        }
                     },
                     Err(e) => LocalReply::err(format!("lockgate: {e}")),
                 }
@@ -404,7 +406,9 @@ impl LockService {
                 self.quorum_fence_lock(q, key, ttl_ms, wait).await
             }
             (FenceCall::Unlock { key, token }, Some(q)) => {
-                let reply = self.quorum_fence_simple(q, unlock_command(&key, &token)).await;
+                let reply = self
+                    .quorum_fence_simple(q, unlock_command(&key, &token))
+                    .await;
                 if reply == LocalReply::Integer(1) {
                     self.released(&key);
                 }

@@ -19,7 +19,6 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::watch;
 
-
 use crate::metrics::{counters, RateLimit};
 use crate::sync;
 

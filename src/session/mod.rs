@@ -1,6 +1,7 @@
 //! One client connection: its own upstream connection to the primary, and
 //! two halves joined in one task. The reader half ([`reader`]) reads client
-//! bytes, routes each command and forwards the client's own bytes; the
+//! bytes, has its dispatcher decide each command and forwards the client's
+//! own bytes; the
 //! writer half ([`writer`]) copies Redis's replies back, counting frames so
 //! lockgate's own replies land in command order. They talk through a bounded
 //! channel of [`pending::Pending`] entries.
@@ -12,41 +13,44 @@
 //!
 //! # Layout
 //!
-//! [`reader`] reads and routes commands and forwards the client's bytes;
-//! [`writer`] copies replies back in order and writes lockgate's own
-//! replies between them (generic over its streams, tested over in-memory
-//! pipes; `writer::replies` is its bookkeeping without I/O,
-//! `writer::client` its writes to the client, bounded by
-//! `proxy.client_write_timeout_ms`, and the replies it reads ahead
-//! meanwhile up to `proxy.max_client_output_bytes`), and hands lock
-//! scripts' replies to the lock room through [`writer::LockReplies`]; the
-//! reader also enforces the idle and partial-request timeouts, with
-//! [`activity`] (what the writer last wrote, whether the client is exempt
-//! from idling, and the reader's word that the client is gone: a reset,
-//! also after its half-close, ends the writer at once); `session::detached`
-//! serves a client while the primary is unreachable (the same client
-//! timeouts); [`linger`] closes a client after a protocol error without a
-//! reset (FIN, then its input drained, bounded); `session::branches` gives
-//! each part of a session (reader, writer, job runner, watchdog, primary
-//! watcher, shutdown) a waker of its own, so the session's poll loop polls
-//! only the parts that were woken, and the reader's stop flag (`Stop`: set
-//! by the writer's end or shutdown, checked with a plain load); [`pending`]
-//! is what the two halves tell each other; [`jobs`] runs a session's
-//! deferred work in command order; [`carry`] carries out the routes of one
-//! read batch (what goes upstream, what the writer must expect);
-//! [`quorum_transaction`] and [`quorum_split`] carry out transactions and
-//! split commands on the quorum.
+//! - [`reader`]: reads client bytes, hands each read batch to the
+//!   dispatcher and forwards what it returns; the idle and
+//!   partial-request timeouts.
+//! - `dispatch`: the session's dispatcher (parser, the router's view, the
+//!   scripts its connection loaded, a quorum transaction's queue): asks the
+//!   router once per command and carries the answer out, with the lock
+//!   room's one call per lock command; tested with bytes, no sockets.
+//! - `carry`: what one batch carries out (`Routed`: the pieces that go
+//!   upstream, the writer's entries, work deferred in order);
+//!   `quorum_transaction` and `quorum_split`: a transaction lockgate queued
+//!   on the quorum, run at `EXEC`, and a command split between the quorum
+//!   and the primary.
+//! - [`writer`]: copies replies back in order and writes lockgate's own
+//!   between them (generic over its streams, tested over in-memory pipes;
+//!   `writer::replies` its bookkeeping without I/O, `writer::client` its
+//!   writes to the client, bounded by `proxy.client_write_timeout_ms` and
+//!   `proxy.max_client_output_bytes`); hands lock scripts' replies to the
+//!   lock room through [`writer::LockReplies`].
+//! - [`pending`]: what the two halves tell each other; [`jobs`]: a
+//!   session's deferred work, run in command order.
+//! - [`activity`]: what the writer last wrote, whether the client is
+//!   exempt from idling, and the reader's word that the client is gone.
+//! - `detached`: serves a client while the primary is unreachable;
+//!   [`linger`]: closes a client after a protocol error without a reset.
+//! - `branches`: a waker per part of the session (reader, writer, job
+//!   runner, watchdog, primary watcher, shutdown), so its poll loop polls
+//!   only the parts woken; the reader's stop flag.
 
 pub mod activity;
 pub(crate) mod branches;
-pub mod carry;
-mod dispatch;
+mod carry;
 mod detached;
+mod dispatch;
 pub mod jobs;
 pub mod linger;
 pub mod pending;
-pub mod quorum_split;
-pub mod quorum_transaction;
+mod quorum_split;
+mod quorum_transaction;
 pub mod reader;
 pub mod writer;
 

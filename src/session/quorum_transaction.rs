@@ -46,7 +46,8 @@ pub(super) fn exec(
     discard(out);
     if mixed {
         ctx.locks.count_refusal(Refusal::Mixed);
-        out.batch.local(LocalReply::Error(Bytes::from_static(MIXED)));
+        out.batch
+            .local(LocalReply::Error(Bytes::from_static(MIXED)));
         return;
     }
     let (locks, conn) = (ctx.locks.clone(), conn.clone());

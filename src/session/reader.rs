@@ -164,7 +164,8 @@ pub async fn read_loop(
             };
             let read = match wake {
                 Wake::Read(read) => read,
-                Wake::Timer => match expired(ctx, &mut timers, activity, &tx, dispatch.raw()).await {
+                Wake::Timer => match expired(ctx, &mut timers, activity, &tx, dispatch.raw()).await
+                {
                     Some(end) => return end,
                     None => continue,
                 },

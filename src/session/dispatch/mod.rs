@@ -122,7 +122,8 @@ impl Dispatch {
                     // behind it) may be parked: parking a pipelined attempt
                     // would hold every reply behind it.
                     out.last = out.used == buf.len();
-                    self.carrier.carry_out(kind, decision, args, whole, &mut out);
+                    self.carrier
+                        .carry_out(kind, decision, args, whole, &mut out);
                     if out.hold.is_some() {
                         break;
                     }
@@ -223,17 +224,20 @@ impl Carrier {
                 out.defer(Box::pin(async move { locks.read(command).await }));
             }
             Route::QuorumEval => out.defer(ctx.locks.eval(&args.all())),
-            Route::QuorumSplit(split) => super::quorum_split::carry_out(ctx, &split, &self.conn, out),
+            Route::QuorumSplit(split) => {
+                super::quorum_split::carry_out(ctx, &split, &self.conn, out)
+            }
             Route::Refuse(message) => {
-                ctx.locks.count_refusal(match message == router::RAW_REFUSAL {
-                    true => Refusal::Raw,
-                    false => Refusal::Mixed,
-                });
+                ctx.locks
+                    .count_refusal(match message == router::RAW_REFUSAL {
+                        true => Refusal::Raw,
+                        false => Refusal::Mixed,
+                    });
                 out.batch.local(LocalReply::err(message));
             }
-            Route::Deny(message) => out.batch.local(LocalReply::Error(Bytes::from_static(
-                message.as_bytes(),
-            ))),
+            Route::Deny(message) => out
+                .batch
+                .local(LocalReply::Error(Bytes::from_static(message.as_bytes()))),
             Route::Admin => match admin::handle(ctx, args) {
                 admin::AdminReply::Now(reply) => out.batch.local(reply),
                 admin::AdminReply::Later(work) => out.defer(work),
@@ -401,3 +405,6 @@ impl Routed {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
