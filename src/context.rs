@@ -3,7 +3,6 @@
 //! the configuration file. Sessions, the admin side and the HTTP side all
 //! read it; none of them needs the accept loop in [`crate::server`].
 
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,11 +11,10 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{AdminConfig, Config, LimitsConfig, ProxyConfig, QuorumConfig, UpstreamConfig};
 use crate::lock::announce;
 use crate::lock::eviction::{self, Eviction, Role};
-use crate::lock::metrics::RejoinMetrics;
 use crate::lock::node::{Node, NodeConfig};
 use crate::lock::quorum::Quorum;
 use crate::lock::{LockService, Store};
-use crate::metrics::{Counter, Kind, ProxyMetrics, RateLimit};
+use crate::metrics::{Counter, ProxyMetrics, RateLimit};
 use crate::protocol::request::RequestLimits;
 use crate::sentinel::{follow, Primary};
 use crate::sync;
@@ -352,36 +350,15 @@ impl ServerContext {
     }
 
     /// Every counter of every room, the one list `/metrics` exports and
-    /// `LOCKGATE STATS` shows: the proxy's, the lock room's, the storm
-    /// room's, the quorum's rejoin counters and its clock jumps (0 without
-    /// a quorum, so dashboards see one set).
+    /// `LOCKGATE STATS` shows: the proxy's, the primary's, and the lock
+    /// room's (with its store's: see [`LockService::each_counter`]).
     pub fn each_counter(&self, mut f: impl FnMut(Counter<'_>)) {
-        static NO_QUORUM: AtomicU64 = AtomicU64::new(0);
-        let no_rejoin = RejoinMetrics::default();
-        let rejoin = self.locks.quorum().map_or(&no_rejoin, |q| &*q.rejoin);
         let rooms = [
             self.metrics.counters(),
             self.primary_addr.metrics.counters(),
-            self.locks.metrics.counters(),
-            self.locks.storm.metrics.counters(),
-            self.eviction.metrics.counters(),
-            rejoin.counters(),
         ];
         rooms.into_iter().flatten().for_each(&mut f);
-        f(Counter {
-            name: "lock_quorum_clock_jumps",
-            stats_name: "lock_quorum_clock_jumps",
-            help: "Lock master clock jumps seen (the master sat out acquisitions)",
-            kind: Kind::Counter,
-            value: self.locks.quorum().map_or(&NO_QUORUM, |q| &q.clock.jumps),
-        });
-        f(Counter {
-            name: "lock_quorum_noscript_reruns",
-            stats_name: "lock_quorum_noscript_reruns",
-            help: "Scripts a lock master answered NOSCRIPT, run again there as EVAL",
-            kind: Kind::Counter,
-            value: (self.locks.quorum()).map_or(&NO_QUORUM, |q| &*q.noscript_reruns),
-        });
+        self.locks.each_counter(f);
     }
 
     /// The request limits from the configuration.

@@ -1,6 +1,7 @@
-//! `router::route` over requests parsed from the input, with a session view
-//! built from the first input bytes and carried from command to command with
-//! `SessionView::after`, as the session does. Checked, besides "no panic":
+//! `router::decide` over requests parsed from the input, with a session view
+//! built from the first input bytes and carried from command to command as
+//! the decision's view after it, as the session does; lock keys on one
+//! Redis or (a flag bit) on three lock masters. Checked, besides "no panic":
 //! - a `RESET` is always forwarded as a reset; after `QUIT` nothing else is
 //!   answered; on a raw (MONITOR) connection only forwarding, admin and the
 //!   raw refusal are possible;
@@ -11,7 +12,9 @@
 //! - `Admin` only for `LOCKGATE`, `RefusePersist` only for `PERSIST` on a
 //!   lock key, `ForwardUnmatched` only for SETNX/SET on another key, a
 //!   subscription counts its arguments, and the quorum routes only appear
-//!   in quorum mode;
+//!   in quorum mode (a transaction's queued commands and its `EXEC` only
+//!   inside `MULTI`); `Deny` only for `LOCKGATE`; the common case
+//!   (`Fate::Plain`) leaves the view as it is;
 //! - what is forgotten comes only from a command that changes it: the
 //!   database from FLUSHDB/FLUSHALL/SWAPDB and the keys from
 //!   RENAME/RENAMENX/COPY/MOVE (lock keys among the command's keys), both
@@ -25,7 +28,7 @@ use lockgate::config::Config;
 use lockgate::lock::ops::LockOp;
 use lockgate::lock::{Forget, LockService};
 use lockgate::protocol::request::{RequestKind, RequestLimits, RequestParser};
-use lockgate::router::{route, CommandArgs, Expect, Route, SessionView, RAW_REFUSAL};
+use lockgate::router::{decide, CommandArgs, Expect, Fate, Route, SessionView, RAW_REFUSAL};
 
 fn view(b: u8, db: u8) -> SessionView {
     SessionView {
@@ -70,6 +73,7 @@ fn check(
                 Route::Forward(Expect::Nothing)
                     | Route::ForwardForget(_, Expect::Nothing)
                     | Route::Admin
+                    | Route::Deny(_)
             ) || *r == Route::Refuse(RAW_REFUSAL.to_string()),
             "raw: {r:?}"
         );
@@ -114,7 +118,11 @@ fn check(
                 assert_eq!(lock_keys.len() + plain.len(), args.len() - 1);
             }
         },
-        Route::Admin => assert_eq!(name, b"LOCKGATE"),
+        Route::Admin | Route::Deny(_) => assert_eq!(name, b"LOCKGATE"),
+        Route::Queue(_) => assert!(quorum && v.in_multi),
+        Route::ExecAbort | Route::ExecQueued { .. } => {
+            assert!(quorum && v.in_multi && name == b"EXEC", "{name:?}")
+        }
         Route::RefusePersist => {
             assert_eq!(name, b"PERSIST");
             assert!(locks.is_lock_key(key));
@@ -163,7 +171,12 @@ fuzz_target!(|input: &[u8]| {
         return;
     };
     let quorum = flags & 0x40 != 0;
-    let locks = LockService::new(&Config::default());
+    let mut config = Config::default();
+    config.admin.password = "pw".to_string();
+    if quorum {
+        config.locks.quorum.masters = ["a:1", "b:1", "c:1"].map(String::from).to_vec();
+    }
+    let locks = LockService::new(&config);
     let mut v = view(*flags, *db);
     let mut p = RequestParser::new(RequestLimits {
         max_bulk_bytes: 1 << 16,
@@ -177,9 +190,13 @@ fuzz_target!(|input: &[u8]| {
         if req.kind != RequestKind::Empty {
             let args = CommandArgs::new(&p, buf);
             let kind = classify(args.get(0), args.get(1), args.get(2));
-            let r = route(kind, args, &v, &locks, quorum);
-            check(kind, &args, &v, &locks, quorum, &r);
-            v = v.after(kind, &r);
+            match decide(kind, args, &v, &locks, &config.admin) {
+                Fate::Plain => check(kind, &args, &v, &locks, quorum, &Route::Forward(Expect::One)),
+                Fate::Routed(d) => {
+                    check(kind, &args, &v, &locks, quorum, &d.route);
+                    v = d.next;
+                }
+            }
         }
         at += req.len;
     }

@@ -10,6 +10,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -21,12 +22,14 @@ use super::admit::Early;
 use super::eviction::Eviction;
 use super::fence::{extend_command, unlock_command};
 use super::lease::ConnLocks;
+use super::metrics::RejoinMetrics;
 use super::node::Node;
 use super::ops::LockOp;
 use super::quorum::Quorum;
 use super::split::{Merge, Split};
 use super::storm::{Acquirer, Ask, Tried};
 use super::{evalsha, Database, LockPending, LockService, Queueing};
+use crate::metrics::{Counter, Kind};
 use crate::protocol::encode::{self, LocalReply};
 use crate::sentinel::Primary;
 use crate::sync;
@@ -204,6 +207,37 @@ impl LockService {
     /// MASTERS`, the status page, `/metrics`, `/readyz`).
     pub fn quorum(&self) -> Option<&Arc<Quorum>> {
         self.store.quorum.as_ref()
+    }
+
+    /// The lock room's counters and its store's, in the order `/metrics`
+    /// exports them: the room's, the storm room's, the eviction checks',
+    /// the quorum's sit-out counters, clock jumps and `NOSCRIPT` reruns (0
+    /// without a quorum, so dashboards see one set).
+    pub fn each_counter(&self, mut f: impl FnMut(Counter<'_>)) {
+        static NO_QUORUM: AtomicU64 = AtomicU64::new(0);
+        let no_rejoin = RejoinMetrics::default();
+        let q = self.store.quorum.as_deref();
+        let rooms = [
+            self.metrics.counters(),
+            self.storm.metrics.counters(),
+            self.store.eviction.metrics.counters(),
+            q.map_or(&no_rejoin, |q| &*q.rejoin).counters(),
+        ];
+        rooms.into_iter().flatten().for_each(&mut f);
+        f(Counter {
+            name: "lock_quorum_clock_jumps",
+            stats_name: "lock_quorum_clock_jumps",
+            help: "Lock master clock jumps seen (the master sat out acquisitions)",
+            kind: Kind::Counter,
+            value: q.map_or(&NO_QUORUM, |q| &q.clock.jumps),
+        });
+        f(Counter {
+            name: "lock_quorum_noscript_reruns",
+            stats_name: "lock_quorum_noscript_reruns",
+            help: "Scripts a lock master answered NOSCRIPT, run again there as EVAL",
+            kind: Kind::Counter,
+            value: q.map_or(&NO_QUORUM, |q| &*q.noscript_reruns),
+        });
     }
 
     /// The store (lockgate's own connection to the primary).

@@ -31,6 +31,8 @@ use crate::router::{self, CommandArgs, Decision, Expect, Fate, Queued, Route, Se
 /// One session's dispatcher (see the module doc).
 pub struct Dispatch {
     parser: RequestParser,
+    /// The same context as the carrier's, read while it changes.
+    ctx: Arc<ServerContext>,
     carrier: Carrier,
 }
 
@@ -60,6 +62,7 @@ impl Dispatch {
         };
         Dispatch {
             parser: RequestParser::new(ctx.limits()),
+            ctx: ctx.clone(),
             carrier: Carrier {
                 ctx,
                 view,
@@ -85,7 +88,7 @@ impl Dispatch {
     /// each; stops after a command whose work lockgate does itself (what
     /// follows waits for it, see [`Routed::hold`]) or a malformed request.
     pub fn batch(&mut self, buf: &[u8]) -> Routed {
-        let ctx = self.carrier.ctx.clone();
+        let ctx = &self.ctx;
         let mut out = Routed::new(self.carrier.jobs.clone());
         let mut commands = 0u64;
         // Plain forwards not yet recorded: one entry per run (see
