@@ -12,7 +12,9 @@
 #      clippy   cargo clippy --all-targets -- -D warnings
 #      test     cargo test --all-targets --no-fail-fast (RUST_BACKTRACE=1)
 #      doctest  cargo test --doc
-#      doc      cargo doc --no-deps, warnings denied (broken links)
+#      doc      cargo doc --no-deps --document-private-items, warnings
+#               denied (broken links; the crate is read by its developers,
+#               so its private modules are documented too)
 #      fuzz     scripts/fuzz.sh --seconds 20    (every fuzz target of fuzz/
 #               for 20 s on its seed corpus; installs cargo-fuzz when
 #               missing; see docs/fuzzing.md)
@@ -90,7 +92,7 @@ step shell shellcheck scripts/*.sh bench/*.sh
 step clippy cargo clippy --all-targets -- -D warnings
 step test cargo test --all-targets --no-fail-fast
 step doctest cargo test --doc
-step doc env RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --quiet
+step doc env RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --document-private-items --quiet
 step fuzz scripts/fuzz.sh --seconds 20
 step demo scripts/demo.sh --smoke
 step redis-py scripts/redis-py-locks.sh

@@ -93,27 +93,31 @@
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
+// The modules only the crate uses are `pub(crate)`, and the docs link into
+// them: they are built with `--document-private-items` (the crate's readers
+// are its developers), where such links resolve.
+#![allow(rustdoc::private_intra_doc_links)]
 
-pub mod admin;
+pub(crate) mod admin;
 pub mod command;
 pub mod config;
 pub mod context;
-pub mod error;
-pub mod exposition;
+pub(crate) mod error;
+pub(crate) mod exposition;
 pub mod http;
 pub mod lock;
 pub mod loops;
 pub mod metrics;
 pub mod protocol;
 pub mod router;
-pub mod sentinel;
-pub mod server;
-pub mod session;
+pub(crate) mod sentinel;
+pub(crate) mod server;
+pub(crate) mod session;
 pub mod shutdown;
 pub mod sync;
-pub mod tls;
-pub mod upstream;
-pub mod views;
+pub(crate) mod tls;
+pub(crate) mod upstream;
+pub(crate) mod views;
 
 use std::future::Future;
 use std::sync::Arc;

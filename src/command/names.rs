@@ -106,8 +106,8 @@ names!(
     MOVE,
 );
 
-/// Index in [`LABELS`] of the name folded to `key` (0, `other`, when it
-/// has no label of its own). In the order of [`LABELS`]; the test below
+/// Index in [`LABELS`](super::LABELS) of the name folded to `key` (0, `other`, when it
+/// has no label of its own). In the order of [`LABELS`](super::LABELS); the test below
 /// holds the two together.
 pub fn label_of(folded: u128) -> usize {
     names!(

@@ -40,7 +40,7 @@ impl LockService {
     /// describes). `parkable`: also nothing is pipelined behind it, so it
     /// may wait. `acquirer` is asked for only if the attempt parks (the
     /// driver acquires through it).
-    pub fn admit(
+    pub(crate) fn admit(
         &self,
         op: &LockOp,
         conn: &Arc<Mutex<ConnLocks>>,
@@ -134,7 +134,7 @@ impl LockService {
     /// Parks a failed attempt of `conn` on `key` with `park`'s settings,
     /// the driver acquiring through `acquirer`; `None` when it cannot wait
     /// (no attempt on record, the queue or the table full).
-    pub fn park(
+    pub(crate) fn park(
         &self,
         key: Bytes,
         park: Park,

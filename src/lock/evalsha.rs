@@ -284,7 +284,7 @@ impl LockService {
     /// learns its outcome as [`LockService::on_reply`] would have; returns
     /// the client's reply (waiting for a handoff if the attempt parks).
     /// Commands the client pipelined after it ran before this rerun.
-    pub async fn rerun(
+    pub(crate) async fn rerun(
         &self,
         primary: &Node,
         timeout: Duration,

@@ -15,7 +15,7 @@ use crate::protocol::encode::{self, LocalReply};
 impl LockService {
     /// Records a lease about to be granted (acquisition, takeover,
     /// fencing lock), for the default failover delay.
-    pub fn granting(&self, lease_ms: u64) {
+    pub(crate) fn granting(&self, lease_ms: u64) {
         self.max_lease_ms.fetch_max(lease_ms, Ordering::Relaxed);
     }
 
@@ -23,7 +23,7 @@ impl LockService {
     /// primary its lock acquisitions are answered "not acquired". Absent:
     /// the longest lease granted, never less than `default_lease_ms` (as
     /// the quorum's `rejoin_delay_ms`); 0: off.
-    pub fn failover_delay(&self) -> Duration {
+    pub(crate) fn failover_delay(&self) -> Duration {
         let rules = self.rules();
         let ms = match rules.failover_delay_ms {
             Some(ms) => ms,

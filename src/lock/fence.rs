@@ -56,7 +56,7 @@ fn node_error(reply: &[u8]) -> Option<LocalReply> {
 
 impl LockService {
     /// `LOCKGATE LOCK`: tries until acquired or `wait` has passed.
-    pub async fn fence_lock(
+    pub(crate) async fn fence_lock(
         &self,
         node: &Node,
         key: Bytes,
@@ -118,7 +118,7 @@ impl LockService {
     }
 
     /// `LOCKGATE UNLOCK`: 1 if this token held the lock and released it.
-    pub async fn fence_unlock(
+    pub(crate) async fn fence_unlock(
         &self,
         node: &Node,
         key: Bytes,
@@ -138,7 +138,7 @@ impl LockService {
 
     /// `LOCKGATE EXTEND`: 1 if this token still held the lock and it was
     /// extended; an expired lock is never brought back.
-    pub async fn fence_extend(
+    pub(crate) async fn fence_extend(
         &self,
         node: &Node,
         key: Bytes,

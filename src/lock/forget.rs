@@ -80,7 +80,7 @@ impl LockService {
     /// to it, the command was sent). Attempts parked on a dropped key are
     /// woken: their driver asks Redis, as after a release. Counted in
     /// `lock_view_forgets`.
-    pub fn forget(&self, what: &Forget) {
+    pub(crate) fn forget(&self, what: &Forget) {
         ProxyMetrics::inc(&self.metrics.view_forgets);
         match what {
             Forget::Keys(keys) => {

@@ -47,21 +47,21 @@
 //! - [`node`] (lockgate's own shared, pipelined connection to one Redis),
 //!   [`metrics`] (the room's counters).
 
-pub mod admit;
-pub mod announce;
-pub mod evalsha;
+pub(crate) mod admit;
+pub(crate) mod announce;
+pub(crate) mod evalsha;
 pub use evalsha::eval_on;
-pub mod eviction;
-pub mod failover;
-pub mod fence;
+pub(crate) mod eviction;
+pub(crate) mod failover;
+pub(crate) mod fence;
 mod forget;
 pub use forget::{Database, Forget};
-pub mod hotkeys;
-pub mod keys;
-pub mod lease;
-pub mod metrics;
-pub mod node;
-pub mod on_behalf;
+pub(crate) mod hotkeys;
+pub(crate) mod keys;
+pub(crate) mod lease;
+pub(crate) mod metrics;
+pub(crate) mod node;
+pub(crate) mod on_behalf;
 pub mod ops;
 mod plan;
 pub use plan::Queueing;
@@ -69,12 +69,12 @@ pub mod quorum;
 mod reply;
 pub use reply::ReplyOutcome;
 pub mod script;
-pub mod split;
+pub(crate) mod split;
 mod store;
 pub use admit::Early;
 pub use store::{Attempt, FenceCall, Later, Seat, Store};
-pub mod storm;
-pub mod watchdog;
+pub(crate) mod storm;
+pub(crate) mod watchdog;
 
 use std::time::Duration;
 
@@ -276,7 +276,7 @@ impl LockService {
     }
 
     /// The service for a validated configuration, its locks in `store`.
-    pub fn with_store(config: &Config, store: Store) -> LockService {
+    pub(crate) fn with_store(config: &Config, store: Store) -> LockService {
         let c = &config.locks;
         let instance = if c.instance_id.is_empty() {
             let port = config.proxy.listen.rsplit(':').next().unwrap_or("0");
@@ -303,13 +303,13 @@ impl LockService {
     }
 
     /// The rules in force now.
-    pub fn rules(&self) -> std::sync::Arc<Rules> {
+    pub(crate) fn rules(&self) -> std::sync::Arc<Rules> {
         crate::sync::read(&self.rules).clone()
     }
 
     /// Puts the lock rules of `config` in force (hot reload). Commands
     /// routed from now on see them; acquisitions already made keep theirs.
-    pub fn reload(&self, config: &Config) {
+    pub(crate) fn reload(&self, config: &Config) {
         let new = std::sync::Arc::new(Rules::new(&config.locks));
         *crate::sync::write(&self.rules) = new;
     }
@@ -321,7 +321,7 @@ impl LockService {
     }
 
     /// The per-pattern settings for `key`, if any.
-    pub fn override_for(&self, key: &[u8]) -> Option<LockOverride> {
+    pub(crate) fn override_for(&self, key: &[u8]) -> Option<LockOverride> {
         self.rules()
             .overrides
             .iter()
@@ -330,7 +330,7 @@ impl LockService {
     }
 
     /// The lease for `key` in milliseconds.
-    pub fn lease_ms(&self, key: &[u8]) -> u64 {
+    pub(crate) fn lease_ms(&self, key: &[u8]) -> u64 {
         match self.override_for(key) {
             Some(o) if o.lease_ms > 0 => o.lease_ms,
             _ => self.rules().default_lease_ms,
@@ -339,7 +339,7 @@ impl LockService {
 
     /// (probe interval, park time) in ms for `key`: the pattern's own, or
     /// `locks.retry`'s.
-    pub fn retry_for(&self, key: &[u8]) -> (u64, u64) {
+    pub(crate) fn retry_for(&self, key: &[u8]) -> (u64, u64) {
         let o = self.override_for(key);
         let retry = &self.rules().retry;
         (
@@ -357,7 +357,7 @@ impl LockService {
     /// multiplies it by the place's rank, up to 64), as the instance first
     /// in the queue renews its place at each probe and the others once per
     /// [`LockService::behind_ms`].
-    pub fn fairness_for(&self, key: &[u8]) -> (u64, u64) {
+    pub(crate) fn fairness_for(&self, key: &[u8]) -> (u64, u64) {
         let retry = &self.rules().retry;
         let (probe_ms, _) = self.retry_for(key);
         let ttl = retry.queue_ttl_ms.max(probe_ms.saturating_mul(3));
@@ -368,7 +368,7 @@ impl LockService {
     /// the store again) while no wake-up comes, ms: a third of the place's
     /// life, so one lost renewal does not cost the place; one further back
     /// renews [`LockService::behind_ms`], rank times this.
-    pub fn renew_ms(&self, key: &[u8]) -> u64 {
+    pub(crate) fn renew_ms(&self, key: &[u8]) -> u64 {
         (self.fairness_for(key).1 / 3).max(1)
     }
 
@@ -376,7 +376,7 @@ impl LockService {
     /// instance waits for its wake-up before asking again, ms: `scale`
     /// (the [`script::ACQUIRE_BEHIND_FACT`], its place's rank, 1 to 64)
     /// renewal intervals; 0 when not behind.
-    pub fn behind_ms(&self, key: &[u8], scale: i64) -> u64 {
+    pub(crate) fn behind_ms(&self, key: &[u8], scale: i64) -> u64 {
         match scale {
             s if s <= 0 => 0,
             s => self.renew_ms(key).saturating_mul(s.min(64) as u64),
@@ -384,12 +384,12 @@ impl LockService {
     }
 
     /// True when some pattern has the watchdog on.
-    pub fn has_watchdog(&self) -> bool {
+    pub(crate) fn has_watchdog(&self) -> bool {
         self.rules().overrides.iter().any(|(_, o)| o.watchdog)
     }
 
     /// True when some pattern releases its locks on disconnect.
-    pub fn has_release_on_disconnect(&self) -> bool {
+    pub(crate) fn has_release_on_disconnect(&self) -> bool {
         self.rules()
             .overrides
             .iter()
@@ -398,7 +398,7 @@ impl LockService {
 
     /// How often the watchdog looks for locks to renew: a third of the
     /// shortest watchdog lease, at least 10 ms.
-    pub fn tick_ms(&self) -> u64 {
+    pub(crate) fn tick_ms(&self) -> u64 {
         let rules = self.rules();
         rules
             .overrides
@@ -423,12 +423,12 @@ impl LockService {
     }
 
     /// A new acquisition token of this instance.
-    pub fn next_token(&self) -> Bytes {
+    pub(crate) fn next_token(&self) -> Bytes {
         self.tokens.next()
     }
 
     /// A fresh per-connection record table.
-    pub fn conn_locks(&self) -> ConnLocks {
+    pub(crate) fn conn_locks(&self) -> ConnLocks {
         ConnLocks::opened(self.max_conn_locks, self.tokens.issued())
     }
 
@@ -436,7 +436,7 @@ impl LockService {
     /// between two attempts go, or they would hold newcomers back for a
     /// client that is gone (for up to `max(park_ms, probe_interval_ms)`).
     /// Its attempts still parked are answered by their dropped channels.
-    pub fn connection_closed(&self, conn: &std::sync::Mutex<ConnLocks>) {
+    pub(crate) fn connection_closed(&self, conn: &std::sync::Mutex<ConnLocks>) {
         let (id, keys) = {
             let c = crate::sync::lock(conn);
             (c.id, c.keys().cloned().collect::<Vec<_>>())
@@ -447,7 +447,7 @@ impl LockService {
     }
 
     /// Counts a SETNX / SET NX on a key outside `locks.keys`, by prefix.
-    pub fn note_unmatched(&self, key: &[u8]) {
+    pub(crate) fn note_unmatched(&self, key: &[u8]) {
         ProxyMetrics::inc(&self.metrics.unmatched_setnx);
         let prefix = match memchr::memrchr(b':', key) {
             Some(i) => &key[..i],
@@ -473,7 +473,7 @@ impl LockService {
     }
 
     /// The most frequent unmatched prefixes, most first.
-    pub fn unmatched_top(&self, n: usize) -> Vec<(Bytes, u64)> {
+    pub(crate) fn unmatched_top(&self, n: usize) -> Vec<(Bytes, u64)> {
         let mut all: Vec<(Bytes, u64)> = self
             .unmatched
             .iter()
@@ -485,7 +485,7 @@ impl LockService {
     }
 
     /// Counts a command on lock keys refused for `why`.
-    pub fn count_refusal(&self, why: Refusal) {
+    pub(crate) fn count_refusal(&self, why: Refusal) {
         ProxyMetrics::inc(match why {
             Refusal::Raw => &self.metrics.raw_refused,
             Refusal::Mixed => &self.metrics.mixed_refused,
@@ -494,7 +494,7 @@ impl LockService {
 
     /// `conn` is releasing `keys`: its own attempts parked on them leave
     /// the queue (a holder releasing does not wait for itself).
-    pub fn releasing(&self, keys: &[Bytes], conn: lease::ConnId) {
+    pub(crate) fn releasing(&self, keys: &[Bytes], conn: lease::ConnId) {
         for key in keys {
             self.storm.leave(key, conn);
         }
@@ -502,12 +502,12 @@ impl LockService {
 
     /// What lockgate knew of `key` (held until when) is dropped: a client
     /// script ran on it and may have released it.
-    pub fn released(&self, key: &[u8]) {
+    pub(crate) fn released(&self, key: &[u8]) {
         self.storm.released(key);
     }
 
     /// The refusal of `PERSIST` on a lock key.
-    pub fn refuse_persist(&self, key: &[u8]) -> LocalReply {
+    pub(crate) fn refuse_persist(&self, key: &[u8]) -> LocalReply {
         ProxyMetrics::inc(&self.metrics.persist_refused);
         LocalReply::err(format!(
             "lockgate: PERSIST refused on lock key '{}': a lock without a lease never expires if its holder dies",

@@ -21,7 +21,7 @@ impl LockService {
     /// refused while the lock is held waits for a handoff when `park` says
     /// it may (its driver acquires through `acquirer`); anything else is
     /// answered by the quorum at once.
-    pub async fn quorum_attempt(
+    pub(crate) async fn quorum_attempt(
         &self,
         q: &Quorum,
         op: LockOp,
@@ -49,7 +49,7 @@ impl LockService {
     /// when there is one, else through `primary` (bounded by `timeout`,
     /// as `EVALSHA`, rerun as `EVAL` if Redis lost the script).
     /// A failed call counts as not acquired with no lease known.
-    pub async fn acquire_on_behalf(
+    pub(crate) async fn acquire_on_behalf(
         &self,
         quorum: Option<&Quorum>,
         primary: &Node,

@@ -52,7 +52,7 @@ impl LockService {
     /// Turns `op` into the Redis command that performs it, recording
     /// acquisitions in `conn`. `queueing`: whether Redis queues it in a
     /// `MULTI`.
-    pub fn plan(&self, op: LockOp, conn: &mut ConnLocks, queueing: Queueing) -> Planned {
+    pub(crate) fn plan(&self, op: LockOp, conn: &mut ConnLocks, queueing: Queueing) -> Planned {
         self.plan_with(
             op,
             conn,
@@ -67,7 +67,12 @@ impl LockService {
     /// also carry the master's clock ([`script::ACQUIRE_CLOCK_FACT`]).
     /// `counted`: false for an attempt made on a parked client's behalf
     /// (as [`LockService::plan_for_handoff`]).
-    pub fn plan_on_quorum(&self, op: LockOp, conn: &mut ConnLocks, counted: bool) -> Planned {
+    pub(crate) fn plan_on_quorum(
+        &self,
+        op: LockOp,
+        conn: &mut ConnLocks,
+        counted: bool,
+    ) -> Planned {
         let attempt = match counted {
             true => Attempt::Counted,
             false => Attempt::OnBehalf,
@@ -90,7 +95,7 @@ impl LockService {
     /// the contention table nothing (see [`Database`]). The caller settles
     /// the handoff with [`LockService::finish_handoff`] when
     /// [`LockService::complete`] reports one.
-    pub fn plan_on_primary(
+    pub(crate) fn plan_on_primary(
         &self,
         op: LockOp,
         conn: &mut ConnLocks,
@@ -117,7 +122,7 @@ impl LockService {
     /// [`LockService::plan`] for an acquisition lockgate makes on a parked
     /// client's behalf (a handoff or the driver's probe): the client's
     /// attempt was counted when it arrived, so this one is not.
-    pub fn plan_for_handoff(&self, op: LockOp, conn: &mut ConnLocks) -> Planned {
+    pub(crate) fn plan_for_handoff(&self, op: LockOp, conn: &mut ConnLocks) -> Planned {
         let (queueing, handoff) = (Queueing::Now, Handoff::No);
         self.plan_with(
             op,
@@ -343,7 +348,7 @@ impl LockService {
     /// and the counters. A release that handed its lock over returns the
     /// handoff, for [`LockService::finish_handoff`] once `conn` is unlocked
     /// (the new holder's records are another connection's).
-    pub fn complete(
+    pub(crate) fn complete(
         &self,
         pending: LockPending,
         facts: &[i64],
@@ -492,7 +497,7 @@ impl LockService {
     /// new holder's connection records the acquisition (as if its own
     /// attempt had won), then its parked attempt is answered "acquired".
     /// Call it holding no connection's lock table.
-    pub fn finish_handoff(&self, handed: HandedOver) {
+    pub(crate) fn finish_handoff(&self, handed: HandedOver) {
         let claim = handed.claim.clone();
         {
             let mut c = crate::sync::lock(&handed.conn);

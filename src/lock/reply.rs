@@ -36,7 +36,7 @@ impl LockService {
     /// (never waited for past the server's drain); otherwise as
     /// [`LockService::on_reply`], a parked attempt's driver acquiring
     /// through this lock room's store.
-    pub fn outcome(
+    pub(crate) fn outcome(
         self: &Arc<Self>,
         pending: LockPending,
         rerun: Option<Rerun>,
@@ -74,7 +74,7 @@ impl LockService {
     /// Learns the outcome of `frame`, Redis's whole reply to the script
     /// planned for `pending` on `conn`'s behalf, and says what the client
     /// gets. `acquirer` acquires for a parked attempt when the lock frees.
-    pub fn on_reply(
+    pub(crate) fn on_reply(
         &self,
         pending: LockPending,
         frame: Bytes,

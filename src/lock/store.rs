@@ -199,7 +199,7 @@ impl LockService {
     /// True when lock keys live on the lock masters, not on the primary:
     /// what the router routes by (a client's command never reaches the
     /// masters) and the operators' views show.
-    pub fn on_masters(&self) -> bool {
+    pub(crate) fn on_masters(&self) -> bool {
         self.store.quorum.is_some()
     }
 
@@ -213,7 +213,7 @@ impl LockService {
     /// exports them: the room's, the storm room's, the eviction checks',
     /// the quorum's sit-out counters, clock jumps and `NOSCRIPT` reruns (0
     /// without a quorum, so dashboards see one set).
-    pub fn each_counter(&self, mut f: impl FnMut(Counter<'_>)) {
+    pub(crate) fn each_counter(&self, mut f: impl FnMut(Counter<'_>)) {
         static NO_QUORUM: AtomicU64 = AtomicU64::new(0);
         let no_rejoin = RejoinMetrics::default();
         let q = self.store.quorum.as_deref();
@@ -241,7 +241,7 @@ impl LockService {
     }
 
     /// The store (lockgate's own connection to the primary).
-    pub fn store(&self) -> &Store {
+    pub(crate) fn store(&self) -> &Store {
         &self.store
     }
 
@@ -249,7 +249,7 @@ impl LockService {
     /// store: refused (eviction), answered early (absorbed, delayed,
     /// parked), held after a failover, planned onto the client's own
     /// connection, or carried out away from it on the quorum.
-    pub fn attempt(self: &Arc<Self>, op: &LockOp, seat: Seat<'_>) -> Attempt {
+    pub(crate) fn attempt(self: &Arc<Self>, op: &LockOp, seat: Seat<'_>) -> Attempt {
         // `locks.require_noeviction`: no lease granted or extended on a
         // primary that may evict it (one relaxed load when off).
         if let Some(reply) = self.refused_for_eviction(op) {
@@ -304,7 +304,11 @@ impl LockService {
     /// A lock operation carried out by lockgate for a client, away from its
     /// connection (a transaction's lock commands run at `EXEC` on the
     /// quorum); on one Redis, through lockgate's own connection.
-    pub async fn run(self: &Arc<Self>, op: LockOp, conn: Arc<Mutex<ConnLocks>>) -> LocalReply {
+    pub(crate) async fn run(
+        self: &Arc<Self>,
+        op: LockOp,
+        conn: Arc<Mutex<ConnLocks>>,
+    ) -> LocalReply {
         match &self.store.quorum {
             Some(q) => self.on_quorum(q, op, conn).await,
             None => {
@@ -330,7 +334,7 @@ impl LockService {
 
     /// A read of lock keys (`GET`, `EXISTS`, `TTL`…) answered by the store:
     /// the quorum's majority; on one Redis, its own answer.
-    pub async fn read(&self, command: Bytes) -> LocalReply {
+    pub(crate) async fn read(&self, command: Bytes) -> LocalReply {
         match &self.store.quorum {
             Some(q) => self.quorum_read(q, command).await,
             None => self.on_primary(command).await,
@@ -341,7 +345,7 @@ impl LockService {
     /// first), run where the locks live (on the quorum: on every master,
     /// by its body where a master lost it); what this instance knew of
     /// its lock keys is dropped once it has run (it may release them).
-    pub fn eval(self: &Arc<Self>, args: &[&[u8]]) -> Later {
+    pub(crate) fn eval(self: &Arc<Self>, args: &[&[u8]]) -> Later {
         let command = encode::command(args);
         let fallback = self
             .store
@@ -364,7 +368,7 @@ impl LockService {
 
     /// The lock keys among the keys of the `EVAL`-family command `args`
     /// (name first), if any.
-    pub fn script_lock_keys(&self, args: &[&[u8]]) -> Option<Vec<Bytes>> {
+    pub(crate) fn script_lock_keys(&self, args: &[&[u8]]) -> Option<Vec<Bytes>> {
         let n: usize = std::str::from_utf8(args.get(2)?).ok()?.parse().ok()?;
         let keys: Vec<Bytes> = (args.iter().skip(3).take(n))
             .filter(|k| self.is_lock_key(k))
@@ -377,7 +381,7 @@ impl LockService {
     /// remembered for lock masters that lost it, and a `SCRIPT LOAD`ed body
     /// loaded on every master (see [`crate::lock::quorum::scripts`]). On one
     /// Redis, nothing to do: the client's own connection carries it.
-    pub fn script_seen(&self, body: &[u8], load: bool) {
+    pub(crate) fn script_seen(&self, body: &[u8], load: bool) {
         let Some(q) = &self.store.quorum else { return };
         q.remember_script(body);
         if load {
@@ -389,7 +393,7 @@ impl LockService {
     /// primary: the owner-checked release of the lock keys (`DEL`,
     /// `UNLINK`), their count (`EXISTS`, `TOUCH`), or their values, one
     /// read per key (`MGET`).
-    pub async fn split_part(
+    pub(crate) async fn split_part(
         self: &Arc<Self>,
         split: &Split,
         conn: Arc<Mutex<ConnLocks>>,
@@ -432,7 +436,7 @@ impl LockService {
     /// The fencing-token API (`LOCKGATE LOCK | UNLOCK | EXTEND`) where the
     /// locks live; on one Redis, held after a failover and refused on an
     /// evicting primary as any acquisition.
-    pub async fn fence(&self, call: FenceCall) -> LocalReply {
+    pub(crate) async fn fence(&self, call: FenceCall) -> LocalReply {
         let timeout = self.store.timeout;
         let node = &self.store.primary;
         match (call, &self.store.quorum) {

@@ -14,7 +14,6 @@ use tokio_util::sync::CancellationToken;
 
 use super::Primary;
 use crate::config::Config;
-use crate::error::ErrorSource;
 use crate::lock::announce;
 use crate::lock::node::{connect_authenticated, handshake, request, NodeConfig};
 use crate::protocol::encode;
@@ -23,7 +22,8 @@ use crate::upstream::Connector;
 /// Longest pause between two subscription attempts to one sentinel.
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
 
-/// Why an exchange with a sentinel or a candidate primary failed.
+/// Why an exchange with a sentinel or a candidate primary failed: always
+/// the upstream's side (logged, never shown to a client).
 #[derive(Debug, thiserror::Error)]
 pub enum SentinelError {
     /// The sentinel could not be reached or hung up.
@@ -50,13 +50,6 @@ pub enum SentinelError {
         /// What failed.
         reason: String,
     },
-}
-
-impl SentinelError {
-    /// Always the upstream's side (sentinels and the primary).
-    pub fn source_kind(&self) -> ErrorSource {
-        ErrorSource::Upstream
-    }
 }
 
 /// What the follower needs: the sentinels' settings and how to reach them

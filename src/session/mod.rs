@@ -76,7 +76,6 @@ use crate::lock::{LockPending, ReplyOutcome};
 use crate::metrics::ProxyMetrics;
 use crate::protocol::ProtocolError;
 use crate::tls::Stream;
-use crate::upstream::UpstreamError;
 use reader::ReaderEnd;
 use writer::WriterEnd;
 
@@ -92,9 +91,6 @@ pub enum SessionError {
     /// Redis sent a malformed reply.
     #[error(transparent)]
     Protocol(ProtocolError),
-    /// Redis could not be reached.
-    #[error(transparent)]
-    Upstream(UpstreamError),
     /// A write to the client made no progress for this many milliseconds
     /// (`proxy.client_write_timeout_ms`): the client does not read.
     #[error("client did not read its replies for {0} ms")]
@@ -114,7 +110,6 @@ impl SessionError {
             | SessionError::ClientOutputLimit(_) => ErrorSource::Client,
             SessionError::UpstreamIo(_) => ErrorSource::Upstream,
             SessionError::Protocol(e) => e.source_kind(),
-            SessionError::Upstream(e) => e.source_kind(),
         }
     }
 }

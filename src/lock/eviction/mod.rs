@@ -31,7 +31,7 @@
 pub(crate) mod read;
 pub mod watch;
 
-pub use read::{policy_from_config, Sample};
+pub use read::Sample;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

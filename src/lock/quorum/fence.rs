@@ -18,7 +18,7 @@ impl LockService {
     /// write the token ([`fence_token`]) as the lock's value and counter on
     /// that majority before answering `[token, validity-ms]`. Tries until
     /// `wait` has passed.
-    pub async fn quorum_fence_lock(
+    pub(crate) async fn quorum_fence_lock(
         &self,
         q: &Quorum,
         key: Bytes,
@@ -127,7 +127,7 @@ impl LockService {
 
     /// `LOCKGATE UNLOCK`/`EXTEND` on the quorum: the script on every master,
     /// 1 iff a majority did it.
-    pub async fn quorum_fence_simple(&self, q: &Quorum, command: Bytes) -> LocalReply {
+    pub(crate) async fn quorum_fence_simple(&self, q: &Quorum, command: Bytes) -> LocalReply {
         // A majority alike decides "1 iff a majority did it" as every
         // answer would.
         let answers = q.ask_agreed(&command.into()).await;

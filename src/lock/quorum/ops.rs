@@ -90,7 +90,7 @@ fn not_acquired(shape: Shape) -> LocalReply {
 impl LockService {
     /// Carries out `op` on the quorum for a client connection whose records
     /// are `conn`, and returns the client's reply.
-    pub async fn on_quorum(
+    pub(crate) async fn on_quorum(
         &self,
         q: &Quorum,
         op: LockOp,
@@ -153,7 +153,7 @@ impl LockService {
     /// Redlock acquisition: the acquire script on every eligible master in
     /// parallel; acquired iff a majority said yes and validity is positive,
     /// else released on every master before answering.
-    pub async fn quorum_acquire(
+    pub(crate) async fn quorum_acquire(
         &self,
         q: &Quorum,
         op: LockOp,
@@ -280,7 +280,7 @@ impl LockService {
 
     /// A read (`GET`, `EXISTS`, `TTL`, `PTTL`, `TYPE`) of lock keys: the
     /// majority's answer; integers (TTLs) the smallest within the majority.
-    pub async fn quorum_read(&self, q: &Quorum, command: Bytes) -> LocalReply {
+    pub(crate) async fn quorum_read(&self, q: &Quorum, command: Bytes) -> LocalReply {
         let answers = q.ask_agreed(&command.into()).await;
         merge_replies(q, &answers.replies)
     }
@@ -289,7 +289,7 @@ impl LockService {
     /// a master that lost the script (an `EVALSHA` answered `NOSCRIPT`)
     /// runs `fallback`, the same call as `EVAL` with the body lockgate has
     /// seen, so it runs exactly once everywhere (see [`Request`]).
-    pub async fn quorum_eval(
+    pub(crate) async fn quorum_eval(
         &self,
         q: &Quorum,
         command: Bytes,

@@ -1,7 +1,7 @@
 //! One contended key's state machine, without sockets, tasks or clocks.
-//! [`Key::step`] takes an [`Event`](super::event::Event) (an attempt arrives, an answer or a
+//! [`Key::step`] takes an [`Event`] (an attempt arrives, an answer or a
 //! release is seen, an attempt parks, the driver's timer fires…) and the
-//! time, changes the key, and returns the [`Action`](super::event::Action)s the caller carries
+//! time, changes the key, and returns the [`Action`]s the caller carries
 //! out: answer a parked attempt, acquire for the front of the queue, sleep
 //! until a time, start the driver. The table ([`super::Storm`]) and the
 //! driver ([`super::driver`]) only feed events in and carry actions out, so
