@@ -533,8 +533,10 @@ mod tests {
     /// makes it, on one Redis and on the quorum, with an admin password.
     #[test]
     fn decide_carries_the_view_from_command_to_command() {
-        let mut admin = AdminConfig::default();
-        admin.password = "pw".to_string();
+        let admin = AdminConfig {
+            password: "pw".to_string(),
+            ..AdminConfig::default()
+        };
         let run = |locks: &LockService, lines: &[(&str, &str)]| {
             let mut view = SessionView::default();
             for (line, want) in lines {
