@@ -18,10 +18,10 @@ use crate::lock::quorum::Quorum;
 use crate::lock::{LockService, Store};
 use crate::metrics::{Counter, Kind, ProxyMetrics, RateLimit};
 use crate::protocol::request::RequestLimits;
-use crate::sentinel::{follow, Primary};
+use crate::sentinel;
 use crate::sync;
 use crate::tls::{Side, Stream, TlsStore};
-use crate::upstream::{Connector, UpstreamError};
+use crate::upstream::{Connector, Primary, UpstreamError};
 
 /// Interval between two repeats of the same warning.
 const WARN_INTERVAL: Duration = Duration::from_secs(10);
@@ -139,7 +139,7 @@ impl ServerContext {
             true => {
                 let followed = Primary::followed();
                 let sentinels = Connector::new(tls.clone(), Side::Sentinel);
-                follow::spawn(
+                sentinel::spawn(
                     &config,
                     followed.clone(),
                     sentinels,

@@ -18,10 +18,9 @@ use tokio_util::sync::CancellationToken;
 use super::evalsha;
 use super::eviction::{Memory, Role};
 use crate::protocol::reply::ReplyScanner;
-use crate::sentinel::Primary;
 use crate::sync;
 use crate::tls::Stream;
-use crate::upstream::Connector;
+use crate::upstream::{Connector, Primary};
 
 mod open;
 use open::open;

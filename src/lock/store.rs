@@ -28,8 +28,8 @@ use super::split::{Merge, Split};
 use super::storm::{Acquirer, Ask, Tried};
 use super::{evalsha, Database, LockPending, LockService, Queueing};
 use crate::protocol::encode::{self, LocalReply};
-use crate::sentinel::Primary;
 use crate::sync;
+use crate::upstream::Primary;
 
 /// A reply lockgate makes away from the client's connection; it takes the
 /// command's place in the order.

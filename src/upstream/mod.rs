@@ -1,7 +1,12 @@
-//! Every connection lockgate opens to Redis (the sessions' to the primary,
-//! lockgate's own to the primary and to the lock masters) goes through
-//! [`Connector::connect`]: TCP with a timeout, then TLS when configured,
-//! and a precise reason when it fails.
+//! How lockgate reaches Redis. Every connection it opens to Redis (the
+//! sessions' to the primary, lockgate's own to the primary and to the lock
+//! masters) goes through [`Connector::connect`]: TCP with a timeout, then
+//! TLS when configured, and a precise reason when it fails. Which Redis is
+//! the primary now, its switches and the failover hold are [`Primary`]
+//! ([`primary`]).
+
+pub mod primary;
+pub use primary::Primary;
 
 use std::io;
 use std::sync::Arc;
