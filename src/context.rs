@@ -13,7 +13,6 @@ use crate::config::{AdminConfig, Config, LimitsConfig, ProxyConfig, QuorumConfig
 use crate::lock::announce;
 use crate::lock::eviction::{self, Eviction, Role};
 use crate::lock::metrics::RejoinMetrics;
-use crate::lock::node::{Node, NodeConfig};
 use crate::lock::quorum::Quorum;
 use crate::lock::{LockService, Store};
 use crate::metrics::{Counter, Kind, ProxyMetrics, RateLimit};
@@ -21,6 +20,7 @@ use crate::protocol::request::RequestLimits;
 use crate::sentinel;
 use crate::sync;
 use crate::tls::{Side, Stream, TlsStore};
+use crate::upstream::node::{Node, NodeConfig};
 use crate::upstream::{Connector, Primary, UpstreamError};
 
 /// Interval between two repeats of the same warning.

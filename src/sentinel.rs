@@ -18,8 +18,8 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Config;
 use crate::error::ErrorSource;
 use crate::lock::announce;
-use crate::lock::node::{connect_authenticated, handshake, request, NodeConfig};
 use crate::protocol::encode;
+use crate::upstream::node::{connect_authenticated, handshake, request, NodeConfig};
 use crate::upstream::{Connector, Primary};
 
 /// Longest pause between two subscription attempts to one sentinel.

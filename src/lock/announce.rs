@@ -19,11 +19,11 @@ use tokio::io::AsyncWriteExt;
 use tokio_util::sync::CancellationToken;
 
 use super::evalsha::{Call, Script};
-use super::node::{handshake, FrameReader, Node, NodeConfig, Request};
 use super::storm::Storm;
 use super::{owner_key, places_key, queue_key, WAKE_PREFIX};
 use crate::protocol::encode;
 use crate::tls::Stream;
+use crate::upstream::node::{handshake, FrameReader, Node, NodeConfig, Request};
 
 /// Longest pause between two subscription attempts.
 const MAX_BACKOFF: Duration = Duration::from_secs(2);

@@ -28,11 +28,11 @@ use std::time::Duration;
 use bytes::{BufMut, Bytes, BytesMut};
 
 use super::lease::ConnLocks;
-use super::node::Node;
 use super::storm::Acquirer;
 use super::{script, LockPending, LockService, ReplyOutcome};
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::{self, LocalReply};
+use crate::upstream::node::Node;
 
 /// The scripts a lock command runs as on a client's connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -8,13 +8,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::lease::ConnLocks;
-use super::node::{Node, Request};
 use super::ops::{LockOp, Ttl};
 use super::quorum::Quorum;
 use super::storm::{Acquirer, Ask, Tried};
 use super::{script, split_reply, LockService, Park};
 use crate::protocol::encode::LocalReply;
 use crate::sync;
+use crate::upstream::node::{Node, Request};
 
 impl LockService {
     /// An operation on the quorum from a client's session. An acquisition

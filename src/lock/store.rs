@@ -21,7 +21,6 @@ use super::admit::Early;
 use super::eviction::Eviction;
 use super::fence::{extend_command, unlock_command};
 use super::lease::ConnLocks;
-use super::node::Node;
 use super::ops::LockOp;
 use super::quorum::Quorum;
 use super::split::{Merge, Split};
@@ -29,6 +28,7 @@ use super::storm::{Acquirer, Ask, Tried};
 use super::{evalsha, Database, LockPending, LockService, Queueing};
 use crate::protocol::encode::{self, LocalReply};
 use crate::sync;
+use crate::upstream::node::Node;
 use crate::upstream::Primary;
 
 /// A reply lockgate makes away from the client's connection; it takes the
@@ -278,7 +278,7 @@ impl LockService {
                 let Some(pending) = planned.pending else {
                     return LocalReply::err("lockgate: internal error (no outcome planned)");
                 };
-                let request = super::node::Request::script(&planned.call);
+                let request = crate::upstream::node::Request::script(&planned.call);
                 match self.store.primary.send(request, self.store.timeout).await {
                     Ok(frame) => match self.on_reply(pending, frame, &conn, || self.clone()) {
                         super::ReplyOutcome::Reply(reply) => evalsha::own_reply(reply),

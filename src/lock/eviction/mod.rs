@@ -146,8 +146,8 @@ pub struct Reading {
 
 /// What lockgate knows of one node's eviction: its policy and how many
 /// keys it was seen evicting. Kept in the node's
-/// [`crate::lock::node::NodeState`], written when a connection opens and
-/// by the periodic [`watch`].
+/// [`crate::upstream::node::NodeState`], written when a connection opens
+/// and by the periodic [`watch`].
 #[derive(Debug)]
 pub struct Memory {
     role: Mutex<Role>,

@@ -16,9 +16,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::read::{config_get, info_memory, info_stats};
 use super::{Eviction, Sample};
-use crate::lock::node::Node;
 use crate::metrics::ProxyMetrics;
 use crate::sync;
+use crate::upstream::node::Node;
 
 /// Starts the check of `nodes` (each call bounded by `timeout`); it stops
 /// with `stop`.

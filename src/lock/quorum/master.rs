@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 use super::young_left;
 use crate::lock::eviction::Eviction;
 use crate::lock::metrics::RejoinMetrics;
-use crate::lock::node::Node;
 use crate::metrics::ProxyMetrics;
 use crate::sync;
+use crate::upstream::node::Node;
 
 /// One lock master and whether it may take part in acquisitions.
 #[derive(Debug)]

@@ -28,9 +28,9 @@ pub use master::{Master, MasterState, SitOut};
 
 use super::eviction::{Eviction, Role};
 use super::metrics::RejoinMetrics;
-use super::node::{Node, NodeConfig};
 use crate::config::{Config, QuorumConfig, QuorumLoss};
 use crate::protocol::encode::LocalReply;
+use crate::upstream::node::{Node, NodeConfig};
 
 /// How often the masters' connections are checked for restarts.
 const WATCH_INTERVAL: Duration = Duration::from_millis(50);
@@ -52,8 +52,8 @@ pub struct Quorum {
     /// masters).
     pub rejoin: Arc<RejoinMetrics>,
     /// Scripts a master answered `NOSCRIPT` and ran again as `EVAL` (see
-    /// [`super::node::Request`]): lockgate's after its script cache was
-    /// flushed, or a client's it never loaded.
+    /// [`crate::upstream::node::Request`]): lockgate's after its script
+    /// cache was flushed, or a client's it never loaded.
     pub noscript_reruns: Arc<AtomicU64>,
     /// The masters' clock offsets (jumps sit a master out).
     pub clock: clock::ClockWatch,

@@ -11,12 +11,12 @@ use bytes::Bytes;
 
 use super::{integer, majority_identical, majority_integer, now_unix_ms, Quorum};
 use crate::lock::lease::{ConnLocks, Standing};
-use crate::lock::node::Request;
 use crate::lock::ops::{LockOp, Shape, Ttl};
 use crate::lock::{script, split_reply, LockPending, LockService};
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
 use crate::sync;
+use crate::upstream::node::Request;
 
 /// A master's reply as a reply lockgate writes: nulls become the client's
 /// protocol's null, errors and integers keep their meaning, the rest passes

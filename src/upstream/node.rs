@@ -15,8 +15,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use super::evalsha;
-use super::eviction::{Memory, Role};
+use crate::lock::evalsha;
+use crate::lock::eviction::{Memory, Role};
 use crate::protocol::reply::ReplyScanner;
 use crate::sync;
 use crate::tls::Stream;
@@ -111,7 +111,7 @@ pub struct NodeState {
     pub uptime: Mutex<Option<(Instant, u64)>>,
     /// Its eviction policy and the keys it was seen evicting, read as
     /// each connection opens and by the periodic check (see
-    /// [`super::eviction`]).
+    /// [`crate::lock::eviction`]).
     pub memory: Memory,
 }
 
