@@ -23,7 +23,7 @@ use super::storm::Storm;
 use super::{owner_key, places_key, queue_key, WAKE_PREFIX};
 use crate::protocol::encode;
 use crate::tls::Stream;
-use crate::upstream::node::{handshake, FrameReader, Node, NodeConfig, Request};
+use crate::upstream::node::{handshake, FrameReader, Node, NodeConfig};
 
 /// Longest pause between two subscription attempts.
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
@@ -92,7 +92,7 @@ fn pass(store: &Store, key: &[u8], timeout: Duration) {
         &[key, &owner, &queue, &places],
         &[store.prefix.as_bytes()],
     );
-    drop(store.node.send(Request::script(&call), timeout));
+    drop(store.node.send(call.request(), timeout));
 }
 
 /// Subscribes `stream` to `channel` and hands each message's payload to

@@ -278,7 +278,7 @@ impl LockService {
                 let Some(pending) = planned.pending else {
                     return LocalReply::err("lockgate: internal error (no outcome planned)");
                 };
-                let request = crate::upstream::node::Request::script(&planned.call);
+                let request = planned.call.request();
                 match self.store.primary.send(request, self.store.timeout).await {
                     Ok(frame) => match self.on_reply(pending, frame, &conn, || self.clone()) {
                         super::ReplyOutcome::Reply(reply) => evalsha::own_reply(reply),

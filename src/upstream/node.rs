@@ -15,7 +15,6 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use crate::lock::evalsha;
 use crate::lock::eviction::{Memory, Role};
 use crate::protocol::reply::ReplyScanner;
 use crate::sync;
@@ -48,11 +47,11 @@ pub enum NodeError {
 
 /// One command for a node, and what to send in its place if the node
 /// answers `-NOSCRIPT` (it ran nothing): an `EVALSHA` and the same call as
-/// `EVAL`. lockgate's lock scripts go to the quorum's masters this way, so
-/// a master reads and hashes a 40-byte name per call instead of a 2–3 KiB
-/// body; every master's connection loads them when it opens
-/// ([`NodeConfig::load_scripts`]), so only a `SCRIPT FLUSH` on the master
-/// makes their fallback go out. A client's `EVALSHA` on lock keys goes the
+/// `EVAL`. lockgate's lock scripts go to the quorum's masters this way
+/// (`crate::lock::evalsha::Call::request`), so a master reads and hashes a
+/// 40-byte name per call instead of a 2–3 KiB body; every master's
+/// connection loads them when it opens ([`NodeConfig::scripts`]), so only
+/// a `SCRIPT FLUSH` on the master makes their fallback go out. A client's `EVALSHA` on lock keys goes the
 /// same way, with the body lockgate has seen. The fallback goes out from
 /// the connection task itself, at once, whether or not the caller still
 /// waits (a quorum that stopped waiting still runs the call on every
@@ -65,16 +64,6 @@ pub struct Request {
     pub command: Bytes,
     /// Sent instead after a `-NOSCRIPT` answer, once (the rerun has none).
     pub fallback: Option<Bytes>,
-}
-
-impl Request {
-    /// `call` as `EVALSHA`, with its `EVAL` as the fallback.
-    pub fn script(call: &evalsha::Call) -> Request {
-        Request {
-            command: call.evalsha(),
-            fallback: Some(call.eval()),
-        }
-    }
 }
 
 impl From<Bytes> for Request {
@@ -148,11 +137,12 @@ pub struct NodeConfig {
     /// Set for the primary: connect to the primary in force instead of
     /// `addr`, and reconnect when it changes (Sentinel).
     pub follow: Option<Arc<Primary>>,
-    /// Load lockgate's lock scripts when a connection opens, for calls
-    /// sent as [`Request::script`] (the quorum's masters; the primary's
-    /// sessions load what they use, and a `NOSCRIPT` there reruns as
-    /// `EVAL`, which caches the script for the next `EVALSHA`).
-    pub load_scripts: bool,
+    /// The script bodies loaded (`SCRIPT LOAD`) as each connection opens,
+    /// so calls sent as `EVALSHA` with an `EVAL` fallback (see [`Request`])
+    /// find them: every lock script for the quorum's masters; none for the
+    /// primary, whose sessions load what they use, and where a `NOSCRIPT`
+    /// reruns as `EVAL`, which caches the script for the next `EVALSHA`.
+    pub scripts: &'static [&'static str],
     /// Counts the calls sent again as `EVAL` after `-NOSCRIPT` (see
     /// [`Request`]); shared by the quorum's masters.
     pub noscript_reruns: Option<Arc<AtomicU64>>,
@@ -176,7 +166,7 @@ impl NodeConfig {
             max_queued: config.locks.max_queued_calls,
             connector,
             follow: None,
-            load_scripts: false,
+            scripts: &[],
             noscript_reruns: None,
             role: Role::Primary,
         }

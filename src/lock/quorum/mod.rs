@@ -26,6 +26,7 @@ pub mod scripts;
 
 pub use master::{Master, MasterState, SitOut};
 
+use super::evalsha;
 use super::eviction::{Eviction, Role};
 use super::metrics::RejoinMetrics;
 use crate::config::{Config, QuorumConfig, QuorumLoss};
@@ -81,7 +82,7 @@ impl Quorum {
         let noscript_reruns = Arc::new(AtomicU64::new(0));
         let node = |addr: &str| {
             let node = NodeConfig {
-                load_scripts: true,
+                scripts: &evalsha::BODIES,
                 noscript_reruns: Some(noscript_reruns.clone()),
                 role: Role::Master,
                 ..NodeConfig::for_addr(config, addr, connector.clone())

@@ -115,7 +115,7 @@ impl LockService {
         };
         // Answered once a majority agrees: the masters not waited for
         // still run it (see `Quorum::ask_agreed`).
-        let answers = q.ask_agreed(&Request::script(&planned.call)).await;
+        let answers = q.ask_agreed(&planned.call.request()).await;
         if answers.replies.len() < q.majority() {
             return q.no_quorum(answers.replies.len());
         }
@@ -190,7 +190,7 @@ impl LockService {
         let answers = q
             .ballot(
                 &eligible,
-                &Request::script(&planned.call),
+                &planned.call.request(),
                 script::ACQUIRE_CLOCK_FACT,
                 |r| split_reply(r).1,
                 |y, answered| y >= majority || answered - y + (n - eligible.len()) > n - majority,

@@ -1,7 +1,7 @@
 //! Opening a connection of lockgate's own to a node: connect, authenticate,
 //! name it, read what the node is (`run_id`, uptime, eviction policy), and
-//! load lockgate's lock scripts; and the one-reply-at-a-time exchanges used
-//! before a connection is pipelined.
+//! load the scripts it is given ([`NodeConfig::scripts`]); and the
+//! one-reply-at-a-time exchanges used before a connection is pipelined.
 
 use std::time::{Duration, Instant};
 
@@ -9,7 +9,6 @@ use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::{NodeConfig, INTERNAL_NAME};
-use crate::lock::evalsha;
 use crate::lock::eviction::{read, Sample};
 use crate::protocol::encode;
 use crate::protocol::reply::ReplyScanner;
@@ -28,7 +27,7 @@ pub(super) struct Opened {
 }
 
 /// Connects, authenticates, reads the node's `run_id`, uptime and eviction
-/// policy, and loads the lock scripts if [`NodeConfig::load_scripts`].
+/// policy, and loads the scripts of [`NodeConfig::scripts`].
 pub(super) async fn open(config: &NodeConfig) -> Result<Opened, String> {
     let mut stream = handshake(config).await?;
     // One round trip. An error reply (CONFIG renamed or refused, INFO
@@ -58,19 +57,15 @@ pub(super) async fn open(config: &NodeConfig) -> Result<Opened, String> {
     let uptime = field("uptime_in_seconds:")
         .and_then(|v| v.parse().ok())
         .map(|secs| (read_at, secs));
-    // The lock scripts, so their `EVALSHA`s find them (see
+    // The scripts, so their `EVALSHA`s find them (see
     // [`super::Request`]). A refusal (an ACL without `SCRIPT`) is no
     // failure: those calls then run as `EVAL` after one `NOSCRIPT` each.
     // All in one write: one round trip at every (re)connection.
-    if config.load_scripts {
-        let scripts = evalsha::Script::all();
+    let scripts = config.scripts;
+    if !scripts.is_empty() {
         let mut loads = BytesMut::new();
-        for script in scripts {
-            loads.extend_from_slice(&encode::command(&[
-                b"SCRIPT",
-                b"LOAD",
-                script.body().as_bytes(),
-            ]));
+        for body in scripts {
+            loads.extend_from_slice(&encode::command(&[b"SCRIPT", b"LOAD", body.as_bytes()]));
         }
         requests(&mut stream, &loads, scripts.len(), config.connect_timeout).await?;
     }
