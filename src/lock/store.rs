@@ -18,7 +18,7 @@ use futures_util::future::join_all;
 use tokio_util::sync::CancellationToken;
 
 use super::admit::Early;
-use super::eviction::Eviction;
+use super::eviction::{Eviction, Memory};
 use super::fence::{extend_command, unlock_command};
 use super::lease::ConnLocks;
 use super::ops::LockOp;
@@ -43,6 +43,8 @@ pub struct Store {
     /// release on disconnect, a parked attempt's driver, a `NOSCRIPT`
     /// rerun, the fencing API on one Redis).
     pub primary: Node,
+    /// The primary's eviction policy as its connection reads it.
+    pub primary_memory: Arc<Memory>,
     /// Which Redis is the primary now, for the failover hold.
     primary_addr: Arc<Primary>,
     /// `locks.require_noeviction` and the eviction counters.
@@ -70,6 +72,7 @@ impl Store {
     /// The store of a running server.
     pub fn new(
         primary: Node,
+        primary_memory: Arc<Memory>,
         primary_addr: Arc<Primary>,
         eviction: Arc<Eviction>,
         quorum: Option<Arc<Quorum>>,
@@ -78,6 +81,7 @@ impl Store {
     ) -> Store {
         Store {
             primary,
+            primary_memory,
             primary_addr,
             eviction,
             quorum,
@@ -95,6 +99,7 @@ impl Store {
         let eviction = Arc::new(Eviction::new(config));
         Store {
             primary: Node::detached(&config.upstream.addr),
+            primary_memory: Arc::new(Memory::default()),
             primary_addr: Primary::fixed(&config.upstream.addr),
             quorum: Quorum::offline(config, &eviction),
             eviction,
@@ -458,7 +463,7 @@ impl LockService {
         let primary = store.primary_addr.addr();
         store
             .eviction
-            .refusal(primary.as_deref(), &store.primary.state.memory)
+            .refusal(primary.as_deref(), &store.primary_memory)
     }
 
     /// While acquisitions on the primary are held after a switch of the

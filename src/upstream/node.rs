@@ -15,15 +15,17 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use crate::lock::eviction::{Memory, Role};
 use crate::protocol::reply::ReplyScanner;
 use crate::sync;
 use crate::tls::Stream;
 use crate::upstream::{Connector, Primary};
 
 mod open;
+pub mod report;
+
 use open::open;
 pub(crate) use open::{connect_authenticated, handshake, request, FrameReader};
+pub use report::Report;
 
 /// `CLIENT SETNAME` of lockgate's own connections.
 pub const INTERNAL_NAME: &str = "lockgate-internal";
@@ -98,10 +100,17 @@ pub struct NodeState {
     /// that restarted moments before lockgate first saw it can be told
     /// from one that has run for long.
     pub uptime: Mutex<Option<(Instant, u64)>>,
-    /// Its eviction policy and the keys it was seen evicting, read as
-    /// each connection opens and by the periodic check (see
-    /// [`crate::lock::eviction`]).
-    pub memory: Memory,
+}
+
+/// Told what a node reports about itself ([`Report`]) as each connection
+/// to it opens, before the connection counts ([`NodeState::connects`],
+/// [`NodeState::up`]): nobody sees the connection without what it
+/// reported (a lock master's eviction policy decides its vote). The lock
+/// room's eviction state of a node is one (`crate::lock::eviction::Memory`).
+pub trait Observer: Send + Sync + std::fmt::Debug {
+    /// Connection number `connection` (the count of connections made,
+    /// this one included) to `addr` opened, and the node said `report`.
+    fn connected(&self, connection: u64, addr: &str, report: &Report);
 }
 
 /// A handle to one node; cheap to clone.
@@ -146,8 +155,9 @@ pub struct NodeConfig {
     /// Counts the calls sent again as `EVAL` after `-NOSCRIPT` (see
     /// [`Request`]); shared by the quorum's masters.
     pub noscript_reruns: Option<Arc<AtomicU64>>,
-    /// The primary or a lock master, as its eviction logs name it.
-    pub role: Role,
+    /// Told what the node reports as each connection opens (see
+    /// [`Observer`]).
+    pub observer: Option<Arc<dyn Observer>>,
 }
 
 impl NodeConfig {
@@ -168,7 +178,7 @@ impl NodeConfig {
             follow: None,
             scripts: &[],
             noscript_reruns: None,
-            role: Role::Primary,
+            observer: None,
         }
     }
 
@@ -216,7 +226,6 @@ impl Node {
     pub fn spawn(config: NodeConfig, shutdown: CancellationToken) -> Node {
         let (tx, rx) = mpsc::channel(config.max_queued.max(1));
         let state = Arc::new(NodeState::default());
-        state.memory.set_role(config.role);
         let node = Node {
             addr: Arc::from(config.addr.as_str()),
             calls: tx,
@@ -308,11 +317,11 @@ async fn connection_loop(
                 // All known before the connection counts, so nobody sees
                 // it without them (a master's policy decides its vote).
                 let connection = state.connects.load(Ordering::Relaxed) + 1;
-                state
-                    .memory
-                    .opened(connection, &now.addr, &opened.run_id, &opened.memory);
-                *sync::lock(&state.run_id) = opened.run_id;
-                *sync::lock(&state.uptime) = opened.uptime;
+                if let Some(observer) = &config.observer {
+                    observer.connected(connection, &now.addr, &opened.report);
+                }
+                *sync::lock(&state.run_id) = opened.report.run_id;
+                *sync::lock(&state.uptime) = opened.report.uptime;
                 let stream = opened.stream;
                 state.connects.fetch_add(1, Ordering::Relaxed);
                 state.up.store(true, Ordering::Relaxed);

@@ -27,7 +27,7 @@ pub mod scripts;
 pub use master::{Master, MasterState, SitOut};
 
 use super::evalsha;
-use super::eviction::{Eviction, Role};
+use super::eviction::{Eviction, Memory, Role};
 use super::metrics::RejoinMetrics;
 use crate::config::{Config, QuorumConfig, QuorumLoss};
 use crate::protocol::encode::LocalReply;
@@ -80,11 +80,11 @@ impl Quorum {
         eviction: &Arc<Eviction>,
     ) -> Option<Arc<Quorum>> {
         let noscript_reruns = Arc::new(AtomicU64::new(0));
-        let node = |addr: &str| {
+        let node = |addr: &str, memory: &Arc<Memory>| {
             let node = NodeConfig {
                 scripts: &evalsha::BODIES,
                 noscript_reruns: Some(noscript_reruns.clone()),
-                role: Role::Master,
+                observer: Some(memory.clone()),
                 ..NodeConfig::for_addr(config, addr, connector.clone())
             };
             Node::spawn(node, stop.clone())
@@ -114,13 +114,13 @@ impl Quorum {
     /// without Redis (see [`crate::lock::Store::offline`]).
     pub fn offline(config: &Config, eviction: &Arc<Eviction>) -> Option<Arc<Quorum>> {
         let reruns = Arc::new(AtomicU64::new(0));
-        Quorum::of(config, eviction, Node::detached, reruns)
+        Quorum::of(config, eviction, |addr, _| Node::detached(addr), reruns)
     }
 
     fn of(
         config: &Config,
         eviction: &Arc<Eviction>,
-        node: impl Fn(&str) -> Node,
+        node: impl Fn(&str, &Arc<Memory>) -> Node,
         noscript_reruns: Arc<AtomicU64>,
     ) -> Option<Arc<Quorum>> {
         let q = &config.locks.quorum;
@@ -134,8 +134,10 @@ impl Quorum {
         let metrics = Arc::new(RejoinMetrics::default());
         let masters = (q.masters.iter())
             .map(|addr| {
+                let memory = Arc::new(Memory::new(Role::Master));
                 Arc::new(Master::new(
-                    node(addr),
+                    node(addr, &memory),
+                    memory,
                     rejoin_ms.clone(),
                     metrics.clone(),
                     eviction.clone(),

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
+use super::report::{self, Report, Sample};
 use super::{NodeConfig, INTERNAL_NAME};
-use crate::lock::eviction::{read, Sample};
 use crate::protocol::encode;
 use crate::protocol::reply::ReplyScanner;
 use crate::tls::Stream;
@@ -18,12 +18,8 @@ use crate::tls::Stream;
 pub(super) struct Opened {
     /// The connection, ready to be pipelined.
     pub stream: Stream,
-    /// `INFO server`'s `run_id` (empty: not reported).
-    pub run_id: String,
-    /// When `INFO server` was read and its `uptime_in_seconds`.
-    pub uptime: Option<(Instant, u64)>,
-    /// Its eviction policy and `evicted_keys` (see [`crate::lock::eviction`]).
-    pub memory: Sample,
+    /// What the node said about itself.
+    pub report: Report,
 }
 
 /// Connects, authenticates, reads the node's `run_id`, uptime and eviction
@@ -36,9 +32,9 @@ pub(super) async fn open(config: &NodeConfig) -> Result<Opened, String> {
     let mut asked = BytesMut::new();
     for command in [
         encode::command(&[b"INFO", b"server"]),
-        read::config_get(),
-        read::info_memory(),
-        read::info_stats(),
+        report::config_get(),
+        report::info_memory(),
+        report::info_stats(),
     ] {
         asked.extend_from_slice(&command);
     }
@@ -71,9 +67,11 @@ pub(super) async fn open(config: &NodeConfig) -> Result<Opened, String> {
     }
     Ok(Opened {
         stream,
-        run_id,
-        uptime,
-        memory,
+        report: Report {
+            run_id,
+            uptime,
+            memory,
+        },
     })
 }
 
