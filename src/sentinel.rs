@@ -17,9 +17,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::error::ErrorSource;
-use crate::lock::announce;
 use crate::protocol::encode;
-use crate::upstream::node::{connect_authenticated, handshake, request, NodeConfig};
+use crate::upstream::node::{connect_authenticated, handshake, messages, request, NodeConfig};
 use crate::upstream::{Connector, Primary};
 
 /// Longest pause between two subscription attempts to one sentinel.
@@ -259,7 +258,7 @@ async fn subscribed(
     backoff: &mut Duration,
 ) -> Result<(), String> {
     let stream = connect_authenticated(sentinel).await?;
-    announce::messages(
+    messages(
         stream,
         b"+switch-master",
         backoff,

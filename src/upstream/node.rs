@@ -22,10 +22,12 @@ use crate::upstream::{Connector, Primary};
 
 mod open;
 pub mod report;
+mod subscribe;
 
 use open::open;
 pub(crate) use open::{connect_authenticated, handshake, request, FrameReader};
 pub use report::Report;
+pub(crate) use subscribe::messages;
 
 /// `CLIENT SETNAME` of lockgate's own connections.
 pub const INTERNAL_NAME: &str = "lockgate-internal";
