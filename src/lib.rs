@@ -34,9 +34,7 @@
 //! - [`http`]: `/metrics`, `/healthz`, `/readyz`, the status page.
 //! - [`exposition`]: Prometheus text from every room's counters.
 //! - [`sentinel`]: following the primary through Redis Sentinel.
-//! - [`upstream`]: [`upstream::Connector`], the one way to reach Redis; the
-//!   shared pipelined connection to one Redis ([`upstream::node`]); which
-//!   Redis is the primary ([`upstream::Primary`]).
+//! - [`upstream`]: `Connector`, one shared connection per Redis, the primary.
 //! - [`tls`]: rustls configurations, reloads, plain-or-TLS streams.
 //! - [`metrics`]: the proxy's counters, `counters!`, warning rate limits.
 //! - [`sync`]: the one policy for a poisoned std lock.

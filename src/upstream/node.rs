@@ -4,6 +4,13 @@
 //! requests are written in order and replies matched in order. The
 //! connection is re-established with back-off; every call is bounded by a
 //! timeout, and a node that does not answer in time is simply a "no".
+//!
+//! It knows nothing of locks: the scripts a connection loads as it opens
+//! are given ([`NodeConfig::scripts`]), what the node reports about itself
+//! then ([`report`]) goes to whoever asked ([`Observer`]), and the
+//! exchanges before pipelining (`handshake`, `request`) and a
+//! subscription (`messages`) serve the lock room and the Sentinel
+//! follower alike.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
