@@ -10,16 +10,16 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{AdminConfig, Config, LimitsConfig, ProxyConfig, QuorumConfig, UpstreamConfig};
 use crate::lock::announce;
-use crate::lock::eviction::{self, Eviction, Role};
-use crate::lock::node::{Node, NodeConfig};
+use crate::lock::eviction::{self, Eviction, Memory, Role};
 use crate::lock::quorum::Quorum;
 use crate::lock::{LockService, Store};
 use crate::metrics::{Counter, ProxyMetrics, RateLimit};
 use crate::protocol::request::RequestLimits;
-use crate::sentinel::{follow, Primary};
+use crate::sentinel;
 use crate::sync;
 use crate::tls::{Side, Stream, TlsStore};
-use crate::upstream::{Connector, UpstreamError};
+use crate::upstream::node::{Node, NodeConfig};
+use crate::upstream::{Connector, Primary, UpstreamError};
 
 /// Interval between two repeats of the same warning.
 const WARN_INTERVAL: Duration = Duration::from_secs(10);
@@ -75,6 +75,10 @@ pub struct ServerContext {
     /// lockgate's own shared connection to the primary (watchdog, release
     /// on disconnect, the `LOCKGATE LOCK` fencing API).
     pub primary: Node,
+    /// The primary's eviction policy and the keys it was seen evicting,
+    /// as lockgate's own connection to it reads them (see
+    /// [`crate::lock::eviction`]).
+    pub primary_memory: Arc<Memory>,
     /// Stops lockgate's own connections when the server has drained.
     pub stop: CancellationToken,
     /// `locks.require_noeviction` in force, the eviction checks' interval
@@ -137,7 +141,7 @@ impl ServerContext {
             true => {
                 let followed = Primary::followed();
                 let sentinels = Connector::new(tls.clone(), Side::Sentinel);
-                follow::spawn(
+                sentinel::spawn(
                     &config,
                     followed.clone(),
                     sentinels,
@@ -148,11 +152,12 @@ impl ServerContext {
             }
             false => Primary::fixed(&config.upstream.addr),
         };
+        let primary_memory = Arc::new(Memory::new(match config.locks.quorum.masters.is_empty() {
+            true => Role::Primary,
+            false => Role::PrimaryBesideQuorum,
+        }));
         let on_primary = NodeConfig {
-            role: match config.locks.quorum.masters.is_empty() {
-                true => Role::Primary,
-                false => Role::PrimaryBesideQuorum,
-            },
+            observer: Some(primary_memory.clone()),
             ..NodeConfig::for_addr(&config, &config.upstream.addr, upstream.clone())
         }
         .following(&primary_addr);
@@ -165,6 +170,7 @@ impl ServerContext {
         let quorum = Quorum::start(&config, &stop, &masters, &eviction);
         let store = Store::new(
             primary.clone(),
+            primary_memory.clone(),
             primary_addr.clone(),
             eviction.clone(),
             quorum.clone(),
@@ -174,9 +180,9 @@ impl ServerContext {
         let locks = Arc::new(LockService::with_store(&config, store));
         // Policies are read again periodically (and as each connection
         // opens): the primary's, and the masters' where the locks live.
-        let mut checked = vec![primary.clone()];
+        let mut checked = vec![(primary.clone(), primary_memory.clone())];
         if let Some(q) = &quorum {
-            checked.extend(q.masters.iter().map(|m| m.node.clone()));
+            checked.extend(q.masters.iter().map(|m| (m.node.clone(), m.memory.clone())));
         }
         eviction::watch::spawn(
             checked,
@@ -211,6 +217,7 @@ impl ServerContext {
             tls,
             upstream,
             primary,
+            primary_memory,
             primary_addr,
             stop,
             config: StartConfig::of(&config),
@@ -233,6 +240,7 @@ impl ServerContext {
         let tls = Arc::new(TlsStore::new(&config));
         let store = Store::offline(&config);
         let primary = store.primary.clone();
+        let primary_memory = store.primary_memory.clone();
         let locks = Arc::new(LockService::with_store(&config, store));
         ServerContext {
             reload: std::sync::Mutex::new(None),
@@ -242,6 +250,7 @@ impl ServerContext {
             upstream: Connector::new(tls.clone(), Side::Upstream),
             tls,
             primary,
+            primary_memory,
             primary_addr: Primary::fixed(&config.upstream.addr),
             stop: CancellationToken::new(),
             config: StartConfig::of(&config),

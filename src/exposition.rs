@@ -185,7 +185,7 @@ impl Collector for Counters {
 /// `maxmemory-policy` by name (one series per node, the policy as a label,
 /// `unknown` until read) and the growth of its `evicted_keys` lockgate saw.
 fn eviction_families(ctx: &ServerContext, e: &mut DescriptorEncoder) -> std::fmt::Result {
-    let primary_addr = match ctx.primary.state.memory.reading() {
+    let primary_addr = match ctx.primary_memory.reading() {
         Some(r) => r.addr.to_string(),
         None => (ctx.primary_addr.addr())
             .map_or_else(|| ctx.primary.addr().to_string(), |a| a.to_string()),
@@ -196,10 +196,10 @@ fn eviction_families(ctx: &ServerContext, e: &mut DescriptorEncoder) -> std::fmt
             "primary",
             primary_addr,
             crate::views::primary_policy(ctx),
-            ProxyMetrics::get(&ctx.primary.state.memory.evicted),
+            ProxyMetrics::get(&ctx.primary_memory.evicted),
         )),
         Some(q) => nodes.extend(q.masters.iter().map(|m| {
-            let memory = &m.node.state.memory;
+            let memory = &m.memory;
             (
                 "master",
                 m.node.addr().to_string(),

@@ -71,7 +71,7 @@ pub fn not_ready(ctx: &ServerContext) -> Option<String> {
     // `locks.require_noeviction` on a primary that may evict lock keys: no
     // lock can be served, as without a quorum of masters.
     if !ctx.locks.on_masters() {
-        let memory = &ctx.primary.state.memory;
+        let memory = &ctx.primary_memory;
         if let Some(why) = ctx.eviction.refused_because(Some(&addr), memory) {
             return Some(why.trim_start_matches("lockgate: ").to_string());
         }
@@ -123,7 +123,7 @@ async fn status(State(ctx): State<Arc<ServerContext>>) -> Response {
         .flat_map(|q| q.masters.iter())
         .map(|m| {
             let (state, left, why) = m.shown();
-            let memory = &m.node.state.memory;
+            let memory = &m.memory;
             serde_json::json!({
                 "addr": m.node.addr(),
                 "state": state,

@@ -33,8 +33,8 @@
 //! - [`admin`]: `LOCKGATE …` over RESP; [`views`]: its read-only views.
 //! - [`http`]: `/metrics`, `/healthz`, `/readyz`, the status page.
 //! - [`exposition`]: Prometheus text from every room's counters.
-//! - [`sentinel`]: which Redis is the primary now, and its switches.
-//! - [`upstream`]: [`upstream::Connector`], the one way to reach Redis.
+//! - [`sentinel`]: following the primary through Redis Sentinel.
+//! - [`upstream`]: `Connector`, one shared connection per Redis, the primary.
 //! - [`tls`]: rustls configurations, reloads, plain-or-TLS streams.
 //! - [`metrics`]: the proxy's counters, `counters!`, warning rate limits.
 //! - [`sync`]: the one policy for a poisoned std lock.

@@ -67,7 +67,7 @@ pub fn locks(ctx: &ServerContext, pattern: &[u8]) -> LocalReply {
 /// The primary's `maxmemory-policy` by name, as read from the primary in
 /// force (`unknown`: not read from it yet, or unreadable).
 pub fn primary_policy(ctx: &ServerContext) -> String {
-    let reading = ctx.primary.state.memory.reading();
+    let reading = ctx.primary_memory.reading();
     match (reading, ctx.primary_addr.addr()) {
         (Some(r), Some(p)) if r.addr == p => r.policy.name().to_string(),
         _ => "unknown".to_string(),
@@ -82,7 +82,7 @@ fn primary_refused(ctx: &ServerContext) -> String {
     }
     let addr = ctx.primary_addr.addr();
     (ctx.eviction)
-        .refused_because(addr.as_deref(), &ctx.primary.state.memory)
+        .refused_because(addr.as_deref(), &ctx.primary_memory)
         .unwrap_or_default()
 }
 
@@ -99,7 +99,7 @@ pub fn masters(ctx: &ServerContext) -> LocalReply {
             .iter()
             .map(|m| {
                 let (state, left, why) = m.shown();
-                let memory = &m.node.state.memory;
+                let memory = &m.memory;
                 LocalReply::Array(vec![
                     text(m.node.addr()),
                     text(state),
@@ -152,7 +152,7 @@ pub fn primary(ctx: &ServerContext) -> LocalReply {
         ("maxmemory_policy", text(&primary_policy(ctx))),
         (
             "evicted_keys",
-            LocalReply::Integer(ProxyMetrics::get(&ctx.primary.state.memory.evicted) as i64),
+            LocalReply::Integer(ProxyMetrics::get(&ctx.primary_memory.evicted) as i64),
         ),
         ("locks_refused", text(&primary_refused(ctx))),
     ];
@@ -173,7 +173,7 @@ pub fn primary_json(ctx: &ServerContext) -> serde_json::Value {
             "at_unix_ms": l.at_unix_ms,
         })),
         "maxmemory_policy": primary_policy(ctx),
-        "evicted_keys": ProxyMetrics::get(&ctx.primary.state.memory.evicted),
+        "evicted_keys": ProxyMetrics::get(&ctx.primary_memory.evicted),
         "locks_refused": primary_refused(ctx),
     })
 }

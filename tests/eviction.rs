@@ -242,7 +242,7 @@ async fn a_renamed_config_is_read_from_info_memory_and_a_refused_one_is_unknown(
     let lg = Lockgate::start(&renamed.addr()).await;
     let mut c = RawClient::connect(lg.addr).await;
     until_primary_field(&mut c, "maxmemory_policy", "volatile-random").await;
-    assert!(lg.ctx.primary.state.memory.config_refused());
+    assert!(lg.ctx.primary_memory.config_refused());
     lg.stop().await;
 
     // An ACL that refuses CONFIG and INFO: unknown, and with
@@ -259,9 +259,9 @@ async fn a_renamed_config_is_read_from_info_memory_and_a_refused_one_is_unknown(
     let lg = Lockgate::start_with(config).await;
     until!(
         "lockgate's own connection to read the policy",
-        lg.ctx.primary.state.memory.reading().is_some()
+        lg.ctx.primary_memory.reading().is_some()
     );
-    assert_eq!(lg.ctx.primary.state.memory.policy_name(), "unknown");
+    assert_eq!(lg.ctx.primary_memory.policy_name(), "unknown");
     let mut c = RawClient::connect(lg.addr).await;
     assert_eq!(c.call_s(&["AUTH", "lg", "pw"]).await, "+OK\r\n");
     assert_eq!(
@@ -384,7 +384,7 @@ async fn a_master_seen_evicting_sits_out_the_rejoin_delay() {
     let set = |p: &'static str| ["CONFIG", "SET", "maxmemory-policy", p];
     assert_eq!(cl.on_master(2, &set("noeviction")).await, "+OK\r\n");
     let fixed = Instant::now();
-    let memory = &cl.quorum().masters[2].node.state.memory;
+    let memory = &cl.quorum().masters[2].memory;
     until!(
         "lockgate to read noeviction and the evictions",
         memory.policy_name() == "noeviction" && ProxyMetrics::get(&memory.evicted) > 0

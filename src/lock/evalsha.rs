@@ -28,11 +28,11 @@ use std::time::Duration;
 use bytes::{BufMut, Bytes, BytesMut};
 
 use super::lease::ConnLocks;
-use super::node::Node;
 use super::storm::Acquirer;
 use super::{script, LockPending, LockService, ReplyOutcome};
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::{self, LocalReply};
+use crate::upstream::node::{Node, Request};
 
 /// The scripts a lock command runs as on a client's connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,6 +61,19 @@ const ALL: [Script; 6] = [
     Script::Pass,
 ];
 
+/// Every script's Lua body, in [`Script::all`]'s order: what the quorum's
+/// masters load as each connection opens
+/// ([`crate::upstream::node::NodeConfig::scripts`]).
+pub static BODIES: [&str; ALL.len()] = {
+    let mut bodies = [""; ALL.len()];
+    let mut i = 0;
+    while i < ALL.len() {
+        bodies[i] = ALL[i].body();
+        i += 1;
+    }
+    bodies
+};
+
 impl Script {
     /// Every script lockgate runs.
     pub fn all() -> [Script; 6] {
@@ -68,7 +81,7 @@ impl Script {
     }
 
     /// The Lua body.
-    pub fn body(self) -> &'static str {
+    pub const fn body(self) -> &'static str {
         match self {
             Script::Acquire => script::ACQUIRE,
             Script::Release => script::RELEASE,
@@ -133,6 +146,16 @@ impl Call {
     /// `EVALSHA <sha1> …`.
     pub fn evalsha(&self) -> Bytes {
         self.with(b"EVALSHA", self.script.sha().as_bytes())
+    }
+
+    /// The call for lockgate's own connection to a node: as `EVALSHA`,
+    /// with its `EVAL` as the fallback should the node answer `NOSCRIPT`
+    /// (see [`Request`]).
+    pub fn request(&self) -> Request {
+        Request {
+            command: self.evalsha(),
+            fallback: Some(self.eval()),
+        }
     }
 
     /// `SCRIPT LOAD <body>`, sent ahead of the first `EVALSHA` of this
@@ -336,6 +359,8 @@ mod tests {
         assert_eq!(Script::Acquire.sha(), sha);
         assert_eq!(Script::Takeover.sha().len(), 40);
         assert_ne!(Script::Release.sha(), Script::ReleaseHandoff.sha());
+        // What the masters load is every script, each once.
+        assert_eq!(BODIES, Script::all().map(Script::body));
     }
 
     #[test]
@@ -348,6 +373,9 @@ mod tests {
         let want = encode::command(&[b"EVAL", body, b"2", b"lock:a", b"o", b"1", b""]);
         assert_eq!(call.eval(), want);
         assert_eq!(call.eval_in(0), want);
+        let request = call.request();
+        assert_eq!(request.command, call.evalsha());
+        assert_eq!(request.fallback, Some(want));
         assert!(call
             .eval_in(3)
             .windows(24)

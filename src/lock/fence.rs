@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use super::node::Node;
 use super::{script, LockService};
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
+use crate::upstream::node::Node;
 
 /// Drift allowance of a lease, as Redlock computes validity.
 const CLOCK_DRIFT_FACTOR: f64 = 0.01;

@@ -44,8 +44,9 @@
 //!   of the primary), [`eviction`] (each store's `maxmemory-policy`),
 //!   `forget` (what a forwarded command changed behind the room's back:
 //!   [`Forget`], [`Database`]).
-//! - [`node`] (lockgate's own shared, pipelined connection to one Redis),
-//!   [`metrics`] (the room's counters).
+//! - [`metrics`] (the room's counters). lockgate's own shared, pipelined
+//!   connection to one Redis, which the room calls through, is
+//!   [`crate::upstream::node`].
 
 pub(crate) mod admit;
 pub(crate) mod announce;
@@ -60,7 +61,6 @@ pub(crate) mod hotkeys;
 pub(crate) mod keys;
 pub(crate) mod lease;
 pub(crate) mod metrics;
-pub(crate) mod node;
 pub(crate) mod on_behalf;
 pub mod ops;
 mod plan;

@@ -8,13 +8,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::lease::ConnLocks;
-use super::node::{Node, Request};
 use super::ops::{LockOp, Ttl};
 use super::quorum::Quorum;
 use super::storm::{Acquirer, Ask, Tried};
 use super::{script, split_reply, LockService, Park};
 use crate::protocol::encode::LocalReply;
 use crate::sync;
+use crate::upstream::node::Node;
 
 impl LockService {
     /// An operation on the quorum from a client's session. An acquisition
@@ -77,7 +77,7 @@ impl LockService {
         let Some(pending) = planned.pending else {
             return Tried::FAILED;
         };
-        match primary.send(Request::script(&planned.call), timeout).await {
+        match primary.send(planned.call.request(), timeout).await {
             Ok(reply) => {
                 let (_, facts) = split_reply(&reply);
                 self.complete(pending, &facts, &mut sync::lock(&ask.conn));

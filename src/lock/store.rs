@@ -19,11 +19,10 @@ use futures_util::future::join_all;
 use tokio_util::sync::CancellationToken;
 
 use super::admit::Early;
-use super::eviction::Eviction;
+use super::eviction::{Eviction, Memory};
 use super::fence::{extend_command, unlock_command};
 use super::lease::ConnLocks;
 use super::metrics::RejoinMetrics;
-use super::node::Node;
 use super::ops::LockOp;
 use super::quorum::Quorum;
 use super::split::{Merge, Split};
@@ -31,8 +30,9 @@ use super::storm::{Acquirer, Ask, Tried};
 use super::{evalsha, Database, LockPending, LockService, Queueing};
 use crate::metrics::{Counter, Kind};
 use crate::protocol::encode::{self, LocalReply};
-use crate::sentinel::Primary;
 use crate::sync;
+use crate::upstream::node::Node;
+use crate::upstream::Primary;
 
 /// A reply lockgate makes away from the client's connection; it takes the
 /// command's place in the order.
@@ -46,6 +46,8 @@ pub struct Store {
     /// release on disconnect, a parked attempt's driver, a `NOSCRIPT`
     /// rerun, the fencing API on one Redis).
     pub primary: Node,
+    /// The primary's eviction policy as its connection reads it.
+    pub primary_memory: Arc<Memory>,
     /// Which Redis is the primary now, for the failover hold.
     primary_addr: Arc<Primary>,
     /// `locks.require_noeviction` and the eviction counters.
@@ -73,6 +75,7 @@ impl Store {
     /// The store of a running server.
     pub fn new(
         primary: Node,
+        primary_memory: Arc<Memory>,
         primary_addr: Arc<Primary>,
         eviction: Arc<Eviction>,
         quorum: Option<Arc<Quorum>>,
@@ -81,6 +84,7 @@ impl Store {
     ) -> Store {
         Store {
             primary,
+            primary_memory,
             primary_addr,
             eviction,
             quorum,
@@ -98,6 +102,7 @@ impl Store {
         let eviction = Arc::new(Eviction::new(config));
         Store {
             primary: Node::detached(&config.upstream.addr),
+            primary_memory: Arc::new(Memory::default()),
             primary_addr: Primary::fixed(&config.upstream.addr),
             quorum: Quorum::offline(config, &eviction),
             eviction,
@@ -316,7 +321,7 @@ impl LockService {
                 let Some(pending) = planned.pending else {
                     return LocalReply::err("lockgate: internal error (no outcome planned)");
                 };
-                let request = super::node::Request::script(&planned.call);
+                let request = planned.call.request();
                 match self.store.primary.send(request, self.store.timeout).await {
                     Ok(frame) => match self.on_reply(pending, frame, &conn, || self.clone()) {
                         super::ReplyOutcome::Reply(reply) => evalsha::own_reply(reply),
@@ -496,7 +501,7 @@ impl LockService {
         let primary = store.primary_addr.addr();
         store
             .eviction
-            .refusal(primary.as_deref(), &store.primary.state.memory)
+            .refusal(primary.as_deref(), &store.primary_memory)
     }
 
     /// While acquisitions on the primary are held after a switch of the

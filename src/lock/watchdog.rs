@@ -1,9 +1,9 @@
 //! Work on locks that no client command carries: the watchdog renewing the
 //! leases of opted-in locks while their connection lives, and the release
 //! of locks whose connection closed (`release_on_disconnect`). Both go over
-//! lockgate's own shared connection to the primary ([`super::node::Node`]), never
-//! over a client's, whose state (MULTI, blocking commands) must not be
-//! disturbed.
+//! lockgate's own shared connection to the primary
+//! ([`crate::upstream::node::Node`]), never over a client's, whose state
+//! (MULTI, blocking commands) must not be disturbed.
 
 use std::sync::Mutex;
 use std::time::Duration;

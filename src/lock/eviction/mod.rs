@@ -9,9 +9,11 @@
 //! to (the primary, and each lock master) on that connection: when it opens
 //! (so a new primary after a Sentinel switch is read before anything else is
 //! asked of it) and every `locks.eviction_check_ms` after, with `INFO
-//! stats`' `evicted_keys` ([`watch`]). The primary beside a quorum holds no
-//! lock key: its policy is shown, never warned about or refused. `CONFIG GET maxmemory-policy`
-//! first; where `CONFIG` is renamed or refused (managed Redis), `INFO
+//! stats`' `evicted_keys` ([`watch`]). The connection reads the replies
+//! ([`crate::upstream::node::report`]); what they mean for locks is here,
+//! in each node's [`Memory`]. The primary beside a quorum holds no lock
+//! key: its policy is shown, never warned about or refused. `CONFIG GET
+//! maxmemory-policy` first; where `CONFIG` is renamed or refused (managed Redis), `INFO
 //! memory`'s `maxmemory_policy`; where both are refused, the policy is
 //! `unknown`. A policy that may evict lock keys is logged (at each change,
 //! and again at most once a minute), shown by name (`/metrics`' gauge
@@ -28,10 +30,7 @@
 //! noeviction` on the Redis serves locks again within one check interval,
 //! without a restart; turning the key off with a reload does too.
 
-pub(crate) mod read;
 pub mod watch;
-
-pub use read::Sample;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -41,6 +40,8 @@ use crate::config::Config;
 use crate::metrics::{counters, ProxyMetrics, RateLimit};
 use crate::protocol::encode::LocalReply;
 use crate::sync;
+use crate::upstream::node::report::{Report, Sample};
+use crate::upstream::node::Observer;
 
 /// How often an unchanged policy that may evict lock keys is logged again.
 const POLICY_WARN_INTERVAL: Duration = Duration::from_secs(60);
@@ -145,9 +146,10 @@ pub struct Reading {
 }
 
 /// What lockgate knows of one node's eviction: its policy and how many
-/// keys it was seen evicting. Kept in the node's
-/// [`crate::lock::node::NodeState`], written when a connection opens and
-/// by the periodic [`watch`].
+/// keys it was seen evicting. Kept beside lockgate's own connection to the
+/// node ([`crate::context::ServerContext::primary_memory`], each
+/// [`crate::lock::quorum::Master`]'s), told what the node reports as each
+/// connection opens (its [`Observer`]) and by the periodic [`watch`].
 #[derive(Debug)]
 pub struct Memory {
     role: Mutex<Role>,
@@ -181,6 +183,13 @@ impl Default for Memory {
 }
 
 impl Memory {
+    /// The memory of a node in `role`, nothing read yet.
+    pub fn new(role: Role) -> Memory {
+        let memory = Memory::default();
+        memory.set_role(role);
+        memory
+    }
+
     /// Names the node's role in its logs.
     pub fn set_role(&self, role: Role) {
         *sync::lock(&self.role) = role;
@@ -261,14 +270,14 @@ impl Memory {
         if let Some(n) = grew {
             self.evicted.fetch_add(n, Ordering::Relaxed);
         }
+        let policy = (sample.policy.as_deref()).map_or(Policy::Unknown, Policy::from_name);
         let new = Reading {
             addr,
-            policy: sample.policy.clone(),
+            policy: policy.clone(),
         };
         let changed = reading.as_ref().map(|(_, r)| r) != Some(&new);
         let addr = new.addr.clone();
         *reading = Some((connection, new));
-        let policy = &sample.policy;
         if !role.holds_locks() {
             // Shown, not warned about: its evictions are its data's.
         } else if !policy.keeps_locks() {
@@ -303,6 +312,13 @@ impl Memory {
                 );
             }
         }
+    }
+}
+
+impl Observer for Memory {
+    /// The reading made as the connection opened (see [`Memory::opened`]).
+    fn connected(&self, connection: u64, addr: &str, report: &Report) {
+        self.opened(connection, addr, &report.run_id, &report.memory);
     }
 }
 
@@ -418,7 +434,7 @@ mod tests {
 
     fn sample(policy: &str, evicted: Option<u64>) -> Sample {
         Sample {
-            policy: Policy::from_name(policy),
+            policy: Some(policy.to_string()),
             evicted_keys: evicted,
             config_refused: false,
         }

@@ -14,16 +14,16 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::read::{config_get, info_memory, info_stats};
-use super::{Eviction, Sample};
-use crate::lock::node::Node;
+use super::{Eviction, Memory};
 use crate::metrics::ProxyMetrics;
 use crate::sync;
+use crate::upstream::node::report::{config_get, info_memory, info_stats, Sample};
+use crate::upstream::node::Node;
 
-/// Starts the check of `nodes` (each call bounded by `timeout`); it stops
-/// with `stop`.
+/// Starts the check of `nodes`, each with the memory its readings go to
+/// (each call bounded by `timeout`); it stops with `stop`.
 pub fn spawn(
-    nodes: Vec<Node>,
+    nodes: Vec<(Node, Arc<Memory>)>,
     eviction: Arc<Eviction>,
     timeout: Duration,
     stop: CancellationToken,
@@ -36,23 +36,24 @@ pub fn spawn(
     });
 }
 
-async fn run(nodes: &[Node], eviction: &Eviction, timeout: Duration) {
+async fn run(nodes: &[(Node, Arc<Memory>)], eviction: &Eviction, timeout: Duration) {
     loop {
         tokio::time::sleep(eviction.check_interval()).await;
-        let checks = nodes.iter().map(|n| check(n, eviction, timeout));
+        let checks = (nodes.iter()).map(|(n, memory)| check(n, memory, eviction, timeout));
         futures_util::future::join_all(checks).await;
     }
 }
 
-/// Reads `node` once and takes note of what it said; a reading that
-/// straddles a reconnection is dropped (it may be another Redis's).
-pub async fn check(node: &Node, eviction: &Eviction, timeout: Duration) {
+/// Reads `node` once and takes note of what it said in `memory`; a
+/// reading that straddles a reconnection is dropped (it may be another
+/// Redis's).
+pub async fn check(node: &Node, memory: &Memory, eviction: &Eviction, timeout: Duration) {
     let state = &node.state;
     if !state.up.load(Ordering::Relaxed) {
         return;
     }
     let connects = state.connects.load(Ordering::Relaxed);
-    let by_info = state.memory.config_refused();
+    let by_info = memory.config_refused();
     let first = match by_info {
         true => info_memory(),
         false => config_get(),
@@ -81,5 +82,5 @@ pub async fn check(node: &Node, eviction: &Eviction, timeout: Duration) {
     let run_id = sync::lock(&state.run_id).clone();
     // Dropped if another connection opened meanwhile: its own reading,
     // made as it opened, is the one in force.
-    state.memory.checked(connects, &run_id, &sample);
+    memory.checked(connects, &run_id, &sample);
 }

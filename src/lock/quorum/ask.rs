@@ -10,7 +10,7 @@ use bytes::Bytes;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 
 use super::{Answers, Master, Quorum};
-use crate::lock::node::Request;
+use crate::upstream::node::Request;
 
 impl Quorum {
     /// Sends `command` to every master in `to` in parallel and collects the

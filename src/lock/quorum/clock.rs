@@ -270,7 +270,7 @@ impl Quorum {
     pub async fn ballot(
         &self,
         to: &[Arc<Master>],
-        command: &crate::lock::node::Request,
+        command: &crate::upstream::node::Request,
         clock_at: usize,
         facts: impl Fn(&[u8]) -> Vec<i64>,
         mut enough: impl FnMut(usize, usize) -> bool,

@@ -8,17 +8,20 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::young_left;
-use crate::lock::eviction::Eviction;
+use crate::lock::eviction::{Eviction, Memory};
 use crate::lock::metrics::RejoinMetrics;
-use crate::lock::node::Node;
 use crate::metrics::ProxyMetrics;
 use crate::sync;
+use crate::upstream::node::Node;
 
 /// One lock master and whether it may take part in acquisitions.
 #[derive(Debug)]
 pub struct Master {
     /// The shared connection.
     pub node: Node,
+    /// Its eviction policy and the keys it was seen evicting, read as each
+    /// connection opens and by the periodic check.
+    pub memory: Arc<Memory>,
     /// Acquisitions skip this master until then, and why (the reason of
     /// the sit-out that ends last; see [`SitOut`]).
     sitting_out_until: Mutex<Option<(Instant, SitOut)>>,
@@ -85,16 +88,18 @@ pub enum MasterState {
 }
 
 impl Master {
-    /// A master on `node`, not seen yet; `rejoin_ms` and `metrics` are the
-    /// quorum's, `eviction` the sessions'.
+    /// A master on `node`, not seen yet, whose readings go to `memory`;
+    /// `rejoin_ms` and `metrics` are the quorum's, `eviction` the sessions'.
     pub fn new(
         node: Node,
+        memory: Arc<Memory>,
         rejoin_ms: Arc<AtomicU64>,
         metrics: Arc<RejoinMetrics>,
         eviction: Arc<Eviction>,
     ) -> Master {
         Master {
             node,
+            memory,
             sitting_out_until: Mutex::new(None),
             seen: Mutex::new((String::new(), 0)),
             rejoin_ms,
@@ -117,7 +122,7 @@ impl Master {
         }
         // No time bound: until its policy reads `noeviction` (or the key
         // is turned off), which the periodic check reads again.
-        if self.eviction.master_refused(&self.node.state.memory) {
+        if self.eviction.master_refused(&self.memory) {
             return MasterState::SittingOut(Duration::ZERO, SitOut::Evicting);
         }
         let until = *sync::lock(&self.sitting_out_until);
@@ -177,7 +182,7 @@ impl Master {
     /// policy, so a master whose policy reads `noeviction` again never
     /// votes before the evictions of the same reading are seen.
     fn observe_eviction(&self, rejoin_delay: Duration) {
-        let memory = &self.node.state.memory;
+        let memory = &self.memory;
         let refused = self.eviction.master_refused(memory);
         let evicted = memory.evicted.load(Ordering::Relaxed);
         let grew = self.evicted_seen.swap(evicted, Ordering::Relaxed) < evicted;
@@ -238,7 +243,7 @@ impl Master {
     /// The reason a master sits out with no end yet, for the operators'
     /// views: its `maxmemory-policy` (`locks.require_noeviction`).
     pub fn sit_out_reason(&self) -> Option<String> {
-        let memory = &self.node.state.memory;
+        let memory = &self.memory;
         self.eviction
             .master_refused(memory)
             .then(|| format!("maxmemory-policy {}", memory.policy_name()))

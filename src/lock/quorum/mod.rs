@@ -26,11 +26,12 @@ pub mod scripts;
 
 pub use master::{Master, MasterState, SitOut};
 
-use super::eviction::{Eviction, Role};
+use super::evalsha;
+use super::eviction::{Eviction, Memory, Role};
 use super::metrics::RejoinMetrics;
-use super::node::{Node, NodeConfig};
 use crate::config::{Config, QuorumConfig, QuorumLoss};
 use crate::protocol::encode::LocalReply;
+use crate::upstream::node::{Node, NodeConfig};
 
 /// How often the masters' connections are checked for restarts.
 const WATCH_INTERVAL: Duration = Duration::from_millis(50);
@@ -52,8 +53,8 @@ pub struct Quorum {
     /// masters).
     pub rejoin: Arc<RejoinMetrics>,
     /// Scripts a master answered `NOSCRIPT` and ran again as `EVAL` (see
-    /// [`super::node::Request`]): lockgate's after its script cache was
-    /// flushed, or a client's it never loaded.
+    /// [`crate::upstream::node::Request`]): lockgate's after its script
+    /// cache was flushed, or a client's it never loaded.
     pub noscript_reruns: Arc<AtomicU64>,
     /// The masters' clock offsets (jumps sit a master out).
     pub clock: clock::ClockWatch,
@@ -79,11 +80,11 @@ impl Quorum {
         eviction: &Arc<Eviction>,
     ) -> Option<Arc<Quorum>> {
         let noscript_reruns = Arc::new(AtomicU64::new(0));
-        let node = |addr: &str| {
+        let node = |addr: &str, memory: &Arc<Memory>| {
             let node = NodeConfig {
-                load_scripts: true,
+                scripts: &evalsha::BODIES,
                 noscript_reruns: Some(noscript_reruns.clone()),
-                role: Role::Master,
+                observer: Some(memory.clone()),
                 ..NodeConfig::for_addr(config, addr, connector.clone())
             };
             Node::spawn(node, stop.clone())
@@ -113,13 +114,13 @@ impl Quorum {
     /// without Redis (see [`crate::lock::Store::offline`]).
     pub fn offline(config: &Config, eviction: &Arc<Eviction>) -> Option<Arc<Quorum>> {
         let reruns = Arc::new(AtomicU64::new(0));
-        Quorum::of(config, eviction, Node::detached, reruns)
+        Quorum::of(config, eviction, |addr, _| Node::detached(addr), reruns)
     }
 
     fn of(
         config: &Config,
         eviction: &Arc<Eviction>,
-        node: impl Fn(&str) -> Node,
+        node: impl Fn(&str, &Arc<Memory>) -> Node,
         noscript_reruns: Arc<AtomicU64>,
     ) -> Option<Arc<Quorum>> {
         let q = &config.locks.quorum;
@@ -133,8 +134,10 @@ impl Quorum {
         let metrics = Arc::new(RejoinMetrics::default());
         let masters = (q.masters.iter())
             .map(|addr| {
+                let memory = Arc::new(Memory::new(Role::Master));
                 Arc::new(Master::new(
-                    node(addr),
+                    node(addr, &memory),
+                    memory,
                     rejoin_ms.clone(),
                     metrics.clone(),
                     eviction.clone(),

@@ -11,12 +11,12 @@ use bytes::Bytes;
 
 use super::{integer, majority_identical, majority_integer, now_unix_ms, Quorum};
 use crate::lock::lease::{ConnLocks, Standing};
-use crate::lock::node::Request;
 use crate::lock::ops::{LockOp, Shape, Ttl};
 use crate::lock::{script, split_reply, LockPending, LockService};
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
 use crate::sync;
+use crate::upstream::node::Request;
 
 /// A master's reply as a reply lockgate writes: nulls become the client's
 /// protocol's null, errors and integers keep their meaning, the rest passes
@@ -115,7 +115,7 @@ impl LockService {
         };
         // Answered once a majority agrees: the masters not waited for
         // still run it (see `Quorum::ask_agreed`).
-        let answers = q.ask_agreed(&Request::script(&planned.call)).await;
+        let answers = q.ask_agreed(&planned.call.request()).await;
         if answers.replies.len() < q.majority() {
             return q.no_quorum(answers.replies.len());
         }
@@ -190,7 +190,7 @@ impl LockService {
         let answers = q
             .ballot(
                 &eligible,
-                &Request::script(&planned.call),
+                &planned.call.request(),
                 script::ACQUIRE_CLOCK_FACT,
                 |r| split_reply(r).1,
                 |y, answered| y >= majority || answered - y + (n - eligible.len()) > n - majority,

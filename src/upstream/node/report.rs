@@ -1,18 +1,36 @@
-//! Reading a node's eviction policy and `evicted_keys` from its replies:
-//! `CONFIG GET maxmemory-policy`, else `INFO memory`'s `maxmemory_policy`,
-//! and `INFO stats`' `evicted_keys`. Pure: the replies in, a [`Sample`]
-//! out; an error reply is an answer ("refused"), never a failure.
+//! What a Redis node reports about itself: as each connection of
+//! lockgate's own opens, `INFO server`'s `run_id` and uptime ([`Report`]);
+//! then and at every periodic check, its eviction policy and
+//! `evicted_keys` ([`Sample`]): `CONFIG GET maxmemory-policy`, else `INFO
+//! memory`'s `maxmemory_policy`, and `INFO stats`' `evicted_keys`. Pure:
+//! the replies in, the facts out; an error reply is an answer ("refused"),
+//! never a failure. What the facts mean for locks is the lock room's
+//! (`crate::lock::eviction`).
+
+use std::time::Instant;
 
 use bytes::Bytes;
 
-use super::Policy;
 use crate::protocol::encode;
 
-/// One reading of a node.
+/// What a node said about itself as a connection to it opened; handed to
+/// the [`super::Observer`] of its [`super::NodeConfig`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Report {
+    /// `INFO server`'s `run_id` (empty: not reported).
+    pub run_id: String,
+    /// When `INFO server` was read and its `uptime_in_seconds`.
+    pub uptime: Option<(Instant, u64)>,
+    /// Its eviction policy and `evicted_keys`.
+    pub memory: Sample,
+}
+
+/// One reading of a node's eviction policy and `evicted_keys`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Sample {
-    /// The policy (`Unknown` when neither source told it).
-    pub policy: Policy,
+    /// The `maxmemory-policy` as Redis names it (`None`: neither source
+    /// told it).
+    pub policy: Option<String>,
     /// `INFO stats`' `evicted_keys`, when it answered.
     pub evicted_keys: Option<u64>,
     /// `CONFIG GET` was refused (renamed, an ACL, a managed Redis):
@@ -45,7 +63,7 @@ impl Sample {
             .clone()
             .or_else(|| memory.and_then(|m| info_field(m, "maxmemory_policy")));
         Sample {
-            policy: name.map_or(Policy::Unknown, |n| Policy::from_name(&n)),
+            policy: name,
             evicted_keys: info_field(stats, "evicted_keys").and_then(|v| v.parse().ok()),
             config_refused: config.is_some() && from_config.is_none(),
         }
@@ -95,7 +113,7 @@ mod tests {
     #[test]
     fn config_get_is_read_first() {
         let s = Sample::from_replies(Some(CONFIG), Some(MEMORY), STATS);
-        assert_eq!(s.policy, Policy::AllKeys("allkeys-lru".into()));
+        assert_eq!(s.policy.as_deref(), Some("allkeys-lru"));
         assert_eq!(s.evicted_keys, Some(17), "evicted_clients is another field");
         assert!(!s.config_refused);
         let map = b"%1\r\n$16\r\nmaxmemory-policy\r\n$10\r\nnoeviction\r\n";
@@ -110,15 +128,15 @@ mod tests {
             b"*0\r\n",
         ] {
             let s = Sample::from_replies(Some(refused), Some(MEMORY), STATS);
-            assert_eq!(s.policy, Policy::Volatile("volatile-ttl".into()));
+            assert_eq!(s.policy.as_deref(), Some("volatile-ttl"));
             assert!(s.config_refused);
             let s = Sample::from_replies(Some(refused), Some(b"-NOPERM no\r\n"), b"-NOPERM\r\n");
-            assert_eq!(s.policy, Policy::Unknown);
+            assert_eq!(s.policy, None);
             assert_eq!(s.evicted_keys, None);
         }
         // Not asked: not refused.
         let s = Sample::from_replies(None, Some(MEMORY), STATS);
         assert!(!s.config_refused);
-        assert_eq!(s.policy.name(), "volatile-ttl");
+        assert_eq!(s.policy.as_deref(), Some("volatile-ttl"));
     }
 }

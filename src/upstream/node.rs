@@ -4,6 +4,13 @@
 //! requests are written in order and replies matched in order. The
 //! connection is re-established with back-off; every call is bounded by a
 //! timeout, and a node that does not answer in time is simply a "no".
+//!
+//! It knows nothing of locks: the scripts a connection loads as it opens
+//! are given ([`NodeConfig::scripts`]), what the node reports about itself
+//! then ([`report`]) goes to whoever asked ([`Observer`]), and the
+//! exchanges before pipelining (`handshake`, `request`) and a
+//! subscription (`messages`) serve the lock room and the Sentinel
+//! follower alike.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -15,17 +22,19 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use super::evalsha;
-use super::eviction::{Memory, Role};
 use crate::protocol::reply::ReplyScanner;
-use crate::sentinel::Primary;
 use crate::sync;
 use crate::tls::Stream;
-use crate::upstream::Connector;
+use crate::upstream::{Connector, Primary};
 
 mod open;
+pub mod report;
+mod subscribe;
+
 use open::open;
 pub(crate) use open::{connect_authenticated, handshake, request, FrameReader};
+pub use report::Report;
+pub(crate) use subscribe::messages;
 
 /// `CLIENT SETNAME` of lockgate's own connections.
 pub const INTERNAL_NAME: &str = "lockgate-internal";
@@ -49,11 +58,11 @@ pub enum NodeError {
 
 /// One command for a node, and what to send in its place if the node
 /// answers `-NOSCRIPT` (it ran nothing): an `EVALSHA` and the same call as
-/// `EVAL`. lockgate's lock scripts go to the quorum's masters this way, so
-/// a master reads and hashes a 40-byte name per call instead of a 2–3 KiB
-/// body; every master's connection loads them when it opens
-/// ([`NodeConfig::load_scripts`]), so only a `SCRIPT FLUSH` on the master
-/// makes their fallback go out. A client's `EVALSHA` on lock keys goes the
+/// `EVAL`. lockgate's lock scripts go to the quorum's masters this way
+/// (`crate::lock::evalsha::Call::request`), so a master reads and hashes a
+/// 40-byte name per call instead of a 2–3 KiB body; every master's
+/// connection loads them when it opens ([`NodeConfig::scripts`]), so only
+/// a `SCRIPT FLUSH` on the master makes their fallback go out. A client's `EVALSHA` on lock keys goes the
 /// same way, with the body lockgate has seen. The fallback goes out from
 /// the connection task itself, at once, whether or not the caller still
 /// waits (a quorum that stopped waiting still runs the call on every
@@ -66,16 +75,6 @@ pub struct Request {
     pub command: Bytes,
     /// Sent instead after a `-NOSCRIPT` answer, once (the rerun has none).
     pub fallback: Option<Bytes>,
-}
-
-impl Request {
-    /// `call` as `EVALSHA`, with its `EVAL` as the fallback.
-    pub fn script(call: &evalsha::Call) -> Request {
-        Request {
-            command: call.evalsha(),
-            fallback: Some(call.eval()),
-        }
-    }
 }
 
 impl From<Bytes> for Request {
@@ -110,10 +109,17 @@ pub struct NodeState {
     /// that restarted moments before lockgate first saw it can be told
     /// from one that has run for long.
     pub uptime: Mutex<Option<(Instant, u64)>>,
-    /// Its eviction policy and the keys it was seen evicting, read as
-    /// each connection opens and by the periodic check (see
-    /// [`super::eviction`]).
-    pub memory: Memory,
+}
+
+/// Told what a node reports about itself ([`Report`]) as each connection
+/// to it opens, before the connection counts ([`NodeState::connects`],
+/// [`NodeState::up`]): nobody sees the connection without what it
+/// reported (a lock master's eviction policy decides its vote). The lock
+/// room's eviction state of a node is one (`crate::lock::eviction::Memory`).
+pub trait Observer: Send + Sync + std::fmt::Debug {
+    /// Connection number `connection` (the count of connections made,
+    /// this one included) to `addr` opened, and the node said `report`.
+    fn connected(&self, connection: u64, addr: &str, report: &Report);
 }
 
 /// A handle to one node; cheap to clone.
@@ -149,16 +155,18 @@ pub struct NodeConfig {
     /// Set for the primary: connect to the primary in force instead of
     /// `addr`, and reconnect when it changes (Sentinel).
     pub follow: Option<Arc<Primary>>,
-    /// Load lockgate's lock scripts when a connection opens, for calls
-    /// sent as [`Request::script`] (the quorum's masters; the primary's
-    /// sessions load what they use, and a `NOSCRIPT` there reruns as
-    /// `EVAL`, which caches the script for the next `EVALSHA`).
-    pub load_scripts: bool,
+    /// The script bodies loaded (`SCRIPT LOAD`) as each connection opens,
+    /// so calls sent as `EVALSHA` with an `EVAL` fallback (see [`Request`])
+    /// find them: every lock script for the quorum's masters; none for the
+    /// primary, whose sessions load what they use, and where a `NOSCRIPT`
+    /// reruns as `EVAL`, which caches the script for the next `EVALSHA`.
+    pub scripts: &'static [&'static str],
     /// Counts the calls sent again as `EVAL` after `-NOSCRIPT` (see
     /// [`Request`]); shared by the quorum's masters.
     pub noscript_reruns: Option<Arc<AtomicU64>>,
-    /// The primary or a lock master, as its eviction logs name it.
-    pub role: Role,
+    /// Told what the node reports as each connection opens (see
+    /// [`Observer`]).
+    pub observer: Option<Arc<dyn Observer>>,
 }
 
 impl NodeConfig {
@@ -177,9 +185,9 @@ impl NodeConfig {
             max_queued: config.locks.max_queued_calls,
             connector,
             follow: None,
-            load_scripts: false,
+            scripts: &[],
             noscript_reruns: None,
-            role: Role::Primary,
+            observer: None,
         }
     }
 
@@ -227,7 +235,6 @@ impl Node {
     pub fn spawn(config: NodeConfig, shutdown: CancellationToken) -> Node {
         let (tx, rx) = mpsc::channel(config.max_queued.max(1));
         let state = Arc::new(NodeState::default());
-        state.memory.set_role(config.role);
         let node = Node {
             addr: Arc::from(config.addr.as_str()),
             calls: tx,
@@ -319,11 +326,11 @@ async fn connection_loop(
                 // All known before the connection counts, so nobody sees
                 // it without them (a master's policy decides its vote).
                 let connection = state.connects.load(Ordering::Relaxed) + 1;
-                state
-                    .memory
-                    .opened(connection, &now.addr, &opened.run_id, &opened.memory);
-                *sync::lock(&state.run_id) = opened.run_id;
-                *sync::lock(&state.uptime) = opened.uptime;
+                if let Some(observer) = &config.observer {
+                    observer.connected(connection, &now.addr, &opened.report);
+                }
+                *sync::lock(&state.run_id) = opened.report.run_id;
+                *sync::lock(&state.uptime) = opened.report.uptime;
                 let stream = opened.stream;
                 state.connects.fetch_add(1, Ordering::Relaxed);
                 state.up.store(true, Ordering::Relaxed);

@@ -1,9 +1,12 @@
 //! Following the primary through Redis Sentinel: at start and every
 //! `recheck_interval_ms` (at once on a `+switch-master` message), ask the
 //! sentinels for the master's address (`SENTINEL get-master-addr-by-name`),
-//! and confirm it with `ROLE` before putting it in force. Every sentinel is subscribed to for `+switch-master`, so a
-//! switch is followed within a round trip of the message, and a missed
-//! message costs at most the recheck interval.
+//! and confirm it with `ROLE` before putting it in force
+//! ([`Primary::confirm`]; which Redis is the primary, its switches and the
+//! failover hold are [`crate::upstream::Primary`]'s). Every sentinel is
+//! subscribed to for `+switch-master`, so a switch is followed within a
+//! round trip of the message, and a missed message costs at most the
+//! recheck interval.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -12,12 +15,10 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use super::Primary;
 use crate::config::Config;
-use crate::lock::announce;
-use crate::lock::node::{connect_authenticated, handshake, request, NodeConfig};
 use crate::protocol::encode;
-use crate::upstream::Connector;
+use crate::upstream::node::{connect_authenticated, handshake, messages, request, NodeConfig};
+use crate::upstream::{Connector, Primary};
 
 /// Longest pause between two subscription attempts to one sentinel.
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
@@ -250,7 +251,7 @@ async fn subscribed(
     backoff: &mut Duration,
 ) -> Result<(), String> {
     let stream = connect_authenticated(sentinel).await?;
-    announce::messages(
+    messages(
         stream,
         b"+switch-master",
         backoff,

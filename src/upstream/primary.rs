@@ -1,6 +1,6 @@
 //! Which Redis is the primary now. Without Sentinel it is `upstream.addr`,
 //! fixed. With `[upstream.sentinel]` it is the address the sentinels give
-//! for the master, confirmed with `ROLE` ([`follow`]); until one is
+//! for the master, confirmed with `ROLE` ([`crate::sentinel`]); until one is
 //! confirmed there is none (sessions get "unavailable", `/readyz` is 503).
 //!
 //! Every user of the primary follows [`Primary`]: sessions are closed when
@@ -10,8 +10,6 @@
 //! a switch, acquisitions of lock keys on the primary are answered "not
 //! acquired" for `locks.failover_delay_ms` ([`Primary::hold_left`]): a lock
 //! granted on the old primary may not have been replicated.
-
-pub mod follow;
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};

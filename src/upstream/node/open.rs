@@ -1,16 +1,15 @@
 //! Opening a connection of lockgate's own to a node: connect, authenticate,
 //! name it, read what the node is (`run_id`, uptime, eviction policy), and
-//! load lockgate's lock scripts; and the one-reply-at-a-time exchanges used
-//! before a connection is pipelined.
+//! load the scripts it is given ([`NodeConfig::scripts`]); and the
+//! one-reply-at-a-time exchanges used before a connection is pipelined.
 
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
+use super::report::{self, Report, Sample};
 use super::{NodeConfig, INTERNAL_NAME};
-use crate::lock::evalsha;
-use crate::lock::eviction::{read, Sample};
 use crate::protocol::encode;
 use crate::protocol::reply::ReplyScanner;
 use crate::tls::Stream;
@@ -19,16 +18,12 @@ use crate::tls::Stream;
 pub(super) struct Opened {
     /// The connection, ready to be pipelined.
     pub stream: Stream,
-    /// `INFO server`'s `run_id` (empty: not reported).
-    pub run_id: String,
-    /// When `INFO server` was read and its `uptime_in_seconds`.
-    pub uptime: Option<(Instant, u64)>,
-    /// Its eviction policy and `evicted_keys` (see [`crate::lock::eviction`]).
-    pub memory: Sample,
+    /// What the node said about itself.
+    pub report: Report,
 }
 
 /// Connects, authenticates, reads the node's `run_id`, uptime and eviction
-/// policy, and loads the lock scripts if [`NodeConfig::load_scripts`].
+/// policy, and loads the scripts of [`NodeConfig::scripts`].
 pub(super) async fn open(config: &NodeConfig) -> Result<Opened, String> {
     let mut stream = handshake(config).await?;
     // One round trip. An error reply (CONFIG renamed or refused, INFO
@@ -37,9 +32,9 @@ pub(super) async fn open(config: &NodeConfig) -> Result<Opened, String> {
     let mut asked = BytesMut::new();
     for command in [
         encode::command(&[b"INFO", b"server"]),
-        read::config_get(),
-        read::info_memory(),
-        read::info_stats(),
+        report::config_get(),
+        report::info_memory(),
+        report::info_stats(),
     ] {
         asked.extend_from_slice(&command);
     }
@@ -58,27 +53,25 @@ pub(super) async fn open(config: &NodeConfig) -> Result<Opened, String> {
     let uptime = field("uptime_in_seconds:")
         .and_then(|v| v.parse().ok())
         .map(|secs| (read_at, secs));
-    // The lock scripts, so their `EVALSHA`s find them (see
+    // The scripts, so their `EVALSHA`s find them (see
     // [`super::Request`]). A refusal (an ACL without `SCRIPT`) is no
     // failure: those calls then run as `EVAL` after one `NOSCRIPT` each.
     // All in one write: one round trip at every (re)connection.
-    if config.load_scripts {
-        let scripts = evalsha::Script::all();
+    let scripts = config.scripts;
+    if !scripts.is_empty() {
         let mut loads = BytesMut::new();
-        for script in scripts {
-            loads.extend_from_slice(&encode::command(&[
-                b"SCRIPT",
-                b"LOAD",
-                script.body().as_bytes(),
-            ]));
+        for body in scripts {
+            loads.extend_from_slice(&encode::command(&[b"SCRIPT", b"LOAD", body.as_bytes()]));
         }
         requests(&mut stream, &loads, scripts.len(), config.connect_timeout).await?;
     }
     Ok(Opened {
         stream,
-        run_id,
-        uptime,
-        memory,
+        report: Report {
+            run_id,
+            uptime,
+            memory,
+        },
     })
 }
 
