@@ -237,10 +237,12 @@ pub fn decide<'a>(
     locks: &LockService,
     admin: &AdminConfig,
 ) -> Fate<'a> {
-    if forwards_plainly(kind, args, view, locks) {
+    // Where the lock keys live, asked once per command.
+    let quorum = locks.on_masters();
+    if plainly(kind, args, view, locks, quorum) {
         return Fate::Plain;
     }
-    let route = route(kind, args, view, locks);
+    let route = route_on(kind, args, view, locks, quorum);
     let mut next = view.after(kind, &route);
     let arg1 = args.get(1);
     match kind {
@@ -262,9 +264,7 @@ pub fn decide<'a>(
         // Not while replies are not counted: lockgate writes no reply of
         // its own there (the fuzzer found `EXEC` aborted on a MONITOR
         // connection, with a swallowed reply that would never come).
-        route if locks.on_masters() && !view.raw => {
-            quorum::transaction(kind, route, args, view, &mut next)
-        }
+        route if quorum && !view.raw => quorum::transaction(kind, route, args, view, &mut next),
         route => route,
     };
     let script = match kind {
@@ -308,7 +308,19 @@ pub fn forwards_plainly(
     view: &SessionView,
     locks: &LockService,
 ) -> bool {
-    if locks.on_masters() || view.raw || view.quit || view.replies != ReplyMode::On {
+    plainly(kind, args, view, locks, locks.on_masters())
+}
+
+/// [`forwards_plainly`] with lock keys on the quorum or not.
+#[inline]
+fn plainly(
+    kind: CommandKind,
+    args: CommandArgs<'_>,
+    view: &SessionView,
+    locks: &LockService,
+    quorum: bool,
+) -> bool {
+    if quorum || view.raw || view.quit || view.replies != ReplyMode::On {
         return false;
     }
     match kind {
@@ -340,7 +352,17 @@ pub fn route(
     view: &SessionView,
     locks: &LockService,
 ) -> Route {
-    let quorum = locks.on_masters();
+    route_on(kind, args, view, locks, locks.on_masters())
+}
+
+/// [`route`] with lock keys on the quorum or not.
+fn route_on(
+    kind: CommandKind,
+    args: CommandArgs<'_>,
+    view: &SessionView,
+    locks: &LockService,
+    quorum: bool,
+) -> Route {
     if kind == CommandKind::Reset {
         return Route::Forward(Expect::Reset);
     }
@@ -354,7 +376,7 @@ pub fn route(
             raw: false,
             ..*view
         };
-        return match route(kind, args, &counted, locks) {
+        return match route_on(kind, args, &counted, locks, quorum) {
             Route::Forward(_) | Route::ForwardUnmatched => Route::Forward(Expect::Nothing),
             Route::ForwardForget(forget, _) => Route::ForwardForget(forget, Expect::Nothing),
             Route::Admin => Route::Admin,
