@@ -256,6 +256,16 @@ async fn a_command_refused_while_queuing_aborts_the_transaction() {
     let mut c = cl.client().await;
     assert_eq!(call(&mut c, &["SETNX", "lock:x", "mine"]).await, ":1\r\n");
     assert_eq!(call(&mut c, &["SET", "counter:x", "1"]).await, "+OK\r\n");
+    // A majority's "yes" answers the client; on a loaded box the third
+    // master's write may land moments later, and the check after the
+    // aborted EXEC below needs the lock on all three.
+    until!("lock:x on every master", {
+        let mut all = true;
+        for i in 0..3 {
+            all &= cl.on_master(i, &["GET", "lock:x"]).await == bulk("mine");
+        }
+        all
+    });
 
     // Lock commands queued by lockgate.
     assert_eq!(call(&mut c, &["MULTI"]).await, "+OK\r\n");
