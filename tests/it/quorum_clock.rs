@@ -17,6 +17,7 @@ use lockgate::Config;
 use support::locks::bulk;
 use support::quorum::fake_clock::FakeClock;
 use support::quorum::{Cluster, NIL};
+use support::redis::command_calls;
 use support::resp::call;
 use support::RedisServer;
 
@@ -51,6 +52,31 @@ fn jumps(cl: &Cluster) -> u64 {
     cl.quorum().clock.jumps.load(Ordering::Relaxed)
 }
 
+/// The scripts (`EVALSHA`, `EVAL`) masters 3 and 4 have run.
+async fn scripts_on_3_and_4(cl: &Cluster) -> [u64; 2] {
+    let mut run = [0; 2];
+    for (n, i) in [3, 4].into_iter().enumerate() {
+        let stats = cl.on_master(i, &["INFO", "commandstats"]).await;
+        run[n] = command_calls(&stats, "evalsha") + command_calls(&stats, "eval");
+    }
+    run
+}
+
+/// The other owner lets go of `key` on masters 3 and 4, once they have run
+/// the attempt made since `before` (their [`scripts_on_3_and_4`] then). A
+/// majority's "yes" answers the client before every master has run its
+/// attempt: on a loaded box masters 3 and 4 may run it moments later, and
+/// after the `DEL` it would take them.
+async fn other_lets_go(cl: &Cluster, key: &str, before: [u64; 2]) {
+    until!("the attempt run on masters 3 and 4", {
+        let now = scripts_on_3_and_4(cl).await;
+        now[0] > before[0] && now[1] > before[1]
+    });
+    for i in [3, 4] {
+        assert_eq!(cl.on_master(i, &["DEL", key]).await, ":1\r\n");
+    }
+}
+
 /// Client A holds `key` on exactly masters 0, 1 and 2 (3 and 4 are held by
 /// another owner during A's attempt, who then lets go), so A's lock rests
 /// on the jumping master's vote.
@@ -61,6 +87,7 @@ async fn hold_on_three(cl: &Cluster, key: &str, value: &str) -> support::RawClie
             "+OK\r\n"
         );
     }
+    let before = scripts_on_3_and_4(cl).await;
     let mut a = cl.client().await;
     assert_eq!(
         call(&mut a, &["SET", key, value, "NX", "PX", "20000"]).await,
@@ -73,9 +100,7 @@ async fn hold_on_three(cl: &Cluster, key: &str, value: &str) -> support::RawClie
             "master {i}"
         );
     }
-    for i in [3, 4] {
-        assert_eq!(cl.on_master(i, &["DEL", key]).await, ":1\r\n");
-    }
+    other_lets_go(cl, key, before).await;
     a
 }
 
@@ -133,12 +158,11 @@ async fn fencing_does_not_count_a_master_whose_clock_jumped() {
     for i in [3, 4] {
         cl.on_master(i, &["SET", key, "other", "PX", "60000"]).await;
     }
+    let before = scripts_on_3_and_4(&cl).await;
     let mut a = cl.client().await;
     let taken = call(&mut a, &["LOCKGATE", "LOCK", key, "20000"]).await;
     assert!(taken.starts_with("*2\r\n:"), "A's fencing lock: {taken:?}");
-    for i in [3, 4] {
-        cl.on_master(i, &["DEL", key]).await;
-    }
+    other_lets_go(&cl, key, before).await;
     clock.set_offset_secs(60);
     assert_eq!(cl.on_master(JUMPER, &["GET", key]).await, NIL);
     let mut b = cl.client().await;
