@@ -1,6 +1,7 @@
-//! Helpers of `tests/abusive_clients.rs`: one test at a time (they measure
-//! the process), the proxy's configuration, and what Redis and `/proc/self`
-//! say about connections, buffers, memory and descriptors.
+//! Helpers of `tests/serial/abusive_clients.rs` and `clients_gone.rs` (in
+//! the serial binary: they measure the process), the proxy's
+//! configuration, and what Redis and `/proc/self` say about connections,
+//! buffers, memory and descriptors.
 
 use std::sync::atomic::AtomicU64;
 
@@ -10,10 +11,6 @@ use lockgate::Config;
 use super::resilience::client_list;
 use super::resp::direct;
 use super::RawClient;
-
-/// One test at a time: they measure the process's memory and descriptors,
-/// which tests running beside them would move.
-pub static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 pub fn config(upstream: &str) -> Config {
     let mut c = Config::default();

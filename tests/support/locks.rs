@@ -1,4 +1,4 @@
-//! Helpers shared by the lock-layer tests (`tests/locks*.rs`): a config
+//! Helpers shared by the lock-layer tests (the `locks*` tests): a config
 //! builder, reading state straight from Redis, and assertions on leases.
 //! Waits use the harness's `until!`.
 

@@ -3,7 +3,8 @@
 //! the helpers of each test area. Everything started here is stopped by
 //! PID when its handle drops. No mocks of Redis.
 //!
-//! Every test file says `mod support;` and uses what it needs:
+//! Both test binaries (`tests/it/`, `tests/serial/`) say `mod support;`
+//! in their `main.rs`; each test module uses what it needs:
 //!
 //! - [`redis`]: [`RedisServer`], [`free_port`], [`until_uptime`],
 //!   [`redis::command_calls`] (`INFO commandstats`).

@@ -1,4 +1,4 @@
-//! Shared by `tests/ops.rs` and `tests/ops_reload.rs`: lockgate in-process
+//! Shared by `tests/it/ops.rs` and `tests/it/ops_reload.rs`: lockgate in-process
 //! with its admin HTTP listener (both on port 0), a tiny HTTP/1.1 client
 //! over a `TcpStream`, a Prometheus text parser for the numbers, the Python
 //! `prometheus_client` parsers as the independent judge of the format. The

@@ -1,4 +1,4 @@
-//! The quorum tests' cluster (`tests/quorum*.rs`, the storm tests on a
+//! The quorum tests' cluster (the `quorum*` tests, the storm tests on a
 //! quorum): a primary and N lock masters (real redis-server processes),
 //! lockgate in front of them with `locks.quorum.masters` set, and helpers
 //! that look at each master directly.

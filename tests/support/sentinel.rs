@@ -2,7 +2,7 @@
 //! `redis-server --sentinel` processes, each with its own generated
 //! configuration in a temporary directory, killed by PID on drop. Short
 //! `down-after-milliseconds` and `failover-timeout` so failovers take
-//! seconds. Used by `tests/sentinel.rs`.
+//! seconds. Used by `tests/it/sentinel.rs`.
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};

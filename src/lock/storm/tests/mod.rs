@@ -6,8 +6,9 @@
 //! [`super::Acquirer`]: that fake stands for "acquire on Redis or the quorum", the
 //! one call the driver makes outside the lock room, so these tests check
 //! the room's rules (order, absorption, probing, bounds) and nothing of
-//! Redis. They do not replace the integration tests (`tests/storm*.rs`),
-//! which run lockgate against real `redis-server` processes.
+//! Redis. They do not replace the integration tests
+//! (`tests/serial/storm*.rs`, `tests/it/storm_{fleet,handoff}.rs`), which
+//! run lockgate against real `redis-server` processes.
 
 mod driver;
 mod step;

@@ -501,7 +501,7 @@ fn the_front_spinners_own_attempt_asks_redis() {
     );
     // The driver was refused without learning a holder (a key without
     // lease): back-off. The front spinner's attempts wait it out too, or
-    // each would ask Redis (tests/storm_handoff.rs: the incident's key).
+    // each would ask Redis (tests/it/storm_handoff.rs: the incident's key).
     key.view.probing = None;
     key.view.backoff_until = Some(t0 + ms(400));
     key.view.last_probe = Some(t0 + ms(250));
@@ -514,7 +514,7 @@ fn the_front_spinners_own_attempt_asks_redis() {
 }
 
 /// A back-off holds back only the front spinner's own attempts: with no
-/// queue on the key, an attempt goes to Redis (`tests/sentinel.rs`: the
+/// queue on the key, an attempt goes to Redis (`tests/it/sentinel.rs`: the
 /// first attempt after a failover hold ended was refused while the
 /// driver's back-off from the hold still ran).
 #[test]

@@ -1,0 +1,54 @@
+//! The integration tests that may share a process: one test binary, one
+//! module per area (`cargo test --test it quorum_chaos::` runs one
+//! module), so the harness (`tests/support/`) and lockgate's library are
+//! compiled and linked once instead of once per file. libtest runs two
+//! tests at a time (two cores), from any modules; a test here must not
+//! depend on what else the process is doing. Tests that measure the
+//! process itself (its memory, its descriptors) or need the machine to
+//! themselves are in `tests/serial/`, one at a time.
+
+#[macro_use]
+#[path = "../support/mod.rs"]
+mod support;
+
+/// The chaos test's pieces (`quorum_chaos`, `quorum_recovery`).
+mod chaos;
+
+mod arrival_order;
+mod auth_resp3;
+mod binary;
+mod blocking;
+mod clients;
+mod differential;
+mod event_loops;
+mod eviction;
+mod faults;
+mod fencing;
+mod legacy_behaviour;
+mod lock_safety;
+mod locks;
+mod locks_clients;
+mod locks_extend;
+mod locks_noscript;
+mod locks_release;
+mod locks_takeover;
+mod locks_view;
+mod locks_watchdog;
+mod ops;
+mod ops_reload;
+mod passthrough;
+mod passthrough_payloads;
+mod pubsub;
+mod quorum;
+mod quorum_chaos;
+mod quorum_clock;
+mod quorum_faults;
+mod quorum_recovery;
+mod quorum_rejoin;
+mod quorum_split;
+mod sentinel;
+mod session_fuzz;
+mod smoke;
+mod storm_fleet;
+mod storm_handoff;
+mod tls;
