@@ -29,7 +29,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 
 use super::lease::ConnLocks;
 use super::storm::Acquirer;
-use super::{script, LockPending, LockService, ReplyOutcome};
+use super::{script, LockPending, LockService};
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::{self, LocalReply};
 use crate::upstream::node::{Node, Request};
@@ -330,12 +330,7 @@ impl LockService {
                 return LocalReply::Error(Bytes::from(text));
             }
         };
-        match self.on_reply(pending, frame, conn, acquirer) {
-            ReplyOutcome::Reply(reply) => own_reply(reply),
-            ReplyOutcome::Parked(rx) | ReplyOutcome::Rerun(rx) => rx
-                .await
-                .unwrap_or_else(|_| LocalReply::err("lockgate: internal error (reply lost)")),
-        }
+        self.own_outcome(pending, frame, conn, acquirer).await
     }
 }
 

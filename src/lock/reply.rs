@@ -71,6 +71,26 @@ impl LockService {
         ReplyOutcome::Rerun(rx)
     }
 
+    /// The client's reply to a lock call lockgate ran on its own (RESP2)
+    /// connection, `frame` being Redis's reply: learned as
+    /// [`LockService::on_reply`] would, waiting for a handoff if the attempt
+    /// parks (a `NOSCRIPT` rerun, a transaction's lock command run by
+    /// lockgate on one Redis).
+    pub(crate) async fn own_outcome(
+        &self,
+        pending: LockPending,
+        frame: Bytes,
+        conn: &Arc<Mutex<ConnLocks>>,
+        acquirer: impl FnOnce() -> Arc<dyn Acquirer>,
+    ) -> LocalReply {
+        match self.on_reply(pending, frame, conn, acquirer) {
+            ReplyOutcome::Reply(reply) => evalsha::own_reply(reply),
+            ReplyOutcome::Parked(rx) | ReplyOutcome::Rerun(rx) => rx
+                .await
+                .unwrap_or_else(|_| LocalReply::err("lockgate: internal error (reply lost)")),
+        }
+    }
+
     /// Learns the outcome of `frame`, Redis's whole reply to the script
     /// planned for `pending` on `conn`'s behalf, and says what the client
     /// gets. `acquirer` acquires for a parked attempt when the lock frees.

@@ -323,14 +323,10 @@ impl LockService {
                 };
                 let request = planned.call.request();
                 match self.store.primary.send(request, self.store.timeout).await {
-                    Ok(frame) => match self.on_reply(pending, frame, &conn, || self.clone()) {
-                        super::ReplyOutcome::Reply(reply) => evalsha::own_reply(reply),
-                        super::ReplyOutcome::Parked(rx) | super::ReplyOutcome::Rerun(rx) => {
-                            rx.await.unwrap_or_else(|_| {
-                                LocalReply::err("lockgate: internal error (reply lost)")
-                            })
-                        }
-                    },
+                    Ok(frame) => {
+                        let acquirer = || -> Arc<dyn Acquirer> { self.clone() };
+                        self.own_outcome(pending, frame, &conn, acquirer).await
+                    }
                     Err(e) => LocalReply::err(format!("lockgate: {e}")),
                 }
             }
