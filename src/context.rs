@@ -209,26 +209,8 @@ impl ServerContext {
             };
             announce::spawn(store, locks.storm.clone(), stop.clone());
         }
-        ServerContext {
-            reload: std::sync::Mutex::new(None),
-            current: std::sync::RwLock::new(config.clone()),
-            locks,
-            eviction,
-            tls,
-            upstream,
-            primary,
-            primary_memory,
-            primary_addr,
-            stop,
-            config: StartConfig::of(&config),
-            metrics: ProxyMetrics::default(),
-            upstream_warn: RateLimit::new(WARN_INTERVAL),
-            accept_warn: RateLimit::new(WARN_INTERVAL),
-            client_slots: Arc::new(tokio::sync::Semaphore::new(config.proxy.max_clients)),
-            runtimes: std::sync::Mutex::new(
-                tokio::runtime::Handle::try_current().into_iter().collect(),
-            ),
-        }
+        let runtimes = tokio::runtime::Handle::try_current().into_iter().collect();
+        ServerContext::assemble(&config, locks, tls, upstream, runtimes)
     }
 
     /// A context for `config` that reaches nothing and starts nothing: its
@@ -239,26 +221,39 @@ impl ServerContext {
     pub(crate) fn offline(config: Config) -> ServerContext {
         let tls = Arc::new(TlsStore::new(&config));
         let store = Store::offline(&config);
-        let primary = store.primary.clone();
-        let primary_memory = store.primary_memory.clone();
         let locks = Arc::new(LockService::with_store(&config, store));
+        let upstream = Connector::new(tls.clone(), Side::Upstream);
+        ServerContext::assemble(&config, locks, tls, upstream, Vec::new())
+    }
+
+    /// The context around `locks`: the primary's connection, address and
+    /// eviction readings, the eviction checks and the stop token are its
+    /// store's own (one of each, shared).
+    fn assemble(
+        config: &Config,
+        locks: Arc<LockService>,
+        tls: Arc<TlsStore>,
+        upstream: Connector,
+        runtimes: Vec<tokio::runtime::Handle>,
+    ) -> ServerContext {
+        let store = locks.store();
         ServerContext {
             reload: std::sync::Mutex::new(None),
             current: std::sync::RwLock::new(config.clone()),
+            primary: store.primary.clone(),
+            primary_memory: store.primary_memory.clone(),
+            primary_addr: store.primary_addr().clone(),
+            eviction: store.eviction().clone(),
+            stop: store.stop().clone(),
             locks,
-            eviction: Arc::new(Eviction::new(&config)),
-            upstream: Connector::new(tls.clone(), Side::Upstream),
             tls,
-            primary,
-            primary_memory,
-            primary_addr: Primary::fixed(&config.upstream.addr),
-            stop: CancellationToken::new(),
-            config: StartConfig::of(&config),
+            upstream,
+            config: StartConfig::of(config),
             metrics: ProxyMetrics::default(),
             upstream_warn: RateLimit::new(WARN_INTERVAL),
             accept_warn: RateLimit::new(WARN_INTERVAL),
             client_slots: Arc::new(tokio::sync::Semaphore::new(config.proxy.max_clients)),
-            runtimes: std::sync::Mutex::new(Vec::new()),
+            runtimes: std::sync::Mutex::new(runtimes),
         }
     }
 

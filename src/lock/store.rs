@@ -67,6 +67,21 @@ impl Store {
         self.timeout
     }
 
+    /// Which Redis is the primary now (the failover hold's clock).
+    pub fn primary_addr(&self) -> &Arc<Primary> {
+        &self.primary_addr
+    }
+
+    /// `locks.require_noeviction` in force and the eviction counters.
+    pub fn eviction(&self) -> &Arc<Eviction> {
+        &self.eviction
+    }
+
+    /// Cancelled once lockgate has drained.
+    pub fn stop(&self) -> &CancellationToken {
+        &self.stop
+    }
+
     /// Resolves once lockgate has drained (waits end then).
     pub fn stopped(&self) -> tokio_util::sync::WaitForCancellationFuture<'_> {
         self.stop.cancelled()
