@@ -61,7 +61,7 @@ pub struct Store {
 }
 
 impl Store {
-    /// How long lockgate's own calls may take, ms
+    /// How long lockgate's own calls may take
     /// (`upstream.connect_timeout_ms`).
     pub fn timeout(&self) -> Duration {
         self.timeout

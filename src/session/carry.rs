@@ -94,6 +94,20 @@ pub(super) struct Routed {
 }
 
 impl Routed {
+    /// An empty batch whose deferred work goes to `jobs`.
+    pub(super) fn new(jobs: Jobs) -> Routed {
+        Routed {
+            jobs,
+            last: false,
+            batch: Batch::default(),
+            pieces: Pieces::default(),
+            used: 0,
+            failed: false,
+            hold: None,
+            released: Vec::new(),
+        }
+    }
+
     /// Takes an attempt answered before Redis (see
     /// [`crate::lock::LockService::attempt`]): now, later, or parked.
     pub(super) fn early(&mut self, early: Early) {

@@ -13,9 +13,8 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 
-use super::carry::{Pieces, Routed};
+use super::carry::Routed;
 use super::jobs::Jobs;
-use super::pending::Batch;
 use crate::admin;
 use crate::command::{self, CommandKind};
 use crate::context::ServerContext;
@@ -391,22 +390,6 @@ fn script_keys(
         return None;
     }
     ctx.locks.script_lock_keys(&args.all())
-}
-
-impl Routed {
-    /// An empty batch whose deferred work goes to `jobs`.
-    pub(super) fn new(jobs: Jobs) -> Routed {
-        Routed {
-            jobs,
-            last: false,
-            batch: Batch::default(),
-            pieces: Pieces::default(),
-            used: 0,
-            failed: false,
-            hold: None,
-            released: Vec::new(),
-        }
-    }
 }
 
 #[cfg(test)]

@@ -283,3 +283,21 @@ fn a_malformed_request_closes_after_its_error() {
     assert!(told[1].starts_with("-ERR Protocol error"), "{told:?}");
     assert_eq!(told[2], "close");
 }
+
+/// On a connection whose replies are not counted (MONITOR), a transaction
+/// is Redis's alone even with lock keys on the quorum: lockgate queues
+/// nothing and, at `EXEC`, sends no `DISCARD` whose reply it would wait to
+/// swallow (the router fuzzer's find); the lock command is refused there.
+#[test]
+fn a_raw_connection_keeps_its_transaction_on_redis() {
+    let mut f = fixture(on_masters());
+    let seen = f.send(&["MONITOR", "MULTI", "SETNX lock:a 1", "EXEC"]);
+    assert_eq!(seen.up, ["MONITOR", "MULTI", "EXEC"], "{seen:?}");
+    assert!(!seen.told.iter().any(|t| t == "swallow"), "{seen:?}");
+    assert!(
+        seen.told
+            .iter()
+            .any(|t| t.starts_with("-ERR lockgate: lock commands are refused")),
+        "{seen:?}"
+    );
+}
