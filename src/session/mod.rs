@@ -1,10 +1,9 @@
 //! One client connection: its own upstream connection to the primary, and
 //! two halves joined in one task. The reader half ([`reader`]) reads client
 //! bytes, has its dispatcher decide each command and forwards the client's
-//! own bytes; the
-//! writer half ([`writer`]) copies Redis's replies back, counting frames so
-//! lockgate's own replies land in command order. They talk through a bounded
-//! channel of [`pending::Pending`] entries.
+//! own bytes; the writer half ([`writer`]) copies Redis's replies back,
+//! counting frames so lockgate's own replies land in command order. They
+//! talk through a bounded channel of [`pending::Pending`] entries.
 //!
 //! While the primary cannot be reached, the session answers each command
 //! `-ERR lockgate: upstream … unavailable (…)` and tries again at most every
