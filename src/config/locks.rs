@@ -58,6 +58,13 @@ pub struct LocksConfig {
     /// the primary and of each lock master (ms; one round trip per Redis),
     /// besides at every (re)connection. At least 10.
     pub eviction_check_ms: u64,
+    /// Run the uncontended lock cycle with small scripts (`SETNX` on a key
+    /// this instance has not seen contended, the release and relative
+    /// `EXPIRE` of a lock the connection holds): the same owner check in
+    /// the same atomic step, at about a third of Redis's CPU per cycle
+    /// (`docs/performance.md`). false: every lock command runs the general
+    /// scripts. Reloadable.
+    pub fast_path: bool,
 }
 
 /// Retry-storm control (`[locks.retry]`): while a lock is known held, spin
@@ -218,6 +225,7 @@ impl Default for LocksConfig {
             failover_delay_ms: None,
             require_noeviction: false,
             eviction_check_ms: 1_000,
+            fast_path: true,
         }
     }
 }

@@ -49,16 +49,22 @@ pub enum Script {
     Takeover,
     /// [`script::PASS`].
     Pass,
+    /// [`script::RELEASE_FAST`].
+    ReleaseFast,
+    /// [`script::EXTEND_FAST`].
+    ExtendFast,
 }
 
 /// Every [`Script`], in the order of their bits in [`Loaded`].
-const ALL: [Script; 6] = [
+const ALL: [Script; 8] = [
     Script::Acquire,
     Script::Release,
     Script::ReleaseHandoff,
     Script::Extend,
     Script::Takeover,
     Script::Pass,
+    Script::ReleaseFast,
+    Script::ExtendFast,
 ];
 
 /// Every script's Lua body, in [`Script::all`]'s order: what the quorum's
@@ -76,7 +82,7 @@ pub static BODIES: [&str; ALL.len()] = {
 
 impl Script {
     /// Every script lockgate runs.
-    pub fn all() -> [Script; 6] {
+    pub fn all() -> [Script; 8] {
         ALL
     }
 
@@ -89,18 +95,20 @@ impl Script {
             Script::Extend => script::EXTEND,
             Script::Takeover => script::TAKEOVER,
             Script::Pass => script::PASS,
+            Script::ReleaseFast => script::RELEASE_FAST,
+            Script::ExtendFast => script::EXTEND_FAST,
         }
     }
 
     /// The body's SHA1 in lowercase hex, as Redis names it (computed once).
     pub fn sha(self) -> &'static str {
-        static SHAS: OnceLock<[String; 6]> = OnceLock::new();
+        static SHAS: OnceLock<[String; 8]> = OnceLock::new();
         let shas =
             SHAS.get_or_init(|| ALL.map(|s| sha1_smol::Sha1::from(s.body()).digest().to_string()));
         &shas[self as usize]
     }
 
-    fn bit(self) -> u8 {
+    fn bit(self) -> u16 {
         1 << (self as u8)
     }
 }
@@ -192,7 +200,7 @@ impl Call {
 /// cache [`Epoch`] (a newer epoch: Redis may have lost them all).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Loaded {
-    bits: u8,
+    bits: u16,
     epoch: u64,
     off: bool,
 }

@@ -42,6 +42,9 @@ counters! {
         /// Per-connection lock records dropped because the table was full.
         conn_table_evictions: Counter "lock_table_evictions",
             "Per-connection lock records dropped (table full)";
+        /// Lock commands run as a fast script (see `locks.fast_path`).
+        fast_calls: Counter "lock_fast_calls",
+            "Lock commands run as a fast script (uncontended cycle, locks.fast_path)";
         /// Lock commands inside MULTI (outcome not observed by lockgate).
         in_transaction: Counter "lock_in_transaction",
             "Lock commands inside MULTI (outcome not observed by lockgate)";

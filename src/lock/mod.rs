@@ -25,7 +25,8 @@
 //!   `locks.require_noeviction` refusal and the acquirer of parked
 //!   attempts.
 //! - [`keys`] (patterns), [`ops`] (commands → ops), `plan` (ops → script
-//!   calls, facts → records), [`script`] (the Lua, and its typed ARGV),
+//!   calls, facts → records), [`fast`] (the uncontended cycle as small
+//!   scripts), [`script`] (the Lua, and its typed ARGV),
 //!   [`evalsha`] (scripts by SHA1 on clients' connections, a `NOSCRIPT` run
 //!   again as `EVAL`), `reply` (the outcome of a lock script's reply, as a
 //!   [`ReplyOutcome`]), [`lease`] (tokens, per-connection records).
@@ -54,6 +55,7 @@ pub(crate) mod evalsha;
 pub use evalsha::eval_on;
 pub(crate) mod eviction;
 pub(crate) mod failover;
+pub(crate) mod fast;
 pub(crate) mod fence;
 mod forget;
 pub use forget::{Database, Forget};
@@ -153,6 +155,14 @@ pub enum LockPending {
     /// reply passes as it is and, unless it is an error, what lockgate knew
     /// is dropped as the [`Forget`] says.
     Forget(Forget),
+    /// A call rewritten to a fast script ([`fast`]): its reply is read as
+    /// that script answers, then learned as the general plan's `then`.
+    Fast {
+        /// How to read the reply.
+        read: fast::Fast,
+        /// The general plan's outcome.
+        then: Box<LockPending>,
+    },
     /// A takeover with `token`.
     Takeover {
         /// The lock key.
@@ -205,6 +215,7 @@ pub struct Rules {
     overrides: Vec<(KeyPatterns, LockOverride)>,
     default_lease_ms: u64,
     any: bool,
+    fast_path: bool,
     retry: crate::config::RetryConfig,
     failover_delay_ms: Option<u64>,
 }
@@ -230,6 +241,7 @@ impl Rules {
                 .collect(),
             default_lease_ms: c.default_lease_ms,
             any: c.ownership == Ownership::Any,
+            fast_path: c.fast_path,
             retry: c.retry.clone(),
             failover_delay_ms: c.failover_delay_ms,
         }

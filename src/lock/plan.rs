@@ -41,11 +41,14 @@ enum Handoff {
     No,
 }
 
-/// Whether an acquisition's facts carry the master's clock (the quorum).
+/// What an acquisition's reply carries: the facts, the facts and the
+/// master's clock (the quorum), or the compact reply of the uncontended
+/// `SETNX` ([`script::ACQUIRE`]'s info `"3"`, see [`super::fast`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum ClockFact {
     Read,
     Skip,
+    Compact,
 }
 
 impl LockService {
@@ -95,19 +98,25 @@ impl LockService {
     /// the contention table nothing (see [`Database`]). The caller settles
     /// the handoff with [`LockService::finish_handoff`] when
     /// [`LockService::complete`] reports one.
+    /// `compact`: an acquisition asks for the compact reply of the
+    /// uncontended `SETNX` (see [`super::fast`]).
     pub(crate) fn plan_on_primary(
         &self,
         op: LockOp,
         conn: &mut ConnLocks,
         queueing: Queueing,
         db: Database,
+        compact: bool,
     ) -> Planned {
         let offer = match db {
             Database::Zero => Handoff::Offer,
             Database::Other => Handoff::No,
         };
-        let mut planned =
-            self.plan_with(op, conn, queueing, Attempt::Counted, offer, ClockFact::Skip);
+        let facts = match compact {
+            true => ClockFact::Compact,
+            false => ClockFact::Skip,
+        };
+        let mut planned = self.plan_with(op, conn, queueing, Attempt::Counted, offer, facts);
         if let Some(
             LockPending::Acquire { db: at, .. }
             | LockPending::Release { db: at, .. }
@@ -148,6 +157,7 @@ impl LockService {
         // Only acquisitions read the master's clock (`"2"`).
         let acquire_info: &[u8] = match (clock, queueing) {
             (ClockFact::Read, Queueing::Now) => b"2",
+            (ClockFact::Compact, Queueing::Now) => b"3",
             _ => info,
         };
         if in_multi {
@@ -481,6 +491,9 @@ impl LockService {
                 }
             }
             LockPending::Takeover { .. } => {}
+            // Its reply is read before (`LockService::on_reply`): `facts`
+            // are the general script's.
+            LockPending::Fast { then, .. } => return self.complete(*then, facts, conn),
             LockPending::Script { keys } => {
                 for key in &keys {
                     self.storm.released(key);

@@ -101,19 +101,20 @@ impl LockService {
         conn: &Arc<Mutex<ConnLocks>>,
         acquirer: impl FnOnce() -> Arc<dyn Acquirer>,
     ) -> ReplyOutcome {
-        let (reply, facts) = match pending {
-            // A client script's reply is the client's, whole.
-            LockPending::Script { .. } => (frame.clone(), Vec::new()),
-            // Refused: it changed nothing, so nothing is dropped.
-            LockPending::Forget(_) if super::forget::is_error(&frame) => {
-                return ReplyOutcome::Reply(frame);
+        let (reply, facts, pending) = match pending {
+            LockPending::Fast { read, then } => {
+                let (reply, facts) = super::fast::read(read, &frame);
+                (reply, facts, *then)
             }
-            LockPending::Forget(_) => (frame.clone(), Vec::new()),
-            _ => {
-                let (reply, facts) = split_reply(&frame);
-                (frame.slice_ref(reply), facts)
+            p => {
+                let (reply, facts) = general(&p, &frame);
+                (reply, facts, p)
             }
         };
+        // Refused: it changed nothing, so nothing is dropped.
+        if matches!(pending, LockPending::Forget(_)) && super::forget::is_error(&frame) {
+            return ReplyOutcome::Reply(frame);
+        }
         let park = failed_attempt(&pending, &facts);
         let handed = self.complete(pending, &facts, &mut sync::lock(conn));
         // The release gave the lock to a parked attempt of another
@@ -124,6 +125,20 @@ impl LockService {
         match park.and_then(|(key, park)| self.park(key, park, conn, acquirer())) {
             Some(rx) => ReplyOutcome::Parked(rx),
             None => ReplyOutcome::Reply(reply),
+        }
+    }
+}
+
+/// The client's reply and the facts in `frame`, the reply to the general
+/// plan of `pending`.
+fn general(pending: &LockPending, frame: &Bytes) -> (Bytes, Vec<i64>) {
+    match pending {
+        // A client script's reply is the client's, whole; so is a
+        // forwarded command's.
+        LockPending::Script { .. } | LockPending::Forget(_) => (frame.clone(), Vec::new()),
+        _ => {
+            let (reply, facts) = split_reply(frame);
+            (frame.slice_ref(reply), facts)
         }
     }
 }

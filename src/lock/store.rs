@@ -305,7 +305,18 @@ impl LockService {
             true => Queueing::InMulti,
             false => Queueing::Now,
         };
-        let planned = self.plan_on_primary(op.clone(), &mut sync::lock(seat.conn), queueing, db);
+        let (planned, fast) = {
+            let mut conn = sync::lock(seat.conn);
+            // Seen before planning: planning records the attempt.
+            let fast = match queueing {
+                Queueing::Now => self.fast_path(op, &conn),
+                Queueing::InMulti => None,
+            };
+            (
+                self.plan_on_primary(op.clone(), &mut conn, queueing, db, fast.is_some()),
+                fast,
+            )
+        };
         let pending = planned.pending.map(|pending| match pending {
             LockPending::Acquire { key, token, db, .. } => LockPending::Acquire {
                 key,
@@ -315,9 +326,17 @@ impl LockService {
             },
             p => p,
         });
-        Attempt::OnConnection {
+        let planned = super::Planned {
             call: planned.call,
             pending,
+        };
+        let planned = match fast {
+            Some(before) => self.fast(op, before, planned),
+            None => planned,
+        };
+        Attempt::OnConnection {
+            call: planned.call,
+            pending: planned.pending,
         }
     }
 

@@ -29,6 +29,7 @@ mod lock_safety;
 mod locks;
 mod locks_clients;
 mod locks_extend;
+mod locks_fast;
 mod locks_noscript;
 mod locks_release;
 mod locks_takeover;

@@ -202,7 +202,24 @@ end
 /// (no queue), it runs `EXISTS`, `SET NX` and the owner record's `SET`,
 /// nothing else. The owner record gets the lock's own expiry option, so an
 /// acquisition asks no PTTL unless its lease is a deadline (`PXAT`/`EXAT`).
+///
+/// Info `"3"` (the uncontended `SETNX`, see [`crate::lock::fast`]): with
+/// no queue on the key, the attempt is only `SET NX` and the owner record,
+/// before the queue's functions are defined (defining them costs every
+/// call), and its reply, acquired, is `1`. Otherwise (a queue, or the key
+/// held: the `SET NX` is tried again, and fails) as info `"1"`: a failed
+/// attempt takes its place in the queue as always.
 pub const ACQUIRE: &str = concat!(
+    r#"
+if ARGV[1] == '3' and redis.call('EXISTS', KEYS[3]) == 0 then
+  local ok = redis.pcall('SET', KEYS[1], ARGV[2], 'NX', ARGV[4], ARGV[5])
+  if type(ok) == 'table' and ok.err then return ok end
+  if ok then
+    redis.call('SET', KEYS[2], ARGV[3], ARGV[4], ARGV[5])
+    return 1
+  end
+end
+"#,
     queue!(),
     r#"
 local bound, ttl, me = tonumber(ARGV[8]) or 0, tonumber(ARGV[9]) or 0, ARGV[7]
@@ -253,7 +270,7 @@ end
 local reply = old
 if ARGV[6] == 'setnx' then reply = acquired elseif ARGV[6] == 'set' then reply = ok end
 local yielded = yield and 1 or 0
-if ARGV[1] == '1' then return {reply, acquired, pttl, 0, yielded, behind, q_dropped} end
+if ARGV[1] == '1' or ARGV[1] == '3' then return {reply, acquired, pttl, 0, yielded, behind, q_dropped} end
 if ARGV[1] == '2' then
   local t = redis.call('TIME')
   return {reply, acquired, pttl, tonumber(t[1]) * 1000000 + tonumber(t[2]), yielded, behind, q_dropped}
@@ -524,6 +541,44 @@ if redis.call('EXISTS', KEYS[3]) == 1 then q_wake(KEYS[3], KEYS[4], KEYS[1], q_n
 return 1
 "#
 );
+
+/// The release of one lock key by the connection that holds it (its own
+/// token, no attempt unsettled, see `LockService::fast_path`): [`RELEASE`]'s
+/// check and delete, with the queue's functions defined only when a queue
+/// is there to wake (defining them costs every call). KEYS: lock, owner
+/// record, queue, places. ARGV: token, `DEL` or `UNLINK`. Reply: the
+/// number deleted, as the client's command (`0` when the owner record
+/// was gone: deleted behind lockgate's back); `-1` not this token's (the
+/// lease lapsed: the client's `0`); `{deleted, lapsed places dropped}`
+/// after a wake-up that dropped lapsed places.
+pub const RELEASE_FAST: &str = concat!(
+    r#"
+if redis.call('GET', KEYS[2]) ~= ARGV[1] then return -1 end
+local d = redis.call(ARGV[2], KEYS[1], KEYS[2]) - 1
+if d > 0 and redis.call('EXISTS', KEYS[3]) == 1 then
+"#,
+    queue!(),
+    r#"
+  q_wake(KEYS[3], KEYS[4], KEYS[1], q_now())
+  if q_dropped > 0 then return {d, q_dropped} end
+end
+return d
+"#
+);
+
+/// The extension of a held lock by its holder with a relative lease
+/// (`EXPIRE k s` / `PEXPIRE k ms`, no option; see
+/// `LockService::fast_path`): [`EXTEND`]'s check and move, the owner record
+/// following the lock. KEYS: lock, owner record. ARGV: token, `EXPIRE` or
+/// `PEXPIRE`, the amount. Reply: as the command; `-1` not this token's
+/// (the client's `0`). A lock key gone behind lockgate's back takes its
+/// owner record with it.
+pub const EXTEND_FAST: &str = r#"
+if redis.call('GET', KEYS[2]) ~= ARGV[1] then return -1 end
+local r = redis.call(ARGV[2], KEYS[1], ARGV[3])
+if r == 1 then redis.call(ARGV[2], KEYS[2], ARGV[3]) else redis.call('DEL', KEYS[2]) end
+return r
+"#;
 
 /// A fixed error reply, for refusals that must take a command's place in a
 /// transaction. ARGV: the error text (with its code).

@@ -216,6 +216,22 @@ impl Key {
         self.waiters.is_empty() && self.turn == Turn::Off && over
     }
 
+    /// Nothing says the key is contended at `now`: no attempt parked or
+    /// kept in its queue here, no driver, not behind another instance in
+    /// the store's queue, no back-off, and no holder but this instance
+    /// known. An attempt on a quiet key may take the fast script (see
+    /// `LockService::fast_path`): a hint, so a key contended only
+    /// elsewhere is quiet here until the store's queue says otherwise.
+    pub(super) fn quiet(&self, now: Instant) -> bool {
+        let v = &self.view;
+        let passed = |t: Option<Instant>| t.is_none_or(|t| t <= now);
+        self.waiters.is_empty()
+            && self.turn == Turn::Off
+            && passed(v.behind_until)
+            && passed(v.backoff_until)
+            && (v.ours || passed(v.held_until))
+    }
+
     /// Who holds the key as last learned, and until when; `None` when no
     /// lease is known to run.
     pub(super) fn holder(&self, now: Instant) -> Option<(&'static str, Instant)> {

@@ -455,6 +455,13 @@ impl Storm {
             .unwrap_or(0)
     }
 
+    /// Whether nothing here says `key` is contended (see `Key::quiet`);
+    /// an untracked key is quiet.
+    pub fn quiet(&self, key: &[u8]) -> bool {
+        self.state(key, false)
+            .is_none_or(|state| sync::lock(&state.inner).quiet(Instant::now()))
+    }
+
     /// Who holds `key` as last learned: this instance, another client, or
     /// nobody known.
     pub fn holder(&self, key: &[u8]) -> Option<&'static str> {

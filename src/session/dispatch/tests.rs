@@ -115,17 +115,24 @@ fn told(p: &Pending) -> String {
         }
         Pending::Deferred(_) => "deferred".into(),
         Pending::Silent(_) => "silent".into(),
-        Pending::Lock(lock) => match &lock.0 {
-            LockPending::Acquire { db, park, .. } => {
-                let rerun = if lock.1.is_some() { " by sha" } else { "" };
-                let park = if park.is_some() { " parkable" } else { "" };
-                format!("acquire in {db:?}{park}{rerun}")
-            }
-            LockPending::Release { keys, .. } => format!("release {}", keys.len()),
-            LockPending::Script { keys } => format!("script on {}", keys.len()),
-            LockPending::Forget(what) => format!("forget {what:?}"),
-            other => format!("{other:?}"),
-        },
+        Pending::Lock(lock) => {
+            let (fast, pending) = match &lock.0 {
+                LockPending::Fast { then, .. } => ("fast ", &**then),
+                p => ("", p),
+            };
+            let what = match pending {
+                LockPending::Acquire { db, park, .. } => {
+                    let rerun = if lock.1.is_some() { " by sha" } else { "" };
+                    let park = if park.is_some() { " parkable" } else { "" };
+                    format!("acquire in {db:?}{park}{rerun}")
+                }
+                LockPending::Release { keys, .. } => format!("release {}", keys.len()),
+                LockPending::Script { keys } => format!("script on {}", keys.len()),
+                LockPending::Forget(what) => format!("forget {what:?}"),
+                other => format!("{other:?}"),
+            };
+            format!("{fast}{what}")
+        }
         Pending::Swallow => "swallow".into(),
         Pending::Close => "close".into(),
         Pending::Hello => "hello".into(),
@@ -146,13 +153,13 @@ fn plain_commands_pass_and_a_lock_key_is_leased() {
     assert_eq!(seen.up, ["GET a", "SCRIPT LOAD", "EVALSHA lock:a"]);
     assert_eq!(
         seen.told,
-        ["upstream 1", "swallow", "acquire in Zero by sha"]
+        ["upstream 1", "swallow", "fast acquire in Zero by sha"]
     );
     let seen = f.send(&["SETNX lock:b 1", "DEL lock:b"]);
     assert_eq!(seen.up, ["EVALSHA lock:b", "SCRIPT LOAD", "EVALSHA lock:b"]);
     assert_eq!(
         seen.told,
-        ["acquire in Zero by sha", "swallow", "release 1"],
+        ["fast acquire in Zero by sha", "swallow", "release 1"],
         "the release script is loaded the first time too"
     );
     assert!(!seen.held && !seen.failed);
@@ -169,7 +176,7 @@ fn the_view_after_each_command_is_the_routers() {
     assert_eq!(seen.up, ["SELECT 3", "SCRIPT LOAD", "EVALSHA lock:a"]);
     assert_eq!(
         seen.told,
-        ["upstream 1", "swallow", "acquire in Other by sha"]
+        ["upstream 1", "swallow", "fast acquire in Other by sha"]
     );
     let seen = f.send(&[
         "SELECT 0",
