@@ -75,6 +75,7 @@ use crate::lock::{LockPending, ReplyOutcome};
 use crate::metrics::ProxyMetrics;
 use crate::protocol::ProtocolError;
 use crate::tls::Stream;
+use crate::upstream::shared::DedicatedGuard;
 use reader::ReaderEnd;
 use writer::WriterEnd;
 
@@ -185,6 +186,10 @@ async fn serve(
             None => return,
         },
     };
+    // Counted while it lives (a shared-mode stream counts its own when the
+    // session moves to a dedicated connection).
+    let _dedicated =
+        (!matches!(upstream, Stream::Shared(_))).then(|| DedicatedGuard::new(&ctx.upstream_conns));
     let (mut client_r, mut client_w) = client.split();
     let (mut up_r, mut up_w) = upstream.split();
     let (tx, rx) = mpsc::channel(ctx.config.proxy.max_inflight_batches);
