@@ -1,5 +1,7 @@
-//! One client connection: its own upstream connection to the primary, and
-//! two halves joined in one task. The reader half ([`reader`]) reads client
+//! One client connection: its own upstream connection to the primary (or,
+//! with `proxy.upstream = "shared"`, a stream over a shared one that moves
+//! to its own when a command needs it: `crate::upstream::shared`, used
+//! through the same halves), and two halves joined in one task. The reader half ([`reader`]) reads client
 //! bytes, has its dispatcher decide each command and forwards the client's
 //! own bytes; the writer half ([`writer`]) copies Redis's replies back,
 //! counting frames so lockgate's own replies land in command order. They
