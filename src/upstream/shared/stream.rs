@@ -248,7 +248,7 @@ impl SharedWrite {
     /// room for the batch.
     fn poll_send(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         ready!(self.inbox.poll_room(cx));
-        if let Poll::Pending = self.lane.poll_reserve(cx) {
+        if self.lane.poll_reserve(cx).is_pending() {
             if !self.waiting_for_room {
                 self.waiting_for_room = true;
                 ProxyMetrics::inc(&self.common.metrics.shared_queue_full);
