@@ -343,3 +343,17 @@ async fn lock_keys_keep_their_protection_in_shared_mode() {
     );
     lg.stop().await;
 }
+
+/// A blank line gets no reply from Redis, and none is waited for (Redis's
+/// own suite: "Handle an empty query").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blank_line_is_owed_nothing() {
+    let redis = RedisServer::start();
+    let lg = shared(&redis, 1).await;
+    let mut c = RawClient::connect(lg.addr).await;
+    c.send(b"\r\n").await;
+    assert_eq!(c.call_raw(&["PING"]).await, b"+PONG\r\n");
+    c.send(b"*0\r\n\r\n").await;
+    assert_eq!(c.call_raw(&["PING"]).await, b"+PONG\r\n");
+    lg.stop().await;
+}

@@ -43,12 +43,13 @@ impl SharedStream {
     pub(super) fn new(common: Arc<Common>, lane: PollSender<Batch>) -> SharedStream {
         let inbox = Arc::new(Inbox::new(common.reply_limit));
         // The session's bytes were read and checked by its dispatcher (and
-        // lockgate's own frames are well formed): these limits only frame.
+        // lockgate's own frames are well formed): these limits only frame
+        // (halved: the parser adds one to the inline limit).
         let limits = RequestLimits {
-            max_bulk_bytes: u64::MAX,
-            max_multibulk_len: u64::MAX,
-            max_inline_bytes: usize::MAX,
-            max_request_bytes: u64::MAX,
+            max_bulk_bytes: u64::MAX / 2,
+            max_multibulk_len: u64::MAX / 2,
+            max_inline_bytes: usize::MAX / 2,
+            max_request_bytes: u64::MAX / 2,
         };
         SharedStream {
             read: SharedRead {
