@@ -34,11 +34,15 @@ pub enum OwnReason {
     Cluster,
     /// `QUIT`: Redis closes the connection after its reply.
     Quit,
+    /// `SCRIPT KILL`, `FUNCTION KILL`, `SHUTDOWN`: they must reach Redis
+    /// while a script runs, and a shared connection may be the one
+    /// waiting for that script.
+    Kill,
 }
 
 impl OwnReason {
     /// Every reason, in the order of [`OwnReason::index`].
-    pub const ALL: [OwnReason; 10] = [
+    pub const ALL: [OwnReason; 11] = [
         OwnReason::Transaction,
         OwnReason::Blocking,
         OwnReason::Wait,
@@ -49,6 +53,7 @@ impl OwnReason {
         OwnReason::Client,
         OwnReason::Cluster,
         OwnReason::Quit,
+        OwnReason::Kill,
     ];
 
     /// Its position in [`OwnReason::ALL`] (for a counter per reason).
@@ -89,6 +94,11 @@ pub fn needs_own_connection(args: &[&[u8]]) -> Option<OwnReason> {
         b"CLIENT" => OwnReason::Client,
         b"READONLY" | b"READWRITE" | b"ASKING" => OwnReason::Cluster,
         b"QUIT" => OwnReason::Quit,
+        b"SHUTDOWN" => OwnReason::Kill,
+        b"SCRIPT" | b"FUNCTION" => match args.get(1) {
+            Some(sub) if sub.eq_ignore_ascii_case(b"KILL") => OwnReason::Kill,
+            _ => return None,
+        },
         _ => return None,
     };
     Some(reason)
@@ -162,6 +172,9 @@ mod tests {
             ("READWRITE", Some(Cluster)),
             ("ASKING", Some(Cluster)),
             ("QUIT", Some(Quit)),
+            ("SCRIPT KILL", Some(Kill)),
+            ("function kill", Some(Kill)),
+            ("SHUTDOWN NOSAVE", Some(Kill)),
         ];
         for (line, want) in table {
             assert_eq!(decide(line), want, "{line}");
@@ -179,6 +192,7 @@ mod tests {
             "XREADGROUP GROUP g c STREAMS s >",
             "EVALSHA abc 1 lock:a",
             "SCRIPT LOAD x",
+            "FUNCTION LIST",
             "EXEC",
             "DISCARD",
             "UNWATCH",

@@ -94,6 +94,8 @@ counters! {
         moved_cluster: Counter "shared_sessions_moved_cluster", "Sessions moved to a dedicated connection at READONLY, READWRITE or ASKING";
         /// Sessions moved at QUIT.
         moved_quit: Counter "shared_sessions_moved_quit", "Sessions moved to a dedicated connection at QUIT";
+        /// Sessions moved at SCRIPT KILL, FUNCTION KILL or SHUTDOWN.
+        moved_kill: Counter "shared_sessions_moved_kill", "Sessions moved to a dedicated connection at SCRIPT KILL, FUNCTION KILL or SHUTDOWN";
     }
 }
 
@@ -111,6 +113,7 @@ impl UpstreamConnMetrics {
             OwnReason::Client => &self.moved_client,
             OwnReason::Cluster => &self.moved_cluster,
             OwnReason::Quit => &self.moved_quit,
+            OwnReason::Kill => &self.moved_kill,
         }
     }
 }
