@@ -112,10 +112,10 @@ fi
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 bench_start passthrough
 
-mapfile -t PORTS < <(python3 "$HELPER" ports 10)
+mapfile -t PORTS < <(python3 "$HELPER" ports 11)
 P_REDIS=${PORTS[0]} P_TWEM=${PORTS[1]} P_HAPROXY=${PORTS[2]} P_LOCKGATE=${PORTS[3]} P_TWEM_STATS=${PORTS[4]}
 P_REDIS_TLS=${PORTS[5]} P_LOCKGATE_TLS=${PORTS[6]} P_LOCKGATE_UP_TLS=${PORTS[7]} P_LOCKGATE_T2=${PORTS[8]}
-P_TOKIO_COPY=${PORTS[9]}
+P_TOKIO_COPY=${PORTS[9]} P_LOCKGATE_SHARED=${PORTS[10]}
 
 # TLS: one throwaway CA, one certificate for 127.0.0.1 used by Redis and lockgate.
 REDIS_TLS_ARGS=()
@@ -201,10 +201,18 @@ LOCKGATE_T2_PID=$!
 PIDS+=("$LOCKGATE_T2_PID")
 wait_ready "lockgate --threads 2" "$LOCKGATE_T2_PID" "$P_LOCKGATE_T2" "$TMP/lockgate-t2.log"
 
-declare -A PORT_OF=([direct]=$P_REDIS [twemproxy]=$P_TWEM [haproxy]=$P_HAPROXY [lockgate]=$P_LOCKGATE [lockgate_t2]=$P_LOCKGATE_T2)
-declare -A PID_OF=([direct]="" [twemproxy]=$TWEM_PID [haproxy]=$HAPROXY_PID [lockgate]=$LOCKGATE_PID [lockgate_t2]=$LOCKGATE_T2_PID)
+# lockgate with proxy.upstream = "shared": clients' plain commands over
+# shared upstream connections (docs/behaviour.md), as twemproxy carries them.
+RUST_LOG=warn "$LOCKGATE_BIN" --upstream-mode shared --admin-listen "" --listen "127.0.0.1:$P_LOCKGATE_SHARED" \
+  --upstream "127.0.0.1:$P_REDIS" >"$TMP/lockgate-shared.log" 2>&1 &
+LOCKGATE_SHARED_PID=$!
+PIDS+=("$LOCKGATE_SHARED_PID")
+wait_ready "lockgate --upstream-mode shared" "$LOCKGATE_SHARED_PID" "$P_LOCKGATE_SHARED" "$TMP/lockgate-shared.log"
+
+declare -A PORT_OF=([direct]=$P_REDIS [twemproxy]=$P_TWEM [haproxy]=$P_HAPROXY [lockgate]=$P_LOCKGATE [lockgate_t2]=$P_LOCKGATE_T2 [lockgate_shared]=$P_LOCKGATE_SHARED)
+declare -A PID_OF=([direct]="" [twemproxy]=$TWEM_PID [haproxy]=$HAPROXY_PID [lockgate]=$LOCKGATE_PID [lockgate_t2]=$LOCKGATE_T2_PID [lockgate_shared]=$LOCKGATE_SHARED_PID)
 declare -A ARGS_OF=()
-TARGETS=(direct twemproxy haproxy lockgate lockgate_t2)
+TARGETS=(direct twemproxy haproxy lockgate lockgate_t2 lockgate_shared)
 
 if [[ $TOKIO_COPY == 1 ]]; then
   log "building the reference row (cargo build --release --example tokio_copy)"
@@ -268,7 +276,7 @@ procs_ticks() {
 # --- runs ---------------------------------------------------------------------
 mkdir -p "$RESULTS"
 TSV="$TMP/runs.tsv"
-printf 'round\tworkload\ttarget\tn\trps\tavg_ms\tp50_ms\tp99_ms\tcpu_s\tredis_cpu_s\twall_s\n' >"$TSV"
+printf 'round\tworkload\ttarget\tn\trps\tavg_ms\tp50_ms\tp99_ms\tcpu_s\tredis_cpu_s\twall_s\tconns\n' >"$TSV"
 
 # workload id, test, clients, pipeline, n; a test `setnx_lock` is a custom
 # command, SETNX on fresh lock keys (random from LOCK_KEYSPACE), which
@@ -284,7 +292,7 @@ WORKLOADS=(
   "get_c1 get 1 1 $N_C1"
   "setnx_p1 setnx_lock 50 1 $N_P1"
 )
-LOCK_TARGETS=(direct haproxy lockgate lockgate_t2)
+LOCK_TARGETS=(direct haproxy lockgate lockgate_t2 lockgate_shared)
 if [[ -n ${ONLY:-} ]]; then
   kept=()
   for w in "${WORKLOADS[@]}"; do
@@ -294,11 +302,17 @@ if [[ -n ${ONLY:-} ]]; then
   WORKLOADS=("${kept[@]}")
 fi
 
+# Redis's total_connections_received (INFO stats), counting this INFO's own.
+conns_received() {
+  redis-cli -p "$P_REDIS" INFO stats | tr -d '\r' | sed -n 's/^total_connections_received://p'
+}
+
 run_one() {
   local round=$1 wl=$2 test=$3 clients=$4 pipe=$5 n=$6 target=$7
-  local port=${PORT_OF[$target]} pids=("$REDIS_PID") t0 t1 c0 c1 r0 r1 out row rps avg p50 p99 cpu rcpu wall
+  local port=${PORT_OF[$target]} pids=("$REDIS_PID") t0 t1 c0 c1 r0 r1 out row rps avg p50 p99 cpu rcpu wall k0 k1 conns
   if [[ -n ${PID_OF[$target]} ]]; then pids+=("${PID_OF[$target]}"); fi
   out="$TMP/r$round-$wl-$target"
+  k0=$(conns_received)
   c0=$(procs_ticks "${pids[@]}")
   r0=$(cpu_ticks "$REDIS_PID")
   t0=$(now_ns)
@@ -314,13 +328,16 @@ run_one() {
   t1=$(now_ns)
   c1=$(procs_ticks "${pids[@]}")
   r1=$(cpu_ticks "$REDIS_PID")
+  # Connections Redis accepted during the run (the INFO's own excluded).
+  k1=$(conns_received)
+  conns=$((k1 - k0 - 1))
   row=$(python3 "$HELPER" csvrow "$out.csv")
   read -r rps avg p50 p99 <<<"$row"
   cpu=$(awk -v d=$((c1 - c0)) -v hz="$CLK_TCK" 'BEGIN { printf "%.2f", d / hz }')
   rcpu=$(awk -v d=$((r1 - r0)) -v hz="$CLK_TCK" 'BEGIN { printf "%.2f", d / hz }')
   wall=$(awk -v d=$((t1 - t0)) 'BEGIN { printf "%.2f", d / 1e9 }')
-  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' \
-    "$round" "$wl" "$target" "$n" "$rps" "$avg" "$p50" "$p99" "$cpu" "$rcpu" "$wall" >>"$TSV"
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' \
+    "$round" "$wl" "$target" "$n" "$rps" "$avg" "$p50" "$p99" "$cpu" "$rcpu" "$wall" "$conns" >>"$TSV"
   printf '[passthrough] round %s %-8s %-9s %10s ops/s  p50 %s p99 %s ms  cpu %5ss (redis %5ss)  wall %5ss\n' \
     "$round" "$wl" "$target" "$rps" "$p50" "$p99" "$cpu" "$rcpu" "$wall" >&2
 }

@@ -14,13 +14,14 @@ import socket
 import statistics
 import sys
 
-TARGETS = ["direct", "twemproxy", "haproxy", "lockgate", "lockgate_t2"]
+TARGETS = ["direct", "twemproxy", "haproxy", "lockgate", "lockgate_t2", "lockgate_shared"]
 LABEL = {
     "direct": "direct",
     "twemproxy": "twemproxy",
     "haproxy": "HAProxy",
     "lockgate": "lockgate",
     "lockgate_t2": "lockgate ×2",
+    "lockgate_shared": "lockgate shared",
 }
 # (workload id, row label); the ids are the ones passthrough.sh writes.
 THROUGHPUT = [
@@ -71,6 +72,8 @@ def load(tsv):
             for k in ("rps", "avg_ms", "p50_ms", "p99_ms", "cpu_s", "redis_cpu_s", "wall_s"):
                 r[k] = float(r[k])
             r["n"] = int(r["n"])
+            # connections Redis accepted during the run (older TSVs: none)
+            r["conns"] = float(r.get("conns") or "nan")
             r["round"] = int(r["round"])
             # ops per (redis + proxy) CPU-second
             r["ops_cpu"] = r["n"] / r["cpu_s"] if r["cpu_s"] > 0 else float("nan")
@@ -141,9 +144,10 @@ def report(tsv, meta_path, out):
     emit("")
     emit(
         "| workload | metric | direct | twemproxy | HAProxy | lockgate | lockgate ×2 "
-        "| lg/direct | lg/twemproxy | lg/HAProxy | lg×2/HAProxy |"
+        "| lockgate shared | lg/direct | lg/twemproxy | lg/HAProxy | lg×2/HAProxy "
+        "| lgS/direct | lgS/twemproxy | lgS/lg |"
     )
-    emit("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+    emit("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
 
     def side_table(workloads, targets, pairs, metrics):
         """Rows per workload and metric for `targets`, then one ratio
@@ -159,7 +163,11 @@ def report(tsv, meta_path, out):
     def ratios(w, key):
         lg = med(vals(w, "lockgate", key))
         rs = [f"{ratio(lg, med(vals(w, t, key))):.2f}×" for t in TARGETS[:3]]
-        return rs + [f"{ratio(med(vals(w, 'lockgate_t2', key)), med(vals(w, 'haproxy', key))):.2f}×"]
+        rs.append(f"{ratio(med(vals(w, 'lockgate_t2', key)), med(vals(w, 'haproxy', key))):.2f}×")
+        shared = med(vals(w, "lockgate_shared", key))
+        return rs + [
+            f"{ratio(shared, med(vals(w, t, key))):.2f}×" for t in ("direct", "twemproxy", "lockgate")
+        ]
 
     for w, label in THROUGHPUT:
         for key, name in (("rps", "ops/s"), ("ops_cpu", "ops/CPU-s")):
@@ -169,12 +177,14 @@ def report(tsv, meta_path, out):
             cells = [usfmt(med(vals(w, t, key))) for t in TARGETS]
             rs = ratios(w, key)
             if key == "proxy_us":
-                cells[0], rs[0] = "", ""
+                cells[0], rs[0], rs[4] = "", "", ""
             emit(f"|  | {name} | " + " | ".join(cells + rs) + " |")
         cells = [
             f"{med(vals(w, t, 'p50_ms')):.3f} / {med(vals(w, t, 'p99_ms')):.3f}" for t in TARGETS
         ]
-        emit("|  | p50 / p99 ms | " + " | ".join(cells) + " | | | | |")
+        emit("|  | p50 / p99 ms | " + " | ".join(cells) + " | | | | | | | |")
+        cells = [f"{med(vals(w, t, 'conns')):.0f}" for t in TARGETS]
+        emit("|  | conns to Redis | " + " | ".join(cells) + " | | | | | | | |")
     emit("")
 
     # -c1: latency each proxy adds over direct, paired within a round.
@@ -190,7 +200,7 @@ def report(tsv, meta_path, out):
     keys = ("avg_ms", "p50_ms", "p99_ms")
     emit("| µs, avg / p50 / p99 | direct | " + " | ".join(
         f"{LABEL[t]} adds" for t in TARGETS[1:]) + " |")
-    emit("|---|--:|--:|--:|--:|--:|")
+    emit("|---|--:|" + "--:|" * (len(TARGETS) - 1))
     for w, label in LATENCY:
         d = " / ".join(f"{med(vals(w, 'direct', k)) * 1000:.0f}" for k in keys)
         cells = [" / ".join(f"{added(w, t, k):+.0f}" for k in keys) for t in TARGETS[1:]]

@@ -15,6 +15,8 @@
 #   haproxy    HAProxy in TCP mode in front of it (a plain byte copier)
 #   lockgate   target/release/lockgate --config config/lockgate.toml
 # and prints per target what passed and the names of what failed.
+# UPSTREAM_MODE=shared runs lockgate with --upstream-mode shared (clients'
+# plain commands over shared upstream connections; default: dedicated).
 #
 # Exit status: 0 when every test that passes directly also passes through
 # lockgate, apart from the named EXCEPTIONS below (each must also fail through
@@ -27,7 +29,7 @@ set -euo pipefail
 # shellcheck source=scripts/common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-usage() { sed -n '2,24s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"; }
+usage() { sed -n '2,26s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"; }
 
 FETCH_ONLY=0
 while [ $# -gt 0 ]; do
@@ -316,6 +318,7 @@ start_target() {
 		pport="$(pick_free_port)"
 		"$LOCKGATE_BIN" --config "$CONFIG" --listen "127.0.0.1:$pport" \
 			--upstream "127.0.0.1:$rport" --admin-listen "" \
+			--upstream-mode "${UPSTREAM_MODE:-dedicated}" \
 			</dev/null >"$dir/lockgate.log" 2>&1 &
 		;;
 	esac

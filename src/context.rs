@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use crate::config::UpstreamMode;
 use crate::config::{AdminConfig, Config, LimitsConfig, ProxyConfig, QuorumConfig, UpstreamConfig};
 use crate::lock::announce;
 use crate::lock::eviction::{self, Eviction, Memory, Role};
@@ -19,6 +20,7 @@ use crate::sentinel;
 use crate::sync;
 use crate::tls::{Side, Stream, TlsStore};
 use crate::upstream::node::{Node, NodeConfig};
+use crate::upstream::shared::{SharedPool, UpstreamConnMetrics};
 use crate::upstream::{Connector, Primary, UpstreamError};
 
 /// Interval between two repeats of the same warning.
@@ -97,6 +99,12 @@ pub struct ServerContext {
     /// Which Redis is the primary now (`upstream.addr`, or followed
     /// through Sentinel), its switches and the failover delay.
     pub primary_addr: Arc<Primary>,
+    /// The shared connections sessions use with `proxy.upstream =
+    /// "shared"` (`None` in dedicated mode).
+    pub shared: Option<Arc<SharedPool>>,
+    /// Counters of the sessions' upstream connections, shared and
+    /// dedicated.
+    pub upstream_conns: Arc<UpstreamConnMetrics>,
     /// Client slots, `proxy.max_clients` in all: one pool shared by every
     /// event loop's accept loop.
     pub client_slots: Arc<tokio::sync::Semaphore>,
@@ -210,7 +218,17 @@ impl ServerContext {
             announce::spawn(store, locks.storm.clone(), stop.clone());
         }
         let runtimes = tokio::runtime::Handle::try_current().into_iter().collect();
-        ServerContext::assemble(&config, locks, tls, upstream, runtimes)
+        let mut ctx = ServerContext::assemble(&config, locks, tls, upstream, runtimes);
+        if config.proxy.upstream == UpstreamMode::Shared {
+            ctx.shared = Some(SharedPool::start(
+                &config,
+                ctx.upstream.clone(),
+                ctx.primary_addr.clone(),
+                ctx.upstream_conns.clone(),
+                &ctx.stop,
+            ));
+        }
+        ctx
     }
 
     /// A context for `config` that reaches nothing and starts nothing: its
@@ -254,6 +272,8 @@ impl ServerContext {
             accept_warn: RateLimit::new(WARN_INTERVAL),
             client_slots: Arc::new(tokio::sync::Semaphore::new(config.proxy.max_clients)),
             runtimes: std::sync::Mutex::new(runtimes),
+            shared: None,
+            upstream_conns: Arc::default(),
         }
     }
 
@@ -360,6 +380,7 @@ impl ServerContext {
         let rooms = [
             self.metrics.counters(),
             self.primary_addr.metrics.counters(),
+            self.upstream_conns.counters(),
         ];
         rooms.into_iter().flatten().for_each(&mut f);
         self.locks.each_counter(f);
@@ -379,8 +400,14 @@ impl ServerContext {
     /// Opens a connection to the primary in force, counting and logging
     /// failures; with the primary's generation, so the session can be
     /// closed when that primary is replaced
-    /// ([`Primary::changed_from`]).
+    /// ([`Primary::changed_from`]). In shared mode a stream over a shared
+    /// connection, at once (a shared connection that is down answers each
+    /// command upstream-unavailable).
     pub async fn connect_upstream(&self) -> Result<(Stream, u64), UpstreamError> {
+        if let Some(pool) = &self.shared {
+            let generation = self.primary_addr.current().generation;
+            return Ok((Stream::Shared(Box::new(pool.session())), generation));
+        }
         let timeout = Duration::from_millis(self.config.upstream.connect_timeout_ms);
         let current = self.primary_addr.current();
         let result = match &current.addr {

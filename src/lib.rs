@@ -3,7 +3,8 @@
 //!
 //! An app points its Redis client at lockgate instead of Redis. lockgate
 //! speaks RESP, passes every ordinary command through byte for byte on a
-//! dedicated upstream connection per client, and takes over commands on
+//! dedicated upstream connection per client (or over a few shared ones,
+//! `proxy.upstream = "shared"`: [`upstream::shared`]), and takes over commands on
 //! lock keys: a bare `SETNX` becomes an atomic lease with an owner record,
 //! and releases and extensions are owner-checked. What an app sees, and
 //! where lockgate differs from Redis on purpose, is in `docs/behaviour.md`
@@ -34,7 +35,8 @@
 //! - [`http`]: `/metrics`, `/healthz`, `/readyz`, the status page.
 //! - [`exposition`]: Prometheus text from every room's counters.
 //! - [`sentinel`]: following the primary through Redis Sentinel.
-//! - [`upstream`]: `Connector`, one shared connection per Redis, the primary.
+//! - [`upstream`]: `Connector`, one shared connection per Redis, the primary,
+//!   the sessions' shared connections (`proxy.upstream = "shared"`).
 //! - [`tls`]: rustls configurations, reloads, plain-or-TLS streams.
 //! - [`metrics`]: the proxy's counters, `counters!`, warning rate limits.
 //! - [`sync`]: the one policy for a poisoned std lock.

@@ -32,6 +32,10 @@ struct Cli {
     /// (overrides locks.quorum.masters).
     #[arg(long, value_name = "HOST:PORT,…", value_delimiter = ',')]
     lock_masters: Option<Vec<String>>,
+    /// How clients reach the primary: "dedicated" (a connection each) or
+    /// "shared" (overrides proxy.upstream).
+    #[arg(long, value_name = "MODE")]
+    upstream_mode: Option<lockgate::config::UpstreamMode>,
     /// HTTP admin listener, HOST:PORT (overrides admin.listen; "" disables).
     #[arg(long, value_name = "HOST:PORT")]
     admin_listen: Option<String>,
@@ -54,6 +58,9 @@ fn overrides(cli: &Cli, mut config: Config) -> Config {
     }
     if let Some(upstream) = &cli.upstream {
         config.upstream.addr = upstream.clone();
+    }
+    if let Some(mode) = cli.upstream_mode {
+        config.proxy.upstream = mode;
     }
     if let Some(admin) = &cli.admin_listen {
         config.admin.listen = admin.clone();

@@ -11,7 +11,9 @@ use crate::lock::Forget;
 use crate::lock::LockService;
 use crate::protocol::request::RequestParser;
 
+pub mod connection;
 mod quorum;
+pub use connection::{needs_own_connection, OwnReason};
 use quorum::quorum_route;
 
 /// How many replies Redis will send for a forwarded command, as far as the

@@ -14,7 +14,9 @@ mod proxy;
 mod sentinel;
 mod tls;
 pub use locks::{LockOverride, LocksConfig, Ownership, QuorumConfig, QuorumLoss, RetryConfig};
-pub use proxy::{ProxyConfig, MIN_CLIENT_TIMEOUT_MS};
+pub use proxy::{
+    ProxyConfig, UpstreamMode, MAX_SHARED_UPSTREAM_CONNECTIONS, MIN_CLIENT_TIMEOUT_MS,
+};
 pub use sentinel::{SentinelConfig, SENTINEL_TLS_KEYS};
 pub use tls::{
     ClientTlsConfig, ClientTlsKeys, ListenerTlsConfig, QUORUM_TLS_KEYS, UPSTREAM_TLS_KEYS,

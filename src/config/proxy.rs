@@ -63,9 +63,45 @@ pub struct ProxyConfig {
     /// Redis instead and Redis holds the replies, for at most
     /// `client_write_timeout_ms` without progress.
     pub max_client_output_bytes: u64,
+    /// How sessions reach the primary: `"dedicated"` (one upstream
+    /// connection per client, as a byte copier) or `"shared"` (clients'
+    /// plain commands travel over `shared_upstream_connections` shared
+    /// connections; a client that needs connection state, `MULTI`, `WATCH`,
+    /// a blocking command, pub/sub, `SELECT` of another database, `AUTH`,
+    /// `HELLO`, `CLIENT`…, is moved to a connection of its own at that
+    /// command, for good; see `crate::upstream::shared`). Also `--upstream-mode`.
+    pub upstream: UpstreamMode,
+    /// Shared connections to the primary with `upstream = "shared"` (1–64);
+    /// each session stays on one, chosen in turn as it connects.
+    pub shared_upstream_connections: usize,
+    /// Most batches of commands (one per client read) waiting to be written
+    /// on one shared connection; past it the sessions sending there wait
+    /// (back-pressure), counted in `shared_queue_full`.
+    pub shared_upstream_queue_batches: usize,
+    /// Most bytes of replies from a shared connection waiting for one
+    /// session (a client that does not read, or reads slowly). Past half
+    /// of it the session sends no more commands (back-pressure); past all
+    /// of it the client is closed, counted in `shared_session_output_limit`
+    /// (a shared connection cannot stop reading for one client).
+    pub shared_session_reply_bytes: u64,
     /// The TLS listener beside the plain one (`[proxy.tls]`).
     pub tls: ListenerTlsConfig,
 }
+
+/// How sessions reach the primary (`proxy.upstream`).
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum UpstreamMode {
+    /// One upstream connection per client (the default).
+    #[default]
+    Dedicated,
+    /// A few shared connections; a client needing connection state is
+    /// moved to a dedicated one.
+    Shared,
+}
+
+/// Most shared upstream connections (`proxy.shared_upstream_connections`).
+pub const MAX_SHARED_UPSTREAM_CONNECTIONS: usize = 64;
 
 impl Default for ProxyConfig {
     fn default() -> Self {
@@ -79,6 +115,10 @@ impl Default for ProxyConfig {
             partial_request_timeout_ms: 30_000,
             client_write_timeout_ms: 60_000,
             max_client_output_bytes: 0,
+            upstream: UpstreamMode::Dedicated,
+            shared_upstream_connections: 2,
+            shared_upstream_queue_batches: 4_096,
+            shared_session_reply_bytes: 64 * 1024 * 1024,
             tls: ListenerTlsConfig::default(),
         }
     }
@@ -117,6 +157,23 @@ impl ProxyConfig {
             return Err(invalid(
                 "proxy.max_client_output_bytes",
                 "must be 0 (none) or at least proxy.read_chunk_bytes",
+            ));
+        }
+        let shared = self.shared_upstream_connections;
+        if shared == 0 || shared > MAX_SHARED_UPSTREAM_CONNECTIONS {
+            return Err(invalid(
+                "proxy.shared_upstream_connections",
+                &format!("must be 1 to {MAX_SHARED_UPSTREAM_CONNECTIONS}"),
+            ));
+        }
+        positive(
+            "proxy.shared_upstream_queue_batches",
+            self.shared_upstream_queue_batches as u64,
+        )?;
+        if self.shared_session_reply_bytes < 2 * self.read_chunk_bytes as u64 {
+            return Err(invalid(
+                "proxy.shared_session_reply_bytes",
+                "must be at least twice proxy.read_chunk_bytes",
             ));
         }
         Ok(())
@@ -162,5 +219,50 @@ mod tests {
             err.to_string().contains("proxy.client_write_timeout_ms"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn shared_upstream_keys_are_bounded() {
+        let ok = ProxyConfig {
+            upstream: UpstreamMode::Shared,
+            ..ProxyConfig::default()
+        };
+        ok.validate().unwrap();
+        for (bad, key) in [
+            (
+                ProxyConfig {
+                    shared_upstream_connections: 0,
+                    ..ok.clone()
+                },
+                "proxy.shared_upstream_connections",
+            ),
+            (
+                ProxyConfig {
+                    shared_upstream_connections: MAX_SHARED_UPSTREAM_CONNECTIONS + 1,
+                    ..ok.clone()
+                },
+                "proxy.shared_upstream_connections",
+            ),
+            (
+                ProxyConfig {
+                    shared_upstream_queue_batches: 0,
+                    ..ok.clone()
+                },
+                "proxy.shared_upstream_queue_batches",
+            ),
+            (
+                ProxyConfig {
+                    shared_session_reply_bytes: ok.read_chunk_bytes as u64,
+                    ..ok.clone()
+                },
+                "proxy.shared_session_reply_bytes",
+            ),
+        ] {
+            let err = bad.validate().unwrap_err();
+            assert!(err.to_string().contains(key), "{err}");
+        }
+        let parsed: ProxyConfig = toml::from_str("upstream = \"shared\"").unwrap();
+        assert_eq!(parsed.upstream, UpstreamMode::Shared);
+        assert!(toml::from_str::<ProxyConfig>("upstream = \"pooled\"").is_err());
     }
 }

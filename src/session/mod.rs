@@ -1,5 +1,7 @@
-//! One client connection: its own upstream connection to the primary, and
-//! two halves joined in one task. The reader half ([`reader`]) reads client
+//! One client connection: its own upstream connection to the primary (or,
+//! with `proxy.upstream = "shared"`, a stream over a shared one that moves
+//! to its own when a command needs it: `crate::upstream::shared`, used
+//! through the same halves), and two halves joined in one task. The reader half ([`reader`]) reads client
 //! bytes, has its dispatcher decide each command and forwards the client's
 //! own bytes; the writer half ([`writer`]) copies Redis's replies back,
 //! counting frames so lockgate's own replies land in command order. They
@@ -75,6 +77,7 @@ use crate::lock::{LockPending, ReplyOutcome};
 use crate::metrics::ProxyMetrics;
 use crate::protocol::ProtocolError;
 use crate::tls::Stream;
+use crate::upstream::shared::DedicatedGuard;
 use reader::ReaderEnd;
 use writer::WriterEnd;
 
@@ -185,6 +188,10 @@ async fn serve(
             None => return,
         },
     };
+    // Counted while it lives (a shared-mode stream counts its own when the
+    // session moves to a dedicated connection).
+    let _dedicated =
+        (!matches!(upstream, Stream::Shared(_))).then(|| DedicatedGuard::new(&ctx.upstream_conns));
     let (mut client_r, mut client_w) = client.split();
     let (mut up_r, mut up_w) = upstream.split();
     let (tx, rx) = mpsc::channel(ctx.config.proxy.max_inflight_batches);

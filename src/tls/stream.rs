@@ -17,6 +17,8 @@ use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 use tokio::net::tcp;
 use tokio::net::TcpStream;
 
+use crate::upstream::shared::{SharedRead, SharedStream, SharedWrite};
+
 /// TLS over TCP, as a server (clients of the TLS listener) or as a client
 /// (to Redis).
 pub type TlsStream = tokio_rustls::TlsStream<TcpStream>;
@@ -28,6 +30,10 @@ pub enum Stream {
     Plain(TcpStream),
     /// TLS over TCP (boxed: a TLS session is large).
     Tls(Box<TlsStream>),
+    /// A session's upstream in `proxy.upstream = "shared"` mode: commands
+    /// over a shared connection until the session moves to its own (see
+    /// [`crate::upstream::shared`]). Never a client's.
+    Shared(Box<SharedStream>),
 }
 
 /// The reading half of a [`Stream`].
@@ -37,6 +43,8 @@ pub enum ReadPart<'a> {
     Plain(tcp::ReadHalf<'a>),
     /// TLS's half.
     Tls(TlsHalf<'a>),
+    /// A shared-mode upstream's replies.
+    Shared(&'a mut SharedRead),
 }
 
 /// The writing half of a [`Stream`].
@@ -46,6 +54,8 @@ pub enum WritePart<'a> {
     Plain(tcp::WriteHalf<'a>),
     /// TLS's half.
     Tls(TlsHalf<'a>),
+    /// A shared-mode upstream's commands.
+    Shared(&'a mut SharedWrite),
 }
 
 /// One half of a TLS stream. Both halves share the session (reading may
@@ -128,14 +138,10 @@ impl Stream {
                 let half = TlsHalf(Arc::new(Mutex::new(&mut **s)));
                 (ReadPart::Tls(half.clone()), WritePart::Tls(half))
             }
-        }
-    }
-
-    /// The TCP socket underneath.
-    pub fn tcp(&self) -> &TcpStream {
-        match self {
-            Stream::Plain(s) => s,
-            Stream::Tls(s) => s.get_ref().0,
+            Stream::Shared(s) => (
+                ReadPart::Shared(&mut s.read),
+                WritePart::Shared(&mut s.write),
+            ),
         }
     }
 }
@@ -158,6 +164,8 @@ impl ReadPart<'_> {
                 Some(socket) => error_on(&socket).await,
                 None => std::future::pending().await,
             },
+            // Never a client's: no socket of its own to watch.
+            ReadPart::Shared(_) => std::future::pending().await,
         }
     }
 }
@@ -190,6 +198,7 @@ impl AsyncRead for Stream {
         match self.get_mut() {
             Stream::Plain(s) => Pin::new(s).poll_read(cx, buf),
             Stream::Tls(s) => eof_is_eof(Pin::new(&mut **s).poll_read(cx, buf)),
+            Stream::Shared(s) => Pin::new(&mut s.read).poll_read(cx, buf),
         }
     }
 }
@@ -203,12 +212,13 @@ impl AsyncRead for ReadPart<'_> {
         match self.get_mut() {
             ReadPart::Plain(s) => Pin::new(s).poll_read(cx, buf),
             ReadPart::Tls(s) => eof_is_eof(Pin::new(s).poll_read(cx, buf)),
+            ReadPart::Shared(s) => Pin::new(&mut **s).poll_read(cx, buf),
         }
     }
 }
 
 macro_rules! delegate_write {
-    ($ty:ty, $plain:path, $tls:path) => {
+    ($ty:ty, $plain:path, $tls:path, $shared:path, $get:ident) => {
         impl AsyncWrite for $ty {
             fn poll_write(
                 self: Pin<&mut Self>,
@@ -218,6 +228,7 @@ macro_rules! delegate_write {
                 match self.get_mut() {
                     $plain(s) => Pin::new(s).poll_write(cx, buf),
                     $tls(s) => Pin::new(s).poll_write(cx, buf),
+                    $shared(s) => Pin::new($get(s)).poll_write(cx, buf),
                 }
             }
 
@@ -229,6 +240,7 @@ macro_rules! delegate_write {
                 match self.get_mut() {
                     $plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
                     $tls(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+                    $shared(s) => Pin::new($get(s)).poll_write_vectored(cx, bufs),
                 }
             }
 
@@ -236,6 +248,7 @@ macro_rules! delegate_write {
                 match self {
                     $plain(s) => s.is_write_vectored(),
                     $tls(s) => s.is_write_vectored(),
+                    $shared(_) => false,
                 }
             }
 
@@ -243,6 +256,7 @@ macro_rules! delegate_write {
                 match self.get_mut() {
                     $plain(s) => Pin::new(s).poll_flush(cx),
                     $tls(s) => Pin::new(s).poll_flush(cx),
+                    $shared(s) => Pin::new($get(s)).poll_flush(cx),
                 }
             }
 
@@ -250,11 +264,32 @@ macro_rules! delegate_write {
                 match self.get_mut() {
                     $plain(s) => Pin::new(s).poll_shutdown(cx),
                     $tls(s) => Pin::new(s).poll_shutdown(cx),
+                    $shared(s) => Pin::new($get(s)).poll_shutdown(cx),
                 }
             }
         }
     };
 }
 
-delegate_write!(Stream, Stream::Plain, Stream::Tls);
-delegate_write!(WritePart<'_>, WritePart::Plain, WritePart::Tls);
+delegate_write!(
+    Stream,
+    Stream::Plain,
+    Stream::Tls,
+    Stream::Shared,
+    shared_write
+);
+delegate_write!(
+    WritePart<'_>,
+    WritePart::Plain,
+    WritePart::Tls,
+    WritePart::Shared,
+    deref_write
+);
+
+fn shared_write(s: &mut Box<SharedStream>) -> &mut SharedWrite {
+    &mut s.write
+}
+
+fn deref_write<'a>(s: &'a mut &mut SharedWrite) -> &'a mut SharedWrite {
+    s
+}

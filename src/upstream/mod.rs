@@ -5,10 +5,13 @@
 //! connections are [`node`]: one shared, pipelined connection per Redis
 //! (the primary, each lock master), re-established with back-off, every
 //! call bounded. Which Redis is the primary now, its switches and the
-//! failover hold are [`Primary`] ([`primary`]).
+//! failover hold are [`Primary`] ([`primary`]). With `proxy.upstream =
+//! "shared"`, sessions' plain commands share a few connections
+//! ([`shared`]).
 
 pub mod node;
 pub mod primary;
+pub mod shared;
 pub use primary::Primary;
 
 use std::io;

@@ -27,7 +27,7 @@ use crate::sync;
 use crate::tls::Stream;
 use crate::upstream::{Connector, Primary};
 
-mod open;
+pub(crate) mod open;
 pub mod report;
 mod subscribe;
 

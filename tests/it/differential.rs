@@ -27,6 +27,9 @@
 //! lock key about to expire has expired on both sides (an event, polled
 //! with a bound). Sleeps are only the traffic's own timing, mirrored.
 //!
+//! Modes: one test per `proxy.upstream` (dedicated, shared), the same
+//! sequences through each.
+//!
 //! Seeds: by default the sequences of seeds 1, 2, 3… (as many as the
 //! budget allows), the same in every run, so a CI run fails only on a
 //! change, not on the draw. `LOCKGATE_DIFF_EXPLORE=1` starts from a seed
@@ -47,6 +50,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::time::{Duration, Instant};
 
+use lockgate::config::UpstreamMode;
 use lockgate::Config;
 use support::resp::Resp;
 use support::rng::Rng;
@@ -868,6 +872,8 @@ struct Failure {
 struct Servers {
     direct: RedisServer,
     behind: RedisServer,
+    /// How the lockgates reach `behind` (`proxy.upstream`).
+    mode: UpstreamMode,
 }
 
 /// One sequence's world: two lockgates, the clients on both sides, an
@@ -885,9 +891,10 @@ struct Run {
 }
 
 /// lockgate instance `id` in front of `upstream`, with the test's settings.
-fn gate_config(upstream: &str, id: &str) -> Config {
+fn gate_config(upstream: &str, id: &str, mode: UpstreamMode) -> Config {
     let mut c = Config::default();
     c.upstream.addr = upstream.to_string();
+    c.proxy.upstream = mode;
     c.locks.instance_id = id.to_string();
     c.locks.default_lease_ms = LEASE_MS;
     c.locks.retry.probe_interval_ms = PROBE_MS;
@@ -934,7 +941,7 @@ impl Run {
         }
         let mut gates = Vec::new();
         for id in INSTANCES {
-            gates.push(Lockgate::start_with(gate_config(&s.behind.addr(), id)).await);
+            gates.push(Lockgate::start_with(gate_config(&s.behind.addr(), id, s.mode)).await);
         }
         let mut run = Run {
             gates,
@@ -1467,9 +1474,24 @@ fn knob(name: &str, default: u64) -> u64 {
 
 #[tokio::test]
 async fn lock_traffic_differs_from_redis_only_as_documented() {
+    differential(UpstreamMode::Dedicated).await;
+}
+
+/// The same sequences with `proxy.upstream = "shared"`: sessions that
+/// MULTI, SUBSCRIBE or drop mid-step move or leave as they would on their
+/// own connections, and nothing else may differ.
+#[tokio::test]
+async fn lock_traffic_over_shared_upstream_connections_differs_only_as_documented() {
+    differential(UpstreamMode::Shared).await;
+}
+
+/// Runs the seeded sequences (see the module doc's knobs) with the
+/// lockgates in `mode`.
+async fn differential(mode: UpstreamMode) {
     let servers = Servers {
         direct: RedisServer::start(),
         behind: RedisServer::start(),
+        mode,
     };
     let len = knob("LOCKGATE_DIFF_STEPS", 40) as usize;
     let (first_seed, cases, secs) = match std::env::var("LOCKGATE_DIFF_SEED") {

@@ -49,6 +49,7 @@ mod quorum_rejoin;
 mod quorum_split;
 mod sentinel;
 mod session_fuzz;
+mod shared_upstream;
 mod smoke;
 mod storm_fleet;
 mod storm_handoff;

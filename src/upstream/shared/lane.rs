@@ -1,0 +1,334 @@
+//! One shared connection to the primary and its task: batches of many
+//! sessions' commands go out in one write, replies come back split by
+//! session, in order ([`Splitter`]: a FIFO of who is owed how many).
+//!
+//! The connection is opened as a session's dedicated one is (plain
+//! connect, TLS when configured; nothing sent but `CLIENT SETNAME`, so
+//! operators can tell it in `CLIENT LIST`). When it dies, every reply
+//! owed on it is answered `-ERR lockgate: upstream … unavailable (…)`
+//! in its place (a session in the middle of a reply is closed instead,
+//! as a dedicated connection's client would be), and it is opened again
+//! with back-off; batches that wait meanwhile are answered the same way.
+
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::inbox::{Delivered, Inbox};
+use super::{Batch, Common};
+use crate::metrics::ProxyMetrics;
+use crate::protocol::encode::LocalReply;
+use crate::protocol::reply::{simple_frames, FrameKind, ReplyScanner};
+use crate::sync;
+use crate::tls::Stream;
+use crate::upstream::primary::Current;
+use crate::upstream::UpstreamError;
+
+/// Most batches taken off the queue for one write.
+const BATCHES_PER_WRITE: usize = 256;
+
+/// Longest wait between two connection attempts.
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
+
+/// Replies owed to one session by the connection, in write order.
+struct Owed {
+    inbox: Arc<Inbox>,
+    left: u64,
+}
+
+/// Runs one shared connection until `stop`: connects, serves, reconnects.
+pub(super) async fn run(
+    common: Arc<Common>,
+    mut rx: mpsc::Receiver<Batch>,
+    stop: CancellationToken,
+) {
+    let first = common.reconnect_interval;
+    let mut backoff = first;
+    loop {
+        let current = common.primary.current();
+        let connected = tokio::select! {
+            _ = stop.cancelled() => return,
+            c = common.open(&current, true) => c,
+        };
+        let err = match connected {
+            Ok(stream) => {
+                backoff = first;
+                ProxyMetrics::inc(&common.metrics.shared_connects);
+                ProxyMetrics::inc(&common.metrics.shared_open);
+                let lost = serve(&common, stream, &mut rx, &current, &stop).await;
+                common.metrics.shared_open.fetch_sub(1, Ordering::Relaxed);
+                let Some(err) = lost else { return };
+                ProxyMetrics::inc(&common.metrics.shared_lost);
+                if let Some(more) = common.warn.check() {
+                    tracing::warn!(error = %err, suppressed = more, "shared upstream connection lost; reconnecting");
+                }
+                // Straight back: a connection killed by an operator or
+                // a failover comes back at once; a refused one backs off.
+                continue;
+            }
+            Err(err) => err,
+        };
+        // Until the next attempt, batches are answered at once.
+        let error = error_line(&err);
+        let wake = tokio::time::sleep(backoff);
+        tokio::pin!(wake);
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = &mut wake => break,
+                batch = rx.recv() => match batch {
+                    Some(b) => answer(&common, b.inbox, b.replies, &error),
+                    None => return,
+                },
+            }
+        }
+        backoff = (backoff * 2).min(MAX_BACKOFF.max(first));
+    }
+}
+
+/// The reply that stands for one a connection will never give.
+fn error_line(err: &UpstreamError) -> Bytes {
+    let mut out = BytesMut::new();
+    LocalReply::err(format!("lockgate: {err}")).encode(false, &mut out);
+    out.freeze()
+}
+
+fn answer(common: &Common, inbox: Arc<Inbox>, n: u64, error: &Bytes) {
+    ProxyMetrics::add(&common.metrics.shared_error_replies, n);
+    inbox.answer_owed(n, error);
+}
+
+/// Serves one connection until it fails (`Some(reason)`) or `stop`
+/// (`None`). Replies still owed when it fails are answered in place.
+async fn serve(
+    common: &Common,
+    mut stream: Stream,
+    rx: &mut mpsc::Receiver<Batch>,
+    current: &Current,
+    stop: &CancellationToken,
+) -> Option<UpstreamError> {
+    let generation = current.generation;
+    let addr = current.addr.as_deref().unwrap_or("(none)");
+    let fifo = Mutex::new(VecDeque::<Owed>::new());
+    let mut splitter = Splitter::new();
+    let (mut r, mut w) = stream.split();
+    let writes = async {
+        let mut batches = Vec::with_capacity(BATCHES_PER_WRITE);
+        let mut out = BytesMut::new();
+        loop {
+            if rx.recv_many(&mut batches, BATCHES_PER_WRITE).await == 0 {
+                return "the pool closed".to_string();
+            }
+            ProxyMetrics::add(&common.metrics.shared_batches, batches.len() as u64);
+            ProxyMetrics::inc(&common.metrics.shared_writes);
+            {
+                let mut fifo = sync::lock(&fifo);
+                for b in batches.drain(..) {
+                    out.extend_from_slice(&b.bytes);
+                    if b.replies > 0 {
+                        fifo.push_back(Owed {
+                            inbox: b.inbox,
+                            left: b.replies,
+                        });
+                    }
+                }
+            }
+            let written = async {
+                w.write_all(&out).await?;
+                w.flush().await
+            };
+            if let Err(e) = written.await {
+                return format!("write failed: {e}");
+            }
+            out.clear();
+        }
+    };
+    let reads = async {
+        let mut buf = BytesMut::with_capacity(common.read_chunk);
+        loop {
+            buf.reserve(common.read_chunk);
+            match r.read_buf(&mut buf).await {
+                Ok(0) => return "closed by the server".to_string(),
+                Ok(_) => {}
+                Err(e) => return format!("read failed: {e}"),
+            }
+            let mut fifo = sync::lock(&fifo);
+            if let Err(why) = splitter.split(&mut buf, &mut fifo, common) {
+                ProxyMetrics::inc(&common.metrics.shared_bad_replies);
+                return why.to_string();
+            }
+        }
+    };
+    let why = tokio::select! {
+        _ = stop.cancelled() => None,
+        why = writes => Some(why),
+        why = reads => Some(why),
+        _ = common.primary.changed_from(generation) => Some("the primary changed".to_string()),
+    };
+    let err = UpstreamError::Io {
+        addr: addr.to_string(),
+        reason: format!(
+            "shared connection lost: {}",
+            why.as_deref().unwrap_or("shutting down")
+        ),
+    };
+    let error = error_line(&err);
+    let mut fifo = sync::lock(&fifo);
+    for (i, owed) in fifo.drain(..).enumerate() {
+        if i == 0 && !splitter.scanner.at_boundary() {
+            // Part of a reply went to the session already: no error can
+            // stand in its place.
+            owed.inbox.fail(err.to_string());
+        } else {
+            answer(common, owed.inbox, owed.left, &error);
+        }
+    }
+    why.map(|_| err)
+}
+
+/// Splits a shared connection's replies among the sessions owed them.
+pub(super) struct Splitter {
+    scanner: ReplyScanner,
+    /// Bytes at the front of the buffer already scanned, not yet handed on.
+    scanned: usize,
+}
+
+impl Splitter {
+    pub(super) fn new() -> Splitter {
+        Splitter {
+            scanner: ReplyScanner::new(),
+            scanned: 0,
+        }
+    }
+
+    /// Hands the whole replies in `buf` (and the start of an unfinished
+    /// one) to the sessions at the front of `fifo`, in order; leaves only
+    /// bytes not yet scanned (an incomplete header) in `buf`. An error: a
+    /// reply nobody is owed, a push frame, or a malformed reply: the
+    /// connection is dropped.
+    fn split(
+        &mut self,
+        buf: &mut BytesMut,
+        fifo: &mut VecDeque<Owed>,
+        common: &Common,
+    ) -> Result<(), &'static str> {
+        loop {
+            let Some(front) = fifo.front_mut() else {
+                return match buf.is_empty() {
+                    true => Ok(()),
+                    false => Err("a reply no command was owed"),
+                };
+            };
+            let mut frames = 0u64;
+            while frames < front.left && self.scanned < buf.len() {
+                if self.scanner.at_boundary() {
+                    let max = usize::try_from(front.left - frames).unwrap_or(usize::MAX);
+                    let (len, n) = simple_frames(&buf[self.scanned..], max);
+                    self.scanned += len;
+                    frames += n as u64;
+                    if n > 0 {
+                        continue;
+                    }
+                }
+                let (used, end) = (self.scanner)
+                    .advance(&buf[self.scanned..])
+                    .map_err(|_| "a malformed reply")?;
+                self.scanned += used;
+                match end {
+                    Some(end) if end.kind != FrameKind::Reply => {
+                        return Err("a push or attribute frame on a shared connection")
+                    }
+                    Some(_) => frames += 1,
+                    None => break,
+                }
+            }
+            if self.scanned > 0 {
+                let bytes = buf.split_to(self.scanned).freeze();
+                self.scanned = 0;
+                if front.inbox.deliver(bytes, frames) == Delivered::OverLimit {
+                    ProxyMetrics::inc(&common.metrics.shared_session_output_limit);
+                }
+                front.left -= frames;
+            }
+            if front.left > 0 {
+                return Ok(());
+            }
+            fifo.pop_front();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn owed(inbox: &Arc<Inbox>, n: u64) -> Owed {
+        inbox.owe(n);
+        Owed {
+            inbox: inbox.clone(),
+            left: n,
+        }
+    }
+
+    /// Every cut of a stream of replies for three sessions gives each its
+    /// own bytes, whole and in order.
+    #[test]
+    fn replies_reach_their_sessions_at_every_cut() {
+        let common = Common::for_tests();
+        let a_bytes: &[u8] = b"+OK\r\n$5\r\nhello\r\n";
+        let b_bytes: &[u8] = b"*2\r\n$1\r\nx\r\n:7\r\n";
+        let c_bytes: &[u8] = b"-ERR no\r\n$-1\r\n:1\r\n";
+        let all = [a_bytes, b_bytes, c_bytes].concat();
+        for cut in 1..all.len() {
+            let (a, b, c) = (
+                Arc::new(Inbox::new(1 << 20)),
+                Arc::new(Inbox::new(1 << 20)),
+                Arc::new(Inbox::new(1 << 20)),
+            );
+            let mut fifo = VecDeque::from([owed(&a, 2), owed(&b, 1), owed(&c, 3)]);
+            let mut splitter = Splitter::new();
+            let mut buf = BytesMut::new();
+            for piece in all.chunks(cut) {
+                buf.extend_from_slice(piece);
+                splitter.split(&mut buf, &mut fifo, &common).unwrap();
+            }
+            assert!(fifo.is_empty(), "cut {cut}");
+            for (inbox, want) in [(&a, a_bytes), (&b, b_bytes), (&c, c_bytes)] {
+                assert_eq!(inbox.owed(), 0, "cut {cut}");
+                inbox.shut();
+                assert_eq!(drain(inbox), want, "cut {cut}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_reply_nobody_is_owed_drops_the_connection() {
+        let common = Common::for_tests();
+        let mut fifo = VecDeque::new();
+        let mut buf = BytesMut::from(&b"+OK\r\n"[..]);
+        assert!(Splitter::new().split(&mut buf, &mut fifo, &common).is_err());
+        let inbox = Arc::new(Inbox::new(1024));
+        let mut fifo = VecDeque::from([owed(&inbox, 1)]);
+        let mut buf = BytesMut::from(&b">2\r\n+a\r\n+b\r\n"[..]);
+        assert!(Splitter::new().split(&mut buf, &mut fifo, &common).is_err());
+    }
+
+    fn drain(inbox: &Inbox) -> Vec<u8> {
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        let mut out = Vec::new();
+        loop {
+            let mut space = [0u8; 64];
+            let mut buf = tokio::io::ReadBuf::new(&mut space);
+            match inbox.take(&mut cx, &mut buf) {
+                super::super::inbox::Take::Copied => out.extend_from_slice(buf.filled()),
+                _ => return out,
+            }
+        }
+    }
+}

@@ -1,0 +1,261 @@
+//! `proxy.upstream = "shared"`: sessions' plain commands travel over a few
+//! connections to the primary that all sessions share
+//! (`proxy.shared_upstream_connections`), so Redis reads many clients'
+//! commands in one system call, as behind twemproxy, but with fidelity.
+//!
+//! A session gets a [`SharedStream`] where it would get a socket of its
+//! own, and uses it the same way (split, write whole commands, read
+//! replies). The stream's write side looks at each command it is given
+//! ([`crate::router::needs_own_connection`]): plain ones go, in batches,
+//! to the session's shared connection (a [`lane`]), which writes many
+//! sessions' batches at once and hands each reply back to the session
+//! owed it, in order (an [`inbox`] per session). At the first command that
+//! needs connection state (`MULTI`, `WATCH`, blocking commands, pub/sub,
+//! `SELECT` of another database, `AUTH`, `HELLO`, `CLIENT`, …) the stream
+//! stops sending to the shared connection, waits until every reply owed
+//! there is in, opens a dedicated connection as the session would have in
+//! `dedicated` mode, and passes everything through it from then on, for
+//! good (`stream`). Replies keep their order throughout.
+//!
+//! What cannot be carried over: `WAIT`/`WAITAOF` after commands went over
+//! the shared connection (they would not wait for those writes) are
+//! refused with `-ERR lockgate: …` (docs/behaviour.md).
+
+mod inbox;
+mod lane;
+mod stream;
+
+pub use stream::{SharedRead, SharedStream, SharedWrite};
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::mpsc;
+use tokio_util::sync::{CancellationToken, PollSender};
+
+use crate::config::Config;
+use crate::metrics::{counters, RateLimit};
+use crate::protocol::encode;
+use crate::router::OwnReason;
+use crate::tls::Stream;
+use crate::upstream::primary::Current;
+use crate::upstream::{Connector, Primary, UpstreamError};
+use inbox::Inbox;
+
+/// The name shared connections give themselves (`CLIENT LIST`).
+pub const SHARED_NAME: &str = "lockgate-shared";
+
+counters! {
+    /// Counters of the sessions' upstream connections (both modes).
+    pub struct UpstreamConnMetrics {
+        /// Sessions' own (dedicated) connections to the primary open now.
+        dedicated_open: Gauge "dedicated_upstream_connections", "Sessions' own (dedicated) upstream connections open now";
+        /// Shared connections to the primary open now.
+        shared_open: Gauge "shared_upstream_connections", "Shared upstream connections open now";
+        /// Shared connections opened (the first ones and every reconnection).
+        shared_connects: Counter "shared_upstream_connects", "Shared upstream connections opened";
+        /// Shared connections lost (closed, failed, or the primary changed).
+        shared_lost: Counter "shared_upstream_lost", "Shared upstream connections lost";
+        /// Replies answered upstream-unavailable because a shared connection was lost or down.
+        shared_error_replies: Counter "shared_upstream_error_replies", "Replies answered upstream-unavailable for a lost or down shared connection";
+        /// Malformed or unowed replies on a shared connection (it is dropped).
+        shared_bad_replies: Counter "shared_upstream_bad_replies", "Malformed or unowed replies on a shared connection";
+        /// Batches of commands sent over shared connections.
+        shared_batches: Counter "shared_upstream_batches", "Batches of session commands sent over shared connections";
+        /// Writes to shared connections (batches per write: how much they coalesce).
+        shared_writes: Counter "shared_upstream_writes", "Writes to shared upstream connections";
+        /// Times a session waited because its shared connection's queue was full.
+        shared_queue_full: Counter "shared_queue_full", "Times a session waited for room in a shared connection's queue (proxy.shared_upstream_queue_batches)";
+        /// Clients closed past proxy.shared_session_reply_bytes.
+        shared_session_output_limit: Counter "shared_session_output_limit", "Clients closed: more than proxy.shared_session_reply_bytes of replies waited for them";
+        /// Sessions that could not open their dedicated connection when moving (the client is closed).
+        moves_failed: Counter "shared_moves_failed", "Sessions closed: their dedicated connection could not be opened when they moved";
+        /// WAIT/WAITAOF refused after commands went over a shared connection.
+        wait_refused: Counter "shared_wait_refused", "WAIT/WAITAOF refused after commands went over a shared connection";
+        /// Sessions moved at MULTI or WATCH.
+        moved_transaction: Counter "shared_sessions_moved_transaction", "Sessions moved to a dedicated connection at MULTI or WATCH";
+        /// Sessions moved at a blocking command.
+        moved_blocking: Counter "shared_sessions_moved_blocking", "Sessions moved to a dedicated connection at a blocking command";
+        /// Sessions moved at WAIT or WAITAOF (nothing sent shared before).
+        moved_wait: Counter "shared_sessions_moved_wait", "Sessions moved to a dedicated connection at WAIT or WAITAOF";
+        /// Sessions moved at a subscription command.
+        moved_pubsub: Counter "shared_sessions_moved_pubsub", "Sessions moved to a dedicated connection at a (un)subscription command";
+        /// Sessions moved at MONITOR or a replication command.
+        moved_stream: Counter "shared_sessions_moved_stream", "Sessions moved to a dedicated connection at MONITOR, SYNC, PSYNC or REPLCONF";
+        /// Sessions moved at SELECT of another database.
+        moved_select: Counter "shared_sessions_moved_select", "Sessions moved to a dedicated connection at SELECT of a database other than 0";
+        /// Sessions moved at AUTH, HELLO or RESET.
+        moved_identity: Counter "shared_sessions_moved_identity", "Sessions moved to a dedicated connection at AUTH, HELLO or RESET";
+        /// Sessions moved at a CLIENT command.
+        moved_client: Counter "shared_sessions_moved_client", "Sessions moved to a dedicated connection at a CLIENT command";
+        /// Sessions moved at READONLY, READWRITE or ASKING.
+        moved_cluster: Counter "shared_sessions_moved_cluster", "Sessions moved to a dedicated connection at READONLY, READWRITE or ASKING";
+        /// Sessions moved at QUIT.
+        moved_quit: Counter "shared_sessions_moved_quit", "Sessions moved to a dedicated connection at QUIT";
+        /// Sessions moved at SCRIPT KILL, FUNCTION KILL or SHUTDOWN.
+        moved_kill: Counter "shared_sessions_moved_kill", "Sessions moved to a dedicated connection at SCRIPT KILL, FUNCTION KILL or SHUTDOWN";
+    }
+}
+
+impl UpstreamConnMetrics {
+    /// The counter of sessions moved for `reason`.
+    pub fn moved(&self, reason: OwnReason) -> &std::sync::atomic::AtomicU64 {
+        match reason {
+            OwnReason::Transaction => &self.moved_transaction,
+            OwnReason::Blocking => &self.moved_blocking,
+            OwnReason::Wait => &self.moved_wait,
+            OwnReason::PubSub => &self.moved_pubsub,
+            OwnReason::Stream => &self.moved_stream,
+            OwnReason::Select => &self.moved_select,
+            OwnReason::Identity => &self.moved_identity,
+            OwnReason::Client => &self.moved_client,
+            OwnReason::Cluster => &self.moved_cluster,
+            OwnReason::Quit => &self.moved_quit,
+            OwnReason::Kill => &self.moved_kill,
+        }
+    }
+}
+
+/// Counts one dedicated connection open while it lives.
+#[derive(Debug)]
+pub struct DedicatedGuard(Arc<UpstreamConnMetrics>);
+
+impl DedicatedGuard {
+    /// Counts one more dedicated connection open.
+    pub fn new(metrics: &Arc<UpstreamConnMetrics>) -> DedicatedGuard {
+        metrics.dedicated_open.fetch_add(1, Ordering::Relaxed);
+        DedicatedGuard(metrics.clone())
+    }
+}
+
+impl Drop for DedicatedGuard {
+    fn drop(&mut self) {
+        self.0.dedicated_open.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Commands one session sends over its shared connection in one go.
+struct Batch {
+    /// Whole commands, as the session wrote them.
+    bytes: Bytes,
+    /// Replies they get (blank lines and `*0` get none).
+    replies: u64,
+    /// Where the replies go.
+    inbox: Arc<Inbox>,
+}
+
+/// What the pool's connections and the sessions' moves share.
+struct Common {
+    primary: Arc<Primary>,
+    connector: Connector,
+    connect_timeout: Duration,
+    reconnect_interval: Duration,
+    master_name: String,
+    read_chunk: usize,
+    reply_limit: usize,
+    metrics: Arc<UpstreamConnMetrics>,
+    warn: RateLimit,
+}
+
+impl Common {
+    /// A connection to the primary `current`; a shared one is named
+    /// [`SHARED_NAME`] (a refusal of the name, e.g. before `AUTH` on a
+    /// Redis with a password, is no failure).
+    async fn open(&self, current: &Current, shared: bool) -> Result<Stream, UpstreamError> {
+        let Some(addr) = &current.addr else {
+            return Err(UpstreamError::NoPrimary {
+                master: self.master_name.clone(),
+            });
+        };
+        let mut stream = self.connector.connect(addr, self.connect_timeout).await?;
+        if shared {
+            let setname = encode::command(&[b"CLIENT", b"SETNAME", SHARED_NAME.as_bytes()]);
+            crate::upstream::node::open::request(&mut stream, &setname, self.connect_timeout)
+                .await
+                .map_err(|reason| UpstreamError::Io {
+                    addr: addr.to_string(),
+                    reason,
+                })?;
+        }
+        Ok(stream)
+    }
+
+    #[cfg(test)]
+    fn for_tests() -> Common {
+        let config = Config::default();
+        let tls = Arc::new(crate::tls::TlsStore::new(&config));
+        Common {
+            primary: Primary::fixed("127.0.0.1:1"),
+            connector: Connector::new(tls, crate::tls::Side::Upstream),
+            connect_timeout: Duration::from_millis(100),
+            reconnect_interval: Duration::from_millis(100),
+            master_name: String::new(),
+            read_chunk: 4096,
+            reply_limit: 1 << 20,
+            metrics: Arc::default(),
+            warn: RateLimit::new(Duration::from_secs(10)),
+        }
+    }
+}
+
+/// The shared connections to the primary, and the way sessions get a
+/// [`SharedStream`] on one of them.
+pub struct SharedPool {
+    common: Arc<Common>,
+    lanes: Vec<mpsc::Sender<Batch>>,
+    next: AtomicUsize,
+}
+
+impl std::fmt::Debug for SharedPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedPool")
+            .field("lanes", &self.lanes.len())
+            .finish()
+    }
+}
+
+impl SharedPool {
+    /// Starts `proxy.shared_upstream_connections` connection tasks to the
+    /// primary in force (following it through Sentinel), each stopping
+    /// with `stop`. Must run inside a Tokio runtime.
+    pub fn start(
+        config: &Config,
+        connector: Connector,
+        primary: Arc<Primary>,
+        metrics: Arc<UpstreamConnMetrics>,
+        stop: &CancellationToken,
+    ) -> Arc<SharedPool> {
+        let common = Arc::new(Common {
+            primary,
+            connector,
+            connect_timeout: Duration::from_millis(config.upstream.connect_timeout_ms),
+            reconnect_interval: Duration::from_millis(config.upstream.reconnect_interval_ms),
+            master_name: config.upstream.sentinel.master_name.clone(),
+            read_chunk: config.proxy.read_chunk_bytes,
+            reply_limit: usize::try_from(config.proxy.shared_session_reply_bytes)
+                .unwrap_or(usize::MAX),
+            metrics,
+            warn: RateLimit::new(Duration::from_secs(10)),
+        });
+        let lanes = (0..config.proxy.shared_upstream_connections)
+            .map(|_| {
+                let (tx, rx) = mpsc::channel(config.proxy.shared_upstream_queue_batches);
+                tokio::spawn(lane::run(common.clone(), rx, stop.clone()));
+                tx
+            })
+            .collect();
+        Arc::new(SharedPool {
+            common,
+            lanes,
+            next: AtomicUsize::new(0),
+        })
+    }
+
+    /// A stream for one new session, on the next shared connection in turn.
+    pub fn session(&self) -> SharedStream {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.lanes.len();
+        SharedStream::new(self.common.clone(), PollSender::new(self.lanes[i].clone()))
+    }
+}

@@ -1,0 +1,338 @@
+//! The stream a session gets in shared mode: written and read as its own
+//! socket would be. The write side ([`SharedWrite`]) frames what it is
+//! given (whole commands; the start of an unfinished one waits for the
+//! rest), sends plain commands to the session's shared connection, and at
+//! the first command that needs a connection of its own moves the session
+//! to a dedicated one: it stops sending, waits until nothing is owed on
+//! the shared connection, opens the dedicated connection, and passes
+//! everything through it from then on. The read side ([`SharedRead`])
+//! reads the session's replies from its inbox, then, once moved and the
+//! inbox is empty, from the dedicated connection.
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+
+use bytes::{Buf, BytesMut};
+use smallvec::SmallVec;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf, ReadHalf, WriteHalf};
+use tokio_util::sync::PollSender;
+use tokio_util::task::AbortOnDropHandle;
+
+use super::inbox::{Inbox, Take};
+use super::{Batch, Common, DedicatedGuard};
+use crate::metrics::ProxyMetrics;
+use crate::protocol::encode::LocalReply;
+use crate::protocol::request::{RequestKind, RequestLimits, RequestParser};
+use crate::router::{needs_own_connection, OwnReason};
+use crate::tls::Stream;
+use crate::upstream::UpstreamError;
+
+/// Both halves of a session's stream in shared mode.
+#[derive(Debug)]
+pub struct SharedStream {
+    /// Replies.
+    pub read: SharedRead,
+    /// Commands.
+    pub write: SharedWrite,
+}
+
+impl SharedStream {
+    pub(super) fn new(common: Arc<Common>, lane: PollSender<Batch>) -> SharedStream {
+        let inbox = Arc::new(Inbox::new(common.reply_limit));
+        // The session's bytes were read and checked by its dispatcher (and
+        // lockgate's own frames are well formed): these limits only frame
+        // (halved: the parser adds one to the inline limit).
+        let limits = RequestLimits {
+            max_bulk_bytes: u64::MAX / 2,
+            max_multibulk_len: u64::MAX / 2,
+            max_inline_bytes: usize::MAX / 2,
+            max_request_bytes: u64::MAX / 2,
+        };
+        SharedStream {
+            read: SharedRead {
+                inbox: inbox.clone(),
+                dedicated: None,
+            },
+            write: SharedWrite {
+                common,
+                lane,
+                inbox,
+                pending: BytesMut::new(),
+                parser: RequestParser::new(limits),
+                scanned: 0,
+                replies: 0,
+                sent_shared: false,
+                waiting_for_room: false,
+                state: State::Shared,
+                _dedicated: None,
+            },
+        }
+    }
+}
+
+/// The reading half: the session's replies, in order.
+#[derive(Debug)]
+pub struct SharedRead {
+    inbox: Arc<Inbox>,
+    dedicated: Option<ReadHalf<Stream>>,
+}
+
+impl Drop for SharedRead {
+    fn drop(&mut self) {
+        self.inbox.drop_reader();
+    }
+}
+
+impl AsyncRead for SharedRead {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if let Some(read) = &mut this.dedicated {
+            return Pin::new(read).poll_read(cx, buf);
+        }
+        match this.inbox.take(cx, buf) {
+            Take::Copied | Take::Eof => Poll::Ready(Ok(())),
+            Take::Failed(e) => Poll::Ready(Err(e)),
+            Take::Waiting => Poll::Pending,
+            Take::Dedicated(read) => Pin::new(this.dedicated.insert(read)).poll_read(cx, buf),
+        }
+    }
+}
+
+/// The dedicated connection being opened: a task of its own (bounded by
+/// `upstream.connect_timeout_ms`), aborted if the session ends first.
+type Opening = AbortOnDropHandle<Result<Stream, UpstreamError>>;
+
+/// Where the write side is.
+enum State {
+    /// Commands go to the shared connection.
+    Shared,
+    /// A command needing its own connection is first in `pending`: waiting
+    /// for what is owed on the shared connection.
+    Moving(OwnReason),
+    /// Opening the dedicated connection.
+    Opening(Opening),
+    /// Everything goes to the dedicated connection.
+    Dedicated(WriteHalf<Stream>),
+    /// The move failed; the session is closing.
+    Failed,
+}
+
+/// The writing half: commands, sent as the module doc says.
+pub struct SharedWrite {
+    common: Arc<Common>,
+    lane: PollSender<Batch>,
+    inbox: Arc<Inbox>,
+    /// Bytes written to the stream not yet sent anywhere.
+    pending: BytesMut,
+    parser: RequestParser,
+    /// Bytes at the front of `pending` framed as commands that may share.
+    scanned: usize,
+    /// Replies those commands get.
+    replies: u64,
+    /// Commands went over the shared connection (`WAIT` cannot follow).
+    sent_shared: bool,
+    /// The queue-full wait is counted once per wait.
+    waiting_for_room: bool,
+    state: State,
+    _dedicated: Option<DedicatedGuard>,
+}
+
+impl std::fmt::Debug for SharedWrite {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedWrite")
+            .field("pending", &self.pending.len())
+            .field("sent_shared", &self.sent_shared)
+            .finish()
+    }
+}
+
+impl SharedWrite {
+    /// Sends what `pending` holds as far as it can: Ready once only the
+    /// start of an unfinished command (shared) or nothing (dedicated) is
+    /// left.
+    fn poll_drain(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        loop {
+            match &mut self.state {
+                State::Shared => {
+                    let own = self.frame()?;
+                    if self.scanned > 0 {
+                        ready!(self.poll_send(cx))?;
+                    }
+                    match own {
+                        Some(reason) => self.state = State::Moving(reason),
+                        None => return Poll::Ready(Ok(())),
+                    }
+                }
+                State::Moving(reason) => {
+                    let reason = *reason;
+                    ready!(self.inbox.poll_settled(cx));
+                    if reason == OwnReason::Wait && self.sent_shared {
+                        self.refuse_wait()?;
+                        self.state = State::Shared;
+                        continue;
+                    }
+                    ProxyMetrics::inc(self.common.metrics.moved(reason));
+                    let common = self.common.clone();
+                    self.state = State::Opening(AbortOnDropHandle::new(tokio::spawn(async move {
+                        common.open(&common.primary.current(), false).await
+                    })));
+                }
+                State::Opening(opening) => match ready!(Pin::new(opening).poll(cx)) {
+                    Ok(Ok(stream)) => {
+                        let (read, write) = tokio::io::split(stream);
+                        self._dedicated = Some(DedicatedGuard::new(&self.common.metrics));
+                        self.inbox.install_dedicated(read);
+                        self.state = State::Dedicated(write);
+                    }
+                    Ok(Err(e)) => self.move_failed(e.to_string())?,
+                    Err(e) => self.move_failed(e.to_string())?,
+                },
+                State::Dedicated(write) => {
+                    while !self.pending.is_empty() {
+                        let n = ready!(Pin::new(&mut *write).poll_write(cx, &self.pending))?;
+                        if n == 0 {
+                            return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+                        }
+                        self.pending.advance(n);
+                    }
+                    return Poll::Ready(Ok(()));
+                }
+                State::Failed => return Poll::Ready(Err(io::ErrorKind::NotConnected.into())),
+            }
+        }
+    }
+
+    /// The dedicated connection could not be opened: the session ends
+    /// (its client is closed, as when its own connection fails).
+    fn move_failed(&mut self, reason: String) -> io::Result<()> {
+        ProxyMetrics::inc(&self.common.metrics.moves_failed);
+        let why = format!("moving to a dedicated connection: {reason}");
+        self.inbox.fail(why.clone());
+        self.state = State::Failed;
+        Err(io::Error::new(io::ErrorKind::NotConnected, why))
+    }
+
+    /// Frames the commands after `scanned` that may share; stops at the
+    /// first that needs a connection of its own (returned) or the end of
+    /// the whole commands.
+    fn frame(&mut self) -> io::Result<Option<OwnReason>> {
+        while self.scanned < self.pending.len() {
+            let rest = &self.pending[self.scanned..];
+            let request = match self.parser.parse(rest) {
+                Ok(Some(request)) => request,
+                Ok(None) => return Ok(None),
+                Err(e) => return Err(io::Error::new(io::ErrorKind::InvalidData, e.to_string())),
+            };
+            if request.kind != RequestKind::Empty {
+                let args: SmallVec<[&[u8]; 8]> = (0..self.parser.argc())
+                    .map(|i| self.parser.arg(rest, i))
+                    .collect();
+                if let Some(reason) = needs_own_connection(&args) {
+                    return Ok(Some(reason));
+                }
+                self.replies += 1;
+            }
+            self.scanned += request.len;
+        }
+        Ok(None)
+    }
+
+    /// Sends the framed commands to the shared connection, once the
+    /// session has room for their replies and the connection's queue has
+    /// room for the batch.
+    fn poll_send(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        ready!(self.inbox.poll_room(cx));
+        if self.lane.poll_reserve(cx).is_pending() {
+            if !self.waiting_for_room {
+                self.waiting_for_room = true;
+                ProxyMetrics::inc(&self.common.metrics.shared_queue_full);
+            }
+            return Poll::Pending;
+        }
+        self.waiting_for_room = false;
+        let batch = Batch {
+            bytes: self.pending.split_to(self.scanned).freeze(),
+            replies: self.replies,
+            inbox: self.inbox.clone(),
+        };
+        self.inbox.owe(batch.replies);
+        self.sent_shared |= batch.replies > 0;
+        self.scanned = 0;
+        self.replies = 0;
+        if self.lane.send_item(batch).is_err() {
+            // The pool is gone (shutdown): nothing will answer.
+            self.inbox
+                .fail("the shared connections stopped".to_string());
+            return Poll::Ready(Err(io::ErrorKind::NotConnected.into()));
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    /// `WAIT`/`WAITAOF` at the front of `pending`, after commands went over
+    /// the shared connection: a dedicated connection's `WAIT` would not
+    /// wait for them. Answered with an error in its place.
+    fn refuse_wait(&mut self) -> io::Result<()> {
+        let len = match self.parser.parse(&self.pending) {
+            Ok(Some(request)) => request.len,
+            _ => return Err(io::ErrorKind::InvalidData.into()),
+        };
+        self.pending.advance(len);
+        ProxyMetrics::inc(&self.common.metrics.wait_refused);
+        let mut reply = BytesMut::new();
+        LocalReply::err(
+            "lockgate: WAIT and WAITAOF cannot wait for writes sent over a shared upstream \
+             connection (proxy.upstream = \"shared\"); use proxy.upstream = \"dedicated\"",
+        )
+        .encode(false, &mut reply);
+        self.inbox.local(reply.freeze());
+        Ok(())
+    }
+}
+
+impl AsyncWrite for SharedWrite {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        ready!(this.poll_drain(cx))?;
+        if let State::Dedicated(write) = &mut this.state {
+            return Pin::new(write).poll_write(cx, buf);
+        }
+        // Taken whole; sent by the flush that follows (or the next write).
+        this.pending.extend_from_slice(buf);
+        Poll::Ready(Ok(buf.len()))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        ready!(this.poll_drain(cx))?;
+        match &mut this.state {
+            State::Dedicated(write) => Pin::new(write).poll_flush(cx),
+            _ => Poll::Ready(Ok(())),
+        }
+    }
+
+    /// The client's half-close: what is whole is sent; the read side ends
+    /// once every reply owed is in (a dedicated connection is shut down
+    /// as a session's own is).
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        ready!(this.poll_drain(cx))?;
+        match &mut this.state {
+            State::Dedicated(write) => Pin::new(write).poll_shutdown(cx),
+            _ => {
+                this.inbox.shut();
+                Poll::Ready(Ok(()))
+            }
+        }
+    }
+}

@@ -1,0 +1,359 @@
+//! `proxy.upstream = "shared"` against a real redis-server: many clients'
+//! commands over one shared connection, each client getting its own
+//! replies in order; every command that needs connection state moving its
+//! session to a dedicated connection with the order kept; a shared
+//! connection killed on Redis answering exactly the replies owed with
+//! errors, then coming back; lock keys still protected.
+
+use crate::support;
+
+use std::sync::atomic::Ordering;
+
+use lockgate::config::UpstreamMode;
+use lockgate::Config;
+use support::passthrough::wait_blocked_clients;
+use support::{cmd, encode, show, Lockgate, RawClient, RedisServer};
+
+/// lockgate in shared mode with `connections` shared connections.
+async fn shared(redis: &RedisServer, connections: usize) -> Lockgate {
+    let mut config = Config::default();
+    config.upstream.addr = redis.addr();
+    config.proxy.upstream = UpstreamMode::Shared;
+    config.proxy.shared_upstream_connections = connections;
+    Lockgate::start_with(config).await
+}
+
+/// Redis's `CLIENT LIST` lines, as seen on a direct connection.
+async fn client_list(redis: &RedisServer) -> Vec<String> {
+    let mut c = RawClient::connect(redis.addr()).await;
+    let raw = c.call_raw(&["CLIENT", "LIST"]).await;
+    let text = support::resp::Resp::parse(&raw).text().to_string();
+    text.lines().map(str::to_string).collect()
+}
+
+/// Waits until Redis lists `n` shared connections; their lines.
+async fn shared_conns(redis: &RedisServer, n: usize) -> Vec<String> {
+    let mut lines: Vec<String>;
+    crate::until!(format!("{n} shared connections (have {})", lines.len()), {
+        lines = (client_list(redis).await.into_iter())
+            .filter(|l| l.contains("name=lockgate-shared"))
+            .collect();
+        lines.len() == n
+    });
+    lines
+}
+
+fn field<'a>(line: &'a str, name: &str) -> &'a str {
+    (line.split(' '))
+        .find_map(|kv| kv.strip_prefix(name).and_then(|v| v.strip_prefix('=')))
+        .unwrap_or("")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_clients_get_their_own_replies_in_order_over_one_connection() {
+    let redis = RedisServer::start();
+    let lg = shared(&redis, 1).await;
+    let mut tasks = Vec::new();
+    for client in 0..50u32 {
+        let addr = lg.addr;
+        tasks.push(tokio::spawn(async move {
+            let mut c = RawClient::connect(addr).await;
+            for round in 0..4u32 {
+                // Values from a few bytes to 200 KB, so replies span reads
+                // and interleave with other clients' at every size.
+                let size = [3usize, 1_000, 40_000, 200_000][(client + round) as usize % 4];
+                let value: Vec<u8> = (0..size)
+                    .map(|i| b'a' + ((i as u32 + client) % 26) as u8)
+                    .collect();
+                let key = format!("k:{client}:{round}");
+                let mut req = Vec::new();
+                let mut want = Vec::new();
+                for i in 0..10u32 {
+                    req.extend(encode(&[b"SET", key.as_bytes(), &value]));
+                    want.extend_from_slice(b"+OK\r\n");
+                    req.extend(encode(&[b"GET", key.as_bytes()]));
+                    want.extend(format!("${}\r\n", value.len()).as_bytes());
+                    want.extend_from_slice(&value);
+                    want.extend_from_slice(b"\r\n");
+                    req.extend(encode(&[b"INCR", format!("n:{client}").as_bytes()]));
+                    want.extend(format!(":{}\r\n", round * 10 + i + 1).as_bytes());
+                }
+                c.send(&req).await;
+                let got = c.read_exact_bytes(want.len()).await;
+                assert!(got == want, "client {client} round {round}: replies differ");
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("client task");
+    }
+    // All of it over one connection: Redis lists one shared connection and
+    // no other besides lockgate's own and this test's.
+    let list = client_list(&redis).await;
+    let shared_lines = list
+        .iter()
+        .filter(|l| l.contains("name=lockgate-shared"))
+        .count();
+    let others = (list.iter())
+        .filter(|l| !l.contains("name=lockgate-shared") && !l.contains("name=lockgate-internal"))
+        .count();
+    assert_eq!(shared_lines, 1, "{list:#?}");
+    assert_eq!(others, 1, "only this CLIENT LIST's connection: {list:#?}");
+    let m = &lg.ctx.upstream_conns;
+    assert_eq!(m.shared_open.load(Ordering::Relaxed), 1);
+    assert_eq!(m.dedicated_open.load(Ordering::Relaxed), 0);
+    assert!(m.shared_batches.load(Ordering::Relaxed) >= 200);
+    lg.stop().await;
+}
+
+/// One client's pipeline around a command that moves it, replies compared
+/// byte for byte, and the move counted for its reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stateful_commands_move_the_session_with_its_order_kept() {
+    let redis = RedisServer::start();
+    let lg = shared(&redis, 2).await;
+    let m = lg.ctx.upstream_conns.clone();
+    let cases: [(&[&[&str]], &str, &std::sync::atomic::AtomicU64); 6] = [
+        (
+            &[&["SET", "a", "1"], &["MULTI"], &["INCR", "a"], &["EXEC"], &["GET", "a"]],
+            "+OK\r\n+OK\r\n+QUEUED\r\n*1\r\n:2\r\n$1\r\n2\r\n",
+            &m.moved_transaction,
+        ),
+        (
+            &[&["SET", "w", "1"], &["WATCH", "w"], &["MULTI"], &["SET", "w", "2"], &["EXEC"]],
+            "+OK\r\n+OK\r\n+OK\r\n+QUEUED\r\n*1\r\n+OK\r\n",
+            &m.moved_transaction,
+        ),
+        (
+            &[&["SET", "s", "db0"], &["SELECT", "3"], &["SET", "s", "db3"], &["GET", "s"]],
+            "+OK\r\n+OK\r\n+OK\r\n$3\r\ndb3\r\n",
+            &m.moved_select,
+        ),
+        (
+            &[&["PING"], &["CLIENT", "SETNAME", "mine"], &["CLIENT", "GETNAME"], &["PING"]],
+            "+PONG\r\n+OK\r\n$4\r\nmine\r\n+PONG\r\n",
+            &m.moved_client,
+        ),
+        (
+            &[&["SET", "h", "x"], &["AUTH", "nopass"], &["GET", "h"]],
+            "+OK\r\n-ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?\r\n$1\r\nx\r\n",
+            &m.moved_identity,
+        ),
+        (
+            &[&["SET", "q", "v"], &["BLPOP", "nothing", "0.05"], &["GET", "q"]],
+            "+OK\r\n*-1\r\n$1\r\nv\r\n",
+            &m.moved_blocking,
+        ),
+    ];
+    // Kept open, so each moved session's dedicated connection stays counted.
+    let mut moved = Vec::new();
+    for (i, (commands, want, counter)) in cases.into_iter().enumerate() {
+        let before = counter.load(Ordering::Relaxed);
+        let mut c = RawClient::connect(lg.addr).await;
+        let req: Vec<u8> = commands.iter().flat_map(|args| cmd(args)).collect();
+        c.send(&req).await;
+        let got = c.read_raw_frames(commands.len()).await;
+        assert_eq!(show(&got), want, "case {i}");
+        assert_eq!(
+            counter.load(Ordering::Relaxed),
+            before + 1,
+            "case {i}: counted"
+        );
+        assert_eq!(
+            m.dedicated_open.load(Ordering::Relaxed),
+            i as u64 + 1,
+            "case {i}"
+        );
+        // Moved for good: the next command is on the dedicated connection.
+        if i == 2 {
+            assert_eq!(c.call_raw(&["GET", "s"]).await, b"$3\r\ndb3\r\n");
+            let mut other = RawClient::connect(lg.addr).await;
+            assert_eq!(other.call_raw(&["GET", "s"]).await, b"$3\r\ndb0\r\n");
+        }
+        if i == 3 {
+            let named = client_list(&redis).await;
+            assert!(
+                named.iter().any(|l| field(l, "name") == "mine"),
+                "{named:#?}"
+            );
+        }
+        moved.push(c);
+    }
+    // HELLO 3: the session speaks RESP3 on its own connection; the shared
+    // ones stay RESP2 for everyone else.
+    let mut c = RawClient::connect(lg.addr).await;
+    c.send(&[cmd(&["SET", "r", "1"]), cmd(&["HELLO", "3"])].concat())
+        .await;
+    let got = c.read_raw_frames(2).await;
+    assert!(got.starts_with(b"+OK\r\n%"), "{}", show(&got));
+    assert_eq!(c.call_raw(&["HGETALL", "nohash"]).await, b"%0\r\n");
+    let mut other = RawClient::connect(lg.addr).await;
+    assert_eq!(other.call_raw(&["HGETALL", "nohash"]).await, b"*0\r\n");
+    assert_eq!(m.moved_identity.load(Ordering::Relaxed), 2);
+    lg.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocking_pubsub_and_monitor_sessions_do_not_hold_up_the_others() {
+    let redis = RedisServer::start();
+    let lg = shared(&redis, 1).await;
+    let mut blocked = RawClient::connect(lg.addr).await;
+    blocked.send(&cmd(&["BLPOP", "jobs", "0"])).await;
+    wait_blocked_clients(&redis.addr(), 1).await;
+    let mut sub = RawClient::connect(lg.addr).await;
+    assert_eq!(
+        show(&sub.call_raw(&["SUBSCRIBE", "news"]).await),
+        "*3\r\n$9\r\nsubscribe\r\n$4\r\nnews\r\n:1\r\n"
+    );
+    let mut monitor = RawClient::connect(lg.addr).await;
+    assert_eq!(monitor.call_raw(&["MONITOR"]).await, b"+OK\r\n");
+    let mut other = RawClient::connect(lg.addr).await;
+    assert_eq!(other.call_raw(&["SET", "x", "1"]).await, b"+OK\r\n");
+    assert_eq!(other.call_raw(&["PUBLISH", "news", "hi"]).await, b":1\r\n");
+    assert_eq!(
+        show(&sub.read_raw_frames(1).await),
+        "*3\r\n$7\r\nmessage\r\n$4\r\nnews\r\n$2\r\nhi\r\n"
+    );
+    let seen = show(&monitor.read_raw_frames(1).await);
+    assert!(seen.contains("\"SET\" \"x\" \"1\""), "{seen}");
+    assert_eq!(other.call_raw(&["LPUSH", "jobs", "j1"]).await, b":1\r\n");
+    assert_eq!(
+        show(&blocked.read_raw_frames(1).await),
+        "*2\r\n$4\r\njobs\r\n$2\r\nj1\r\n"
+    );
+    let m = &lg.ctx.upstream_conns;
+    assert_eq!(m.moved_blocking.load(Ordering::Relaxed), 1);
+    assert_eq!(m.moved_pubsub.load(Ordering::Relaxed), 1);
+    assert_eq!(m.moved_stream.load(Ordering::Relaxed), 1);
+    assert_eq!(m.dedicated_open.load(Ordering::Relaxed), 3);
+    lg.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_after_shared_writes_is_refused_and_first_wait_moves() {
+    let redis = RedisServer::start();
+    let lg = shared(&redis, 1).await;
+    let mut c = RawClient::connect(lg.addr).await;
+    c.send(
+        &[
+            cmd(&["SET", "k", "v"]),
+            cmd(&["WAIT", "0", "0"]),
+            cmd(&["GET", "k"]),
+        ]
+        .concat(),
+    )
+    .await;
+    let got = show(&c.read_raw_frames(3).await);
+    assert!(
+        got.starts_with("+OK\r\n-ERR lockgate: WAIT and WAITAOF cannot wait for writes sent over a shared upstream connection")
+            && got.ends_with("$1\r\nv\r\n"),
+        "{got}"
+    );
+    let m = &lg.ctx.upstream_conns;
+    assert_eq!(m.wait_refused.load(Ordering::Relaxed), 1);
+    assert_eq!(
+        m.dedicated_open.load(Ordering::Relaxed),
+        0,
+        "refused, not moved"
+    );
+    let mut first = RawClient::connect(lg.addr).await;
+    assert_eq!(first.call_raw(&["WAIT", "0", "0"]).await, b":0\r\n");
+    assert_eq!(m.moved_wait.load(Ordering::Relaxed), 1);
+    lg.stop().await;
+}
+
+/// The shared connection killed on Redis while a client's write is held
+/// (`CLIENT PAUSE WRITE`): the reply already in arrives, the two owed get
+/// the upstream error in their places, and the next command succeeds on
+/// the reconnected shared connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_shared_connection_answers_exactly_the_owed_replies_then_comes_back() {
+    let redis = RedisServer::start();
+    let lg = shared(&redis, 1).await;
+    let mut c = RawClient::connect(lg.addr).await;
+    assert_eq!(c.call_raw(&["PING"]).await, b"+PONG\r\n");
+    let lines = shared_conns(&redis, 1).await;
+    let id = field(&lines[0], "id").to_string();
+    let mut admin = RawClient::connect(redis.addr()).await;
+    assert_eq!(
+        admin.call_raw(&["CLIENT", "PAUSE", "10000", "WRITE"]).await,
+        b"+OK\r\n"
+    );
+    c.send(
+        &[
+            cmd(&["GET", "x"]),
+            cmd(&["SET", "x", "1"]),
+            cmd(&["GET", "x"]),
+        ]
+        .concat(),
+    )
+    .await;
+    assert_eq!(c.read_raw_frames(1).await, b"$-1\r\n");
+    // The SET is held by the pause: wait until Redis shows it blocked.
+    crate::until!("the shared connection's SET held by the pause", {
+        client_list(&redis)
+            .await
+            .iter()
+            .any(|l| field(l, "id") == id && field(l, "cmd") == "set")
+    });
+    assert_eq!(
+        admin.call_raw(&["CLIENT", "KILL", "ID", &id]).await,
+        b":1\r\n"
+    );
+    let got = show(&c.read_raw_frames(2).await);
+    let error = format!(
+        "-ERR lockgate: upstream {} unavailable (shared connection lost: closed by the server)\r\n",
+        redis.addr()
+    );
+    assert_eq!(got, format!("{error}{error}"));
+    assert_eq!(admin.call_raw(&["CLIENT", "UNPAUSE"]).await, b"+OK\r\n");
+    // Back without a restart: the next commands go over a new connection.
+    assert_eq!(c.call_raw(&["SET", "x", "2"]).await, b"+OK\r\n");
+    assert_eq!(c.call_raw(&["GET", "x"]).await, b"$1\r\n2\r\n");
+    let m = &lg.ctx.upstream_conns;
+    assert_eq!(m.shared_error_replies.load(Ordering::Relaxed), 2);
+    assert_eq!(m.shared_lost.load(Ordering::Relaxed), 1);
+    assert_eq!(m.shared_connects.load(Ordering::Relaxed), 2);
+    let again = shared_conns(&redis, 1).await;
+    assert_ne!(field(&again[0], "id"), id);
+    lg.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_keys_keep_their_protection_in_shared_mode() {
+    let redis = RedisServer::start();
+    let lg = shared(&redis, 1).await;
+    let mut a = RawClient::connect(lg.addr).await;
+    let mut b = RawClient::connect(lg.addr).await;
+    assert_eq!(a.call_raw(&["SETNX", "lock:job", "a"]).await, b":1\r\n");
+    assert_eq!(b.call_raw(&["SETNX", "lock:job", "b"]).await, b":0\r\n");
+    // A lease was put on it, though the app set none.
+    let pttl = support::resp::direct(&redis.addr(), &["PTTL", "lock:job"]).await;
+    let pttl: i64 = pttl.trim().trim_start_matches(':').parse().unwrap_or(-1);
+    assert!(pttl > 0, "pttl {pttl}");
+    // With its owner record, written with it by the lock script.
+    let owner =
+        support::resp::direct(&redis.addr(), &["EXISTS", "lockgate:owner:{lock:job}"]).await;
+    assert_eq!(owner, ":1\r\n");
+    assert_eq!(a.call_raw(&["DEL", "lock:job"]).await, b":1\r\n");
+    assert_eq!(b.call_raw(&["SETNX", "lock:job", "b"]).await, b":1\r\n");
+    assert_eq!(
+        lg.ctx.upstream_conns.dedicated_open.load(Ordering::Relaxed),
+        0
+    );
+    lg.stop().await;
+}
+
+/// A blank line gets no reply from Redis, and none is waited for (Redis's
+/// own suite: "Handle an empty query").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blank_line_is_owed_nothing() {
+    let redis = RedisServer::start();
+    let lg = shared(&redis, 1).await;
+    let mut c = RawClient::connect(lg.addr).await;
+    c.send(b"\r\n").await;
+    assert_eq!(c.call_raw(&["PING"]).await, b"+PONG\r\n");
+    c.send(b"*0\r\n\r\n").await;
+    assert_eq!(c.call_raw(&["PING"]).await, b"+PONG\r\n");
+    lg.stop().await;
+}
