@@ -20,12 +20,23 @@ added), the client-side rate, and redis-server's process CPU time per op
 commandstats on a loaded box, whose µs are wall-clock and include time
 Redis was descheduled; it includes reading and writing the sockets). Then the same three
 phases as plain SETNX/EXPIRE/DEL straight on Redis, on keys outside the
-lock patterns, for reference. Prints a markdown table. Standalone: needs
+lock patterns, for reference. Prints a markdown table. With
+--general-port G, a second lockgate in front of the same Redis with
+`locks.fast_path = false` is measured the same way (the general scripts,
+for the before/after in one run).
+
+Then the cycles as an app runs them, one at a time per connection: 16
+connections each take a fresh lock, wait for the reply, (extend,) release,
+and go on; Redis µs (commandstats, top level) and redis-server CPU per
+whole cycle, through each lockgate and directly. Pipelined phases measure
+the commands' own cost; these add what each command costs in system calls,
+as an app without pipelining pays it. Standalone: needs
 only python3 and redis-py. Do not run it against a Redis in use (it resets
 its statistics).
 """
 
 import argparse
+import asyncio
 import os
 import time
 
@@ -109,30 +120,107 @@ def row(label, stats, n, took, script, cpu):
     )
 
 
-def cycles(costs, n):
+def cycles(costs, n, labels):
     """A table of whole legacy lock cycles (SETNX + DEL, and SETNX + EXPIRE
-    + DEL): what one costs Redis through lockgate against the same plain
-    commands sent directly, by commandstats and by redis-server's CPU."""
+    + DEL): what one costs Redis through each lockgate in `labels` against
+    the same plain commands sent directly, by commandstats and by
+    redis-server's CPU."""
     shapes = (
         ("SETNX + DEL", ("acquire", "release")),
         ("SETNX + EXPIRE + DEL", ("acquire", "extend", "release")),
     )
     out = [
-        "| lock cycle, per cycle | lockgate Redis µs | direct Redis µs | ratio "
-        "| lockgate redis-server CPU µs | direct CPU µs | ratio |",
-        "|---|--:|--:|--:|--:|--:|--:|",
+        "| lock cycle, per cycle | through | Redis µs | direct Redis µs | ratio "
+        "| redis-server CPU µs | direct CPU µs | ratio |",
+        "|---|---|--:|--:|--:|--:|--:|--:|",
     ]
     for shape, phases in shapes:
-        cells = []
-        for col in (0, 1):
-            lg = [costs[("lockgate", p)][col] for p in phases]
-            dr = [costs[("direct", p)][col] for p in phases]
-            if None in lg or None in dr:
-                cells += ["-", "-", "-"]
+        for label in labels:
+            cells = []
+            for col in (0, 1):
+                lg = [costs[(label, p)][col] for p in phases]
+                dr = [costs[("direct", p)][col] for p in phases]
+                if None in lg or None in dr:
+                    cells += ["-", "-", "-"]
+                    continue
+                scale = 1 if col == 0 else 1e6
+                a, b = sum(lg) * scale / n, sum(dr) * scale / n
+                cells += [f"{a:.2f}", f"{b:.2f}", f"{a / b:.1f}×" if b else "-"]
+            out.append(f"| {shape} | {label} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def encode(*args):
+    """A RESP request."""
+    out = [b"*%d\r\n" % len(args)]
+    for a in args:
+        a = a if isinstance(a, bytes) else str(a).encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(a), a))
+    return b"".join(out)
+
+
+async def one_by_one(host, port, prefix, per_conn, conns, extend):
+    """`conns` connections, each running `per_conn` lock cycles one command
+    at a time (each reply awaited), on fresh keys; every reply must be 1."""
+
+    async def worker(c):
+        r, w = await asyncio.open_connection(host, port)
+        for i in range(per_conn):
+            k = f"{prefix}:{c}:{i}"
+            steps = [("SETNX", k, "1")] + ([("EXPIRE", k, 30)] if extend else []) + [("DEL", k)]
+            for cmd in steps:
+                w.write(encode(*cmd))
+                await w.drain()
+                line = await r.readline()
+                if line != b":1\r\n":
+                    raise RuntimeError(f"{cmd[0]} {k}: {line!r}")
+        w.close()
+
+    await asyncio.gather(*(worker(c) for c in range(conns)))
+
+
+def cycle_cost(admin, host, port, prefix, n, conns, extend):
+    """(Redis top-level µs, redis-server CPU µs) per cycle of `one_by_one`."""
+    pid = admin.info("server").get("process_id")
+    admin.config_resetstat()
+    cpu0 = cpu_seconds(pid)
+    per_conn = max(1, n // conns)
+    asyncio.run(one_by_one(host, port, prefix, per_conn, conns, extend))
+    cpu1 = cpu_seconds(pid)
+    stats = commandstats(admin)
+    for c in ("info", "config|resetstat", "config"):
+        stats.pop(c, None)
+    done = per_conn * conns
+    scripts = sum(stats.get(c, (0, 0))[1] for c in TOP)
+    # Inside a script, commands are counted in the script's time too.
+    usec = scripts if scripts else sum(u for _, u in stats.values())
+    cpu = (cpu1 - cpu0) * 1e6 / done if cpu0 is not None and cpu1 is not None else None
+    return usec / done, cpu
+
+
+def one_by_one_table(admin, host, ports, run, n, conns):
+    """The table of `cycle_cost` for each (label, port) in `ports`, direct
+    first, with each one's ratio to direct."""
+    out = [
+        f"Lock cycles one at a time per connection ({conns} connections, "
+        f"{max(1, n // conns) * conns} cycles each, fresh keys):",
+        "",
+        "| cycle | " + " | ".join(f"{label} Redis µs / CPU µs" for label, _ in ports) + " |",
+        "|---|" + "--:|" * len(ports),
+    ]
+    for shape, extend in (("SETNX + DEL", False), ("SETNX + EXPIRE + DEL", True)):
+        cells, base = [], None
+        for label, port in ports:
+            prefix = f"lock:cycle:{run}:{label.replace(' ', '_')}:{int(extend)}"
+            usec, cpu = cycle_cost(admin, host, port, prefix, n, conns, extend)
+            if base is None:
+                base = (usec, cpu)
+                cells.append(f"{usec:.2f} / {cpu:.1f}" if cpu is not None else f"{usec:.2f} / -")
                 continue
-            scale = 1 if col == 0 else 1e6
-            a, b = sum(lg) * scale / n, sum(dr) * scale / n
-            cells += [f"{a:.2f}", f"{b:.2f}", f"{a / b:.1f}×" if b else "-"]
+            ratio_u = f"{usec / base[0]:.1f}×" if base[0] else "-"
+            ratio_c = f"{cpu / base[1]:.2f}×" if cpu is not None and base[1] else "-"
+            cpu_s = f"{cpu:.1f}" if cpu is not None else "-"
+            cells.append(f"{usec:.2f} ({ratio_u}) / {cpu_s} ({ratio_c})")
         out.append(f"| {shape} | " + " | ".join(cells) + " |")
     return "\n".join(out)
 
@@ -145,6 +233,10 @@ def main():
     ap.add_argument("--n", type=int, default=20000, help="operations per phase")
     ap.add_argument("--batch", type=int, default=500, help="pipeline depth")
     ap.add_argument("--prefix", default="lock:bench", help="lock key prefix (must match locks.keys)")
+    ap.add_argument(
+        "--general-port", type=int, help="a lockgate with locks.fast_path = false, same Redis"
+    )
+    ap.add_argument("--conns", type=int, default=16, help="connections for the one-by-one cycles")
     args = ap.parse_args()
 
     admin = redis.Redis(host=args.host, port=args.redis_port)
@@ -162,10 +254,13 @@ def main():
     checks = []
     # Per label and phase: (Redis top-level µs, Redis process CPU s or None).
     costs = {}
-    for label, client, ks in (
-        ("lockgate", proxy, keys),
-        ("direct", direct, plain),
-    ):
+    measured = [("lockgate", proxy, keys), ("direct", direct, plain)]
+    if args.general_port:
+        general = redis.Redis(host=args.host, port=args.general_port)
+        general.ping()
+        gkeys = [f"{args.prefix}:{run}:g:{i}" for i in range(n)]
+        measured.insert(1, ("lockgate general", general, gkeys))
+    for label, client, ks in measured:
         results = {}
         for op, cmds in (
             ("acquire (SETNX)", [("SETNX", k, "v") for k in ks]),
@@ -175,7 +270,7 @@ def main():
             stats, took, replies, cpu = phase(admin, client, cmds, args.batch)
             ok = sum(1 for r in replies if r == 1 or r is True)
             checks.append(f"{label} {op}: {ok}/{n} answered 1")
-            if label == "lockgate":
+            if label.startswith("lockgate"):
                 name = "evalsha" if "evalsha" in stats else "eval"
             else:
                 name = op.split()[-1].strip("()").lower()
@@ -195,7 +290,12 @@ def main():
     for r in rows:
         print(r)
     print()
-    print(cycles(costs, n))
+    print(cycles(costs, n, [label for label, _, _ in measured if label != "direct"]))
+    print()
+    ports = [("direct", args.redis_port), ("lockgate", args.proxy_port)]
+    if args.general_port:
+        ports.append(("lockgate general", args.general_port))
+    print(one_by_one_table(admin, args.host, ports, run, n // 4, args.conns))
     print()
     for c in checks:
         print(f"- {c}")

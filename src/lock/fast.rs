@@ -22,12 +22,49 @@
 //! instance) takes the general path, and a fast attempt's refusal teaches
 //! the contention table, so the next attempt on that key takes it too.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
 use bytes::Bytes;
 
-use super::evalsha::{Call, Script};
+use super::evalsha::{Call, Rerun, Script};
 use super::lease::{ConnLocks, Standing};
 use super::ops::{LockOp, Shape, Ttl};
+use super::storm::Acquirer;
 use super::{owner_key, places_key, queue_key, LockPending, LockService, Planned};
+use super::{Attempt, ReplyOutcome};
+use crate::protocol::encode::LocalReply;
+
+/// What the primary's server offers lock operations besides scripts, as
+/// lockgate's own connection to it saw when it last opened (`COMMAND INFO
+/// MSETEX`, see [`crate::upstream::node::Report`]): a hint. A switch of
+/// the primary is seen when that connection opens again; meanwhile a
+/// native call the server refuses runs again as the general script
+/// ([`LockService::native_missed`]) and the hint is dropped.
+#[derive(Debug, Default)]
+pub struct Natives {
+    msetex: AtomicBool,
+}
+
+impl Natives {
+    /// `MSETEX` (Valkey 9.1, Redis 8.4): both keys of an acquisition set in
+    /// one command, only if neither exists.
+    pub fn msetex(&self) -> bool {
+        self.msetex.load(Ordering::Relaxed)
+    }
+
+    /// The server refused a native command: scripts until its next
+    /// connection says otherwise.
+    pub fn refused(&self) {
+        self.msetex.store(false, Ordering::Relaxed);
+    }
+}
+
+impl crate::upstream::node::Observer for Natives {
+    fn connected(&self, _connection: u64, _addr: &str, report: &crate::upstream::node::Report) {
+        self.msetex.store(report.msetex, Ordering::Relaxed);
+    }
+}
 
 /// Which fast script a planned call was rewritten to, so its reply is
 /// read as that script answers ([`read`]).
@@ -40,6 +77,12 @@ pub enum Fast {
     },
     /// [`script::RELEASE_FAST`].
     Release,
+    /// `MSETEX` of a `SETNX` ([`LockService::native`]): `1`, acquired with
+    /// this lease (ms); anything else runs the general script.
+    Native {
+        /// The lease given, ms.
+        lease_ms: i64,
+    },
     /// [`script::EXTEND_FAST`], the lease the command gives in ms (`<= 0`:
     /// the key goes).
     Extend {
@@ -54,6 +97,8 @@ pub enum Fast {
 pub(crate) enum Before {
     /// A `SETNX` on a quiet key.
     Acquire,
+    /// A `SETNX` on a quiet key, as `MSETEX` (the server has it).
+    Native,
     /// The release of one key this connection holds by `token`.
     Release {
         /// The connection's acquisition token.
@@ -79,7 +124,9 @@ impl LockService {
     /// relative `EXPIRE`/`PEXPIRE` without options. Under ownership `any`
     /// releases and extensions check nothing of the token, so they keep the
     /// general script (its `any` branch).
-    pub(crate) fn fast_path(&self, op: &LockOp, conn: &ConnLocks) -> Option<Before> {
+    /// `native`: a native command may be sent (its reply is read, and the
+    /// client's database is known for its fallback).
+    pub(crate) fn fast_path(&self, op: &LockOp, conn: &ConnLocks, native: bool) -> Option<Before> {
         if !self.rules().fast_path {
             return None;
         }
@@ -90,7 +137,12 @@ impl LockService {
                 shape: Shape::SetNx,
                 ttl: Ttl::Default,
                 ..
-            } if self.retry_for(key).0 > 0 && self.storm.quiet(key) => Some(Before::Acquire),
+            } if self.retry_for(key).0 > 0 && self.storm.quiet(key) => {
+                match native && self.store().natives.msetex() {
+                    true => Some(Before::Native),
+                    false => Some(Before::Acquire),
+                }
+            }
             LockOp::Release {
                 lock_keys, plain, ..
             } if !any && lock_keys.len() == 1 && plain.is_empty() => {
@@ -174,6 +226,108 @@ impl LockService {
     }
 }
 
+impl LockService {
+    /// The `SETNX` planned as `planned` (the general script, its fallback)
+    /// as `MSETEX 2 key value owner token NX PX lease`: both keys set in one
+    /// command, only if neither exists. Its `0` (the lock held, or an owner
+    /// record left behind lockgate's back) decides nothing: the general
+    /// script runs in its place ([`LockService::native_missed`]), so the
+    /// answer, the record and the queue are the general script's.
+    /// `Err(planned)` when the plan is not an acquisition (boxed: it is
+    /// large, and the path is never taken for a `SETNX`).
+    pub(crate) fn native(&self, op: &LockOp, planned: Planned) -> Result<Attempt, Box<Planned>> {
+        let (LockOp::Acquire { key, value, .. }, Some(LockPending::Acquire { token, .. })) =
+            (op, &planned.pending)
+        else {
+            return Err(Box::new(planned));
+        };
+        let lease = self.lease_ms(key);
+        let lease_s = lease.to_string();
+        let command = crate::protocol::encode::command(&[
+            b"MSETEX",
+            b"2",
+            key,
+            value,
+            &owner_key(key),
+            token,
+            b"NX",
+            b"PX",
+            lease_s.as_bytes(),
+        ]);
+        let Some(then) = planned.pending else {
+            return Err(Box::new(planned));
+        };
+        crate::metrics::ProxyMetrics::inc(&self.metrics.native_calls);
+        let lease_ms = i64::try_from(lease).unwrap_or(i64::MAX);
+        Ok(Attempt::Native {
+            command,
+            pending: LockPending::Fast {
+                read: Fast::Native { lease_ms },
+                then: Box::new(then),
+            },
+            fallback: planned.call,
+        })
+    }
+
+    /// When `frame` answers a native acquisition without deciding it
+    /// (`MSETEX`'s `0`, or an error: the server refused the command), the
+    /// general script runs in its place on lockgate's own connection, in
+    /// the client's database, and its reply takes the command's (as after
+    /// `NOSCRIPT`: commands pipelined behind it ran before it). `None`:
+    /// `frame` decided it.
+    pub(crate) fn native_missed(
+        self: &Arc<Self>,
+        pending: &LockPending,
+        rerun: &Option<Rerun>,
+        frame: &[u8],
+        conn: &Arc<Mutex<ConnLocks>>,
+    ) -> Option<ReplyOutcome> {
+        let LockPending::Fast {
+            read: Fast::Native { .. },
+            then,
+        } = pending
+        else {
+            return None;
+        };
+        let rerun = rerun.as_ref()?;
+        if frame == b":1\r\n" {
+            return None;
+        }
+        if frame.first() == Some(&b'-') {
+            // Refused (renamed, unknown after a switch of the primary):
+            // scripts until the next connection says otherwise.
+            self.store().natives.refused();
+        }
+        crate::metrics::ProxyMetrics::inc(&self.metrics.native_reruns);
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let (me, conn, pending) = (self.clone(), conn.clone(), (**then).clone());
+        let call = rerun.call.eval_in(rerun.db);
+        tokio::spawn(async move {
+            let store = me.store();
+            let acquirer = || -> Arc<dyn Acquirer> { me.clone() };
+            let run = async {
+                match store.primary.call(call, store.timeout()).await {
+                    Ok(frame) => me.own_outcome(pending, frame, &conn, acquirer).await,
+                    Err(e) => {
+                        let text = format!("ERR lockgate: the lock script could not run: {e}");
+                        let frame = LocalReply::Error(Bytes::from(text.clone())).to_bytes(false);
+                        let _ = me.on_reply(pending, frame, &conn, acquirer);
+                        LocalReply::Error(Bytes::from(text))
+                    }
+                }
+            };
+            // A rerun that parked may wait for a handoff: never past the
+            // server's drain.
+            let reply = tokio::select! {
+                reply = run => reply,
+                _ = store.stopped() => LocalReply::err("lockgate: shutting down"),
+            };
+            let _ = tx.send(reply);
+        });
+        Some(ReplyOutcome::Rerun(rx))
+    }
+}
+
 /// The token this connection holds `key` by and its other unsettled
 /// attempts, if it holds it: for a release its own acquisition's (a
 /// takeover releases by the instance rule, see `ConnLocks::token`), for an
@@ -209,6 +363,9 @@ pub fn read(fast: Fast, frame: &Bytes) -> (Bytes, Vec<i64>) {
             let (reply, facts) = super::split_reply(frame);
             (frame.slice_ref(reply), facts)
         }
+        // Acquired (anything else ran the general script instead, see
+        // `LockService::native_missed`).
+        Fast::Native { lease_ms } => (Bytes::from_static(b":1\r\n"), vec![first.min(1), lease_ms]),
         // Facts: released, denied, lapsed, handed, stale, yielded,
         // lapsed places dropped.
         Fast::Release => match first {

@@ -42,6 +42,14 @@ counters! {
         /// Per-connection lock records dropped because the table was full.
         conn_table_evictions: Counter "lock_table_evictions",
             "Per-connection lock records dropped (table full)";
+        /// Acquisitions sent as a native command (`MSETEX`).
+        native_calls: Counter "lock_native_calls",
+            "Acquisitions sent as a native command (MSETEX) instead of a script";
+        /// Native acquisitions run again as the general script: `MSETEX`
+        /// found a key (held, or a stale owner record), or the server
+        /// refused it.
+        native_reruns: Counter "lock_native_reruns",
+            "Native acquisitions run again as the general script (a key found, or the command refused)";
         /// Lock commands run as a fast script (see `locks.fast_path`).
         fast_calls: Counter "lock_fast_calls",
             "Lock commands run as a fast script (uncontended cycle, locks.fast_path)";

@@ -43,6 +43,9 @@ impl LockService {
         frame: Bytes,
         conn: &Arc<Mutex<ConnLocks>>,
     ) -> ReplyOutcome {
+        if let Some(outcome) = self.native_missed(&pending, &rerun, &frame, conn) {
+            return outcome;
+        }
         let acquirer = || -> Arc<dyn Acquirer> { self.clone() };
         let Some(rerun) = rerun.filter(|_| evalsha::is_noscript(&frame)) else {
             return self.on_reply(pending, frame, conn, acquirer);

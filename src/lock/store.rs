@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::admit::Early;
 use super::eviction::{Eviction, Memory};
+use super::fast::Natives;
 use super::fence::{extend_command, unlock_command};
 use super::lease::ConnLocks;
 use super::metrics::RejoinMetrics;
@@ -58,6 +59,9 @@ pub struct Store {
     stop: CancellationToken,
     /// How long lockgate's own calls may take (`upstream.connect_timeout_ms`).
     timeout: Duration,
+    /// What the primary offers besides scripts, as lockgate's own
+    /// connection to it last saw.
+    pub(crate) natives: Arc<Natives>,
 }
 
 impl Store {
@@ -105,6 +109,7 @@ impl Store {
             quorum,
             stop,
             timeout,
+            natives: Arc::new(Natives::default()),
         }
     }
 
@@ -123,7 +128,14 @@ impl Store {
             eviction,
             stop: CancellationToken::new(),
             timeout: Duration::from_millis(config.upstream.connect_timeout_ms),
+            natives: Arc::new(Natives::default()),
         }
+    }
+
+    /// This store, its primary's natives read by `natives` (the observer
+    /// of lockgate's own connection to the primary).
+    pub fn with_natives(self, natives: Arc<Natives>) -> Store {
+        Store { natives, ..self }
     }
 }
 
@@ -141,6 +153,9 @@ pub struct Seat<'a> {
     /// A release of the same key was pipelined before it, in this batch:
     /// what lockgate knows of the key predates that release.
     pub after_release: bool,
+    /// Its reply is suppressed (`CLIENT REPLY OFF|SKIP`): no outcome is
+    /// read, so nothing may depend on one (a native call's fallback).
+    pub silent: bool,
 }
 
 /// What the session carries out for one lock command
@@ -168,6 +183,18 @@ pub enum Attempt {
     /// quorum); the reply takes the command's place, and nothing after it
     /// goes upstream before it is done.
     Away(Later),
+    /// A native command sent on the client's own connection instead of a
+    /// script (see [`super::fast`]): when Redis answers it could not decide
+    /// (`MSETEX` found a key, or the server refused the command), the
+    /// `fallback` script runs again in its place, as after `NOSCRIPT`.
+    Native {
+        /// The command, in RESP.
+        command: Bytes,
+        /// What to do with its reply.
+        pending: LockPending,
+        /// The general script's call.
+        fallback: evalsha::Call,
+    },
 }
 
 impl std::fmt::Debug for Attempt {
@@ -181,6 +208,9 @@ impl std::fmt::Debug for Attempt {
                 .field("pending", pending)
                 .finish(),
             Attempt::Away(_) => f.write_str("Away(..)"),
+            Attempt::Native { pending, .. } => (f.debug_struct("Native"))
+                .field("pending", pending)
+                .finish_non_exhaustive(),
         }
     }
 }
@@ -260,6 +290,13 @@ impl LockService {
         });
     }
 
+    /// Whether acquisitions go as `MSETEX` now: the primary's server has
+    /// it, as lockgate's own connection to it last saw (see
+    /// [`super::fast::Natives`]).
+    pub fn native_msetex(&self) -> bool {
+        self.store.natives.msetex()
+    }
+
     /// The store (lockgate's own connection to the primary).
     pub(crate) fn store(&self) -> &Store {
         &self.store
@@ -308,12 +345,16 @@ impl LockService {
         let (planned, fast) = {
             let mut conn = sync::lock(seat.conn);
             // Seen before planning: planning records the attempt.
+            // A native call needs its outcome read (its fallback) and a
+            // database to run the fallback in.
+            let native = !seat.silent && seat.db != u64::MAX;
             let fast = match queueing {
-                Queueing::Now => self.fast_path(op, &conn),
+                Queueing::Now => self.fast_path(op, &conn, native),
                 Queueing::InMulti => None,
             };
+            let compact = matches!(fast, Some(super::fast::Before::Acquire));
             (
-                self.plan_on_primary(op.clone(), &mut conn, queueing, db, fast.is_some()),
+                self.plan_on_primary(op.clone(), &mut conn, queueing, db, compact),
                 fast,
             )
         };
@@ -331,6 +372,10 @@ impl LockService {
             pending,
         };
         let planned = match fast {
+            Some(super::fast::Before::Native) => match self.native(op, planned) {
+                Ok(attempt) => return attempt,
+                Err(planned) => *planned,
+            },
             Some(before) => self.fast(op, before, planned),
             None => planned,
         };

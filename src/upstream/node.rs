@@ -122,6 +122,18 @@ pub trait Observer: Send + Sync + std::fmt::Debug {
     fn connected(&self, connection: u64, addr: &str, report: &Report);
 }
 
+/// Several observers of one node, told in order.
+#[derive(Debug)]
+pub struct Observers(pub Vec<Arc<dyn Observer>>);
+
+impl Observer for Observers {
+    fn connected(&self, connection: u64, addr: &str, report: &Report) {
+        for o in &self.0 {
+            o.connected(connection, addr, report);
+        }
+    }
+}
+
 /// A handle to one node; cheap to clone.
 #[derive(Clone)]
 pub struct Node {

