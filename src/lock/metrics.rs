@@ -42,6 +42,10 @@ counters! {
         /// Per-connection lock records dropped because the table was full.
         conn_table_evictions: Counter "lock_table_evictions",
             "Per-connection lock records dropped (table full)";
+        /// Lock commands the server refused because it refuses scripts
+        /// (`EVAL`/`EVALSHA` renamed away, or an ACL without them).
+        scripts_refused: Counter "lock_scripts_refused",
+            "Lock commands refused: the server refuses lockgate's scripts (EVAL/EVALSHA renamed or denied)";
         /// Acquisitions sent as a native command (`MSETEX`).
         native_calls: Counter "lock_native_calls",
             "Acquisitions sent as a native command (MSETEX) instead of a script";

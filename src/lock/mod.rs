@@ -265,6 +265,8 @@ pub struct LockService {
     /// The hottest lock keys (bounded top-K sketch).
     pub hot: hotkeys::HotKeys,
     lapse_warn: RateLimit,
+    /// Rate-limits the warning that the server refuses lockgate's scripts.
+    scripts_warn: RateLimit,
     unmatched_warn: RateLimit,
     /// How long a release carrying a handoff may take to be answered
     /// (`upstream.connect_timeout_ms`, as lockgate's own calls).
@@ -307,6 +309,7 @@ impl LockService {
             storm: std::sync::Arc::new(storm::Storm::new(&c.retry)),
             hot: hotkeys::HotKeys::new(config.admin.hot_keys),
             lapse_warn: RateLimit::new(WARN_INTERVAL),
+            scripts_warn: RateLimit::new(WARN_INTERVAL),
             unmatched_warn: RateLimit::new(WARN_INTERVAL),
             handoff_within: Duration::from_millis(config.upstream.connect_timeout_ms),
             max_lease_ms: std::sync::atomic::AtomicU64::new(0),

@@ -12,6 +12,7 @@ use super::evalsha::{self, Rerun};
 use super::lease::ConnLocks;
 use super::storm::Acquirer;
 use super::{split_reply, LockPending, LockService, Park};
+use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
 use crate::sync;
 
@@ -104,6 +105,10 @@ impl LockService {
         conn: &Arc<Mutex<ConnLocks>>,
         acquirer: impl FnOnce() -> Arc<dyn Acquirer>,
     ) -> ReplyOutcome {
+        let frame = match &pending {
+            LockPending::Script { .. } | LockPending::Forget(_) => frame,
+            _ => self.scripts_refused(frame),
+        };
         let (reply, facts, pending) = match pending {
             LockPending::Fast { read, then } => {
                 let (reply, facts) = super::fast::read(read, &frame);
@@ -130,6 +135,43 @@ impl LockService {
             None => ReplyOutcome::Reply(reply),
         }
     }
+}
+
+impl LockService {
+    /// `frame`, or, when it says the server refuses lockgate's script
+    /// (`EVAL`/`EVALSHA` renamed away: `unknown command`; an ACL without
+    /// them: `NOPERM`), an error that says what is true: the lock command
+    /// was not carried out, and why; counted and logged (rate-limited).
+    /// A lock command is never passed on without its script, so it is
+    /// refused (docs/faults.md, "Scripts refused").
+    fn scripts_refused(&self, frame: Bytes) -> Bytes {
+        if !refuses_scripts(&frame) {
+            return frame;
+        }
+        ProxyMetrics::inc(&self.metrics.scripts_refused);
+        let said = String::from_utf8_lossy(frame.strip_prefix(b"-").unwrap_or(&frame));
+        let said = said.trim_end();
+        if let Some(more) = self.scripts_warn.check() {
+            tracing::warn!(
+                server_said = %said,
+                suppressed = more,
+                "the server refuses lockgate's scripts: lock commands are refused"
+            );
+        }
+        let text = format!(
+            "ERR lockgate: lock command refused: the server refuses the script that carries it out ({said})"
+        );
+        LocalReply::Error(Bytes::from(text)).to_bytes(false)
+    }
+}
+
+/// Whether `frame` is the server refusing a script call: `EVAL` or
+/// `EVALSHA` unknown (renamed away) or denied by an ACL.
+fn refuses_scripts(frame: &[u8]) -> bool {
+    let lower = |p: &[u8]| frame.len() >= p.len() && frame[..p.len()].eq_ignore_ascii_case(p);
+    lower(b"-ERR unknown command 'eval")
+        || (lower(b"-NOPERM")
+            && memchr::memmem::find(&frame.to_ascii_lowercase(), b"eval").is_some())
 }
 
 /// The client's reply and the facts in `frame`, the reply to the general
