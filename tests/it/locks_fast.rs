@@ -1,5 +1,5 @@
 //! The uncontended lock cycle's small scripts (`locks.fast_path`, see
-//! "The fast path" in docs/behaviour.md) against a real redis-server: the
+//! "The uncontended cycle" in docs/behaviour.md) against a real redis-server: the
 //! same answers and the same owner records as the general scripts, also
 //! when the lock key or its owner record changed behind lockgate's back
 //! mid-cycle; a contended key leaves the fast path.
