@@ -1,7 +1,7 @@
 //! The uncontended lock cycle at a few Redis commands' cost: a lock
 //! operation that nothing says is contended runs as a small script with
-//! few arguments and an integer reply ([`script::RELEASE_FAST`],
-//! [`script::EXTEND_FAST`]; a `SETNX` runs [`script::ACQUIRE`] asking for
+//! few arguments and an integer reply ([`super::script::RELEASE_FAST`],
+//! [`super::script::EXTEND_FAST`]; a `SETNX` runs [`super::script::ACQUIRE`] asking for
 //! its compact reply, which takes its short way when the key has no
 //! queue) instead of the general ones, whose queue, fairness and facts it
 //! does not need.
@@ -70,12 +70,12 @@ impl crate::upstream::node::Observer for Natives {
 /// read as that script answers ([`read`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fast {
-    /// [`script::ACQUIRE`]'s compact reply, for a `SETNX`.
+    /// [`super::script::ACQUIRE`]'s compact reply, for a `SETNX`.
     Acquire {
         /// The lease given, ms.
         lease_ms: i64,
     },
-    /// [`script::RELEASE_FAST`].
+    /// [`super::script::RELEASE_FAST`].
     Release,
     /// `MSETEX` of a `SETNX` ([`LockService::native`]): `1`, acquired with
     /// this lease (ms); anything else runs the general script.
@@ -83,7 +83,7 @@ pub enum Fast {
         /// The lease given, ms.
         lease_ms: i64,
     },
-    /// [`script::EXTEND_FAST`], the lease the command gives in ms (`<= 0`:
+    /// [`super::script::EXTEND_FAST`], the lease the command gives in ms (`<= 0`:
     /// the key goes).
     Extend {
         /// The lease the command sets, ms.
