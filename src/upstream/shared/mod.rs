@@ -96,6 +96,10 @@ counters! {
         moved_quit: Counter "shared_sessions_moved_quit", "Sessions moved to a dedicated connection at QUIT";
         /// Sessions moved at SCRIPT KILL, FUNCTION KILL or SHUTDOWN.
         moved_kill: Counter "shared_sessions_moved_kill", "Sessions moved to a dedicated connection at SCRIPT KILL, FUNCTION KILL or SHUTDOWN";
+        /// Sessions moved at a script or function of their own.
+        moved_script: Counter "shared_sessions_moved_script", "Sessions moved to a dedicated connection at a script or function of their own (EVAL, EVALSHA, FCALL and their _RO forms; not lockgate's lock scripts)";
+        /// Sessions moved at DEBUG.
+        moved_debug: Counter "shared_sessions_moved_debug", "Sessions moved to a dedicated connection at DEBUG";
     }
 }
 
@@ -114,6 +118,8 @@ impl UpstreamConnMetrics {
             OwnReason::Cluster => &self.moved_cluster,
             OwnReason::Quit => &self.moved_quit,
             OwnReason::Kill => &self.moved_kill,
+            OwnReason::Script => &self.moved_script,
+            OwnReason::Debug => &self.moved_debug,
         }
     }
 }
