@@ -411,7 +411,10 @@ mod tests {
     fn own_calls_are_told_by_sha_and_by_body() {
         for s in Script::all() {
             assert!(is_own_call(true, s.sha().as_bytes()), "{s:?}");
-            assert!(is_own_call(true, s.sha().to_uppercase().as_bytes()), "{s:?}");
+            assert!(
+                is_own_call(true, s.sha().to_uppercase().as_bytes()),
+                "{s:?}"
+            );
             assert!(is_own_call(false, s.body().as_bytes()), "{s:?}");
             // A body is no SHA, a SHA no body.
             assert!(!is_own_call(true, s.body().as_bytes()), "{s:?}");

@@ -49,8 +49,16 @@ pub fn held_answer(shape: Shape, in_multi: bool) -> Result<LocalReply, Bytes> {
     match (shape, in_multi) {
         (Shape::SetGet, false) => Ok(LocalReply::Error(Bytes::from_static(HELD.as_bytes()))),
         (_, false) => Ok(super::storm::shaped(shape, false)),
-        (Shape::SetNx, true) => Err(encode::command(&[b"EVAL", HELD_SCRIPTS[0].as_bytes(), b"0"])),
-        (Shape::Set, true) => Err(encode::command(&[b"EVAL", HELD_SCRIPTS[1].as_bytes(), b"0"])),
+        (Shape::SetNx, true) => Err(encode::command(&[
+            b"EVAL",
+            HELD_SCRIPTS[0].as_bytes(),
+            b"0",
+        ])),
+        (Shape::Set, true) => Err(encode::command(&[
+            b"EVAL",
+            HELD_SCRIPTS[1].as_bytes(),
+            b"0",
+        ])),
         (Shape::SetGet, true) => Err(encode::command(&[
             b"EVAL",
             super::script::ERROR.as_bytes(),

@@ -202,10 +202,16 @@ mod tests {
             ("SHUTDOWN NOSAVE", Some(Kill)),
             ("EVAL return 0", Some(Script)),
             ("eval return 1 0", Some(Script)),
-            ("EVALSHA e0e1f9fabfc9d4800c877a703b823ac0578ff8db 0", Some(Script)),
+            (
+                "EVALSHA e0e1f9fabfc9d4800c877a703b823ac0578ff8db 0",
+                Some(Script),
+            ),
             ("EVALSHA", Some(Script)),
             ("EVAL_RO return 1 0", Some(Script)),
-            ("evalsha_ro e0e1f9fabfc9d4800c877a703b823ac0578ff8db 0", Some(Script)),
+            (
+                "evalsha_ro e0e1f9fabfc9d4800c877a703b823ac0578ff8db 0",
+                Some(Script),
+            ),
             ("FCALL f 0", Some(Script)),
             ("fcall_ro f 0", Some(Script)),
             ("DEBUG SLEEP 1", Some(Debug)),
@@ -248,9 +254,21 @@ mod tests {
         for s in Script::all() {
             let (sha, body) = (s.sha().as_bytes(), s.body().as_bytes());
             for args in [
-                [&b"EVALSHA"[..], sha, b"2", b"lock:a", b"lockgate:owner:{lock:a}"],
+                [
+                    &b"EVALSHA"[..],
+                    sha,
+                    b"2",
+                    b"lock:a",
+                    b"lockgate:owner:{lock:a}",
+                ],
                 [&b"evalsha"[..], sha, b"1", b"lock:a", b"x"],
-                [&b"EVAL"[..], body, b"2", b"lock:a", b"lockgate:owner:{lock:a}"],
+                [
+                    &b"EVAL"[..],
+                    body,
+                    b"2",
+                    b"lock:a",
+                    b"lockgate:owner:{lock:a}",
+                ],
             ] {
                 assert_eq!(needs_own_connection(&args), None, "{s:?}");
             }
