@@ -8,11 +8,14 @@
 //!
 //! A spare is opened exactly as a moving session's connection would be
 //! (nothing sent on it), for the primary in force; one task keeps
-//! the count up ([`run`]): it opens one whenever fewer are ready, with
-//! back-off after a failure, drops every spare when the primary changes,
-//! and watches the spares so one closed while idle (Redis's `timeout`,
-//! `CLIENT KILL`) is dropped and replaced. A spare is checked again as it
-//! is taken; none ready, the session connects as before.
+//! the count up ([`run`]): it opens them at the start, after a move took
+//! one (or found none) and for a new primary, with back-off after a
+//! failure; it drops every spare when the primary changes, and watches
+//! the spares so one closed while idle is dropped. That one is reopened
+//! only at the next move: Redis closing idle connections (its `timeout`,
+//! an operator's `CLIENT KILL`) is not fought, and at rest after such a
+//! sweep Redis sees only the shared connections. A spare is checked again
+//! as it is taken; none ready, the session connects as before.
 
 use std::future::poll_fn;
 use std::pin::Pin;
@@ -173,15 +176,23 @@ pub(super) async fn run(common: Arc<Common>, stop: CancellationToken) {
     let spares = &common.spares;
     let first = common.reconnect_interval;
     let mut backoff = first;
+    // Spares follow demand: opened at the start, for a new primary and
+    // after a move took one; one Redis closed while idle is not reopened
+    // until then.
+    let mut refill = true;
     loop {
         let current = common.primary.current();
-        if spares.sweep(current.generation, &common.metrics) >= spares.target {
-            tokio::select! {
+        let ready = spares.sweep(current.generation, &common.metrics);
+        if ready >= spares.target {
+            refill = false;
+        }
+        if !refill {
+            refill |= tokio::select! {
                 _ = stop.cancelled() => break,
-                _ = spares.taken.notified() => {}
-                _ = poll_fn(|cx| spares.poll_any_closed(cx)) => {}
-                _ = common.primary.changed_from(current.generation) => {}
-            }
+                _ = spares.taken.notified() => true,
+                _ = poll_fn(|cx| spares.poll_any_closed(cx)) => false,
+                _ = common.primary.changed_from(current.generation) => true,
+            };
             continue;
         }
         let opened = tokio::select! {
