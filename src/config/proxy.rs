@@ -84,6 +84,16 @@ pub struct ProxyConfig {
     /// of it the client is closed, counted in `shared_session_output_limit`
     /// (a shared connection cannot stop reading for one client).
     pub shared_session_reply_bytes: u64,
+    /// Warm spare dedicated connections to the primary kept open with
+    /// `upstream = "shared"` (0–64; 0: none): a session that moves to a
+    /// connection of its own takes one at once instead of connecting
+    /// then, so its command reaches Redis as soon as it would have on a
+    /// connection of its own from the start (Redis's suite: a blocking
+    /// command, then another client's write that must come after it). A
+    /// taken spare is replaced in the background; spares are dropped when
+    /// the primary changes. Counted: `shared_spare_connections`,
+    /// `shared_spare_misses`.
+    pub shared_spare_connections: usize,
     /// The TLS listener beside the plain one (`[proxy.tls]`).
     pub tls: ListenerTlsConfig,
 }
@@ -103,6 +113,9 @@ pub enum UpstreamMode {
 /// Most shared upstream connections (`proxy.shared_upstream_connections`).
 pub const MAX_SHARED_UPSTREAM_CONNECTIONS: usize = 64;
 
+/// Most spare dedicated connections (`proxy.shared_spare_connections`).
+pub const MAX_SHARED_SPARE_CONNECTIONS: usize = 64;
+
 impl Default for ProxyConfig {
     fn default() -> Self {
         ProxyConfig {
@@ -119,6 +132,7 @@ impl Default for ProxyConfig {
             shared_upstream_connections: 2,
             shared_upstream_queue_batches: 4_096,
             shared_session_reply_bytes: 64 * 1024 * 1024,
+            shared_spare_connections: 2,
             tls: ListenerTlsConfig::default(),
         }
     }
@@ -170,6 +184,12 @@ impl ProxyConfig {
             "proxy.shared_upstream_queue_batches",
             self.shared_upstream_queue_batches as u64,
         )?;
+        if self.shared_spare_connections > MAX_SHARED_SPARE_CONNECTIONS {
+            return Err(invalid(
+                "proxy.shared_spare_connections",
+                &format!("must be 0 (none) to {MAX_SHARED_SPARE_CONNECTIONS}"),
+            ));
+        }
         if self.shared_session_reply_bytes < 2 * self.read_chunk_bytes as u64 {
             return Err(invalid(
                 "proxy.shared_session_reply_bytes",
@@ -228,6 +248,12 @@ mod tests {
             ..ProxyConfig::default()
         };
         ok.validate().unwrap();
+        ProxyConfig {
+            shared_spare_connections: 0,
+            ..ok.clone()
+        }
+        .validate()
+        .unwrap();
         for (bad, key) in [
             (
                 ProxyConfig {
@@ -256,6 +282,13 @@ mod tests {
                     ..ok.clone()
                 },
                 "proxy.shared_session_reply_bytes",
+            ),
+            (
+                ProxyConfig {
+                    shared_spare_connections: MAX_SHARED_SPARE_CONNECTIONS + 1,
+                    ..ok.clone()
+                },
+                "proxy.shared_spare_connections",
             ),
         ] {
             let err = bad.validate().unwrap_err();

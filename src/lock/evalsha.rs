@@ -113,6 +113,28 @@ impl Script {
     }
 }
 
+/// Whether a script call is one lockgate itself writes into a session's
+/// stream for a lock command: `EVALSHA` (`by_sha`) of one of its scripts'
+/// SHA1s, or `EVAL` of one of [`BODIES`], [`script::ERROR`] or the
+/// failover hold's (`failover::HELD_SCRIPTS`). Such calls are
+/// short, so in `proxy.upstream = "shared"` they stay on the shared
+/// connection where a client's own script moves its session
+/// (`crate::router::needs_own_connection`). `first`: the argument after
+/// the command's name. Pure; the lengths are compared first, so a
+/// client's script costs a few length checks.
+pub fn is_own_call(by_sha: bool, first: &[u8]) -> bool {
+    if by_sha {
+        return first.len() == 40
+            && ALL
+                .iter()
+                .any(|s| s.sha().as_bytes().eq_ignore_ascii_case(first));
+    }
+    (BODIES.iter())
+        .chain([&script::ERROR])
+        .chain(super::failover::HELD_SCRIPTS.iter())
+        .any(|body| body.len() == first.len() && body.as_bytes() == first)
+}
+
 /// A call of a lock script: which one, and its `numkeys keys… argv…`
 /// already in RESP, so that it can go up as `EVALSHA` or, when Redis lost
 /// the script, as `EVAL` without planning it again.
@@ -383,6 +405,29 @@ mod tests {
             .eval_in(3)
             .windows(24)
             .any(|w| w == b"redis.call('SELECT', 3)\n"));
+    }
+
+    #[test]
+    fn own_calls_are_told_by_sha_and_by_body() {
+        for s in Script::all() {
+            assert!(is_own_call(true, s.sha().as_bytes()), "{s:?}");
+            assert!(
+                is_own_call(true, s.sha().to_uppercase().as_bytes()),
+                "{s:?}"
+            );
+            assert!(is_own_call(false, s.body().as_bytes()), "{s:?}");
+            // A body is no SHA, a SHA no body.
+            assert!(!is_own_call(true, s.body().as_bytes()), "{s:?}");
+            assert!(!is_own_call(false, s.sha().as_bytes()), "{s:?}");
+        }
+        assert!(is_own_call(false, script::ERROR.as_bytes()));
+        assert!(is_own_call(false, b"return 0"));
+        let client = sha1_smol::Sha1::from("return 1").digest().to_string();
+        assert!(!is_own_call(true, client.as_bytes()));
+        assert!(!is_own_call(false, b"return 1"));
+        let mut almost = script::ACQUIRE.as_bytes().to_vec();
+        almost[0] ^= 1;
+        assert!(!is_own_call(false, &almost));
     }
 
     #[test]

@@ -38,11 +38,22 @@ pub enum OwnReason {
     /// while a script runs, and a shared connection may be the one
     /// waiting for that script.
     Kill,
+    /// A client's own script or function (`EVAL`, `EVALSHA`, `EVAL_RO`,
+    /// `EVALSHA_RO`, `FCALL`, `FCALL_RO`): while one runs past
+    /// `busy-reply-threshold` Redis answers other connections `-BUSY` and
+    /// takes `SCRIPT KILL`, but the commands queued behind it on its own
+    /// connection wait. Not lockgate's own lock scripts (short; see
+    /// [`needs_own_connection`]).
+    Script,
+    /// `DEBUG`: while `DEBUG RELOAD` or `LOADAOF` loads, Redis answers
+    /// other connections `-LOADING`, not the ones queued behind it; an
+    /// operator's command, moved whole.
+    Debug,
 }
 
 impl OwnReason {
     /// Every reason, in the order of [`OwnReason::index`].
-    pub const ALL: [OwnReason; 11] = [
+    pub const ALL: [OwnReason; 13] = [
         OwnReason::Transaction,
         OwnReason::Blocking,
         OwnReason::Wait,
@@ -54,6 +65,8 @@ impl OwnReason {
         OwnReason::Cluster,
         OwnReason::Quit,
         OwnReason::Kill,
+        OwnReason::Script,
+        OwnReason::Debug,
     ];
 
     /// Its position in [`OwnReason::ALL`] (for a counter per reason).
@@ -65,7 +78,11 @@ impl OwnReason {
 /// Whether a command (its arguments, name first, as sent to Redis) needs a
 /// connection of its own, and why; `None`: it may share one. `SELECT 0` may
 /// share (a session on a shared connection is in database 0); `XREAD` and
-/// `XREADGROUP` only with `BLOCK`.
+/// `XREADGROUP` only with `BLOCK`. `EVAL`/`EVALSHA` of lockgate's own lock
+/// scripts (which it writes into the session's stream for lock commands,
+/// told by body or SHA1: `lock::evalsha::is_own_call`) share: they are
+/// short, and moving them would take every lock user off the shared
+/// connections.
 pub fn needs_own_connection(args: &[&[u8]]) -> Option<OwnReason> {
     let name = args.first()?;
     // The longest name below is 12 bytes: longer ones are none of them,
@@ -95,6 +112,14 @@ pub fn needs_own_connection(args: &[&[u8]]) -> Option<OwnReason> {
         b"READONLY" | b"READWRITE" | b"ASKING" => OwnReason::Cluster,
         b"QUIT" => OwnReason::Quit,
         b"SHUTDOWN" => OwnReason::Kill,
+        verb @ (b"EVAL" | b"EVALSHA") => match args.get(1) {
+            Some(first) if crate::lock::evalsha::is_own_call(verb == b"EVALSHA", first) => {
+                return None
+            }
+            _ => OwnReason::Script,
+        },
+        b"EVAL_RO" | b"EVALSHA_RO" | b"FCALL" | b"FCALL_RO" => OwnReason::Script,
+        b"DEBUG" => OwnReason::Debug,
         b"SCRIPT" | b"FUNCTION" => match args.get(1) {
             Some(sub) if sub.eq_ignore_ascii_case(b"KILL") => OwnReason::Kill,
             _ => return None,
@@ -175,6 +200,22 @@ mod tests {
             ("SCRIPT KILL", Some(Kill)),
             ("function kill", Some(Kill)),
             ("SHUTDOWN NOSAVE", Some(Kill)),
+            ("EVAL return 0", Some(Script)),
+            ("eval return 1 0", Some(Script)),
+            (
+                "EVALSHA e0e1f9fabfc9d4800c877a703b823ac0578ff8db 0",
+                Some(Script),
+            ),
+            ("EVALSHA", Some(Script)),
+            ("EVAL_RO return 1 0", Some(Script)),
+            (
+                "evalsha_ro e0e1f9fabfc9d4800c877a703b823ac0578ff8db 0",
+                Some(Script),
+            ),
+            ("FCALL f 0", Some(Script)),
+            ("fcall_ro f 0", Some(Script)),
+            ("DEBUG SLEEP 1", Some(Debug)),
+            ("debug reload", Some(Debug)),
         ];
         for (line, want) in table {
             assert_eq!(decide(line), want, "{line}");
@@ -190,7 +231,6 @@ mod tests {
             "XREAD STREAMS s 0",
             "XREAD COUNT 1 STREAMS BLOCK 0",
             "XREADGROUP GROUP g c STREAMS s >",
-            "EVALSHA abc 1 lock:a",
             "SCRIPT LOAD x",
             "FUNCTION LIST",
             "EXEC",
@@ -204,6 +244,45 @@ mod tests {
         ] {
             assert_eq!(decide(line), None, "{line}");
         }
+    }
+
+    /// The scripts lockgate writes for lock commands stay shared, by SHA1
+    /// or by body, in any case of the name.
+    #[test]
+    fn lockgate_own_lock_scripts_may_share() {
+        use crate::lock::evalsha::Script;
+        for s in Script::all() {
+            let (sha, body) = (s.sha().as_bytes(), s.body().as_bytes());
+            for args in [
+                [
+                    &b"EVALSHA"[..],
+                    sha,
+                    b"2",
+                    b"lock:a",
+                    b"lockgate:owner:{lock:a}",
+                ],
+                [&b"evalsha"[..], sha, b"1", b"lock:a", b"x"],
+                [
+                    &b"EVAL"[..],
+                    body,
+                    b"2",
+                    b"lock:a",
+                    b"lockgate:owner:{lock:a}",
+                ],
+            ] {
+                assert_eq!(needs_own_connection(&args), None, "{s:?}");
+            }
+            // Read-only variants are never lockgate's.
+            let ro: [&[u8]; 3] = [b"EVALSHA_RO", sha, b"0"];
+            assert_eq!(needs_own_connection(&ro), Some(OwnReason::Script));
+        }
+        let refusal: [&[u8]; 4] = [
+            b"EVAL",
+            crate::lock::script::ERROR.as_bytes(),
+            b"0",
+            b"ERR lockgate: refused",
+        ];
+        assert_eq!(needs_own_connection(&refusal), None);
     }
 
     #[test]

@@ -43,6 +43,27 @@ async fn shared_conns(redis: &RedisServer, n: usize) -> Vec<String> {
     lines
 }
 
+/// A `CLIENT LIST` line of a spare dedicated connection: unnamed, and no
+/// command ever ran on it.
+fn is_spare(line: &str) -> bool {
+    field(line, "name").is_empty() && field(line, "cmd") == "NULL"
+}
+
+/// Waits until lockgate has `n` spares ready and Redis lists `n` of them;
+/// their ids.
+async fn spares_ready(lg: &Lockgate, redis: &RedisServer, n: usize) -> Vec<String> {
+    let gauge = &lg.ctx.upstream_conns.spare_open;
+    let mut ids: Vec<String>;
+    crate::until!(format!("{n} spares (have {})", ids.len()), {
+        ids = (client_list(redis).await.iter())
+            .filter(|l| is_spare(l))
+            .map(|l| field(l, "id").to_string())
+            .collect();
+        ids.len() == n && gauge.load(Ordering::Relaxed) == n as u64
+    });
+    ids
+}
+
 fn field<'a>(line: &'a str, name: &str) -> &'a str {
     (line.split(' '))
         .find_map(|kv| kv.strip_prefix(name).and_then(|v| v.strip_prefix('=')))
@@ -96,6 +117,7 @@ async fn fifty_clients_get_their_own_replies_in_order_over_one_connection() {
         .count();
     let others = (list.iter())
         .filter(|l| !l.contains("name=lockgate-shared") && !l.contains("name=lockgate-internal"))
+        .filter(|l| !is_spare(l))
         .count();
     assert_eq!(shared_lines, 1, "{list:#?}");
     assert_eq!(others, 1, "only this CLIENT LIST's connection: {list:#?}");
@@ -337,10 +359,13 @@ async fn lock_keys_keep_their_protection_in_shared_mode() {
     assert_eq!(owner, ":1\r\n");
     assert_eq!(a.call_raw(&["DEL", "lock:job"]).await, b":1\r\n");
     assert_eq!(b.call_raw(&["SETNX", "lock:job", "b"]).await, b":1\r\n");
-    assert_eq!(
-        lg.ctx.upstream_conns.dedicated_open.load(Ordering::Relaxed),
-        0
-    );
+    // lockgate's own lock scripts (SCRIPT LOAD, EVALSHA) stayed shared,
+    // where a client's own script moves it.
+    let m = &lg.ctx.upstream_conns;
+    assert_eq!(m.dedicated_open.load(Ordering::Relaxed), 0);
+    assert_eq!(m.moved_script.load(Ordering::Relaxed), 0);
+    assert_eq!(a.call_raw(&["EVAL", "return 7", "0"]).await, b":7\r\n");
+    assert_eq!(m.moved_script.load(Ordering::Relaxed), 1);
     lg.stop().await;
 }
 
@@ -356,4 +381,206 @@ async fn a_blank_line_is_owed_nothing() {
     c.send(b"*0\r\n\r\n").await;
     assert_eq!(c.call_raw(&["PING"]).await, b"+PONG\r\n");
     lg.stop().await;
+}
+
+/// Redis's suite, "Timedout read-only scripts can be killed by SCRIPT
+/// KILL": a client's script past `busy-reply-threshold`, and another
+/// client on the same (one) shared connection gets `-BUSY` for its `PING`
+/// and kills the script, as directly; the script's client moved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_script_leaves_the_other_clients_busy_replies_and_script_kill() {
+    let redis = RedisServer::start();
+    let threshold = ["CONFIG", "SET", "busy-reply-threshold", "50"];
+    assert_eq!(
+        support::resp::direct(&redis.addr(), &threshold).await,
+        "+OK\r\n"
+    );
+    let lg = shared(&redis, 1).await;
+    let mut rd = RawClient::connect(lg.addr).await;
+    assert_eq!(rd.call_raw(&["SET", "k", "v"]).await, b"+OK\r\n");
+    let spin = "local i = 0 while true do i = i + 1 end";
+    rd.send(&cmd(&["EVAL", spin, "0"])).await;
+    crate::until!("the script busy", {
+        (support::resp::direct(&redis.addr(), &["PING"]).await).starts_with("-BUSY")
+    });
+    let mut r = RawClient::connect(lg.addr).await;
+    let busy = show(&r.call_raw(&["PING"]).await);
+    assert!(busy.starts_with("-BUSY"), "{busy}");
+    assert_eq!(r.call_raw(&["SCRIPT", "KILL"]).await, b"+OK\r\n");
+    let killed = show(&rd.read_raw().await);
+    assert!(killed.contains("killed by user"), "{killed}");
+    assert_eq!(r.call_raw(&["PING"]).await, b"+PONG\r\n");
+    assert_eq!(rd.call_raw(&["GET", "k"]).await, b"$1\r\nv\r\n");
+    let m = &lg.ctx.upstream_conns;
+    assert_eq!(m.moved_script.load(Ordering::Relaxed), 1);
+    assert_eq!(m.moved_kill.load(Ordering::Relaxed), 1);
+    lg.stop().await;
+}
+
+/// A relay to a Redis whose every new connection reaches it `delay`
+/// after it was opened: a Redis across a network (or behind a TLS
+/// handshake), where a new connection costs time before its first command
+/// runs. Stops when dropped.
+struct SlowConnects {
+    addr: String,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl SlowConnects {
+    async fn start(redis: &RedisServer, delay: std::time::Duration) -> SlowConnects {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr").to_string();
+        let to = redis.addr();
+        let task = tokio::spawn(async move {
+            while let Ok((mut near, _)) = listener.accept().await {
+                let to = to.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(delay).await;
+                    if let Ok(mut far) = tokio::net::TcpStream::connect(&to).await {
+                        let _ = tokio::io::copy_bidirectional(&mut near, &mut far).await;
+                    }
+                });
+            }
+        });
+        SlowConnects { addr, task }
+    }
+}
+
+impl Drop for SlowConnects {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Redis's suite, "Blocking XREADGROUP: flushed DB": a new client's first
+/// command blocks (it moves), and another client's write sent after it
+/// must find it blocked, as directly. `LPUSH` then `LPOP` in one
+/// pipeline: a blocked `BLPOP` takes the element first and `LPOP` finds
+/// none; had the `BLPOP` come after, `LPOP` would take it. Redis 100 ms
+/// of connecting away, the clients 20 ms apart: a move that connected
+/// then was overtaken in every round; one taking a spare is not (the
+/// bound leaves room for a loaded machine's stalls). The clients run on a
+/// thread of their own, as the suite's client is a process of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_clients_blocking_command_is_not_overtaken_by_another_clients_write() {
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    use std::time::Duration;
+    const ROUNDS: usize = 20;
+    const GAP: Duration = Duration::from_millis(20);
+    let redis = RedisServer::start();
+    let relay = SlowConnects::start(&redis, Duration::from_millis(100)).await;
+    let mut config = Config::default();
+    config.upstream.addr = relay.addr.clone();
+    config.proxy.upstream = UpstreamMode::Shared;
+    config.proxy.shared_upstream_connections = 1;
+    let lg = Lockgate::start_with(config).await;
+    let m = lg.ctx.upstream_conns.clone();
+    let connect = |addr: std::net::SocketAddr| {
+        let s = TcpStream::connect(addr).expect("connect");
+        s.set_nodelay(true).expect("nodelay");
+        s.set_read_timeout(Some(support::WAIT)).expect("timeout");
+        s
+    };
+    let started = &lg.ctx.metrics.connections_active;
+    let mut other = connect(lg.addr);
+    crate::until!("the other session started", {
+        started.load(Ordering::Relaxed) == 1
+    });
+    // Kept open, so the count of clients only grows.
+    let mut clients = Vec::new();
+    let mut overtaken = Vec::new();
+    for round in 0..ROUNDS {
+        spares_ready(&lg, &redis, 2).await;
+        let rd = connect(lg.addr);
+        crate::until!("the session started", {
+            started.load(Ordering::Relaxed) == round as u64 + 2
+        });
+        let key = format!("q:{round}");
+        let blpop = cmd(&["BLPOP", &key, "0"]);
+        let push_pop = [cmd(&["LPUSH", &key, "a"]), cmd(&["LPOP", &key])].concat();
+        let (rd, back, got) = tokio::task::spawn_blocking(move || {
+            let (mut rd, mut other) = (rd, other);
+            rd.write_all(&blpop).expect("write");
+            std::thread::sleep(GAP);
+            other.write_all(&push_pop).expect("write");
+            // ":1" then "$-1" (found blocked) or "$1 a" (overtaken).
+            let mut got = Vec::new();
+            while !(got.ends_with(b"$-1\r\n") || got.ends_with(b"\na\r\n")) {
+                let mut chunk = [0u8; 64];
+                let n = other.read(&mut chunk).expect("read");
+                assert!(n > 0, "closed");
+                got.extend_from_slice(&chunk[..n]);
+            }
+            (rd, other, got)
+        })
+        .await
+        .expect("client thread");
+        other = back;
+        match show(&got).as_str() {
+            ":1\r\n$-1\r\n" => {}
+            ":1\r\n$1\r\na\r\n" => overtaken.push(round),
+            got => panic!("round {round}: {got}"),
+        }
+        clients.push(rd);
+    }
+    assert!(
+        overtaken.len() <= 2,
+        "BLPOP overtaken in rounds {overtaken:?} of {ROUNDS}"
+    );
+    assert_eq!(m.moved_blocking.load(Ordering::Relaxed), ROUNDS as u64);
+    assert_eq!(m.spare_misses.load(Ordering::Relaxed), 0);
+    drop(clients);
+    lg.stop().await;
+}
+
+/// Spares: replaced when taken; one killed on Redis dropped, and reopened
+/// at the next move; all dropped when the primary changes and opened to
+/// the new one, which a move then reaches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spares_are_replaced_when_taken_dropped_when_killed_and_follow_the_primary() {
+    let (a, b) = (RedisServer::start(), RedisServer::start());
+    let lg = shared(&a, 1).await;
+    let m = lg.ctx.upstream_conns.clone();
+    let first = spares_ready(&lg, &a, 2).await;
+    let mut c = RawClient::connect(lg.addr).await;
+    assert_eq!(c.call_raw(&["CLIENT", "SETNAME", "x"]).await, b"+OK\r\n");
+    let named = client_list(&a).await;
+    let x = (named.iter())
+        .find(|l| field(l, "name") == "x")
+        .expect("x on a");
+    assert!(first.contains(&field(x, "id").to_string()), "a spare taken");
+    let second = spares_ready(&lg, &a, 2).await;
+    assert_eq!(m.spare_misses.load(Ordering::Relaxed), 0);
+    // A spare closed while idle is dropped, and reopened only at the next
+    // move (Redis closing idle connections is not fought).
+    let mut admin = RawClient::connect(a.addr()).await;
+    let kill = ["CLIENT", "KILL", "ID", second[0].as_str()];
+    assert_eq!(admin.call_raw(&kill).await, b":1\r\n");
+    let left = spares_ready(&lg, &a, 1).await;
+    assert_eq!(m.spare_dropped.load(Ordering::Relaxed), 1);
+    assert_eq!(left, [second[1].clone()]);
+    let mut z = RawClient::connect(lg.addr).await;
+    assert_eq!(z.call_raw(&["CLIENT", "SETNAME", "z"]).await, b"+OK\r\n");
+    let third = spares_ready(&lg, &a, 2).await;
+    assert!(!third.contains(&second[1]), "the last one taken: {third:?}");
+    assert_eq!(m.spare_misses.load(Ordering::Relaxed), 0);
+    // The primary changes: the spares on a are closed, two open on b.
+    lg.ctx.primary_addr.confirm(&b.addr());
+    spares_ready(&lg, &b, 2).await;
+    crate::until!("no spare left on a", {
+        !client_list(&a).await.iter().any(|l| is_spare(l))
+    });
+    let mut d = RawClient::connect(lg.addr).await;
+    assert_eq!(d.call_raw(&["CLIENT", "SETNAME", "y"]).await, b"+OK\r\n");
+    let on_b = client_list(&b).await;
+    assert!(on_b.iter().any(|l| field(l, "name") == "y"), "{on_b:#?}");
+    assert_eq!(m.spare_misses.load(Ordering::Relaxed), 0);
+    lg.stop().await;
+    crate::until!("the spares closed at shutdown", {
+        m.spare_open.load(Ordering::Relaxed) == 0
+            && !client_list(&b).await.iter().any(|l| is_spare(l))
+    });
 }

@@ -11,11 +11,13 @@
 //! sessions' batches at once and hands each reply back to the session
 //! owed it, in order (an [`inbox`] per session). At the first command that
 //! needs connection state (`MULTI`, `WATCH`, blocking commands, pub/sub,
-//! `SELECT` of another database, `AUTH`, `HELLO`, `CLIENT`, …) the stream
-//! stops sending to the shared connection, waits until every reply owed
-//! there is in, opens a dedicated connection as the session would have in
-//! `dedicated` mode, and passes everything through it from then on, for
-//! good (`stream`). Replies keep their order throughout.
+//! `SELECT` of another database, `AUTH`, `HELLO`, `CLIENT`, a script of
+//! its own, …) the stream stops sending to the shared connection, waits
+//! until every reply owed there is in (not at all when none is), takes a
+//! warm spare dedicated connection (`spare`, `proxy.shared_spare_connections`;
+//! opens one as `dedicated` mode would when none is ready), and passes
+//! everything through it from then on, for good (`stream`). Replies keep
+//! their order throughout.
 //!
 //! What cannot be carried over: `WAIT`/`WAITAOF` after commands went over
 //! the shared connection (they would not wait for those writes) are
@@ -23,6 +25,7 @@
 
 mod inbox;
 mod lane;
+mod spare;
 mod stream;
 
 pub use stream::{SharedRead, SharedStream, SharedWrite};
@@ -43,6 +46,7 @@ use crate::tls::Stream;
 use crate::upstream::primary::Current;
 use crate::upstream::{Connector, Primary, UpstreamError};
 use inbox::Inbox;
+use spare::Spares;
 
 /// The name shared connections give themselves (`CLIENT LIST`).
 pub const SHARED_NAME: &str = "lockgate-shared";
@@ -70,6 +74,12 @@ counters! {
         shared_queue_full: Counter "shared_queue_full", "Times a session waited for room in a shared connection's queue (proxy.shared_upstream_queue_batches)";
         /// Clients closed past proxy.shared_session_reply_bytes.
         shared_session_output_limit: Counter "shared_session_output_limit", "Clients closed: more than proxy.shared_session_reply_bytes of replies waited for them";
+        /// Warm spare dedicated connections open now (proxy.shared_spare_connections).
+        spare_open: Gauge "shared_spare_connections", "Warm spare dedicated upstream connections open now (proxy.shared_spare_connections)";
+        /// Moves that found no spare ready and connected then.
+        spare_misses: Counter "shared_spare_misses", "Sessions that moved to a dedicated connection with no spare ready (they connected then)";
+        /// Spares dropped: closed while idle, or opened to a primary since replaced.
+        spare_dropped: Counter "shared_spare_dropped", "Spare upstream connections dropped: closed while idle, or to a primary since replaced";
         /// Sessions that could not open their dedicated connection when moving (the client is closed).
         moves_failed: Counter "shared_moves_failed", "Sessions closed: their dedicated connection could not be opened when they moved";
         /// WAIT/WAITAOF refused after commands went over a shared connection.
@@ -96,6 +106,10 @@ counters! {
         moved_quit: Counter "shared_sessions_moved_quit", "Sessions moved to a dedicated connection at QUIT";
         /// Sessions moved at SCRIPT KILL, FUNCTION KILL or SHUTDOWN.
         moved_kill: Counter "shared_sessions_moved_kill", "Sessions moved to a dedicated connection at SCRIPT KILL, FUNCTION KILL or SHUTDOWN";
+        /// Sessions moved at a script or function of their own.
+        moved_script: Counter "shared_sessions_moved_script", "Sessions moved to a dedicated connection at a script or function of their own (EVAL, EVALSHA, FCALL and their _RO forms; not lockgate's lock scripts)";
+        /// Sessions moved at DEBUG.
+        moved_debug: Counter "shared_sessions_moved_debug", "Sessions moved to a dedicated connection at DEBUG";
     }
 }
 
@@ -114,6 +128,8 @@ impl UpstreamConnMetrics {
             OwnReason::Cluster => &self.moved_cluster,
             OwnReason::Quit => &self.moved_quit,
             OwnReason::Kill => &self.moved_kill,
+            OwnReason::Script => &self.moved_script,
+            OwnReason::Debug => &self.moved_debug,
         }
     }
 }
@@ -157,6 +173,8 @@ struct Common {
     reply_limit: usize,
     metrics: Arc<UpstreamConnMetrics>,
     warn: RateLimit,
+    /// Warm connections for sessions that move.
+    spares: Spares,
 }
 
 impl Common {
@@ -196,6 +214,7 @@ impl Common {
             reply_limit: 1 << 20,
             metrics: Arc::default(),
             warn: RateLimit::new(Duration::from_secs(10)),
+            spares: Spares::new(0),
         }
     }
 }
@@ -218,7 +237,8 @@ impl std::fmt::Debug for SharedPool {
 
 impl SharedPool {
     /// Starts `proxy.shared_upstream_connections` connection tasks to the
-    /// primary in force (following it through Sentinel), each stopping
+    /// primary in force (following it through Sentinel), and the task
+    /// keeping `proxy.shared_spare_connections` spares, each stopping
     /// with `stop`. Must run inside a Tokio runtime.
     pub fn start(
         config: &Config,
@@ -238,7 +258,11 @@ impl SharedPool {
                 .unwrap_or(usize::MAX),
             metrics,
             warn: RateLimit::new(Duration::from_secs(10)),
+            spares: Spares::new(config.proxy.shared_spare_connections),
         });
+        if config.proxy.shared_spare_connections > 0 {
+            tokio::spawn(spare::run(common.clone(), stop.clone()));
+        }
         let lanes = (0..config.proxy.shared_upstream_connections)
             .map(|_| {
                 let (tx, rx) = mpsc::channel(config.proxy.shared_upstream_queue_batches);

@@ -4,8 +4,9 @@
 //! rest), sends plain commands to the session's shared connection, and at
 //! the first command that needs a connection of its own moves the session
 //! to a dedicated one: it stops sending, waits until nothing is owed on
-//! the shared connection, opens the dedicated connection, and passes
-//! everything through it from then on. The read side ([`SharedRead`])
+//! the shared connection (not at all when nothing is), takes a warm spare
+//! connection ([`super::spare`]) or opens one, and passes everything
+//! through it from then on. The read side ([`SharedRead`])
 //! reads the session's replies from its inbox, then, once moved and the
 //! inbox is empty, from the dedicated connection.
 
@@ -116,7 +117,7 @@ enum State {
     /// A command needing its own connection is first in `pending`: waiting
     /// for what is owed on the shared connection.
     Moving(OwnReason),
-    /// Opening the dedicated connection.
+    /// Opening the dedicated connection (no spare was ready).
     Opening(Opening),
     /// Everything goes to the dedicated connection.
     Dedicated(WriteHalf<Stream>),
@@ -179,18 +180,19 @@ impl SharedWrite {
                         continue;
                     }
                     ProxyMetrics::inc(self.common.metrics.moved(reason));
+                    let current = self.common.primary.current();
+                    let spares = &self.common.spares;
+                    if let Some(spare) = spares.take(current.generation, &self.common.metrics) {
+                        self.dedicate(spare);
+                        continue;
+                    }
                     let common = self.common.clone();
                     self.state = State::Opening(AbortOnDropHandle::new(tokio::spawn(async move {
-                        common.open(&common.primary.current(), false).await
+                        common.open(&current, false).await
                     })));
                 }
                 State::Opening(opening) => match ready!(Pin::new(opening).poll(cx)) {
-                    Ok(Ok(stream)) => {
-                        let (read, write) = tokio::io::split(stream);
-                        self._dedicated = Some(DedicatedGuard::new(&self.common.metrics));
-                        self.inbox.install_dedicated(read);
-                        self.state = State::Dedicated(write);
-                    }
+                    Ok(Ok(stream)) => self.dedicate(stream),
                     Ok(Err(e)) => self.move_failed(e.to_string())?,
                     Err(e) => self.move_failed(e.to_string())?,
                 },
@@ -207,6 +209,15 @@ impl SharedWrite {
                 State::Failed => return Poll::Ready(Err(io::ErrorKind::NotConnected.into())),
             }
         }
+    }
+
+    /// The session's connection of its own from now on: its replies are
+    /// read from it after the inbox's, its commands written to it.
+    fn dedicate(&mut self, stream: Stream) {
+        let (read, write) = tokio::io::split(stream);
+        self._dedicated = Some(DedicatedGuard::new(&self.common.metrics));
+        self.inbox.install_dedicated(read);
+        self.state = State::Dedicated(write);
     }
 
     /// The dedicated connection could not be opened: the session ends
