@@ -106,11 +106,15 @@ async fn killed_masters_and_rejoin() {
     assert_eq!(call(&mut c, &["DEL", "lock:k2"]).await, ":1\r\n");
     held_on(&cl, "lock:k2", "b", &[], &running).await;
 
-    // A 3rd goes down. Asked before lockgate noticed: never `:1`.
+    // A 3rd goes down. Asked before lockgate noticed: never `:1`. Either
+    // lockgate already counts it down (unavailable), or the call reached
+    // it as it died and too few answered (no quorum): which one depends on
+    // when its connection dropped (seen on a loaded box).
     cl.masters[2].stop();
     let early = call(&mut c, &["SETNX", "lock:k3", "x"]).await;
     assert!(
-        early.starts_with("-ERR lockgate: lock quorum unavailable: "),
+        early.starts_with("-ERR lockgate: lock quorum unavailable: ")
+            || early.starts_with("-ERR lockgate: no quorum (2 of 5 lock masters answered)"),
         "SETNX while the 3rd master was dying: {early:?}"
     );
     cl.wait_state(2, "Down", |s| *s == MasterState::Down).await;
