@@ -197,13 +197,22 @@ async fn lock_quorum_over_tls() {
     let mut direct = RawClient::connect(primary.addr()).await;
     assert_eq!(direct.call_s(&["GET", "k"]).await, "$1\r\nv\r\n");
     assert_eq!(direct.call_s(&["EXISTS", "lock:q"]).await, ":0\r\n");
-    let mut on_master = TlsClient::connect(
-        masters[0].addr(),
-        client_config(&pki.ca_file(), Some(&lockgate_cert)),
-    )
-    .await
-    .expect("master");
-    assert_eq!(on_master.call(&["GET", "lock:q"]).await, "$1\r\n1\r\n");
+    // The lock is on a majority of the masters, read over TLS (a majority:
+    // one master may have sat out or answered late on a loaded box, seen
+    // in CI with masters[0]).
+    let mut holding = 0;
+    for m in &masters {
+        let mut on_master = TlsClient::connect(
+            m.addr(),
+            client_config(&pki.ca_file(), Some(&lockgate_cert)),
+        )
+        .await
+        .expect("master");
+        if on_master.call(&["GET", "lock:q"]).await == "$1\r\n1\r\n" {
+            holding += 1;
+        }
+    }
+    assert!(holding >= 2, "the lock on {holding} of 3 masters");
     lg.stop().await;
 }
 
