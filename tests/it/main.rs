@@ -1,5 +1,5 @@
 //! The integration tests that may share a process: one test binary, one
-//! module per area (`cargo test --test it quorum_chaos::` runs one
+//! module per area (`cargo test --test it quorum_faults::` runs one
 //! module), so the harness (`tests/support/`) and lockgate's library are
 //! compiled and linked once instead of once per file. libtest runs two
 //! tests at a time (two cores), from any modules; a test here must not
@@ -10,9 +10,6 @@
 #[macro_use]
 #[path = "../support/mod.rs"]
 mod support;
-
-/// The chaos test's pieces (`quorum_chaos`, `quorum_recovery`).
-mod chaos;
 
 mod arrival_order;
 mod auth_resp3;
@@ -42,10 +39,8 @@ mod passthrough;
 mod passthrough_payloads;
 mod pubsub;
 mod quorum;
-mod quorum_chaos;
 mod quorum_clock;
 mod quorum_faults;
-mod quorum_recovery;
 mod quorum_rejoin;
 mod quorum_split;
 mod sentinel;

@@ -3,16 +3,23 @@
 //! process's memory and descriptors (`abusive_clients`, `clients_gone`:
 //! lockgate runs in the test's process), or drive storms, quorums and
 //! fleets hard enough that two at once on two cores would measure each
-//! other (`storm`, `storm_fairness`, `quorum_safety`). Everything else is
-//! in `tests/it/`, two at a time. `cargo test --test serial storm::` runs
-//! one module.
+//! other (`storm`, `storm_fairness`, `quorum_safety`, and the quorum's
+//! chaos and recovery, whose node timeouts of 200 ms are a loaded box's
+//! to miss: beside the heaviest tests of `tests/it/` they failed about one
+//! run in two). Everything else is in `tests/it/`, two at a time. `cargo
+//! test --test serial storm::` runs one module.
 
 #[macro_use]
 #[path = "../support/mod.rs"]
 mod support;
 
+/// The chaos test's pieces (`quorum_chaos`, `quorum_recovery`).
+mod chaos;
+
 mod abusive_clients;
 mod clients_gone;
+mod quorum_chaos;
+mod quorum_recovery;
 mod quorum_safety;
 mod storm;
 mod storm_fairness;

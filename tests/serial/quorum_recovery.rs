@@ -3,7 +3,7 @@
 //! 5 redis-server lock masters and a primary, while workers take one lock
 //! key three ways (legacy `SETNX` / `EXPIRE` / `DEL`, `SET NX PX` with the
 //! compare-and-delete release, `LOCKGATE LOCK` with fencing tokens; the
-//! workers of `tests/it/chaos/`). Each seed runs one schedule:
+//! workers of `tests/serial/chaos/`). Each seed runs one schedule:
 //!
 //! 1. a majority of the masters (3, 4 or all 5, drawn) SIGKILLed at once
 //!    and restarted empty;
@@ -296,6 +296,7 @@ async fn run_seed(seed: u64) -> Outcome {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_worker_acquires_again_after_any_restart_of_the_masters() {
+    let _one = crate::SERIAL.lock().await;
     let first = env_u64("QUORUM_RECOVERY_SEED", 1);
     let seeds = env_u64("QUORUM_RECOVERY_SEEDS", 10);
     let mut slowest = Duration::ZERO;

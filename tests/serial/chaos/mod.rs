@@ -1,4 +1,4 @@
-//! The chaos test's pieces (`tests/it/quorum_chaos.rs`): lockgate as a
+//! The chaos test's pieces (`tests/serial/quorum_chaos.rs`): lockgate as a
 //! subprocess that can be killed, restarted and stopped ([`LockgateProc`]),
 //! a client connection whose failures are values, not panics ([`Conn`]),
 //! the fault loop ([`faults`]), the client workers ([`clients`]), what

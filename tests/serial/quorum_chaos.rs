@@ -9,7 +9,7 @@
 //! with fencing tokens. Some holders are paused past their lease and woken
 //! while another holder is inside, then finish late.
 //!
-//! Checked (see `tests/it/chaos/checks.rs`): no two valid sections overlap (a
+//! Checked (see `tests/serial/chaos/checks.rs`): no two valid sections overlap (a
 //! section is valid from its grant until its release or acquire-sent +
 //! lease − drift), no lost update on the counter between two valid
 //! sections, the store that refuses lower tokens never refuses a valid
@@ -88,6 +88,7 @@ async fn start(t: &Tuning) -> Cluster {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn locks_stay_exclusive_and_fenced_under_chaos() {
+    let _one = crate::SERIAL.lock().await;
     let began = Instant::now();
     let seed = env_u64("QUORUM_CHAOS_SEED", 0xc4a0_5eed);
     let secs = env_u64("QUORUM_CHAOS_SECS", 35);
