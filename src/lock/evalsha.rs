@@ -9,7 +9,7 @@
 //! it, or through lockgate on another connection while this one had an
 //! `EVALSHA` on its way): the call is then run again as `EVAL` on
 //! lockgate's own connection to the primary, in the client's database
-//! ([`LockService::rerun`]), and its reply takes the command's place. The
+//! ([`super::LockService::in_place`]), and its reply takes the command's place. The
 //! client never sees `NOSCRIPT` for a lock command; commands it pipelined
 //! after it have then run first (`docs/behaviour.md`), counted as
 //! `lock_noscript_reruns`. Any `NOSCRIPT` or `SCRIPT FLUSH` moves the
@@ -22,17 +22,13 @@
 //! while a RESP2 connection is subscribed.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
+use std::sync::OnceLock;
 
 use bytes::{BufMut, Bytes, BytesMut};
 
-use super::lease::ConnLocks;
-use super::storm::Acquirer;
-use super::{script, LockPending, LockService};
-use crate::metrics::ProxyMetrics;
+use super::script;
 use crate::protocol::encode::{self, LocalReply};
-use crate::upstream::node::{Node, Request};
+use crate::upstream::node::Request;
 
 /// The scripts a lock command runs as on a client's connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -273,7 +269,7 @@ impl Epoch {
 
     /// A call sent at epoch `seen` was answered `NOSCRIPT`: moves the
     /// epoch on once for all the calls of that epoch.
-    fn lost(&self, seen: u64) {
+    pub(super) fn lost(&self, seen: u64) {
         let _ = self
             .0
             .compare_exchange(seen, seen + 1, Ordering::Relaxed, Ordering::Relaxed);
@@ -329,39 +325,6 @@ pub struct Rerun {
 /// True when `frame` is Redis's `NOSCRIPT` error.
 pub fn is_noscript(frame: &[u8]) -> bool {
     frame.starts_with(b"-NOSCRIPT")
-}
-
-impl LockService {
-    /// Runs again, as `EVAL` on lockgate's own connection `primary` in the
-    /// client's database, a lock call Redis answered `NOSCRIPT`, and
-    /// learns its outcome as [`LockService::on_reply`] would have; returns
-    /// the client's reply (waiting for a handoff if the attempt parks).
-    /// Commands the client pipelined after it ran before this rerun.
-    pub(crate) async fn rerun(
-        &self,
-        primary: &Node,
-        timeout: Duration,
-        pending: LockPending,
-        rerun: Rerun,
-        conn: &Arc<Mutex<ConnLocks>>,
-        acquirer: impl FnOnce() -> Arc<dyn Acquirer>,
-    ) -> LocalReply {
-        self.script_epoch.lost(rerun.epoch);
-        ProxyMetrics::inc(&self.metrics.noscript_reruns);
-        let frame = match primary.call(rerun.call.eval_in(rerun.db), timeout).await {
-            Ok(frame) => frame,
-            Err(e) => {
-                // Nothing learned: the attempt settles as after an error.
-                let text = format!(
-                    "ERR lockgate: Redis lost the lock script (NOSCRIPT) and running it again failed: {e}"
-                );
-                let frame = LocalReply::Error(Bytes::from(text.clone())).to_bytes(false);
-                let _ = self.on_reply(pending, frame, conn, acquirer);
-                return LocalReply::Error(Bytes::from(text));
-            }
-        };
-        self.own_outcome(pending, frame, conn, acquirer).await
-    }
 }
 
 /// A reply read on lockgate's own (RESP2) connection, for a client that

@@ -30,10 +30,8 @@ use bytes::Bytes;
 use super::evalsha::{Call, Rerun, Script};
 use super::lease::{ConnLocks, Standing};
 use super::ops::{LockOp, Shape, Ttl};
-use super::storm::Acquirer;
 use super::{owner_key, places_key, queue_key, LockPending, LockService, Planned};
 use super::{Attempt, ReplyOutcome};
-use crate::protocol::encode::LocalReply;
 
 /// What the primary's server offers lock operations besides scripts, as
 /// lockgate's own connection to it saw when it last opened (`COMMAND INFO
@@ -299,32 +297,9 @@ impl LockService {
             self.store().natives.refused();
         }
         crate::metrics::ProxyMetrics::inc(&self.metrics.native_reruns);
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let (me, conn, pending) = (self.clone(), conn.clone(), (**then).clone());
         let call = rerun.call.eval_in(rerun.db);
-        tokio::spawn(async move {
-            let store = me.store();
-            let acquirer = || -> Arc<dyn Acquirer> { me.clone() };
-            let run = async {
-                match store.primary.call(call, store.timeout()).await {
-                    Ok(frame) => me.own_outcome(pending, frame, &conn, acquirer).await,
-                    Err(e) => {
-                        let text = format!("ERR lockgate: the lock script could not run: {e}");
-                        let frame = LocalReply::Error(Bytes::from(text.clone())).to_bytes(false);
-                        let _ = me.on_reply(pending, frame, &conn, acquirer);
-                        LocalReply::Error(Bytes::from(text))
-                    }
-                }
-            };
-            // A rerun that parked may wait for a handoff: never past the
-            // server's drain.
-            let reply = tokio::select! {
-                reply = run => reply,
-                _ = store.stopped() => LocalReply::err("lockgate: shutting down"),
-            };
-            let _ = tx.send(reply);
-        });
-        Some(ReplyOutcome::Rerun(rx))
+        let failed = "the lock script could not run";
+        Some(self.in_place((**then).clone(), call, failed, conn))
     }
 }
 

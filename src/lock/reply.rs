@@ -25,7 +25,7 @@ pub enum ReplyOutcome {
     /// handed to it or its wait ends, and every later reply waits for it.
     Parked(oneshot::Receiver<LocalReply>),
     /// Redis had lost the script (`NOSCRIPT`): it runs again elsewhere
-    /// ([`LockService::rerun`]), and every later reply waits for its reply.
+    /// ([`LockService::in_place`]), and every later reply waits for its reply.
     Rerun(oneshot::Receiver<LocalReply>),
 }
 
@@ -47,27 +47,53 @@ impl LockService {
         if let Some(outcome) = self.native_missed(&pending, &rerun, &frame, conn) {
             return outcome;
         }
-        let acquirer = || -> Arc<dyn Acquirer> { self.clone() };
         let Some(rerun) = rerun.filter(|_| evalsha::is_noscript(&frame)) else {
+            let acquirer = || -> Arc<dyn Acquirer> { self.clone() };
             return self.on_reply(pending, frame, conn, acquirer);
         };
+        self.script_epoch.lost(rerun.epoch);
+        ProxyMetrics::inc(&self.metrics.noscript_reruns);
+        let failed = "Redis lost the lock script (NOSCRIPT) and running it again failed";
+        self.in_place(pending, rerun.call.eval_in(rerun.db), failed, conn)
+    }
+
+    /// Runs `call`, the lock call planned for `pending` as RESP (`EVAL` in
+    /// the client's database), on lockgate's own connection in the place
+    /// of the client's command, and learns its outcome as
+    /// [`LockService::on_reply`] would have; its reply, waiting for a
+    /// handoff if the attempt parks but never past the server's drain, is
+    /// the client's. Commands the client pipelined after it ran before it.
+    /// `failed` says what could not be done, should lockgate's own call
+    /// fail: the client's error and the outcome learned.
+    pub(crate) fn in_place(
+        self: &Arc<Self>,
+        pending: LockPending,
+        call: Bytes,
+        failed: &'static str,
+        conn: &Arc<Mutex<ConnLocks>>,
+    ) -> ReplyOutcome {
         let (tx, rx) = oneshot::channel();
         let (me, conn) = (self.clone(), conn.clone());
         tokio::spawn(async move {
             let store = me.store();
             let acquirer = || -> Arc<dyn Acquirer> { me.clone() };
-            let rerun = me.rerun(
-                &store.primary,
-                store.timeout(),
-                pending,
-                rerun,
-                &conn,
-                acquirer,
-            );
+            let run = async {
+                match store.primary.call(call, store.timeout()).await {
+                    Ok(frame) => me.own_outcome(pending, frame, &conn, acquirer).await,
+                    Err(e) => {
+                        // Nothing learned: the attempt settles as after an
+                        // error.
+                        let text = format!("ERR lockgate: {failed}: {e}");
+                        let frame = LocalReply::Error(Bytes::from(text.clone())).to_bytes(false);
+                        let _ = me.on_reply(pending, frame, &conn, acquirer);
+                        LocalReply::Error(Bytes::from(text))
+                    }
+                }
+            };
             // A rerun that parked may wait for a handoff: never past the
             // server's drain.
             let reply = tokio::select! {
-                reply = rerun => reply,
+                reply = run => reply,
                 _ = store.stopped() => LocalReply::err("lockgate: shutting down"),
             };
             let _ = tx.send(reply);
