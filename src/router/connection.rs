@@ -49,11 +49,16 @@ pub enum OwnReason {
     /// other connections `-LOADING`, not the ones queued behind it; an
     /// operator's command, moved whole.
     Debug,
+    /// Any command while a `CLIENT PAUSE` seen through this instance is in
+    /// force ([`Pause`]): Redis holds a paused client's commands on its
+    /// connection, and on a shared one every other client's behind them;
+    /// on a connection of its own each client is held alone, as directly.
+    Paused,
 }
 
 impl OwnReason {
     /// Every reason, in the order of [`OwnReason::index`].
-    pub const ALL: [OwnReason; 13] = [
+    pub const ALL: [OwnReason; 14] = [
         OwnReason::Transaction,
         OwnReason::Blocking,
         OwnReason::Wait,
@@ -67,6 +72,7 @@ impl OwnReason {
         OwnReason::Kill,
         OwnReason::Script,
         OwnReason::Debug,
+        OwnReason::Paused,
     ];
 
     /// Its position in [`OwnReason::ALL`] (for a counter per reason).
@@ -141,6 +147,45 @@ fn xread_blocks(args: &[&[u8]]) -> Option<OwnReason> {
         }
     }
     None
+}
+
+/// A `CLIENT PAUSE` or `CLIENT UNPAUSE` on its way to Redis, as the
+/// shared pool follows it: a pause makes every client that sends a command
+/// before it ends move to a connection of its own ([`OwnReason::Paused`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pause {
+    /// `CLIENT PAUSE <ms> [WRITE|ALL]`: in force for `ms` milliseconds
+    /// (either mode: a paused write holds a shared connection's reads too).
+    For(u64),
+    /// `CLIENT UNPAUSE`: no longer.
+    Lifted,
+}
+
+/// The pause a command (its arguments, name first) starts or lifts; `None`
+/// for every other command, and for a `CLIENT PAUSE` whose timeout is not
+/// a whole number (Redis refuses it).
+pub fn pause_of(args: &[&[u8]]) -> Option<Pause> {
+    let (name, sub) = (args.first()?, args.get(1)?);
+    if !name.eq_ignore_ascii_case(b"CLIENT") {
+        return None;
+    }
+    if sub.eq_ignore_ascii_case(b"UNPAUSE") {
+        return Some(Pause::Lifted);
+    }
+    if !sub.eq_ignore_ascii_case(b"PAUSE") {
+        return None;
+    }
+    let ms = std::str::from_utf8(args.get(2)?)
+        .ok()?
+        .parse::<u64>()
+        .ok()?;
+    Some(Pause::For(ms))
+}
+
+/// Whether a pause that ends at `until_ms` (0: none seen, or lifted) is in
+/// force at `now_ms` (both on one monotonic clock, in ms).
+pub fn paused(until_ms: u64, now_ms: u64) -> bool {
+    until_ms != 0 && now_ms < until_ms
 }
 
 #[cfg(test)]
@@ -289,6 +334,45 @@ mod tests {
     fn every_reason_has_its_index() {
         for (i, r) in OwnReason::ALL.iter().enumerate() {
             assert_eq!(r.index(), i);
+        }
+    }
+    #[test]
+    fn pauses_are_read_from_client_pause_and_unpause() {
+        let of = |line: &str| {
+            let args: Vec<&[u8]> = line.split(' ').map(str::as_bytes).collect();
+            pause_of(&args)
+        };
+        let table = [
+            ("CLIENT PAUSE 1000", Some(Pause::For(1000))),
+            ("client pause 50 WRITE", Some(Pause::For(50))),
+            ("CLIENT PAUSE 0 ALL", Some(Pause::For(0))),
+            ("CLIENT UNPAUSE", Some(Pause::Lifted)),
+            ("client unpause", Some(Pause::Lifted)),
+            ("CLIENT PAUSE", None),
+            ("CLIENT PAUSE -1", None),
+            ("CLIENT PAUSE soon", None),
+            ("CLIENT SETNAME pause", None),
+            ("PAUSE 100", None),
+            ("CLIENT", None),
+        ];
+        for (line, want) in table {
+            assert_eq!(of(line), want, "{line}");
+        }
+    }
+
+    #[test]
+    fn a_pause_is_in_force_until_its_end() {
+        // (until, now, in force)
+        let table = [
+            (0, 0, false),
+            (0, 5_000, false),
+            (1_000, 999, true),
+            (1_000, 1_000, false),
+            (1_000, 1_001, false),
+            (u64::MAX, 1, true),
+        ];
+        for (until, now, want) in table {
+            assert_eq!(paused(until, now), want, "until {until} now {now}");
         }
     }
 }

@@ -9,6 +9,7 @@
 //! own processes, so they run in parallel.
 
 use crate::support;
+use lockgate::config::UpstreamMode;
 
 use std::time::{Duration, Instant};
 
@@ -80,6 +81,18 @@ fn load() -> String {
 
 #[tokio::test]
 async fn the_sentinels_answer_is_used_only_once_role_confirms_it() {
+    role_confirms(UpstreamMode::Dedicated).await;
+}
+
+/// The same with `proxy.upstream = "shared"`, and a reconnect interval
+/// longer than the test: the shared connection opens when the primary is
+/// confirmed, not at its next back-off attempt.
+#[tokio::test]
+async fn the_shared_connection_opens_once_role_confirms_the_primary() {
+    role_confirms(UpstreamMode::Shared).await;
+}
+
+async fn role_confirms(mode: UpstreamMode) {
     let (primary, replica) = Group::pair().await;
     // One sentinel names the replica as the master; one address is dead.
     // A long down-after keeps the sentinel from acting during the test.
@@ -87,6 +100,11 @@ async fn the_sentinels_answer_is_used_only_once_role_confirms_it() {
     let dead = format!("127.0.0.1:{}", support::free_port());
     let mut config = sentinel_config(&[dead, sentinel.addr()]);
     config.upstream.sentinel.recheck_interval_ms = 100;
+    config.proxy.upstream = mode;
+    if mode == UpstreamMode::Shared {
+        config.upstream.reconnect_interval_ms = 600_000;
+        config.proxy.shared_upstream_connections = 1;
+    }
     let lg = Lockgate::start_with_admin(config).await;
     let admin = lg.admin.expect("admin listener");
     let errors = |lg: &Lockgate| {
@@ -124,6 +142,13 @@ async fn the_sentinels_answer_is_used_only_once_role_confirms_it() {
         "/readyz to answer 200",
         http_get(admin, "/readyz").await.status == 200
     );
+    if mode == UpstreamMode::Shared {
+        let connects = &lg.ctx.upstream_conns.shared_connects;
+        until!(
+            "the shared connection to open",
+            connects.load(std::sync::atomic::Ordering::Relaxed) == 1
+        );
+    }
     let mut c = RawClient::connect(lg.addr).await;
     assert_eq!(primary_field(&mut c, "addr").await, primary.addr());
     assert_eq!(primary_field(&mut c, "switches").await, "0");

@@ -584,3 +584,104 @@ async fn spares_are_replaced_when_taken_dropped_when_killed_and_follow_the_prima
             && !client_list(&b).await.iter().any(|l| is_spare(l))
     });
 }
+
+/// Redis's suite, `unit/pause`: "multiple clients can be queued up and
+/// unblocked" counts three paused writers as three blocked clients. On one
+/// shared connection the first paused write held the other two, and every
+/// other client's reads, behind it; while a `CLIENT PAUSE` seen through
+/// lockgate is in force each client that sends a command moves to a
+/// connection of its own, held alone as directly, and a reader is not
+/// held at all. `CLIENT UNPAUSE` ends it; a pause that ran out ends it
+/// too, and clients share again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_pause_holds_each_paused_client_on_its_own_connection() {
+    let redis = RedisServer::start();
+    let lg = shared(&redis, 1).await;
+    let m = &lg.ctx.upstream_conns;
+    let mut reader = RawClient::connect(lg.addr).await;
+    assert_eq!(reader.call_raw(&["SET", "x", "1"]).await, b"+OK\r\n");
+    let mut admin = RawClient::connect(lg.addr).await;
+    assert_eq!(
+        admin.call_raw(&["CLIENT", "PAUSE", "60000", "WRITE"]).await,
+        b"+OK\r\n"
+    );
+    let mut writers = Vec::new();
+    for _ in 0..3 {
+        let mut w = RawClient::connect(lg.addr).await;
+        w.send(&cmd(&["SET", "FOO", "BAR"])).await;
+        writers.push(w);
+    }
+    wait_blocked_clients(&redis.addr(), 3).await;
+    // A read on the shared connection's client is answered during the
+    // write pause (it moved; it would wait behind the writes otherwise).
+    assert_eq!(reader.call_raw(&["GET", "x"]).await, b"$1\r\n1\r\n");
+    assert_eq!(m.moved_paused.load(Ordering::Relaxed), 4);
+    assert_eq!(admin.call_raw(&["CLIENT", "UNPAUSE"]).await, b"+OK\r\n");
+    for w in &mut writers {
+        assert_eq!(w.read_raw().await, b"+OK\r\n");
+    }
+    let mut after = RawClient::connect(lg.addr).await;
+    assert_eq!(after.call_raw(&["SET", "y", "1"]).await, b"+OK\r\n");
+    assert_eq!(
+        m.moved_paused.load(Ordering::Relaxed),
+        4,
+        "unpaused: shares"
+    );
+
+    // A pause that runs out: its paused writer is answered after Redis
+    // ended it, and lockgate's hint (started before Redis's pause) ended
+    // before; the next client shares.
+    assert_eq!(
+        admin.call_raw(&["CLIENT", "PAUSE", "300", "WRITE"]).await,
+        b"+OK\r\n"
+    );
+    let mut held = RawClient::connect(lg.addr).await;
+    assert_eq!(held.call_raw(&["SET", "z", "1"]).await, b"+OK\r\n");
+    assert_eq!(m.moved_paused.load(Ordering::Relaxed), 5);
+    let mut later = RawClient::connect(lg.addr).await;
+    assert_eq!(later.call_raw(&["SET", "z", "2"]).await, b"+OK\r\n");
+    assert_eq!(m.moved_paused.load(Ordering::Relaxed), 5, "run out: shares");
+    lg.stop().await;
+}
+
+/// A shared connection that is down reconnects as a session's own
+/// connection would (`faults::reconnect_attempts_wait_for_the_interval` in
+/// dedicated mode): a new client's first command brings an attempt at
+/// once, another client's waits for `upstream.reconnect_interval_ms`
+/// since the last attempt and is answered with its error before that.
+/// Before, every command waited out the back-off (up to 1 s) after Redis
+/// came back, answered with errors while `/readyz` said ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_down_shared_connection_reconnects_as_a_sessions_own_would() {
+    let mut redis = RedisServer::start();
+    let addr = redis.addr();
+    redis.stop();
+    let mut config = Config::default();
+    config.upstream.addr = addr.clone();
+    config.upstream.reconnect_interval_ms = 600_000;
+    config.proxy.upstream = UpstreamMode::Shared;
+    config.proxy.shared_upstream_connections = 1;
+    config.proxy.shared_spare_connections = 0;
+    let lg = Lockgate::start_with(config).await;
+    let m = &lg.ctx.upstream_conns;
+    let errors = || m.shared_connect_errors.load(Ordering::Relaxed);
+    crate::until!("the first attempt fails", errors() == 1);
+    let refused = format!("-ERR lockgate: upstream {addr} unavailable (connection refused)\r\n");
+    let mut c = RawClient::connect(lg.addr).await;
+    // A new client's first command: an attempt of its own.
+    assert_eq!(show(&c.call_raw(&["PING"]).await), refused);
+    assert_eq!(errors(), 2);
+    for _ in 0..4 {
+        assert_eq!(show(&c.call_raw(&["PING"]).await), refused);
+    }
+    assert_eq!(errors(), 2, "one attempt per interval, not one per command");
+    tokio::task::block_in_place(|| redis.restart());
+    assert_eq!(show(&c.call_raw(&["PING"]).await), refused);
+    assert_eq!(errors(), 2, "the interval has not passed");
+    // A new client connects at once, and the connection is everyone's.
+    let mut fresh = RawClient::connect(lg.addr).await;
+    assert_eq!(fresh.call_raw(&["PING"]).await, b"+PONG\r\n");
+    assert_eq!(c.call_raw(&["PING"]).await, b"+PONG\r\n");
+    assert_eq!(m.shared_connects.load(Ordering::Relaxed), 1);
+    lg.stop().await;
+}

@@ -58,6 +58,15 @@ impl Lockgate {
         let tls = tls_listener
             .as_ref()
             .map(|l| l.local_addr().expect("tls addr"));
+        let mut config = config;
+        // LOCKGATE_TEST_UPSTREAM=shared runs every lockgate the tests start
+        // with the default upstream mode in shared mode instead (a whole
+        // suite's run of the multiplexed mode).
+        if std::env::var("LOCKGATE_TEST_UPSTREAM").as_deref() == Ok("shared")
+            && config.proxy.upstream == lockgate::config::UpstreamMode::Dedicated
+        {
+            config.proxy.upstream = lockgate::config::UpstreamMode::Shared;
+        }
         config.validate().expect("valid test config");
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");

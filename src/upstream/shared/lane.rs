@@ -8,12 +8,14 @@
 //! owed on it is answered `-ERR lockgate: upstream … unavailable (…)`
 //! in its place (a session in the middle of a reply is closed instead,
 //! as a dedicated connection's client would be), and it is opened again
-//! with back-off; batches that wait meanwhile are answered the same way.
+//! with back-off; batches that arrive meanwhile are answered the same way,
+//! or bring the next attempt forward as a session's own connection would
+//! reconnect ([`run`]).
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -43,6 +45,17 @@ struct Owed {
 }
 
 /// Runs one shared connection until `stop`: connects, serves, reconnects.
+///
+/// While the connection is down, attempts back off from
+/// `upstream.reconnect_interval_ms` to [`MAX_BACKOFF`] while nobody needs
+/// it, and a batch that needs it is served as a session's own connection
+/// would serve it: a new session's first batch is held and brings the
+/// attempt at once (a new dedicated session connects at once), another
+/// does so once an interval has passed since the last attempt (a
+/// dedicated session reconnects at most once per interval) and is answered
+/// with the last attempt's error before that. Batches that arrive during a
+/// failed attempt get its error. A change of the primary (a Sentinel
+/// confirming one) brings the attempt at once.
 pub(super) async fn run(
     common: Arc<Common>,
     mut rx: mpsc::Receiver<Batch>,
@@ -50,6 +63,7 @@ pub(super) async fn run(
 ) {
     let first = common.reconnect_interval;
     let mut backoff = first;
+    let mut held: Vec<Batch> = Vec::new();
     loop {
         let current = common.primary.current();
         let connected = tokio::select! {
@@ -61,7 +75,8 @@ pub(super) async fn run(
                 backoff = first;
                 ProxyMetrics::inc(&common.metrics.shared_connects);
                 ProxyMetrics::inc(&common.metrics.shared_open);
-                let lost = serve(&common, stream, &mut rx, &current, &stop).await;
+                let held = std::mem::take(&mut held);
+                let lost = serve(&common, stream, &mut rx, held, &current, &stop).await;
                 common.metrics.shared_open.fetch_sub(1, Ordering::Relaxed);
                 let Some(err) = lost else { return };
                 ProxyMetrics::inc(&common.metrics.shared_lost);
@@ -74,21 +89,38 @@ pub(super) async fn run(
             }
             Err(err) => err,
         };
-        // Until the next attempt, batches are answered at once.
+        ProxyMetrics::inc(&common.metrics.shared_connect_errors);
         let error = error_line(&err);
+        for b in held.drain(..) {
+            answer(&common, b.inbox, b.replies, &error);
+        }
+        // Batches that arrived during the attempt waited for it: its error,
+        // as each of their sessions' own attempts would have given.
+        while let Ok(b) = rx.try_recv() {
+            answer(&common, b.inbox, b.replies, &error);
+        }
+        let tried = Instant::now();
         let wake = tokio::time::sleep(backoff);
         tokio::pin!(wake);
+        backoff = (backoff * 2).min(MAX_BACKOFF.max(first));
         loop {
             tokio::select! {
                 _ = stop.cancelled() => return,
                 _ = &mut wake => break,
+                _ = common.primary.changed_from(current.generation) => {
+                    backoff = first;
+                    break;
+                }
                 batch = rx.recv() => match batch {
+                    Some(b) if b.first || tried.elapsed() >= first => {
+                        held.push(b);
+                        break;
+                    }
                     Some(b) => answer(&common, b.inbox, b.replies, &error),
                     None => return,
                 },
             }
         }
-        backoff = (backoff * 2).min(MAX_BACKOFF.max(first));
     }
 }
 
@@ -110,6 +142,7 @@ async fn serve(
     common: &Common,
     mut stream: Stream,
     rx: &mut mpsc::Receiver<Batch>,
+    held: Vec<Batch>,
     current: &Current,
     stop: &CancellationToken,
 ) -> Option<UpstreamError> {
@@ -119,10 +152,12 @@ async fn serve(
     let mut splitter = Splitter::new();
     let (mut r, mut w) = stream.split();
     let writes = async {
-        let mut batches = Vec::with_capacity(BATCHES_PER_WRITE);
+        // Batches held while connecting go first.
+        let mut batches = held;
+        batches.reserve(BATCHES_PER_WRITE);
         let mut out = BytesMut::new();
         loop {
-            if rx.recv_many(&mut batches, BATCHES_PER_WRITE).await == 0 {
+            if batches.is_empty() && rx.recv_many(&mut batches, BATCHES_PER_WRITE).await == 0 {
                 return "the pool closed".to_string();
             }
             ProxyMetrics::add(&common.metrics.shared_batches, batches.len() as u64);

@@ -19,6 +19,10 @@
 //! everything through it from then on, for good (`stream`). Replies keep
 //! their order throughout.
 //!
+//! While a `CLIENT PAUSE` seen going to Redis through this instance is in
+//! force, every session that sends a command moves too (`PauseHint`), so
+//! that each paused client is held on its own connection, as directly.
+//!
 //! What cannot be carried over: `WAIT`/`WAITAOF` after commands went over
 //! the shared connection (they would not wait for those writes) are
 //! refused with `-ERR lockgate: …` (docs/behaviour.md).
@@ -30,9 +34,9 @@ mod stream;
 
 pub use stream::{SharedRead, SharedStream, SharedWrite};
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use tokio::sync::mpsc;
@@ -41,7 +45,7 @@ use tokio_util::sync::{CancellationToken, PollSender};
 use crate::config::Config;
 use crate::metrics::{counters, RateLimit};
 use crate::protocol::encode;
-use crate::router::OwnReason;
+use crate::router::{OwnReason, Pause};
 use crate::tls::Stream;
 use crate::upstream::primary::Current;
 use crate::upstream::{Connector, Primary, UpstreamError};
@@ -60,6 +64,8 @@ counters! {
         shared_open: Gauge "shared_upstream_connections", "Shared upstream connections open now";
         /// Shared connections opened (the first ones and every reconnection).
         shared_connects: Counter "shared_upstream_connects", "Shared upstream connections opened";
+        /// Attempts to open a shared connection that failed.
+        shared_connect_errors: Counter "shared_upstream_connect_errors", "Attempts to open a shared upstream connection that failed";
         /// Shared connections lost (closed, failed, or the primary changed).
         shared_lost: Counter "shared_upstream_lost", "Shared upstream connections lost";
         /// Replies answered upstream-unavailable because a shared connection was lost or down.
@@ -110,6 +116,8 @@ counters! {
         moved_script: Counter "shared_sessions_moved_script", "Sessions moved to a dedicated connection at a script or function of their own (EVAL, EVALSHA, FCALL and their _RO forms; not lockgate's lock scripts)";
         /// Sessions moved at DEBUG.
         moved_debug: Counter "shared_sessions_moved_debug", "Sessions moved to a dedicated connection at DEBUG";
+        /// Sessions moved at a command sent while a CLIENT PAUSE seen through lockgate was in force.
+        moved_paused: Counter "shared_sessions_moved_paused", "Sessions moved to a dedicated connection at a command sent while a CLIENT PAUSE seen through this instance was in force";
     }
 }
 
@@ -130,6 +138,7 @@ impl UpstreamConnMetrics {
             OwnReason::Kill => &self.moved_kill,
             OwnReason::Script => &self.moved_script,
             OwnReason::Debug => &self.moved_debug,
+            OwnReason::Paused => &self.moved_paused,
         }
     }
 }
@@ -160,6 +169,9 @@ struct Batch {
     replies: u64,
     /// Where the replies go.
     inbox: Arc<Inbox>,
+    /// The session's first batch with replies (it may bring a connection
+    /// attempt forward, as a new dedicated session connects at once).
+    first: bool,
 }
 
 /// What the pool's connections and the sessions' moves share.
@@ -175,6 +187,60 @@ struct Common {
     warn: RateLimit,
     /// Warm connections for sessions that move.
     spares: Spares,
+    /// The `CLIENT PAUSE` in force, as far as this instance saw one.
+    pause: PauseHint,
+}
+
+/// The end of the `CLIENT PAUSE` last seen going to Redis through this
+/// instance (on any session's dedicated connection), so that every session
+/// sending a command before it ends moves to a connection of its own
+/// (`OwnReason::Paused`): Redis holds a paused client's commands on its
+/// connection, and a shared connection's other clients would wait behind
+/// them, reads too. A hint with bounded staleness: it lasts at most the
+/// pause's own timeout, `CLIENT UNPAUSE` seen here ends it, and a pause
+/// it misses (sent straight to Redis, or by `FAILOVER`) only holds the
+/// shared connections' commands until it ends, as it holds any client's.
+#[derive(Debug)]
+struct PauseHint {
+    /// The clock's zero.
+    epoch: Instant,
+    /// When the pause ends, in ms since `epoch`; 0: no pause.
+    until_ms: AtomicU64,
+}
+
+impl PauseHint {
+    fn new() -> PauseHint {
+        PauseHint {
+            epoch: Instant::now(),
+            until_ms: AtomicU64::new(0),
+        }
+    }
+
+    /// Never 0 (which stands for no pause).
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis())
+            .unwrap_or(u64::MAX)
+            .saturating_add(1)
+    }
+
+    /// Follows a pause or unpause on its way to Redis. Redis keeps the
+    /// later end of two pauses, and so does the hint.
+    fn saw(&self, pause: Pause) {
+        match pause {
+            Pause::For(ms) => {
+                let until = self.now_ms().saturating_add(ms);
+                self.until_ms.fetch_max(until, Ordering::Relaxed);
+            }
+            Pause::Lifted => self.until_ms.store(0, Ordering::Relaxed),
+        }
+    }
+
+    /// Whether a pause seen here is in force now.
+    fn in_force(&self) -> bool {
+        let until = self.until_ms.load(Ordering::Relaxed);
+        // Read the clock only while a pause was seen.
+        until != 0 && crate::router::paused(until, self.now_ms())
+    }
 }
 
 impl Common {
@@ -215,6 +281,7 @@ impl Common {
             metrics: Arc::default(),
             warn: RateLimit::new(Duration::from_secs(10)),
             spares: Spares::new(0),
+            pause: PauseHint::new(),
         }
     }
 }
@@ -259,6 +326,7 @@ impl SharedPool {
             metrics,
             warn: RateLimit::new(Duration::from_secs(10)),
             spares: Spares::new(config.proxy.shared_spare_connections),
+            pause: PauseHint::new(),
         });
         if config.proxy.shared_spare_connections > 0 {
             tokio::spawn(spare::run(common.clone(), stop.clone()));
@@ -281,5 +349,46 @@ impl SharedPool {
     pub fn session(&self) -> SharedStream {
         let i = self.next.fetch_add(1, Ordering::Relaxed) % self.lanes.len();
         SharedStream::new(self.common.clone(), PollSender::new(self.lanes[i].clone()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::request::{RequestLimits, RequestParser};
+
+    #[test]
+    fn the_pause_hint_keeps_the_later_end_and_an_unpause_ends_it() {
+        let hint = PauseHint::new();
+        assert!(!hint.in_force(), "none seen");
+        hint.saw(Pause::For(60_000));
+        assert!(hint.in_force());
+        // A shorter pause after a longer one: Redis keeps the longer.
+        hint.saw(Pause::For(0));
+        assert!(hint.in_force());
+        hint.saw(Pause::Lifted);
+        assert!(!hint.in_force());
+        // A pause of 0 ms is over at once.
+        hint.saw(Pause::For(0));
+        assert!(!hint.in_force());
+    }
+
+    #[test]
+    fn pauses_are_spotted_in_what_a_moved_session_writes() {
+        let common = Common::for_tests();
+        let mut parser = RequestParser::new(RequestLimits {
+            max_bulk_bytes: 1 << 20,
+            max_multibulk_len: 1 << 10,
+            max_inline_bytes: 1 << 10,
+            max_request_bytes: 1 << 20,
+        });
+        let mut bytes = encode::command(&[b"SET", b"k", b"pause"]).to_vec();
+        stream::observe_pauses(&common, &mut parser, &bytes);
+        assert!(!common.pause.in_force(), "a value that spells pause");
+        bytes.extend_from_slice(&encode::command(&[b"client", b"Pause", b"60000", b"WRITE"]));
+        stream::observe_pauses(&common, &mut parser, &bytes);
+        assert!(common.pause.in_force(), "after another command");
+        stream::observe_pauses(&common, &mut parser, b"CLIENT UNPAUSE\r\n");
+        assert!(!common.pause.in_force(), "inline");
     }
 }

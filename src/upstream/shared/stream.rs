@@ -202,6 +202,7 @@ impl SharedWrite {
                         if n == 0 {
                             return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
                         }
+                        observe_pauses(&self.common, &mut self.parser, &self.pending[..n]);
                         self.pending.advance(n);
                     }
                     return Poll::Ready(Ok(()));
@@ -248,6 +249,9 @@ impl SharedWrite {
                 if let Some(reason) = needs_own_connection(&args) {
                     return Ok(Some(reason));
                 }
+                if self.common.pause.in_force() {
+                    return Ok(Some(OwnReason::Paused));
+                }
                 self.replies += 1;
             }
             self.scanned += request.len;
@@ -272,6 +276,7 @@ impl SharedWrite {
             bytes: self.pending.split_to(self.scanned).freeze(),
             replies: self.replies,
             inbox: self.inbox.clone(),
+            first: !self.sent_shared,
         };
         self.inbox.owe(batch.replies);
         self.sent_shared |= batch.replies > 0;
@@ -307,6 +312,44 @@ impl SharedWrite {
     }
 }
 
+/// Follows the `CLIENT PAUSE`/`UNPAUSE` among commands a moved session
+/// sent to its dedicated connection (a session moves at any `CLIENT`
+/// command, so they go there). Only bytes that spell "pause" in some case
+/// are framed; framing starts at the write's first byte, which is a
+/// command's start but after a partial write, when what it finds is not
+/// trusted to be whole: a pause missed or misread is what the hint's
+/// bounds allow (`PauseHint`).
+pub(super) fn observe_pauses(common: &Common, parser: &mut RequestParser, bytes: &[u8]) {
+    if !spells_pause(bytes) {
+        return;
+    }
+    let mut at = 0;
+    while at < bytes.len() {
+        let rest = &bytes[at..];
+        let Ok(Some(request)) = parser.parse(rest) else {
+            return;
+        };
+        if request.kind != RequestKind::Empty && parser.argc() >= 2 {
+            let args: SmallVec<[&[u8]; 4]> = (0..parser.argc().min(3))
+                .map(|i| parser.arg(rest, i))
+                .collect();
+            if let Some(pause) = crate::router::pause_of(&args) {
+                common.pause.saw(pause);
+            }
+        }
+        at += request.len;
+    }
+}
+
+/// Whether `bytes` hold "pause" in any case (`CLIENT PAUSE`, `UNPAUSE`).
+fn spells_pause(bytes: &[u8]) -> bool {
+    memchr::memchr2_iter(b'p', b'P', bytes).any(|i| {
+        bytes
+            .get(i + 1..i + 5)
+            .is_some_and(|rest| rest.eq_ignore_ascii_case(b"ause"))
+    })
+}
+
 impl AsyncWrite for SharedWrite {
     fn poll_write(
         self: Pin<&mut Self>,
@@ -316,7 +359,9 @@ impl AsyncWrite for SharedWrite {
         let this = self.get_mut();
         ready!(this.poll_drain(cx))?;
         if let State::Dedicated(write) = &mut this.state {
-            return Pin::new(write).poll_write(cx, buf);
+            let n = ready!(Pin::new(write).poll_write(cx, buf))?;
+            observe_pauses(&this.common, &mut this.parser, &buf[..n]);
+            return Poll::Ready(Ok(n));
         }
         // Taken whole; sent by the flush that follows (or the next write).
         this.pending.extend_from_slice(buf);
