@@ -23,7 +23,9 @@ phases as plain SETNX/EXPIRE/DEL straight on Redis, on keys outside the
 lock patterns, for reference. Prints a markdown table. With
 --general-port G, a second lockgate in front of the same Redis with
 `locks.fast_path = false` is measured the same way (the general scripts,
-for the before/after in one run).
+for the before/after in one run); with --shared-port S, a lockgate with
+`proxy.upstream = "shared"` (its lock scripts travel over the shared
+connections, many clients' in one system call).
 
 Then the cycles as an app runs them, one at a time per connection: 16
 connections each take a fresh lock, wait for the reply, (extend,) release,
@@ -241,6 +243,9 @@ def main():
     ap.add_argument(
         "--general-port", type=int, help="a lockgate with locks.fast_path = false, same Redis"
     )
+    ap.add_argument(
+        "--shared-port", type=int, help='a lockgate with proxy.upstream = "shared", same Redis'
+    )
     ap.add_argument("--conns", type=int, default=16, help="connections for the one-by-one cycles")
     args = ap.parse_args()
 
@@ -265,6 +270,11 @@ def main():
         general.ping()
         gkeys = [f"{args.prefix}:{run}:g:{i}" for i in range(n)]
         measured.insert(1, ("lockgate general", general, gkeys))
+    if args.shared_port:
+        shared = redis.Redis(host=args.host, port=args.shared_port)
+        shared.ping()
+        skeys = [f"{args.prefix}:{run}:s:{i}" for i in range(n)]
+        measured.insert(len(measured) - 1, ("lockgate shared", shared, skeys))
     for label, client, ks in measured:
         results = {}
         for op, cmds in (
@@ -300,6 +310,8 @@ def main():
     ports = [("direct", args.redis_port), ("lockgate", args.proxy_port)]
     if args.general_port:
         ports.append(("lockgate general", args.general_port))
+    if args.shared_port:
+        ports.append(("lockgate shared", args.shared_port))
     print(one_by_one_table(admin, args.host, ports, run, n // 4, args.conns))
     print()
     for c in checks:

@@ -396,13 +396,23 @@ general_lockgate() { # UPSTREAM_PORT NAME
   PIDS+=("$!")
   wait_ready lockgate "$!" "$P_GENERAL" "$TMP/lockgate-$2.log"
 }
+# And one in shared mode (fast path on): lock cycles over shared upstream
+# connections. Sets P_SHARED_LOCKS to its port.
+shared_lockgate() { # UPSTREAM_PORT NAME
+  P_SHARED_LOCKS=$(python3 "$HELPER" ports 1)
+  RUST_LOG=warn "$LOCKGATE_BIN" --upstream-mode shared --admin-listen "" \
+    --listen "127.0.0.1:$P_SHARED_LOCKS" --upstream "127.0.0.1:$1" >"$TMP/lockgate-$2.log" 2>&1 &
+  PIDS+=("$!")
+  wait_ready lockgate "$!" "$P_SHARED_LOCKS" "$TMP/lockgate-$2.log"
+}
 general_lockgate "$P_REDIS" general
+shared_lockgate "$P_REDIS" shared-locks
 {
   echo
-  echo "Lock commands' cost to Redis (bench/lock_cost.py, n=$LOCK_N per phase, one connection, pipelined; \"lockgate general\": locks.fast_path = false):"
+  echo "Lock commands' cost to Redis (bench/lock_cost.py, n=$LOCK_N per phase, one connection, pipelined; \"lockgate general\": locks.fast_path = false; \"lockgate shared\": proxy.upstream = \"shared\"):"
   echo
   python3 "$BENCH_DIR/lock_cost.py" --proxy-port "$P_LOCKGATE" --redis-port "$P_REDIS" \
-    --general-port "$P_GENERAL" --n "$LOCK_N"
+    --general-port "$P_GENERAL" --shared-port "$P_SHARED_LOCKS" --n "$LOCK_N"
 } | tee -a "$RESULTS/passthrough-latest.md" || die "bench/lock_cost.py failed"
 log "written: bench/results/passthrough-latest.md (summary), bench/results/passthrough-latest.tsv (per run)"
 
@@ -429,13 +439,14 @@ if [[ $VALKEY == 1 ]]; then
   PIDS+=("$LOCKGATE_VALKEY_PID")
   wait_ready lockgate "$LOCKGATE_VALKEY_PID" "${VPORTS[1]}" "$TMP/lockgate-valkey.log"
   general_lockgate "${VPORTS[0]}" general-valkey
+  shared_lockgate "${VPORTS[0]}" shared-valkey
   log "lock commands' cost to Valkey (bench/lock_cost.py)"
   {
     echo
     echo "The same on $("$VALKEY_SERVER" --version | sed -n 's/.*v=\([^ ]*\).*/Valkey \1/p'):"
     echo
     python3 "$BENCH_DIR/lock_cost.py" --proxy-port "${VPORTS[1]}" --redis-port "${VPORTS[0]}" \
-      --general-port "$P_GENERAL" --n "$LOCK_N"
+      --general-port "$P_GENERAL" --shared-port "$P_SHARED_LOCKS" --n "$LOCK_N"
   } | tee -a "$RESULTS/passthrough-latest.md" || die "bench/lock_cost.py on Valkey failed"
 fi
 
