@@ -79,11 +79,19 @@ pub struct ProxyConfig {
     /// (back-pressure), counted in `shared_queue_full`.
     pub shared_upstream_queue_batches: usize,
     /// Most bytes of replies from a shared connection waiting for one
-    /// session (a client that does not read, or reads slowly). Past half
+    /// session (a client that does not read, or reads slowly; a reply
+    /// larger than this still reaches a client that reads it). Past half
     /// of it the session sends no more commands (back-pressure); past all
-    /// of it the client is closed, counted in `shared_session_output_limit`
-    /// (a shared connection cannot stop reading for one client).
+    /// of it the shared connection reads no more until the client has
+    /// taken half of it (Redis holds the rest, as it would for the client).
     pub shared_session_reply_bytes: u64,
+    /// How long, in ms, a shared connection waits for a client that holds
+    /// more than `shared_session_reply_bytes` of replies and takes none of
+    /// them; then the client is closed, counted in
+    /// `shared_session_output_limit`, and the connection reads on. The
+    /// longest one client that stopped reading holds the others on its
+    /// shared connection (1 to 60 000).
+    pub shared_reply_stall_ms: u64,
     /// Warm spare dedicated connections to the primary kept open with
     /// `upstream = "shared"` (0–64; 0: none): a session that moves to a
     /// connection of its own takes one at once instead of connecting
@@ -113,6 +121,10 @@ pub enum UpstreamMode {
 /// Most shared upstream connections (`proxy.shared_upstream_connections`).
 pub const MAX_SHARED_UPSTREAM_CONNECTIONS: usize = 64;
 
+/// Longest `proxy.shared_reply_stall_ms`: a minute, as long as a shared
+/// connection's other clients may wait behind one that stopped reading.
+pub const MAX_SHARED_REPLY_STALL_MS: u64 = 60_000;
+
 /// Most spare dedicated connections (`proxy.shared_spare_connections`).
 pub const MAX_SHARED_SPARE_CONNECTIONS: usize = 64;
 
@@ -132,6 +144,7 @@ impl Default for ProxyConfig {
             shared_upstream_connections: 2,
             shared_upstream_queue_batches: 4_096,
             shared_session_reply_bytes: 64 * 1024 * 1024,
+            shared_reply_stall_ms: 1_000,
             shared_spare_connections: 2,
             tls: ListenerTlsConfig::default(),
         }
@@ -188,6 +201,12 @@ impl ProxyConfig {
             return Err(invalid(
                 "proxy.shared_spare_connections",
                 &format!("must be 0 (none) to {MAX_SHARED_SPARE_CONNECTIONS}"),
+            ));
+        }
+        if !(1..=MAX_SHARED_REPLY_STALL_MS).contains(&self.shared_reply_stall_ms) {
+            return Err(invalid(
+                "proxy.shared_reply_stall_ms",
+                &format!("must be 1 to {MAX_SHARED_REPLY_STALL_MS}"),
             ));
         }
         if self.shared_session_reply_bytes < 2 * self.read_chunk_bytes as u64 {
@@ -282,6 +301,20 @@ mod tests {
                     ..ok.clone()
                 },
                 "proxy.shared_session_reply_bytes",
+            ),
+            (
+                ProxyConfig {
+                    shared_reply_stall_ms: 0,
+                    ..ok.clone()
+                },
+                "proxy.shared_reply_stall_ms",
+            ),
+            (
+                ProxyConfig {
+                    shared_reply_stall_ms: MAX_SHARED_REPLY_STALL_MS + 1,
+                    ..ok.clone()
+                },
+                "proxy.shared_reply_stall_ms",
             ),
             (
                 ProxyConfig {

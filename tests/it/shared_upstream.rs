@@ -685,3 +685,50 @@ async fn a_down_shared_connection_reconnects_as_a_sessions_own_would() {
     assert_eq!(m.shared_connects.load(Ordering::Relaxed), 1);
     lg.stop().await;
 }
+
+/// A reply larger than `proxy.shared_session_reply_bytes` reaches a client
+/// that reads it (the shared connection reads no more until the client has
+/// taken half of what waits for it); before, the client was closed as soon
+/// as the reply passed the bound (`passthrough_payloads`' 100 MB value, in
+/// shared mode). A client that stops reading holds its shared connection's
+/// other clients for `proxy.shared_reply_stall_ms` at most: then it is
+/// closed, counted, and the others are answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_larger_than_the_bound_reaches_its_reader_and_a_stalled_client_is_cut() {
+    const BIG: usize = 32 << 20;
+    let redis = RedisServer::start();
+    let mut direct = RawClient::connect(redis.addr()).await;
+    let value = "v".repeat(BIG);
+    assert_eq!(direct.call_raw(&["SET", "big", &value]).await, b"+OK\r\n");
+    let mut config = Config::default();
+    config.upstream.addr = redis.addr();
+    config.proxy.upstream = UpstreamMode::Shared;
+    config.proxy.shared_upstream_connections = 1;
+    config.proxy.shared_session_reply_bytes = 256 << 10;
+    config.proxy.shared_reply_stall_ms = 300;
+    let lg = Lockgate::start_with(config).await;
+    let cut = &lg.ctx.upstream_conns.shared_session_output_limit;
+
+    let mut reader = RawClient::connect(lg.addr).await;
+    let reply = reader.call_raw(&["GET", "big"]).await;
+    assert_eq!(reply.len(), BIG + format!("${BIG}\r\n\r\n").len());
+    assert!(reply.starts_with(format!("${BIG}\r\nvvv").as_bytes()));
+    assert_eq!(cut.load(Ordering::Relaxed), 0);
+
+    // 32 MiB is more than the sockets between lockgate and the client
+    // hold: a client that does not read stops taking.
+    let mut stalled = RawClient::connect(lg.addr).await;
+    stalled.send(&cmd(&["GET", "big"])).await;
+    let mut other = RawClient::connect(lg.addr).await;
+    assert_eq!(other.call_raw(&["PING"]).await, b"+PONG\r\n");
+    assert_eq!(cut.load(Ordering::Relaxed), 1);
+    assert!(
+        stalled.closed_within(support::WAIT).await,
+        "the stalled client is closed"
+    );
+    assert_eq!(
+        reader.call_raw(&["STRLEN", "big"]).await,
+        format!(":{BIG}\r\n").as_bytes()
+    );
+    lg.stop().await;
+}

@@ -24,7 +24,8 @@ use crate::tls::Stream;
 #[derive(Debug)]
 pub(crate) struct Inbox {
     state: Mutex<State>,
-    /// `proxy.shared_session_reply_bytes`: past it the session fails.
+    /// `proxy.shared_session_reply_bytes`: past it the shared connection
+    /// reads no more until the session has taken half of it.
     limit: usize,
 }
 
@@ -35,8 +36,12 @@ struct State {
     bytes: usize,
     /// Replies owed by a shared connection: written there, not yet all in.
     owed: u64,
+    /// Bytes the read side has taken, ever (its progress).
+    taken: u64,
     read_waker: Option<Waker>,
     write_waker: Option<Waker>,
+    /// The shared connection's task, waiting for room ([`Inbox::poll_drained`]).
+    lane_waker: Option<Waker>,
     /// The dedicated connection's reading half, once the session moved;
     /// taken by the read side when `chunks` is empty.
     dedicated: Option<ReadHalf<Stream>>,
@@ -68,12 +73,15 @@ pub(super) enum Take {
 pub(super) enum Delivered {
     /// Queued (or dropped: the session is gone).
     Queued,
-    /// The session holds more than its limit: it now fails.
-    OverLimit,
+    /// Queued, and more than the limit now waits for the session: the
+    /// shared connection reads no more until the session has taken it
+    /// down to half ([`Inbox::poll_drained`]), so one reply larger than
+    /// the limit reaches a client that reads it.
+    Full,
 }
 
 impl Inbox {
-    /// An empty queue failing past `limit` bytes.
+    /// An empty queue holding about `limit` bytes at most.
     pub(super) fn new(limit: usize) -> Inbox {
         Inbox {
             state: Mutex::new(State::default()),
@@ -104,21 +112,12 @@ impl Inbox {
         }
         s.bytes += bytes.len();
         s.chunks.push_back(bytes);
-        let over = s.bytes > self.limit;
-        if over {
-            s.failed = Some(format!(
-                "more than {} bytes of replies waited for the client",
-                self.limit
-            ));
-            s.chunks.clear();
-            s.bytes = 0;
-        }
         wake(&mut s.read_waker);
         if s.owed == 0 {
             wake(&mut s.write_waker);
         }
-        match over {
-            true => Delivered::OverLimit,
+        match s.bytes > self.limit {
+            true => Delivered::Full,
             false => Delivered::Queued,
         }
     }
@@ -158,6 +157,7 @@ impl Inbox {
         s.bytes = 0;
         wake(&mut s.read_waker);
         wake(&mut s.write_waker);
+        wake(&mut s.lane_waker);
     }
 
     /// The session moved: its replies come from `read` after the queue.
@@ -181,6 +181,25 @@ impl Inbox {
         s.chunks.clear();
         s.bytes = 0;
         wake(&mut s.write_waker);
+        wake(&mut s.lane_waker);
+    }
+
+    /// Ready once at most half the limit waits for the session (or it
+    /// failed, or is gone): a shared connection that delivered
+    /// [`Delivered::Full`] reads on then. Keeps the connection task's waker.
+    pub(super) fn poll_drained(&self, cx: &mut Context<'_>) -> Poll<()> {
+        let mut s = sync::lock(&self.state);
+        if s.bytes <= self.limit / 2 || s.gone || s.failed.is_some() {
+            return Poll::Ready(());
+        }
+        s.lane_waker = Some(cx.waker().clone());
+        Poll::Pending
+    }
+
+    /// Bytes the read side has taken so far (to tell a client that reads
+    /// slowly from one that stopped).
+    pub(super) fn taken(&self) -> u64 {
+        sync::lock(&self.state).taken
     }
 
     /// Ready once nothing is owed (keeps the write side's waker).
@@ -227,8 +246,10 @@ impl Inbox {
                 }
                 s.bytes -= n;
             }
+            s.taken += (before - s.bytes) as u64;
             if before > self.limit / 2 && s.bytes <= self.limit / 2 {
                 wake(&mut s.write_waker);
+                wake(&mut s.lane_waker);
             }
             return Take::Copied;
         }
@@ -297,7 +318,7 @@ mod tests {
     }
 
     #[test]
-    fn past_the_limit_the_session_fails_and_holds_nothing() {
+    fn past_the_limit_the_connection_waits_until_half_is_taken() {
         let inbox = Inbox::new(8);
         inbox.owe(2);
         assert_eq!(
@@ -306,8 +327,24 @@ mod tests {
         );
         assert_eq!(
             inbox.deliver(Bytes::from_static(b"$4\r\nabcd\r\n"), 1),
-            Delivered::OverLimit
+            Delivered::Full
         );
+        let mut cx = Context::from_waker(Waker::noop());
+        assert!(inbox.poll_drained(&mut cx).is_pending(), "15 bytes wait");
+        assert_eq!(inbox.taken(), 0);
+        assert_eq!(
+            read_all(&inbox),
+            (b"+OK\r\n$4\r\nabcd\r\n".to_vec(), "waiting")
+        );
+        assert_eq!(inbox.taken(), 15);
+        assert!(inbox.poll_drained(&mut cx).is_ready(), "all taken");
+        // A session that stopped reading is failed by the connection task:
+        // it holds nothing and lets the connection read on.
+        inbox.owe(1);
+        inbox.deliver(Bytes::from_static(b"$9\r\nabcdefghi\r\n"), 1);
+        assert!(inbox.poll_drained(&mut cx).is_pending());
+        inbox.fail("stalled".to_string());
+        assert!(inbox.poll_drained(&mut cx).is_ready());
         assert_eq!(read_all(&inbox), (Vec::new(), "failed"));
     }
 }

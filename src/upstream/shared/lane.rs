@@ -186,6 +186,7 @@ async fn serve(
     };
     let reads = async {
         let mut buf = BytesMut::with_capacity(common.read_chunk);
+        let mut full = Vec::new();
         loop {
             buf.reserve(common.read_chunk);
             match r.read_buf(&mut buf).await {
@@ -193,10 +194,13 @@ async fn serve(
                 Ok(_) => {}
                 Err(e) => return format!("read failed: {e}"),
             }
-            let mut fifo = sync::lock(&fifo);
-            if let Err(why) = splitter.split(&mut buf, &mut fifo, common) {
+            let split = splitter.split(&mut buf, &mut sync::lock(&fifo), &mut full);
+            if let Err(why) = split {
                 ProxyMetrics::inc(&common.metrics.shared_bad_replies);
                 return why.to_string();
+            }
+            for inbox in full.drain(..) {
+                wait_for_room(common, &inbox).await;
             }
         }
     };
@@ -227,6 +231,37 @@ async fn serve(
     why.map(|_| err)
 }
 
+/// Waits until a session that holds more replies than its limit
+/// (`proxy.shared_session_reply_bytes`) has taken them down to half:
+/// meanwhile this connection reads nothing more (the replies behind are
+/// behind that session's in the connection's order anyway), and Redis
+/// holds them. A session whose client took nothing for
+/// `proxy.shared_reply_stall_ms` is failed (its client closed, counted in
+/// `shared_session_output_limit`) and the connection reads on: one client
+/// that stopped reading holds the others on its connection that long at
+/// most.
+async fn wait_for_room(common: &Common, inbox: &Inbox) {
+    loop {
+        let before = inbox.taken();
+        let drained = std::future::poll_fn(|cx| inbox.poll_drained(cx));
+        if tokio::time::timeout(common.reply_stall, drained)
+            .await
+            .is_ok()
+        {
+            return;
+        }
+        if inbox.taken() == before {
+            ProxyMetrics::inc(&common.metrics.shared_session_output_limit);
+            inbox.fail(format!(
+                "more than {} bytes of replies waited for the client, which took none for {} ms",
+                common.reply_limit,
+                common.reply_stall.as_millis()
+            ));
+            return;
+        }
+    }
+}
+
 /// Splits a shared connection's replies among the sessions owed them.
 pub(super) struct Splitter {
     scanner: ReplyScanner,
@@ -247,11 +282,14 @@ impl Splitter {
     /// bytes not yet scanned (an incomplete header) in `buf`. An error: a
     /// reply nobody is owed, a push frame, or a malformed reply: the
     /// connection is dropped.
+    ///
+    /// Sessions that now hold more replies than their limit are pushed on
+    /// `full`: the connection reads no more until each has room.
     fn split(
         &mut self,
         buf: &mut BytesMut,
         fifo: &mut VecDeque<Owed>,
-        common: &Common,
+        full: &mut Vec<Arc<Inbox>>,
     ) -> Result<(), &'static str> {
         loop {
             let Some(front) = fifo.front_mut() else {
@@ -286,8 +324,8 @@ impl Splitter {
             if self.scanned > 0 {
                 let bytes = buf.split_to(self.scanned).freeze();
                 self.scanned = 0;
-                if front.inbox.deliver(bytes, frames) == Delivered::OverLimit {
-                    ProxyMetrics::inc(&common.metrics.shared_session_output_limit);
+                if front.inbox.deliver(bytes, frames) == Delivered::Full {
+                    full.push(front.inbox.clone());
                 }
                 front.left -= frames;
             }
@@ -315,7 +353,7 @@ mod tests {
     /// own bytes, whole and in order.
     #[test]
     fn replies_reach_their_sessions_at_every_cut() {
-        let common = Common::for_tests();
+        let mut full = Vec::new();
         let a_bytes: &[u8] = b"+OK\r\n$5\r\nhello\r\n";
         let b_bytes: &[u8] = b"*2\r\n$1\r\nx\r\n:7\r\n";
         let c_bytes: &[u8] = b"-ERR no\r\n$-1\r\n:1\r\n";
@@ -331,9 +369,10 @@ mod tests {
             let mut buf = BytesMut::new();
             for piece in all.chunks(cut) {
                 buf.extend_from_slice(piece);
-                splitter.split(&mut buf, &mut fifo, &common).unwrap();
+                splitter.split(&mut buf, &mut fifo, &mut full).unwrap();
             }
             assert!(fifo.is_empty(), "cut {cut}");
+            assert!(full.is_empty(), "cut {cut}");
             for (inbox, want) in [(&a, a_bytes), (&b, b_bytes), (&c, c_bytes)] {
                 assert_eq!(inbox.owed(), 0, "cut {cut}");
                 inbox.shut();
@@ -344,14 +383,18 @@ mod tests {
 
     #[test]
     fn a_reply_nobody_is_owed_drops_the_connection() {
-        let common = Common::for_tests();
+        let mut full = Vec::new();
         let mut fifo = VecDeque::new();
         let mut buf = BytesMut::from(&b"+OK\r\n"[..]);
-        assert!(Splitter::new().split(&mut buf, &mut fifo, &common).is_err());
+        assert!(Splitter::new()
+            .split(&mut buf, &mut fifo, &mut full)
+            .is_err());
         let inbox = Arc::new(Inbox::new(1024));
         let mut fifo = VecDeque::from([owed(&inbox, 1)]);
         let mut buf = BytesMut::from(&b">2\r\n+a\r\n+b\r\n"[..]);
-        assert!(Splitter::new().split(&mut buf, &mut fifo, &common).is_err());
+        assert!(Splitter::new()
+            .split(&mut buf, &mut fifo, &mut full)
+            .is_err());
     }
 
     fn drain(inbox: &Inbox) -> Vec<u8> {

@@ -78,8 +78,8 @@ counters! {
         shared_writes: Counter "shared_upstream_writes", "Writes to shared upstream connections";
         /// Times a session waited because its shared connection's queue was full.
         shared_queue_full: Counter "shared_queue_full", "Times a session waited for room in a shared connection's queue (proxy.shared_upstream_queue_batches)";
-        /// Clients closed past proxy.shared_session_reply_bytes.
-        shared_session_output_limit: Counter "shared_session_output_limit", "Clients closed: more than proxy.shared_session_reply_bytes of replies waited for them";
+        /// Clients closed: past proxy.shared_session_reply_bytes, they took nothing for proxy.shared_reply_stall_ms.
+        shared_session_output_limit: Counter "shared_session_output_limit", "Clients closed: more than proxy.shared_session_reply_bytes of replies waited for them and they took none for proxy.shared_reply_stall_ms";
         /// Warm spare dedicated connections open now (proxy.shared_spare_connections).
         spare_open: Gauge "shared_spare_connections", "Warm spare dedicated upstream connections open now (proxy.shared_spare_connections)";
         /// Moves that found no spare ready and connected then.
@@ -183,6 +183,8 @@ struct Common {
     master_name: String,
     read_chunk: usize,
     reply_limit: usize,
+    /// `proxy.shared_reply_stall_ms`.
+    reply_stall: Duration,
     metrics: Arc<UpstreamConnMetrics>,
     warn: RateLimit,
     /// Warm connections for sessions that move.
@@ -278,6 +280,7 @@ impl Common {
             master_name: String::new(),
             read_chunk: 4096,
             reply_limit: 1 << 20,
+            reply_stall: Duration::from_millis(100),
             metrics: Arc::default(),
             warn: RateLimit::new(Duration::from_secs(10)),
             spares: Spares::new(0),
@@ -323,6 +326,7 @@ impl SharedPool {
             read_chunk: config.proxy.read_chunk_bytes,
             reply_limit: usize::try_from(config.proxy.shared_session_reply_bytes)
                 .unwrap_or(usize::MAX),
+            reply_stall: Duration::from_millis(config.proxy.shared_reply_stall_ms),
             metrics,
             warn: RateLimit::new(Duration::from_secs(10)),
             spares: Spares::new(config.proxy.shared_spare_connections),
