@@ -125,10 +125,12 @@ impl LockService {
     /// `native`: a native command may be sent (its reply is read, and the
     /// client's database is known for its fallback).
     pub(crate) fn fast_path(&self, op: &LockOp, conn: &ConnLocks, native: bool) -> Option<Before> {
-        if !self.rules().fast_path {
+        // One read of the rules (a lock and an Arc clone each).
+        let rules = self.rules();
+        if !rules.fast_path {
             return None;
         }
-        let any = self.rules().any;
+        let any = rules.any;
         match op {
             LockOp::Acquire {
                 key,
