@@ -141,6 +141,7 @@ def cycles(costs, n, labels):
         "| redis-server CPU µs | direct CPU µs | ratio |",
         "|---|---|--:|--:|--:|--:|--:|--:|",
     ]
+    ratios = []
     for shape, phases in shapes:
         for label in labels:
             cells = []
@@ -153,7 +154,13 @@ def cycles(costs, n, labels):
                 scale = 1 if col == 0 else 1e6
                 a, b = sum(lg) * scale / n, sum(dr) * scale / n
                 cells += [f"{a:.2f}", f"{b:.2f}", f"{a / b:.1f}×" if b else "-"]
+                if b:
+                    ratios.append((shape, label, ("commandstats", "redis-server CPU")[col], a / b))
             out.append(f"| {shape} | {label} | " + " | ".join(cells) + " |")
+    out += ["", "Target, pipelined: Redis per cycle ≤ 3× direct (2× stretch):", ""]
+    for shape, label, what, r in ratios:
+        verdict = "PASS (≤ 2×)" if r <= 2 else ("PASS" if r <= 3 else "MISS")
+        out.append(f"- {shape}, {label}: {what} {r:.1f}× direct: {verdict}")
     return "\n".join(out)
 
 
@@ -215,6 +222,7 @@ def one_by_one_table(admin, host, ports, run, n, conns):
         "| cycle | " + " | ".join(f"{label} Redis µs / CPU µs" for label, _ in ports) + " |",
         "|---|" + "--:|" * len(ports),
     ]
+    verdicts = []
     for shape, extend in (("SETNX + DEL", False), ("SETNX + EXPIRE + DEL", True)):
         cells, base = [], None
         for label, port in ports:
@@ -228,7 +236,17 @@ def one_by_one_table(admin, host, ports, run, n, conns):
             ratio_c = f"{cpu / base[1]:.2f}×" if cpu is not None and base[1] else "-"
             cpu_s = f"{cpu:.1f}" if cpu is not None else "-"
             cells.append(f"{usec:.2f} ({ratio_u}) / {cpu_s} ({ratio_c})")
+            if cpu is not None and base[1]:
+                r = cpu / base[1]
+                verdict = "PASS (≤ 2×)" if r <= 2 else ("PASS" if r <= 3 else "MISS")
+                verdicts.append(f"- {shape}, {label}: redis-server CPU {r:.2f}× direct: {verdict}")
+                ru = usec / base[0] if base[0] else float("inf")
+                verdict = "PASS (≤ 2×)" if ru <= 2 else ("PASS" if ru <= 3 else "MISS")
+                verdicts.append(f"- {shape}, {label}: commandstats {ru:.1f}× direct: {verdict}")
         out.append(f"| {shape} | " + " | ".join(cells) + " |")
+    if verdicts:
+        out += ["", "Target, one at a time: Redis per cycle ≤ 3× direct (2× stretch):", ""]
+        out += verdicts
     return "\n".join(out)
 
 
