@@ -89,7 +89,6 @@ pub(super) async fn run(
             }
             Err(err) => err,
         };
-        ProxyMetrics::inc(&common.metrics.shared_connect_errors);
         let error = error_line(&err);
         for b in held.drain(..) {
             answer(&common, b.inbox, b.replies, &error);
@@ -99,6 +98,9 @@ pub(super) async fn run(
         while let Ok(b) = rx.try_recv() {
             answer(&common, b.inbox, b.replies, &error);
         }
+        // Counted once every batch it answers is answered: a batch that
+        // arrives after the count meets the rules below.
+        ProxyMetrics::inc(&common.metrics.shared_connect_errors);
         let tried = Instant::now();
         let wake = tokio::time::sleep(backoff);
         tokio::pin!(wake);

@@ -202,6 +202,9 @@ struct Common {
 /// pause's own timeout, `CLIENT UNPAUSE` seen here ends it, and a pause
 /// it misses (sent straight to Redis, or by `FAILOVER`) only holds the
 /// shared connections' commands until it ends, as it holds any client's.
+/// How much sooner than the pause itself the pause hint ends, in ms.
+const PAUSE_MARGIN_MS: u64 = 2;
+
 #[derive(Debug)]
 struct PauseHint {
     /// The clock's zero.
@@ -226,11 +229,14 @@ impl PauseHint {
     }
 
     /// Follows a pause or unpause on its way to Redis. Redis keeps the
-    /// later end of two pauses, and so does the hint.
+    /// later end of two pauses, and so does the hint. It ends
+    /// [`PAUSE_MARGIN_MS`] before the pause would from now: Redis starts
+    /// its own clock later (when the command arrives) but rounds it to the
+    /// millisecond, and the hint must not outlast the pause.
     fn saw(&self, pause: Pause) {
         match pause {
             Pause::For(ms) => {
-                let until = self.now_ms().saturating_add(ms);
+                let until = (self.now_ms()).saturating_add(ms.saturating_sub(PAUSE_MARGIN_MS));
                 self.until_ms.fetch_max(until, Ordering::Relaxed);
             }
             Pause::Lifted => self.until_ms.store(0, Ordering::Relaxed),
