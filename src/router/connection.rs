@@ -29,6 +29,7 @@ pub enum OwnReason {
     /// `AUTH`, `HELLO`, `RESET`: the connection's user or protocol.
     Identity,
     /// `CLIENT …`: the connection's name, id, reply mode, tracking, …
+    /// (not `CLIENT SETINFO`, which shares: see [`needs_own_connection`]).
     Client,
     /// `READONLY`, `READWRITE`, `ASKING`: cluster flags of the connection.
     Cluster,
@@ -114,7 +115,14 @@ pub fn needs_own_connection(args: &[&[u8]]) -> Option<OwnReason> {
             _ => OwnReason::Select,
         },
         b"AUTH" | b"HELLO" | b"RESET" => OwnReason::Identity,
-        b"CLIENT" => OwnReason::Client,
+        // `SETINFO` names the client library for `CLIENT LIST`: on a
+        // shared connection it names that connection (cosmetic), and
+        // moving at it would move every client whose library sends it
+        // on connecting (Jedis 5, redis-py 5+ over RESP2).
+        b"CLIENT" => match args.get(1) {
+            Some(sub) if sub.eq_ignore_ascii_case(b"SETINFO") => return None,
+            _ => OwnReason::Client,
+        },
         b"READONLY" | b"READWRITE" | b"ASKING" => OwnReason::Cluster,
         b"QUIT" => OwnReason::Quit,
         b"SHUTDOWN" => OwnReason::Kill,
@@ -286,6 +294,8 @@ mod tests {
             "BITCOUNT k",
             "CLUSTER INFO",
             "SETNX lock:a 1",
+            "CLIENT SETINFO LIB-NAME redis-py",
+            "client setinfo lib-ver 5.0.1",
         ] {
             assert_eq!(decide(line), None, "{line}");
         }

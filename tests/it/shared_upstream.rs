@@ -739,3 +739,22 @@ async fn a_reply_larger_than_the_bound_reaches_its_reader_and_a_stalled_client_i
     );
     lg.stop().await;
 }
+
+/// `CLIENT SETINFO`, which client libraries send on connecting (Jedis 5,
+/// redis-py 5+ over RESP2), keeps the client on its shared connection and
+/// gets Redis's own reply there (Redis 7.0 has no `SETINFO`: its error).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_setinfo_stays_shared_with_redis_reply() {
+    let redis = RedisServer::start();
+    let lg = shared(&redis, 1).await;
+    let setinfo = ["CLIENT", "SETINFO", "LIB-NAME", "lockgate-test"];
+    let mut direct = RawClient::connect(redis.addr()).await;
+    let want = direct.call_raw(&setinfo).await;
+    let mut c = RawClient::connect(lg.addr).await;
+    assert_eq!(show(&c.call_raw(&setinfo).await), show(&want));
+    assert_eq!(c.call_raw(&["SET", "k", "v"]).await, b"+OK\r\n");
+    let m = &lg.ctx.upstream_conns;
+    assert_eq!(m.moved_client.load(Ordering::Relaxed), 0, "not moved");
+    assert_eq!(m.dedicated_open.load(Ordering::Relaxed), 0);
+    lg.stop().await;
+}
