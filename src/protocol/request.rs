@@ -304,11 +304,12 @@ pub(crate) fn parse_int(digits: &[u8]) -> Option<i64> {
     Some(if negative { -value } else { value })
 }
 
-/// Redis's `string2ll` exactly, for the lengths of a request: optional '-',
+/// Redis's `string2ll` exactly, for the lengths of a request (and the
+/// numbers in its arguments that lockgate reads as Redis would): optional '-',
 /// then `0` or digits without a leading zero, fitting an i64; no '+', no
 /// spaces, no `-0`. A length Redis refuses (`$04`) must be refused here too,
 /// or the two would frame the stream differently.
-fn string2ll(digits: &[u8]) -> Option<i64> {
+pub(crate) fn string2ll(digits: &[u8]) -> Option<i64> {
     let (negative, digits) = match digits {
         [b'-', rest @ ..] => (true, rest),
         _ => (false, digits),

@@ -183,11 +183,9 @@ pub fn pause_of(args: &[&[u8]]) -> Option<Pause> {
     if !sub.eq_ignore_ascii_case(b"PAUSE") {
         return None;
     }
-    let ms = std::str::from_utf8(args.get(2)?)
-        .ok()?
-        .parse::<u64>()
-        .ok()?;
-    Some(Pause::For(ms))
+    // Read as Redis reads the timeout (a negative one it refuses).
+    let ms = crate::protocol::request::string2ll(args.get(2)?)?;
+    Some(Pause::For(u64::try_from(ms).ok()?))
 }
 
 /// Whether a pause that ends at `until_ms` (0: none seen, or lifted) is in
@@ -346,6 +344,7 @@ mod tests {
             assert_eq!(r.index(), i);
         }
     }
+
     #[test]
     fn pauses_are_read_from_client_pause_and_unpause() {
         let of = |line: &str| {
@@ -361,6 +360,7 @@ mod tests {
             ("CLIENT PAUSE", None),
             ("CLIENT PAUSE -1", None),
             ("CLIENT PAUSE soon", None),
+            ("CLIENT PAUSE 050", None),
             ("CLIENT SETNAME pause", None),
             ("PAUSE 100", None),
             ("CLIENT", None),

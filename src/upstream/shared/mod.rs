@@ -236,7 +236,9 @@ impl PauseHint {
     fn saw(&self, pause: Pause) {
         match pause {
             Pause::For(ms) => {
-                let until = (self.now_ms()).saturating_add(ms.saturating_sub(PAUSE_MARGIN_MS));
+                let until = self
+                    .now_ms()
+                    .saturating_add(ms.saturating_sub(PAUSE_MARGIN_MS));
                 self.until_ms.fetch_max(until, Ordering::Relaxed);
             }
             Pause::Lifted => self.until_ms.store(0, Ordering::Relaxed),
@@ -365,7 +367,6 @@ impl SharedPool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::request::{RequestLimits, RequestParser};
 
     #[test]
     fn the_pause_hint_keeps_the_later_end_and_an_unpause_ends_it() {
@@ -386,12 +387,7 @@ mod tests {
     #[test]
     fn pauses_are_spotted_in_what_a_moved_session_writes() {
         let common = Common::for_tests();
-        let mut parser = RequestParser::new(RequestLimits {
-            max_bulk_bytes: 1 << 20,
-            max_multibulk_len: 1 << 10,
-            max_inline_bytes: 1 << 10,
-            max_request_bytes: 1 << 20,
-        });
+        let mut parser = stream::framing_parser();
         let mut bytes = encode::command(&[b"SET", b"k", b"pause"]).to_vec();
         stream::observe_pauses(&common, &mut parser, &bytes);
         assert!(!common.pause.in_force(), "a value that spells pause");

@@ -43,15 +43,6 @@ pub struct SharedStream {
 impl SharedStream {
     pub(super) fn new(common: Arc<Common>, lane: PollSender<Batch>) -> SharedStream {
         let inbox = Arc::new(Inbox::new(common.reply_limit));
-        // The session's bytes were read and checked by its dispatcher (and
-        // lockgate's own frames are well formed): these limits only frame
-        // (halved: the parser adds one to the inline limit).
-        let limits = RequestLimits {
-            max_bulk_bytes: u64::MAX / 2,
-            max_multibulk_len: u64::MAX / 2,
-            max_inline_bytes: usize::MAX / 2,
-            max_request_bytes: u64::MAX / 2,
-        };
         SharedStream {
             read: SharedRead {
                 inbox: inbox.clone(),
@@ -62,7 +53,7 @@ impl SharedStream {
                 lane,
                 inbox,
                 pending: BytesMut::new(),
-                parser: RequestParser::new(limits),
+                parser: framing_parser(),
                 scanned: 0,
                 replies: 0,
                 sent_shared: false,
@@ -72,6 +63,19 @@ impl SharedStream {
             },
         }
     }
+}
+
+/// A parser that only frames commands: the session's bytes were read and
+/// checked by its dispatcher (and lockgate's own frames are well formed),
+/// so its limits are none (halved: the parser adds one to the inline
+/// limit).
+pub(super) fn framing_parser() -> RequestParser {
+    RequestParser::new(RequestLimits {
+        max_bulk_bytes: u64::MAX / 2,
+        max_multibulk_len: u64::MAX / 2,
+        max_inline_bytes: usize::MAX / 2,
+        max_request_bytes: u64::MAX / 2,
+    })
 }
 
 /// The reading half: the session's replies, in order.
