@@ -38,7 +38,7 @@ use std::time::{Duration, Instant};
 use chaos::checks::{judge, Journal, Kind, Records};
 use chaos::clients::{worker, ClientReport, Shared};
 use chaos::faults::{self, Cluster};
-use chaos::{LockgateProc, Tuning};
+use chaos::Tuning;
 use support::quorum::fake_clock::FakeClock;
 use support::rng::env_u64;
 use support::RedisServer;
@@ -69,14 +69,7 @@ async fn start(t: &Tuning) -> Cluster {
         })
         .collect();
     let addrs: Vec<String> = masters.iter().map(|m| m.addr()).collect();
-    let mut lgs = Vec::new();
-    for k in 0..2 {
-        lgs.push(LockgateProc::start(&format!("lg{k}"), &primary.addr(), &addrs, t).await);
-    }
-    // Masters started moments ago sit out their rejoin delay first.
-    for lg in &lgs {
-        lg.all_up(5).await;
-    }
+    let lgs = chaos::two_lockgates(&primary.addr(), &addrs, t).await;
     Cluster {
         primary,
         masters,

@@ -66,13 +66,7 @@ async fn start(t: &Tuning) -> Run {
     let primary = RedisServer::start();
     let masters: Vec<RedisServer> = (0..5).map(|_| RedisServer::start()).collect();
     let addrs: Vec<String> = masters.iter().map(|m| m.addr()).collect();
-    let mut lgs = Vec::new();
-    for k in 0..2 {
-        lgs.push(LockgateProc::start(&format!("lg{k}"), &primary.addr(), &addrs, t).await);
-    }
-    for lg in &lgs {
-        lg.all_up(5).await;
-    }
+    let lgs = chaos::two_lockgates(&primary.addr(), &addrs, t).await;
     Run {
         _primary: primary,
         masters,

@@ -113,6 +113,20 @@ pub struct LockgateProc {
     _dir: tempfile::TempDir,
 }
 
+/// Starts `lg0` and `lg1` in front of `primary` with `masters` as their
+/// quorum, and waits until both count every master up (masters started
+/// moments ago sit out their rejoin delay first).
+pub async fn two_lockgates(primary: &str, masters: &[String], t: &Tuning) -> Vec<LockgateProc> {
+    let mut lgs = Vec::new();
+    for k in 0..2 {
+        lgs.push(LockgateProc::start(&format!("lg{k}"), primary, masters, t).await);
+    }
+    for lg in &lgs {
+        lg.all_up(masters.len()).await;
+    }
+    lgs
+}
+
 /// The configuration every instance runs with (lease and rejoin delay as
 /// the test's plan says; the node timeout generous for a loaded machine).
 pub fn config_text(name: &str, port: u16, primary: &str, masters: &[String], p: &Tuning) -> String {
