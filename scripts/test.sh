@@ -15,6 +15,9 @@
 #      doc      cargo doc --no-deps --document-private-items, warnings
 #               denied (broken links; the crate is read by its developers,
 #               so its private modules are documented too)
+#      noscript scripts/noscript-tests.sh      (the integration tests with
+#               every server refusing scripts, but for those that need
+#               them by design; under 2 minutes)
 #      fuzz     scripts/fuzz.sh --seconds 20    (every fuzz target of fuzz/
 #               for 20 s on its seed corpus; installs cargo-fuzz when
 #               missing; see docs/fuzzing.md)
@@ -43,7 +46,7 @@ case "${1:-}" in
 '') ;;
 --no-setup) SETUP=0 ;;
 -h | --help)
-	sed -n '2,33s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"
+	sed -n '2,36s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"
 	exit 0
 	;;
 *) die "unknown argument: $1 (scripts/test.sh takes --no-setup or nothing)" ;;
@@ -93,6 +96,7 @@ step clippy cargo clippy --all-targets -- -D warnings
 step test cargo test --all-targets --no-fail-fast
 step doctest cargo test --doc
 step doc env RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --document-private-items --quiet
+step noscript scripts/noscript-tests.sh
 step fuzz scripts/fuzz.sh --seconds 20
 step demo scripts/demo.sh --smoke
 step redis-py scripts/redis-py-locks.sh

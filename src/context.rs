@@ -14,6 +14,7 @@ use crate::lock::announce;
 use crate::lock::eviction::{self, Eviction, Memory, Role};
 use crate::lock::fast::Natives;
 use crate::lock::quorum::Quorum;
+use crate::lock::txn::{OnPrimary, Transactions};
 use crate::lock::{LockService, Store};
 use crate::metrics::{Counter, ProxyMetrics, RateLimit};
 use crate::protocol::request::RequestLimits;
@@ -166,7 +167,15 @@ impl ServerContext {
             false => Role::PrimaryBesideQuorum,
         }));
         let natives = Arc::new(Natives::default());
-        let observers = Observers(vec![primary_memory.clone(), natives.clone()]);
+        // Lock transactions open connections of their own, as lockgate's
+        // own connection to the primary is opened (following it).
+        let txn = Arc::new(Transactions::new(
+            NodeConfig::for_addr(&config, &config.upstream.addr, upstream.clone())
+                .following(&primary_addr),
+            config.locks.transaction_connections,
+            config.locks.transaction_retries,
+        ));
+        let observers = Observers(vec![primary_memory.clone(), natives.clone(), txn.clone()]);
         let on_primary = NodeConfig {
             observer: Some(Arc::new(observers)),
             ..NodeConfig::for_addr(&config, &config.upstream.addr, upstream.clone())
@@ -180,7 +189,7 @@ impl ServerContext {
         let eviction = Arc::new(Eviction::new(&config));
         let quorum = Quorum::start(&config, &stop, &masters, &eviction);
         let store = Store::new(
-            primary.clone(),
+            OnPrimary::new(primary.clone(), Some(txn)),
             primary_memory.clone(),
             primary_addr.clone(),
             eviction.clone(),
@@ -262,7 +271,7 @@ impl ServerContext {
         ServerContext {
             reload: std::sync::Mutex::new(None),
             current: std::sync::RwLock::new(config.clone()),
-            primary: store.primary.clone(),
+            primary: store.primary.node.clone(),
             primary_memory: store.primary_memory.clone(),
             primary_addr: store.primary_addr().clone(),
             eviction: store.eviction().clone(),

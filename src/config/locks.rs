@@ -65,6 +65,17 @@ pub struct LocksConfig {
     /// (`docs/performance.md`). false: every lock command runs the general
     /// scripts. Reloadable.
     pub fast_path: bool,
+    /// On a server that refuses scripts, most connections of lockgate's
+    /// own open at once for lock transactions (`WATCH` … `EXEC`, one
+    /// transaction per connection at a time); one more waits for a free
+    /// one up to `upstream.connect_timeout_ms`, then fails (counted in
+    /// `lock_transaction_failures`). 1–1024; opened only when needed.
+    pub transaction_connections: usize,
+    /// How many times a lock transaction is tried when a watched key
+    /// changed between its read and its `EXEC` (another client wrote the
+    /// lock); after the last, the command fails with an error and is
+    /// counted. 1–1000.
+    pub transaction_retries: u32,
 }
 
 /// Retry-storm control (`[locks.retry]`): while a lock is known held, spin
@@ -226,6 +237,8 @@ impl Default for LocksConfig {
             require_noeviction: false,
             eviction_check_ms: 1_000,
             fast_path: true,
+            transaction_connections: 8,
+            transaction_retries: 16,
         }
     }
 }

@@ -245,6 +245,19 @@ impl Config {
         }
         positive("admin.hot_keys", self.admin.hot_keys as u64)?;
         positive("locks.max_queued_calls", self.locks.max_queued_calls as u64)?;
+        let conns = self.locks.transaction_connections;
+        if !(1..=MAX_TRANSACTION_CONNECTIONS).contains(&conns) {
+            return Err(invalid(
+                "locks.transaction_connections",
+                &format!("must be 1 to {MAX_TRANSACTION_CONNECTIONS}"),
+            ));
+        }
+        if !(1..=MAX_TRANSACTION_RETRIES).contains(&self.locks.transaction_retries) {
+            return Err(invalid(
+                "locks.transaction_retries",
+                &format!("must be 1 to {MAX_TRANSACTION_RETRIES}"),
+            ));
+        }
         if self.locks.eviction_check_ms < MIN_EVICTION_CHECK_MS {
             return Err(invalid(
                 "locks.eviction_check_ms",
@@ -349,6 +362,12 @@ fn invalid(key: &'static str, reason: &str) -> ConfigError {
         reason: reason.to_string(),
     }
 }
+
+/// Most `locks.transaction_connections`: each is a connection to Redis.
+pub const MAX_TRANSACTION_CONNECTIONS: usize = 1024;
+
+/// Most `locks.transaction_retries`.
+pub const MAX_TRANSACTION_RETRIES: u32 = 1000;
 
 /// Smallest `locks.eviction_check_ms`: each check is a round trip to every
 /// Redis lockgate keeps locks on.

@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
+use super::txn::OnPrimary;
 use super::{script, LockService};
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
-use crate::upstream::node::Node;
 
 /// Drift allowance of a lease, as Redlock computes validity.
 const CLOCK_DRIFT_FACTOR: f64 = 0.01;
@@ -58,7 +58,7 @@ impl LockService {
     /// `LOCKGATE LOCK`: tries until acquired or `wait` has passed.
     pub(crate) async fn fence_lock(
         &self,
-        node: &Node,
+        node: &OnPrimary,
         key: Bytes,
         ttl_ms: u64,
         wait: Duration,
@@ -120,7 +120,7 @@ impl LockService {
     /// `LOCKGATE UNLOCK`: 1 if this token held the lock and released it.
     pub(crate) async fn fence_unlock(
         &self,
-        node: &Node,
+        node: &OnPrimary,
         key: Bytes,
         token: Bytes,
         timeout: Duration,
@@ -140,7 +140,7 @@ impl LockService {
     /// extended; an expired lock is never brought back.
     pub(crate) async fn fence_extend(
         &self,
-        node: &Node,
+        node: &OnPrimary,
         key: Bytes,
         token: Bytes,
         ttl_ms: u64,
@@ -152,7 +152,7 @@ impl LockService {
 
     async fn fence_simple(
         &self,
-        node: &Node,
+        node: &OnPrimary,
         cmd: Bytes,
         timeout: Duration,
         extend: bool,

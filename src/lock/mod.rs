@@ -28,7 +28,8 @@
 //!   calls, facts → records), [`fast`] (the uncontended cycle as small
 //!   scripts), [`script`] (the Lua, and its typed ARGV),
 //!   [`evalsha`] (scripts by SHA1 on clients' connections, a `NOSCRIPT` run
-//!   again as `EVAL`), `reply` (the outcome of a lock script's reply, as a
+//!   again as `EVAL`), [`txn`] (the scripts as `WATCH`/`MULTI`/`EXEC`
+//!   transactions, on a server that refuses scripts), `reply` (the outcome of a lock script's reply, as a
 //!   [`ReplyOutcome`]), [`lease`] (tokens, per-connection records).
 //! - [`admit`] (an acquisition's fate before Redis: absorbed, delayed,
 //!   parked, or on), [`storm`] (retry storms: the contention table,
@@ -76,6 +77,7 @@ mod store;
 pub use admit::Early;
 pub use store::{Attempt, FenceCall, Later, Seat, Store};
 pub(crate) mod storm;
+pub mod txn;
 pub(crate) mod watchdog;
 
 use std::time::Duration;

@@ -11,10 +11,10 @@ use super::lease::ConnLocks;
 use super::ops::{LockOp, Ttl};
 use super::quorum::Quorum;
 use super::storm::{Acquirer, Ask, Tried};
+use super::txn::OnPrimary;
 use super::{script, split_reply, LockService, Park};
 use crate::protocol::encode::LocalReply;
 use crate::sync;
-use crate::upstream::node::Node;
 
 impl LockService {
     /// An operation on the quorum from a client's session. An acquisition
@@ -52,7 +52,7 @@ impl LockService {
     pub(crate) async fn acquire_on_behalf(
         &self,
         quorum: Option<&Quorum>,
-        primary: &Node,
+        primary: &OnPrimary,
         timeout: Duration,
         ask: Ask,
     ) -> Tried {

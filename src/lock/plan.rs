@@ -426,6 +426,7 @@ impl LockService {
                 let dropped = fact(facts, script::RELEASE_DROPPED_FACT);
                 ProxyMetrics::add(&self.metrics.queue_places_lapsed, dropped);
                 let handed = fact(facts, 3) == 1;
+                let handoff_none = handoff.is_none();
                 // Yielded to another instance first in the queue: the
                 // waiter it was for took a place behind it (the script did).
                 let scale = match fact(facts, 5) {
@@ -439,7 +440,13 @@ impl LockService {
                     (Some(claim), Some(key)) => self.storm.unclaim(key, &claim),
                     _ => {}
                 }
-                if released > 0 && !handed {
+                // A transaction's release also says which keys it freed
+                // that had no owner record (no queue wakes this instance).
+                let freed = match handoff_none {
+                    true => fact(facts, script::RELEASE_FREED_FACT),
+                    false => 0,
+                };
+                if (released > 0 || freed > 0) && !handed {
                     for key in &keys {
                         match (scale, db) {
                             // Another database's queue says nothing of

@@ -11,6 +11,7 @@ use tokio::sync::oneshot;
 use super::evalsha::{self, Rerun};
 use super::lease::ConnLocks;
 use super::storm::Acquirer;
+use super::txn::refuses_scripts;
 use super::{split_reply, LockPending, LockService, Park};
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
@@ -46,6 +47,17 @@ impl LockService {
     ) -> ReplyOutcome {
         if let Some(outcome) = self.native_missed(&pending, &rerun, &frame, conn) {
             return outcome;
+        }
+        // The server refuses scripts (an ACL without `EVALSHA`, or renamed
+        // since lockgate's own connection opened): from now on lock
+        // operations go as transactions, this one first, in its place.
+        if let (Some(rerun), Some(txn)) = (&rerun, &self.store().primary.txn) {
+            if refuses_scripts(&frame) {
+                txn.observed(true);
+                let failed = "the server refuses scripts and the lock transaction failed";
+                let call = rerun.call.eval_in(rerun.db);
+                return self.in_place(pending, call, failed, conn);
+            }
         }
         let Some(rerun) = rerun.filter(|_| evalsha::is_noscript(&frame)) else {
             let acquirer = || -> Arc<dyn Acquirer> { self.clone() };
@@ -189,15 +201,6 @@ impl LockService {
         );
         LocalReply::Error(Bytes::from(text)).to_bytes(false)
     }
-}
-
-/// Whether `frame` is the server refusing a script call: `EVAL` or
-/// `EVALSHA` unknown (renamed away) or denied by an ACL.
-fn refuses_scripts(frame: &[u8]) -> bool {
-    let lower = |p: &[u8]| frame.len() >= p.len() && frame[..p.len()].eq_ignore_ascii_case(p);
-    lower(b"-ERR unknown command 'eval")
-        || (lower(b"-NOPERM")
-            && memchr::memmem::find(&frame.to_ascii_lowercase(), b"eval").is_some())
 }
 
 /// The client's reply and the facts in `frame`, the reply to the general

@@ -28,6 +28,7 @@ use super::ops::LockOp;
 use super::quorum::Quorum;
 use super::split::{Merge, Split};
 use super::storm::{Acquirer, Ask, Tried};
+use super::txn::{OnPrimary, TxnMetrics};
 use super::{evalsha, Database, LockPending, LockService, Queueing};
 use crate::metrics::{Counter, Kind};
 use crate::protocol::encode::{self, LocalReply};
@@ -45,8 +46,9 @@ pub type Later = Pin<Box<dyn Future<Output = LocalReply> + Send + 'static>>;
 pub struct Store {
     /// lockgate's own shared connection to the primary (the watchdog,
     /// release on disconnect, a parked attempt's driver, a `NOSCRIPT`
-    /// rerun, the fencing API on one Redis).
-    pub primary: Node,
+    /// rerun, the fencing API on one Redis), its scripts carried out as
+    /// transactions when the server refuses scripts ([`super::txn`]).
+    pub primary: OnPrimary,
     /// The primary's eviction policy as its connection reads it.
     pub primary_memory: Arc<Memory>,
     /// Which Redis is the primary now, for the failover hold.
@@ -93,7 +95,7 @@ impl Store {
 
     /// The store of a running server.
     pub fn new(
-        primary: Node,
+        primary: OnPrimary,
         primary_memory: Arc<Memory>,
         primary_addr: Arc<Primary>,
         eviction: Arc<Eviction>,
@@ -121,7 +123,7 @@ impl Store {
     pub fn offline(config: &crate::config::Config) -> Store {
         let eviction = Arc::new(Eviction::new(config));
         Store {
-            primary: Node::detached(&config.upstream.addr),
+            primary: OnPrimary::new(Node::detached(&config.upstream.addr), None),
             primary_memory: Arc::new(Memory::default()),
             primary_addr: Primary::fixed(&config.upstream.addr),
             quorum: Quorum::offline(config, &eviction),
@@ -183,6 +185,11 @@ pub enum Attempt {
     /// quorum); the reply takes the command's place, and nothing after it
     /// goes upstream before it is done.
     Away(Later),
+    /// Carried out by lockgate on the primary as a transaction of its own
+    /// (the server refuses scripts, see [`super::txn`]): as `Away`, but it
+    /// starts only once Redis has answered every command the client sent
+    /// before it, since it acts on the same Redis.
+    Transaction(Later),
     /// A native command sent on the client's own connection instead of a
     /// script (see [`super::fast`]): when Redis answers it could not decide
     /// (`MSETEX` found a key, or the server refused the command), the
@@ -208,6 +215,7 @@ impl std::fmt::Debug for Attempt {
                 .field("pending", pending)
                 .finish(),
             Attempt::Away(_) => f.write_str("Away(..)"),
+            Attempt::Transaction(_) => f.write_str("Transaction(..)"),
             Attempt::Native { pending, .. } => (f.debug_struct("Native"))
                 .field("pending", pending)
                 .finish_non_exhaustive(),
@@ -259,6 +267,12 @@ impl LockService {
         self.store.quorum.as_ref()
     }
 
+    /// Lock operations as transactions on a server that refuses scripts
+    /// (`None`: a store that reaches nothing), for its counters.
+    pub fn transactions(&self) -> Option<&Arc<super::txn::Transactions>> {
+        self.store.primary.txn.as_ref()
+    }
+
     /// The lock room's counters and its store's, in the order `/metrics`
     /// exports them: the room's, the storm room's, the eviction checks',
     /// the quorum's sit-out counters, clock jumps and `NOSCRIPT` reruns (0
@@ -266,12 +280,15 @@ impl LockService {
     pub(crate) fn each_counter(&self, mut f: impl FnMut(Counter<'_>)) {
         static NO_QUORUM: AtomicU64 = AtomicU64::new(0);
         let no_rejoin = RejoinMetrics::default();
+        let no_txn = TxnMetrics::default();
         let q = self.store.quorum.as_deref();
+        let txn = self.store.primary.txn.as_deref();
         let rooms = [
             self.metrics.counters(),
             self.storm.metrics.counters(),
             self.store.eviction.metrics.counters(),
             q.map_or(&no_rejoin, |q| &*q.rejoin).counters(),
+            txn.map_or(&no_txn, |t| &t.metrics).counters(),
         ];
         rooms.into_iter().flatten().for_each(&mut f);
         f(Counter {
@@ -342,6 +359,9 @@ impl LockService {
             true => Queueing::InMulti,
             false => Queueing::Now,
         };
+        // On a server that refuses scripts the general plan runs as a
+        // transaction away from the connection (see `super::txn`).
+        let scriptless = self.store.primary.scriptless();
         let (planned, fast) = {
             let mut conn = sync::lock(seat.conn);
             // Seen before planning: planning records the attempt.
@@ -349,8 +369,8 @@ impl LockService {
             // database to run the fallback in.
             let native = !seat.silent && seat.db != u64::MAX;
             let fast = match queueing {
-                Queueing::Now => self.fast_path(op, &conn, native),
-                Queueing::InMulti => None,
+                Queueing::Now if !scriptless => self.fast_path(op, &conn, native),
+                _ => None,
             };
             let compact = matches!(fast, Some(super::fast::Before::Acquire));
             (
@@ -371,6 +391,9 @@ impl LockService {
             call: planned.call,
             pending,
         };
+        if scriptless && !seat.in_multi {
+            return self.as_transaction(planned, seat);
+        }
         let planned = match fast {
             Some(super::fast::Before::Native) => match self.native(op, planned) {
                 Ok(attempt) => return attempt,
@@ -383,6 +406,46 @@ impl LockService {
             call: planned.call,
             pending: planned.pending,
         }
+    }
+
+    /// `planned` carried out as a transaction on lockgate's own connections
+    /// in the client's database, away from the client's connection: the
+    /// server refuses scripts ([`super::txn`]). Learned as the script's
+    /// reply would be; a parked attempt waits for its handoff, never past
+    /// the server's drain.
+    fn as_transaction(self: &Arc<Self>, planned: super::Planned, seat: Seat<'_>) -> Attempt {
+        if seat.db == u64::MAX {
+            return Attempt::Refused(LocalReply::err(
+                "lockgate: lock command refused: the connection's database is unknown, and the server refuses scripts",
+            ));
+        }
+        let (me, conn, db) = (self.clone(), seat.conn.clone(), seat.db);
+        let command = planned.call.evalsha();
+        Attempt::Transaction(Box::pin(async move {
+            let store = me.store();
+            let acquirer = || -> Arc<dyn Acquirer> { me.clone() };
+            let run = async {
+                let frame = store.primary.transaction(command, db, store.timeout).await;
+                match (frame, planned.pending) {
+                    (Ok(frame), Some(p)) => me.own_outcome(p, frame, &conn, acquirer).await,
+                    (Ok(frame), None) => evalsha::own_reply(frame),
+                    (Err(e), pending) => {
+                        let text = format!("ERR lockgate: lock transaction failed: {e}");
+                        // Nothing learned: settled as after an error.
+                        if let Some(p) = pending {
+                            let frame =
+                                LocalReply::Error(Bytes::from(text.clone())).to_bytes(false);
+                            let _ = me.on_reply(p, frame, &conn, acquirer);
+                        }
+                        LocalReply::Error(Bytes::from(text))
+                    }
+                }
+            };
+            tokio::select! {
+                reply = run => reply,
+                _ = store.stopped() => LocalReply::err("lockgate: shutting down"),
+            }
+        }))
     }
 
     /// A lock operation carried out by lockgate for a client, away from its

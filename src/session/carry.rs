@@ -8,6 +8,7 @@ use super::jobs::Jobs;
 use super::pending::Batch;
 use crate::admin;
 use crate::lock::Early;
+use crate::protocol::encode::LocalReply;
 use bytes::{Bytes, BytesMut};
 use std::ops::Range;
 
@@ -133,6 +134,29 @@ impl Routed {
             let _ = done.send(());
             reply
         }));
+    }
+
+    /// As [`Routed::defer`], for `work` on the same Redis as the client's
+    /// connection (a lock transaction on a server that refuses scripts):
+    /// it starts only once Redis has answered every command sent before
+    /// it, as Redis would have run it after them.
+    pub(super) fn defer_after(&mut self, work: admin::Work) {
+        let (done, hold) = tokio::sync::oneshot::channel();
+        let (open, gate) = tokio::sync::oneshot::channel::<()>();
+        self.hold = Some(hold);
+        let work: admin::Work = Box::pin(async move {
+            // The writer ended without reaching it: nobody waits for it.
+            if gate.await.is_err() {
+                return LocalReply::err("lockgate: connection closed");
+            }
+            let reply = work.await;
+            let _ = done.send(());
+            reply
+        });
+        match self.jobs.defer(work) {
+            Ok(rx) => self.batch.gated(rx, Some(open)),
+            Err(reply) => self.batch.local(reply),
+        }
     }
 
     /// Queues `work` that only makes a reply; it takes the command's place

@@ -11,8 +11,15 @@ use crate::router::Expect;
 
 /// A reply lockgate is still working out (a fencing `LOCK … WAIT`, later a
 /// quorum call); the writer holds every later reply back until it is ready.
+/// With a gate (`.1`), the work waits until the writer reaches this entry,
+/// that is until Redis has answered every command sent before it: a lock
+/// transaction on the same Redis (see [`crate::lock::txn`]) must not run
+/// ahead of them.
 #[derive(Debug)]
-pub struct Deferred(pub tokio::sync::oneshot::Receiver<LocalReply>);
+pub struct Deferred(
+    pub tokio::sync::oneshot::Receiver<LocalReply>,
+    pub Option<tokio::sync::oneshot::Sender<()>>,
+);
 
 impl PartialEq for Deferred {
     fn eq(&self, _: &Deferred) -> bool {
@@ -159,10 +166,20 @@ impl Batch {
 
     /// Records a reply that will be ready later.
     pub fn deferred(&mut self, rx: tokio::sync::oneshot::Receiver<LocalReply>) {
+        self.gated(rx, None);
+    }
+
+    /// Records a reply that will be ready later, from work that starts
+    /// once `gate` fires (see [`Deferred`]).
+    pub fn gated(
+        &mut self,
+        rx: tokio::sync::oneshot::Receiver<LocalReply>,
+        gate: Option<tokio::sync::oneshot::Sender<()>>,
+    ) {
         if self.silent {
-            self.entries.push(Pending::Silent(Deferred(rx)));
+            self.entries.push(Pending::Silent(Deferred(rx, gate)));
         } else {
-            self.entries.push(Pending::Deferred(Deferred(rx)));
+            self.entries.push(Pending::Deferred(Deferred(rx, gate)));
         }
     }
 

@@ -20,7 +20,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::activity::Activity;
-use super::pending::{Entries, Pending};
+use super::pending::{Deferred, Entries, Pending};
 use super::SessionError;
 use crate::lock::evalsha::Rerun;
 use crate::lock::{LockPending, ReplyOutcome};
@@ -146,13 +146,16 @@ where
                 Some(Pending::Deferred(_) | Pending::Silent(_))
             )
         {
+            // Every reply before it is in: gated work may start.
             match st.queue.pop_front() {
-                Some(Pending::Deferred(d)) => {
-                    st.deferred = Some(d.0);
+                Some(Pending::Deferred(Deferred(rx, gate))) => {
+                    gate.map(|g| g.send(()));
+                    st.deferred = Some(rx);
                     st.deferred_silent = false;
                 }
-                Some(Pending::Silent(d)) => {
-                    st.deferred = Some(d.0);
+                Some(Pending::Silent(Deferred(rx, gate))) => {
+                    gate.map(|g| g.send(()));
+                    st.deferred = Some(rx);
                     st.deferred_silent = true;
                 }
                 _ => {}

@@ -6,7 +6,7 @@
 use crate::support;
 
 use support::locks::*;
-use support::{cmd, Lockgate, RawClient, RedisServer};
+use support::{cmd, RawClient};
 
 /// Empties Redis's script cache behind lockgate's back.
 async fn flush(r: &mut RawClient) {
@@ -152,46 +152,4 @@ async fn a_subscribed_connection_sends_eval() {
     assert_eq!(c.call(&["SETNX", "lock:t", "v"]).await, ":1\r\n");
     assert_eq!(m(&lg.ctx.locks.metrics.noscript_reruns), 0);
     lg.stop().await;
-}
-
-/// A server that refuses scripts (`EVAL`, `EVALSHA`, `FUNCTION` and
-/// `FCALL` renamed away, as some managed services do): a lock command is
-/// refused with an error that says so, never passed on without its
-/// script, counted; plain commands pass. (Locks carried out without
-/// scripts are not built: docs/faults.md, "Scripts refused".)
-#[tokio::test]
-async fn a_server_without_scripts_refuses_lock_commands_clearly() {
-    let redis = RedisServer::start_with(&[
-        "--rename-command",
-        "EVAL",
-        "",
-        "--rename-command",
-        "EVALSHA",
-        "",
-        "--rename-command",
-        "FUNCTION",
-        "",
-        "--rename-command",
-        "FCALL",
-        "",
-    ]);
-    let lg = Lockgate::start_with(support::locks::config(&redis.addr(), "a", 20_000)).await;
-    let mut c = RawClient::connect(lg.addr).await;
-    let mut r = RawClient::connect(redis.addr()).await;
-    assert_eq!(c.call(&["SET", "data:x", "1"]).await, "+OK\r\n");
-    let reply = c.call(&["SETNX", "lock:x", "1"]).await;
-    assert!(
-        reply.starts_with("-ERR lockgate: lock command refused: the server refuses the script"),
-        "{reply}"
-    );
-    assert!(reply.contains("unknown command"), "{reply}");
-    // Nothing was written: no lock without its lease and owner record.
-    assert_eq!(r.call(&["EXISTS", "lock:x"]).await, ":0\r\n");
-    let reply = c.call(&["DEL", "lock:x"]).await;
-    assert!(
-        reply.starts_with("-ERR lockgate: lock command refused"),
-        "{reply}"
-    );
-    assert_eq!(support::locks::m(&lg.ctx.locks.metrics.scripts_refused), 2);
-    assert_eq!(c.call(&["GET", "data:x"]).await, "$1\r\n1\r\n");
 }

@@ -30,6 +30,7 @@ mod locks_fast;
 mod locks_native;
 mod locks_noscript;
 mod locks_release;
+mod locks_scriptless;
 mod locks_takeover;
 mod locks_view;
 mod locks_watchdog;

@@ -17,6 +17,23 @@ pub struct RedisServer {
     dir: tempfile::TempDir,
 }
 
+/// `redis-server` arguments that take scripts away: `EVAL`, `EVALSHA`,
+/// `FUNCTION` and `FCALL` renamed to nothing.
+pub const NO_SCRIPTS: [&str; 12] = [
+    "--rename-command",
+    "EVAL",
+    "",
+    "--rename-command",
+    "EVALSHA",
+    "",
+    "--rename-command",
+    "FUNCTION",
+    "",
+    "--rename-command",
+    "FCALL",
+    "",
+];
+
 /// A port that was free a moment ago.
 pub fn free_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind port 0");
@@ -58,7 +75,14 @@ impl RedisServer {
     }
 
     fn start_binary(binary: &str, extra: &[&str], env: &[(String, String)]) -> RedisServer {
-        let args: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        let mut args: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        // `LOCKGATE_TEST_REDIS=noscript`: every server refuses scripts, as
+        // some managed services do (docs/development.md).
+        if std::env::var("LOCKGATE_TEST_REDIS").as_deref() == Ok("noscript")
+            && !args.iter().any(|a| a == "--rename-command")
+        {
+            args.extend(NO_SCRIPTS.iter().map(|s| s.to_string()));
+        }
         for _ in 0..5 {
             let mut server = RedisServer {
                 binary: binary.to_string(),

@@ -295,6 +295,14 @@ pub const ACQUIRE_DROPPED_FACT: usize = 5;
 /// places they dropped.
 pub const RELEASE_DROPPED_FACT: usize = 6;
 
+/// Where a [`RELEASE`] carried out as a transaction (the server refuses
+/// scripts, see [`crate::lock::txn`]) counts the lock keys it deleted that
+/// had no owner record (set directly on Redis): freed, so this instance's
+/// waiters may try at once. The script does not report it: its release
+/// wakes the key's queue, which a failed attempt joined, and that tells
+/// this instance.
+pub const RELEASE_FREED_FACT: usize = 7;
+
 /// Where [`RELEASE_HANDOFF`]'s facts give, when it yielded, the scale of
 /// the releasing instance's new place in the queue (as
 /// [`ACQUIRE_BEHIND_FACT`]).

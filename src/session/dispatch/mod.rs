@@ -333,6 +333,7 @@ impl Carrier {
                 out.batch.lock(pending, rerun);
             }
             Attempt::Away(work) => out.defer(work),
+            Attempt::Transaction(work) => out.defer_after(work),
             // Its fallback runs in the client's database should the native
             // command not decide (see `LockService::native_missed`).
             Attempt::Native {

@@ -480,10 +480,10 @@ async fn a_deferred_reply_keeps_its_place() {
     let script = async {
         tx.send(smallvec::smallvec![
             Pending::Upstream(1),
-            Pending::Deferred(Deferred(job_rx)),
+            Pending::Deferred(Deferred(job_rx, None)),
             Pending::Upstream(1),
             lock_entry(),
-            Pending::Silent(Deferred(silent_rx)),
+            Pending::Silent(Deferred(silent_rx, None)),
             Pending::Upstream(1),
         ])
         .await
@@ -534,7 +534,7 @@ async fn replies_behind_a_deferred_one_outlive_the_upstream_close() {
     let script = async {
         tx.send(smallvec::smallvec![
             Pending::Upstream(1),
-            Pending::Deferred(Deferred(job_rx)),
+            Pending::Deferred(Deferred(job_rx, None)),
             Pending::Upstream(1),
             Pending::ClientEof,
         ])

@@ -1,6 +1,6 @@
 //! Opening a connection of lockgate's own to a node: connect, authenticate,
 //! name it, read what the node is (`run_id`, uptime, eviction policy,
-//! whether it knows `MSETEX`), and
+//! whether it knows `MSETEX` and `EVALSHA`), and
 //! load the scripts it is given ([`NodeConfig::scripts`]); and the
 //! one-reply-at-a-time exchanges used before a connection is pipelined.
 
@@ -37,12 +37,13 @@ pub(super) async fn open(config: &NodeConfig) -> Result<Opened, String> {
         report::info_memory(),
         report::info_stats(),
         report::command_info_msetex(),
+        report::command_info_evalsha(),
     ] {
         asked.extend_from_slice(&command);
     }
-    let replies = requests(&mut stream, &asked, 5, config.connect_timeout).await?;
+    let replies = requests(&mut stream, &asked, 6, config.connect_timeout).await?;
     let read_at = Instant::now();
-    let [info, config_get, memory, stats, msetex] = &replies[..] else {
+    let [info, config_get, memory, stats, msetex, evalsha] = &replies[..] else {
         return Err("INFO and CONFIG GET: replies missing".to_string());
     };
     let memory = Sample::from_replies(Some(config_get), Some(memory), stats);
@@ -74,6 +75,7 @@ pub(super) async fn open(config: &NodeConfig) -> Result<Opened, String> {
             uptime,
             memory,
             msetex: report::describes(msetex),
+            scripts_unknown: report::unknown(evalsha),
         },
     })
 }

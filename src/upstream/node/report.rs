@@ -26,11 +26,27 @@ pub struct Report {
     /// It knows `MSETEX` (Valkey 9.1, Redis 8.4): `COMMAND INFO MSETEX`
     /// described it.
     pub msetex: bool,
+    /// It does not know `EVALSHA` (renamed away: `COMMAND INFO EVALSHA`
+    /// answered nil), so lock operations go as transactions
+    /// (`crate::lock::txn`). An error (`COMMAND` refused) says nothing.
+    pub scripts_unknown: bool,
 }
 
 /// `COMMAND INFO MSETEX`.
 pub fn command_info_msetex() -> Bytes {
     encode::command(&[b"COMMAND", b"INFO", b"MSETEX"])
+}
+
+/// `COMMAND INFO EVALSHA`.
+pub fn command_info_evalsha() -> Bytes {
+    encode::command(&[b"COMMAND", b"INFO", b"EVALSHA"])
+}
+
+/// Whether `reply`, the reply to `COMMAND INFO` of one command, says the
+/// command is unknown: an array of one nil (not an error: a refusal of
+/// `COMMAND` says nothing of the command).
+pub fn unknown(reply: &[u8]) -> bool {
+    reply == b"*1\r\n*-1\r\n" || reply == b"*1\r\n$-1\r\n"
 }
 
 /// Whether `reply`, the reply to `COMMAND INFO` of one command, describes
@@ -131,6 +147,8 @@ mod tests {
             (b"-NOPERM this user has no permissions\r\n", false),
             (b"*0\r\n", false),
         ] {
+            let refused = reply.starts_with(b"-") || reply == b"*0\r\n";
+            assert_eq!(unknown(reply), !known && !refused, "{reply:?}");
             assert_eq!(
                 describes(reply),
                 known,

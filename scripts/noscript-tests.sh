@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# lockgate's integration tests against servers that refuse scripts: every
+# redis-server and valkey-server the tests start has EVAL, EVALSHA,
+# FUNCTION and FCALL renamed away (LOCKGATE_TEST_REDIS=noscript, see
+# docs/development.md), so every lock operation is carried out as a
+# WATCH/MULTI/EXEC transaction (src/lock/txn/).
+#
+#   scripts/noscript-tests.sh [extra cargo test filter arguments]
+#
+# The tests skipped below need scripts by design, each group for one reason
+# (docs/faults.md, "Scripts refused"):
+#   - the client's own scripts (EVAL, redis-py's Lock, Lua releases);
+#   - counts of lockgate's scripts, fast scripts, MSETEX and NOSCRIPT reruns;
+#   - lock commands inside MULTI (refused there: the transaction aborts);
+#   - the lock quorum (its masters run the lock scripts) and the queue
+#     between instances (kept by the scripts);
+#   - a test timed for the scripts' speed, and an ACL test that needs a
+#     server with scripts to deny them.
+# Under 2 minutes.
+set -euo pipefail
+
+# shellcheck source=scripts/common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+cd "$LOCKGATE_ROOT"
+
+SKIP=(
+	# The client's own scripts.
+	legacy_behaviour::deeply_nested_replies_pass_through
+	locks_clients::raw_eval_release_sees_the_clients_value
+	locks_clients::redis_py_lock_resp
+	locks_watchdog::lua_released_watchdog_lock_is_not_renewed
+	locks_watchdog::release_on_disconnect_spares_a_lock_taken_after_a_lua_release
+	passthrough_payloads::eval_evalsha_script_load_and_functions_match_redis
+	shared_upstream::a_busy_script_leaves_the_other_clients_busy_replies_and_script_kill
+	shared_upstream::lock_keys_keep_their_protection_in_shared_mode
+	# Counts of lockgate's scripts, fast scripts, natives, reruns.
+	locks::setnx_is_one_eval_with_lease_and_owner_record
+	locks_fast::
+	locks_native::
+	locks_noscript::
+	storm_handoff::a_release_hands_the_lock_to_the_parked_attempt_in_one_step
+	storm_handoff::a_storms_first_wave_sends_one_attempt_not_one_per_client
+	# Lock commands inside MULTI.
+	legacy_behaviour::the_holder_moves_its_lease_inside_multi
+	locks::acquisitions_inside_multi_keep_their_exec_slots
+	locks_extend::persist_on_a_lock_key_is_refused_also_inside_multi
+	locks_extend::setnx_expire_in_multi_loser_does_not_touch_the_holders_lease
+	locks_release::a_connection_that_lost_in_multi_may_release_the_holders_lock
+	locks_takeover::owner_releases_inside_watch_multi
+	eviction::require_noeviction_refuses_lock_leases_until_the_policy_is_fixed
+	differential::
+	# The quorum's masters and the queue between instances.
+	quorum
+	storm_fleet::
+	eviction::a_master_that_may_evict_sits_out_until_it_reads_noeviction
+	ops::status_page_in_chromium_shows_a_hot_key_within_2s_and_a_killed_master_down
+	# Timed for the scripts' speed: 100 000 pipelined acquisitions, one
+	# transaction after another, outlast the hot keys' 30 s lease.
+	ops::top_k_reports_three_hot_keys_among_100k_with_bounded_series_and_memory
+	# Needs scripts present to deny them by ACL.
+	locks_scriptless::an_acl_without_scripts_is_found_at_the_first_refusal
+)
+
+args=()
+for s in "${SKIP[@]}"; do
+	args+=(--skip "$s")
+done
+LOCKGATE_TEST_REDIS=noscript exec cargo test --test it -- "${args[@]}" "$@"
