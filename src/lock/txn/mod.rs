@@ -130,17 +130,8 @@ impl Transactions {
         }
     }
 
-    /// Carries out `command`, an `EVAL`/`EVALSHA` of one of lockgate's lock
-    /// scripts, in database `db`, and answers as the script would have.
-    pub async fn run(&self, command: &[u8], db: u64, timeout: Duration) -> Result<Bytes, TxnError> {
-        let (job, db) = job_of(command, db).ok_or(TxnError::Unknown)?;
-        let out = self.run_of(job, db, timeout).await;
-        if out.is_err() {
-            ProxyMetrics::inc(&self.metrics.failures);
-        }
-        out
-    }
-
+    /// Carries out `job` in database `db`, and answers as its script
+    /// would have.
     async fn run_of(&self, job: Job, db: u64, timeout: Duration) -> Result<Bytes, TxnError> {
         ProxyMetrics::inc(&self.metrics.runs);
         self.run_job(&job, db, timeout).await

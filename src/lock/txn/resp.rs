@@ -78,16 +78,22 @@ pub fn is_nil_array(frame: &[u8]) -> bool {
     frame == b"*-1\r\n"
 }
 
-/// The elements of an array reply, each a whole frame; `None` for
-/// another shape.
-pub fn elements(frame: &Bytes) -> Option<Vec<Bytes>> {
-    let rest = frame.strip_prefix(b"*")?;
+/// The count of a `kind` header (`*n\r\n`, `$n\r\n`) at the start of
+/// `frame`, and the header's length.
+fn header(frame: &[u8], kind: u8) -> Option<(usize, usize)> {
+    let rest = frame.strip_prefix(&[kind])?;
     let nl = memchr::memchr(b'\n', rest)?;
-    let n: usize = std::str::from_utf8(rest.get(..nl.checked_sub(1)?)?)
+    let n = std::str::from_utf8(rest.get(..nl.checked_sub(1)?)?)
         .ok()?
         .parse()
         .ok()?;
-    let mut pos = 1 + nl + 1;
+    Some((n, 1 + nl + 1))
+}
+
+/// The elements of an array reply, each a whole frame; `None` for
+/// another shape.
+pub fn elements(frame: &Bytes) -> Option<Vec<Bytes>> {
+    let (n, mut pos) = header(frame, b'*')?;
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {
         let mut scanner = ReplyScanner::new();
@@ -101,22 +107,11 @@ pub fn elements(frame: &Bytes) -> Option<Vec<Bytes>> {
 
 /// The arguments of a command lockgate wrote (a RESP array of bulks).
 pub fn args(command: &[u8]) -> Option<Vec<&[u8]>> {
-    let rest = command.strip_prefix(b"*")?;
-    let nl = memchr::memchr(b'\n', rest)?;
-    let n: usize = std::str::from_utf8(rest.get(..nl.checked_sub(1)?)?)
-        .ok()?
-        .parse()
-        .ok()?;
-    let mut pos = 1 + nl + 1;
+    let (n, mut pos) = header(command, b'*')?;
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {
-        let head = command.get(pos..)?.strip_prefix(b"$")?;
-        let nl = memchr::memchr(b'\n', head)?;
-        let len: usize = std::str::from_utf8(head.get(..nl.checked_sub(1)?)?)
-            .ok()?
-            .parse()
-            .ok()?;
-        let start = pos + 1 + nl + 1;
+        let (len, used) = header(command.get(pos..)?, b'$')?;
+        let start = pos + used;
         out.push(command.get(start..start + len)?);
         pos = start + len + 2;
     }
