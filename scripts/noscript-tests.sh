@@ -11,7 +11,7 @@
 # (docs/faults.md, "Scripts refused"):
 #   - the client's own scripts (EVAL, redis-py's Lock, Lua releases);
 #   - counts of lockgate's scripts, fast scripts, MSETEX and NOSCRIPT reruns;
-#   - lock commands inside MULTI (refused there: the transaction aborts);
+#   - transactions that mix lock commands with others (refused whole);
 #   - the lock quorum (its masters run the lock scripts) and the queue
 #     between instances (kept by the scripts);
 #   - a test timed for the scripts' speed, and an ACL test that needs a
@@ -40,15 +40,14 @@ SKIP=(
 	locks_noscript::
 	storm_handoff::a_release_hands_the_lock_to_the_parked_attempt_in_one_step
 	storm_handoff::a_storms_first_wave_sends_one_attempt_not_one_per_client
-	# Lock commands inside MULTI.
-	legacy_behaviour::the_holder_moves_its_lease_inside_multi
-	locks::acquisitions_inside_multi_keep_their_exec_slots
+	# A transaction with lock commands and others (refused whole without
+	# scripts), outcomes inside MULTI that lockgate now sees and counts, and
+	# a MULTI sent the moment lockgate starts, before its own connection
+	# has seen that the server refuses scripts (aborted, never unprotected).
 	locks_extend::persist_on_a_lock_key_is_refused_also_inside_multi
 	locks_extend::setnx_expire_in_multi_loser_does_not_touch_the_holders_lease
 	locks_release::a_connection_that_lost_in_multi_may_release_the_holders_lock
-	locks_takeover::owner_releases_inside_watch_multi
 	eviction::require_noeviction_refuses_lock_leases_until_the_policy_is_fixed
-	differential::
 	# The quorum's masters and the queue between instances.
 	quorum
 	storm_fleet::

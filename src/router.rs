@@ -266,7 +266,32 @@ pub fn decide<'a>(
         // Not while replies are not counted: lockgate writes no reply of
         // its own there (the fuzzer found `EXEC` aborted on a MONITOR
         // connection, with a swallowed reply that would never come).
-        route if quorum && !view.raw => quorum::transaction(kind, route, args, view, &mut next),
+        // On one Redis that refuses scripts lock commands are queued by
+        // lockgate too (in database 0: lockgate's transactions run there),
+        // and every transaction is followed, so a refusal detected in the
+        // middle of one still sees what went to Redis's queue before.
+        route if !view.raw && (quorum || view.in_multi || kind == CommandKind::Multi) => {
+            let queue = match quorum {
+                true => quorum::Queue::Quorum,
+                false if view.db == 0 && locks.scriptless() => quorum::Queue::Scriptless,
+                false => quorum::Queue::Off,
+            };
+            // A read of lock keys only is queued with the lock commands
+            // (it sees what they did, in order).
+            let route = match route {
+                Route::Forward(_)
+                    if queue == quorum::Queue::Scriptless
+                        && view.in_multi
+                        && matches!(kind, CommandKind::Read(_))
+                        && quorum::quorum_route(kind, args, view, locks)
+                            == Some(Route::QuorumRead) =>
+                {
+                    Route::QuorumRead
+                }
+                route => route,
+            };
+            quorum::transaction(kind, route, args, view, &mut next, queue)
+        }
         route => route,
     };
     let script = match kind {
@@ -322,7 +347,9 @@ fn plainly(
     locks: &LockService,
     quorum: bool,
 ) -> bool {
-    if quorum || view.raw || view.quit || view.replies != ReplyMode::On {
+    // Inside MULTI every command is routed: the transaction's view counts
+    // what went to Redis's queue (see `quorum::transaction`).
+    if quorum || view.raw || view.quit || view.in_multi || view.replies != ReplyMode::On {
         return false;
     }
     match kind {

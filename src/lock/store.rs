@@ -267,6 +267,13 @@ impl LockService {
         self.store.quorum.as_ref()
     }
 
+    /// The primary refuses scripts, as last seen: lock operations run as
+    /// transactions of lockgate's own ([`super::txn`]), and inside `MULTI`
+    /// lockgate queues them itself (the router asks).
+    pub fn scriptless(&self) -> bool {
+        self.store.quorum.is_none() && self.store.primary.scriptless()
+    }
+
     /// Lock operations as transactions on a server that refuses scripts
     /// (`None`: a store that reaches nothing), for its counters.
     pub fn transactions(&self) -> Option<&Arc<super::txn::Transactions>> {

@@ -151,19 +151,36 @@ pub(super) fn quorum_route(
     }
 }
 
+/// Who queues a transaction's lock commands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Queue {
+    /// Redis (in its own transaction, as scripts); lockgate only follows
+    /// what went there.
+    Off,
+    /// lockgate: lock keys live on the quorum.
+    Quorum,
+    /// lockgate: the primary refuses scripts (database 0).
+    Scriptless,
+}
+
 /// What a transaction means with lock keys on the quorum: Redis cannot
 /// queue lock commands (they do not go to the primary), so inside `MULTI`
 /// lockgate queues them itself ([`Route::Queue`]) and runs them at `EXEC`
 /// ([`Route::ExecQueued`]); a command refused while queuing aborts the
-/// `EXEC` ([`Route::ExecAbort`]). `route` is the command's route in `view`;
-/// `next` (the view after it) learns what was queued where.
+/// `EXEC` ([`Route::ExecAbort`]). The same on one Redis that refuses
+/// scripts, where lockgate's lock transactions cannot run inside the
+/// client's (`queue_locks`; otherwise lock commands go to Redis's queue
+/// and only what went there is counted). `route` is the command's route
+/// in `view`; `next` (the view after it) learns what was queued where.
 pub(super) fn transaction(
     kind: CommandKind,
     route: Route,
     args: CommandArgs<'_>,
     view: &SessionView,
     next: &mut SessionView,
+    queue: Queue,
 ) -> Route {
+    let queue_locks = queue != Queue::Off;
     let tx = view.tx;
     let queued = match (kind, &route) {
         (CommandKind::Multi, _) if !view.in_multi => {
@@ -183,21 +200,25 @@ pub(super) fn transaction(
             return Route::ExecQueued { mixed: tx.primary };
         }
         _ if !view.in_multi => return route,
-        (_, Route::Lock(op)) => Queued::Op(op.clone()),
+        (_, Route::Lock(op)) if queue_locks => Queued::Op(op.clone()),
         (_, Route::QuorumRead) => Queued::Read(crate::protocol::encode::command(&args.all())),
         (_, Route::QuorumSplit(split)) => Queued::Split(split.clone()),
         // A refused PERSIST joins the side the transaction is on: the
         // quorum's, once lockgate queues commands, else Redis's (the error
-        // in its slot of Redis's own EXEC array).
-        (_, Route::RefusePersist) if tx.queued => {
+        // in its slot of Redis's own EXEC array, as a script, which a
+        // server that refuses scripts would refuse: lockgate's there).
+        (_, Route::RefusePersist) if tx.queued || queue == Queue::Scriptless => {
             Queued::RefusedPersist(bytes::Bytes::copy_from_slice(args.get(1)))
         }
-        (_, Route::RefusePersist | Route::Forward(_) | Route::ForwardForget(..)) => {
+        (
+            _,
+            Route::RefusePersist | Route::Forward(_) | Route::ForwardForget(..) | Route::Lock(_),
+        ) => {
             next.tx.primary = true;
             return route;
         }
         // Answered as refused; EXEC then aborts.
-        (_, Route::Refuse(_)) => {
+        (_, Route::Refuse(_)) if queue_locks => {
             next.tx.failed = true;
             return route;
         }

@@ -340,23 +340,61 @@ async fn handoff_disconnect_watchdog_takeover_and_fencing() {
     lg.stop().await;
 }
 
-/// Inside `MULTI` a lock command cannot be carried out without scripts:
-/// Redis refuses the call lockgate queues in its place, so `EXEC` aborts
-/// the whole transaction and nothing of it is written, never the lock
+/// Inside `MULTI` lockgate queues lock commands itself and carries them
+/// out at `EXEC`, in order, their replies `EXEC`'s array (the legacy
+/// `MULTI` / `SETNX` / `EXPIRE` / `EXEC`); Redis's own (empty)
+/// transaction runs first, so a key the client watched that changed makes
+/// `EXEC` answer nil and nothing runs. A transaction that also holds other
+/// commands is refused whole: nothing of it is written, never the lock
 /// without its protection (docs/faults.md, "Scripts refused").
 #[tokio::test]
-async fn a_lock_command_inside_multi_aborts_the_transaction() {
+async fn lock_commands_inside_multi_run_at_exec_and_mixed_transactions_abort() {
     let redis = without_scripts();
     let lg = Lockgate::start_with(support::locks::config(&redis.addr(), "a", 20_000)).await;
+    until!("the server seen without scripts", scriptless(&lg));
     let mut c = RawClient::connect(lg.addr).await;
     let mut r = RawClient::connect(redis.addr()).await;
     assert_eq!(c.call(&["MULTI"]).await, "+OK\r\n");
+    assert_eq!(c.call(&["SETNX", "lock:m", "1"]).await, "+QUEUED\r\n");
+    assert_eq!(c.call(&["EXPIRE", "lock:m", "40"]).await, "+QUEUED\r\n");
+    assert_eq!(c.call(&["EXEC"]).await, "*2\r\n:1\r\n:1\r\n");
+    assert_lease(&mut r, "lock:m", 39_000, 40_000).await;
+    assert_within(
+        "owner record's lease",
+        pttl(&mut r, &owner("lock:m")).await,
+        39_000,
+        40_000,
+    );
+    // Another instance's holder cannot take it in its transaction.
+    let lg2 = Lockgate::start_with(support::locks::config(&redis.addr(), "b", 20_000)).await;
+    until!("the second instance seen without scripts", scriptless(&lg2));
+    let mut other = RawClient::connect(lg2.addr).await;
+    assert_eq!(other.call(&["MULTI"]).await, "+OK\r\n");
+    assert_eq!(other.call(&["SETNX", "lock:m", "2"]).await, "+QUEUED\r\n");
+    assert_eq!(other.call(&["DEL", "lock:m"]).await, "+QUEUED\r\n");
+    assert_eq!(other.call(&["EXEC"]).await, "*2\r\n:0\r\n:0\r\n");
+    assert_eq!(get(&mut r, "lock:m").await.as_deref(), Some("1"));
+
+    // WATCH decides.
+    assert_eq!(c.call(&["WATCH", "data:w"]).await, "+OK\r\n");
+    assert_eq!(r.call(&["SET", "data:w", "changed"]).await, "+OK\r\n");
+    assert_eq!(c.call(&["MULTI"]).await, "+OK\r\n");
+    assert_eq!(c.call(&["DEL", "lock:m"]).await, "+QUEUED\r\n");
+    assert_eq!(c.call(&["EXEC"]).await, "*-1\r\n");
+    assert!(exists(&mut r, "lock:m").await, "nothing ran");
+
+    // Mixed: refused whole.
+    assert_eq!(c.call(&["MULTI"]).await, "+OK\r\n");
     assert_eq!(c.call(&["SET", "data:m", "1"]).await, "+QUEUED\r\n");
-    let queued = c.call(&["SETNX", "lock:m", "1"]).await;
-    assert!(queued.starts_with("-ERR unknown command"), "{queued}");
+    assert_eq!(c.call(&["DEL", "lock:m"]).await, "+QUEUED\r\n");
     let exec = c.call(&["EXEC"]).await;
-    assert!(exec.starts_with("-EXECABORT"), "{exec}");
-    assert!(!exists(&mut r, "lock:m").await);
+    assert!(
+        exec.starts_with("-EXECABORT lockgate: the server refuses scripts"),
+        "{exec}"
+    );
     assert!(!exists(&mut r, "data:m").await);
+    assert!(exists(&mut r, "lock:m").await);
+    assert_eq!(c.call(&["DEL", "lock:m"]).await, ":1\r\n");
+    lg2.stop().await;
     lg.stop().await;
 }
