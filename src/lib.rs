@@ -35,6 +35,8 @@
 //! - [`http`]: `/metrics`, `/healthz`, `/readyz`, the status page.
 //! - [`exposition`]: Prometheus text from every room's counters.
 //! - [`sentinel`]: following the primary through Redis Sentinel.
+//! - [`cluster`]: Redis Cluster's hash slots and slot map (routing by slot
+//!   is not built yet).
 //! - [`upstream`]: `Connector`, one shared connection per Redis, the primary,
 //!   the sessions' shared connections (`proxy.upstream = "shared"`).
 //! - [`tls`]: rustls configurations, reloads, plain-or-TLS streams.
@@ -101,6 +103,7 @@
 #![allow(rustdoc::private_intra_doc_links)]
 
 pub(crate) mod admin;
+pub mod cluster;
 pub mod command;
 pub mod config;
 pub mod context;

@@ -16,6 +16,7 @@ mod auth_resp3;
 mod binary;
 mod blocking;
 mod clients;
+mod cluster_map;
 mod differential;
 mod event_loops;
 mod eviction;

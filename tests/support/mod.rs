@@ -37,6 +37,7 @@
 pub mod abusive;
 pub mod binary;
 pub mod browser;
+pub mod cluster;
 pub mod locks;
 pub mod ops;
 pub mod passthrough;
