@@ -413,3 +413,41 @@ async fn lock_commands_inside_multi_run_at_exec_and_mixed_transactions_abort() {
     lg2.stop().await;
     lg.stop().await;
 }
+
+/// A restarted Redis closed lockgate's idle transaction connections: the
+/// first lock command after it finds one dead, and is carried out on a
+/// fresh connection, not answered an error (reads change nothing, so
+/// they are sent again; a lost `EXEC` is never resent).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_redis_costs_no_lock_command_an_error() {
+    let mut redis = without_scripts();
+    let lg = Lockgate::start_with(support::locks::config(&redis.addr(), "a", 20_000)).await;
+    until!("the server seen without scripts", scriptless(&lg));
+    let mut c = RawClient::connect(lg.addr).await;
+    assert_eq!(c.call(&["SETNX", "lock:r", "1"]).await, ":1\r\n");
+    assert_eq!(c.call(&["DEL", "lock:r"]).await, ":1\r\n");
+    redis.restart();
+    // Until lockgate's own connection has seen the restarted server again
+    // (scripts refused still), then a session of its own to it.
+    until!(
+        "lockgate's own connection back",
+        lg.ctx
+            .primary
+            .state
+            .up
+            .load(std::sync::atomic::Ordering::Relaxed)
+            && lg
+                .ctx
+                .primary
+                .state
+                .connects
+                .load(std::sync::atomic::Ordering::Relaxed)
+                >= 2
+    );
+    let mut c = RawClient::connect(lg.addr).await;
+    assert_eq!(c.call(&["SETNX", "lock:r", "2"]).await, ":1\r\n");
+    assert_eq!(c.call(&["DEL", "lock:r"]).await, ":1\r\n");
+    let txn = &lg.ctx.locks.transactions().expect("transactions").metrics;
+    assert_eq!(m(&txn.failures), 0);
+    lg.stop().await;
+}

@@ -146,7 +146,9 @@ impl Transactions {
             };
         }
         let mut conn = self.pool.checkout(timeout).await?;
-        for _ in 0..self.retries {
+        let mut tries = 0;
+        while tries < self.retries {
+            tries += 1;
             let mut ask = Vec::with_capacity(3 + reads.len());
             if conn.watching {
                 ask.push(resp::cmd(&[b"UNWATCH"]));
@@ -160,7 +162,20 @@ impl Transactions {
             let skip = ask.len();
             ask.extend(reads.iter().cloned());
             // A failed exchange leaves the connection mid-reply: dropped.
-            let replies = conn.ask(&ask, timeout).await?;
+            // On a connection kept idle, Redis may have closed it (a
+            // restart): the reads change nothing, so they go again on a
+            // new connection, once.
+            let replies = match conn.ask(&ask, timeout).await {
+                Ok(replies) => replies,
+                Err(TxnError::Upstream(_)) if conn.reused => {
+                    drop(conn);
+                    self.pool.clear_idle();
+                    conn = self.pool.checkout(timeout).await?;
+                    tries -= 1;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             if let Some(e) = replies[..skip].iter().find(|r| resp::is_err(r)) {
                 return Ok(e.clone());
             }

@@ -31,6 +31,9 @@ pub(super) struct Conn {
     pub watching: bool,
     /// The primary's generation it was opened to (Sentinel).
     generation: Option<u64>,
+    /// Kept idle since an earlier transaction (it may have been closed
+    /// by Redis since: a restart).
+    pub reused: bool,
     _permit: OwnedSemaphorePermit,
 }
 
@@ -86,6 +89,7 @@ impl Pool {
                 db: c.db,
                 watching: c.watching,
                 generation: c.generation,
+                reused: true,
                 _permit: permit,
             });
         }
@@ -96,8 +100,15 @@ impl Pool {
             db: 0,
             watching: false,
             generation,
+            reused: false,
             _permit: permit,
         })
+    }
+
+    /// Closes every idle connection (one was found closed by Redis: the
+    /// others, opened before the same restart, are too).
+    pub fn clear_idle(&self) {
+        sync::lock(&self.idle).clear();
     }
 
     /// Gives back a connection whose every reply was read.
