@@ -35,8 +35,8 @@
 //! - [`http`]: `/metrics`, `/healthz`, `/readyz`, the status page.
 //! - [`exposition`]: Prometheus text from every room's counters.
 //! - [`sentinel`]: following the primary through Redis Sentinel.
-//! - [`cluster`]: Redis Cluster's hash slots and slot map (routing by slot
-//!   is not built yet).
+//! - [`cluster`]: Redis Cluster's hash slots, slot map and redirections
+//!   (routing by slot is not built yet).
 //! - [`upstream`]: `Connector`, one shared connection per Redis, the primary,
 //!   the sessions' shared connections (`proxy.upstream = "shared"`).
 //! - [`tls`]: rustls configurations, reloads, plain-or-TLS streams.

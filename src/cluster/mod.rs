@@ -1,9 +1,12 @@
-//! Redis Cluster behind lockgate (issue 27, in progress): the pieces that
-//! know what a cluster is, with no socket of their own. [`slot`] computes
-//! a key's hash slot as Redis does; [`map`] reads which node serves each
-//! slot from a node's `CLUSTER SHARDS` or `CLUSTER SLOTS` reply. Routing
-//! clients' commands by slot is not built yet: lockgate still speaks to
-//! one primary (docs/cluster.md).
+//! Redis Cluster behind lockgate (issue 27, in progress). [`slot`]
+//! computes a key's hash slot as Redis does; [`map`] reads which node
+//! serves each slot from a node's `CLUSTER SHARDS` or `CLUSTER SLOTS`
+//! reply; [`topology`] asks the seeds for it and says when to ask again;
+//! [`redirect`] reads `MOVED` and `ASK`. Routing clients' commands by slot
+//! is not built yet: lockgate still speaks to one primary
+//! (docs/cluster.md).
 
 pub mod map;
+pub mod redirect;
 pub mod slot;
+pub mod topology;
