@@ -2,10 +2,13 @@
 //! computes a key's hash slot as Redis does; [`map`] reads which node
 //! serves each slot from a node's `CLUSTER SHARDS` or `CLUSTER SLOTS`
 //! reply; [`topology`] asks the seeds for it and says when to ask again;
-//! [`redirect`] reads `MOVED` and `ASK`. Routing clients' commands by slot
+//! [`redirect`] reads `MOVED` and `ASK`; [`facade`] answers a
+//! cluster-aware client as a cluster of one node, lockgate. Routing
+//! clients' commands by slot
 //! is not built yet: lockgate still speaks to one primary
 //! (docs/cluster.md).
 
+pub mod facade;
 pub mod map;
 pub mod redirect;
 pub mod slot;

@@ -19,6 +19,9 @@ pub enum LocalReply {
     Bulk(Bytes),
     /// An array of replies.
     Array(Vec<LocalReply>),
+    /// A map: `%n` and its pairs in RESP3, a flat array of the pairs in
+    /// RESP2 (as Redis answers `CONFIG GET`, `CLUSTER SHARDS`…).
+    Map(Vec<(LocalReply, LocalReply)>),
     /// A complete reply as Redis sent it (from a lock master).
     Raw(Bytes),
 }
@@ -64,6 +67,23 @@ impl LocalReply {
                 out.put_slice(b"\r\n");
                 for item in items {
                     item.encode(resp3, out);
+                }
+            }
+            LocalReply::Map(pairs) => {
+                match resp3 {
+                    true => {
+                        out.put_u8(b'%');
+                        decimal(out, pairs.len() as u64);
+                    }
+                    false => {
+                        out.put_u8(b'*');
+                        decimal(out, 2 * pairs.len() as u64);
+                    }
+                }
+                out.put_slice(b"\r\n");
+                for (k, v) in pairs {
+                    k.encode(resp3, out);
+                    v.encode(resp3, out);
                 }
             }
         }
@@ -160,5 +180,11 @@ mod tests {
             &LocalReply::Bulk(Bytes::from_static(b"ab")).to_bytes(false)[..],
             b"$2\r\nab\r\n"
         );
+        let map = LocalReply::Map(vec![(
+            LocalReply::Bulk(Bytes::from_static(b"k")),
+            LocalReply::Integer(1),
+        )]);
+        assert_eq!(&map.to_bytes(true)[..], b"%1\r\n$1\r\nk\r\n:1\r\n");
+        assert_eq!(&map.to_bytes(false)[..], b"*2\r\n$1\r\nk\r\n:1\r\n");
     }
 }
