@@ -2,13 +2,15 @@
 //! computes a key's hash slot as Redis does; [`map`] reads which node
 //! serves each slot from a node's `CLUSTER SHARDS` or `CLUSTER SLOTS`
 //! reply; [`topology`] asks the seeds for it and says when to ask again;
-//! [`redirect`] reads `MOVED` and `ASK`; [`facade`] answers a
+//! [`redirect`] reads `MOVED` and `ASK`; [`keys`] finds a command's keys
+//! from the server's own key specifications; [`facade`] answers a
 //! cluster-aware client as a cluster of one node, lockgate. Routing
 //! clients' commands by slot
 //! is not built yet: lockgate still speaks to one primary
 //! (docs/cluster.md).
 
 pub mod facade;
+pub mod keys;
 pub mod map;
 pub mod redirect;
 pub mod slot;

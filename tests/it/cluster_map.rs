@@ -7,9 +7,11 @@
 
 use crate::support;
 
+use lockgate::cluster::keys::{slot_of, CrossSlot, KeyTable, KeysError};
 use lockgate::cluster::map::SlotMap;
 use lockgate::cluster::slot::key_slot;
 use lockgate::cluster::topology;
+use redis_protocol::resp2::types::OwnedFrame;
 use support::cluster::Cluster;
 use support::RawClient;
 
@@ -101,4 +103,93 @@ async fn the_map_is_read_from_any_seed_and_follows_a_moved_slot() {
         Some((false, slot, target.clone())),
         "{redirected}"
     );
+}
+
+/// The keys lockgate finds from the server's own key specifications are
+/// the keys the server finds (`COMMAND GETKEYS`), for commands of every
+/// shape: a fixed position, pairs, a count in an argument, after a
+/// keyword, subcommands; and a command whose keys the specs cannot all
+/// give is said so, not guessed. On Redis 7.0 and Valkey 9.1.
+#[tokio::test]
+async fn keys_are_found_as_the_server_finds_them() {
+    let redis = support::RedisServer::start();
+    keys_as_on(&redis.addr()).await;
+    let valkey = support::RedisServer::start_valkey(&[]);
+    keys_as_on(&valkey.addr()).await;
+}
+
+async fn keys_as_on(addr: &str) {
+    let mut r = RawClient::connect(addr).await;
+    let table = KeyTable::from_command(&r.call_raw(&["COMMAND"]).await).expect("COMMAND");
+    assert!(table.len() > 200, "{} commands", table.len());
+    let commands: &[&[&str]] = &[
+        &["GET", "k"],
+        &["SET", "k", "v", "EX", "10", "GET"],
+        &["MSET", "a", "1", "b", "2", "c", "3"],
+        &["MGET", "a", "b", "c"],
+        &["DEL", "a", "b"],
+        &["EVAL", "return 1", "2", "k1", "k2", "arg"],
+        &[
+            "EVALSHA",
+            "0000000000000000000000000000000000000000",
+            "1",
+            "k1",
+        ],
+        &["ZUNIONSTORE", "dst", "2", "s1", "s2", "WEIGHTS", "1", "2"],
+        &["XREAD", "COUNT", "2", "STREAMS", "s1", "s2", "0", "0"],
+        &["XREADGROUP", "GROUP", "g", "c", "STREAMS", "s1", ">"],
+        &["XGROUP", "CREATE", "s", "g", "$"],
+        &["OBJECT", "ENCODING", "k"],
+        &["LMOVE", "a", "b", "LEFT", "RIGHT"],
+        &["BLMPOP", "0", "2", "l1", "l2", "LEFT"],
+        &["SINTERCARD", "2", "a", "b", "LIMIT", "1"],
+        &["RENAME", "a", "b"],
+        &[
+            "GEOSEARCHSTORE",
+            "d",
+            "s",
+            "FROMLONLAT",
+            "0",
+            "0",
+            "BYRADIUS",
+            "1",
+            "km",
+        ],
+        &["BITOP", "AND", "d", "a", "b"],
+        &["PING"],
+        &["PUBLISH", "ch", "m"],
+    ];
+    for args in commands {
+        let ours = table.keys(&args.iter().map(|a| a.as_bytes()).collect::<Vec<_>>());
+        let mut getkeys = vec!["COMMAND", "GETKEYS"];
+        getkeys.extend_from_slice(args);
+        let theirs = r.call_raw(&getkeys).await;
+        let theirs: Vec<Vec<u8>> = match redis_protocol::resp2::decode::decode(&theirs) {
+            Ok(Some((OwnedFrame::Array(keys), _))) => keys
+                .into_iter()
+                .map(|k| match k {
+                    OwnedFrame::BulkString(b) => b,
+                    other => panic!("{other:?}"),
+                })
+                .collect(),
+            // "The command has no key arguments"
+            Ok(Some((OwnedFrame::Error(_), _))) => Vec::new(),
+            other => panic!("{args:?}: {other:?}"),
+        };
+        let ours: Vec<Vec<u8>> = ours
+            .unwrap_or_else(|e| panic!("{args:?}: {e}"))
+            .into_iter()
+            .map(|k| k.to_vec())
+            .collect();
+        assert_eq!(ours, theirs, "{args:?} on {addr}");
+    }
+    // SORT's BY and GET name keys the specs cannot give.
+    let sort: Vec<&[u8]> = vec![b"SORT", b"k", b"BY", b"w_*"];
+    assert_eq!(table.keys(&sort), Err(KeysError::Incomplete));
+    let unknown: Vec<&[u8]> = vec![b"NOSUCH", b"k"];
+    assert!(matches!(table.keys(&unknown), Err(KeysError::Unknown(_))));
+    let short: Vec<&[u8]> = vec![b"ZUNIONSTORE", b"d", b"3", b"a"];
+    assert_eq!(table.keys(&short), Err(KeysError::Syntax));
+    assert_eq!(slot_of(&[b"{o}1", b"{o}2"]), Ok(Some(key_slot(b"o"))));
+    assert_eq!(slot_of(&[b"a", b"b"]), Err(CrossSlot));
 }

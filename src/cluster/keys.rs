@@ -1,0 +1,376 @@
+//! Where a command's keys are, as the server itself describes them: the
+//! key specifications of `COMMAND` (Redis 7, Valkey), read once from a
+//! node, so a command is routed by its keys without a list built into
+//! lockgate (the cluster proxies that keep one refuse what is not on it).
+//! The search is Redis's own (`getKeysUsingKeySpecs` in `db.c`): a spec
+//! begins at an argument index or after a keyword, then takes a range or a
+//! count given by an argument. A spec the server marks `incomplete` (the
+//! keys of `SORT … BY`, `MIGRATE … KEYS`) cannot be followed here.
+
+use std::collections::HashMap;
+
+use redis_protocol::resp2::types::OwnedFrame;
+
+use super::slot::key_slot;
+
+/// Why a command's keys could not be found.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KeysError {
+    /// Upstream: the `COMMAND` reply could not be read.
+    #[error("unreadable COMMAND reply: {0}")]
+    Reply(&'static str),
+    /// Client: a command the server did not describe.
+    #[error("unknown command '{0}'")]
+    Unknown(String),
+    /// Client: its arguments do not hold the keys its spec says (a
+    /// syntax error the server will report).
+    #[error("the arguments do not match the command's key specification")]
+    Syntax,
+    /// Client: its keys cannot all be found from its specification.
+    #[error("the command's keys cannot all be found from its key specification")]
+    Incomplete,
+}
+
+/// The keys a command names are in more than one slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CrossSlot;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Begin {
+    Index(i64),
+    Keyword { keyword: Vec<u8>, startfrom: i64 },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Find {
+    Range {
+        lastkey: i64,
+        keystep: i64,
+        limit: i64,
+    },
+    Keynum {
+        keynumidx: i64,
+        firstkey: i64,
+        keystep: i64,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Spec {
+    begin: Begin,
+    find: Find,
+    incomplete: bool,
+    not_key: bool,
+}
+
+#[derive(Debug, Clone, Default)]
+struct Entry {
+    specs: Vec<Spec>,
+    /// A container (`XGROUP`, `OBJECT`…): its subcommands have the specs.
+    container: bool,
+    /// A spec could not be read (a new kind): keys unknown.
+    unreadable: bool,
+}
+
+/// Every command's key specifications, by lowercase name (`name` or
+/// `name|subcommand`).
+#[derive(Debug, Clone, Default)]
+pub struct KeyTable {
+    commands: HashMap<Vec<u8>, Entry>,
+}
+
+impl KeyTable {
+    /// The table `COMMAND` (RESP2 `reply`) describes.
+    pub fn from_command(reply: &[u8]) -> Result<KeyTable, KeysError> {
+        let frame = match redis_protocol::resp2::decode::decode(reply) {
+            Ok(Some((frame, _))) => frame,
+            _ => return Err(KeysError::Reply("not a whole RESP2 reply")),
+        };
+        let mut table = KeyTable::default();
+        for command in array(frame)? {
+            table.add(command)?;
+        }
+        Ok(table)
+    }
+
+    fn add(&mut self, command: OwnedFrame) -> Result<(), KeysError> {
+        let parts = array(command)?;
+        let name = parts
+            .first()
+            .map(text)
+            .unwrap_or_default()
+            .to_ascii_lowercase();
+        let mut entry = Entry::default();
+        if let Some(OwnedFrame::Array(specs)) = parts.get(8) {
+            for spec in specs {
+                match read_spec(spec) {
+                    Some(s) => entry.specs.push(s),
+                    None => entry.unreadable = true,
+                }
+            }
+        }
+        if let Some(OwnedFrame::Array(subs)) = parts.get(9) {
+            entry.container = !subs.is_empty();
+            for sub in subs {
+                self.add(sub.clone())?;
+            }
+        }
+        self.commands.insert(name.into_bytes(), entry);
+        Ok(())
+    }
+
+    /// The number of commands and subcommands described.
+    pub fn len(&self) -> usize {
+        self.commands.len()
+    }
+
+    /// True when nothing is described.
+    pub fn is_empty(&self) -> bool {
+        self.commands.is_empty()
+    }
+
+    /// The keys of the command `args` (its name first), in the order the
+    /// server would list them (`COMMAND GETKEYS`).
+    pub fn keys<'a>(&self, args: &[&'a [u8]]) -> Result<Vec<&'a [u8]>, KeysError> {
+        let name = args
+            .first()
+            .map(|n| n.to_ascii_lowercase())
+            .unwrap_or_default();
+        let unknown = || KeysError::Unknown(String::from_utf8_lossy(&name).into_owned());
+        let mut entry = self.commands.get(&name).ok_or_else(unknown)?;
+        if entry.container {
+            let mut full = name.clone();
+            full.push(b'|');
+            full.extend(
+                args.get(1)
+                    .map(|s| s.to_ascii_lowercase())
+                    .unwrap_or_default(),
+            );
+            entry = self.commands.get(&full).ok_or_else(unknown)?;
+        }
+        if entry.unreadable {
+            return Err(KeysError::Incomplete);
+        }
+        let argc = args.len() as i64;
+        let mut keys = Vec::new();
+        for spec in entry.specs.iter().filter(|s| !s.not_key) {
+            if spec.incomplete {
+                return Err(KeysError::Incomplete);
+            }
+            let Some(first) = begin(&spec.begin, args) else {
+                continue;
+            };
+            let (first, last, step) = range(&spec.find, first, args)?;
+            if last >= argc || last < first || first >= argc {
+                return Err(KeysError::Syntax);
+            }
+            let mut i = first;
+            while i <= last {
+                keys.push(args[i as usize]);
+                i += step.max(1);
+            }
+        }
+        Ok(keys)
+    }
+}
+
+/// Where a spec's keys begin (`None`: its keyword is absent: no keys).
+fn begin(begin: &Begin, args: &[&[u8]]) -> Option<i64> {
+    let argc = args.len() as i64;
+    match begin {
+        Begin::Index(i) => Some(*i),
+        Begin::Keyword { keyword, startfrom } => {
+            let (start, end) = match *startfrom > 0 {
+                true => (*startfrom, argc - 1),
+                false => (argc + startfrom, 1),
+            };
+            let mut i = start;
+            loop {
+                if i >= argc || i < 1 {
+                    return None;
+                }
+                if args[i as usize].eq_ignore_ascii_case(keyword) {
+                    return Some(i + 1);
+                }
+                if i == end {
+                    return None;
+                }
+                i += if start <= end { 1 } else { -1 };
+            }
+        }
+    }
+}
+
+/// A spec's first and last key index and step, from where it begins.
+fn range(find: &Find, first: i64, args: &[&[u8]]) -> Result<(i64, i64, i64), KeysError> {
+    let argc = args.len() as i64;
+    match *find {
+        Find::Range {
+            lastkey,
+            keystep,
+            limit,
+        } => {
+            let last = match (lastkey >= 0, limit) {
+                (true, _) => first + lastkey,
+                (false, 0) => argc + lastkey,
+                (false, limit) => first + ((argc - first) / limit + lastkey),
+            };
+            Ok((first, last, keystep))
+        }
+        Find::Keynum {
+            keynumidx,
+            firstkey,
+            keystep,
+        } => {
+            let at = first + keynumidx;
+            if keynumidx >= argc - first || at < 0 {
+                return Err(KeysError::Syntax);
+            }
+            let n = crate::protocol::request::string2ll(args[at as usize])
+                .filter(|&n| n >= 0)
+                .ok_or(KeysError::Syntax)?;
+            let first = first + firstkey;
+            Ok((first, first + (n - 1) * keystep.max(1), keystep))
+        }
+    }
+}
+
+/// The one slot of `keys` (`None`: no keys), or [`CrossSlot`].
+pub fn slot_of(keys: &[&[u8]]) -> Result<Option<u16>, CrossSlot> {
+    let mut slots = keys.iter().map(|k| key_slot(k));
+    let Some(first) = slots.next() else {
+        return Ok(None);
+    };
+    match slots.all(|s| s == first) {
+        true => Ok(Some(first)),
+        false => Err(CrossSlot),
+    }
+}
+
+fn array(frame: OwnedFrame) -> Result<Vec<OwnedFrame>, KeysError> {
+    match frame {
+        OwnedFrame::Array(items) => Ok(items),
+        _ => Err(KeysError::Reply("an array expected")),
+    }
+}
+
+fn text(frame: &OwnedFrame) -> String {
+    match frame {
+        OwnedFrame::BulkString(b) | OwnedFrame::SimpleString(b) => {
+            String::from_utf8_lossy(b).into_owned()
+        }
+        _ => String::new(),
+    }
+}
+
+/// A flat `name, value, …` array's field `name`.
+fn field<'a>(items: &'a [OwnedFrame], name: &str) -> Option<&'a OwnedFrame> {
+    items
+        .chunks(2)
+        .find(|pair| pair.first().map(text).as_deref() == Some(name))
+        .and_then(|pair| pair.get(1))
+}
+
+fn int_field(items: &[OwnedFrame], name: &str) -> Option<i64> {
+    match field(items, name)? {
+        OwnedFrame::Integer(n) => Some(*n),
+        _ => None,
+    }
+}
+
+fn items(frame: Option<&OwnedFrame>) -> &[OwnedFrame] {
+    match frame {
+        Some(OwnedFrame::Array(items)) => items,
+        _ => &[],
+    }
+}
+
+/// One key specification (a flat map), or `None` for a kind not known.
+fn read_spec(spec: &OwnedFrame) -> Option<Spec> {
+    let spec = items(Some(spec));
+    let flags: Vec<String> = items(field(spec, "flags")).iter().map(text).collect();
+    let has = |f: &str| flags.iter().any(|x| x.eq_ignore_ascii_case(f));
+    let bs = items(field(spec, "begin_search"));
+    let bs_spec = items(field(bs, "spec"));
+    let begin = match field(bs, "type").map(text).as_deref() {
+        Some("index") => Begin::Index(int_field(bs_spec, "index")?),
+        Some("keyword") => Begin::Keyword {
+            keyword: field(bs_spec, "keyword").map(text)?.into_bytes(),
+            startfrom: int_field(bs_spec, "startfrom")?,
+        },
+        _ => return None,
+    };
+    let fk = items(field(spec, "find_keys"));
+    let fk_spec = items(field(fk, "spec"));
+    let find = match field(fk, "type").map(text).as_deref() {
+        Some("range") => Find::Range {
+            lastkey: int_field(fk_spec, "lastkey")?,
+            keystep: int_field(fk_spec, "keystep")?,
+            limit: int_field(fk_spec, "limit")?,
+        },
+        Some("keynum") => Find::Keynum {
+            keynumidx: int_field(fk_spec, "keynumidx")?,
+            firstkey: int_field(fk_spec, "firstkey")?,
+            keystep: int_field(fk_spec, "keystep")?,
+        },
+        _ => return None,
+    };
+    Some(Spec {
+        begin,
+        find,
+        incomplete: has("incomplete"),
+        not_key: has("not_key"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_of_keys() {
+        assert_eq!(slot_of(&[]), Ok(None));
+        assert_eq!(slot_of(&[b"foo"]), Ok(Some(12_182)));
+        assert_eq!(slot_of(&[b"{u}a", b"{u}b"]), Ok(Some(key_slot(b"u"))));
+        assert_eq!(slot_of(&[b"foo", b"bar"]), Err(CrossSlot));
+    }
+
+    /// The searches of Redis's key specs, on hand-made specs.
+    #[test]
+    fn begin_and_find_as_redis_does() {
+        let args: Vec<&[u8]> = vec![
+            b"XREAD", b"COUNT", b"2", b"STREAMS", b"s1", b"s2", b"0", b"0",
+        ];
+        let kw = Begin::Keyword {
+            keyword: b"STREAMS".to_vec(),
+            startfrom: 1,
+        };
+        assert_eq!(begin(&kw, &args), Some(4));
+        let half = Find::Range {
+            lastkey: -1,
+            keystep: 1,
+            limit: 2,
+        };
+        assert_eq!(range(&half, 4, &args), Ok((4, 5, 1)));
+        let none: Vec<&[u8]> = vec![b"XREAD", b"COUNT", b"2"];
+        assert_eq!(begin(&kw, &none), None);
+        let zu: Vec<&[u8]> = vec![
+            b"ZUNIONSTORE",
+            b"d",
+            b"2",
+            b"a",
+            b"b",
+            b"WEIGHTS",
+            b"1",
+            b"2",
+        ];
+        let num = Find::Keynum {
+            keynumidx: 0,
+            firstkey: 1,
+            keystep: 1,
+        };
+        assert_eq!(range(&num, 2, &zu), Ok((3, 4, 1)));
+        let bad: Vec<&[u8]> = vec![b"ZUNIONSTORE", b"d", b"x"];
+        assert_eq!(range(&num, 2, &bad), Err(KeysError::Syntax));
+    }
+}
