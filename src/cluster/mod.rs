@@ -3,7 +3,8 @@
 //! serves each slot from a node's `CLUSTER SHARDS` or `CLUSTER SLOTS`
 //! reply; [`topology`] asks the seeds for it and says when to ask again;
 //! [`redirect`] reads `MOVED` and `ASK`; [`keys`] finds a command's keys
-//! from the server's own key specifications; [`facade`] answers a
+//! from the server's own key specifications; [`split`] splits a
+//! multi-key command per slot and merges the answers; [`facade`] answers a
 //! cluster-aware client as a cluster of one node, lockgate. Routing
 //! clients' commands by slot
 //! is not built yet: lockgate still speaks to one primary
@@ -14,4 +15,5 @@ pub mod keys;
 pub mod map;
 pub mod redirect;
 pub mod slot;
+pub mod split;
 pub mod topology;

@@ -10,7 +10,9 @@ use crate::support;
 use lockgate::cluster::keys::{slot_of, CrossSlot, KeyTable, KeysError};
 use lockgate::cluster::map::SlotMap;
 use lockgate::cluster::slot::key_slot;
+use lockgate::cluster::split;
 use lockgate::cluster::topology;
+use lockgate::protocol::encode::LocalReply;
 use redis_protocol::resp2::types::OwnedFrame;
 use support::cluster::Cluster;
 use support::RawClient;
@@ -192,4 +194,61 @@ async fn keys_as_on(addr: &str) {
     assert_eq!(table.keys(&short), Err(KeysError::Syntax));
     assert_eq!(slot_of(&[b"{o}1", b"{o}2"]), Ok(Some(key_slot(b"o"))));
     assert_eq!(slot_of(&[b"a", b"b"]), Err(CrossSlot));
+}
+
+/// A reply as a `LocalReply`, to merge and compare.
+fn local(raw: &[u8]) -> LocalReply {
+    fn of(f: OwnedFrame) -> LocalReply {
+        match f {
+            OwnedFrame::SimpleString(s) if s == b"OK" => LocalReply::Status("OK"),
+            OwnedFrame::SimpleString(s) | OwnedFrame::BulkString(s) => LocalReply::Bulk(s.into()),
+            OwnedFrame::Error(e) => LocalReply::Error(e.into_bytes().into()),
+            OwnedFrame::Integer(n) => LocalReply::Integer(n),
+            OwnedFrame::Array(items) => LocalReply::Array(items.into_iter().map(of).collect()),
+            OwnedFrame::Null => LocalReply::Null,
+        }
+    }
+    match redis_protocol::resp2::decode::decode(raw) {
+        Ok(Some((f, _))) => of(f),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Multi-key commands across slots, split per slot, each part sent to the
+/// primary the map names, merged: the same replies one Redis gives to the
+/// whole commands, in the same sequence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn split_commands_answer_as_one_redis_does() {
+    let cluster = Cluster::start(3, 0);
+    let (map, _) = topology::fetch(&lockgate::Config::default(), &[cluster.seed()])
+        .await
+        .expect("a map");
+    let single = support::RedisServer::start();
+    let mut one = RawClient::connect(single.addr()).await;
+    let steps: &[&[&str]] = &[
+        &["MSET", "a", "1", "b", "2", "c", "3", "{a}x", "4"],
+        &["MGET", "a", "b", "nope", "c", "{a}x"],
+        &["EXISTS", "a", "b", "nope", "a"],
+        &["TOUCH", "c", "nope", "b"],
+        &["DEL", "a", "nope", "{a}x"],
+        &["MGET", "a", "b", "{a}x"],
+        &["UNLINK", "b", "c"],
+        &["EXISTS", "b", "c"],
+    ];
+    for args in steps {
+        let bytes: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
+        let s = split::split(&bytes).unwrap_or_else(|| panic!("{args:?} spans slots"));
+        let mut replies = Vec::new();
+        for part in &s.parts {
+            let node = &map.shard_of_slot(part.slot).expect("served").primary;
+            let mut n = RawClient::connect(node).await;
+            n.send(&part.command).await;
+            replies.push(local(&n.read_raw_frames(1).await));
+        }
+        let direct = local(&one.call_raw(args).await);
+        assert_eq!(s.merge(&replies), direct, "{args:?}");
+    }
+    let not: Vec<&[u8]> = vec![b"SUNIONSTORE", b"a", b"b"];
+    assert_eq!(split::split(&not), None);
+    assert!(split::CROSSSLOT.starts_with("CROSSSLOT "));
 }
