@@ -62,7 +62,9 @@ pub fn split(args: &[&[u8]]) -> Option<Split> {
     if rest.is_empty() || rest.len() % stride != 0 {
         return None;
     }
-    let mut parts: Vec<(u16, Vec<&[u8]>, Vec<usize>)> = Vec::new();
+    // Per slot: its arguments and its keys' positions.
+    type Gathered<'a> = (u16, Vec<&'a [u8]>, Vec<usize>);
+    let mut parts: Vec<Gathered> = Vec::new();
     for (i, group) in rest.chunks(stride).enumerate() {
         let slot = key_slot(group[0]);
         match parts.iter_mut().find(|p| p.0 == slot) {
