@@ -4,7 +4,9 @@
 //! reply; [`topology`] asks the seeds for it and says when to ask again;
 //! [`redirect`] reads `MOVED` and `ASK`; [`keys`] finds a command's keys
 //! from the server's own key specifications; [`split`] splits a
-//! multi-key command per slot and merges the answers; [`facade`] answers a
+//! multi-key command per slot and merges the answers; [`tx`] keeps a
+//! transaction in one slot; [`scan`] composes `SCAN`'s cursor over every
+//! primary; [`facade`] answers a
 //! cluster-aware client as a cluster of one node, lockgate. Routing
 //! clients' commands by slot
 //! is not built yet: lockgate still speaks to one primary
@@ -14,6 +16,8 @@ pub mod facade;
 pub mod keys;
 pub mod map;
 pub mod redirect;
+pub mod scan;
 pub mod slot;
 pub mod split;
 pub mod topology;
+pub mod tx;

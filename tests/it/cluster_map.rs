@@ -9,6 +9,7 @@ use crate::support;
 
 use lockgate::cluster::keys::{slot_of, CrossSlot, KeyTable, KeysError};
 use lockgate::cluster::map::SlotMap;
+use lockgate::cluster::scan;
 use lockgate::cluster::slot::key_slot;
 use lockgate::cluster::split;
 use lockgate::cluster::topology;
@@ -251,4 +252,54 @@ async fn split_commands_answer_as_one_redis_does() {
     let not: Vec<&[u8]> = vec![b"SUNIONSTORE", b"a", b"b"];
     assert_eq!(split::split(&not), None);
     assert!(split::CROSSSLOT.starts_with("CROSSSLOT "));
+}
+
+/// `SCAN` walked over every primary with the composed cursor returns
+/// every key of the cluster, and ends at cursor 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scan_walks_every_primary_with_one_cursor() {
+    let cluster = Cluster::start(3, 0);
+    let (map, _) = topology::fetch(&lockgate::Config::default(), &[cluster.seed()])
+        .await
+        .expect("a map");
+    let mut primaries: Vec<String> = map.shards().iter().map(|s| s.primary.clone()).collect();
+    primaries.sort();
+    let mut written = std::collections::BTreeSet::new();
+    for i in 0..300 {
+        let key = format!("scan:{i}");
+        let node = &map.shard_of_key(key.as_bytes()).expect("served").primary;
+        let mut n = RawClient::connect(node).await;
+        assert_eq!(n.call_s(&["SET", &key, "v"]).await, "+OK\r\n");
+        written.insert(key);
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    let mut cursor = 0u64;
+    let mut rounds = 0;
+    loop {
+        rounds += 1;
+        assert!(rounds < 1_000, "the walk ends");
+        let at = scan::place(cursor, primaries.len()).expect("a cursor of ours");
+        let mut n = RawClient::connect(&primaries[at.primary]).await;
+        let reply = n
+            .call_raw(&["SCAN", &at.cursor.to_string(), "COUNT", "20"])
+            .await;
+        let Ok(Some((OwnedFrame::Array(parts), _))) = redis_protocol::resp2::decode::decode(&reply)
+        else {
+            panic!("SCAN reply");
+        };
+        let (OwnedFrame::BulkString(next), OwnedFrame::Array(keys)) = (&parts[0], &parts[1]) else {
+            panic!("SCAN reply shape");
+        };
+        for k in keys {
+            if let OwnedFrame::BulkString(k) = k {
+                seen.insert(String::from_utf8_lossy(k).into_owned());
+            }
+        }
+        let next: u64 = std::str::from_utf8(next).unwrap().parse().unwrap();
+        cursor = scan::next_cursor(at.primary, next, primaries.len()).expect("carried");
+        if cursor == 0 {
+            break;
+        }
+    }
+    assert_eq!(seen, written);
 }
