@@ -112,7 +112,9 @@ mod tests {
     fn a_transaction_stays_in_one_slot_as_on_a_cluster() {
         use Event::*;
         use Verdict::*;
-        let rows: &[(&str, &[(Event, bool, Verdict)])] = &[
+        // (name, steps: event, is EXEC, verdict)
+        type Steps<'a> = &'a [(Event, bool, Verdict)];
+        let rows: &[(&str, Steps)] = &[
             (
                 "MULTI SET a SET {a}x EXEC",
                 &[
