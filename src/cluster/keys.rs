@@ -132,6 +132,17 @@ impl KeyTable {
     /// The keys of the command `args` (its name first), in the order the
     /// server would list them (`COMMAND GETKEYS`).
     pub fn keys<'a>(&self, args: &[&'a [u8]]) -> Result<Vec<&'a [u8]>, KeysError> {
+        self.find(args, false)
+    }
+
+    /// What decides the node of the command `args`: its keys and the
+    /// arguments the server hashes to a slot without calling them keys
+    /// (`not_key`: the shard channels of `SPUBLISH`, `SSUBSCRIBE`).
+    pub fn routing_args<'a>(&self, args: &[&'a [u8]]) -> Result<Vec<&'a [u8]>, KeysError> {
+        self.find(args, true)
+    }
+
+    fn find<'a>(&self, args: &[&'a [u8]], not_keys: bool) -> Result<Vec<&'a [u8]>, KeysError> {
         let name = args
             .first()
             .map(|n| n.to_ascii_lowercase())
@@ -153,7 +164,7 @@ impl KeyTable {
         }
         let argc = args.len() as i64;
         let mut keys = Vec::new();
-        for spec in entry.specs.iter().filter(|s| !s.not_key) {
+        for spec in entry.specs.iter().filter(|s| not_keys || !s.not_key) {
             if spec.incomplete {
                 return Err(KeysError::Incomplete);
             }

@@ -193,6 +193,12 @@ async fn keys_as_on(addr: &str) {
     assert!(matches!(table.keys(&unknown), Err(KeysError::Unknown(_))));
     let short: Vec<&[u8]> = vec![b"ZUNIONSTORE", b"d", b"3", b"a"];
     assert_eq!(table.keys(&short), Err(KeysError::Syntax));
+    // A shard channel is no key, but it is what routes the command.
+    let spublish: Vec<&[u8]> = vec![b"SPUBLISH", b"ch", b"m"];
+    assert_eq!(table.keys(&spublish), Ok(vec![]));
+    assert_eq!(table.routing_args(&spublish), Ok(vec![&b"ch"[..]]));
+    let ssub: Vec<&[u8]> = vec![b"SSUBSCRIBE", b"c1", b"c2"];
+    assert_eq!(table.routing_args(&ssub), Ok(vec![&b"c1"[..], b"c2"]));
     assert_eq!(slot_of(&[b"{o}1", b"{o}2"]), Ok(Some(key_slot(b"o"))));
     assert_eq!(slot_of(&[b"a", b"b"]), Err(CrossSlot));
 }
