@@ -6,13 +6,15 @@
 //! from the server's own key specifications; [`split`] splits a
 //! multi-key command per slot and merges the answers; [`tx`] keeps a
 //! transaction in one slot; [`scan`] composes `SCAN`'s cursor over every
-//! primary; [`facade`] answers a
+//! primary; [`fanout`] spreads and merges keyspace-wide commands;
+//! [`facade`] answers a
 //! cluster-aware client as a cluster of one node, lockgate. Routing
 //! clients' commands by slot
 //! is not built yet: lockgate still speaks to one primary
 //! (docs/cluster.md).
 
 pub mod facade;
+pub mod fanout;
 pub mod keys;
 pub mod map;
 pub mod redirect;

@@ -7,6 +7,7 @@
 
 use crate::support;
 
+use lockgate::cluster::fanout;
 use lockgate::cluster::keys::{slot_of, CrossSlot, KeyTable, KeysError};
 use lockgate::cluster::map::SlotMap;
 use lockgate::cluster::scan;
@@ -308,4 +309,56 @@ async fn a_scan_walks_every_primary_with_one_cursor() {
         }
     }
     assert_eq!(seen, written);
+}
+
+/// Keyspace-wide commands over every primary merge into what one Redis
+/// answers for the same keys, and the refusals are a cluster node's own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keyspace_wide_commands_merge_as_one_redis_answers() {
+    let cluster = Cluster::start(3, 0);
+    let (map, _) = topology::fetch(&lockgate::Config::default(), &[cluster.seed()])
+        .await
+        .expect("a map");
+    let single = support::RedisServer::start();
+    let mut one = RawClient::connect(single.addr()).await;
+    for i in 0..50 {
+        let key = format!("wide:{i}");
+        let node = &map.shard_of_key(key.as_bytes()).expect("served").primary;
+        let mut n = RawClient::connect(node).await;
+        assert_eq!(n.call_s(&["SET", &key, "v"]).await, "+OK\r\n");
+        assert_eq!(one.call_s(&["SET", &key, "v"]).await, "+OK\r\n");
+    }
+    let sorted = |r: LocalReply| match r {
+        LocalReply::Array(mut items) => {
+            items.sort_by_key(|i| format!("{i:?}"));
+            LocalReply::Array(items)
+        }
+        other => other,
+    };
+    for args in [
+        &["DBSIZE"][..],
+        &["KEYS", "wide:*"],
+        &["FLUSHALL"],
+        &["DBSIZE"],
+    ] {
+        let bytes: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
+        let f = fanout::fanout(&bytes).expect("keyspace-wide");
+        let mut replies = Vec::new();
+        for shard in map.shards() {
+            let mut n = RawClient::connect(&shard.primary).await;
+            replies.push(local(&n.call_raw(args).await));
+        }
+        let direct = local(&one.call_raw(args).await);
+        assert_eq!(sorted(f.merge(replies)), sorted(direct), "{args:?}");
+    }
+    let mut node = RawClient::connect(cluster.seed()).await;
+    for args in [&["SELECT", "1"][..], &["SWAPDB", "0", "1"]] {
+        let bytes: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
+        let f = fanout::fanout(&bytes).expect("refused");
+        assert_eq!(
+            f.merge(Vec::new()),
+            local(&node.call_raw(args).await),
+            "{args:?}"
+        );
+    }
 }
