@@ -42,11 +42,8 @@ SKIP=(
 	storm_handoff::a_release_hands_the_lock_to_the_parked_attempt_in_one_step
 	storm_handoff::a_storms_first_wave_sends_one_attempt_not_one_per_client
 	# A transaction with lock commands and others (refused whole without
-	# scripts), outcomes inside MULTI that lockgate now sees and counts, and
-	# a MULTI sent the moment lockgate starts, before its own connection
-	# has seen that the server refuses scripts (aborted, never unprotected).
+	# scripts), and outcomes inside MULTI that lockgate now sees and counts.
 	locks_extend::persist_on_a_lock_key_is_refused_also_inside_multi
-	locks_extend::setnx_expire_in_multi_loser_does_not_touch_the_holders_lease
 	locks_release::a_connection_that_lost_in_multi_may_release_the_holders_lock
 	eviction::require_noeviction_refuses_lock_leases_until_the_policy_is_fixed
 	# The quorum's masters and the queue between instances.
