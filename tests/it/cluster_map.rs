@@ -204,6 +204,15 @@ async fn keys_as_on(addr: &str) {
     assert_eq!(slot_of(&[b"a", b"b"]), Err(CrossSlot));
 }
 
+/// A cluster of three primaries and its slot map.
+async fn three_primaries() -> (Cluster, SlotMap) {
+    let cluster = Cluster::start(3, 0);
+    let (map, _) = topology::fetch(&lockgate::Config::default(), &[cluster.seed()])
+        .await
+        .expect("a map");
+    (cluster, map)
+}
+
 /// A reply as a `LocalReply`, to merge and compare.
 fn local(raw: &[u8]) -> LocalReply {
     fn of(f: OwnedFrame) -> LocalReply {
@@ -227,10 +236,7 @@ fn local(raw: &[u8]) -> LocalReply {
 /// whole commands, in the same sequence.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn split_commands_answer_as_one_redis_does() {
-    let cluster = Cluster::start(3, 0);
-    let (map, _) = topology::fetch(&lockgate::Config::default(), &[cluster.seed()])
-        .await
-        .expect("a map");
+    let (_cluster, map) = three_primaries().await;
     let single = support::RedisServer::start();
     let mut one = RawClient::connect(single.addr()).await;
     let steps: &[&[&str]] = &[
@@ -265,10 +271,7 @@ async fn split_commands_answer_as_one_redis_does() {
 /// every key of the cluster, and ends at cursor 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_scan_walks_every_primary_with_one_cursor() {
-    let cluster = Cluster::start(3, 0);
-    let (map, _) = topology::fetch(&lockgate::Config::default(), &[cluster.seed()])
-        .await
-        .expect("a map");
+    let (_cluster, map) = three_primaries().await;
     let mut primaries: Vec<String> = map.shards().iter().map(|s| s.primary.clone()).collect();
     primaries.sort();
     let mut written = std::collections::BTreeSet::new();
@@ -315,10 +318,7 @@ async fn a_scan_walks_every_primary_with_one_cursor() {
 /// answers for the same keys, and the refusals are a cluster node's own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keyspace_wide_commands_merge_as_one_redis_answers() {
-    let cluster = Cluster::start(3, 0);
-    let (map, _) = topology::fetch(&lockgate::Config::default(), &[cluster.seed()])
-        .await
-        .expect("a map");
+    let (cluster, map) = three_primaries().await;
     let single = support::RedisServer::start();
     let mut one = RawClient::connect(single.addr()).await;
     for i in 0..50 {
