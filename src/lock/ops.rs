@@ -80,19 +80,34 @@ pub enum LockOp {
     },
 }
 
-/// Parses the options of `SET key value [opts…]` on a lock key.
-pub fn parse_set(args: &[&[u8]]) -> Option<LockOp> {
-    let (key, value) = (args.get(1)?, args.get(2)?);
-    let (mut nx, mut xx, mut get, mut keepttl) = (false, false, false, false);
-    let mut ttl: Option<(&'static str, Bytes)> = None;
-    let mut i = 3;
-    while i < args.len() {
-        let opt = args[i].to_ascii_uppercase();
+/// The options of `SET key value [opts…]`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SetOptions<'a> {
+    /// `NX`.
+    pub nx: bool,
+    /// `XX`.
+    pub xx: bool,
+    /// `GET`.
+    pub get: bool,
+    /// `KEEPTTL`.
+    pub keepttl: bool,
+    /// The expiry option (`EX`, `PX`, `EXAT`, `PXAT`) and its value.
+    pub ttl: Option<(&'static str, &'a [u8])>,
+}
+
+/// Reads `opts`, the arguments of `SET` after the value, as Redis reads
+/// them; `None` for an option it does not know or a combination it
+/// refuses.
+pub fn set_options<'a>(opts: &[&'a [u8]]) -> Option<SetOptions<'a>> {
+    let mut o = SetOptions::default();
+    let mut i = 0;
+    while i < opts.len() {
+        let opt = opts[i].to_ascii_uppercase();
         match opt.as_slice() {
-            b"NX" => nx = true,
-            b"XX" => xx = true,
-            b"GET" => get = true,
-            b"KEEPTTL" => keepttl = true,
+            b"NX" => o.nx = true,
+            b"XX" => o.xx = true,
+            b"GET" => o.get = true,
+            b"KEEPTTL" => o.keepttl = true,
             b"EX" | b"PX" | b"EXAT" | b"PXAT" => {
                 let kind = match opt.as_slice() {
                     b"EX" => "EX",
@@ -103,19 +118,26 @@ pub fn parse_set(args: &[&[u8]]) -> Option<LockOp> {
                 // Redis refuses two different expiries but takes the same
                 // one twice (the last wins): refusing it here would pass the
                 // command to Redis, which would set the lock unprotected.
-                if ttl.as_ref().is_some_and(|(seen, _)| *seen != kind) {
+                if o.ttl.is_some_and(|(seen, _)| seen != kind) {
                     return None;
                 }
-                ttl = Some((kind, Bytes::copy_from_slice(args.get(i + 1)?)));
+                o.ttl = Some((kind, opts.get(i + 1)?));
                 i += 1;
             }
             _ => return None,
         }
         i += 1;
     }
-    if (nx && xx) || (keepttl && ttl.is_some()) {
+    if (o.nx && o.xx) || (o.keepttl && o.ttl.is_some()) {
         return None;
     }
+    Some(o)
+}
+
+/// Parses the options of `SET key value [opts…]` on a lock key.
+pub fn parse_set(args: &[&[u8]]) -> Option<LockOp> {
+    let (key, value) = (args.get(1)?, args.get(2)?);
+    let SetOptions { nx, get, ttl, .. } = set_options(&args[3..])?;
     if !nx {
         return Some(LockOp::Takeover {
             key: Bytes::copy_from_slice(key),
@@ -130,7 +152,7 @@ pub fn parse_set(args: &[&[u8]]) -> Option<LockOp> {
         key: Bytes::copy_from_slice(key),
         value: Bytes::copy_from_slice(value),
         ttl: match ttl {
-            Some((kind, v)) => Ttl::Given(kind, v),
+            Some((kind, v)) => Ttl::Given(kind, Bytes::copy_from_slice(v)),
             None => Ttl::Default,
         },
         shape: if get { Shape::SetGet } else { Shape::Set },

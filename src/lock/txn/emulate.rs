@@ -15,6 +15,7 @@
 use bytes::Bytes;
 
 use super::resp::{self, as_bulk, as_int, as_simple, cmd, err, facts, int, is_err, NIL, OK};
+use crate::lock::ops::set_options;
 use crate::lock::script;
 
 /// Which script a call is.
@@ -406,10 +407,9 @@ impl Job {
             commands.push(cmd(&args));
         }
         if commands.is_empty() {
-            return Decision::Answer(match self.a(0) {
-                b"1" => facts(int(0), &[0, denied, lapsed, 0, stale, 0, 0, 0]),
-                _ => int(0),
-            });
+            return Decision::Answer(
+                self.facts_or(int(0), &[0, denied, lapsed, 0, stale, 0, 0, 0]),
+            );
         }
         let has_plain = i64::from(self.keys.len() > 4 * n);
         memo.extend([denied, lapsed, stale, has_plain]);
@@ -572,23 +572,22 @@ impl Job {
 
     /// The watchdog's check: the owner record holds this token and the
     /// lock the value acquired with it (`''`: not checked).
-    fn still_held<'r>(&self, reads: &'r [Bytes]) -> Result<(), Option<&'r [u8]>> {
+    fn still_held(&self, reads: &[Bytes]) -> Held {
         if !self.owner_is_token(reads) {
-            return Err(None);
+            return Held::NotOurs;
         }
-        let value = reads.get(1).and_then(|r| as_bulk(r)).flatten();
-        match value {
-            Some(v) if self.a(2).is_empty() || v == self.a(2) => Ok(()),
-            _ => Err(Some(b"")),
+        match reads.get(1).and_then(|r| as_bulk(r)).flatten() {
+            Some(v) if self.a(2).is_empty() || v == self.a(2) => Held::Yes,
+            _ => Held::RecordLeft,
         }
     }
 
     fn renew(&self, reads: &[Bytes]) -> Decision {
         let (lock, rec) = (self.k(0), self.k(1));
         match self.still_held(reads) {
-            Err(None) => return Decision::Answer(int(0)),
-            Err(Some(_)) => return written(vec![cmd(&[b"DEL", rec])], 0),
-            Ok(()) => {}
+            Held::NotOurs => return Decision::Answer(int(0)),
+            Held::RecordLeft => return written(vec![cmd(&[b"DEL", rec])], 0),
+            Held::Yes => {}
         }
         let lease = parse(self.a(1));
         let pttl = reads.get(2).and_then(|r| as_int(r)).unwrap_or(-2);
@@ -607,9 +606,9 @@ impl Job {
     fn release_token(&self, reads: &[Bytes]) -> Decision {
         let (lock, rec) = (self.k(0), self.k(1));
         match self.still_held(reads) {
-            Err(None) => Decision::Answer(int(0)),
-            Err(Some(_)) => written(vec![cmd(&[b"DEL", rec])], 0),
-            Ok(()) => written(vec![cmd(&[b"DEL", lock, rec])], 1),
+            Held::NotOurs => Decision::Answer(int(0)),
+            Held::RecordLeft => written(vec![cmd(&[b"DEL", rec])], 0),
+            Held::Yes => written(vec![cmd(&[b"DEL", lock, rec])], 1),
         }
     }
 
@@ -660,6 +659,18 @@ impl Job {
             1,
         )
     }
+}
+
+/// What the watchdog's check ([`RENEW`](script::RENEW),
+/// [`RELEASE_TOKEN`](script::RELEASE_TOKEN)) found.
+enum Held {
+    /// The owner record and the lock are this acquisition's.
+    Yes,
+    /// The owner record is not this token's: nothing is touched.
+    NotOurs,
+    /// The record is, but the lock is gone or another value (released
+    /// by a script of the client's): the record left behind goes.
+    RecordLeft,
 }
 
 /// Writes whose reply is the integer `n` (memo'd).
@@ -818,30 +829,12 @@ pub(super) fn takeover_after<'a>(
             Ok(if exists { after } else { After::Gone })
         }
         b"SET" if args.len() >= 2 => {
-            let (mut xx, mut get, mut keep) = (false, false, false);
-            let mut ttl: Option<(&[u8], &[u8])> = None;
-            let mut i = 2;
-            while i < args.len() {
-                let opt = args[i].to_ascii_uppercase();
-                match opt.as_slice() {
-                    b"XX" => xx = true,
-                    b"GET" => get = true,
-                    b"KEEPTTL" => keep = true,
-                    _ => {
-                        let kind = expiry_kind(args[i]).ok_or_else(unexact)?;
-                        let n = args.get(i + 1).ok_or_else(unexact)?;
-                        if ttl.is_some_and(|(k, _)| k != kind) {
-                            return Err(unexact());
-                        }
-                        ttl = Some((kind, n));
-                        i += 1;
-                    }
-                }
-                i += 1;
-            }
-            if keep && ttl.is_some() {
-                return Err(unexact());
-            }
+            // NX makes it an acquisition, never a takeover.
+            let o = set_options(&args[2..])
+                .filter(|o| !o.nx)
+                .ok_or_else(unexact)?;
+            let (xx, get, keep) = (o.xx, o.get, o.keepttl);
+            let ttl = o.ttl.map(|(kind, n)| (kind.as_bytes(), n));
             if let Some((kind, n)) = ttl {
                 if let Some(e) = set_ttl_error(kind, n, "set") {
                     return Err(Refused::Here(e));

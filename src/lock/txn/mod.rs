@@ -132,11 +132,6 @@ impl Transactions {
 
     /// Carries out `job` in database `db`, and answers as its script
     /// would have.
-    async fn run_of(&self, job: Job, db: u64, timeout: Duration) -> Result<Bytes, TxnError> {
-        ProxyMetrics::inc(&self.metrics.runs);
-        self.run_job(&job, db, timeout).await
-    }
-
     async fn run_job(&self, job: &Job, db: u64, timeout: Duration) -> Result<Bytes, TxnError> {
         let (watch, reads) = (job.watch(), job.reads());
         if watch.is_empty() && reads.is_empty() {
@@ -353,7 +348,8 @@ impl OnPrimary {
     ) -> Reply {
         let addr = self.addr().to_string();
         Box::pin(async move {
-            let out = txn.run_of(job, db, timeout).await;
+            ProxyMetrics::inc(&txn.metrics.runs);
+            let out = txn.run_job(&job, db, timeout).await;
             if out.is_err() {
                 ProxyMetrics::inc(&txn.metrics.failures);
             }
