@@ -196,6 +196,39 @@ async fn an_acl_without_scripts_is_found_at_the_first_refusal() {
     assert!(txn.scriptless());
     assert!(m(&txn.metrics.runs) >= 3);
     assert_eq!(m(&lg.ctx.locks.metrics.scripts_refused), 0);
+
+    // The way back, without a restart: scripts granted, and once
+    // lockgate's own connection to the primary has opened again (cut
+    // here) it finds `EVALSHA` known, and lock commands go as scripts.
+    let up = || {
+        let s = &lg.ctx.primary.state;
+        (
+            s.up.load(Ordering::Relaxed),
+            s.connects.load(Ordering::Relaxed),
+        )
+    };
+    let connects = up().1;
+    assert_eq!(
+        r.call(&["ACL", "SETUSER", "app", "+@scripting"]).await,
+        "+OK\r\n"
+    );
+    let killed = r.call(&["CLIENT", "KILL", "USER", "app"]).await;
+    assert!(killed.starts_with(':'), "{killed}");
+    until!("lockgate's own connection back", {
+        let (is_up, n) = up();
+        is_up && n > connects
+    });
+    until!("scripts again", !txn.scriptless());
+    let runs = m(&txn.metrics.runs);
+    let evalsha =
+        |stats: &[u8]| support::redis::command_calls(&String::from_utf8_lossy(stats), "evalsha");
+    let before = evalsha(&r.call_raw(&["INFO", "commandstats"]).await);
+    let mut c = RawClient::connect(lg.addr).await;
+    assert_eq!(c.call(&["AUTH", "app", "pw"]).await, "+OK\r\n");
+    assert_eq!(c.call(&["SETNX", "lock:acl", "2"]).await, ":1\r\n");
+    assert_eq!(c.call(&["DEL", "lock:acl"]).await, ":1\r\n");
+    assert!(evalsha(&r.call_raw(&["INFO", "commandstats"]).await) > before);
+    assert_eq!(m(&txn.metrics.runs), runs, "no transaction");
     lg.stop().await;
 }
 
