@@ -127,13 +127,7 @@ impl Routed {
     /// batch ends with it: commands after it are routed and sent upstream
     /// only once it is done, as Redis would run them after it.
     pub(super) fn defer(&mut self, work: admin::Work) {
-        let (done, hold) = tokio::sync::oneshot::channel();
-        self.hold = Some(hold);
-        self.defer_reply(Box::pin(async move {
-            let reply = work.await;
-            let _ = done.send(());
-            reply
-        }));
+        self.defer_gated(work, None);
     }
 
     /// As [`Routed::defer`], for `work` on the same Redis as the client's
@@ -141,20 +135,29 @@ impl Routed {
     /// it starts only once Redis has answered every command sent before
     /// it, as Redis would have run it after them.
     pub(super) fn defer_after(&mut self, work: admin::Work) {
-        let (done, hold) = tokio::sync::oneshot::channel();
         let (open, gate) = tokio::sync::oneshot::channel::<()>();
-        self.hold = Some(hold);
         let work: admin::Work = Box::pin(async move {
             // The writer ended without reaching it: nobody waits for it.
             if gate.await.is_err() {
                 return LocalReply::err("lockgate: connection closed");
             }
+            work.await
+        });
+        self.defer_gated(work, Some(open));
+    }
+
+    /// [`Routed::defer`], the writer opening `gate` when it reaches the
+    /// reply's place.
+    fn defer_gated(&mut self, work: admin::Work, gate: Option<tokio::sync::oneshot::Sender<()>>) {
+        let (done, hold) = tokio::sync::oneshot::channel();
+        self.hold = Some(hold);
+        let work: admin::Work = Box::pin(async move {
             let reply = work.await;
             let _ = done.send(());
             reply
         });
         match self.jobs.defer(work) {
-            Ok(rx) => self.batch.gated(rx, Some(open)),
+            Ok(rx) => self.batch.gated(rx, gate),
             Err(reply) => self.batch.local(reply),
         }
     }
