@@ -13,9 +13,11 @@
 //!    while no majority has kept its data;
 //! 3. on half the seeds one lockgate SIGKILLed and restarted in between.
 //!
-//! Checked, per seed: every worker acquires within `rejoin_delay + 2 ×
+//! Checked, per seed: some worker acquires within `rejoin_delay + 2 ×
 //! lease + 1 s` of the last restart (Redlock's liveness: a majority up
-//! acquires, whatever happened before, without restarting lockgate), no
+//! acquires, whatever happened before, without restarting lockgate), every
+//! worker within that and [`TURN_MS`] more (its turn among six on one
+//! key; who goes first is not FIFO across instances), no
 //! two sections overlapped within their validity, no update was lost, and
 //! fencing tokens grew in grant order throughout (after every master lost
 //! every counter, too: `docs/quorum.md`). Before tokens carried the
@@ -48,10 +50,20 @@ const PER_KIND: usize = 2;
 /// Most masters down at once in the overlapping minorities.
 const MINORITY: usize = 2;
 
-/// What every worker must get within, after the last restart.
+/// What the first grant (any worker's) must come within, after the last
+/// restart: the quorum's liveness.
 fn recovery_bound() -> Duration {
     Duration::from_millis(REJOIN_MS + 2 * LEASE_MS + 1_000)
 }
+
+/// What each worker's own first grant may take on top of
+/// [`recovery_bound`], ms: its turn among six workers on one key
+/// (sections up to 150 ms, a `LOCKGATE LOCK … WAIT` of 400 ms per try,
+/// spinners on the other instance racing a parked waiter here). CI saw a
+/// fencing worker take 4.27 s on a loaded box while the quorum had granted
+/// others 1.2 s after the last restart (seed 5); an unrecovered quorum
+/// grants nobody, so this weakens nothing about recovery.
+const TURN_MS: u64 = 2_000;
 
 /// The processes of one seed.
 struct Run {
@@ -202,7 +214,8 @@ async fn run_seed(seed: u64) -> Outcome {
     }
     let since = j.t(last_restart);
     let bound = recovery_bound();
-    let deadline = last_restart + bound;
+    let turn_bound = bound + Duration::from_millis(TURN_MS);
+    let deadline = last_restart + turn_bound;
     let workers = kinds.len();
     let recovered = |j: &Journal| -> Vec<Option<Duration>> {
         j.with(|r| {
@@ -276,10 +289,17 @@ async fn run_seed(seed: u64) -> Outcome {
             timeline()
         );
     }
+    let first = outcome.recovered.iter().flatten().min().copied();
+    assert!(
+        first.is_some_and(|d| d <= bound),
+        "QUORUM_RECOVERY_SEED={seed}: no worker acquired within {bound:?} of the last restart \
+         (first grant after it: {first:?}); errors {errors:?}\n{}",
+        timeline()
+    );
     for (w, r) in outcome.recovered.iter().enumerate() {
         assert!(
-            r.is_some_and(|d| d <= bound),
-            "QUORUM_RECOVERY_SEED={seed}: worker {w} ({:?}) did not acquire within {bound:?} of \
+            r.is_some_and(|d| d <= turn_bound),
+            "QUORUM_RECOVERY_SEED={seed}: worker {w} ({:?}) did not acquire within {turn_bound:?} of \
              the last restart (first grant after it: {r:?}); errors {errors:?}\n{}",
             kinds[w],
             timeline()
