@@ -37,7 +37,10 @@ pub enum AdminReply {
 pub fn handle(ctx: &Arc<ServerContext>, args: CommandArgs<'_>) -> AdminReply {
     let sub = args.get(1).to_ascii_uppercase();
     match sub.as_slice() {
-        b"LOCK" | b"UNLOCK" | b"EXTEND" => fencing(ctx, &sub, args),
+        b"LOCK" | b"UNLOCK" | b"EXTEND" => match ctx.locks.refused_on_cluster() {
+            Some(refused) => AdminReply::Now(refused),
+            None => fencing(ctx, &sub, args),
+        },
         _ => AdminReply::Now(counters(ctx, &sub, args)),
     }
 }

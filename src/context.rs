@@ -21,6 +21,7 @@ use crate::protocol::request::RequestLimits;
 use crate::sentinel;
 use crate::sync;
 use crate::tls::{Side, Stream, TlsStore};
+use crate::upstream::cluster::ClusterPool;
 use crate::upstream::node::{Node, NodeConfig, Observers};
 use crate::upstream::shared::{SharedPool, UpstreamConnMetrics};
 use crate::upstream::{Connector, Primary, UpstreamError};
@@ -104,6 +105,9 @@ pub struct ServerContext {
     /// The shared connections sessions use with `proxy.upstream =
     /// "shared"` (`None` in dedicated mode).
     pub shared: Option<Arc<SharedPool>>,
+    /// The connections to a Redis Cluster's nodes (`[upstream.cluster]`;
+    /// `None` in front of one primary).
+    pub cluster: Option<Arc<ClusterPool>>,
     /// Counters of the sessions' upstream connections, shared and
     /// dedicated.
     pub upstream_conns: Arc<UpstreamConnMetrics>,
@@ -159,6 +163,12 @@ impl ServerContext {
                     stop.clone(),
                 );
                 followed
+            }
+            // In front of a cluster lockgate's own connection goes to the
+            // first seed (policy readings, wake-ups: pub/sub reaches every
+            // node); sessions go by slot (`ClusterPool`).
+            false if config.upstream.cluster.enabled() => {
+                Primary::fixed(&config.upstream.cluster.seeds[0])
             }
             false => Primary::fixed(&config.upstream.addr),
         };
@@ -232,7 +242,14 @@ impl ServerContext {
         }
         let runtimes = tokio::runtime::Handle::try_current().into_iter().collect();
         let mut ctx = ServerContext::assemble(&config, locks, tls, upstream, runtimes);
-        if config.proxy.upstream == UpstreamMode::Shared {
+        if config.upstream.cluster.enabled() {
+            ctx.cluster = Some(ClusterPool::start(
+                &config,
+                ctx.upstream.clone(),
+                ctx.locks.instance_prefix(),
+                &ctx.stop,
+            ));
+        } else if config.proxy.upstream == UpstreamMode::Shared {
             ctx.shared = Some(SharedPool::start(
                 &config,
                 ctx.upstream.clone(),
@@ -286,6 +303,7 @@ impl ServerContext {
             client_slots: Arc::new(tokio::sync::Semaphore::new(config.proxy.max_clients)),
             runtimes: std::sync::Mutex::new(runtimes),
             shared: None,
+            cluster: None,
             upstream_conns: Arc::default(),
         }
     }
@@ -394,6 +412,9 @@ impl ServerContext {
             self.metrics.counters(),
             self.primary_addr.metrics.counters(),
             self.upstream_conns.counters(),
+            (self.cluster.iter())
+                .flat_map(|c| c.metrics().counters())
+                .collect(),
         ];
         rooms.into_iter().flatten().for_each(&mut f);
         self.locks.each_counter(f);
@@ -417,6 +438,10 @@ impl ServerContext {
     /// connection, at once (a shared connection that is down answers each
     /// command upstream-unavailable).
     pub async fn connect_upstream(&self) -> Result<(Stream, u64), UpstreamError> {
+        if let Some(pool) = &self.cluster {
+            let dedicated = self.config.proxy.upstream == UpstreamMode::Dedicated;
+            return Ok((Stream::Cluster(Box::new(pool.session(dedicated))), 0));
+        }
         if let Some(pool) = &self.shared {
             let generation = self.primary_addr.current().generation;
             return Ok((Stream::Shared(Box::new(pool.session())), generation));

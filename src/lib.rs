@@ -186,6 +186,10 @@ pub async fn run_loops(
     if let Some(admin) = admin {
         tokio::spawn(http::serve(admin, ctx.clone(), ctx.stop.clone()));
     }
+    if let (Some(cluster), Ok(addr)) = (&ctx.cluster, listener.local_addr()) {
+        // Cluster-aware clients are told to come here.
+        cluster.set_listen(addr);
+    }
     let token = CancellationToken::new();
     let watcher = {
         let token = token.clone();

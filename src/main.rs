@@ -28,6 +28,10 @@ struct Cli {
     /// upstream.sentinel.master_name).
     #[arg(long, value_name = "HOST:PORT")]
     upstream: Option<String>,
+    /// A Redis Cluster behind lockgate: seed nodes, comma-separated
+    /// HOST:PORT (overrides upstream.cluster.seeds).
+    #[arg(long, value_name = "HOST:PORT,…", value_delimiter = ',')]
+    upstream_cluster: Option<Vec<String>>,
     /// Lock masters for the Redlock quorum, comma-separated HOST:PORT
     /// (overrides locks.quorum.masters).
     #[arg(long, value_name = "HOST:PORT,…", value_delimiter = ',')]
@@ -58,6 +62,9 @@ fn overrides(cli: &Cli, mut config: Config) -> Config {
     }
     if let Some(upstream) = &cli.upstream {
         config.upstream.addr = upstream.clone();
+    }
+    if let Some(seeds) = &cli.upstream_cluster {
+        config.upstream.cluster.seeds = seeds.clone();
     }
     if let Some(mode) = cli.upstream_mode {
         config.proxy.upstream = mode;

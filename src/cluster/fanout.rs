@@ -17,6 +17,10 @@ pub enum Fanout {
     Concat,
     /// To every primary; `OK` once all are (`FLUSHALL`, `FLUSHDB`).
     AllOk,
+    /// To every primary, which all answer alike; the first answer
+    /// (`SCRIPT LOAD`/`FLUSH`, `FUNCTION LOAD`/`DELETE`/`FLUSH`/`RESTORE`:
+    /// a script loaded on one node only would be `NOSCRIPT` on the others).
+    Same,
     /// Refused, in a cluster's own words.
     Refuse(&'static str),
 }
@@ -29,6 +33,14 @@ pub fn fanout(args: &[&[u8]]) -> Option<Fanout> {
         b"DBSIZE" if args.len() == 1 => Fanout::Sum,
         b"KEYS" if args.len() == 2 => Fanout::Concat,
         b"FLUSHALL" | b"FLUSHDB" => Fanout::AllOk,
+        b"SCRIPT" if args.len() >= 2 => match args[1].to_ascii_uppercase().as_slice() {
+            b"LOAD" | b"FLUSH" => Fanout::Same,
+            _ => return None,
+        },
+        b"FUNCTION" if args.len() >= 2 => match args[1].to_ascii_uppercase().as_slice() {
+            b"LOAD" | b"DELETE" | b"FLUSH" | b"RESTORE" => Fanout::Same,
+            _ => return None,
+        },
         b"SELECT" if args.get(1).is_some_and(|d| *d != b"0") => {
             Fanout::Refuse("ERR SELECT is not allowed in cluster mode")
         }
@@ -67,6 +79,7 @@ impl Fanout {
                 LocalReply::Array(all)
             }
             Fanout::AllOk => LocalReply::Status("OK"),
+            Fanout::Same => replies.into_iter().next().unwrap_or_else(unexpected),
             Fanout::Refuse(text) => LocalReply::Error(bytes::Bytes::from_static(text.as_bytes())),
         }
     }
@@ -91,6 +104,14 @@ mod tests {
             Some(Fanout::Refuse(_))
         ));
         assert_eq!(fanout(&[b"GET", b"k"]), None);
+        assert_eq!(
+            fanout(&[b"script", b"load", b"return 1"]),
+            Some(Fanout::Same)
+        );
+        assert_eq!(fanout(&[b"FUNCTION", b"FLUSH"]), Some(Fanout::Same));
+        assert_eq!(fanout(&[b"SCRIPT", b"EXISTS", b"x"]), None);
+        let sha = LocalReply::Bulk(bytes::Bytes::from_static(b"e0e1"));
+        assert_eq!(Fanout::Same.merge(vec![sha.clone(), sha.clone()]), sha);
         assert_eq!(
             Fanout::Sum.merge(vec![LocalReply::Integer(2), LocalReply::Integer(3)]),
             LocalReply::Integer(5)

@@ -147,6 +147,12 @@ impl SlotMap {
         self.shards.get(usize::from(i))
     }
 
+    /// The index in [`SlotMap::shards`] of the shard that serves `slot`.
+    pub fn shard_index(&self, slot: u16) -> Option<usize> {
+        let i = *self.owner.get(usize::from(slot))?;
+        (i != NONE).then_some(usize::from(i))
+    }
+
     /// The shard that serves `key`'s slot.
     pub fn shard_of_key(&self, key: &[u8]) -> Option<&Shard> {
         self.shard_of_slot(key_slot(key))

@@ -18,6 +18,7 @@ pub mod fanout;
 pub mod keys;
 pub mod map;
 pub mod redirect;
+pub mod route;
 pub mod scan;
 pub mod slot;
 pub mod split;

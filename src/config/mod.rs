@@ -9,10 +9,12 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+mod cluster;
 mod locks;
 mod proxy;
 mod sentinel;
 mod tls;
+pub use cluster::{ClusterConfig, MAX_REDIRECTS};
 pub use locks::{LockOverride, LocksConfig, Ownership, QuorumConfig, QuorumLoss, RetryConfig};
 pub use proxy::{
     ProxyConfig, UpstreamMode, MAX_SHARED_UPSTREAM_CONNECTIONS, MIN_CLIENT_TIMEOUT_MS,
@@ -113,6 +115,10 @@ pub struct UpstreamConfig {
     /// Follow the primary through Redis Sentinel (`[upstream.sentinel]`);
     /// `upstream.addr` is then unused.
     pub sentinel: SentinelConfig,
+    /// A Redis Cluster behind lockgate (`[upstream.cluster]`): commands
+    /// routed by hash slot to the node that serves them; `upstream.addr`
+    /// is then unused. Exclusive with `[upstream.sentinel]`.
+    pub cluster: ClusterConfig,
 }
 
 impl Default for UpstreamConfig {
@@ -125,6 +131,7 @@ impl Default for UpstreamConfig {
             password: String::new(),
             tls: ClientTlsConfig::default(),
             sentinel: SentinelConfig::default(),
+            cluster: ClusterConfig::default(),
         }
     }
 }
@@ -234,6 +241,23 @@ impl Config {
             self.upstream.connect_timeout_ms,
         )?;
         self.upstream.sentinel.validate()?;
+        self.upstream.cluster.validate()?;
+        if self.upstream.cluster.enabled() {
+            if self.upstream.sentinel.enabled() {
+                return Err(invalid(
+                    "upstream.cluster.seeds",
+                    "a cluster and [upstream.sentinel] exclude each other: a cluster \
+                     fails its shards over itself",
+                ));
+            }
+            if !self.locks.quorum.masters.is_empty() {
+                return Err(invalid(
+                    "upstream.cluster.seeds",
+                    "the lock quorum ([locks.quorum]) in front of a cluster is not served \
+                     yet (docs/cluster.md)",
+                ));
+            }
+        }
         positive("limits.max_bulk_bytes", self.limits.max_bulk_bytes)?;
         positive("limits.max_multibulk_len", self.limits.max_multibulk_len)?;
         if self.limits.max_inline_bytes < 16 {

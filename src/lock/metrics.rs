@@ -18,6 +18,8 @@ counters! {
         acquired: Counter "lock_acquired", "Attempts that acquired";
         /// Attempts that found the key held.
         contended: Counter "lock_contended", "Attempts that found the lock held";
+        /// Lock commands refused in front of a Redis Cluster (not served there yet).
+        refused_on_cluster: Counter "lock_refused_on_cluster", "Lock commands refused in front of a Redis Cluster (locks are not served there yet)";
         /// Lock keys released by an owner-checked DEL/UNLINK.
         released: Counter "lock_released", "Locks released by an owner-checked DEL";
         /// DEL/UNLINK on a lock key refused: not the owner.

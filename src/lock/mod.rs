@@ -278,6 +278,10 @@ pub struct LockService {
     max_lease_ms: std::sync::atomic::AtomicU64,
     /// Where the locks live (see [`Store`]).
     store: Store,
+    /// A Redis Cluster is behind lockgate (`[upstream.cluster]`): lock
+    /// commands are refused, never passed on unprotected, until locks are
+    /// served there (docs/cluster.md).
+    on_cluster: bool,
 }
 
 /// Interval between two repeats of the same lock warning.
@@ -316,7 +320,22 @@ impl LockService {
             handoff_within: Duration::from_millis(config.upstream.connect_timeout_ms),
             max_lease_ms: std::sync::atomic::AtomicU64::new(0),
             store,
+            on_cluster: config.upstream.cluster.enabled(),
         }
+    }
+
+    /// In front of a Redis Cluster, the refusal of every lock command
+    /// (`None` in front of one primary): a lock command is never passed
+    /// on unprotected, and lockgate's lock scripts do not run on a
+    /// cluster yet.
+    pub(crate) fn refused_on_cluster(&self) -> Option<LocalReply> {
+        self.on_cluster.then(|| {
+            ProxyMetrics::inc(&self.metrics.refused_on_cluster);
+            LocalReply::err(
+                "lockgate: locks in front of a Redis Cluster are not served yet; the command \
+                 was not sent (docs/cluster.md)",
+            )
+        })
     }
 
     /// The rules in force now.

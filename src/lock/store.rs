@@ -331,6 +331,9 @@ impl LockService {
     /// parked), held after a failover, planned onto the client's own
     /// connection, or carried out away from it on the quorum.
     pub(crate) fn attempt(self: &Arc<Self>, op: &LockOp, seat: Seat<'_>) -> Attempt {
+        if let Some(reply) = self.refused_on_cluster() {
+            return Attempt::Refused(reply);
+        }
         // `locks.require_noeviction`: no lease granted or extended on a
         // primary that may evict it (one relaxed load when off).
         if let Some(reply) = self.refused_for_eviction(op) {

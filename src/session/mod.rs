@@ -190,8 +190,8 @@ async fn serve(
     };
     // Counted while it lives (a shared-mode stream counts its own when the
     // session moves to a dedicated connection).
-    let _dedicated =
-        (!matches!(upstream, Stream::Shared(_))).then(|| DedicatedGuard::new(&ctx.upstream_conns));
+    let _dedicated = (!matches!(upstream, Stream::Shared(_) | Stream::Cluster(_)))
+        .then(|| DedicatedGuard::new(&ctx.upstream_conns));
     let (mut client_r, mut client_w) = client.split();
     let (mut up_r, mut up_w) = upstream.split();
     let (tx, rx) = mpsc::channel(ctx.config.proxy.max_inflight_batches);

@@ -17,6 +17,7 @@ use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 use tokio::net::tcp;
 use tokio::net::TcpStream;
 
+use crate::upstream::cluster::{ClusterRead, ClusterStream, ClusterWrite};
 use crate::upstream::shared::{SharedRead, SharedStream, SharedWrite};
 
 /// TLS over TCP, as a server (clients of the TLS listener) or as a client
@@ -34,6 +35,10 @@ pub enum Stream {
     /// over a shared connection until the session moves to its own (see
     /// [`crate::upstream::shared`]). Never a client's.
     Shared(Box<SharedStream>),
+    /// A session's upstream in front of a Redis Cluster: commands routed
+    /// by slot to the nodes (see [`crate::upstream::cluster`]). Never a
+    /// client's.
+    Cluster(Box<ClusterStream>),
 }
 
 /// The reading half of a [`Stream`].
@@ -45,6 +50,8 @@ pub enum ReadPart<'a> {
     Tls(TlsHalf<'a>),
     /// A shared-mode upstream's replies.
     Shared(&'a mut SharedRead),
+    /// A cluster upstream's replies.
+    Cluster(&'a mut ClusterRead),
 }
 
 /// The writing half of a [`Stream`].
@@ -56,6 +63,8 @@ pub enum WritePart<'a> {
     Tls(TlsHalf<'a>),
     /// A shared-mode upstream's commands.
     Shared(&'a mut SharedWrite),
+    /// A cluster upstream's commands.
+    Cluster(&'a mut ClusterWrite),
 }
 
 /// One half of a TLS stream. Both halves share the session (reading may
@@ -142,6 +151,10 @@ impl Stream {
                 ReadPart::Shared(&mut s.read),
                 WritePart::Shared(&mut s.write),
             ),
+            Stream::Cluster(s) => (
+                ReadPart::Cluster(&mut s.read),
+                WritePart::Cluster(&mut s.write),
+            ),
         }
     }
 }
@@ -165,7 +178,7 @@ impl ReadPart<'_> {
                 None => std::future::pending().await,
             },
             // Never a client's: no socket of its own to watch.
-            ReadPart::Shared(_) => std::future::pending().await,
+            ReadPart::Shared(_) | ReadPart::Cluster(_) => std::future::pending().await,
         }
     }
 }
@@ -199,6 +212,7 @@ impl AsyncRead for Stream {
             Stream::Plain(s) => Pin::new(s).poll_read(cx, buf),
             Stream::Tls(s) => eof_is_eof(Pin::new(&mut **s).poll_read(cx, buf)),
             Stream::Shared(s) => Pin::new(&mut s.read).poll_read(cx, buf),
+            Stream::Cluster(s) => Pin::new(&mut s.read).poll_read(cx, buf),
         }
     }
 }
@@ -213,12 +227,13 @@ impl AsyncRead for ReadPart<'_> {
             ReadPart::Plain(s) => Pin::new(s).poll_read(cx, buf),
             ReadPart::Tls(s) => eof_is_eof(Pin::new(s).poll_read(cx, buf)),
             ReadPart::Shared(s) => Pin::new(&mut **s).poll_read(cx, buf),
+            ReadPart::Cluster(s) => Pin::new(&mut **s).poll_read(cx, buf),
         }
     }
 }
 
 macro_rules! delegate_write {
-    ($ty:ty, $plain:path, $tls:path, $shared:path, $get:ident) => {
+    ($ty:ty, $plain:path, $tls:path, $shared:path, $get:ident, $cluster:path, $cget:ident) => {
         impl AsyncWrite for $ty {
             fn poll_write(
                 self: Pin<&mut Self>,
@@ -229,6 +244,7 @@ macro_rules! delegate_write {
                     $plain(s) => Pin::new(s).poll_write(cx, buf),
                     $tls(s) => Pin::new(s).poll_write(cx, buf),
                     $shared(s) => Pin::new($get(s)).poll_write(cx, buf),
+                    $cluster(s) => Pin::new($cget(s)).poll_write(cx, buf),
                 }
             }
 
@@ -241,6 +257,7 @@ macro_rules! delegate_write {
                     $plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
                     $tls(s) => Pin::new(s).poll_write_vectored(cx, bufs),
                     $shared(s) => Pin::new($get(s)).poll_write_vectored(cx, bufs),
+                    $cluster(s) => Pin::new($cget(s)).poll_write_vectored(cx, bufs),
                 }
             }
 
@@ -248,7 +265,7 @@ macro_rules! delegate_write {
                 match self {
                     $plain(s) => s.is_write_vectored(),
                     $tls(s) => s.is_write_vectored(),
-                    $shared(_) => false,
+                    $shared(_) | $cluster(_) => false,
                 }
             }
 
@@ -257,6 +274,7 @@ macro_rules! delegate_write {
                     $plain(s) => Pin::new(s).poll_flush(cx),
                     $tls(s) => Pin::new(s).poll_flush(cx),
                     $shared(s) => Pin::new($get(s)).poll_flush(cx),
+                    $cluster(s) => Pin::new($cget(s)).poll_flush(cx),
                 }
             }
 
@@ -265,6 +283,7 @@ macro_rules! delegate_write {
                     $plain(s) => Pin::new(s).poll_shutdown(cx),
                     $tls(s) => Pin::new(s).poll_shutdown(cx),
                     $shared(s) => Pin::new($get(s)).poll_shutdown(cx),
+                    $cluster(s) => Pin::new($cget(s)).poll_shutdown(cx),
                 }
             }
         }
@@ -276,14 +295,18 @@ delegate_write!(
     Stream::Plain,
     Stream::Tls,
     Stream::Shared,
-    shared_write
+    shared_write,
+    Stream::Cluster,
+    cluster_write
 );
 delegate_write!(
     WritePart<'_>,
     WritePart::Plain,
     WritePart::Tls,
     WritePart::Shared,
-    deref_write
+    deref_write,
+    WritePart::Cluster,
+    deref_cluster_write
 );
 
 fn shared_write(s: &mut Box<SharedStream>) -> &mut SharedWrite {
@@ -291,5 +314,13 @@ fn shared_write(s: &mut Box<SharedStream>) -> &mut SharedWrite {
 }
 
 fn deref_write<'a>(s: &'a mut &mut SharedWrite) -> &'a mut SharedWrite {
+    s
+}
+
+fn cluster_write(s: &mut Box<ClusterStream>) -> &mut ClusterWrite {
+    &mut s.write
+}
+
+fn deref_cluster_write<'a>(s: &'a mut &mut ClusterWrite) -> &'a mut ClusterWrite {
     s
 }

@@ -9,6 +9,7 @@
 //! "shared"`, sessions' plain commands share a few connections
 //! ([`shared`]).
 
+pub mod cluster;
 pub mod node;
 pub mod primary;
 pub mod shared;

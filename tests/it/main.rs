@@ -17,6 +17,7 @@ mod binary;
 mod blocking;
 mod clients;
 mod cluster_map;
+mod cluster_routing;
 mod differential;
 mod event_loops;
 mod eviction;

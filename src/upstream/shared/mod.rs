@@ -32,6 +32,7 @@ mod lane;
 mod spare;
 mod stream;
 
+pub(crate) use stream::framing_parser;
 pub use stream::{SharedRead, SharedStream, SharedWrite};
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};

@@ -69,7 +69,7 @@ impl SharedStream {
 /// checked by its dispatcher (and lockgate's own frames are well formed),
 /// so its limits are none (halved: the parser adds one to the inline
 /// limit).
-pub(super) fn framing_parser() -> RequestParser {
+pub(crate) fn framing_parser() -> RequestParser {
     RequestParser::new(RequestLimits {
         max_bulk_bytes: u64::MAX / 2,
         max_multibulk_len: u64::MAX / 2,

@@ -1,0 +1,300 @@
+//! Where one client command goes when a cluster is behind lockgate: a
+//! rule of the command's arguments, the nodes' key specifications and the
+//! facade alone ([`route`]), table-tested. Which node serves a slot is the
+//! slot map's to say, at the moment the command is sent
+//! (`crate::upstream::cluster`); this only says by which slot, or how
+//! else.
+
+use super::facade::Facade;
+use super::fanout::{fanout, Fanout};
+use super::keys::{slot_of, KeyTable, KeysError};
+use super::slot::SLOTS;
+use super::split::{split, Split, CROSSSLOT};
+use crate::protocol::encode::LocalReply;
+use crate::router::{needs_own_connection, OwnReason};
+
+/// Where a command goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Dest {
+    /// Over the shared connection of the node serving this slot (`None`:
+    /// no keys: any node).
+    Node(Option<u16>),
+    /// Over a connection of the session's own to the node serving this
+    /// slot: a blocking command or a client's script, which would hold a
+    /// shared connection's other clients behind it.
+    Own(Option<u16>),
+    /// Split per slot; the parts' replies merged into one.
+    Split(Split),
+    /// To every primary; their replies merged into one.
+    Fanout(Fanout),
+    /// `SCAN`: one primary after another, the cursor saying which.
+    Scan,
+    /// A transaction command, kept in one slot ([`super::tx`]).
+    Tx(TxCommand),
+    /// A subscription: from it on, the session passes through to this
+    /// slot's node (`None`: any node: the cluster broadcasts `PUBLISH`).
+    Subscribe(Option<u16>),
+    /// Answered by lockgate with this reply.
+    Local(LocalReply),
+    /// `QUIT`: `+OK`, then the end of the replies.
+    Quit,
+}
+
+/// The transaction commands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TxCommand {
+    /// `MULTI`.
+    Multi,
+    /// `EXEC`.
+    Exec,
+    /// `DISCARD`.
+    Discard,
+    /// `WATCH` of keys in this slot (`Err`: they span slots; `Ok(None)`:
+    /// no keys, a syntax error the node reports).
+    Watch(Result<Option<u16>, ()>),
+    /// `UNWATCH`.
+    Unwatch,
+}
+
+/// Why a command is not served in front of a cluster (yet), in the
+/// client's error.
+fn not_served(what: &str, why: &str) -> LocalReply {
+    LocalReply::err(format!(
+        "lockgate: {what} is not served in front of a cluster: {why} (docs/cluster.md)"
+    ))
+}
+
+/// The route of the command `args` (its name first, non-empty).
+pub fn route(args: &[&[u8]], keys: &KeyTable, facade: &Facade) -> Dest {
+    let Some(name) = args.first() else {
+        return Dest::Node(None);
+    };
+    let upper = name.to_ascii_uppercase();
+    match upper.as_slice() {
+        b"CLUSTER" => return cluster(args, facade),
+        b"READONLY" | b"READWRITE" | b"ASKING" => return Dest::Local(LocalReply::Status("OK")),
+        b"QUIT" => return Dest::Quit,
+        b"MULTI" => return Dest::Tx(TxCommand::Multi),
+        b"EXEC" => return Dest::Tx(TxCommand::Exec),
+        b"DISCARD" => return Dest::Tx(TxCommand::Discard),
+        b"UNWATCH" => return Dest::Tx(TxCommand::Unwatch),
+        b"WATCH" => {
+            let slot = slot_of(&args[1..]).map_err(|_| ());
+            return Dest::Tx(TxCommand::Watch(slot));
+        }
+        b"SCAN" => return Dest::Scan,
+        _ => {}
+    }
+    match fanout(args) {
+        Some(Fanout::Refuse(text)) => {
+            return Dest::Local(LocalReply::Error(bytes::Bytes::from_static(
+                text.as_bytes(),
+            )))
+        }
+        Some(f) => return Dest::Fanout(f),
+        None => {}
+    }
+    let slot = || match keys.routing_args(args) {
+        Ok(k) => slot_of(&k).map_err(|_| ()),
+        // The node says what is wrong with it (an unknown command, an
+        // argument short), as directly.
+        Err(KeysError::Unknown(_) | KeysError::Syntax | KeysError::Reply(_)) => Ok(None),
+        Err(KeysError::Incomplete) => Err(()),
+    };
+    match needs_own_connection(args) {
+        None | Some(OwnReason::Paused) => {}
+        Some(OwnReason::Blocking | OwnReason::Script) => {
+            return match slot() {
+                Ok(s) => Dest::Own(s),
+                Err(()) => Dest::Local(LocalReply::Error(CROSSSLOT.into())),
+            }
+        }
+        Some(OwnReason::PubSub) => {
+            return match slot() {
+                Ok(s) => Dest::Subscribe(s),
+                Err(()) => Dest::Local(LocalReply::Error(CROSSSLOT.into())),
+            }
+        }
+        Some(reason) => return Dest::Local(refusal(reason, &upper)),
+    }
+    match slot() {
+        Ok(s) => Dest::Node(s),
+        Err(()) => match split(args) {
+            Some(parts) => Dest::Split(parts),
+            None => Dest::Local(LocalReply::Error(CROSSSLOT.into())),
+        },
+    }
+}
+
+/// `CLUSTER …`: the facade's answer, or by the slot it names, or refused.
+fn cluster(args: &[&[u8]], facade: &Facade) -> Dest {
+    if let Some(reply) = facade.cluster(&args[1..]) {
+        return Dest::Local(reply);
+    }
+    let sub = args
+        .get(1)
+        .map(|s| s.to_ascii_uppercase())
+        .unwrap_or_default();
+    match sub.as_slice() {
+        b"COUNTKEYSINSLOT" | b"GETKEYSINSLOT" => {
+            let slot = args
+                .get(2)
+                .and_then(|s| std::str::from_utf8(s).ok())
+                .and_then(|s| s.parse::<u16>().ok())
+                .filter(|&s| s < SLOTS);
+            match slot {
+                Some(s) => Dest::Node(Some(s)),
+                None => Dest::Local(LocalReply::err("Invalid slot")),
+            }
+        }
+        _ => Dest::Local(not_served(
+            &format!("CLUSTER {}", String::from_utf8_lossy(&sub)),
+            "lockgate answers as a cluster of one node; ask the nodes behind it directly",
+        )),
+    }
+}
+
+/// The error for a command needing connection state lockgate does not
+/// carry in front of a cluster.
+fn refusal(reason: OwnReason, name: &[u8]) -> LocalReply {
+    let name = String::from_utf8_lossy(name);
+    let why = match reason {
+        OwnReason::Identity => {
+            "lockgate speaks RESP2 to the nodes as upstream.username on connections it shares"
+        }
+        OwnReason::Client => "the connection it would describe is one lockgate shares",
+        OwnReason::Wait => "it would wait for one node's replicas only",
+        OwnReason::Stream => "it would follow one node only",
+        OwnReason::Kill | OwnReason::Debug => "send it to the node concerned directly",
+        // SELECT of another database: the fan-out's refusal comes first.
+        _ => "it needs a connection state lockgate does not carry there",
+    };
+    not_served(&name, why)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::slot::key_slot;
+
+    /// A key table with the commands the rows use, as Redis 7 describes
+    /// them (`COMMAND INFO`'s key specs, cut to what matters).
+    pub(crate) fn table() -> KeyTable {
+        // One-key commands at index 1, keys to the end (MGET, DEL), and
+        // every other key (MSET); BLPOP's keys before its timeout; EVAL's
+        // by its numkeys; SPUBLISH's channel as a not-key.
+        let spec = |begin: i64, last: i64, step: i64, flags: &str| {
+            format!(
+                "*6\r\n$5\r\nflags\r\n*1\r\n+{flags}\r\n$12\r\nbegin_search\r\n*4\r\n$4\r\ntype\r\n$5\r\nindex\r\n$4\r\nspec\r\n*2\r\n$5\r\nindex\r\n:{begin}\r\n$9\r\nfind_keys\r\n*4\r\n$4\r\ntype\r\n$5\r\nrange\r\n$4\r\nspec\r\n*6\r\n$7\r\nlastkey\r\n:{last}\r\n$7\r\nkeystep\r\n:{step}\r\n$5\r\nlimit\r\n:0\r\n"
+            )
+        };
+        let keynum = "*6\r\n$5\r\nflags\r\n*1\r\n+RW\r\n$12\r\nbegin_search\r\n*4\r\n$4\r\ntype\r\n$5\r\nindex\r\n$4\r\nspec\r\n*2\r\n$5\r\nindex\r\n:2\r\n$9\r\nfind_keys\r\n*4\r\n$4\r\ntype\r\n$6\r\nkeynum\r\n$4\r\nspec\r\n*6\r\n$9\r\nkeynumidx\r\n:0\r\n$8\r\nfirstkey\r\n:1\r\n$7\r\nkeystep\r\n:1\r\n".to_string();
+        let command = |name: &str, specs: &[String]| {
+            format!(
+                "*10\r\n${}\r\n{name}\r\n:-2\r\n*0\r\n:1\r\n:1\r\n:1\r\n*0\r\n*0\r\n*{}\r\n{}*0\r\n",
+                name.len(),
+                specs.len(),
+                specs.concat()
+            )
+        };
+        let rows = [
+            command("get", &[spec(1, 0, 1, "RO")]),
+            command("set", &[spec(1, 0, 1, "RW")]),
+            command("mget", &[spec(1, -1, 1, "RO")]),
+            command("del", &[spec(1, -1, 1, "RW")]),
+            command("mset", &[spec(1, -1, 2, "RW")]),
+            command("lmove", &[spec(1, 0, 1, "RW"), spec(2, 0, 1, "RW")]),
+            command("blpop", &[spec(1, -2, 1, "RW")]),
+            command("eval", std::slice::from_ref(&keynum)),
+            command("spublish", &[spec(1, 0, 1, "NOT_KEY")]),
+            command("ssubscribe", &[spec(1, -1, 1, "NOT_KEY")]),
+            command("subscribe", &[]),
+            command("ping", &[]),
+            command("publish", &[]),
+        ];
+        let reply = format!("*{}\r\n{}", rows.len(), rows.concat());
+        KeyTable::from_command(reply.as_bytes()).expect("a key table")
+    }
+
+    fn facade() -> Facade {
+        Facade::new("t", "127.0.0.1", 7000)
+    }
+
+    #[test]
+    fn commands_go_by_their_keys_slot_or_are_answered_here() {
+        let keys = table();
+        let f = facade();
+        let s = |k: &str| Some(key_slot(k.as_bytes()));
+        let crossslot = Dest::Local(LocalReply::Error(CROSSSLOT.into()));
+        // (command, where it goes)
+        let rows: Vec<(&str, Dest)> = vec![
+            ("GET a", Dest::Node(s("a"))),
+            ("set {u}1 v", Dest::Node(s("u"))),
+            ("PING", Dest::Node(None)),
+            ("PUBLISH ch m", Dest::Node(None)),
+            ("NOSUCH x y", Dest::Node(None)),
+            ("GET", Dest::Node(None)),
+            ("MGET {u}a {u}b", Dest::Node(s("u"))),
+            ("LMOVE a b LEFT LEFT", crossslot.clone()),
+            ("LMOVE {t}a {t}b LEFT LEFT", Dest::Node(s("t"))),
+            ("SPUBLISH ch m", Dest::Node(s("ch"))),
+            ("BLPOP q 0", Dest::Own(s("q"))),
+            ("BLPOP a b 0", crossslot.clone()),
+            ("EVAL x 1 k", Dest::Own(s("k"))),
+            ("EVAL x 0", Dest::Own(None)),
+            ("SUBSCRIBE a b", Dest::Subscribe(None)),
+            ("SSUBSCRIBE ch", Dest::Subscribe(s("ch"))),
+            ("MULTI", Dest::Tx(TxCommand::Multi)),
+            ("exec", Dest::Tx(TxCommand::Exec)),
+            ("WATCH a", Dest::Tx(TxCommand::Watch(Ok(s("a"))))),
+            ("WATCH a b", Dest::Tx(TxCommand::Watch(Err(())))),
+            ("SCAN 0", Dest::Scan),
+            ("DBSIZE", Dest::Fanout(Fanout::Sum)),
+            ("SCRIPT LOAD x", Dest::Fanout(Fanout::Same)),
+            (
+                "CLUSTER KEYSLOT a",
+                Dest::Local(LocalReply::Integer(15_495)),
+            ),
+            ("CLUSTER COUNTKEYSINSLOT 7", Dest::Node(Some(7))),
+            (
+                "CLUSTER COUNTKEYSINSLOT 16384",
+                Dest::Local(LocalReply::err("Invalid slot")),
+            ),
+            ("READONLY", Dest::Local(LocalReply::Status("OK"))),
+            ("QUIT", Dest::Quit),
+            (
+                "SELECT 1",
+                Dest::Local(LocalReply::Error(
+                    "ERR SELECT is not allowed in cluster mode".into(),
+                )),
+            ),
+            ("SELECT 0", Dest::Node(None)),
+            ("CLIENT SETINFO LIB-NAME x", Dest::Node(None)),
+        ];
+        for (line, want) in rows {
+            let args: Vec<&[u8]> = line.split(' ').map(str::as_bytes).collect();
+            assert_eq!(route(&args, &keys, &f), want, "{line}");
+        }
+        // Across slots: split where the reply can be rebuilt.
+        let args: Vec<&[u8]> = vec![b"MGET", b"a", b"b"];
+        assert!(matches!(route(&args, &keys, &f), Dest::Split(_)));
+        let args: Vec<&[u8]> = vec![b"DEL", b"a", b"b"];
+        assert!(matches!(route(&args, &keys, &f), Dest::Split(_)));
+        // Connection state lockgate does not carry: refused, saying so.
+        for line in [
+            "AUTH pw",
+            "HELLO 3",
+            "CLIENT SETNAME x",
+            "WAIT 1 0",
+            "MONITOR",
+        ] {
+            let args: Vec<&[u8]> = line.split(' ').map(str::as_bytes).collect();
+            let Dest::Local(LocalReply::Error(text)) = route(&args, &keys, &f) else {
+                panic!("{line}: refused");
+            };
+            let text = String::from_utf8_lossy(&text).into_owned();
+            assert!(text.starts_with("ERR lockgate: "), "{line}: {text}");
+            assert!(text.contains("docs/cluster.md"), "{line}: {text}");
+        }
+    }
+}

@@ -1,0 +1,83 @@
+//! `[upstream.cluster]`: a Redis Cluster behind lockgate instead of one
+//! primary (see `docs/cluster.md`).
+
+use serde::{Deserialize, Serialize};
+
+use super::{invalid, positive, ConfigError};
+
+/// Most redirections one command follows, at most (`max_redirects`).
+pub const MAX_REDIRECTS: u32 = 16;
+
+/// A Redis Cluster behind lockgate (`[upstream.cluster]`).
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// Nodes to read the slot map from first (`HOST:PORT`), asked in
+    /// order; later the nodes of the last map are asked too. Empty: not a
+    /// cluster (`upstream.addr` or `[upstream.sentinel]` is the primary).
+    /// Also `--upstream-cluster HOST:PORT,…`.
+    pub seeds: Vec<String>,
+    /// How often the slot map is read again without a redirection, in
+    /// milliseconds: a change lockgate was not redirected by (a new node,
+    /// a failover nobody sent a command through) is seen within this.
+    pub refresh_interval_ms: u64,
+    /// The least time between two readings of the slot map, in
+    /// milliseconds: a storm of `MOVED` replies reads it once per gap.
+    pub refresh_min_gap_ms: u64,
+    /// Most redirections (`MOVED`, `ASK`) one command follows before its
+    /// client is answered with the last one as an error (1 to 16).
+    pub max_redirects: u32,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        ClusterConfig {
+            seeds: Vec::new(),
+            refresh_interval_ms: 5_000,
+            refresh_min_gap_ms: 100,
+            max_redirects: 5,
+        }
+    }
+}
+
+impl ClusterConfig {
+    /// True when a cluster is behind lockgate.
+    pub fn enabled(&self) -> bool {
+        !self.seeds.is_empty()
+    }
+
+    /// Checks the section; errors name the key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self
+            .seeds
+            .iter()
+            .any(|a| a.trim().is_empty() || !a.contains(':'))
+        {
+            return Err(invalid(
+                "upstream.cluster.seeds",
+                "expected HOST:PORT entries",
+            ));
+        }
+        positive(
+            "upstream.cluster.refresh_interval_ms",
+            self.refresh_interval_ms,
+        )?;
+        positive(
+            "upstream.cluster.refresh_min_gap_ms",
+            self.refresh_min_gap_ms,
+        )?;
+        if self.refresh_min_gap_ms > self.refresh_interval_ms {
+            return Err(invalid(
+                "upstream.cluster.refresh_min_gap_ms",
+                "must not exceed upstream.cluster.refresh_interval_ms",
+            ));
+        }
+        if !(1..=MAX_REDIRECTS).contains(&self.max_redirects) {
+            return Err(invalid(
+                "upstream.cluster.max_redirects",
+                &format!("must be 1 to {MAX_REDIRECTS}"),
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,407 @@
+//! One connection to one cluster node and its task. Sessions send it
+//! [`Job`]s (whole commands of one session, in its order); it writes many
+//! jobs at once, reads the replies one frame at a time, and hands each job
+//! its replies ([`Part`]s) when the last is in. A reply that redirects
+//! (`MOVED`, `ASK`) is not handed on: that command goes again to the node
+//! named ([`super::Common::redirect`]), and its part is the answer from
+//! there ([`Part::Later`]), in its place.
+//!
+//! Shared lanes (one or more per node, every session's plain commands)
+//! and a session's own lanes (its blocking commands, scripts and
+//! transactions) run the same task; a session's own lane ends with it.
+//! When the connection dies, every reply owed on it is answered
+//! `-ERR lockgate: upstream … unavailable (…)` in its place, and it is
+//! opened again: at once for a job that arrives once
+//! `upstream.reconnect_interval_ms` has passed since the last attempt,
+//! the last attempt's error for one that arrives sooner, as a session's
+//! own connection reconnects.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use futures_util::task::AtomicWaker;
+
+use bytes::{Bytes, BytesMut};
+use smallvec::SmallVec;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use super::Common;
+use crate::cluster::redirect::redirect;
+use crate::metrics::ProxyMetrics;
+use crate::protocol::encode::LocalReply;
+use crate::protocol::reply::{FrameKind, ReplyScanner};
+use crate::sync;
+
+/// Most jobs taken off the queue for one write.
+const JOBS_PER_WRITE: usize = 256;
+
+/// One reply, or where it will come from.
+#[derive(Debug)]
+pub(crate) enum Part {
+    /// A whole reply.
+    Reply(Bytes),
+    /// The replies of a command sent again elsewhere (redirected).
+    Later(oneshot::Receiver<Vec<Part>>),
+}
+
+/// Commands of one session for one node, and where their replies go.
+#[derive(Debug)]
+pub(crate) struct Job {
+    /// Whole commands, in RESP.
+    pub bytes: Bytes,
+    /// Where each command ends in `bytes`.
+    pub ends: SmallVec<[usize; 4]>,
+    /// Replies dropped at the front (`ASKING`'s before a command sent
+    /// after `ASK`; what lockgate answered itself of a held transaction;
+    /// a `DISCARD` of its own).
+    pub skip_front: usize,
+    /// Redirections are followed: the job is a session's plain commands.
+    /// Otherwise (a transaction's, a blocking command's, on the session's
+    /// own connection) a redirection becomes `-TRYAGAIN`: it cannot be
+    /// sent elsewhere without what came before it on that connection.
+    pub follow: bool,
+    /// Redirections followed so far.
+    pub hops: u32,
+    /// Where the replies go, all at once.
+    pub done: oneshot::Sender<Vec<Part>>,
+    /// The session's count of jobs owed on this kind of lane, taken down
+    /// when this one is answered (see [`Owed`]).
+    pub owed: Option<Arc<Owed>>,
+}
+
+/// Jobs a session sent to one kind of lane (shared, or its own) not
+/// answered yet: before a command goes to the other kind, the session
+/// waits until none is, so that two connections to one node never run a
+/// session's commands out of order.
+#[derive(Debug, Default)]
+pub(crate) struct Owed {
+    n: AtomicU64,
+    waker: AtomicWaker,
+}
+
+impl Owed {
+    /// One more job sent.
+    pub(crate) fn add(&self) {
+        self.n.fetch_add(1, Ordering::AcqRel);
+    }
+
+    fn done(&self) {
+        if self.n.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.waker.wake();
+        }
+    }
+
+    /// Ready once no job is owed.
+    pub(crate) fn poll_none(&self, cx: &mut Context<'_>) -> Poll<()> {
+        if self.n.load(Ordering::Acquire) == 0 {
+            return Poll::Ready(());
+        }
+        self.waker.register(cx.waker());
+        match self.n.load(Ordering::Acquire) {
+            0 => Poll::Ready(()),
+            _ => Poll::Pending,
+        }
+    }
+}
+
+impl Job {
+    /// A job for the whole commands `bytes`, ending at `ends`, following
+    /// redirections or not.
+    pub(crate) fn new(
+        bytes: Bytes,
+        ends: SmallVec<[usize; 4]>,
+        follow: bool,
+    ) -> (Job, oneshot::Receiver<Vec<Part>>) {
+        let (done, rx) = oneshot::channel();
+        let job = Job {
+            bytes,
+            ends,
+            skip_front: 0,
+            follow,
+            hops: 0,
+            done,
+            owed: None,
+        };
+        (job, rx)
+    }
+
+    /// Hands the replies on, and counts the job answered.
+    fn finish(self, parts: Vec<Part>) {
+        let _ = self.done.send(parts);
+        if let Some(owed) = self.owed {
+            owed.done();
+        }
+    }
+
+    /// The command at `i`.
+    fn command(&self, i: usize) -> Bytes {
+        let start = match i {
+            0 => 0,
+            _ => self.ends[i - 1],
+        };
+        self.bytes.slice(start..self.ends[i])
+    }
+}
+
+/// A job written, its replies coming in.
+struct InFlight {
+    job: Job,
+    /// Replies read so far.
+    read: usize,
+    parts: Vec<Part>,
+}
+
+impl InFlight {
+    /// The reply owed for every command not answered yet: `error`.
+    fn fail(mut self, error: &Bytes) {
+        for i in self.read..self.job.ends.len() {
+            if i >= self.job.skip_front {
+                self.parts.push(Part::Reply(error.clone()));
+            }
+        }
+        self.job.finish(self.parts);
+    }
+}
+
+/// The reply that stands for one a connection will never give.
+pub(crate) fn error_line(text: &str) -> Bytes {
+    let mut out = BytesMut::new();
+    LocalReply::err(format!("lockgate: {text}")).encode(false, &mut out);
+    out.freeze()
+}
+
+/// Every reply owed to `job` is `error`.
+pub(crate) fn answer(job: Job, error: &Bytes) {
+    InFlight {
+        job,
+        read: 0,
+        parts: Vec::new(),
+    }
+    .fail(error);
+}
+
+/// Runs one connection to `addr` until `stop`, or until every sender of
+/// `rx` is gone: connects, serves, reconnects (see the module doc).
+/// `shared`: a shared lane (named so in `CLIENT LIST`, counted as such).
+pub(super) async fn run(
+    common: Arc<Common>,
+    addr: Arc<str>,
+    mut rx: mpsc::Receiver<Job>,
+    stop: CancellationToken,
+    shared: bool,
+) {
+    let interval = common.reconnect_interval;
+    let mut held: Vec<Job> = Vec::new();
+    loop {
+        if held.is_empty() {
+            // Connect only once there is something to send.
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                job = rx.recv() => match job {
+                    Some(job) => held.push(job),
+                    None => return,
+                },
+            }
+        }
+        let connected = tokio::select! {
+            _ = stop.cancelled() => return,
+            c = common.open(&addr, shared) => c,
+        };
+        let error = match connected {
+            Ok(stream) => {
+                ProxyMetrics::inc(&common.metrics.node_connects);
+                let open = match shared {
+                    true => &common.metrics.shared_open,
+                    false => &common.metrics.own_open,
+                };
+                ProxyMetrics::inc(open);
+                let jobs = std::mem::take(&mut held);
+                let lost = serve(&common, &addr, stream, &mut rx, jobs, &stop).await;
+                open.fetch_sub(1, Ordering::Relaxed);
+                let Some(why) = lost else { return };
+                ProxyMetrics::inc(&common.metrics.node_lost);
+                if let Some(more) = common.warn.check() {
+                    tracing::warn!(node = %addr, error = %why, suppressed = more, "cluster node connection lost");
+                }
+                // The node may have failed over: the map says where its
+                // slots went.
+                common.refresh_soon();
+                continue;
+            }
+            Err(e) => error_line(&format!("upstream {addr} unavailable ({e})")),
+        };
+        ProxyMetrics::inc(&common.metrics.node_connect_errors);
+        common.refresh_soon();
+        for job in held.drain(..) {
+            ProxyMetrics::add(&common.metrics.error_replies, job.ends.len() as u64);
+            answer(job, &error);
+        }
+        let tried = Instant::now();
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                job = rx.recv() => match job {
+                    Some(job) if tried.elapsed() >= interval => {
+                        held.push(job);
+                        break;
+                    }
+                    Some(job) => {
+                        ProxyMetrics::add(&common.metrics.error_replies, job.ends.len() as u64);
+                        answer(job, &error);
+                    }
+                    None => return,
+                },
+            }
+        }
+    }
+}
+
+/// Serves one connection until it fails (`Some(reason)`), `stop`, or no
+/// sender is left (`None`). Replies still owed when it fails are answered
+/// in place.
+async fn serve(
+    common: &Arc<Common>,
+    addr: &Arc<str>,
+    mut stream: crate::tls::Stream,
+    rx: &mut mpsc::Receiver<Job>,
+    held: Vec<Job>,
+    stop: &CancellationToken,
+) -> Option<String> {
+    let fifo = Mutex::new(VecDeque::<InFlight>::new());
+    let (mut r, mut w) = stream.split();
+    let writes = async {
+        let mut jobs = held;
+        jobs.reserve(JOBS_PER_WRITE);
+        let mut out = BytesMut::new();
+        loop {
+            if jobs.is_empty() && rx.recv_many(&mut jobs, JOBS_PER_WRITE).await == 0 {
+                return None;
+            }
+            {
+                let mut fifo = sync::lock(&fifo);
+                for job in jobs.drain(..) {
+                    out.extend_from_slice(&job.bytes);
+                    fifo.push_back(InFlight {
+                        job,
+                        read: 0,
+                        parts: Vec::new(),
+                    });
+                }
+            }
+            let written = async {
+                w.write_all(&out).await?;
+                w.flush().await
+            };
+            if let Err(e) = written.await {
+                return Some(format!("write failed: {e}"));
+            }
+            out.clear();
+        }
+    };
+    let reads = async {
+        let mut buf = BytesMut::with_capacity(common.read_chunk);
+        let mut scanner = ReplyScanner::new();
+        let mut scanned = 0usize;
+        loop {
+            buf.reserve(common.read_chunk);
+            match r.read_buf(&mut buf).await {
+                Ok(0) => return "closed by the server".to_string(),
+                Ok(_) => {}
+                Err(e) => return format!("read failed: {e}"),
+            }
+            loop {
+                let (used, end) = match scanner.advance(&buf[scanned..]) {
+                    Ok(step) => step,
+                    Err(_) => return "a malformed reply".to_string(),
+                };
+                scanned += used;
+                let Some(end) = end else { break };
+                if end.kind != FrameKind::Reply {
+                    return "a push or attribute frame".to_string();
+                }
+                let frame = buf.split_to(scanned).freeze();
+                scanned = 0;
+                if let Err(why) = deliver(common, addr, &mut sync::lock(&fifo), frame) {
+                    ProxyMetrics::inc(&common.metrics.bad_replies);
+                    return why.to_string();
+                }
+            }
+        }
+    };
+    let why = tokio::select! {
+        _ = stop.cancelled() => None,
+        why = writes => why,
+        why = reads => Some(why),
+    };
+    let error = error_line(&format!(
+        "upstream {addr} unavailable (connection lost: {})",
+        why.as_deref().unwrap_or("shutting down")
+    ));
+    let owed: Vec<InFlight> = sync::lock(&fifo).drain(..).collect();
+    for flight in owed {
+        ProxyMetrics::add(
+            &common.metrics.error_replies,
+            (flight.job.ends.len() - flight.read) as u64,
+        );
+        flight.fail(&error);
+    }
+    why
+}
+
+/// Hands one reply to the job at the front of `fifo`; redirections are
+/// followed or turned into `-TRYAGAIN` (see [`Job::follow`]).
+fn deliver(
+    common: &Arc<Common>,
+    addr: &str,
+    fifo: &mut VecDeque<InFlight>,
+    frame: Bytes,
+) -> Result<(), &'static str> {
+    let Some(front) = fifo.front_mut() else {
+        return Err("a reply no command was owed");
+    };
+    let i = front.read;
+    front.read += 1;
+    let total = front.job.ends.len();
+    if i >= front.job.skip_front {
+        let part = match frame.first() {
+            Some(b'-') => match redirect(&frame, addr) {
+                Some(to) if front.job.follow && front.job.hops < common.max_redirects => {
+                    common.redirect(front.job.command(i), to, front.job.hops + 1)
+                }
+                Some(to) => {
+                    ProxyMetrics::inc(&common.metrics.redirects_refused);
+                    Part::Reply(try_again(&to, front.job.follow))
+                }
+                None => Part::Reply(frame),
+            },
+            _ => Part::Reply(frame),
+        };
+        front.parts.push(part);
+    }
+    if front.read == total {
+        if let Some(done) = fifo.pop_front() {
+            done.job.finish(done.parts);
+        }
+    }
+    Ok(())
+}
+
+/// The error for a redirection lockgate does not follow.
+fn try_again(to: &crate::cluster::redirect::Redirect, follow: bool) -> Bytes {
+    let why = match follow {
+        true => "redirected too many times (upstream.cluster.max_redirects)",
+        false => "moved while on a connection of this client's own (a transaction, a blocking command, a script)",
+    };
+    let mut out = BytesMut::new();
+    LocalReply::Error(Bytes::from(format!(
+        "TRYAGAIN lockgate: slot {} {why}; last sent to {}",
+        to.slot, to.addr
+    )))
+    .encode(false, &mut out);
+    out.freeze()
+}

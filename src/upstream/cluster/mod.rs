@@ -1,0 +1,456 @@
+//! A Redis Cluster behind lockgate (`[upstream.cluster]`): sessions'
+//! commands routed by hash slot to the node that serves them, with the
+//! order of replies kept (see `docs/cluster.md`).
+//!
+//! A session gets a [`ClusterStream`] where it would get a socket of its
+//! own, and uses it the same way ([`stream`]). Its write side asks
+//! [`crate::cluster::route::route`] where each command goes and sends it
+//! as a [`lane::Job`] to that node's shared connection (a [`lane`],
+//! `proxy.shared_upstream_connections` per node), or, for a blocking
+//! command, a script or a transaction, to a connection of the session's
+//! own to that node; its read side hands the replies back in the order of
+//! the commands, whichever node answered first. Commands split across
+//! slots (`MGET`, `DEL`, …) and keyspace-wide ones (`DBSIZE`, `KEYS`,
+//! `FLUSHALL`, `SCRIPT LOAD`, `SCAN`) are sent to each node concerned and
+//! their replies merged into one ([`merge`]).
+//!
+//! Which node serves a slot is a hint with bounded staleness: the slot
+//! map read from the nodes ([`crate::cluster::topology`]) at start, every
+//! `upstream.cluster.refresh_interval_ms`, and soon after a node
+//! redirected a command (`MOVED`) or was lost, never twice within
+//! `upstream.cluster.refresh_min_gap_ms`. A node's `MOVED` and `ASK` are
+//! followed by the lane that read them, at most
+//! `upstream.cluster.max_redirects` times per command: the client never
+//! sees one.
+
+mod lane;
+mod merge;
+mod stream;
+
+pub use stream::{ClusterRead, ClusterStream, ClusterWrite};
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use smallvec::smallvec;
+use tokio::sync::{mpsc, Notify};
+use tokio_util::sync::CancellationToken;
+
+use crate::cluster::facade::Facade;
+use crate::cluster::keys::KeyTable;
+use crate::cluster::map::SlotMap;
+use crate::cluster::redirect::Redirect;
+use crate::cluster::topology::{fetch_from, refresh_due};
+use crate::config::Config;
+use crate::metrics::{counters, ProxyMetrics, RateLimit};
+use crate::protocol::encode;
+use crate::sync;
+use crate::tls::Stream;
+use crate::upstream::node::{connect_authenticated, request, NodeConfig};
+use crate::upstream::Connector;
+use lane::{Job, Part};
+
+/// The name lockgate's connections to the nodes give themselves
+/// (`CLIENT LIST`): shared ones and a session's own.
+pub const SHARED_NAME: &str = "lockgate-cluster";
+/// The name of a session's own connection to a node.
+pub const OWN_NAME: &str = "lockgate-cluster-own";
+
+counters! {
+    /// Counters of lockgate's connections to a cluster's nodes and of the
+    /// routing over them.
+    pub struct ClusterMetrics {
+        /// Shared connections to the nodes open now.
+        shared_open: Gauge "cluster_shared_connections", "Shared connections to cluster nodes open now";
+        /// Sessions' own connections to the nodes open now.
+        own_open: Gauge "cluster_own_connections", "Sessions' own connections to cluster nodes open now (blocking commands, scripts, transactions, subscriptions)";
+        /// Connections to the nodes opened.
+        node_connects: Counter "cluster_node_connects", "Connections to cluster nodes opened";
+        /// Attempts to open a connection to a node that failed.
+        node_connect_errors: Counter "cluster_node_connect_errors", "Attempts to open a connection to a cluster node that failed";
+        /// Connections to the nodes lost.
+        node_lost: Counter "cluster_node_connections_lost", "Connections to cluster nodes lost";
+        /// Replies answered upstream-unavailable for a node down or lost.
+        error_replies: Counter "cluster_error_replies", "Replies answered upstream-unavailable because a cluster node was down or its connection lost";
+        /// Malformed or unowed replies from a node (its connection is dropped).
+        bad_replies: Counter "cluster_bad_replies", "Malformed or unowed replies from a cluster node";
+        /// MOVED redirections followed.
+        moved: Counter "cluster_redirects_moved", "MOVED redirections followed";
+        /// ASK redirections followed.
+        ask: Counter "cluster_redirects_ask", "ASK redirections followed";
+        /// Redirections answered -TRYAGAIN (past max_redirects, or on a session's own connection).
+        redirects_refused: Counter "cluster_redirects_refused", "Redirections not followed, answered -TRYAGAIN (past upstream.cluster.max_redirects, or on a session's own connection)";
+        /// Slot map readings that found a map.
+        refreshes: Counter "cluster_map_refreshes", "Slot map readings";
+        /// Slot map readings that changed the map.
+        map_changes: Counter "cluster_map_changes", "Slot map readings that found a change";
+        /// Slot map readings that failed on every node asked.
+        refresh_errors: Counter "cluster_map_refresh_errors", "Slot map readings that failed on every node asked";
+        /// Commands split per slot.
+        splits: Counter "cluster_split_commands", "Commands split per slot (MGET, DEL, UNLINK, EXISTS, TOUCH, MSET across slots)";
+        /// Commands sent to every primary.
+        fanouts: Counter "cluster_fanout_commands", "Commands sent to every primary and merged (DBSIZE, KEYS, FLUSHALL, FLUSHDB, SCRIPT LOAD, SCAN, …)";
+        /// Commands refused with CROSSSLOT.
+        crossslot: Counter "cluster_crossslot_refused", "Commands refused with CROSSSLOT (keys in more than one slot, not splittable)";
+        /// Commands answered by lockgate (facade, refusals).
+        local: Counter "cluster_local_replies", "Commands answered by lockgate in front of a cluster (CLUSTER SLOTS and kin, refusals)";
+        /// Slots no node serves in the map in force.
+        unserved: Gauge "cluster_slots_unserved", "Slots no node serves in the slot map in force";
+        /// Primaries in the map in force.
+        primaries: Gauge "cluster_primaries", "Primaries in the slot map in force";
+    }
+}
+
+/// What the lanes, the sessions and the map's reader share.
+pub(crate) struct Common {
+    /// The slot map in force (`None`: none read yet) and when it was read.
+    map: RwLock<(Option<Arc<SlotMap>>, Instant)>,
+    /// Bumped at every change of the map (sessions drop their lanes then).
+    generation: AtomicU64,
+    /// Every command's keys, from a node's `COMMAND`.
+    keys: RwLock<Arc<KeyTable>>,
+    /// lockgate as the one node cluster-aware clients see (its address
+    /// set once the listener is bound).
+    pub(crate) facade: RwLock<Facade>,
+    /// Shared lanes per node address.
+    lanes: Mutex<HashMap<Arc<str>, Vec<mpsc::Sender<Job>>>>,
+    /// How lockgate connects to the nodes (timeout, credentials, TLS).
+    node: NodeConfig,
+    seeds: Vec<String>,
+    lanes_per_node: usize,
+    queue: usize,
+    pub(crate) reconnect_interval: Duration,
+    pub(crate) read_chunk: usize,
+    pub(crate) max_redirects: u32,
+    refresh_interval: Duration,
+    refresh_gap: Duration,
+    /// Wakes the map's reader early (a redirection, a node lost).
+    refresh: Notify,
+    pub(crate) metrics: Arc<ClusterMetrics>,
+    pub(crate) warn: RateLimit,
+    stop: CancellationToken,
+    /// The lock room's instance id (the facade's node id comes from it).
+    instance: String,
+}
+
+impl std::fmt::Debug for Common {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Common")
+            .field("seeds", &self.seeds)
+            .finish()
+    }
+}
+
+impl Common {
+    /// A connection to the node `addr`, authenticated as lockgate's own
+    /// (`upstream.username`/`password`) and named.
+    pub(crate) async fn open(&self, addr: &str, shared: bool) -> Result<Stream, String> {
+        let config = NodeConfig {
+            addr: addr.to_string(),
+            ..self.node.clone()
+        };
+        let mut stream = connect_authenticated(&config).await?;
+        let name = match shared {
+            true => SHARED_NAME,
+            false => OWN_NAME,
+        };
+        let setname = encode::command(&[b"CLIENT", b"SETNAME", name.as_bytes()]);
+        request(&mut stream, &setname, config.connect_timeout).await?;
+        Ok(stream)
+    }
+
+    /// The slot map in force, if one was read.
+    pub(crate) fn map(&self) -> Option<Arc<SlotMap>> {
+        sync::read(&self.map).0.clone()
+    }
+
+    /// The generation of the map in force.
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// The key table in force.
+    pub(crate) fn keys(&self) -> Arc<KeyTable> {
+        sync::read(&self.keys).clone()
+    }
+
+    /// Asks the map's reader to read it again soon (within its gap).
+    pub(crate) fn refresh_soon(&self) {
+        self.refresh.notify_one();
+    }
+
+    /// The shared lane `n` (of `proxy.shared_upstream_connections`) to the
+    /// node `addr`, started on first use.
+    pub(crate) fn lane(self: &Arc<Self>, addr: &str, n: usize) -> mpsc::Sender<Job> {
+        let mut lanes = sync::lock(&self.lanes);
+        if let Some(senders) = lanes.get(addr) {
+            return senders[n % senders.len()].clone();
+        }
+        let addr: Arc<str> = Arc::from(addr);
+        let senders: Vec<mpsc::Sender<Job>> = (0..self.lanes_per_node)
+            .map(|_| self.spawn_lane(addr.clone(), true).0)
+            .collect();
+        let sender = senders[n % senders.len()].clone();
+        lanes.insert(addr, senders);
+        sender
+    }
+
+    /// Starts a lane to `addr` (shared, or a session's own), stopping
+    /// with lockgate or once every sender is gone.
+    pub(crate) fn spawn_lane(
+        self: &Arc<Self>,
+        addr: Arc<str>,
+        shared: bool,
+    ) -> (mpsc::Sender<Job>, tokio::task::JoinHandle<()>) {
+        let (tx, rx) = mpsc::channel(self.queue);
+        let handle = tokio::spawn(lane::run(self.clone(), addr, rx, self.stop.clone(), shared));
+        (tx, handle)
+    }
+
+    /// Sends `command` again where `to` says (after `ASKING` for `ASK`),
+    /// on that node's shared lane; its replies are the part returned.
+    pub(crate) fn redirect(self: &Arc<Self>, command: Bytes, to: Redirect, hops: u32) -> Part {
+        let (bytes, ends, skip) = match to.ask {
+            true => {
+                ProxyMetrics::inc(&self.metrics.ask);
+                let asking = encode::command(&[b"ASKING"]);
+                let mut both = Vec::with_capacity(asking.len() + command.len());
+                both.extend_from_slice(&asking);
+                both.extend_from_slice(&command);
+                (
+                    Bytes::from(both),
+                    smallvec![asking.len(), asking.len() + command.len()],
+                    1,
+                )
+            }
+            false => {
+                ProxyMetrics::inc(&self.metrics.moved);
+                self.refresh_soon();
+                let len = command.len();
+                (command, smallvec![len], 0)
+            }
+        };
+        let (mut job, rx) = Job::new(bytes, ends, true);
+        job.skip_front = skip;
+        job.hops = hops;
+        let lane = self.lane(&to.addr, 0);
+        match lane.try_send(job) {
+            Ok(()) => {}
+            // A full queue: waited for away from the lane reading the
+            // redirection (which must go on reading).
+            Err(mpsc::error::TrySendError::Full(job)) => {
+                tokio::spawn(async move {
+                    let _ = lane.send(job).await;
+                });
+            }
+            // Shutting down: the part's sender is dropped, answered so.
+            Err(mpsc::error::TrySendError::Closed(_)) => {}
+        }
+        Part::Later(rx)
+    }
+
+    /// Reads the slot map (and, the first time, the key table) from the
+    /// seeds and the nodes of the last map; true when a map was read.
+    async fn read_map(&self) -> bool {
+        let mut asked: Vec<String> = self.seeds.clone();
+        if let Some(map) = self.map() {
+            for shard in map.shards() {
+                if !asked.contains(&shard.primary) {
+                    asked.push(shard.primary.clone());
+                }
+            }
+        }
+        let (map, from) = match fetch_from(&self.node, &asked).await {
+            Ok(found) => found,
+            Err(e) => {
+                ProxyMetrics::inc(&self.metrics.refresh_errors);
+                if let Some(more) = self.warn.check() {
+                    tracing::warn!(error = %e, suppressed = more, "cannot read the cluster's slot map");
+                }
+                sync::write(&self.map).1 = Instant::now();
+                return false;
+            }
+        };
+        ProxyMetrics::inc(&self.metrics.refreshes);
+        if self.keys().is_empty() {
+            match self.read_keys(&from).await {
+                Ok(table) => *sync::write(&self.keys) = Arc::new(table),
+                Err(e) => {
+                    if let Some(more) = self.warn.check() {
+                        tracing::warn!(node = %from, error = %e, suppressed = more, "cannot read the nodes' key specifications");
+                    }
+                }
+            }
+        }
+        self.metrics
+            .unserved
+            .store(map.unserved() as u64, Ordering::Relaxed);
+        self.metrics
+            .primaries
+            .store(map.shards().len() as u64, Ordering::Relaxed);
+        let mut slot = sync::write(&self.map);
+        slot.1 = Instant::now();
+        if slot.0.as_deref() != Some(&map) {
+            if slot.0.is_some() {
+                ProxyMetrics::inc(&self.metrics.map_changes);
+                tracing::info!(
+                    primaries = map.shards().len(),
+                    unserved = map.unserved(),
+                    "the cluster's slot map changed"
+                );
+            }
+            slot.0 = Some(Arc::new(map));
+            self.generation.fetch_add(1, Ordering::AcqRel);
+        }
+        true
+    }
+
+    /// `COMMAND` from the node `addr`: every command's keys.
+    async fn read_keys(&self, addr: &str) -> Result<KeyTable, String> {
+        let config = NodeConfig {
+            addr: addr.to_string(),
+            ..self.node.clone()
+        };
+        let mut stream = connect_authenticated(&config).await?;
+        let reply = request(
+            &mut stream,
+            &encode::command(&[b"COMMAND"]),
+            config.connect_timeout,
+        )
+        .await?;
+        KeyTable::from_command(&reply).map_err(|e| e.to_string())
+    }
+}
+
+/// The connections to a cluster's nodes and the way sessions get a
+/// [`ClusterStream`] over them.
+pub struct ClusterPool {
+    common: Arc<Common>,
+    next: AtomicU64,
+}
+
+impl std::fmt::Debug for ClusterPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterPool").finish()
+    }
+}
+
+impl ClusterPool {
+    /// Starts reading the slot map from `upstream.cluster.seeds` (at once,
+    /// then as the module doc says) until `stop`. `instance` (the lock
+    /// room's instance id) makes lockgate's node id for cluster-aware
+    /// clients; its address is set by [`ClusterPool::set_listen`]. Must
+    /// run inside a Tokio runtime.
+    pub fn start(
+        config: &Config,
+        connector: Connector,
+        instance: &str,
+        stop: &CancellationToken,
+    ) -> Arc<ClusterPool> {
+        let c = &config.upstream.cluster;
+        let common = Arc::new(Common {
+            map: RwLock::new((None, Instant::now())),
+            generation: AtomicU64::new(0),
+            keys: RwLock::new(Arc::new(KeyTable::default())),
+            facade: RwLock::new(Facade::new(instance, "127.0.0.1", 6379)),
+            instance: instance.to_string(),
+            lanes: Mutex::new(HashMap::new()),
+            node: NodeConfig::for_addr(config, &config.upstream.addr, connector),
+            seeds: c.seeds.clone(),
+            lanes_per_node: config.proxy.shared_upstream_connections.max(1),
+            queue: config.proxy.shared_upstream_queue_batches.max(1),
+            reconnect_interval: Duration::from_millis(config.upstream.reconnect_interval_ms),
+            read_chunk: config.proxy.read_chunk_bytes,
+            max_redirects: c.max_redirects,
+            refresh_interval: Duration::from_millis(c.refresh_interval_ms),
+            refresh_gap: Duration::from_millis(c.refresh_min_gap_ms),
+            refresh: Notify::new(),
+            metrics: Arc::default(),
+            warn: RateLimit::new(Duration::from_secs(10)),
+            stop: stop.clone(),
+        });
+        tokio::spawn(refresher(common.clone()));
+        Arc::new(ClusterPool {
+            common,
+            next: AtomicU64::new(0),
+        })
+    }
+
+    /// The address cluster-aware clients are told to use: the client
+    /// listener's, `127.0.0.1` (or `::1`) for an unspecified IP (a
+    /// sidecar's app reaches it there).
+    pub fn set_listen(&self, addr: std::net::SocketAddr) {
+        let host = match addr.ip() {
+            ip if ip.is_unspecified() && ip.is_ipv4() => "127.0.0.1".to_string(),
+            ip if ip.is_unspecified() => "::1".to_string(),
+            ip => ip.to_string(),
+        };
+        *sync::write(&self.common.facade) = Facade::new(&self.common.instance, &host, addr.port());
+    }
+
+    /// A stream for one new session.
+    pub fn session(&self, dedicated: bool) -> ClusterStream {
+        let n = self.next.fetch_add(1, Ordering::Relaxed) as usize;
+        ClusterStream::new(self.common.clone(), n, dedicated)
+    }
+
+    /// The counters, for `/metrics` and `LOCKGATE STATS`.
+    pub fn metrics(&self) -> &Arc<ClusterMetrics> {
+        &self.common.metrics
+    }
+
+    /// The slot map in force, if one was read.
+    pub fn map(&self) -> Option<Arc<SlotMap>> {
+        self.common.map()
+    }
+
+    /// True once a slot map and the nodes' key specifications were read
+    /// (before, commands are answered `-CLUSTERDOWN` or sent to a node
+    /// that redirects them).
+    pub fn ready(&self) -> bool {
+        self.common.map().is_some() && !self.common.keys().is_empty()
+    }
+
+    /// True when a map was read and a node serves every slot in it.
+    pub fn serves_every_slot(&self) -> bool {
+        self.common.map().is_some_and(|m| m.unserved() == 0)
+    }
+}
+
+/// Reads the map at once, then whenever [`refresh_due`] says (without a
+/// map, every `refresh_min_gap_ms` until one is read).
+async fn refresher(common: Arc<Common>) {
+    let mut asked_early = false;
+    loop {
+        let last = sync::read(&common.map).1;
+        let now = Instant::now();
+        let have = common.map().is_some();
+        if !have
+            || refresh_due(
+                last,
+                now,
+                common.refresh_interval,
+                common.refresh_gap,
+                asked_early,
+            )
+        {
+            common.read_map().await;
+            asked_early = false;
+        }
+        let last = sync::read(&common.map).1;
+        let now = Instant::now();
+        let wait = match (common.map().is_some(), asked_early) {
+            (false, _) => common.refresh_gap,
+            (true, true) => (last + common.refresh_gap).saturating_duration_since(now),
+            (true, false) => (last + common.refresh_interval).saturating_duration_since(now),
+        };
+        tokio::select! {
+            _ = common.stop.cancelled() => return,
+            _ = tokio::time::sleep(wait) => {}
+            _ = common.refresh.notified() => asked_early = true,
+        }
+    }
+}

@@ -1,0 +1,932 @@
+//! The stream a session gets in front of a cluster, written and read as
+//! its own socket would be. The write side ([`ClusterWrite`]) frames what
+//! it is given (whole commands; the start of an unfinished one waits for
+//! the rest), asks [`route`] where each goes, and sends runs of commands
+//! for one node as one [`Job`]: to the node's shared lane, or to a lane of
+//! the session's own to it (blocking commands, scripts, transactions, and
+//! everything with `proxy.upstream = "dedicated"`). Before a command goes
+//! to the other kind of lane than the last one, it waits until nothing is
+//! owed on that kind ([`Owed`]): two connections never run one session's
+//! commands out of order. The read side ([`ClusterRead`]) hands back each
+//! command's reply in the order of the commands, waiting for a slower node
+//! when it must.
+//!
+//! A transaction is kept in one slot as a cluster keeps it
+//! ([`TxSlot`]): `WATCH` names its node; a `MULTI` before any key is held
+//! with the commands after it until one names a key (or `EXEC` comes),
+//! then all go to that node on the session's own connection; a command
+//! with a key in another slot is refused with `CROSSSLOT` and `EXEC` then
+//! answers `EXECABORT` (the node's side discarded). A subscription pins
+//! the session to a connection of its own to one node, for good.
+
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+
+use bytes::{Buf, Bytes, BytesMut};
+use smallvec::{smallvec, SmallVec};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf, ReadHalf, WriteHalf};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::PollSender;
+use tokio_util::task::AbortOnDropHandle;
+
+use super::lane::{Job, Owed, Part};
+use super::{merge, Common};
+use crate::cluster::fanout::Fanout;
+use crate::cluster::map::SlotMap;
+use crate::cluster::route::{route, Dest, TxCommand};
+use crate::cluster::split::{Split, CROSSSLOT};
+use crate::cluster::tx::{Event, TxSlot, Verdict};
+use crate::metrics::ProxyMetrics;
+use crate::protocol::encode::{self, LocalReply};
+use crate::protocol::request::{RequestKind, RequestParser};
+use crate::tls::Stream;
+use crate::upstream::shared::framing_parser;
+
+/// Both halves of a session's stream in front of a cluster.
+#[derive(Debug)]
+pub struct ClusterStream {
+    /// Replies.
+    pub read: ClusterRead,
+    /// Commands.
+    pub write: ClusterWrite,
+}
+
+/// What the read side hands back, in the order of the commands.
+enum Slot {
+    /// Replies now (lockgate's own).
+    Ready(Bytes),
+    /// A job's replies, once in.
+    Job(oneshot::Receiver<Vec<Part>>),
+    /// From here on everything comes from this connection (a
+    /// subscription pinned the session to it).
+    Pin(oneshot::Receiver<Result<ReadHalf<Stream>, String>>),
+}
+
+impl ClusterStream {
+    pub(super) fn new(common: Arc<Common>, n: usize, dedicated: bool) -> ClusterStream {
+        let (out, rx) = mpsc::unbounded_channel();
+        ClusterStream {
+            read: ClusterRead {
+                rx,
+                parts: VecDeque::new(),
+                waiting: None,
+                current: Bytes::new(),
+                pin: None,
+                pinned: None,
+            },
+            write: ClusterWrite {
+                common,
+                n,
+                dedicated,
+                out: Some(out),
+                pending: BytesMut::new(),
+                parser: framing_parser(),
+                run: None,
+                outbox: VecDeque::new(),
+                generation: u64::MAX,
+                map: None,
+                nodes: Vec::new(),
+                shared: HashMap::new(),
+                own: HashMap::new(),
+                owed_shared: Arc::default(),
+                owed_own: Arc::default(),
+                last_own: None,
+                tx: TxSlot::default(),
+                tx_node: None,
+                held: None,
+                state: State::Routing,
+            },
+        }
+    }
+}
+
+/// The reading half: every command's reply, in order.
+pub struct ClusterRead {
+    // Unbounded: it holds one entry per command (or run of commands) the
+    // session sent and has not read the reply of, which the session's own
+    // pipeline limits.
+    rx: mpsc::UnboundedReceiver<Slot>,
+    /// Parts of the job being read.
+    parts: VecDeque<Part>,
+    /// A job (or redirected part) whose replies are awaited.
+    waiting: Option<oneshot::Receiver<Vec<Part>>>,
+    /// A reply being copied out.
+    current: Bytes,
+    pin: Option<oneshot::Receiver<Result<ReadHalf<Stream>, String>>>,
+    pinned: Option<ReadHalf<Stream>>,
+}
+
+impl std::fmt::Debug for ClusterRead {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterRead")
+            .field("pinned", &self.pinned.is_some())
+            .finish()
+    }
+}
+
+impl AsyncRead for ClusterRead {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let start = buf.filled().len();
+        loop {
+            if let Some(read) = &mut this.pinned {
+                if buf.filled().len() > start {
+                    return Poll::Ready(Ok(()));
+                }
+                return Pin::new(read).poll_read(cx, buf);
+            }
+            if !this.current.is_empty() {
+                let n = this.current.len().min(buf.remaining());
+                if n == 0 {
+                    return Poll::Ready(Ok(()));
+                }
+                buf.put_slice(&this.current[..n]);
+                this.current.advance(n);
+                continue;
+            }
+            let pending = || Poll::Pending;
+            if let Some(rx) = &mut this.waiting {
+                let parts = match Pin::new(rx).poll(cx) {
+                    Poll::Ready(Ok(parts)) => parts,
+                    Poll::Ready(Err(_)) => vec![Part::Reply(merge::gone())],
+                    Poll::Pending if buf.filled().len() > start => return Poll::Ready(Ok(())),
+                    Poll::Pending => return pending(),
+                };
+                this.waiting = None;
+                for p in parts.into_iter().rev() {
+                    this.parts.push_front(p);
+                }
+                continue;
+            }
+            match this.parts.pop_front() {
+                Some(Part::Reply(b)) => {
+                    this.current = b;
+                    continue;
+                }
+                Some(Part::Later(rx)) => {
+                    this.waiting = Some(rx);
+                    continue;
+                }
+                None => {}
+            }
+            if let Some(rx) = &mut this.pin {
+                match Pin::new(rx).poll(cx) {
+                    Poll::Ready(Ok(Ok(read))) => {
+                        this.pin = None;
+                        this.pinned = Some(read);
+                        continue;
+                    }
+                    Poll::Ready(Ok(Err(why))) => {
+                        return Poll::Ready(Err(io::Error::new(io::ErrorKind::NotConnected, why)))
+                    }
+                    Poll::Ready(Err(_)) => {
+                        return Poll::Ready(Err(io::ErrorKind::NotConnected.into()))
+                    }
+                    Poll::Pending if buf.filled().len() > start => return Poll::Ready(Ok(())),
+                    Poll::Pending => return pending(),
+                }
+            }
+            match this.rx.poll_recv(cx) {
+                Poll::Ready(Some(Slot::Ready(b))) => this.current = b,
+                Poll::Ready(Some(Slot::Job(rx))) => this.waiting = Some(rx),
+                Poll::Ready(Some(Slot::Pin(rx))) => this.pin = Some(rx),
+                // The write side is gone (shut down, `QUIT`): the end.
+                Poll::Ready(None) => return Poll::Ready(Ok(())),
+                Poll::Pending if buf.filled().len() > start => return Poll::Ready(Ok(())),
+                Poll::Pending => return pending(),
+            }
+        }
+    }
+}
+
+/// A lane a session sends to.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Lane {
+    /// The node's shared lane.
+    Shared(Arc<str>),
+    /// The session's own lane to the node; redirections followed (plain
+    /// commands with `proxy.upstream = "dedicated"`) or not.
+    Own(Arc<str>, bool),
+}
+
+impl Lane {
+    fn own(&self) -> bool {
+        matches!(self, Lane::Own(..))
+    }
+
+    fn follow(&self) -> bool {
+        !matches!(self, Lane::Own(_, false))
+    }
+}
+
+/// Commands at the front of `pending` gathered for one lane.
+struct Run {
+    lane: Lane,
+    len: usize,
+    ends: SmallVec<[usize; 4]>,
+}
+
+/// A transaction's `MULTI` and the commands after it, held until one
+/// names a key (its node) or `EXEC` comes. lockgate answered them itself
+/// (`+OK`, `+QUEUED`: a client waits for those before it sends more), so
+/// the node's replies to them are dropped.
+struct Held {
+    bytes: BytesMut,
+    ends: SmallVec<[usize; 4]>,
+}
+
+/// Where the write side is.
+enum State {
+    /// Commands are routed.
+    Routing,
+    /// A subscription's own connection being opened; the read side gets
+    /// its reading half through `to_read`.
+    Pinning(
+        AbortOnDropHandle<Result<Stream, String>>,
+        Option<oneshot::Sender<Result<ReadHalf<Stream>, String>>>,
+    ),
+    /// Everything goes to this connection.
+    Pinned(WriteHalf<Stream>, #[allow(dead_code)] PinGuard),
+    /// After `QUIT`: nothing more is sent.
+    Quit,
+    /// The session is ending.
+    Failed,
+}
+
+/// Counts a pinned connection open while it lives.
+struct PinGuard(Arc<Common>);
+
+impl Drop for PinGuard {
+    fn drop(&mut self) {
+        self.0.metrics.own_open.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// What one command does (see [`ClusterWrite::decide`]).
+enum Action {
+    /// Into the run for this lane.
+    Run(Lane),
+    /// Answered by lockgate with these bytes.
+    Reply(Bytes),
+    Split(Split),
+    Fanout(Fanout),
+    Scan,
+    /// Pins the session to this node.
+    Subscribe(Arc<str>),
+    Quit,
+    /// `MULTI` before any key: held.
+    StartHold,
+    /// Held with the transaction.
+    Hold,
+    /// The held transaction and this command, to this node.
+    Release(Arc<str>),
+    /// `EXEC` after a refused command: the node's side discarded,
+    /// `EXECABORT` answered.
+    Abort,
+}
+
+/// A command's action and the transaction's state once it is carried out.
+struct Decided {
+    action: Action,
+    tx: TxSlot,
+    /// The node the transaction is bound to after it.
+    tx_node: Option<Arc<str>>,
+}
+
+/// The writing half: commands, sent as the module doc says.
+pub struct ClusterWrite {
+    common: Arc<Common>,
+    /// This session's number (which shared lane of a node it uses).
+    n: usize,
+    /// `proxy.upstream = "dedicated"`: plain commands on lanes of its own.
+    dedicated: bool,
+    out: Option<mpsc::UnboundedSender<Slot>>,
+    pending: BytesMut,
+    parser: RequestParser,
+    run: Option<Run>,
+    /// Jobs made but not yet sent (room on their lane), in order.
+    outbox: VecDeque<(Lane, Job)>,
+    /// The map generation `map`, `nodes` and `shared` are of.
+    generation: u64,
+    map: Option<Arc<SlotMap>>,
+    /// Each shard's primary, by shard index.
+    nodes: Vec<Arc<str>>,
+    shared: HashMap<Arc<str>, PollSender<Job>>,
+    own: HashMap<Arc<str>, (PollSender<Job>, AbortOnDropHandle<()>)>,
+    owed_shared: Arc<Owed>,
+    owed_own: Arc<Owed>,
+    /// The kind of lane the last job went to (own: true).
+    last_own: Option<bool>,
+    tx: TxSlot,
+    tx_node: Option<Arc<str>>,
+    held: Option<Held>,
+    state: State,
+}
+
+impl std::fmt::Debug for ClusterWrite {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterWrite")
+            .field("pending", &self.pending.len())
+            .finish()
+    }
+}
+
+fn encoded(reply: &LocalReply) -> Bytes {
+    let mut out = BytesMut::new();
+    reply.encode(false, &mut out);
+    out.freeze()
+}
+
+const EXECABORT: &str = "EXECABORT Transaction discarded because of previous errors.";
+
+impl ClusterWrite {
+    /// Takes the map in force if it changed since the last command.
+    fn follow_map(&mut self) {
+        let generation = self.common.generation();
+        if generation == self.generation {
+            return;
+        }
+        self.generation = generation;
+        self.map = self.common.map();
+        self.nodes = self
+            .map
+            .iter()
+            .flat_map(|m| m.shards().iter().map(|s| Arc::from(s.primary.as_str())))
+            .collect();
+        self.shared.clear();
+    }
+
+    /// The node serving `slot` (`None`: this session's keyless node).
+    fn node_of(&self, slot: Option<u16>) -> Result<Arc<str>, Bytes> {
+        let Some(map) = &self.map else {
+            return Err(encoded(&merge::no_map()));
+        };
+        let i = match slot {
+            Some(s) => map.shard_index(s),
+            None => (!self.nodes.is_empty()).then(|| self.n % self.nodes.len()),
+        };
+        match i.and_then(|i| self.nodes.get(i)) {
+            Some(node) => Ok(node.clone()),
+            None => Err(encoded(&merge::unserved())),
+        }
+    }
+
+    /// The lane for a plain command to `node`.
+    fn plain(&self, node: Arc<str>) -> Lane {
+        match self.dedicated {
+            true => Lane::Own(node, true),
+            false => Lane::Shared(node),
+        }
+    }
+
+    /// What the command `args` does, given the transaction's state (pure
+    /// but for reading the map in force).
+    fn decide(&self, args: &[&[u8]]) -> Decided {
+        let keys = self.common.keys();
+        let dest = route(args, &keys, &crate::sync::read(&self.common.facade));
+        let mut d = Decided {
+            action: Action::Hold,
+            tx: self.tx,
+            tx_node: self.tx_node.clone(),
+        };
+        let node = |slot| self.node_of(slot);
+        if self.tx.in_multi {
+            let event = match &dest {
+                Dest::Tx(TxCommand::Exec) | Dest::Tx(TxCommand::Discard) => {
+                    let exec = dest == Dest::Tx(TxCommand::Exec);
+                    let (tx, verdict) = self.tx.step(Event::End, exec);
+                    d.tx = tx;
+                    d.tx_node = None;
+                    d.action = match (verdict, &self.tx_node) {
+                        (Verdict::Abort, _) => Action::Abort,
+                        (_, Some(bound)) => Action::Run(Lane::Own(bound.clone(), false)),
+                        (_, None) => match node(None) {
+                            Ok(any) => Action::Release(any),
+                            Err(e) => Action::Reply(e),
+                        },
+                    };
+                    return d;
+                }
+                Dest::Quit => {
+                    d.action = Action::Quit;
+                    return d;
+                }
+                Dest::Node(s) | Dest::Own(s) | Dest::Subscribe(s) => Ok(*s),
+                Dest::Split(_) => Err(()),
+                Dest::Local(LocalReply::Error(e)) if e.starts_with(b"CROSSSLOT") => Err(()),
+                Dest::Local(LocalReply::Error(e)) => {
+                    // Refused as it is queued: `EXEC` aborts, as Redis does.
+                    d.tx.failed = true;
+                    d.action = Action::Reply(encoded(&LocalReply::Error(e.clone())));
+                    return d;
+                }
+                // Queued on the node as sent (it answers them at `EXEC`).
+                _ => Ok(None),
+            };
+            let (tx, verdict) = self.tx.step(Event::Queue(event), false);
+            d.tx = tx;
+            d.action = match verdict {
+                Verdict::CrossSlot => Action::Reply(encoded(&LocalReply::Error(CROSSSLOT.into()))),
+                Verdict::Abort => Action::Abort,
+                Verdict::Go(slot) => match (&self.tx_node, slot) {
+                    (Some(bound), _) => Action::Run(Lane::Own(bound.clone(), false)),
+                    (None, None) => Action::Hold,
+                    (None, Some(s)) => match node(Some(s)) {
+                        Ok(n) => {
+                            d.tx_node = Some(n.clone());
+                            Action::Release(n)
+                        }
+                        Err(e) => {
+                            d.tx.failed = true;
+                            Action::Reply(e)
+                        }
+                    },
+                },
+            };
+            return d;
+        }
+        d.action = match dest {
+            Dest::Tx(TxCommand::Multi) => {
+                let (tx, _) = self.tx.step(Event::Multi, false);
+                d.tx = tx;
+                match &self.tx_node {
+                    Some(bound) => Action::Run(Lane::Own(bound.clone(), false)),
+                    None => Action::StartHold,
+                }
+            }
+            Dest::Tx(TxCommand::Watch(Ok(Some(slot)))) => {
+                match self.tx.step(Event::Watch(Ok(slot)), false) {
+                    (tx, Verdict::Go(_)) => match (&self.tx_node, node(Some(slot))) {
+                        (Some(bound), _) => {
+                            d.tx = tx;
+                            Action::Run(Lane::Own(bound.clone(), false))
+                        }
+                        (None, Ok(n)) => {
+                            d.tx = tx;
+                            d.tx_node = Some(n.clone());
+                            Action::Run(Lane::Own(n, false))
+                        }
+                        (None, Err(e)) => Action::Reply(e),
+                    },
+                    _ => Action::Reply(encoded(&LocalReply::Error(CROSSSLOT.into()))),
+                }
+            }
+            Dest::Tx(TxCommand::Watch(Ok(None))) => match node(None) {
+                Ok(n) => Action::Run(self.plain(n)),
+                Err(e) => Action::Reply(e),
+            },
+            Dest::Tx(TxCommand::Watch(Err(()))) => {
+                Action::Reply(encoded(&LocalReply::Error(CROSSSLOT.into())))
+            }
+            Dest::Tx(TxCommand::Exec | TxCommand::Discard | TxCommand::Unwatch) => {
+                let (tx, _) = self.tx.step(Event::End, false);
+                d.tx = tx;
+                d.tx_node = None;
+                match (&self.tx_node, node(None)) {
+                    (Some(bound), _) => Action::Run(Lane::Own(bound.clone(), false)),
+                    (None, Ok(n)) => Action::Run(self.plain(n)),
+                    (None, Err(e)) => Action::Reply(e),
+                }
+            }
+            Dest::Node(slot) => match node(slot) {
+                Ok(n) => Action::Run(self.plain(n)),
+                Err(e) => Action::Reply(e),
+            },
+            Dest::Own(slot) => match node(slot) {
+                Ok(n) => Action::Run(Lane::Own(n, false)),
+                Err(e) => Action::Reply(e),
+            },
+            Dest::Split(s) => Action::Split(s),
+            Dest::Fanout(f) => Action::Fanout(f),
+            Dest::Scan => Action::Scan,
+            Dest::Subscribe(slot) => match node(slot) {
+                Ok(n) => Action::Subscribe(n),
+                Err(e) => Action::Reply(e),
+            },
+            Dest::Local(reply) => {
+                if matches!(&reply, LocalReply::Error(e) if e.starts_with(b"CROSSSLOT")) {
+                    ProxyMetrics::inc(&self.common.metrics.crossslot);
+                } else {
+                    ProxyMetrics::inc(&self.common.metrics.local);
+                }
+                Action::Reply(encoded(&reply))
+            }
+            Dest::Quit => Action::Quit,
+        };
+        d
+    }
+
+    /// Ready once a job may go to `lane`: what is owed on the other kind
+    /// of lane is in, and the lane's queue has room.
+    fn poll_lane(&mut self, cx: &mut Context<'_>, lane: &Lane) -> Poll<io::Result<()>> {
+        let own = lane.own();
+        if self.last_own.is_some_and(|last| last != own) {
+            let other = match own {
+                true => &self.owed_shared,
+                false => &self.owed_own,
+            };
+            ready!(other.poll_none(cx));
+        }
+        let sender = self.sender(lane);
+        match ready!(sender.poll_reserve(cx)) {
+            Ok(()) => Poll::Ready(Ok(())),
+            Err(_) => Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::NotConnected,
+                "the cluster connections stopped",
+            ))),
+        }
+    }
+
+    /// The sender of `lane`, started on first use.
+    fn sender(&mut self, lane: &Lane) -> &mut PollSender<Job> {
+        match lane {
+            Lane::Shared(node) => {
+                let (common, n) = (&self.common, self.n);
+                self.shared
+                    .entry(node.clone())
+                    .or_insert_with(|| PollSender::new(common.lane(node, n)))
+            }
+            Lane::Own(node, _) => {
+                let common = &self.common;
+                let (tx, _) = self.own.entry(node.clone()).or_insert_with(|| {
+                    let (tx, handle) = common.spawn_lane(node.clone(), false);
+                    (PollSender::new(tx), AbortOnDropHandle::new(handle))
+                });
+                tx
+            }
+        }
+    }
+
+    /// Sends `job` to `lane`, whose room [`Self::poll_lane`] reserved.
+    fn send(&mut self, lane: &Lane, mut job: Job) {
+        let owed = match lane.own() {
+            true => self.owed_own.clone(),
+            false => self.owed_shared.clone(),
+        };
+        owed.add();
+        job.owed = Some(owed);
+        self.last_own = Some(lane.own());
+        // A lane gone (shutting down): the job's part answers so.
+        let _ = self.sender(lane).send_item(job);
+    }
+
+    fn push(&self, slot: Slot) {
+        if let Some(out) = &self.out {
+            let _ = out.send(slot);
+        }
+    }
+
+    /// Sends the gathered run as one job.
+    fn poll_flush_run(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let Some(run) = &self.run else {
+            return Poll::Ready(Ok(()));
+        };
+        let lane = run.lane.clone();
+        ready!(self.poll_lane(cx, &lane))?;
+        let Some(run) = self.run.take() else {
+            return Poll::Ready(Ok(()));
+        };
+        let bytes = self.pending.split_to(run.len).freeze();
+        let (job, rx) = Job::new(bytes, run.ends, lane.follow());
+        self.send(&lane, job);
+        self.push(Slot::Job(rx));
+        Poll::Ready(Ok(()))
+    }
+
+    /// Sends the jobs made for a split, a fan-out or a held transaction,
+    /// in order.
+    fn poll_outbox(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        while let Some((lane, _)) = self.outbox.front() {
+            let lane = lane.clone();
+            ready!(self.poll_lane(cx, &lane))?;
+            if let Some((lane, job)) = self.outbox.pop_front() {
+                self.send(&lane, job);
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    /// Routes and sends what `pending` holds as far as it can: Ready once
+    /// only the start of an unfinished command (or nothing) is left.
+    fn poll_drain(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        loop {
+            match &mut self.state {
+                State::Routing => {}
+                State::Pinning(opening, to_read) => {
+                    let opened = match ready!(Pin::new(opening).poll(cx)) {
+                        Ok(result) => result,
+                        Err(e) => Err(e.to_string()),
+                    };
+                    let to_read = to_read.take();
+                    match opened {
+                        Ok(stream) => {
+                            let (read, write) = tokio::io::split(stream);
+                            ProxyMetrics::inc(&self.common.metrics.own_open);
+                            let guard = PinGuard(self.common.clone());
+                            if let Some(tx) = to_read {
+                                let _ = tx.send(Ok(read));
+                            }
+                            self.state = State::Pinned(write, guard);
+                        }
+                        Err(why) => {
+                            if let Some(tx) = to_read {
+                                let _ = tx.send(Err(why.clone()));
+                            }
+                            self.state = State::Failed;
+                            return Poll::Ready(Err(io::Error::new(
+                                io::ErrorKind::NotConnected,
+                                why,
+                            )));
+                        }
+                    }
+                    continue;
+                }
+                State::Pinned(write, _) => {
+                    while !self.pending.is_empty() {
+                        let n = ready!(Pin::new(&mut *write).poll_write(cx, &self.pending))?;
+                        if n == 0 {
+                            return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+                        }
+                        self.pending.advance(n);
+                    }
+                    return Poll::Ready(Ok(()));
+                }
+                State::Quit => {
+                    self.pending.clear();
+                    return Poll::Ready(Ok(()));
+                }
+                State::Failed => return Poll::Ready(Err(io::ErrorKind::NotConnected.into())),
+            }
+            ready!(self.poll_outbox(cx))?;
+            self.follow_map();
+            let at = self.run.as_ref().map_or(0, |r| r.len);
+            let rest = &self.pending[at..];
+            let request = match self.parser.parse(rest) {
+                Ok(Some(request)) => request,
+                Ok(None) => return self.poll_flush_run(cx),
+                Err(e) => {
+                    return Poll::Ready(Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        e.to_string(),
+                    )))
+                }
+            };
+            if request.kind == RequestKind::Empty {
+                // No reply: it rides along with the run, or goes nowhere.
+                match &mut self.run {
+                    Some(run) => run.len += request.len,
+                    None => self.pending.advance(request.len),
+                }
+                continue;
+            }
+            let decided = {
+                let args: SmallVec<[&[u8]; 8]> = (0..self.parser.argc())
+                    .map(|i| self.parser.arg(rest, i))
+                    .collect();
+                self.decide(&args)
+            };
+            let len = request.len;
+            if let Action::Run(lane) = &decided.action {
+                match &mut self.run {
+                    Some(run) if run.lane == *lane => {}
+                    Some(_) => {
+                        ready!(self.poll_flush_run(cx))?;
+                        // Decided again at the next turn, at the front.
+                        continue;
+                    }
+                    None => {
+                        self.run = Some(Run {
+                            lane: lane.clone(),
+                            len: 0,
+                            ends: SmallVec::new(),
+                        })
+                    }
+                }
+                if let Some(run) = &mut self.run {
+                    run.len += len;
+                    run.ends.push(run.len);
+                }
+                self.tx = decided.tx;
+                self.tx_node = decided.tx_node;
+                continue;
+            }
+            if self.run.is_some() {
+                ready!(self.poll_flush_run(cx))?;
+                continue;
+            }
+            // Carried out with the transaction's state before it (an
+            // abort discards where the transaction was bound).
+            self.carry_out(decided.action, len)?;
+            self.tx = decided.tx;
+            self.tx_node = decided.tx_node;
+        }
+    }
+
+    /// Carries out an action other than a run for the command of `len`
+    /// bytes at the front of `pending` (a run is flushed before).
+    fn carry_out(&mut self, action: Action, len: usize) -> io::Result<()> {
+        match action {
+            Action::Run(_) => {}
+            Action::Reply(bytes) => {
+                self.pending.advance(len);
+                self.push(Slot::Ready(bytes));
+            }
+            Action::Quit => {
+                self.pending.clear();
+                self.push(Slot::Ready(Bytes::from_static(b"+OK\r\n")));
+                self.out = None;
+                self.state = State::Quit;
+            }
+            Action::StartHold => {
+                let bytes = BytesMut::from(&self.pending[..len]);
+                self.pending.advance(len);
+                self.held = Some(Held {
+                    bytes,
+                    ends: smallvec![len],
+                });
+                self.push(Slot::Ready(Bytes::from_static(b"+OK\r\n")));
+            }
+            Action::Hold => {
+                let command = self.pending.split_to(len);
+                if let Some(held) = &mut self.held {
+                    held.bytes.extend_from_slice(&command);
+                    let end = held.bytes.len();
+                    held.ends.push(end);
+                }
+                self.push(Slot::Ready(Bytes::from_static(b"+QUEUED\r\n")));
+            }
+            Action::Release(node) => {
+                let command = self.pending.split_to(len).freeze();
+                self.release(node, command);
+            }
+            Action::Abort => {
+                self.pending.advance(len);
+                let discard = encode::command(&[b"DISCARD"]);
+                // A held transaction never reached a node: dropped.
+                if self.held.take().is_none() {
+                    if let Some(bound) = self.tx_node.take() {
+                        let n = discard.len();
+                        let (mut job, _ignored) = Job::new(discard, smallvec![n], false);
+                        job.skip_front = 1;
+                        self.outbox.push_back((Lane::Own(bound, false), job));
+                    }
+                }
+                self.tx_node = None;
+                self.push(Slot::Ready(encoded(&LocalReply::Error(EXECABORT.into()))));
+            }
+            Action::Split(split) => {
+                let command_bytes = self.pending.split_to(len);
+                drop(command_bytes);
+                let Some(map) = self.map.clone() else {
+                    self.push(Slot::Ready(encoded(&merge::no_map())));
+                    return Ok(());
+                };
+                match merge::split_plan(&map, &split) {
+                    Ok(plan) => {
+                        ProxyMetrics::inc(&self.common.metrics.splits);
+                        let parts = self.send_each(plan);
+                        self.spawn_merge(merge::split_reply(split, parts));
+                    }
+                    Err(e) => self.push(Slot::Ready(encoded(&e))),
+                }
+            }
+            Action::Fanout(how) => {
+                let command = self.pending.split_to(len).freeze();
+                let Some(map) = self.map.clone() else {
+                    self.push(Slot::Ready(encoded(&merge::no_map())));
+                    return Ok(());
+                };
+                ProxyMetrics::inc(&self.common.metrics.fanouts);
+                let plan = merge::primaries(&map)
+                    .into_iter()
+                    .map(|p| (p, command.clone()))
+                    .collect();
+                let parts = self.send_each(plan);
+                self.spawn_merge(merge::fanout_reply(how, parts));
+            }
+            Action::Scan => {
+                let command = self.pending.split_to(len).freeze();
+                let Some(map) = self.map.clone() else {
+                    self.push(Slot::Ready(encoded(&merge::no_map())));
+                    return Ok(());
+                };
+                let primaries = merge::primaries(&map);
+                let args = match self.parser.parse(&command) {
+                    Ok(Some(_)) => (0..self.parser.argc())
+                        .map(|i| self.parser.arg(&command, i))
+                        .collect::<Vec<&[u8]>>(),
+                    _ => return Err(io::ErrorKind::InvalidData.into()),
+                };
+                match merge::scan_plan(&args, &primaries) {
+                    Ok((at, sent)) => {
+                        ProxyMetrics::inc(&self.common.metrics.fanouts);
+                        let node = primaries[at].clone();
+                        let mut parts = self.send_each(vec![(node, sent)]);
+                        let rx = parts.remove(0);
+                        self.spawn_merge(merge::scan_reply(rx, at, primaries.len()));
+                    }
+                    Err(e) => self.push(Slot::Ready(e)),
+                }
+            }
+            Action::Subscribe(node) => {
+                // Sent raw once pinned: `pending` keeps it.
+                let (to_read, rx) = oneshot::channel();
+                let common = self.common.clone();
+                let opening = tokio::spawn(async move { common.open(&node, false).await });
+                self.push(Slot::Pin(rx));
+                self.state = State::Pinning(AbortOnDropHandle::new(opening), Some(to_read));
+            }
+        }
+        Ok(())
+    }
+
+    /// The held transaction and `command` after it to `node` on the
+    /// session's own lane: the node's replies to what was held dropped
+    /// (lockgate answered those), the command's taking its place.
+    fn release(&mut self, node: Arc<str>, command: Bytes) {
+        let Some(mut held) = self.held.take() else {
+            return;
+        };
+        let skip = held.ends.len();
+        held.bytes.extend_from_slice(&command);
+        let end = held.bytes.len();
+        held.ends.push(end);
+        let (mut job, rx) = Job::new(held.bytes.freeze(), held.ends, false);
+        job.skip_front = skip;
+        self.outbox.push_back((Lane::Own(node, false), job));
+        self.push(Slot::Job(rx));
+    }
+
+    /// One job per `(node, command)` onto the outbox (plain lanes); their
+    /// replies' receivers, in order.
+    fn send_each(&mut self, plan: Vec<(String, Bytes)>) -> Vec<oneshot::Receiver<Vec<Part>>> {
+        plan.into_iter()
+            .map(|(node, command)| {
+                let n = command.len();
+                let (job, rx) = Job::new(command, smallvec![n], true);
+                let lane = self.plain(Arc::from(node.as_str()));
+                self.outbox.push_back((lane, job));
+                rx
+            })
+            .collect()
+    }
+
+    /// Runs a merge away from the session; its reply takes the command's
+    /// place.
+    fn spawn_merge(&self, merged: impl Future<Output = Bytes> + Send + 'static) {
+        let (done, rx) = oneshot::channel();
+        tokio::spawn(async move {
+            let _ = done.send(vec![Part::Reply(merged.await)]);
+        });
+        self.push(Slot::Job(rx));
+    }
+}
+
+impl AsyncWrite for ClusterWrite {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        ready!(this.poll_drain(cx))?;
+        if let State::Pinned(write, _) = &mut this.state {
+            return Pin::new(write).poll_write(cx, buf);
+        }
+        // Taken whole; sent by the flush that follows (or the next write).
+        this.pending.extend_from_slice(buf);
+        Poll::Ready(Ok(buf.len()))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        ready!(this.poll_drain(cx))?;
+        match &mut this.state {
+            State::Pinned(write, _) => Pin::new(write).poll_flush(cx),
+            _ => Poll::Ready(Ok(())),
+        }
+    }
+
+    /// The client's half-close: what is whole is sent; the read side ends
+    /// once every reply owed is in.
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        ready!(this.poll_drain(cx))?;
+        match &mut this.state {
+            State::Pinned(write, _) => Pin::new(write).poll_shutdown(cx),
+            _ => {
+                this.out = None;
+                Poll::Ready(Ok(()))
+            }
+        }
+    }
+}

@@ -1,0 +1,505 @@
+//! lockgate in front of a real Redis Cluster (`[upstream.cluster]`), as
+//! an unchanged app talks to it: keyed commands reach the node that
+//! serves their slot, multi-key commands across slots are split and
+//! merged, keyspace-wide ones reach every primary, transactions stay in
+//! one slot as a cluster keeps them, blocking commands and subscriptions
+//! work, a slot migrated under a pipeline loses and reorders nothing, a
+//! node down fails only its slots, and lock commands are refused rather
+//! than passed on unprotected. In both upstream modes where it matters.
+
+use crate::support;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use lockgate::cluster::map::SlotMap;
+use lockgate::cluster::slot::key_slot;
+use lockgate::config::UpstreamMode;
+use lockgate::Config;
+use support::cluster::Cluster;
+use support::resp::Resp;
+use support::{cmd, Lockgate, RawClient};
+
+/// lockgate in front of `cluster`, once it has read the slot map and the
+/// nodes' key specifications.
+async fn lockgate(cluster: &Cluster, mode: UpstreamMode) -> Lockgate {
+    let mut config = Config::default();
+    config.upstream.cluster.seeds = vec![cluster.seed()];
+    config.proxy.upstream = mode;
+    let lg = Lockgate::start_with(config).await;
+    let pool = lg.ctx.cluster.clone().expect("a cluster pool");
+    crate::until!("the slot map and key specs", pool.ready());
+    lg
+}
+
+/// The cluster's map as its first node gives it.
+async fn map(cluster: &Cluster) -> SlotMap {
+    let mut c = RawClient::connect(&cluster.seed()).await;
+    SlotMap::from_slots(&c.call_raw(&["CLUSTER", "SLOTS"]).await, &cluster.seed())
+        .expect("CLUSTER SLOTS")
+}
+
+async fn call(c: &mut RawClient, args: &[&str]) -> Resp {
+    Resp::parse(&c.call_raw(args).await)
+}
+
+/// Sends every command in one write and reads as many replies.
+async fn pipeline(c: &mut RawClient, commands: &[Vec<String>]) -> Vec<Resp> {
+    let mut bytes = Vec::new();
+    for command in commands {
+        let args: Vec<&str> = command.iter().map(String::as_str).collect();
+        bytes.extend(cmd(&args));
+    }
+    c.send(&bytes).await;
+    let raw = c.read_raw_frames(commands.len()).await;
+    let mut pos = 0;
+    (0..commands.len())
+        .map(|_| Resp::decode(&raw, &mut pos))
+        .collect()
+}
+
+fn words(line: &str) -> Vec<String> {
+    line.split(' ').map(str::to_string).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keyed_multi_key_and_keyspace_commands_reach_every_primary() {
+    let cluster = Cluster::start(3, 1);
+    for mode in [UpstreamMode::Shared, UpstreamMode::Dedicated] {
+        keyed_multi_key_and_keyspace(&cluster, mode).await;
+    }
+}
+
+async fn keyed_multi_key_and_keyspace(cluster: &Cluster, mode: UpstreamMode) {
+    let lg = lockgate(cluster, mode).await;
+    let mut c = RawClient::connect(lg.addr).await;
+    assert_eq!(call(&mut c, &["FLUSHALL"]).await, Resp::Status("OK".into()));
+    let keys: Vec<String> = (0..300).map(|i| format!("k:{i}")).collect();
+    let sets: Vec<Vec<String>> = keys
+        .iter()
+        .map(|k| words(&format!("SET {k} v-{k}")))
+        .collect();
+    for reply in pipeline(&mut c, &sets).await {
+        assert_eq!(reply, Resp::Status("OK".into()), "{mode:?}");
+    }
+    // Each key is on the node that serves its slot (asked directly: no
+    // redirection), and every primary got some.
+    let map = map(cluster).await;
+    let mut per_node = std::collections::HashMap::new();
+    for key in keys.iter().step_by(7) {
+        let node = &map.shard_of_key(key.as_bytes()).expect("served").primary;
+        let mut n = RawClient::connect(node).await;
+        assert_eq!(
+            call(&mut n, &["GET", key]).await,
+            Resp::Bulk(Some(format!("v-{key}").into_bytes())),
+            "{key} on {node}"
+        );
+        *per_node.entry(node.clone()).or_insert(0) += 1;
+    }
+    assert_eq!(per_node.len(), 3, "{per_node:?}");
+
+    // Across slots: split and merged in argument order.
+    let mget = call(&mut c, &["MGET", "k:1", "nokey", "k:2", "k:299"]).await;
+    assert_eq!(
+        mget,
+        Resp::Array(Some(vec![
+            Resp::Bulk(Some(b"v-k:1".to_vec())),
+            Resp::Bulk(None),
+            Resp::Bulk(Some(b"v-k:2".to_vec())),
+            Resp::Bulk(Some(b"v-k:299".to_vec())),
+        ]))
+    );
+    let exists = call(&mut c, &["EXISTS", "k:3", "k:4", "k:4", "nokey"]).await;
+    assert_eq!(exists, Resp::Int(3));
+    assert_eq!(
+        call(&mut c, &["MSET", "m:a", "1", "m:b", "2", "m:c", "3"]).await,
+        Resp::Status("OK".into())
+    );
+    let got = call(&mut c, &["MGET", "m:a", "m:b", "m:c"]).await;
+    let got: Vec<&str> = got.items().iter().map(Resp::text).collect();
+    assert_eq!(got, ["1", "2", "3"]);
+    assert_eq!(
+        call(&mut c, &["DEL", "m:a", "m:b", "m:c", "nokey"]).await,
+        Resp::Int(3)
+    );
+    // A command whose keys span slots and cannot be split: as a cluster.
+    assert_eq!(
+        call(&mut c, &["RENAME", "k:1", "k:2"]).await,
+        Resp::Error("CROSSSLOT Keys in request don't hash to the same slot".into())
+    );
+    assert_eq!(
+        call(&mut c, &["RENAME", "{t}a", "{t}b"]).await,
+        Resp::Error("ERR no such key".into()),
+        "same slot: the node's own answer"
+    );
+
+    // Keyspace-wide: summed, merged, walked.
+    assert_eq!(call(&mut c, &["DBSIZE"]).await, Resp::Int(300));
+    let all: BTreeSet<String> = keys.iter().cloned().collect();
+    let listed: BTreeSet<String> = call(&mut c, &["KEYS", "k:*"])
+        .await
+        .items()
+        .iter()
+        .map(|k| k.text().to_string())
+        .collect();
+    assert_eq!(listed, all);
+    let mut cursor = "0".to_string();
+    let mut walked = BTreeSet::new();
+    let mut calls = 0;
+    loop {
+        let reply = call(&mut c, &["SCAN", &cursor, "COUNT", "40"]).await;
+        let items = reply.items();
+        cursor = items[0].text().to_string();
+        walked.extend(items[1].items().iter().map(|k| k.text().to_string()));
+        calls += 1;
+        assert!(calls < 200, "the walk ends");
+        if cursor == "0" {
+            break;
+        }
+    }
+    assert_eq!(walked, all, "SCAN visits every key of every primary");
+    assert!(
+        call(&mut c, &["SCAN", "99999999999999999999"]).await
+            == Resp::Error("ERR invalid cursor".into())
+    );
+    let sha = call(&mut c, &["SCRIPT", "LOAD", "return KEYS[1]"]).await;
+    for key in ["k:1", "k:2", "k:3"] {
+        assert_eq!(
+            call(&mut c, &["EVALSHA", sha.text(), "1", key]).await,
+            Resp::Bulk(Some(key.as_bytes().to_vec())),
+            "the script is loaded on every primary"
+        );
+    }
+
+    // A cluster-aware client sees one node, lockgate, serving every slot.
+    let slots = c.call_raw(&["CLUSTER", "SLOTS"]).await;
+    let seen = SlotMap::from_slots(&slots, "x:1").expect("CLUSTER SLOTS");
+    assert_eq!(seen.unserved(), 0);
+    assert_eq!(seen.shards().len(), 1);
+    assert_eq!(seen.shards()[0].primary, lg.addr.to_string());
+    assert_eq!(
+        call(&mut c, &["CLUSTER", "KEYSLOT", "k:1"]).await,
+        Resp::Int(i64::from(key_slot(b"k:1")))
+    );
+    assert_eq!(call(&mut c, &["READONLY"]).await, Resp::Status("OK".into()));
+
+    assert_eq!(call(&mut c, &["FLUSHALL"]).await, Resp::Status("OK".into()));
+    assert_eq!(call(&mut c, &["DBSIZE"]).await, Resp::Int(0));
+    lg.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transactions_stay_in_one_slot_as_on_a_cluster() {
+    let cluster = Cluster::start(3, 0);
+    let lg = lockgate(&cluster, UpstreamMode::Shared).await;
+    let mut c = RawClient::connect(lg.addr).await;
+    let ok = || Resp::Status("OK".into());
+    let queued = || Resp::Status("QUEUED".into());
+    // One slot: carried out on its node, whole.
+    let replies = pipeline(
+        &mut c,
+        &[
+            words("MULTI"),
+            words("SET {t}a 1"),
+            words("INCR {t}a"),
+            words("EXEC"),
+        ],
+    )
+    .await;
+    assert_eq!(
+        replies,
+        [
+            ok(),
+            queued(),
+            queued(),
+            Resp::Array(Some(vec![ok(), Resp::Int(2)]))
+        ]
+    );
+    // Keyless commands before the first key ride with it.
+    let replies = pipeline(
+        &mut c,
+        &[
+            words("MULTI"),
+            words("PING"),
+            words("INCR {t}a"),
+            words("EXEC"),
+        ],
+    )
+    .await;
+    assert_eq!(
+        replies[3],
+        Resp::Array(Some(vec![Resp::Status("PONG".into()), Resp::Int(3)]))
+    );
+    // A key in another slot: refused as queued, and EXEC aborts; nothing
+    // of it ran.
+    let replies = pipeline(
+        &mut c,
+        &[
+            words("MULTI"),
+            words("SET x 1"),
+            words("SET y 2"),
+            words("EXEC"),
+            words("GET x"),
+        ],
+    )
+    .await;
+    assert_eq!(
+        replies,
+        [
+            ok(),
+            queued(),
+            Resp::Error("CROSSSLOT Keys in request don't hash to the same slot".into()),
+            Resp::Error("EXECABORT Transaction discarded because of previous errors.".into()),
+            Resp::Bulk(None),
+        ]
+    );
+    // WATCH decides: a change by another client makes EXEC fail (nil).
+    assert_eq!(call(&mut c, &["WATCH", "w"]).await, ok());
+    let mut other = RawClient::connect(lg.addr).await;
+    assert_eq!(call(&mut other, &["SET", "w", "theirs"]).await, ok());
+    let replies = pipeline(
+        &mut c,
+        &[words("MULTI"), words("SET w mine"), words("EXEC")],
+    )
+    .await;
+    assert_eq!(replies[2], Resp::Array(None), "{replies:?}");
+    assert_eq!(
+        call(&mut c, &["GET", "w"]).await,
+        Resp::Bulk(Some(b"theirs".to_vec()))
+    );
+    // Unwatched, it applies.
+    assert_eq!(call(&mut c, &["WATCH", "w"]).await, ok());
+    let replies = pipeline(
+        &mut c,
+        &[words("MULTI"), words("SET w mine"), words("EXEC")],
+    )
+    .await;
+    assert_eq!(replies[2], Resp::Array(Some(vec![ok()])));
+    // A client that waits for each reply (redis-cli) is answered at once.
+    for (line, want) in [
+        ("MULTI", ok()),
+        ("PING", queued()),
+        ("DISCARD", ok()),
+        ("GET w", Resp::Bulk(Some(b"mine".to_vec()))),
+    ] {
+        assert_eq!(
+            call(
+                &mut c,
+                &words(line).iter().map(String::as_str).collect::<Vec<_>>()
+            )
+            .await,
+            want,
+            "{line}"
+        );
+    }
+    lg.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocking_commands_and_subscriptions_hold_no_one_else() {
+    let cluster = Cluster::start(3, 0);
+    let lg = lockgate(&cluster, UpstreamMode::Shared).await;
+    let mut blocked = RawClient::connect(lg.addr).await;
+    blocked.send(&cmd(&["BLPOP", "queue", "10"])).await;
+    let mut sub = RawClient::connect(lg.addr).await;
+    let subscribed = call(&mut sub, &["SUBSCRIBE", "news"]).await;
+    assert_eq!(subscribed.items()[0].text(), "subscribe");
+    // The shared connections still serve everyone else, on every node.
+    let mut c = RawClient::connect(lg.addr).await;
+    for i in 0..30 {
+        let key = format!("free:{i}");
+        assert_eq!(
+            call(&mut c, &["SET", &key, "1"]).await,
+            Resp::Status("OK".into())
+        );
+    }
+    assert_eq!(call(&mut c, &["RPUSH", "queue", "job"]).await, Resp::Int(1));
+    let got = Resp::parse(&blocked.read_raw().await);
+    assert_eq!(got.items()[1].text(), "job");
+    // The blocked client goes on afterwards, in order.
+    assert_eq!(
+        call(&mut blocked, &["GET", "free:1"]).await,
+        Resp::Bulk(Some(b"1".to_vec()))
+    );
+    // A message published through lockgate reaches the subscriber (the
+    // cluster carries it to every node).
+    call(&mut c, &["PUBLISH", "news", "hello"]).await;
+    let message = Resp::parse(&sub.read_raw().await);
+    assert_eq!(message.items()[2].text(), "hello");
+    lg.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_migrated_under_a_pipeline_loses_and_reorders_nothing() {
+    let cluster = Cluster::start(3, 0);
+    let lg = lockgate(&cluster, UpstreamMode::Shared).await;
+    let map = map(&cluster).await;
+    let slot = key_slot(b"mig");
+    let source = map.shard_of_slot(slot).expect("served").primary.clone();
+    let target = (map.shards().iter())
+        .find(|s| s.primary != source)
+        .expect("another primary")
+        .primary
+        .clone();
+    let mut c = RawClient::connect(lg.addr).await;
+    let fill: Vec<Vec<String>> = (0..200)
+        .map(|i| words(&format!("SET {{mig}}:{i} {i}")))
+        .collect();
+    pipeline(&mut c, &fill).await;
+    let id = |addr: String| async move {
+        let mut n = RawClient::connect(&addr).await;
+        let reply = call(&mut n, &["CLUSTER", "MYID"]).await;
+        reply.text().to_string()
+    };
+    let (source_id, target_id) = (id(source.clone()).await, id(target.clone()).await);
+
+    // The slot starts moving: a key not on the source any more (the
+    // counter, new) is asked for on the target (`ASK`).
+    let mut src = RawClient::connect(&source).await;
+    let mut tgt = RawClient::connect(&target).await;
+    let s = slot.to_string();
+    assert_eq!(
+        call(
+            &mut tgt,
+            &["CLUSTER", "SETSLOT", &s, "IMPORTING", &source_id]
+        )
+        .await,
+        Resp::Status("OK".into())
+    );
+    assert_eq!(
+        call(
+            &mut src,
+            &["CLUSTER", "SETSLOT", &s, "MIGRATING", &target_id]
+        )
+        .await,
+        Resp::Status("OK".into())
+    );
+    // A client counts on one key of the slot and reads the others, in
+    // pipelines, while the slot moves.
+    let addr = lg.addr;
+    let counting = tokio::spawn(async move {
+        let mut c = RawClient::connect(addr).await;
+        let mut expected = 0;
+        for round in 0..60 {
+            let mut commands = Vec::new();
+            for i in 0..20 {
+                commands.push(words("INCR {mig}:counter"));
+                commands.push(words(&format!("GET {{mig}}:{}", (round * 20 + i) % 200)));
+            }
+            let replies = pipeline(&mut c, &commands).await;
+            for (i, pair) in replies.chunks(2).enumerate() {
+                expected += 1;
+                assert_eq!(pair[0], Resp::Int(expected), "round {round}: {pair:?}");
+                let n = (round * 20 + i) % 200;
+                assert_eq!(
+                    pair[1],
+                    Resp::Bulk(Some(n.to_string().into_bytes())),
+                    "round {round}"
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        expected
+    });
+    let (host, port) = target.rsplit_once(':').expect("HOST:PORT");
+    loop {
+        let keys = call(&mut src, &["CLUSTER", "GETKEYSINSLOT", &s, "7"]).await;
+        let keys: Vec<String> = keys.items().iter().map(|k| k.text().to_string()).collect();
+        if keys.is_empty() {
+            break;
+        }
+        let mut args = vec!["MIGRATE", host, port, "", "0", "5000", "KEYS"];
+        args.extend(keys.iter().map(String::as_str));
+        let moved = call(&mut src, &args).await;
+        assert!(matches!(moved, Resp::Status(_)), "{moved:?}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    for node in &cluster.nodes {
+        let mut n = RawClient::connect(node.addr()).await;
+        let set = call(&mut n, &["CLUSTER", "SETSLOT", &s, "NODE", &target_id]).await;
+        assert_eq!(set, Resp::Status("OK".into()), "{}", node.addr());
+    }
+    let counted = counting.await.expect("the counting client");
+    assert_eq!(counted, 1_200);
+    let mut t = RawClient::connect(&target).await;
+    assert_eq!(
+        call(&mut t, &["GET", "{mig}:counter"]).await,
+        Resp::Bulk(Some(b"1200".to_vec()))
+    );
+    let metrics = lg.ctx.cluster.as_ref().expect("pool").metrics();
+    let followed = metrics.moved.load(std::sync::atomic::Ordering::Relaxed)
+        + metrics.ask.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        metrics.ask.load(std::sync::atomic::Ordering::Relaxed) > 0,
+        "the counter lived on the target from its first INCR: ASK"
+    );
+    // After the move the map is read again and commands go straight to
+    // the new owner.
+    let mut c2 = RawClient::connect(lg.addr).await;
+    assert_eq!(
+        call(&mut c2, &["GET", "{mig}:7"]).await,
+        Resp::Bulk(Some(b"7".to_vec()))
+    );
+    crate::until!("the map to follow the moved slot", {
+        lg.ctx
+            .cluster
+            .as_ref()
+            .expect("pool")
+            .map()
+            .and_then(|m| m.shard_of_slot(slot).map(|s| s.primary.clone()))
+            == Some(target.clone())
+    });
+    println!("cluster_routing: redirections followed during the move: {followed}");
+    lg.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_down_fails_its_slots_only_and_lock_commands_are_refused() {
+    let mut cluster = Cluster::start(3, 0);
+    let lg = lockgate(&cluster, UpstreamMode::Shared).await;
+    let mut c = RawClient::connect(lg.addr).await;
+    // Lock commands: refused, never passed on unprotected.
+    let refused = call(&mut c, &["SETNX", "lock:order:1", "me"]).await;
+    let Resp::Error(text) = refused else {
+        panic!("refused: {refused:?}");
+    };
+    assert!(
+        text.contains("locks in front of a Redis Cluster are not served yet"),
+        "{text}"
+    );
+    let refused = call(&mut c, &["LOCKGATE", "LOCK", "lock:order:1", "1000"]).await;
+    assert!(matches!(refused, Resp::Error(_)), "{refused:?}");
+    assert_eq!(
+        call(&mut c, &["EXISTS", "lock:order:1"]).await,
+        Resp::Int(0)
+    );
+
+    let map = map(&cluster).await;
+    let down = cluster.nodes[1].addr();
+    let key_on = |node: &str| {
+        (0..10_000)
+            .map(|i| format!("key:{i}"))
+            .find(|k| map.shard_of_key(k.as_bytes()).map(|s| s.primary.as_str()) == Some(node))
+            .expect("a key on the node")
+    };
+    let (dead_key, live_key) = (key_on(&down), key_on(&cluster.nodes[0].addr()));
+    assert_eq!(
+        call(&mut c, &["SET", &dead_key, "1"]).await,
+        Resp::Status("OK".into())
+    );
+    tokio::task::block_in_place(|| cluster.nodes[1].stop());
+    let reply = call(&mut c, &["GET", &dead_key]).await;
+    let Resp::Error(text) = reply else {
+        panic!("an error for a key on the node down: {reply:?}");
+    };
+    assert!(text.contains(&down), "names the node: {text}");
+    assert_eq!(
+        call(&mut c, &["SET", &live_key, "2"]).await,
+        Resp::Status("OK".into())
+    );
+    assert_eq!(
+        call(&mut c, &["GET", &live_key]).await,
+        Resp::Bulk(Some(b"2".to_vec()))
+    );
+    lg.stop().await;
+}
