@@ -37,10 +37,12 @@ pub enum AdminReply {
 pub fn handle(ctx: &Arc<ServerContext>, args: CommandArgs<'_>) -> AdminReply {
     let sub = args.get(1).to_ascii_uppercase();
     match sub.as_slice() {
-        b"LOCK" | b"UNLOCK" | b"EXTEND" => match ctx.locks.refused_on_cluster() {
-            Some(refused) => AdminReply::Now(refused),
-            None => fencing(ctx, &sub, args),
-        },
+        b"LOCK" | b"UNLOCK" | b"EXTEND" => {
+            match ctx.locks.refused_on_cluster([args.get(2)].into_iter()) {
+                Some(refused) => AdminReply::Now(refused),
+                None => fencing(ctx, &sub, args),
+            }
+        }
         _ => AdminReply::Now(counters(ctx, &sub, args)),
     }
 }

@@ -198,8 +198,11 @@ impl ServerContext {
         let primary = Node::spawn(on_primary.clone(), stop.clone());
         let eviction = Arc::new(Eviction::new(&config));
         let quorum = Quorum::start(&config, &stop, &masters, &eviction);
+        // In front of a cluster the lock room's calls go by slot.
+        let cluster = (config.upstream.cluster.enabled())
+            .then(|| ClusterPool::start(&config, upstream.clone(), &stop));
         let store = Store::new(
-            OnPrimary::new(primary.clone(), Some(txn)),
+            OnPrimary::new(primary.clone(), Some(txn)).on_cluster(cluster.clone()),
             primary_memory.clone(),
             primary_addr.clone(),
             eviction.clone(),
@@ -242,13 +245,8 @@ impl ServerContext {
         }
         let runtimes = tokio::runtime::Handle::try_current().into_iter().collect();
         let mut ctx = ServerContext::assemble(&config, locks, tls, upstream, runtimes);
-        if config.upstream.cluster.enabled() {
-            ctx.cluster = Some(ClusterPool::start(
-                &config,
-                ctx.upstream.clone(),
-                ctx.locks.instance_prefix(),
-                &ctx.stop,
-            ));
+        if cluster.is_some() {
+            ctx.cluster = cluster;
         } else if config.proxy.upstream == UpstreamMode::Shared {
             ctx.shared = Some(SharedPool::start(
                 &config,

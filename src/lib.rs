@@ -188,7 +188,7 @@ pub async fn run_loops(
     }
     if let (Some(cluster), Ok(addr)) = (&ctx.cluster, listener.local_addr()) {
         // Cluster-aware clients are told to come here.
-        cluster.set_listen(addr);
+        cluster.set_listen(addr, ctx.locks.instance_prefix());
     }
     let token = CancellationToken::new();
     let watcher = {

@@ -158,6 +158,7 @@ fn serve(
             listen = %listener.local_addr()?,
             upstream = %config.upstream.addr,
             sentinel_master = %config.upstream.sentinel.master_name,
+            cluster_seeds = %config.upstream.cluster.seeds.join(","),
             "lockgate ready"
         );
         let tls = match config.proxy.tls.listen.as_str() {

@@ -18,12 +18,10 @@ const CLOCK_DRIFT_FACTOR: f64 = 0.01;
 /// Longest pause between two attempts of a `LOCK … WAIT`.
 const WAIT_STEP: Duration = Duration::from_millis(25);
 
-/// `lockgate:fence:{key}`: the key's token counter.
+/// `lockgate:fence:{key}`: the key's token counter, in its hash slot
+/// (see [`super::tagged`]).
 pub fn counter_key(key: &[u8]) -> Bytes {
-    let mut k = b"lockgate:fence:{".to_vec();
-    k.extend_from_slice(key);
-    k.push(b'}');
-    Bytes::from(k)
+    super::tagged(b"lockgate:fence:{", key)
 }
 
 /// `EVAL FENCE_UNLOCK` for `key` and `token`.

@@ -92,7 +92,8 @@ use keys::KeyPatterns;
 use lease::{ConnLocks, Tokens};
 use metrics::LockMetrics;
 
-/// Prefix of owner records: `lockgate:owner:{key}`.
+/// Prefix of owner records: `lockgate:owner:{key}` (a key with a hash tag
+/// of its own: see [`tagged`]).
 pub const OWNER_PREFIX: &[u8] = b"lockgate:owner:{";
 
 /// Prefix of a key's cross-instance queue (see [`script::ACQUIRE`]):
@@ -278,9 +279,8 @@ pub struct LockService {
     max_lease_ms: std::sync::atomic::AtomicU64,
     /// Where the locks live (see [`Store`]).
     store: Store,
-    /// A Redis Cluster is behind lockgate (`[upstream.cluster]`): lock
-    /// commands are refused, never passed on unprotected, until locks are
-    /// served there (docs/cluster.md).
+    /// A Redis Cluster is behind lockgate (`[upstream.cluster]`): see
+    /// [`LockService::refused_on_cluster`].
     on_cluster: bool,
 }
 
@@ -324,18 +324,30 @@ impl LockService {
         }
     }
 
-    /// In front of a Redis Cluster, the refusal of every lock command
-    /// (`None` in front of one primary): a lock command is never passed
-    /// on unprotected, and lockgate's lock scripts do not run on a
-    /// cluster yet.
-    pub(crate) fn refused_on_cluster(&self) -> Option<LocalReply> {
-        self.on_cluster.then(|| {
-            ProxyMetrics::inc(&self.metrics.refused_on_cluster);
-            LocalReply::err(
-                "lockgate: locks in front of a Redis Cluster are not served yet; the command \
-                 was not sent (docs/cluster.md)",
-            )
-        })
+    /// In front of a Redis Cluster, the refusal of a lock command on
+    /// `keys` that cannot be served there (`None`: served, or one Redis):
+    /// a key whose owner record cannot be in its hash slot
+    /// ([`own_keys_in_slot`]: a `}` with no hash tag before it), or a
+    /// cluster that refuses scripts (lock transactions are not carried to
+    /// a cluster's nodes). Refused, never passed on unprotected.
+    pub(crate) fn refused_on_cluster<'a>(
+        &self,
+        mut keys: impl Iterator<Item = &'a [u8]>,
+    ) -> Option<LocalReply> {
+        if !self.on_cluster {
+            return None;
+        }
+        let why = if self.store.primary.scriptless() {
+            "the cluster's nodes refuse scripts, and lock transactions are not served on a cluster"
+        } else if keys.any(|k| !own_keys_in_slot(k)) {
+            "lockgate's own keys for this lock key cannot be in its hash slot (a '}' with no hash tag before it)"
+        } else {
+            return None;
+        };
+        ProxyMetrics::inc(&self.metrics.refused_on_cluster);
+        Some(LocalReply::err(format!(
+            "lockgate: lock refused in front of a Redis Cluster: {why}; the command was not sent (docs/cluster.md)"
+        )))
     }
 
     /// The rules in force now.
@@ -594,12 +606,36 @@ pub fn places_key(key: &[u8]) -> Bytes {
     tagged(PLACES_PREFIX, key)
 }
 
-/// `prefix` (ending in `{`), `key`, `}`.
-fn tagged(prefix: &[u8], key: &[u8]) -> Bytes {
-    let mut k = BytesMut::with_capacity(prefix.len() + key.len() + 1);
-    k.extend_from_slice(prefix);
-    k.extend_from_slice(key);
-    k.extend_from_slice(b"}");
+/// Whether lockgate's own keys for `key` are in its hash slot: always
+/// but for a key with a `}` and no hash tag (`a}b`, whose names' tag
+/// would end at that `}`) and the empty key. Locks on such keys are
+/// refused in front of a cluster.
+pub(crate) fn own_keys_in_slot(key: &[u8]) -> bool {
+    use crate::cluster::slot::key_slot;
+    key_slot(&owner_key(key)) == key_slot(key)
+}
+
+/// `prefix` (ending in `:{`), `key`, `}`: a name in `key`'s hash slot, so
+/// that on a Redis Cluster a lock script's keys are all on the lock key's
+/// node. A key with a hash tag of its own (`lock:{order}:1`) would take
+/// the name out of its slot (the name's tag would be `lock:{order`): it
+/// is named `prefix@{tag}key` instead (`lockgate:owner@{order}lock:{order}:1`),
+/// in the key's slot, with a prefix no untagged key's name has, so two
+/// keys never share a name.
+pub(crate) fn tagged(prefix: &[u8], key: &[u8]) -> Bytes {
+    let tag = crate::cluster::slot::hashed_part(key);
+    let mut k = BytesMut::with_capacity(prefix.len() + tag.len() + key.len() + 3);
+    if tag.len() == key.len() {
+        k.extend_from_slice(prefix);
+        k.extend_from_slice(key);
+        k.extend_from_slice(b"}");
+    } else {
+        k.extend_from_slice(&prefix[..prefix.len() - 2]);
+        k.extend_from_slice(b"@{");
+        k.extend_from_slice(tag);
+        k.extend_from_slice(b"}");
+        k.extend_from_slice(key);
+    }
     k.freeze()
 }
 
@@ -610,4 +646,51 @@ fn hostname() -> String {
         .map(|h| h.trim().to_string())
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "lockgate".to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::slot::key_slot;
+
+    /// lockgate's own keys for a lock are in the lock key's hash slot,
+    /// with or without a hash tag of its own, and no two keys share one.
+    #[test]
+    fn own_keys_live_in_the_lock_keys_slot_and_never_collide() {
+        let keys: &[&[u8]] = &[
+            b"lock:order:1",
+            b"lock:{order}:1",
+            b"{order}",
+            b"order",
+            b"{t}",
+            b"t}{t",
+            b"t",
+            b"lock:{}:x",
+            b"redisson_lock__channel:{name}",
+            b"{a}{b}",
+            b"",
+        ];
+        let mut names = std::collections::HashSet::new();
+        for key in keys {
+            // A `}` with no hash tag before it, or nothing at all.
+            let odd = [&b""[..], b"t}{t", b"lock:{}:x"].contains(key);
+            assert_eq!(own_keys_in_slot(key), !odd, "{key:?}");
+            for name in [
+                owner_key(key),
+                queue_key(key),
+                places_key(key),
+                fence::counter_key(key),
+            ] {
+                if !odd {
+                    assert_eq!(key_slot(&name), key_slot(key), "{name:?} for {key:?}");
+                }
+                assert!(names.insert(name.clone()), "{name:?} twice");
+            }
+        }
+        assert_eq!(&owner_key(b"lock:1")[..], b"lockgate:owner:{lock:1}");
+        assert_eq!(
+            &owner_key(b"lock:{order}:1")[..],
+            b"lockgate:owner@{order}lock:{order}:1"
+        );
+    }
 }

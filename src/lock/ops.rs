@@ -80,6 +80,19 @@ pub enum LockOp {
     },
 }
 
+impl LockOp {
+    /// The lock keys it acts on.
+    pub fn lock_keys(&self) -> impl Iterator<Item = &[u8]> {
+        let (one, many): (Option<&Bytes>, &[Bytes]) = match self {
+            LockOp::Acquire { key, .. }
+            | LockOp::Extend { key, .. }
+            | LockOp::Takeover { key, .. } => (Some(key), &[]),
+            LockOp::Release { lock_keys, .. } => (None, lock_keys),
+        };
+        one.into_iter().chain(many).map(|k| &k[..])
+    }
+}
+
 /// The options of `SET key value [opts…]`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SetOptions<'a> {

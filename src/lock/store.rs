@@ -331,7 +331,7 @@ impl LockService {
     /// parked), held after a failover, planned onto the client's own
     /// connection, or carried out away from it on the quorum.
     pub(crate) fn attempt(self: &Arc<Self>, op: &LockOp, seat: Seat<'_>) -> Attempt {
-        if let Some(reply) = self.refused_on_cluster() {
+        if let Some(reply) = self.refused_on_cluster(op.lock_keys()) {
             return Attempt::Refused(reply);
         }
         // `locks.require_noeviction`: no lease granted or extended on a
@@ -660,6 +660,21 @@ impl LockService {
         let store = &self.store;
         if store.quorum.is_some() {
             return false;
+        }
+        if let Some(cluster) = &store.primary.cluster {
+            let Some(left) = cluster.hold_left(key, self.failover_delay()) else {
+                return false;
+            };
+            crate::metrics::ProxyMetrics::inc(&cluster.metrics().failover_held);
+            if let Some(more) = store.primary_addr.warn.check() {
+                tracing::warn!(
+                    key = %String::from_utf8_lossy(key),
+                    left_ms = left.as_millis() as u64,
+                    suppressed = more,
+                    "lock acquisition answered 'not acquired': the shard's replica was promoted, and a lock granted on the old primary may not have been replicated (locks.failover_delay_ms)"
+                );
+            }
+            return true;
         }
         let Some(left) = store.primary_addr.hold_left(self.failover_delay()) else {
             return false;

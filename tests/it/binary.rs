@@ -112,12 +112,70 @@ fn check_refuses_bad_flags_and_missing_files() {
     assert_eq!(out.status.code(), Some(EXIT_CONFIG));
 }
 
+/// `[upstream.cluster]` and `--upstream-cluster`: valid seeds pass, and
+/// every bound and exclusion is refused naming the key.
+#[test]
+fn check_validates_the_cluster_section() {
+    let ok = lockgate(&[
+        "--upstream-cluster",
+        "127.0.0.1:7000,127.0.0.1:7001",
+        "--check",
+    ]);
+    assert_eq!(ok.status.code(), Some(0), "{}", show(&ok.stderr));
+    for (text, extra, key) in [
+        (
+            "[upstream.cluster]\nseeds = [\"nohostport\"]\n",
+            &[][..],
+            "upstream.cluster.seeds",
+        ),
+        (
+            "[upstream.cluster]\nseeds = [\"h:1\"]\nmax_redirects = 0\n",
+            &[][..],
+            "upstream.cluster.max_redirects",
+        ),
+        (
+            "[upstream.cluster]\nrefresh_interval_ms = 100\nrefresh_min_gap_ms = 200\n",
+            &[][..],
+            "upstream.cluster.refresh_min_gap_ms",
+        ),
+        (
+            "[upstream.sentinel]\nmaster_name = \"m\"\naddrs = [\"h:26379\"]\n",
+            &["--upstream-cluster", "h:7000"][..],
+            "upstream.cluster.seeds",
+        ),
+        (
+            "",
+            &[
+                "--upstream-cluster",
+                "h:7000",
+                "--lock-masters",
+                "a:1,b:2,c:3",
+            ][..],
+            "upstream.cluster.seeds",
+        ),
+    ] {
+        let out = check(text, extra);
+        assert_eq!(out.status.code(), Some(EXIT_CONFIG), "{text} {extra:?}");
+        assert!(
+            show(&out.stderr).contains(key),
+            "{key}: {}",
+            show(&out.stderr)
+        );
+    }
+}
+
 #[test]
 fn help_names_every_flag() {
     let out = lockgate(&["--help"]);
     assert_eq!(out.status.code(), Some(0));
     let text = show(&out.stdout);
-    for flag in ["--config", "--listen", "--upstream", "--check"] {
+    for flag in [
+        "--config",
+        "--listen",
+        "--upstream",
+        "--upstream-cluster",
+        "--check",
+    ] {
         assert!(text.contains(flag), "--help lacks {flag}:\n{text}");
     }
 }

@@ -4,8 +4,8 @@
 //! merged, keyspace-wide ones reach every primary, transactions stay in
 //! one slot as a cluster keeps them, blocking commands and subscriptions
 //! work, a slot migrated under a pipeline loses and reorders nothing, a
-//! node down fails only its slots, and lock commands are refused rather
-//! than passed on unprotected. In both upstream modes where it matters.
+//! node down fails only its slots. In both upstream modes where it
+//! matters. Locks: `cluster_locks.rs`.
 
 use crate::support;
 
@@ -454,26 +454,10 @@ async fn a_slot_migrated_under_a_pipeline_loses_and_reorders_nothing() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_node_down_fails_its_slots_only_and_lock_commands_are_refused() {
+async fn a_node_down_fails_its_slots_only() {
     let mut cluster = Cluster::start(3, 0);
     let lg = lockgate(&cluster, UpstreamMode::Shared).await;
     let mut c = RawClient::connect(lg.addr).await;
-    // Lock commands: refused, never passed on unprotected.
-    let refused = call(&mut c, &["SETNX", "lock:order:1", "me"]).await;
-    let Resp::Error(text) = refused else {
-        panic!("refused: {refused:?}");
-    };
-    assert!(
-        text.contains("locks in front of a Redis Cluster are not served yet"),
-        "{text}"
-    );
-    let refused = call(&mut c, &["LOCKGATE", "LOCK", "lock:order:1", "1000"]).await;
-    assert!(matches!(refused, Resp::Error(_)), "{refused:?}");
-    assert_eq!(
-        call(&mut c, &["EXISTS", "lock:order:1"]).await,
-        Resp::Int(0)
-    );
-
     let map = map(&cluster).await;
     let down = cluster.nodes[1].addr();
     let key_on = |node: &str| {

@@ -28,6 +28,7 @@ use bytes::Bytes;
 use crate::metrics::counters;
 use crate::metrics::ProxyMetrics;
 use crate::metrics::RateLimit;
+use crate::upstream::cluster::ClusterPool;
 use crate::upstream::node::{Node, NodeConfig, NodeError, Request};
 
 pub mod emulate;
@@ -271,6 +272,10 @@ pub struct OnPrimary {
     pub node: Node,
     /// Scripts as transactions (`None`: a store that reaches nothing).
     pub txn: Option<Arc<Transactions>>,
+    /// In front of a Redis Cluster, the nodes: every call goes to the node
+    /// serving its keys' slot instead of `node` (see
+    /// [`ClusterPool::call`]).
+    pub cluster: Option<Arc<ClusterPool>>,
 }
 
 /// A reply on its way from the primary.
@@ -279,7 +284,16 @@ pub type Reply = Pin<Box<dyn Future<Output = Result<Bytes, NodeError>> + Send + 
 impl OnPrimary {
     /// The primary's node with transactions `txn`.
     pub fn new(node: Node, txn: Option<Arc<Transactions>>) -> OnPrimary {
-        OnPrimary { node, txn }
+        OnPrimary {
+            node,
+            txn,
+            cluster: None,
+        }
+    }
+
+    /// The same, its calls routed by slot over `cluster`'s nodes.
+    pub fn on_cluster(self, cluster: Option<Arc<ClusterPool>>) -> OnPrimary {
+        OnPrimary { cluster, ..self }
     }
 
     /// The node's address.
@@ -304,6 +318,9 @@ impl OnPrimary {
     /// lockgate knew it would: an ACL, or a call made before lockgate's own
     /// connection opened) is carried out as a transaction in its place.
     pub fn send(&self, request: Request, timeout: Duration) -> Reply {
+        if let Some(cluster) = self.cluster.clone() {
+            return Box::pin(async move { cluster.call(request, timeout).await });
+        }
         let Some(txn) = self.txn.clone() else {
             return Box::pin(self.node.send(request, timeout));
         };

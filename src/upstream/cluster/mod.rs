@@ -40,7 +40,7 @@ use tokio::sync::{mpsc, Notify};
 use tokio_util::sync::CancellationToken;
 
 use crate::cluster::facade::Facade;
-use crate::cluster::keys::KeyTable;
+use crate::cluster::keys::{slot_of, KeyTable};
 use crate::cluster::map::SlotMap;
 use crate::cluster::redirect::Redirect;
 use crate::cluster::topology::{fetch_from, refresh_due};
@@ -49,7 +49,7 @@ use crate::metrics::{counters, ProxyMetrics, RateLimit};
 use crate::protocol::encode;
 use crate::sync;
 use crate::tls::Stream;
-use crate::upstream::node::{connect_authenticated, request, NodeConfig};
+use crate::upstream::node::{connect_authenticated, request, NodeConfig, NodeError, Request};
 use crate::upstream::Connector;
 use lane::{Job, Part};
 
@@ -97,6 +97,10 @@ counters! {
         crossslot: Counter "cluster_crossslot_refused", "Commands refused with CROSSSLOT (keys in more than one slot, not splittable)";
         /// Commands answered by lockgate (facade, refusals).
         local: Counter "cluster_local_replies", "Commands answered by lockgate in front of a cluster (CLUSTER SLOTS and kin, refusals)";
+        /// Replicas seen promoted (shard failovers).
+        failovers: Counter "cluster_failovers", "Shard failovers seen (a replica promoted): lock acquisitions in its slots held back for the failover delay";
+        /// Lock acquisitions answered not acquired during a shard's failover delay.
+        failover_held: Counter "cluster_failover_held_acquisitions", "Lock acquisitions answered not acquired during a shard's failover delay";
         /// Slots no node serves in the map in force.
         unserved: Gauge "cluster_slots_unserved", "Slots no node serves in the slot map in force";
         /// Primaries in the map in force.
@@ -127,13 +131,15 @@ pub(crate) struct Common {
     pub(crate) max_redirects: u32,
     refresh_interval: Duration,
     refresh_gap: Duration,
+    /// Replicas seen promoted to primary (a shard failover), and when:
+    /// their slots' lock acquisitions are held back for the failover
+    /// delay ([`ClusterPool::hold_left`]). Pruned at each change of the map.
+    promoted: Mutex<Vec<(String, Instant)>>,
     /// Wakes the map's reader early (a redirection, a node lost).
     refresh: Notify,
     pub(crate) metrics: Arc<ClusterMetrics>,
     pub(crate) warn: RateLimit,
     stop: CancellationToken,
-    /// The lock room's instance id (the facade's node id comes from it).
-    instance: String,
 }
 
 impl std::fmt::Debug for Common {
@@ -294,18 +300,51 @@ impl Common {
         let mut slot = sync::write(&self.map);
         slot.1 = Instant::now();
         if slot.0.as_deref() != Some(&map) {
-            if slot.0.is_some() {
+            if let Some(old) = &slot.0 {
                 ProxyMetrics::inc(&self.metrics.map_changes);
                 tracing::info!(
                     primaries = map.shards().len(),
                     unserved = map.unserved(),
                     "the cluster's slot map changed"
                 );
+                let mut held = sync::lock(&self.promoted);
+                held.retain(|(p, _)| map.shards().iter().any(|s| &s.primary == p));
+                for primary in promotions(old, &map) {
+                    ProxyMetrics::inc(&self.metrics.failovers);
+                    tracing::warn!(primary = %primary, "a replica of the cluster was promoted: lock acquisitions in its slots are held back for the failover delay");
+                    held.retain(|(p, _)| *p != primary);
+                    held.push((primary, Instant::now()));
+                }
             }
             slot.0 = Some(Arc::new(map));
             self.generation.fetch_add(1, Ordering::AcqRel);
         }
         true
+    }
+
+    /// The node serving the keys of `command` (RESP), by the map in force;
+    /// its first primary when it names no key.
+    fn node_of_command(&self, command: &[u8]) -> Result<String, NodeError> {
+        let none = || NodeError::Down("(no slot map of the cluster yet)".to_string());
+        let map = self.map().ok_or_else(none)?;
+        let mut parser = crate::upstream::shared::framing_parser();
+        let slot = match parser.parse(command) {
+            Ok(Some(_)) => {
+                let args: Vec<&[u8]> = (0..parser.argc()).map(|i| parser.arg(command, i)).collect();
+                match self.keys().routing_args(&args) {
+                    Ok(keys) => slot_of(&keys).ok().flatten(),
+                    Err(_) => None,
+                }
+            }
+            _ => None,
+        };
+        let shard = match slot {
+            Some(s) => map.shard_of_slot(s),
+            None => map.shards().first(),
+        };
+        shard
+            .map(|s| s.primary.clone())
+            .ok_or_else(|| NodeError::Down(format!("(no node serves slot {slot:?})")))
     }
 
     /// `COMMAND` from the node `addr`: every command's keys.
@@ -340,14 +379,12 @@ impl std::fmt::Debug for ClusterPool {
 
 impl ClusterPool {
     /// Starts reading the slot map from `upstream.cluster.seeds` (at once,
-    /// then as the module doc says) until `stop`. `instance` (the lock
-    /// room's instance id) makes lockgate's node id for cluster-aware
-    /// clients; its address is set by [`ClusterPool::set_listen`]. Must
-    /// run inside a Tokio runtime.
+    /// then as the module doc says) until `stop`. What lockgate tells
+    /// cluster-aware clients about itself is set by
+    /// [`ClusterPool::set_listen`]. Must run inside a Tokio runtime.
     pub fn start(
         config: &Config,
         connector: Connector,
-        instance: &str,
         stop: &CancellationToken,
     ) -> Arc<ClusterPool> {
         let c = &config.upstream.cluster;
@@ -355,8 +392,7 @@ impl ClusterPool {
             map: RwLock::new((None, Instant::now())),
             generation: AtomicU64::new(0),
             keys: RwLock::new(Arc::new(KeyTable::default())),
-            facade: RwLock::new(Facade::new(instance, "127.0.0.1", 6379)),
-            instance: instance.to_string(),
+            facade: RwLock::new(Facade::new("lockgate", "127.0.0.1", 6379)),
             lanes: Mutex::new(HashMap::new()),
             node: NodeConfig::for_addr(config, &config.upstream.addr, connector),
             seeds: c.seeds.clone(),
@@ -368,6 +404,7 @@ impl ClusterPool {
             refresh_interval: Duration::from_millis(c.refresh_interval_ms),
             refresh_gap: Duration::from_millis(c.refresh_min_gap_ms),
             refresh: Notify::new(),
+            promoted: Mutex::new(Vec::new()),
             metrics: Arc::default(),
             warn: RateLimit::new(Duration::from_secs(10)),
             stop: stop.clone(),
@@ -381,14 +418,15 @@ impl ClusterPool {
 
     /// The address cluster-aware clients are told to use: the client
     /// listener's, `127.0.0.1` (or `::1`) for an unspecified IP (a
-    /// sidecar's app reaches it there).
-    pub fn set_listen(&self, addr: std::net::SocketAddr) {
+    /// sidecar's app reaches it there); the node id lockgate gives them
+    /// comes from `instance` (the lock room's instance id).
+    pub fn set_listen(&self, addr: std::net::SocketAddr, instance: &str) {
         let host = match addr.ip() {
             ip if ip.is_unspecified() && ip.is_ipv4() => "127.0.0.1".to_string(),
             ip if ip.is_unspecified() => "::1".to_string(),
             ip => ip.to_string(),
         };
-        *sync::write(&self.common.facade) = Facade::new(&self.common.instance, &host, addr.port());
+        *sync::write(&self.common.facade) = Facade::new(instance, &host, addr.port());
     }
 
     /// A stream for one new session.
@@ -414,10 +452,78 @@ impl ClusterPool {
         self.common.map().is_some() && !self.common.keys().is_empty()
     }
 
+    /// How much longer acquisitions of `key` are held back after a shard
+    /// failover (`None`: not held): the node serving its slot was a
+    /// replica promoted less than `delay` ago, and a lock granted on the
+    /// old primary may not have reached it (as after a Sentinel switch:
+    /// `locks.failover_delay_ms`).
+    pub fn hold_left(&self, key: &[u8], delay: Duration) -> Option<Duration> {
+        let map = self.common.map()?;
+        let primary = &map.shard_of_key(key)?.primary;
+        let held = sync::lock(&self.common.promoted);
+        let (_, at) = held.iter().find(|(p, _)| p == primary)?;
+        delay
+            .checked_sub(at.elapsed())
+            .filter(|left| !left.is_zero())
+    }
+
+    /// Sends lockgate's own `request` (a lock script, a read) to the
+    /// node serving its keys' slot (any node when it names none) over the
+    /// node's shared lane, redirections followed, and waits up to
+    /// `timeout` for its reply; after `-NOSCRIPT` its fallback goes the
+    /// same way, once. The lock room's calls go this way in front of a
+    /// cluster (`crate::lock::txn::OnPrimary`).
+    pub async fn call(&self, request: Request, timeout: Duration) -> Result<Bytes, NodeError> {
+        let reply = self.call_once(request.command, timeout).await?;
+        match request.fallback {
+            Some(fallback) if reply.starts_with(b"-NOSCRIPT") => {
+                self.call_once(fallback, timeout).await
+            }
+            _ => Ok(reply),
+        }
+    }
+
+    async fn call_once(&self, command: Bytes, timeout: Duration) -> Result<Bytes, NodeError> {
+        let node = self.common.node_of_command(&command)?;
+        let len = command.len();
+        let (job, rx) = Job::new(command, smallvec![len], true);
+        let lane = self.common.lane(&node, 0);
+        let sent = async {
+            lane.send(job)
+                .await
+                .map_err(|_| NodeError::Down(node.clone()))?;
+            Ok(merge::flatten(rx)
+                .await
+                .into_iter()
+                .next()
+                .unwrap_or_else(merge::gone))
+        };
+        match tokio::time::timeout(timeout, sent).await {
+            Ok(reply) => reply,
+            Err(_) => Err(NodeError::Timeout(node)),
+        }
+    }
+
     /// True when a map was read and a node serves every slot in it.
     pub fn serves_every_slot(&self) -> bool {
         self.common.map().is_some_and(|m| m.unserved() == 0)
     }
+}
+
+/// The primaries of `new` that were replicas in `old`: promoted by a
+/// failover (a node new to the map that takes slots was not, its keys
+/// came with `MIGRATE`).
+fn promotions(old: &SlotMap, new: &SlotMap) -> Vec<String> {
+    let was_primary = |addr: &str| old.shards().iter().any(|s| s.primary == addr);
+    let was_replica = |addr: &str| {
+        old.shards()
+            .iter()
+            .any(|s| s.replicas.iter().any(|r| r == addr))
+    };
+    (new.shards().iter())
+        .map(|s| s.primary.clone())
+        .filter(|p| !was_primary(p) && was_replica(p))
+        .collect()
 }
 
 /// Reads the map at once, then whenever [`refresh_due`] says (without a
@@ -451,6 +557,86 @@ async fn refresher(common: Arc<Common>) {
             _ = common.stop.cancelled() => return,
             _ = tokio::time::sleep(wait) => {}
             _ = common.refresh.notified() => asked_early = true,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::encode::LocalReply;
+
+    /// A map from `(first slot, last slot, primary, replicas)` rows, read
+    /// back from a `CLUSTER SLOTS` reply as a node would give it.
+    fn map(rows: &[(u16, u16, &str, &[&str])]) -> SlotMap {
+        let node = |addr: &str| {
+            let (host, port) = addr.rsplit_once(':').expect("HOST:PORT");
+            LocalReply::Array(vec![
+                LocalReply::Bulk(Bytes::copy_from_slice(host.as_bytes())),
+                LocalReply::Integer(port.parse().expect("a port")),
+                LocalReply::Bulk(Bytes::from(format!("id-{addr}"))),
+            ])
+        };
+        let reply = LocalReply::Array(
+            rows.iter()
+                .map(|(first, last, primary, replicas)| {
+                    let mut row = vec![
+                        LocalReply::Integer(i64::from(*first)),
+                        LocalReply::Integer(i64::from(*last)),
+                        node(primary),
+                    ];
+                    row.extend(replicas.iter().map(|r| node(r)));
+                    LocalReply::Array(row)
+                })
+                .collect(),
+        );
+        SlotMap::from_slots(&reply.to_bytes(false), "x:1").expect("a slot map")
+    }
+
+    /// Only a replica that became a primary is a failover: a slot moved
+    /// between primaries, or to a node new to the map, is a migration
+    /// (its keys came with it).
+    #[test]
+    fn a_promoted_replica_is_told_from_a_migration() {
+        let before = map(&[
+            (0, 8_000, "a:1", &["ra:1"]),
+            (8_001, 16_383, "b:1", &["rb:1"]),
+        ]);
+        // (after, promoted)
+        let rows: Vec<(SlotMap, Vec<&str>)> = vec![
+            (before.clone(), vec![]),
+            (
+                map(&[
+                    (0, 8_000, "ra:1", &["a:1"]),
+                    (8_001, 16_383, "b:1", &["rb:1"]),
+                ]),
+                vec!["ra:1"],
+            ),
+            (
+                map(&[(0, 8_000, "ra:1", &[]), (8_001, 16_383, "rb:1", &[])]),
+                vec!["ra:1", "rb:1"],
+            ),
+            (
+                map(&[
+                    (0, 100, "b:1", &["rb:1"]),
+                    (101, 8_000, "a:1", &["ra:1"]),
+                    (8_001, 16_383, "b:1", &["rb:1"]),
+                ]),
+                vec![],
+            ),
+            (
+                map(&[
+                    (0, 100, "c:1", &[]),
+                    (101, 8_000, "a:1", &["ra:1"]),
+                    (8_001, 16_383, "b:1", &["rb:1"]),
+                ]),
+                vec![],
+            ),
+        ];
+        for (i, (after, want)) in rows.into_iter().enumerate() {
+            let mut got = promotions(&before, &after);
+            got.sort();
+            assert_eq!(got, want, "row {i}");
         }
     }
 }

@@ -1,0 +1,297 @@
+//! Locks through lockgate in front of a real Redis Cluster: the legacy
+//! `SETNX`/`EXPIRE`/`DEL` pattern on keys spread over every shard (each
+//! lock leased on the node that serves it, its owner record beside it, in
+//! its slot, hash tags included), owner-checked release and extension,
+//! the hand-off from one lockgate to another woken by the release
+//! announcement, fencing tokens, and mutual exclusion under contention
+//! through two lockgates.
+
+use crate::support;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lockgate::cluster::map::SlotMap;
+use lockgate::cluster::slot::key_slot;
+use lockgate::Config;
+use support::cluster::Cluster;
+use support::resp::Resp;
+use support::{Lockgate, RawClient};
+
+async fn lockgate(cluster: &Cluster, tune: impl FnOnce(&mut Config)) -> Lockgate {
+    let mut config = Config::default();
+    config.upstream.cluster.seeds = vec![cluster.seed()];
+    tune(&mut config);
+    let lg = Lockgate::start_with(config).await;
+    let pool = lg.ctx.cluster.clone().expect("a cluster pool");
+    crate::until!("the slot map and key specs", pool.ready());
+    lg
+}
+
+async fn call(c: &mut RawClient, args: &[&str]) -> Resp {
+    Resp::parse(&c.call_raw(args).await)
+}
+
+async fn map(cluster: &Cluster) -> SlotMap {
+    let mut c = RawClient::connect(&cluster.seed()).await;
+    SlotMap::from_slots(&c.call_raw(&["CLUSTER", "SLOTS"]).await, &cluster.seed())
+        .expect("CLUSTER SLOTS")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn legacy_locks_on_every_shard_are_leased_and_owner_checked() {
+    let cluster = Cluster::start(3, 1);
+    let lg = lockgate(&cluster, |_| {}).await;
+    let map = map(&cluster).await;
+    let mut keys: Vec<String> = (0..24).map(|i| format!("lock:order:{i}")).collect();
+    keys.extend((0..6).map(|i| format!("lock:{{cart}}:{i}")));
+    let mut nodes = std::collections::BTreeSet::new();
+    for key in &keys {
+        let mut owner = RawClient::connect(lg.addr).await;
+        assert_eq!(
+            call(&mut owner, &["SETNX", key, "me"]).await,
+            Resp::Int(1),
+            "{key}"
+        );
+        // A connection opened after the acquisition is not its pool's
+        // (docs/locks.md): it may neither take, extend nor release it.
+        let mut other = RawClient::connect(lg.addr).await;
+        assert_eq!(
+            call(&mut other, &["SETNX", key, "them"]).await,
+            Resp::Int(0),
+            "{key}"
+        );
+        assert_eq!(
+            call(&mut owner, &["EXPIRE", key, "30"]).await,
+            Resp::Int(1),
+            "{key}"
+        );
+        // On the node that serves the key: the lock with its lease (a bare
+        // SETNX is leased at once), and its owner record beside it.
+        let node = &map.shard_of_key(key.as_bytes()).expect("served").primary;
+        nodes.insert(node.clone());
+        let mut n = RawClient::connect(node).await;
+        let pttl = call(&mut n, &["PTTL", key]).await;
+        assert!(
+            matches!(pttl, Resp::Int(t) if t > 20_000),
+            "{key}: {pttl:?}"
+        );
+        let owner_record =
+            String::from_utf8(lockgate::lock::owner_key(key.as_bytes()).to_vec()).expect("utf-8");
+        assert_eq!(key_slot(owner_record.as_bytes()), key_slot(key.as_bytes()));
+        assert_eq!(
+            call(&mut n, &["EXISTS", &owner_record]).await,
+            Resp::Int(1),
+            "{owner_record}"
+        );
+        assert_eq!(
+            call(&mut other, &["EXPIRE", key, "1"]).await,
+            Resp::Int(0),
+            "{key}"
+        );
+        assert_eq!(call(&mut other, &["DEL", key]).await, Resp::Int(0), "{key}");
+        assert_eq!(call(&mut owner, &["DEL", key]).await, Resp::Int(1), "{key}");
+        assert_eq!(
+            call(&mut n, &["EXISTS", key, &owner_record]).await,
+            Resp::Int(0),
+            "{key}"
+        );
+    }
+    assert_eq!(nodes.len(), 3, "locks on every shard");
+    // A key whose owner record cannot share its slot: refused, not sent.
+    let mut c = RawClient::connect(lg.addr).await;
+    let refused = call(&mut c, &["SETNX", "lock:a}b", "me"]).await;
+    assert!(
+        matches!(&refused, Resp::Error(e) if e.contains("cannot be in its hash slot")),
+        "{refused:?}"
+    );
+    assert_eq!(call(&mut c, &["EXISTS", "lock:a}b"]).await, Resp::Int(0));
+    lg.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_through_one_lockgate_hands_over_on_another() {
+    let cluster = Cluster::start(3, 0);
+    let a = lockgate(&cluster, |_| {}).await;
+    // B would probe only every 5 s: only the release announcement can
+    // wake its parked spinner sooner.
+    let b = lockgate(&cluster, |c| c.locks.retry.probe_interval_ms = 5_000).await;
+    let mut holder = RawClient::connect(a.addr).await;
+    assert_eq!(
+        call(&mut holder, &["SETNX", "lock:h", "a"]).await,
+        Resp::Int(1)
+    );
+    assert_eq!(
+        call(&mut holder, &["EXPIRE", "lock:h", "30"]).await,
+        Resp::Int(1)
+    );
+    let addr = b.addr;
+    let spinner = tokio::spawn(async move {
+        let mut c = RawClient::connect(addr).await;
+        let deadline = Instant::now() + Duration::from_secs(8);
+        while Instant::now() < deadline {
+            if call(&mut c, &["SETNX", "lock:h", "b"]).await == Resp::Int(1) {
+                return Some(Instant::now());
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        None
+    });
+    // The spinner is parked on B once it has failed a few times.
+    crate::until!("B's spinner to be parked", {
+        b.ctx.locks.storm.metrics.parked.load(Ordering::Relaxed) > 0
+    });
+    let released = Instant::now();
+    assert_eq!(call(&mut holder, &["DEL", "lock:h"]).await, Resp::Int(1));
+    let won = spinner
+        .await
+        .expect("spinner")
+        .expect("B's spinner acquired");
+    let took = won.duration_since(released);
+    assert!(took < Duration::from_secs(2), "handed over after {took:?}");
+    let node = map(&cluster)
+        .await
+        .shard_of_key(b"lock:h")
+        .expect("served")
+        .primary
+        .clone();
+    let mut n = RawClient::connect(&node).await;
+    assert_eq!(
+        call(&mut n, &["GET", "lock:h"]).await,
+        Resp::Bulk(Some(b"b".to_vec()))
+    );
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencing_tokens_grow_and_sections_never_overlap_through_two_lockgates() {
+    let cluster = Cluster::start(3, 0);
+    let lgs = [
+        lockgate(&cluster, |_| {}).await,
+        lockgate(&cluster, |_| {}).await,
+    ];
+    let mut c = RawClient::connect(lgs[0].addr).await;
+    for key in ["lock:f:1", "lock:f:2", "lock:{f}:3"] {
+        let mut last = 0;
+        for _ in 0..3 {
+            let got = call(&mut c, &["LOCKGATE", "LOCK", key, "5000"]).await;
+            let token = got.items()[0].int();
+            assert!(token > last, "{key}: {token} after {last}");
+            last = token;
+            let unlocked = call(&mut c, &["LOCKGATE", "UNLOCK", key, &token.to_string()]).await;
+            assert_eq!(unlocked, Resp::Int(1), "{key}");
+        }
+    }
+    // Eight clients, four through each lockgate, take one lock in turn:
+    // inside, each checks nobody else is.
+    let inside = Arc::new(AtomicUsize::new(0));
+    let overlaps = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for w in 0..8 {
+        let addr = lgs[w % 2].addr;
+        let (inside, overlaps) = (inside.clone(), overlaps.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut c = RawClient::connect(addr).await;
+            let deadline = Instant::now() + Duration::from_millis(1_500);
+            let mut sections = 0;
+            while Instant::now() < deadline {
+                let me = format!("w{w}");
+                if call(&mut c, &["SET", "lock:x", &me, "NX", "PX", "2000"]).await
+                    != Resp::Status("OK".into())
+                {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    continue;
+                }
+                if inside.fetch_add(1, Ordering::SeqCst) != 0 {
+                    overlaps.fetch_add(1, Ordering::SeqCst);
+                }
+                tokio::time::sleep(Duration::from_millis(3)).await;
+                inside.fetch_sub(1, Ordering::SeqCst);
+                assert_eq!(call(&mut c, &["DEL", "lock:x"]).await, Resp::Int(1), "{me}");
+                sections += 1;
+            }
+            sections
+        }));
+    }
+    let mut total = 0;
+    for t in tasks {
+        total += t.await.expect("worker");
+    }
+    assert_eq!(overlaps.load(Ordering::SeqCst), 0);
+    assert!(total >= 8, "{total} sections");
+    for lg in lgs {
+        lg.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_shard_failover_only_its_acquisitions_are_held_back() {
+    let cluster = Cluster::start(3, 1);
+    let lg = lockgate(&cluster, |c| {
+        c.locks.failover_delay_ms = Some(1_500);
+        c.upstream.cluster.refresh_interval_ms = 200;
+    })
+    .await;
+    let pool = lg.ctx.cluster.clone().expect("a cluster pool");
+    // The shard of `lock:fo`, once lockgate's map names its replica.
+    let shard = || {
+        pool.map()
+            .and_then(|m| m.shard_of_key(b"lock:fo").cloned())
+            .filter(|s| !s.replicas.is_empty())
+    };
+    crate::until!("the shard's replica in the map", shard().is_some());
+    let before = shard().expect("a shard");
+    let replica = before.replicas[0].clone();
+    let other_key = (0..1_000)
+        .map(|i| format!("lock:other:{i}"))
+        .find(|k| {
+            pool.map()
+                .and_then(|m| m.shard_of_key(k.as_bytes()).map(|s| s.primary.clone()))
+                .is_some_and(|p| p != before.primary)
+        })
+        .expect("a key on another shard");
+    let mut r = RawClient::connect(&replica).await;
+    // A manual failover needs the replica's link to its primary up.
+    crate::until!("the replica's link up", {
+        let info = call(&mut r, &["INFO", "replication"]).await;
+        info.text().contains("master_link_status:up")
+    });
+    assert_eq!(
+        call(&mut r, &["CLUSTER", "FAILOVER"]).await,
+        Resp::Status("OK".into())
+    );
+    crate::until!("lockgate to follow the failover", {
+        pool.map()
+            .and_then(|m| m.shard_of_key(b"lock:fo").map(|s| s.primary.clone()))
+            == Some(replica.clone())
+    });
+    let held_at = Instant::now();
+    let mut c = RawClient::connect(lg.addr).await;
+    assert_eq!(
+        call(&mut c, &["SETNX", "lock:fo", "x"]).await,
+        Resp::Int(0),
+        "held back"
+    );
+    assert_eq!(
+        call(&mut c, &["SETNX", &other_key, "x"]).await,
+        Resp::Int(1),
+        "other shards are not"
+    );
+    let mut n = RawClient::connect(&replica).await;
+    assert_eq!(call(&mut n, &["EXISTS", "lock:fo"]).await, Resp::Int(0));
+    let metrics = pool.metrics();
+    assert!(metrics.failovers.load(Ordering::Relaxed) >= 1);
+    assert!(metrics.failover_held.load(Ordering::Relaxed) >= 1);
+    // Past the delay, acquisitions there go on.
+    crate::until!("the failover delay to end", {
+        call(&mut c, &["SETNX", "lock:fo", "x"]).await == Resp::Int(1)
+    });
+    assert!(
+        held_at.elapsed() < Duration::from_millis(1_500 + 2_000),
+        "{:?}",
+        held_at.elapsed()
+    );
+    lg.stop().await;
+}
