@@ -75,11 +75,12 @@ fn counters(ctx: &ServerContext, sub: &[u8], args: CommandArgs<'_>) -> LocalRepl
         b"LOCKS" => views::locks(ctx, args.get(2)),
         b"MASTERS" => views::masters(ctx),
         b"PRIMARY" => views::primary(ctx),
+        b"NODES" => views::nodes(ctx),
         b"CONFIG" => views::config(ctx),
         b"RELOAD" => views::reload(ctx),
         b"AUTH" => LocalReply::Status("OK"),
         _ => LocalReply::err(format!(
-            "lockgate: unknown LOCKGATE subcommand '{}'; try STATS, HOTKEYS [n], LOCKS [pattern], MASTERS, PRIMARY, CONFIG, RELOAD, UNMATCHED [n], LOCK, UNLOCK, EXTEND",
+            "lockgate: unknown LOCKGATE subcommand '{}'; try STATS, HOTKEYS [n], LOCKS [pattern], MASTERS, PRIMARY, NODES, CONFIG, RELOAD, UNMATCHED [n], LOCK, UNLOCK, EXTEND",
             String::from_utf8_lossy(args.get(1))
         )),
     }

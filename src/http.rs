@@ -59,6 +59,11 @@ async fn metrics(State(ctx): State<Arc<ServerContext>>) -> Response {
 
 /// Why lockgate is not ready, if it is not.
 pub fn not_ready(ctx: &ServerContext) -> Option<String> {
+    if let Some(cluster) = &ctx.cluster {
+        if let Some(why) = cluster.not_ready() {
+            return Some(why);
+        }
+    }
     let Some(addr) = ctx.primary_addr.addr() else {
         return Some(format!(
             "no primary confirmed by the sentinels for master `{}`",
@@ -144,6 +149,13 @@ async fn status(State(ctx): State<Arc<ServerContext>>) -> Response {
         "hot_keys": hot,
         "masters": masters,
         "primary": crate::views::primary_json(&ctx),
+        "cluster_nodes": ctx.cluster.iter().flat_map(|c| c.nodes(ctx.locks.failover_delay())).map(|n| serde_json::json!({
+            "addr": n.addr,
+            "slots": n.slots,
+            "replicas": n.replicas,
+            "up": n.up,
+            "held_ms": n.held_ms,
+        })).collect::<Vec<_>>(),
     });
     (
         [(header::CONTENT_TYPE, "application/json")],

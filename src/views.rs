@@ -86,6 +86,32 @@ fn primary_refused(ctx: &ServerContext) -> String {
         .unwrap_or_default()
 }
 
+/// `NODES`: in front of a Redis Cluster, each primary of the slot map in
+/// force: address, slot ranges, replicas, `up` or `down` (lockgate's last
+/// connection attempt), and ms its slots' lock acquisitions are still held
+/// back after a failover promoted it (0: not). Empty in front of one
+/// primary.
+pub fn nodes(ctx: &ServerContext) -> LocalReply {
+    let Some(cluster) = &ctx.cluster else {
+        return LocalReply::Array(Vec::new());
+    };
+    LocalReply::Array(
+        cluster
+            .nodes(ctx.locks.failover_delay())
+            .into_iter()
+            .map(|n| {
+                LocalReply::Array(vec![
+                    text(&n.addr),
+                    text(&n.slots),
+                    text(&n.replicas),
+                    text(if n.up { "up" } else { "down" }),
+                    LocalReply::Integer(n.held_ms as i64),
+                ])
+            })
+            .collect(),
+    )
+}
+
 /// `MASTERS`: each lock master: address, state, ms until it rejoins (0
 /// where it waits for its policy), why it sits out (empty unless it
 /// does), its `maxmemory-policy` by name, and the keys it was seen

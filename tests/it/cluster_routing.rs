@@ -471,6 +471,16 @@ async fn a_node_down_fails_its_slots_only() {
         call(&mut c, &["SET", &dead_key, "1"]).await,
         Resp::Status("OK".into())
     );
+    assert_eq!(
+        call(&mut c, &["SET", &live_key, "1"]).await,
+        Resp::Status("OK".into())
+    );
+    assert_eq!(lockgate::http::not_ready(&lg.ctx), None);
+    let nodes = call(&mut c, &["LOCKGATE", "NODES"]).await;
+    assert_eq!(nodes.items().len(), 3, "{nodes}");
+    for row in nodes.items() {
+        assert_eq!(row.items()[3].text(), "up", "{row}");
+    }
     tokio::task::block_in_place(|| cluster.nodes[1].stop());
     let reply = call(&mut c, &["GET", &dead_key]).await;
     let Resp::Error(text) = reply else {
@@ -485,5 +495,14 @@ async fn a_node_down_fails_its_slots_only() {
         call(&mut c, &["GET", &live_key]).await,
         Resp::Bulk(Some(b"2".to_vec()))
     );
+    // Not ready: a primary is unreachable; LOCKGATE NODES says which.
+    crate::until!("/readyz to name the node down", {
+        lockgate::http::not_ready(&lg.ctx).is_some_and(|why| why.contains(&down))
+    });
+    let nodes = call(&mut c, &["LOCKGATE", "NODES"]).await;
+    let row = (nodes.items().iter())
+        .find(|r| r.items()[0].text() == down)
+        .expect("the node down listed");
+    assert_eq!(row.items()[3].text(), "down", "{row}");
     lg.stop().await;
 }

@@ -214,6 +214,9 @@ pub(super) async fn run(
         };
         let error = match connected {
             Ok(stream) => {
+                if shared {
+                    common.node_state(&addr, true);
+                }
                 ProxyMetrics::inc(&common.metrics.node_connects);
                 let open = match shared {
                     true => &common.metrics.shared_open,
@@ -236,6 +239,9 @@ pub(super) async fn run(
             Err(e) => error_line(&format!("upstream {addr} unavailable ({e})")),
         };
         ProxyMetrics::inc(&common.metrics.node_connect_errors);
+        if shared {
+            common.node_state(&addr, false);
+        }
         common.refresh_soon();
         for job in held.drain(..) {
             ProxyMetrics::add(&common.metrics.error_replies, job.ends.len() as u64);

@@ -135,6 +135,9 @@ pub(crate) struct Common {
     /// their slots' lock acquisitions are held back for the failover
     /// delay ([`ClusterPool::hold_left`]). Pruned at each change of the map.
     promoted: Mutex<Vec<(String, Instant)>>,
+    /// Nodes whose last connection attempt from a shared lane failed
+    /// (`/readyz`, `LOCKGATE NODES`); cleared by the next that succeeds.
+    down: Mutex<std::collections::HashSet<Arc<str>>>,
     /// Wakes the map's reader early (a redirection, a node lost).
     refresh: Notify,
     pub(crate) metrics: Arc<ClusterMetrics>,
@@ -181,6 +184,15 @@ impl Common {
     /// The key table in force.
     pub(crate) fn keys(&self) -> Arc<KeyTable> {
         sync::read(&self.keys).clone()
+    }
+
+    /// Notes whether the node `addr` could be connected to (shared lanes).
+    pub(crate) fn node_state(&self, addr: &Arc<str>, up: bool) {
+        let mut down = sync::lock(&self.down);
+        match up {
+            true => down.remove(addr),
+            false => down.insert(addr.clone()),
+        };
     }
 
     /// Asks the map's reader to read it again soon (within its gap).
@@ -364,6 +376,22 @@ impl Common {
     }
 }
 
+/// One primary as `LOCKGATE NODES` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeView {
+    /// `HOST:PORT`.
+    pub addr: String,
+    /// Its slot ranges, `first-last,…`.
+    pub slots: String,
+    /// Its replicas, `HOST:PORT,…`.
+    pub replicas: String,
+    /// lockgate's last connection attempt to it succeeded.
+    pub up: bool,
+    /// Lock acquisitions in its slots held back this much longer (ms)
+    /// after a failover promoted it.
+    pub held_ms: u64,
+}
+
 /// The connections to a cluster's nodes and the way sessions get a
 /// [`ClusterStream`] over them.
 pub struct ClusterPool {
@@ -405,6 +433,7 @@ impl ClusterPool {
             refresh_gap: Duration::from_millis(c.refresh_min_gap_ms),
             refresh: Notify::new(),
             promoted: Mutex::new(Vec::new()),
+            down: Mutex::new(std::collections::HashSet::new()),
             metrics: Arc::default(),
             warn: RateLimit::new(Duration::from_secs(10)),
             stop: stop.clone(),
@@ -504,9 +533,60 @@ impl ClusterPool {
         }
     }
 
-    /// True when a map was read and a node serves every slot in it.
-    pub fn serves_every_slot(&self) -> bool {
-        self.common.map().is_some_and(|m| m.unserved() == 0)
+    /// Why the cluster cannot serve every slot now, if it cannot: no map
+    /// read yet, slots no node serves, or a primary lockgate cannot reach
+    /// (`/readyz`).
+    pub fn not_ready(&self) -> Option<String> {
+        let Some(map) = self.common.map() else {
+            return Some("no slot map of the cluster read yet".to_string());
+        };
+        if map.unserved() > 0 {
+            return Some(format!("{} hash slots served by no node", map.unserved()));
+        }
+        let down = sync::lock(&self.common.down);
+        let unreachable: Vec<&str> = (map.shards().iter())
+            .map(|s| s.primary.as_str())
+            .filter(|p| down.contains(*p))
+            .collect();
+        match unreachable.is_empty() {
+            true => None,
+            false => Some(format!(
+                "cluster primary {} unreachable",
+                unreachable.join(", ")
+            )),
+        }
+    }
+
+    /// Each primary of the map in force: its address, its slot ranges
+    /// (`first-last`), its replicas, whether lockgate reaches it, and how
+    /// long its slots' acquisitions are still held back after a failover
+    /// (ms, 0: not held) for `delay` (`LOCKGATE NODES`, the status page).
+    pub fn nodes(&self, delay: Duration) -> Vec<NodeView> {
+        let Some(map) = self.common.map() else {
+            return Vec::new();
+        };
+        let down = sync::lock(&self.common.down).clone();
+        let promoted = sync::lock(&self.common.promoted).clone();
+        let ranges = map.ranges();
+        (map.shards().iter())
+            .map(|shard| {
+                let slots: Vec<String> = (ranges.iter())
+                    .filter(|(_, _, s)| s.primary == shard.primary)
+                    .map(|(a, b, _)| format!("{a}-{b}"))
+                    .collect();
+                let held_ms = (promoted.iter())
+                    .find(|(p, _)| *p == shard.primary)
+                    .and_then(|(_, at)| delay.checked_sub(at.elapsed()))
+                    .map_or(0, |left| left.as_micros().div_ceil(1000) as u64);
+                NodeView {
+                    addr: shard.primary.clone(),
+                    slots: slots.join(","),
+                    replicas: shard.replicas.join(","),
+                    up: !down.contains(shard.primary.as_str()),
+                    held_ms,
+                }
+            })
+            .collect()
     }
 }
 
