@@ -142,15 +142,60 @@ impl KeyTable {
         self.find(args, true)
     }
 
+    /// The one slot of the keys (and, for routing, the `not_key`
+    /// arguments) of the command `args`: `Ok(None)` for none, `Err(None)`
+    /// when they span slots, `Err(Some(_))` when they cannot be found.
+    /// What a router asks per command: no list is built.
+    pub fn routing_slot(&self, args: &[&[u8]]) -> Result<Option<u16>, Option<KeysError>> {
+        let mut slot = None;
+        let mut cross = false;
+        self.each_key(args, true, |k| {
+            let s = key_slot(k);
+            match slot {
+                None => slot = Some(s),
+                Some(first) if first != s => cross = true,
+                Some(_) => {}
+            }
+        })
+        .map_err(Some)?;
+        match cross {
+            true => Err(None),
+            false => Ok(slot),
+        }
+    }
+
     fn find<'a>(&self, args: &[&'a [u8]], not_keys: bool) -> Result<Vec<&'a [u8]>, KeysError> {
-        let name = args
-            .first()
-            .map(|n| n.to_ascii_lowercase())
-            .unwrap_or_default();
-        let unknown = || KeysError::Unknown(String::from_utf8_lossy(&name).into_owned());
-        let mut entry = self.commands.get(&name).ok_or_else(unknown)?;
+        let mut keys = Vec::new();
+        self.each_key(args, not_keys, |k| keys.push(k))?;
+        Ok(keys)
+    }
+
+    /// The entry of a name, looked up without allocating for names of up
+    /// to 32 bytes (all of Redis's).
+    fn entry(&self, name: &[u8]) -> Option<&Entry> {
+        let mut buf = [0u8; 32];
+        match buf.get_mut(..name.len()) {
+            Some(lower) => {
+                for (l, c) in lower.iter_mut().zip(name) {
+                    *l = c.to_ascii_lowercase();
+                }
+                self.commands.get(&lower[..])
+            }
+            None => self.commands.get(&name.to_ascii_lowercase()[..]),
+        }
+    }
+
+    fn each_key<'a>(
+        &self,
+        args: &[&'a [u8]],
+        not_keys: bool,
+        mut f: impl FnMut(&'a [u8]),
+    ) -> Result<(), KeysError> {
+        let name = args.first().copied().unwrap_or_default();
+        let unknown = || KeysError::Unknown(String::from_utf8_lossy(name).to_ascii_lowercase());
+        let mut entry = self.entry(name).ok_or_else(unknown)?;
         if entry.container {
-            let mut full = name.clone();
+            let mut full = name.to_ascii_lowercase();
             full.push(b'|');
             full.extend(
                 args.get(1)
@@ -163,7 +208,6 @@ impl KeyTable {
             return Err(KeysError::Incomplete);
         }
         let argc = args.len() as i64;
-        let mut keys = Vec::new();
         for spec in entry.specs.iter().filter(|s| not_keys || !s.not_key) {
             if spec.incomplete {
                 return Err(KeysError::Incomplete);
@@ -177,11 +221,11 @@ impl KeyTable {
             }
             let mut i = first;
             while i <= last {
-                keys.push(args[i as usize]);
+                f(args[i as usize]);
                 i += step.max(1);
             }
         }
-        Ok(keys)
+        Ok(())
     }
 }
 

@@ -69,37 +69,48 @@ pub fn route(args: &[&[u8]], keys: &KeyTable, facade: &Facade) -> Dest {
     let Some(name) = args.first() else {
         return Dest::Node(None);
     };
-    let upper = name.to_ascii_uppercase();
-    match upper.as_slice() {
-        b"CLUSTER" => return cluster(args, facade),
-        b"READONLY" | b"READWRITE" | b"ASKING" => return Dest::Local(LocalReply::Status("OK")),
-        b"QUIT" => return Dest::Quit,
-        b"MULTI" => return Dest::Tx(TxCommand::Multi),
-        b"EXEC" => return Dest::Tx(TxCommand::Exec),
-        b"DISCARD" => return Dest::Tx(TxCommand::Discard),
-        b"UNWATCH" => return Dest::Tx(TxCommand::Unwatch),
-        b"WATCH" => {
-            let slot = slot_of(&args[1..]).map_err(|_| ());
-            return Dest::Tx(TxCommand::Watch(slot));
+    // Upper-cased on the stack: the names below are at most 8 bytes, and
+    // this runs for every command.
+    let mut buf = [0u8; 8];
+    if let Some(upper) = buf.get_mut(..name.len()) {
+        for (u, c) in upper.iter_mut().zip(name.iter()) {
+            *u = c.to_ascii_uppercase();
         }
-        b"SCAN" => return Dest::Scan,
-        _ => {}
-    }
-    match fanout(args) {
-        Some(Fanout::Refuse(text)) => {
-            return Dest::Local(LocalReply::Error(bytes::Bytes::from_static(
-                text.as_bytes(),
-            )))
+        match &*upper {
+            b"CLUSTER" => return cluster(args, facade),
+            b"READONLY" | b"ASKING" => return Dest::Local(LocalReply::Status("OK")),
+            b"QUIT" => return Dest::Quit,
+            b"MULTI" => return Dest::Tx(TxCommand::Multi),
+            b"EXEC" => return Dest::Tx(TxCommand::Exec),
+            b"DISCARD" => return Dest::Tx(TxCommand::Discard),
+            b"UNWATCH" => return Dest::Tx(TxCommand::Unwatch),
+            b"WATCH" => {
+                let slot = slot_of(&args[1..]).map_err(|_| ());
+                return Dest::Tx(TxCommand::Watch(slot));
+            }
+            b"SCAN" => return Dest::Scan,
+            b"DBSIZE" | b"KEYS" | b"FLUSHALL" | b"FLUSHDB" | b"SELECT" | b"SWAPDB" | b"SCRIPT"
+            | b"FUNCTION" => match fanout(args) {
+                Some(Fanout::Refuse(text)) => {
+                    return Dest::Local(LocalReply::Error(bytes::Bytes::from_static(
+                        text.as_bytes(),
+                    )))
+                }
+                Some(f) => return Dest::Fanout(f),
+                None => {}
+            },
+            _ => {}
         }
-        Some(f) => return Dest::Fanout(f),
-        None => {}
+    } else if name.eq_ignore_ascii_case(b"READWRITE") {
+        return Dest::Local(LocalReply::Status("OK"));
     }
-    let slot = || match keys.routing_args(args) {
-        Ok(k) => slot_of(&k).map_err(|_| ()),
+    let slot = || match keys.routing_slot(args) {
+        Ok(s) => Ok(s),
+        Err(None) => Err(()),
         // The node says what is wrong with it (an unknown command, an
         // argument short), as directly.
-        Err(KeysError::Unknown(_) | KeysError::Syntax | KeysError::Reply(_)) => Ok(None),
-        Err(KeysError::Incomplete) => Err(()),
+        Err(Some(KeysError::Unknown(_) | KeysError::Syntax | KeysError::Reply(_))) => Ok(None),
+        Err(Some(KeysError::Incomplete)) => Err(()),
     };
     match needs_own_connection(args) {
         None | Some(OwnReason::Paused) => {}
@@ -115,7 +126,7 @@ pub fn route(args: &[&[u8]], keys: &KeyTable, facade: &Facade) -> Dest {
                 Err(()) => Dest::Local(LocalReply::Error(CROSSSLOT.into())),
             }
         }
-        Some(reason) => return Dest::Local(refusal(reason, &upper)),
+        Some(reason) => return Dest::Local(refusal(reason, &name.to_ascii_uppercase())),
     }
     match slot() {
         Ok(s) => Dest::Node(s),

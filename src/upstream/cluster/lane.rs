@@ -49,13 +49,14 @@ pub(crate) enum Part {
     Later(oneshot::Receiver<Vec<Part>>),
 }
 
+/// A job's commands.
+pub(crate) type Commands = SmallVec<[Bytes; 4]>;
+
 /// Commands of one session for one node, and where their replies go.
 #[derive(Debug)]
 pub(crate) struct Job {
-    /// Whole commands, in RESP.
-    pub bytes: Bytes,
-    /// Where each command ends in `bytes`.
-    pub ends: SmallVec<[usize; 4]>,
+    /// Whole commands, in RESP, one reply each.
+    pub commands: Commands,
     /// Replies dropped at the front (`ASKING`'s before a command sent
     /// after `ASK`; what lockgate answered itself of a held transaction;
     /// a `DISCARD` of its own).
@@ -110,17 +111,11 @@ impl Owed {
 }
 
 impl Job {
-    /// A job for the whole commands `bytes`, ending at `ends`, following
-    /// redirections or not.
-    pub(crate) fn new(
-        bytes: Bytes,
-        ends: SmallVec<[usize; 4]>,
-        follow: bool,
-    ) -> (Job, oneshot::Receiver<Vec<Part>>) {
+    /// A job for `commands`, following redirections or not.
+    pub(crate) fn new(commands: Commands, follow: bool) -> (Job, oneshot::Receiver<Vec<Part>>) {
         let (done, rx) = oneshot::channel();
         let job = Job {
-            bytes,
-            ends,
+            commands,
             skip_front: 0,
             follow,
             hops: 0,
@@ -140,11 +135,7 @@ impl Job {
 
     /// The command at `i`.
     fn command(&self, i: usize) -> Bytes {
-        let start = match i {
-            0 => 0,
-            _ => self.ends[i - 1],
-        };
-        self.bytes.slice(start..self.ends[i])
+        self.commands[i].clone()
     }
 }
 
@@ -159,7 +150,7 @@ struct InFlight {
 impl InFlight {
     /// The reply owed for every command not answered yet: `error`.
     fn fail(mut self, error: &Bytes) {
-        for i in self.read..self.job.ends.len() {
+        for i in self.read..self.job.commands.len() {
             if i >= self.job.skip_front {
                 self.parts.push(Part::Reply(error.clone()));
             }
@@ -244,7 +235,7 @@ pub(super) async fn run(
         }
         common.refresh_soon();
         for job in held.drain(..) {
-            ProxyMetrics::add(&common.metrics.error_replies, job.ends.len() as u64);
+            ProxyMetrics::add(&common.metrics.error_replies, job.commands.len() as u64);
             answer(job, &error);
         }
         let tried = Instant::now();
@@ -257,7 +248,7 @@ pub(super) async fn run(
                         break;
                     }
                     Some(job) => {
-                        ProxyMetrics::add(&common.metrics.error_replies, job.ends.len() as u64);
+                        ProxyMetrics::add(&common.metrics.error_replies, job.commands.len() as u64);
                         answer(job, &error);
                     }
                     None => return,
@@ -291,7 +282,9 @@ async fn serve(
             {
                 let mut fifo = sync::lock(&fifo);
                 for job in jobs.drain(..) {
-                    out.extend_from_slice(&job.bytes);
+                    for command in &job.commands {
+                        out.extend_from_slice(command);
+                    }
                     fifo.push_back(InFlight {
                         job,
                         read: 0,
@@ -352,7 +345,7 @@ async fn serve(
     for flight in owed {
         ProxyMetrics::add(
             &common.metrics.error_replies,
-            (flight.job.ends.len() - flight.read) as u64,
+            (flight.job.commands.len() - flight.read) as u64,
         );
         flight.fail(&error);
     }
@@ -372,7 +365,7 @@ fn deliver(
     };
     let i = front.read;
     front.read += 1;
-    let total = front.job.ends.len();
+    let total = front.job.commands.len();
     if i >= front.job.skip_front {
         let part = match frame.first() {
             Some(b'-') => match redirect(&frame, addr) {

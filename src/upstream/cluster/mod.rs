@@ -231,27 +231,18 @@ impl Common {
     /// Sends `command` again where `to` says (after `ASKING` for `ASK`),
     /// on that node's shared lane; its replies are the part returned.
     pub(crate) fn redirect(self: &Arc<Self>, command: Bytes, to: Redirect, hops: u32) -> Part {
-        let (bytes, ends, skip) = match to.ask {
+        let (commands, skip) = match to.ask {
             true => {
                 ProxyMetrics::inc(&self.metrics.ask);
-                let asking = encode::command(&[b"ASKING"]);
-                let mut both = Vec::with_capacity(asking.len() + command.len());
-                both.extend_from_slice(&asking);
-                both.extend_from_slice(&command);
-                (
-                    Bytes::from(both),
-                    smallvec![asking.len(), asking.len() + command.len()],
-                    1,
-                )
+                (smallvec![encode::command(&[b"ASKING"]), command], 1)
             }
             false => {
                 ProxyMetrics::inc(&self.metrics.moved);
                 self.refresh_soon();
-                let len = command.len();
-                (command, smallvec![len], 0)
+                (smallvec![command], 0)
             }
         };
-        let (mut job, rx) = Job::new(bytes, ends, true);
+        let (mut job, rx) = Job::new(commands, true);
         job.skip_front = skip;
         job.hops = hops;
         let lane = self.lane(&to.addr, 0);
@@ -295,7 +286,11 @@ impl Common {
         ProxyMetrics::inc(&self.metrics.refreshes);
         if self.keys().is_empty() {
             match self.read_keys(&from).await {
-                Ok(table) => *sync::write(&self.keys) = Arc::new(table),
+                Ok(table) => {
+                    *sync::write(&self.keys) = Arc::new(table);
+                    // Sessions take the table with the next generation.
+                    self.generation.fetch_add(1, Ordering::AcqRel);
+                }
                 Err(e) => {
                     if let Some(more) = self.warn.check() {
                         tracing::warn!(node = %from, error = %e, suppressed = more, "cannot read the nodes' key specifications");
@@ -456,6 +451,7 @@ impl ClusterPool {
             ip => ip.to_string(),
         };
         *sync::write(&self.common.facade) = Facade::new(instance, &host, addr.port());
+        self.common.generation.fetch_add(1, Ordering::AcqRel);
     }
 
     /// A stream for one new session.
@@ -514,8 +510,7 @@ impl ClusterPool {
 
     async fn call_once(&self, command: Bytes, timeout: Duration) -> Result<Bytes, NodeError> {
         let node = self.common.node_of_command(&command)?;
-        let len = command.len();
-        let (job, rx) = Job::new(command, smallvec![len], true);
+        let (job, rx) = Job::new(smallvec![command], true);
         let lane = self.common.lane(&node, 0);
         let sent = async {
             lane.send(job)

@@ -34,7 +34,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::PollSender;
 use tokio_util::task::AbortOnDropHandle;
 
-use super::lane::{Job, Owed, Part};
+use super::lane::{Commands, Job, Owed, Part};
 use super::{merge, Common};
 use crate::cluster::fanout::Fanout;
 use crate::cluster::map::SlotMap;
@@ -62,6 +62,9 @@ enum Slot {
     Ready(Bytes),
     /// A job's replies, once in.
     Job(oneshot::Receiver<Vec<Part>>),
+    /// Commands gathered for several nodes: per command (in order) the
+    /// job of `jobs` whose next reply is its reply.
+    Batch(Box<Batch>),
     /// From here on everything comes from this connection (a
     /// subscription pinned the session to it).
     Pin(oneshot::Receiver<Result<ReadHalf<Stream>, String>>),
@@ -76,6 +79,7 @@ impl ClusterStream {
                 parts: VecDeque::new(),
                 waiting: None,
                 current: Bytes::new(),
+                batch: None,
                 pin: None,
                 pinned: None,
             },
@@ -86,10 +90,12 @@ impl ClusterStream {
                 out: Some(out),
                 pending: BytesMut::new(),
                 parser: framing_parser(),
-                run: None,
+                gathered: None,
                 outbox: VecDeque::new(),
                 generation: u64::MAX,
                 map: None,
+                keys: Arc::default(),
+                facade: crate::cluster::facade::Facade::new("", "", 0),
                 nodes: Vec::new(),
                 shared: HashMap::new(),
                 own: HashMap::new(),
@@ -105,6 +111,15 @@ impl ClusterStream {
     }
 }
 
+/// Jobs of one gathering and, per command, which job answers it.
+struct Batch {
+    jobs: SmallVec<[Option<oneshot::Receiver<Vec<Part>>>; 4]>,
+    parts: SmallVec<[VecDeque<Part>; 4]>,
+    order: SmallVec<[u8; 32]>,
+    /// The next command's place in `order`.
+    next: usize,
+}
+
 /// The reading half: every command's reply, in order.
 pub struct ClusterRead {
     // Unbounded: it holds one entry per command (or run of commands) the
@@ -117,6 +132,8 @@ pub struct ClusterRead {
     waiting: Option<oneshot::Receiver<Vec<Part>>>,
     /// A reply being copied out.
     current: Bytes,
+    /// A batch being read.
+    batch: Option<Box<Batch>>,
     pin: Option<oneshot::Receiver<Result<ReadHalf<Stream>, String>>>,
     pinned: Option<ReadHalf<Stream>>,
 }
@@ -178,6 +195,35 @@ impl AsyncRead for ClusterRead {
                 }
                 None => {}
             }
+            if let Some(batch) = &mut this.batch {
+                let Some(&j) = batch.order.get(batch.next) else {
+                    this.batch = None;
+                    continue;
+                };
+                let j = usize::from(j);
+                if batch.parts[j].is_empty() {
+                    if let Some(rx) = &mut batch.jobs[j] {
+                        match Pin::new(rx).poll(cx) {
+                            Poll::Ready(Ok(parts)) => batch.parts[j] = parts.into(),
+                            Poll::Ready(Err(_)) => {}
+                            Poll::Pending if buf.filled().len() > start => {
+                                return Poll::Ready(Ok(()))
+                            }
+                            Poll::Pending => return pending(),
+                        }
+                        batch.jobs[j] = None;
+                        continue;
+                    }
+                }
+                batch.next += 1;
+                match batch.parts[j].pop_front() {
+                    Some(Part::Reply(b)) => this.current = b,
+                    Some(Part::Later(rx)) => this.waiting = Some(rx),
+                    // Its lane ended before answering.
+                    None => this.current = merge::gone(),
+                }
+                continue;
+            }
             if let Some(rx) = &mut this.pin {
                 match Pin::new(rx).poll(cx) {
                     Poll::Ready(Ok(Ok(read))) => {
@@ -198,6 +244,7 @@ impl AsyncRead for ClusterRead {
             match this.rx.poll_recv(cx) {
                 Poll::Ready(Some(Slot::Ready(b))) => this.current = b,
                 Poll::Ready(Some(Slot::Job(rx))) => this.waiting = Some(rx),
+                Poll::Ready(Some(Slot::Batch(b))) => this.batch = Some(b),
                 Poll::Ready(Some(Slot::Pin(rx))) => this.pin = Some(rx),
                 // The write side is gone (shut down, `QUIT`): the end.
                 Poll::Ready(None) => return Poll::Ready(Ok(())),
@@ -226,13 +273,29 @@ impl Lane {
     fn follow(&self) -> bool {
         !matches!(self, Lane::Own(_, false))
     }
+
+    fn node(&self) -> &Arc<str> {
+        match self {
+            Lane::Shared(n) | Lane::Own(n, _) => n,
+        }
+    }
 }
 
-/// Commands at the front of `pending` gathered for one lane.
-struct Run {
-    lane: Lane,
-    len: usize,
-    ends: SmallVec<[usize; 4]>,
+/// Most commands gathered before they are sent.
+const MAX_GATHERED: usize = 512;
+
+/// Commands gathered for lanes of one kind (shared, or the session's
+/// own), sent together as one job per lane: a node's commands keep their
+/// order, commands for different nodes have none between them (as a
+/// cluster client's pipelines to several nodes).
+struct Gathered {
+    own: bool,
+    lanes: SmallVec<[(Lane, Commands); 4]>,
+    /// Per command, its lane's index in `lanes`.
+    order: SmallVec<[u8; 32]>,
+    /// The replies of the lanes sent so far (a flush may stop half way,
+    /// waiting for room).
+    sent: SmallVec<[Option<oneshot::Receiver<Vec<Part>>>; 4]>,
 }
 
 /// A transaction's `MULTI` and the commands after it, held until one
@@ -240,8 +303,7 @@ struct Run {
 /// (`+OK`, `+QUEUED`: a client waits for those before it sends more), so
 /// the node's replies to them are dropped.
 struct Held {
-    bytes: BytesMut,
-    ends: SmallVec<[usize; 4]>,
+    commands: Commands,
 }
 
 /// Where the write side is.
@@ -312,12 +374,16 @@ pub struct ClusterWrite {
     out: Option<mpsc::UnboundedSender<Slot>>,
     pending: BytesMut,
     parser: RequestParser,
-    run: Option<Run>,
+    gathered: Option<Gathered>,
     /// Jobs made but not yet sent (room on their lane), in order.
     outbox: VecDeque<(Lane, Job)>,
     /// The map generation `map`, `nodes` and `shared` are of.
     generation: u64,
     map: Option<Arc<SlotMap>>,
+    /// The nodes' key specifications and lockgate's face to cluster-aware
+    /// clients, as of `generation`.
+    keys: Arc<crate::cluster::keys::KeyTable>,
+    facade: crate::cluster::facade::Facade,
     /// Each shard's primary, by shard index.
     nodes: Vec<Arc<str>>,
     shared: HashMap<Arc<str>, PollSender<Job>>,
@@ -357,6 +423,8 @@ impl ClusterWrite {
         }
         self.generation = generation;
         self.map = self.common.map();
+        self.keys = self.common.keys();
+        self.facade = crate::sync::read(&self.common.facade).clone();
         self.nodes = self
             .map
             .iter()
@@ -391,8 +459,7 @@ impl ClusterWrite {
     /// What the command `args` does, given the transaction's state (pure
     /// but for reading the map in force).
     fn decide(&self, args: &[&[u8]]) -> Decided {
-        let keys = self.common.keys();
-        let dest = route(args, &keys, &crate::sync::read(&self.common.facade));
+        let dest = route(args, &self.keys, &self.facade);
         let mut d = Decided {
             action: Action::Hold,
             tx: self.tx,
@@ -585,20 +652,42 @@ impl ClusterWrite {
         }
     }
 
-    /// Sends the gathered run as one job.
-    fn poll_flush_run(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let Some(run) = &self.run else {
+    /// Sends what was gathered, one job per lane, and queues its replies.
+    fn poll_flush_gathered(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        loop {
+            let Some(g) = &self.gathered else {
+                return Poll::Ready(Ok(()));
+            };
+            let i = g.sent.len();
+            let Some((lane, _)) = g.lanes.get(i) else {
+                break;
+            };
+            let lane = lane.clone();
+            ready!(self.poll_lane(cx, &lane))?;
+            let Some(g) = &mut self.gathered else {
+                return Poll::Ready(Ok(()));
+            };
+            let commands = std::mem::take(&mut g.lanes[i].1);
+            let (job, rx) = Job::new(commands, lane.follow());
+            g.sent.push(Some(rx));
+            self.send(&lane, job);
+        }
+        let Some(mut g) = self.gathered.take() else {
             return Poll::Ready(Ok(()));
         };
-        let lane = run.lane.clone();
-        ready!(self.poll_lane(cx, &lane))?;
-        let Some(run) = self.run.take() else {
-            return Poll::Ready(Ok(()));
-        };
-        let bytes = self.pending.split_to(run.len).freeze();
-        let (job, rx) = Job::new(bytes, run.ends, lane.follow());
-        self.send(&lane, job);
-        self.push(Slot::Job(rx));
+        if g.sent.len() == 1 {
+            if let Some(rx) = g.sent.pop().flatten() {
+                self.push(Slot::Job(rx));
+            }
+        } else {
+            let parts = g.sent.iter().map(|_| VecDeque::new()).collect();
+            self.push(Slot::Batch(Box::new(Batch {
+                jobs: g.sent,
+                parts,
+                order: g.order,
+                next: 0,
+            })));
+        }
         Poll::Ready(Ok(()))
     }
 
@@ -668,11 +757,9 @@ impl ClusterWrite {
             }
             ready!(self.poll_outbox(cx))?;
             self.follow_map();
-            let at = self.run.as_ref().map_or(0, |r| r.len);
-            let rest = &self.pending[at..];
-            let request = match self.parser.parse(rest) {
+            let request = match self.parser.parse(&self.pending) {
                 Ok(Some(request)) => request,
-                Ok(None) => return self.poll_flush_run(cx),
+                Ok(None) => return self.poll_flush_gathered(cx),
                 Err(e) => {
                     return Poll::Ready(Err(io::Error::new(
                         io::ErrorKind::InvalidData,
@@ -681,46 +768,57 @@ impl ClusterWrite {
                 }
             };
             if request.kind == RequestKind::Empty {
-                // No reply: it rides along with the run, or goes nowhere.
-                match &mut self.run {
-                    Some(run) => run.len += request.len,
-                    None => self.pending.advance(request.len),
-                }
+                // No reply, nothing done: Redis ignores it too.
+                self.pending.advance(request.len);
                 continue;
             }
             let decided = {
+                let rest = &self.pending[..];
                 let args: SmallVec<[&[u8]; 8]> = (0..self.parser.argc())
                     .map(|i| self.parser.arg(rest, i))
                     .collect();
                 self.decide(&args)
             };
             let len = request.len;
-            if let Action::Run(lane) = &decided.action {
-                match &mut self.run {
-                    Some(run) if run.lane == *lane => {}
-                    Some(_) => {
-                        ready!(self.poll_flush_run(cx))?;
-                        // Decided again at the next turn, at the front.
+            if let Action::Run(lane) = decided.action {
+                // One kind of lane per gathering, and a bounded one.
+                if let Some(g) = &self.gathered {
+                    // One job per connection: a lane that differs only in
+                    // following redirections is the same connection, and
+                    // its commands must not be reordered.
+                    let split =
+                        (g.lanes.iter()).any(|(l, _)| l.node() == lane.node() && *l != lane);
+                    if split
+                        || g.own != lane.own()
+                        || g.order.len() >= MAX_GATHERED
+                        || g.lanes.len() >= 255
+                    {
+                        ready!(self.poll_flush_gathered(cx))?;
                         continue;
                     }
+                }
+                let command = self.pending.split_to(len).freeze();
+                let g = self.gathered.get_or_insert_with(|| Gathered {
+                    own: lane.own(),
+                    lanes: SmallVec::new(),
+                    order: SmallVec::new(),
+                    sent: SmallVec::new(),
+                });
+                let at = match g.lanes.iter().position(|(l, _)| *l == lane) {
+                    Some(at) => at,
                     None => {
-                        self.run = Some(Run {
-                            lane: lane.clone(),
-                            len: 0,
-                            ends: SmallVec::new(),
-                        })
+                        g.lanes.push((lane, Commands::new()));
+                        g.lanes.len() - 1
                     }
-                }
-                if let Some(run) = &mut self.run {
-                    run.len += len;
-                    run.ends.push(run.len);
-                }
+                };
+                g.lanes[at].1.push(command);
+                g.order.push(at as u8);
                 self.tx = decided.tx;
                 self.tx_node = decided.tx_node;
                 continue;
             }
-            if self.run.is_some() {
-                ready!(self.poll_flush_run(cx))?;
+            if self.gathered.is_some() {
+                ready!(self.poll_flush_gathered(cx))?;
                 continue;
             }
             // Carried out with the transaction's state before it (an
@@ -747,20 +845,16 @@ impl ClusterWrite {
                 self.state = State::Quit;
             }
             Action::StartHold => {
-                let bytes = BytesMut::from(&self.pending[..len]);
-                self.pending.advance(len);
+                let command = self.pending.split_to(len).freeze();
                 self.held = Some(Held {
-                    bytes,
-                    ends: smallvec![len],
+                    commands: smallvec![command],
                 });
                 self.push(Slot::Ready(Bytes::from_static(b"+OK\r\n")));
             }
             Action::Hold => {
-                let command = self.pending.split_to(len);
+                let command = self.pending.split_to(len).freeze();
                 if let Some(held) = &mut self.held {
-                    held.bytes.extend_from_slice(&command);
-                    let end = held.bytes.len();
-                    held.ends.push(end);
+                    held.commands.push(command);
                 }
                 self.push(Slot::Ready(Bytes::from_static(b"+QUEUED\r\n")));
             }
@@ -774,8 +868,7 @@ impl ClusterWrite {
                 // A held transaction never reached a node: dropped.
                 if self.held.take().is_none() {
                     if let Some(bound) = self.tx_node.take() {
-                        let n = discard.len();
-                        let (mut job, _ignored) = Job::new(discard, smallvec![n], false);
+                        let (mut job, _ignored) = Job::new(smallvec![discard], false);
                         job.skip_front = 1;
                         self.outbox.push_back((Lane::Own(bound, false), job));
                     }
@@ -856,11 +949,9 @@ impl ClusterWrite {
         let Some(mut held) = self.held.take() else {
             return;
         };
-        let skip = held.ends.len();
-        held.bytes.extend_from_slice(&command);
-        let end = held.bytes.len();
-        held.ends.push(end);
-        let (mut job, rx) = Job::new(held.bytes.freeze(), held.ends, false);
+        let skip = held.commands.len();
+        held.commands.push(command);
+        let (mut job, rx) = Job::new(held.commands, false);
         job.skip_front = skip;
         self.outbox.push_back((Lane::Own(node, false), job));
         self.push(Slot::Job(rx));
@@ -871,8 +962,7 @@ impl ClusterWrite {
     fn send_each(&mut self, plan: Vec<(String, Bytes)>) -> Vec<oneshot::Receiver<Vec<Part>>> {
         plan.into_iter()
             .map(|(node, command)| {
-                let n = command.len();
-                let (job, rx) = Job::new(command, smallvec![n], true);
+                let (job, rx) = Job::new(smallvec![command], true);
                 let lane = self.plain(Arc::from(node.as_str()));
                 self.outbox.push_back((lane, job));
                 rx
