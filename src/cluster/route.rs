@@ -38,6 +38,9 @@ pub enum Dest {
     Local(LocalReply),
     /// `QUIT`: `+OK`, then the end of the replies.
     Quit,
+    /// `HELLO [protover] [SETNAME name]`, answered by lockgate: the
+    /// protocol from now on (`None`: the one in use).
+    Hello(Option<u8>),
 }
 
 /// The transaction commands.
@@ -89,6 +92,7 @@ pub fn route(args: &[&[u8]], keys: &KeyTable, facade: &Facade) -> Dest {
                 return Dest::Tx(TxCommand::Watch(slot));
             }
             b"SCAN" => return Dest::Scan,
+            b"HELLO" => return hello(args),
             b"DBSIZE" | b"KEYS" | b"FLUSHALL" | b"FLUSHDB" | b"SELECT" | b"SWAPDB" | b"SCRIPT"
             | b"FUNCTION" => match fanout(args) {
                 Some(Fanout::Refuse(text)) => {
@@ -135,6 +139,49 @@ pub fn route(args: &[&[u8]], keys: &KeyTable, facade: &Facade) -> Dest {
             None => Dest::Local(LocalReply::Error(CROSSSLOT.into())),
         },
     }
+}
+
+/// `HELLO [protover [AUTH user pass] [SETNAME name]]`: answered by
+/// lockgate, which speaks the protocol asked to the nodes on connections
+/// of that protocol; with `AUTH`, refused (lockgate authenticates to the
+/// nodes as `upstream.username`). The name is not kept (the connections
+/// it would name are shared).
+fn hello(args: &[&[u8]]) -> Dest {
+    let Some(version) = args.get(1) else {
+        return Dest::Hello(None);
+    };
+    let version = match std::str::from_utf8(version)
+        .ok()
+        .and_then(|v| v.parse::<i64>().ok())
+    {
+        Some(v) => v,
+        None => {
+            return Dest::Local(LocalReply::err(
+                "Protocol version is not an integer or out of range",
+            ))
+        }
+    };
+    if !(2..=3).contains(&version) {
+        return Dest::Local(LocalReply::Error(bytes::Bytes::from_static(
+            b"NOPROTO sorry, this protocol version is not supported.",
+        )));
+    }
+    let mut rest = args[2..].iter();
+    while let Some(option) = rest.next() {
+        if option.eq_ignore_ascii_case(b"AUTH") {
+            return Dest::Local(not_served(
+                "HELLO with AUTH",
+                "lockgate authenticates to the nodes as upstream.username on connections it shares",
+            ));
+        }
+        if !(option.eq_ignore_ascii_case(b"SETNAME") && rest.next().is_some()) {
+            return Dest::Local(LocalReply::err(format!(
+                "Syntax error in HELLO option '{}'",
+                String::from_utf8_lossy(option)
+            )));
+        }
+    }
+    Dest::Hello(Some(version as u8))
 }
 
 /// `CLUSTER …`: the facade's answer, or by the slot it names, or refused.
@@ -281,6 +328,15 @@ mod tests {
             ),
             ("SELECT 0", Dest::Node(None)),
             ("CLIENT SETINFO LIB-NAME x", Dest::Node(None)),
+            ("HELLO", Dest::Hello(None)),
+            ("HELLO 3", Dest::Hello(Some(3))),
+            ("hello 2 SETNAME app", Dest::Hello(Some(2))),
+            (
+                "HELLO 4",
+                Dest::Local(LocalReply::Error(
+                    "NOPROTO sorry, this protocol version is not supported.".into(),
+                )),
+            ),
         ];
         for (line, want) in rows {
             let args: Vec<&[u8]> = line.split(' ').map(str::as_bytes).collect();

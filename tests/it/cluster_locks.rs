@@ -295,3 +295,68 @@ async fn after_a_shard_failover_only_its_acquisitions_are_held_back() {
     );
     lg.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_watchdog_and_release_on_disconnect_reach_the_keys_node() {
+    let cluster = Cluster::start(3, 0);
+    let lg = lockgate(&cluster, |c| {
+        c.locks.overrides = vec![
+            lockgate::config::LockOverride {
+                pattern: "lock:wd:*".to_string(),
+                lease_ms: 300,
+                watchdog: true,
+                max_hold_ms: 10_000,
+                ..Default::default()
+            },
+            lockgate::config::LockOverride {
+                pattern: "lock:eph:*".to_string(),
+                lease_ms: 30_000,
+                release_on_disconnect: true,
+                ..Default::default()
+            },
+        ];
+    })
+    .await;
+    let map = map(&cluster).await;
+    let node_of = |key: &str| {
+        map.shard_of_key(key.as_bytes())
+            .expect("served")
+            .primary
+            .clone()
+    };
+    let mut holder = RawClient::connect(lg.addr).await;
+    let keys: Vec<String> = (0..6).map(|i| format!("lock:wd:{i}")).collect();
+    for key in &keys {
+        assert_eq!(call(&mut holder, &["SETNX", key, "me"]).await, Resp::Int(1));
+    }
+    // Three times the 300 ms lease later every lock is still there: the
+    // watchdog renewed each on its own node.
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    for key in &keys {
+        let mut n = RawClient::connect(&node_of(key)).await;
+        let pttl = call(&mut n, &["PTTL", key]).await;
+        assert!(matches!(pttl, Resp::Int(t) if t > 0), "{key}: {pttl:?}");
+    }
+    assert!(
+        lg.ctx
+            .locks
+            .metrics
+            .watchdog_renewals
+            .load(Ordering::Relaxed)
+            >= 6
+    );
+    // A connection's ephemeral locks go when it does, on every node.
+    let eph: Vec<String> = (0..6).map(|i| format!("lock:eph:{i}")).collect();
+    let mut c = RawClient::connect(lg.addr).await;
+    for key in &eph {
+        assert_eq!(call(&mut c, &["SETNX", key, "me"]).await, Resp::Int(1));
+    }
+    drop(c);
+    for key in &eph {
+        let mut n = RawClient::connect(&node_of(key)).await;
+        crate::until!(format!("{key} released on disconnect"), {
+            call(&mut n, &["EXISTS", key]).await == Resp::Int(0)
+        });
+    }
+    lg.stop().await;
+}

@@ -506,3 +506,91 @@ async fn a_node_down_fails_its_slots_only() {
     assert_eq!(row.items()[3].text(), "down", "{row}");
     lg.stop().await;
 }
+
+/// redis-py's `RedisCluster` and `redis-cli -c`, unmodified: they ask
+/// lockgate for the cluster's layout, see one node serving every slot, and
+/// work through it (their writes land on the nodes that serve the keys).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_aware_clients_work_through_lockgate() {
+    let cluster = Cluster::start(3, 0);
+    let lg = lockgate(&cluster, UpstreamMode::Shared).await;
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/py/redis_py_cluster.py");
+    let mut command = std::process::Command::new("python3");
+    command
+        .arg(script)
+        .arg(lg.addr.ip().to_string())
+        .arg(lg.addr.port().to_string());
+    let out = support::run_limited_async(command, None, Duration::from_secs(120)).await;
+    let stdout = support::show(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("redis-py cluster OK"),
+        "redis-py's RedisCluster through lockgate failed ({}).\nstdout:\n{stdout}\nstderr:\n{}",
+        out.status,
+        support::show(&out.stderr)
+    );
+    let map = map(&cluster).await;
+    for i in [2, 77, 199] {
+        let key = format!("py:c:{i}");
+        let node = &map.shard_of_key(key.as_bytes()).expect("served").primary;
+        let mut n = RawClient::connect(node).await;
+        assert_eq!(
+            call(&mut n, &["GET", &key]).await,
+            Resp::Bulk(Some(i.to_string().into_bytes())),
+            "{key} on {node}"
+        );
+    }
+    let port = lg.addr.port().to_string();
+    let mut cli = std::process::Command::new("redis-cli");
+    cli.args(["-c", "-p", &port, "SET", "cli:key", "v"]);
+    let out = support::run_limited_async(cli, None, Duration::from_secs(10)).await;
+    assert_eq!(support::show(&out.stdout).trim(), "OK");
+    let mut cli = std::process::Command::new("redis-cli");
+    cli.args(["-c", "-p", &port, "GET", "cli:key"]);
+    let out = support::run_limited_async(cli, None, Duration::from_secs(10)).await;
+    assert_eq!(support::show(&out.stdout).trim(), "v");
+    lg.stop().await;
+}
+
+/// `HELLO 3` (redis-py 8 sends it on connecting): answered by lockgate,
+/// and the session's replies are RESP3 from then on, merged ones too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resp3_session_gets_resp3_replies_from_every_node() {
+    let cluster = Cluster::start(3, 0);
+    let lg = lockgate(&cluster, UpstreamMode::Shared).await;
+    let mut c = RawClient::connect(lg.addr).await;
+    let hello = c.call_raw(&["HELLO", "3"]).await;
+    assert!(hello.starts_with(b"%7\r\n"), "{}", support::show(&hello));
+    assert!(support::show(&hello).contains("proto"));
+    assert_eq!(c.call_s(&["SET", "r3:a", "1"]).await, "+OK\r\n");
+    assert_eq!(
+        c.call_s(&["GET", "r3:missing"]).await,
+        "_\r\n",
+        "a node's RESP3 null"
+    );
+    assert_eq!(
+        c.call_s(&["MGET", "r3:a", "r3:missing", "r3:b"]).await,
+        "*3\r\n$1\r\n1\r\n_\r\n_\r\n",
+        "merged in RESP3"
+    );
+    assert_eq!(c.call_s(&["HSET", "r3:h", "f", "v"]).await, ":1\r\n");
+    assert_eq!(
+        c.call_s(&["HGETALL", "r3:h"]).await,
+        "%1\r\n$1\r\nf\r\n$1\r\nv\r\n",
+        "a map from the node"
+    );
+    let shards = c.call_raw(&["CLUSTER", "SHARDS"]).await;
+    assert!(
+        shards.starts_with(b"*1\r\n%2\r\n"),
+        "{}",
+        support::show(&shards)
+    );
+    // Back to RESP2.
+    let hello = c.call_raw(&["HELLO", "2"]).await;
+    assert!(hello.starts_with(b"*14\r\n"), "{}", support::show(&hello));
+    assert_eq!(c.call_s(&["GET", "r3:missing"]).await, "$-1\r\n");
+    assert!(c
+        .call_s(&["HELLO", "3", "AUTH", "u", "p"])
+        .await
+        .starts_with("-ERR lockgate: "));
+    lg.stop().await;
+}

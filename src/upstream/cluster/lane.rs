@@ -184,7 +184,7 @@ pub(super) async fn run(
     addr: Arc<str>,
     mut rx: mpsc::Receiver<Job>,
     stop: CancellationToken,
-    shared: bool,
+    (shared, resp3): (bool, bool),
 ) {
     let interval = common.reconnect_interval;
     let mut held: Vec<Job> = Vec::new();
@@ -201,7 +201,7 @@ pub(super) async fn run(
         }
         let connected = tokio::select! {
             _ = stop.cancelled() => return,
-            c = common.open(&addr, shared) => c,
+            c = common.open(&addr, shared, resp3) => c,
         };
         let error = match connected {
             Ok(stream) => {
@@ -215,7 +215,7 @@ pub(super) async fn run(
                 };
                 ProxyMetrics::inc(open);
                 let jobs = std::mem::take(&mut held);
-                let lost = serve(&common, &addr, stream, &mut rx, jobs, &stop).await;
+                let lost = serve(&common, (&addr, resp3), stream, &mut rx, jobs, &stop).await;
                 open.fetch_sub(1, Ordering::Relaxed);
                 let Some(why) = lost else { return };
                 ProxyMetrics::inc(&common.metrics.node_lost);
@@ -263,7 +263,7 @@ pub(super) async fn run(
 /// in place.
 async fn serve(
     common: &Arc<Common>,
-    addr: &Arc<str>,
+    (addr, resp3): (&Arc<str>, bool),
     mut stream: crate::tls::Stream,
     rx: &mut mpsc::Receiver<Job>,
     held: Vec<Job>,
@@ -325,7 +325,7 @@ async fn serve(
                 }
                 let frame = buf.split_to(scanned).freeze();
                 scanned = 0;
-                if let Err(why) = deliver(common, addr, &mut sync::lock(&fifo), frame) {
+                if let Err(why) = deliver(common, (addr, resp3), &mut sync::lock(&fifo), frame) {
                     ProxyMetrics::inc(&common.metrics.bad_replies);
                     return why.to_string();
                 }
@@ -356,7 +356,7 @@ async fn serve(
 /// followed or turned into `-TRYAGAIN` (see [`Job::follow`]).
 fn deliver(
     common: &Arc<Common>,
-    addr: &str,
+    (addr, resp3): (&str, bool),
     fifo: &mut VecDeque<InFlight>,
     frame: Bytes,
 ) -> Result<(), &'static str> {
@@ -370,7 +370,7 @@ fn deliver(
         let part = match frame.first() {
             Some(b'-') => match redirect(&frame, addr) {
                 Some(to) if front.job.follow && front.job.hops < common.max_redirects => {
-                    common.redirect(front.job.command(i), to, front.job.hops + 1)
+                    common.redirect(front.job.command(i), to, front.job.hops + 1, resp3)
                 }
                 Some(to) => {
                     ProxyMetrics::inc(&common.metrics.redirects_refused);

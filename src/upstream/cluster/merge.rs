@@ -75,10 +75,14 @@ pub(super) fn split_plan(map: &SlotMap, split: &Split) -> Result<Vec<(String, By
 }
 
 /// The client's reply to a split command, from its parts' replies.
-pub(super) async fn split_reply(split: Split, parts: Vec<oneshot::Receiver<Vec<Part>>>) -> Bytes {
+pub(super) async fn split_reply(
+    split: Split,
+    parts: Vec<oneshot::Receiver<Vec<Part>>>,
+    resp3: bool,
+) -> Bytes {
     let replies = futures_util::future::join_all(parts.into_iter().map(one)).await;
     let replies: Vec<LocalReply> = replies.iter().map(|b| parse(b)).collect();
-    encode2(&split.merge(&replies))
+    encode_as(&split.merge(&replies), resp3)
 }
 
 /// The primaries of `map`, in address order (the fan-out's and `SCAN`'s
@@ -90,9 +94,16 @@ pub(super) fn primaries(map: &SlotMap) -> Vec<String> {
 }
 
 /// The client's reply to a keyspace-wide command, from every primary's.
-pub(super) async fn fanout_reply(how: Fanout, parts: Vec<oneshot::Receiver<Vec<Part>>>) -> Bytes {
+pub(super) async fn fanout_reply(
+    how: Fanout,
+    parts: Vec<oneshot::Receiver<Vec<Part>>>,
+    resp3: bool,
+) -> Bytes {
     let replies = futures_util::future::join_all(parts.into_iter().map(one)).await;
-    encode2(&how.merge(replies.iter().map(|b| parse(b)).collect()))
+    encode_as(
+        &how.merge(replies.iter().map(|b| parse(b)).collect()),
+        resp3,
+    )
 }
 
 /// Where `SCAN cursor [options]` (`args`) goes: the primary its cursor
@@ -117,6 +128,7 @@ pub(super) async fn scan_reply(
     rx: oneshot::Receiver<Vec<Part>>,
     at: usize,
     primaries: usize,
+    resp3: bool,
 ) -> Bytes {
     let reply = one(rx).await;
     let LocalReply::Array(mut items) = parse(&reply) else {
@@ -128,17 +140,25 @@ pub(super) async fn scan_reply(
         _ => None,
     };
     let Some(next) = next.and_then(|c| next_cursor(at, c, primaries)) else {
-        return encode2(&LocalReply::err(
-            "lockgate: a node's SCAN reply could not be carried (cursor too large, or not a SCAN reply)",
-        ));
+        return encode_as(
+            &LocalReply::err(
+                "lockgate: a node's SCAN reply could not be carried (cursor too large, or not a SCAN reply)",
+            ),
+            resp3,
+        );
     };
     items[0] = LocalReply::Bulk(Bytes::from(next.to_string()));
-    encode2(&LocalReply::Array(items))
+    encode_as(&LocalReply::Array(items), resp3)
 }
 
 pub(super) fn encode2(reply: &LocalReply) -> Bytes {
+    encode_as(reply, false)
+}
+
+/// `reply` in RESP3 or RESP2.
+pub(super) fn encode_as(reply: &LocalReply, resp3: bool) -> Bytes {
     let mut out = BytesMut::new();
-    reply.encode(false, &mut out);
+    reply.encode(resp3, &mut out);
     out.freeze()
 }
 

@@ -108,6 +108,9 @@ counters! {
     }
 }
 
+/// Shared lanes per node address and protocol (RESP3: true).
+type LaneMap = HashMap<(Arc<str>, bool), Vec<mpsc::Sender<Job>>>;
+
 /// What the lanes, the sessions and the map's reader share.
 pub(crate) struct Common {
     /// The slot map in force (`None`: none read yet) and when it was read.
@@ -119,8 +122,10 @@ pub(crate) struct Common {
     /// lockgate as the one node cluster-aware clients see (its address
     /// set once the listener is bound).
     pub(crate) facade: RwLock<Facade>,
-    /// Shared lanes per node address.
-    lanes: Mutex<HashMap<Arc<str>, Vec<mpsc::Sender<Job>>>>,
+    /// Shared lanes per node address and protocol (RESP3: true).
+    lanes: Mutex<LaneMap>,
+    /// The nodes' server version (`INFO server`), for `HELLO`'s reply.
+    pub(crate) version: RwLock<String>,
     /// How lockgate connects to the nodes (timeout, credentials, TLS).
     node: NodeConfig,
     seeds: Vec<String>,
@@ -155,8 +160,14 @@ impl std::fmt::Debug for Common {
 
 impl Common {
     /// A connection to the node `addr`, authenticated as lockgate's own
-    /// (`upstream.username`/`password`) and named.
-    pub(crate) async fn open(&self, addr: &str, shared: bool) -> Result<Stream, String> {
+    /// (`upstream.username`/`password`), named, speaking RESP3 when
+    /// `resp3` (after `HELLO 3`).
+    pub(crate) async fn open(
+        &self,
+        addr: &str,
+        shared: bool,
+        resp3: bool,
+    ) -> Result<Stream, String> {
         let config = NodeConfig {
             addr: addr.to_string(),
             ..self.node.clone()
@@ -168,6 +179,17 @@ impl Common {
         };
         let setname = encode::command(&[b"CLIENT", b"SETNAME", name.as_bytes()]);
         request(&mut stream, &setname, config.connect_timeout).await?;
+        if resp3 {
+            let hello = request(
+                &mut stream,
+                &encode::command(&[b"HELLO", b"3"]),
+                config.connect_timeout,
+            )
+            .await?;
+            if hello.first() == Some(&b'-') {
+                return Err(String::from_utf8_lossy(&hello).trim().to_string());
+            }
+        }
         Ok(stream)
     }
 
@@ -201,36 +223,51 @@ impl Common {
     }
 
     /// The shared lane `n` (of `proxy.shared_upstream_connections`) to the
-    /// node `addr`, started on first use.
-    pub(crate) fn lane(self: &Arc<Self>, addr: &str, n: usize) -> mpsc::Sender<Job> {
+    /// node `addr` speaking RESP3 or RESP2, started on first use.
+    pub(crate) fn lane(self: &Arc<Self>, addr: &str, n: usize, resp3: bool) -> mpsc::Sender<Job> {
         let mut lanes = sync::lock(&self.lanes);
-        if let Some(senders) = lanes.get(addr) {
+        let addr: Arc<str> = Arc::from(addr);
+        let key = (addr, resp3);
+        if let Some(senders) = lanes.get(&key) {
             return senders[n % senders.len()].clone();
         }
-        let addr: Arc<str> = Arc::from(addr);
         let senders: Vec<mpsc::Sender<Job>> = (0..self.lanes_per_node)
-            .map(|_| self.spawn_lane(addr.clone(), true).0)
+            .map(|_| self.spawn_lane(key.0.clone(), true, resp3).0)
             .collect();
         let sender = senders[n % senders.len()].clone();
-        lanes.insert(addr, senders);
+        lanes.insert(key, senders);
         sender
     }
 
-    /// Starts a lane to `addr` (shared, or a session's own), stopping
-    /// with lockgate or once every sender is gone.
+    /// Starts a lane to `addr` (shared, or a session's own) speaking
+    /// RESP3 or RESP2, stopping with lockgate or once every sender is gone.
     pub(crate) fn spawn_lane(
         self: &Arc<Self>,
         addr: Arc<str>,
         shared: bool,
+        resp3: bool,
     ) -> (mpsc::Sender<Job>, tokio::task::JoinHandle<()>) {
         let (tx, rx) = mpsc::channel(self.queue);
-        let handle = tokio::spawn(lane::run(self.clone(), addr, rx, self.stop.clone(), shared));
+        let handle = tokio::spawn(lane::run(
+            self.clone(),
+            addr,
+            rx,
+            self.stop.clone(),
+            (shared, resp3),
+        ));
         (tx, handle)
     }
 
     /// Sends `command` again where `to` says (after `ASKING` for `ASK`),
-    /// on that node's shared lane; its replies are the part returned.
-    pub(crate) fn redirect(self: &Arc<Self>, command: Bytes, to: Redirect, hops: u32) -> Part {
+    /// on that node's shared lane of the protocol `resp3`; its replies are
+    /// the part returned.
+    pub(crate) fn redirect(
+        self: &Arc<Self>,
+        command: Bytes,
+        to: Redirect,
+        hops: u32,
+        resp3: bool,
+    ) -> Part {
         let (commands, skip) = match to.ask {
             true => {
                 ProxyMetrics::inc(&self.metrics.ask);
@@ -245,7 +282,7 @@ impl Common {
         let (mut job, rx) = Job::new(commands, true);
         job.skip_front = skip;
         job.hops = hops;
-        let lane = self.lane(&to.addr, 0);
+        let lane = self.lane(&to.addr, 0, resp3);
         match lane.try_send(job) {
             Ok(()) => {}
             // A full queue: waited for away from the lane reading the
@@ -367,6 +404,19 @@ impl Common {
             config.connect_timeout,
         )
         .await?;
+        let info = request(
+            &mut stream,
+            &encode::command(&[b"INFO", b"server"]),
+            config.connect_timeout,
+        )
+        .await?;
+        let info = String::from_utf8_lossy(&info);
+        if let Some(v) = info
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("redis_version:"))
+        {
+            *sync::write(&self.version) = v.to_string();
+        }
         KeyTable::from_command(&reply).map_err(|e| e.to_string())
     }
 }
@@ -417,6 +467,7 @@ impl ClusterPool {
             keys: RwLock::new(Arc::new(KeyTable::default())),
             facade: RwLock::new(Facade::new("lockgate", "127.0.0.1", 6379)),
             lanes: Mutex::new(HashMap::new()),
+            version: RwLock::new(String::new()),
             node: NodeConfig::for_addr(config, &config.upstream.addr, connector),
             seeds: c.seeds.clone(),
             lanes_per_node: config.proxy.shared_upstream_connections.max(1),
@@ -511,7 +562,7 @@ impl ClusterPool {
     async fn call_once(&self, command: Bytes, timeout: Duration) -> Result<Bytes, NodeError> {
         let node = self.common.node_of_command(&command)?;
         let (job, rx) = Job::new(smallvec![command], true);
-        let lane = self.common.lane(&node, 0);
+        let lane = self.common.lane(&node, 0, false);
         let sent = async {
             lane.send(job)
                 .await

@@ -106,6 +106,8 @@ impl ClusterStream {
                 tx_node: None,
                 held: None,
                 state: State::Routing,
+                resp3: false,
+                id: n as u64 + 1,
             },
         }
     }
@@ -258,8 +260,8 @@ impl AsyncRead for ClusterRead {
 /// A lane a session sends to.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 enum Lane {
-    /// The node's shared lane.
-    Shared(Arc<str>),
+    /// The node's shared lane of a protocol (RESP3: true).
+    Shared(Arc<str>, bool),
     /// The session's own lane to the node; redirections followed (plain
     /// commands with `proxy.upstream = "dedicated"`) or not.
     Own(Arc<str>, bool),
@@ -276,7 +278,7 @@ impl Lane {
 
     fn node(&self) -> &Arc<str> {
         match self {
-            Lane::Shared(n) | Lane::Own(n, _) => n,
+            Lane::Shared(n, _) | Lane::Own(n, _) => n,
         }
     }
 }
@@ -354,6 +356,8 @@ enum Action {
     /// `EXEC` after a refused command: the node's side discarded,
     /// `EXECABORT` answered.
     Abort,
+    /// `HELLO`: answered here, the protocol switched (`None`: kept).
+    Hello(Option<u8>),
 }
 
 /// A command's action and the transaction's state once it is carried out.
@@ -386,7 +390,7 @@ pub struct ClusterWrite {
     facade: crate::cluster::facade::Facade,
     /// Each shard's primary, by shard index.
     nodes: Vec<Arc<str>>,
-    shared: HashMap<Arc<str>, PollSender<Job>>,
+    shared: HashMap<(Arc<str>, bool), PollSender<Job>>,
     own: HashMap<Arc<str>, (PollSender<Job>, AbortOnDropHandle<()>)>,
     owed_shared: Arc<Owed>,
     owed_own: Arc<Owed>,
@@ -396,6 +400,11 @@ pub struct ClusterWrite {
     tx_node: Option<Arc<str>>,
     held: Option<Held>,
     state: State,
+    /// The client said `HELLO 3`: RESP3 from now on, on connections
+    /// that speak it.
+    resp3: bool,
+    /// `HELLO`'s client id.
+    id: u64,
 }
 
 impl std::fmt::Debug for ClusterWrite {
@@ -406,15 +415,20 @@ impl std::fmt::Debug for ClusterWrite {
     }
 }
 
-fn encoded(reply: &LocalReply) -> Bytes {
+fn encode_as(reply: &LocalReply, resp3: bool) -> Bytes {
     let mut out = BytesMut::new();
-    reply.encode(false, &mut out);
+    reply.encode(resp3, &mut out);
     out.freeze()
 }
 
 const EXECABORT: &str = "EXECABORT Transaction discarded because of previous errors.";
 
 impl ClusterWrite {
+    /// `reply` in the session's protocol.
+    fn encoded(&self, reply: &LocalReply) -> Bytes {
+        encode_as(reply, self.resp3)
+    }
+
     /// Takes the map in force if it changed since the last command.
     fn follow_map(&mut self) {
         let generation = self.common.generation();
@@ -436,7 +450,7 @@ impl ClusterWrite {
     /// The node serving `slot` (`None`: this session's keyless node).
     fn node_of(&self, slot: Option<u16>) -> Result<Arc<str>, Bytes> {
         let Some(map) = &self.map else {
-            return Err(encoded(&merge::no_map()));
+            return Err(self.encoded(&merge::no_map()));
         };
         let i = match slot {
             Some(s) => map.shard_index(s),
@@ -444,7 +458,7 @@ impl ClusterWrite {
         };
         match i.and_then(|i| self.nodes.get(i)) {
             Some(node) => Ok(node.clone()),
-            None => Err(encoded(&merge::unserved())),
+            None => Err(self.encoded(&merge::unserved())),
         }
     }
 
@@ -452,7 +466,7 @@ impl ClusterWrite {
     fn plain(&self, node: Arc<str>) -> Lane {
         match self.dedicated {
             true => Lane::Own(node, true),
-            false => Lane::Shared(node),
+            false => Lane::Shared(node, self.resp3),
         }
     }
 
@@ -493,7 +507,7 @@ impl ClusterWrite {
                 Dest::Local(LocalReply::Error(e)) => {
                     // Refused as it is queued: `EXEC` aborts, as Redis does.
                     d.tx.failed = true;
-                    d.action = Action::Reply(encoded(&LocalReply::Error(e.clone())));
+                    d.action = Action::Reply(self.encoded(&LocalReply::Error(e.clone())));
                     return d;
                 }
                 // Queued on the node as sent (it answers them at `EXEC`).
@@ -502,7 +516,9 @@ impl ClusterWrite {
             let (tx, verdict) = self.tx.step(Event::Queue(event), false);
             d.tx = tx;
             d.action = match verdict {
-                Verdict::CrossSlot => Action::Reply(encoded(&LocalReply::Error(CROSSSLOT.into()))),
+                Verdict::CrossSlot => {
+                    Action::Reply(self.encoded(&LocalReply::Error(CROSSSLOT.into())))
+                }
                 Verdict::Abort => Action::Abort,
                 Verdict::Go(slot) => match (&self.tx_node, slot) {
                     (Some(bound), _) => Action::Run(Lane::Own(bound.clone(), false)),
@@ -544,7 +560,7 @@ impl ClusterWrite {
                         }
                         (None, Err(e)) => Action::Reply(e),
                     },
-                    _ => Action::Reply(encoded(&LocalReply::Error(CROSSSLOT.into()))),
+                    _ => Action::Reply(self.encoded(&LocalReply::Error(CROSSSLOT.into()))),
                 }
             }
             Dest::Tx(TxCommand::Watch(Ok(None))) => match node(None) {
@@ -552,7 +568,7 @@ impl ClusterWrite {
                 Err(e) => Action::Reply(e),
             },
             Dest::Tx(TxCommand::Watch(Err(()))) => {
-                Action::Reply(encoded(&LocalReply::Error(CROSSSLOT.into())))
+                Action::Reply(self.encoded(&LocalReply::Error(CROSSSLOT.into())))
             }
             Dest::Tx(TxCommand::Exec | TxCommand::Discard | TxCommand::Unwatch) => {
                 let (tx, _) = self.tx.step(Event::End, false);
@@ -585,9 +601,10 @@ impl ClusterWrite {
                 } else {
                     ProxyMetrics::inc(&self.common.metrics.local);
                 }
-                Action::Reply(encoded(&reply))
+                Action::Reply(self.encoded(&reply))
             }
             Dest::Quit => Action::Quit,
+            Dest::Hello(version) => Action::Hello(version),
         };
         d
     }
@@ -616,16 +633,16 @@ impl ClusterWrite {
     /// The sender of `lane`, started on first use.
     fn sender(&mut self, lane: &Lane) -> &mut PollSender<Job> {
         match lane {
-            Lane::Shared(node) => {
+            Lane::Shared(node, resp3) => {
                 let (common, n) = (&self.common, self.n);
                 self.shared
-                    .entry(node.clone())
-                    .or_insert_with(|| PollSender::new(common.lane(node, n)))
+                    .entry((node.clone(), *resp3))
+                    .or_insert_with(|| PollSender::new(common.lane(node, n, *resp3)))
             }
             Lane::Own(node, _) => {
-                let common = &self.common;
+                let (common, resp3) = (&self.common, self.resp3);
                 let (tx, _) = self.own.entry(node.clone()).or_insert_with(|| {
-                    let (tx, handle) = common.spawn_lane(node.clone(), false);
+                    let (tx, handle) = common.spawn_lane(node.clone(), false, resp3);
                     (PollSender::new(tx), AbortOnDropHandle::new(handle))
                 });
                 tx
@@ -874,28 +891,30 @@ impl ClusterWrite {
                     }
                 }
                 self.tx_node = None;
-                self.push(Slot::Ready(encoded(&LocalReply::Error(EXECABORT.into()))));
+                self.push(Slot::Ready(
+                    self.encoded(&LocalReply::Error(EXECABORT.into())),
+                ));
             }
             Action::Split(split) => {
                 let command_bytes = self.pending.split_to(len);
                 drop(command_bytes);
                 let Some(map) = self.map.clone() else {
-                    self.push(Slot::Ready(encoded(&merge::no_map())));
+                    self.push(Slot::Ready(self.encoded(&merge::no_map())));
                     return Ok(());
                 };
                 match merge::split_plan(&map, &split) {
                     Ok(plan) => {
                         ProxyMetrics::inc(&self.common.metrics.splits);
                         let parts = self.send_each(plan);
-                        self.spawn_merge(merge::split_reply(split, parts));
+                        self.spawn_merge(merge::split_reply(split, parts, self.resp3));
                     }
-                    Err(e) => self.push(Slot::Ready(encoded(&e))),
+                    Err(e) => self.push(Slot::Ready(self.encoded(&e))),
                 }
             }
             Action::Fanout(how) => {
                 let command = self.pending.split_to(len).freeze();
                 let Some(map) = self.map.clone() else {
-                    self.push(Slot::Ready(encoded(&merge::no_map())));
+                    self.push(Slot::Ready(self.encoded(&merge::no_map())));
                     return Ok(());
                 };
                 ProxyMetrics::inc(&self.common.metrics.fanouts);
@@ -904,12 +923,12 @@ impl ClusterWrite {
                     .map(|p| (p, command.clone()))
                     .collect();
                 let parts = self.send_each(plan);
-                self.spawn_merge(merge::fanout_reply(how, parts));
+                self.spawn_merge(merge::fanout_reply(how, parts, self.resp3));
             }
             Action::Scan => {
                 let command = self.pending.split_to(len).freeze();
                 let Some(map) = self.map.clone() else {
-                    self.push(Slot::Ready(encoded(&merge::no_map())));
+                    self.push(Slot::Ready(self.encoded(&merge::no_map())));
                     return Ok(());
                 };
                 let primaries = merge::primaries(&map);
@@ -925,21 +944,55 @@ impl ClusterWrite {
                         let node = primaries[at].clone();
                         let mut parts = self.send_each(vec![(node, sent)]);
                         let rx = parts.remove(0);
-                        self.spawn_merge(merge::scan_reply(rx, at, primaries.len()));
+                        self.spawn_merge(merge::scan_reply(rx, at, primaries.len(), self.resp3));
                     }
                     Err(e) => self.push(Slot::Ready(e)),
                 }
             }
+            Action::Hello(version) => {
+                self.pending.advance(len);
+                if let Some(v) = version {
+                    let resp3 = v == 3;
+                    if resp3 != self.resp3 {
+                        // Connections speak one protocol: the session's own
+                        // are opened again in the new one when next used.
+                        self.resp3 = resp3;
+                        self.own.clear();
+                    }
+                }
+                let reply = self.hello_reply();
+                self.push(Slot::Ready(reply));
+            }
             Action::Subscribe(node) => {
                 // Sent raw once pinned: `pending` keeps it.
                 let (to_read, rx) = oneshot::channel();
-                let common = self.common.clone();
-                let opening = tokio::spawn(async move { common.open(&node, false).await });
+                let (common, resp3) = (self.common.clone(), self.resp3);
+                let opening = tokio::spawn(async move { common.open(&node, false, resp3).await });
                 self.push(Slot::Pin(rx));
                 self.state = State::Pinning(AbortOnDropHandle::new(opening), Some(to_read));
             }
         }
         Ok(())
+    }
+
+    /// `HELLO`'s reply, as a cluster node gives it, in the protocol now in
+    /// use (a map under RESP3: the session learns the switch from it).
+    fn hello_reply(&self) -> Bytes {
+        let text = |t: &str| LocalReply::Bulk(Bytes::copy_from_slice(t.as_bytes()));
+        let version = crate::sync::read(&self.common.version).clone();
+        let reply = LocalReply::Map(vec![
+            (text("server"), text("redis")),
+            (text("version"), text(&version)),
+            (
+                text("proto"),
+                LocalReply::Integer(if self.resp3 { 3 } else { 2 }),
+            ),
+            (text("id"), LocalReply::Integer(self.id as i64)),
+            (text("mode"), text("cluster")),
+            (text("role"), text("master")),
+            (text("modules"), LocalReply::Array(Vec::new())),
+        ]);
+        self.encoded(&reply)
     }
 
     /// The held transaction and `command` after it to `node` on the
@@ -963,7 +1016,9 @@ impl ClusterWrite {
         plan.into_iter()
             .map(|(node, command)| {
                 let (job, rx) = Job::new(smallvec![command], true);
-                let lane = self.plain(Arc::from(node.as_str()));
+                // Merged replies are read as RESP2 and written in the
+                // session's protocol.
+                let lane = Lane::Shared(Arc::from(node.as_str()), false);
                 self.outbox.push_back((lane, job));
                 rx
             })
