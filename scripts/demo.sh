@@ -5,6 +5,11 @@
 #                              foreground until Ctrl-C / SIGTERM
 #   scripts/demo.sh --smoke    same start, then PING and SET/GET through
 #                              lockgate, print the results, stop, exit 0
+#   scripts/demo.sh --cluster  a local 3-primary Redis Cluster instead of
+#                              one Redis, lockgate in front of it
+#                              (--upstream-cluster; with --smoke: a write
+#                              read back on the node that serves its key,
+#                              and a lock leased there)
 #   scripts/demo.sh --tls      also a TLS listener on 127.0.0.1:6381 (or
 #                              LOCKGATE_TLS_PORT), with a throwaway CA and
 #                              certificate made by openssl (with --smoke: PING
@@ -23,13 +28,15 @@ set -euo pipefail
 # shellcheck source=scripts/common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-usage() { sed -n '2,20s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"; }
+usage() { sed -n '2,25s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"; }
 
 MODE=run
 TLS=0
+CLUSTER=0
 while [ $# -gt 0 ]; do
 	case "$1" in
 	--smoke) MODE=smoke ;;
+	--cluster) CLUSTER=1 ;;
 	--tls) TLS=1 ;;
 	-h | --help)
 		usage
@@ -74,6 +81,8 @@ WORKDIR="$(mktemp -d "${TMPDIR:-/tmp}/lockgate-demo.XXXXXX")"
 REDIS_PID=""
 REDIS_PORT=""
 LOCKGATE_PID=""
+CLUSTER_PIDS=()
+CLUSTER_NODES=()
 
 # stop_pid PID NAME SECONDS — SIGTERM, wait up to SECONDS, then SIGKILL.
 stop_pid() {
@@ -101,6 +110,7 @@ cleanup() {
 	# Its shutdown_grace_ms is 5 s by default.
 	if [ -n "$LOCKGATE_PID" ]; then stop_pid "$LOCKGATE_PID" lockgate 8; fi
 	if [ -n "$REDIS_PID" ]; then stop_pid "$REDIS_PID" redis-server 5; fi
+	for pid in ${CLUSTER_PIDS[@]+"${CLUSTER_PIDS[@]}"}; do stop_pid "$pid" redis-server 5; done
 	rm -rf "$WORKDIR"
 	exit "$rc"
 }
@@ -148,9 +158,61 @@ start_redis() {
 	die "could not start redis-server"
 }
 
-log "starting redis-server (no persistence) in $WORKDIR"
-start_redis
-log "redis-server pid $REDIS_PID on 127.0.0.1:$REDIS_PORT"
+# start_cluster: three redis-server --cluster-enabled yes nodes on free
+# ports (each node's bus port, 10000 higher, free too), joined with
+# redis-cli --cluster create, waited for until every node says
+# cluster_state:ok.
+start_cluster() {
+	local i port pid dir ok
+	for i in 1 2 3; do
+		dir="$WORKDIR/node$i"
+		mkdir -p "$dir"
+		for _ in 1 2 3 4 5; do
+			port="$(pick_free_port)"
+			is_port_free "$((port + 10000))" || continue
+			${SETSID[@]+"${SETSID[@]}"} redis-server \
+				--bind 127.0.0.1 --port "$port" --cluster-enabled yes \
+				--cluster-config-file "$dir/nodes.conf" --cluster-node-timeout 5000 \
+				--save '' --appendonly no --dir "$dir" --logfile "$dir/redis.log" \
+				--daemonize no </dev/null &
+			pid=$!
+			for ((j = 0; j < 50; j++)); do
+				[ "$(rcli -p "$port" ping)" = PONG ] && break
+				sleep 0.1
+			done
+			if [ "$(rcli -p "$port" ping)" = PONG ]; then
+				CLUSTER_PIDS+=("$pid")
+				CLUSTER_NODES+=("127.0.0.1:$port")
+				break
+			fi
+			stop_pid "$pid" redis-server 2
+		done
+	done
+	[ "${#CLUSTER_NODES[@]}" = 3 ] || die "could not start three cluster nodes"
+	redis-cli --cluster create "${CLUSTER_NODES[@]}" --cluster-yes >"$WORKDIR/create.log" 2>&1 || {
+		cat "$WORKDIR/create.log" >&2
+		die "redis-cli --cluster create failed"
+	}
+	for ((j = 0; j < 300; j++)); do
+		ok=1
+		for node in "${CLUSTER_NODES[@]}"; do
+			rcli -p "${node##*:}" cluster info | grep -q cluster_state:ok || ok=0
+		done
+		[ "$ok" = 1 ] && return 0
+		sleep 0.1
+	done
+	die "the cluster did not reach cluster_state:ok within 30 s"
+}
+
+if [ "$CLUSTER" = 1 ]; then
+	log "starting a 3-primary Redis Cluster (no persistence) in $WORKDIR"
+	start_cluster
+	log "cluster nodes ${CLUSTER_NODES[*]}"
+else
+	log "starting redis-server (no persistence) in $WORKDIR"
+	start_redis
+	log "redis-server pid $REDIS_PID on 127.0.0.1:$REDIS_PORT"
+fi
 
 if [ "$TLS" = 1 ]; then
 	LOCKGATE_TLS_PORT="${LOCKGATE_TLS_PORT:-6381}"
@@ -178,8 +240,15 @@ if [ "$TLS" = 1 ]; then
 	log "TLS listener on 127.0.0.1:$LOCKGATE_TLS_PORT, CA $T/ca.pem"
 fi
 
-LOCKGATE_ARGS=(--config "$CONFIG" --listen "127.0.0.1:$LOCKGATE_PORT"
-	--upstream "127.0.0.1:$REDIS_PORT")
+LOCKGATE_ARGS=(--config "$CONFIG" --listen "127.0.0.1:$LOCKGATE_PORT")
+if [ "$CLUSTER" = 1 ]; then
+	LOCKGATE_ARGS+=(--upstream-cluster "$(
+		IFS=,
+		echo "${CLUSTER_NODES[*]}"
+	)")
+else
+	LOCKGATE_ARGS+=(--upstream "127.0.0.1:$REDIS_PORT")
+fi
 log "starting: $LOCKGATE_BIN ${LOCKGATE_ARGS[*]}"
 if [ "$MODE" = smoke ]; then
 	"$LOCKGATE_BIN" "${LOCKGATE_ARGS[@]}" </dev/null >"$WORKDIR/lockgate.log" 2>&1 &
@@ -225,15 +294,36 @@ if [ "$MODE" = smoke ]; then
 			fail=1
 		fi
 	}
-	echo "smoke test through lockgate 127.0.0.1:$LOCKGATE_PORT (redis 127.0.0.1:$REDIS_PORT):"
+	if [ "$CLUSTER" = 1 ]; then
+		# lockgate reads the slot map just after it starts: until then
+		# commands are answered CLUSTERDOWN.
+		for ((i = 0; i < 100; i++)); do
+			[ "$(rcli -p "$LOCKGATE_PORT" set "$key" x)" = OK ] && break
+			sleep 0.1
+		done
+		REDIS_PORT="${CLUSTER_NODES[0]##*:}"
+		echo "smoke test through lockgate 127.0.0.1:$LOCKGATE_PORT (cluster ${CLUSTER_NODES[*]}):"
+	else
+		echo "smoke test through lockgate 127.0.0.1:$LOCKGATE_PORT (redis 127.0.0.1:$REDIS_PORT):"
+	fi
 	check "redis-cli -p $LOCKGATE_PORT ping" "$(rcli -p "$LOCKGATE_PORT" ping)" PONG
 	check "redis-cli -p $LOCKGATE_PORT set $key ..." \
 		"$(rcli -p "$LOCKGATE_PORT" set "$key" "$value")" OK
 	check "redis-cli -p $LOCKGATE_PORT get $key" \
 		"$(rcli -p "$LOCKGATE_PORT" get "$key")" "$value"
-	# The write must have landed on the Redis behind lockgate.
-	check "redis-cli -p $REDIS_PORT get $key (direct)" \
-		"$(rcli -p "$REDIS_PORT" get "$key")" "$value"
+	# The write must have landed on the Redis behind lockgate (on a
+	# cluster: the node serving the key; redis-cli -c follows MOVED).
+	check "redis-cli -c -p $REDIS_PORT get $key (direct)" \
+		"$(rcli -c -p "$REDIS_PORT" get "$key")" "$value"
+	if [ "$CLUSTER" = 1 ]; then
+		# A bare SETNX leased on the node serving it, through one connection.
+		lock="lock:demo:$$"
+		check "setnx $lock, then pttl > 0 (one connection)" \
+			"$(printf 'SETNX %s me\nPTTL %s\n' "$lock" "$lock" | redis-cli -h 127.0.0.1 -p "$LOCKGATE_PORT" 2>&1 |
+				awk 'NR == 1 { a = $0 } NR == 2 { print a, ($0 > 0 ? "leased" : "NOT LEASED " $0) }')" "1 leased"
+		check "redis-cli -c -p $REDIS_PORT exists $lock (direct)" \
+			"$(rcli -c -p "$REDIS_PORT" exists "$lock")" 1
+	fi
 	check "redis-cli -p $LOCKGATE_PORT del $key" \
 		"$(rcli -p "$LOCKGATE_PORT" del "$key")" 1
 	if [ "$TLS" = 1 ]; then
@@ -248,10 +338,15 @@ if [ "$MODE" = smoke ]; then
 	exit 0
 fi
 
+if [ "$CLUSTER" = 1 ]; then
+	BEHIND="a Redis Cluster: ${CLUSTER_NODES[*]} (no persistence)"
+else
+	BEHIND="redis-server 127.0.0.1:$REDIS_PORT (pid $REDIS_PID, no persistence)"
+fi
 cat <<EOF
 
   lockgate is listening on 127.0.0.1:$LOCKGATE_PORT (pid $LOCKGATE_PID)
-  in front of redis-server 127.0.0.1:$REDIS_PORT (pid $REDIS_PID, no persistence)
+  in front of $BEHIND
 
   Connect with:   redis-cli -p $LOCKGATE_PORT
   Try:            redis-cli -p $LOCKGATE_PORT set greeting hello

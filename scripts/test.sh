@@ -22,6 +22,8 @@
 #               for 20 s on its seed corpus; installs cargo-fuzz when
 #               missing; see docs/fuzzing.md)
 #      demo     scripts/demo.sh --smoke         (release build, real Redis)
+#      cluster-demo scripts/demo.sh --cluster --smoke (the same in front of
+#               a local 3-primary Redis Cluster)
 #      redis-py scripts/redis-py-locks.sh       (redis-py's own lock tests,
 #               sync and asyncio, directly and through lockgate with their
 #               key "foo" a lock key; fails when one that passes directly
@@ -99,6 +101,7 @@ step doc env RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --document-private-i
 step noscript scripts/noscript-tests.sh
 step fuzz scripts/fuzz.sh --seconds 20
 step demo scripts/demo.sh --smoke
+step cluster-demo scripts/demo.sh --cluster --smoke
 step redis-py scripts/redis-py-locks.sh
 step suite scripts/redis-suite.sh
 
