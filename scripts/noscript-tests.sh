@@ -54,6 +54,12 @@ SKIP=(
 	# Timed for the scripts' speed: 100 000 pipelined acquisitions, one
 	# transaction after another, outlast the hot keys' 30 s lease.
 	ops::top_k_reports_three_hot_keys_among_100k_with_bounded_series_and_memory
+	# In front of a Redis Cluster, locks need scripts (refused on a
+	# cluster whose nodes refuse them: docs/cluster.md), and the
+	# keyspace test loads a client script on every primary.
+	cluster_locks::
+	cluster_routing::keyed_multi_key_and_keyspace_commands_reach_every_primary
+	cluster_routing::cluster_aware_clients_work_through_lockgate
 	# Needs scripts present to deny them by ACL.
 	locks_scriptless::an_acl_without_scripts_is_found_at_the_first_refusal
 )

@@ -12,7 +12,8 @@
 //! several instances is in `docs/faults.md` (the quorum's restarts and
 //! fencing in `docs/quorum.md`, clocks in `docs/clocks.md`); TLS on both
 //! sides in `docs/tls.md`; following a primary through Redis Sentinel, and
-//! what locks keep across its failover, in `docs/sentinel.md`; what it
+//! what locks keep across its failover, in `docs/sentinel.md`; a Redis
+//! Cluster behind lockgate in `docs/cluster.md`; what it
 //! costs next to HAProxy and Redis, and where the time goes, in
 //! `docs/performance.md`.
 //!
@@ -35,10 +36,11 @@
 //! - [`http`]: `/metrics`, `/healthz`, `/readyz`, the status page.
 //! - [`exposition`]: Prometheus text from every room's counters.
 //! - [`sentinel`]: following the primary through Redis Sentinel.
-//! - [`cluster`]: Redis Cluster's hash slots, slot map and redirections
-//!   (routing by slot is not built yet).
+//! - [`cluster`]: Redis Cluster's hash slots, slot map, redirections and
+//!   where each command goes (pure).
 //! - [`upstream`]: `Connector`, one shared connection per Redis, the primary,
-//!   the sessions' shared connections (`proxy.upstream = "shared"`).
+//!   the sessions' shared connections (`proxy.upstream = "shared"`), and
+//!   the connections to a cluster's nodes (`[upstream.cluster]`).
 //! - [`tls`]: rustls configurations, reloads, plain-or-TLS streams.
 //! - [`metrics`]: the proxy's counters, `counters!`, warning rate limits.
 //! - [`sync`]: the one policy for a poisoned std lock.

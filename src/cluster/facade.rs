@@ -1,12 +1,11 @@
-//! What a cluster-aware client (redis-py's `RedisCluster`, ioredis's
-//! `Cluster`) is answered when it asks lockgate about the cluster: a
+//! What a cluster-aware client (redis-py's `RedisCluster`, `redis-cli
+//! -c`) is answered when it asks lockgate about the cluster: a
 //! cluster of one node, lockgate itself at its own listen address, serving
 //! all 16 384 slots, so the client sends everything to lockgate, which
 //! routes each command to the node that serves it. Pure: the replies are
 //! built from lockgate's address and node id, and table-tested by reading
-//! them back as a client would.
-//!
-//! Not wired to sessions yet (docs/cluster.md).
+//! them back as a client would. A session's cluster stream answers with
+//! them (`crate::upstream::cluster`).
 
 use bytes::Bytes;
 

@@ -2,7 +2,9 @@
 //! command that names no key but acts on the whole keyspace, and how the
 //! primaries' answers merge into the one reply a single Redis would give.
 //! `DBSIZE` sums, `KEYS` concatenates, `FLUSHALL`/`FLUSHDB` reach every
-//! primary (`OK` once all are); `SELECT` of another database and `SWAPDB`
+//! primary (`OK` once all are), `SCRIPT LOAD`/`FLUSH` and `FUNCTION`'s
+//! changes reach every primary (the first answer); `SELECT` of another
+//! database and `SWAPDB`
 //! are refused as a cluster refuses them. `SCAN` has its own cursor
 //! ([`super::scan`]). Pure.
 

@@ -1,16 +1,15 @@
-//! Redis Cluster behind lockgate (issue 27, in progress). [`slot`]
-//! computes a key's hash slot as Redis does; [`map`] reads which node
-//! serves each slot from a node's `CLUSTER SHARDS` or `CLUSTER SLOTS`
-//! reply; [`topology`] asks the seeds for it and says when to ask again;
+//! Redis Cluster behind lockgate, the pure parts: [`slot`] computes a
+//! key's hash slot as Redis does; [`map`] reads which node serves each
+//! slot from a node's `CLUSTER SHARDS` or `CLUSTER SLOTS` reply;
+//! [`topology`] asks the nodes for it and says when to ask again;
 //! [`redirect`] reads `MOVED` and `ASK`; [`keys`] finds a command's keys
-//! from the server's own key specifications; [`split`] splits a
-//! multi-key command per slot and merges the answers; [`tx`] keeps a
-//! transaction in one slot; [`scan`] composes `SCAN`'s cursor over every
-//! primary; [`fanout`] spreads and merges keyspace-wide commands;
-//! [`facade`] answers a
-//! cluster-aware client as a cluster of one node, lockgate. Routing
-//! clients' commands by slot
-//! is not built yet: lockgate still speaks to one primary
+//! from the server's own key specifications; [`route`] says where one
+//! command goes; [`split`] splits a multi-key command per slot and merges
+//! the answers; [`tx`] keeps a transaction in one slot; [`scan`] composes
+//! `SCAN`'s cursor over every primary; [`fanout`] spreads and merges
+//! keyspace-wide commands; [`facade`] answers a cluster-aware client as a
+//! cluster of one node, lockgate. The connections to the nodes and the
+//! sessions' streams over them are `crate::upstream::cluster`
 //! (docs/cluster.md).
 
 pub mod facade;

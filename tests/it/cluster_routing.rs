@@ -429,10 +429,9 @@ async fn a_slot_migrated_under_a_pipeline_loses_and_reorders_nothing() {
     let metrics = lg.ctx.cluster.as_ref().expect("pool").metrics();
     let followed = metrics.moved.load(std::sync::atomic::Ordering::Relaxed)
         + metrics.ask.load(std::sync::atomic::Ordering::Relaxed);
-    assert!(
-        metrics.ask.load(std::sync::atomic::Ordering::Relaxed) > 0,
-        "the counter lived on the target from its first INCR: ASK"
-    );
+    // The counter is new to the target from its first INCR (`ASK` while
+    // the slot migrates; `MOVED` if the move was done first): followed.
+    assert!(followed > 0, "no redirection followed");
     // After the move the map is read again and commands go straight to
     // the new owner.
     let mut c2 = RawClient::connect(lg.addr).await;
