@@ -350,7 +350,7 @@ mod tests {
         // Connection state lockgate does not carry: refused, saying so.
         for line in [
             "AUTH pw",
-            "HELLO 3",
+            "HELLO 3 AUTH u p",
             "CLIENT SETNAME x",
             "WAIT 1 0",
             "MONITOR",
