@@ -60,9 +60,10 @@ async fn metrics(State(ctx): State<Arc<ServerContext>>) -> Response {
 /// Why lockgate is not ready, if it is not.
 pub fn not_ready(ctx: &ServerContext) -> Option<String> {
     if let Some(cluster) = &ctx.cluster {
-        if let Some(why) = cluster.not_ready() {
-            return Some(why);
-        }
+        // The cluster's primaries are the ones to reach (lockgate's own
+        // connection to the first seed is not: that node may have been
+        // failed over and stay down).
+        return cluster.not_ready();
     }
     let Some(addr) = ctx.primary_addr.addr() else {
         return Some(format!(

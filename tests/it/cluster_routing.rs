@@ -593,3 +593,74 @@ async fn a_resp3_session_gets_resp3_replies_from_every_node() {
         .starts_with("-ERR lockgate: "));
     lg.stop().await;
 }
+
+/// The first seed's primary killed: the cluster fails it over to its
+/// replica, and lockgate follows without a restart: the slots it served
+/// take writes again through lockgate and `/readyz` says ready, though
+/// the seed it started from stays down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_primary_is_followed_to_its_replica_without_a_restart() {
+    let mut cluster = Cluster::start(3, 1);
+    let mut config = Config::default();
+    config.upstream.cluster.seeds = cluster.nodes.iter().map(|n| n.addr()).collect();
+    config.upstream.cluster.refresh_interval_ms = 200;
+    let lg = Lockgate::start_with(config).await;
+    let pool = lg.ctx.cluster.clone().expect("a cluster pool");
+    crate::until!("the slot map and key specs", pool.ready());
+    let seed = cluster.seed();
+    let map = map(&cluster).await;
+    let key = (0..10_000)
+        .map(|i| format!("fo:{i}"))
+        .find(|k| map.shard_of_key(k.as_bytes()).map(|s| s.primary.as_str()) == Some(seed.as_str()))
+        .expect("a key on the seed");
+    let mut c = RawClient::connect(lg.addr).await;
+    assert_eq!(
+        call(&mut c, &["SET", &key, "1"]).await,
+        Resp::Status("OK".into())
+    );
+    // A replica fails over only when its link to the primary was up
+    // lately (cluster-replica-validity-factor): wait for it.
+    let replica = || {
+        pool.map().and_then(|m| {
+            m.shard_of_key(key.as_bytes())
+                .and_then(|s| s.replicas.first().cloned())
+        })
+    };
+    crate::until!("the seed's replica in the map", replica().is_some());
+    let mut r = RawClient::connect(&replica().expect("a replica")).await;
+    crate::until!("the replica's link up", {
+        let info = call(&mut r, &["INFO", "replication"]).await;
+        info.text().contains("master_link_status:up")
+    });
+    tokio::task::block_in_place(|| cluster.nodes[0].stop());
+    // The cluster notices after cluster-node-timeout (2 s) and elects the
+    // replica; lockgate reads the new map on its own.
+    let deadline = std::time::Instant::now() + Duration::from_secs(40);
+    loop {
+        let reply = call(&mut c, &["SET", &key, "2"]).await;
+        if reply == Resp::Status("OK".into()) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no failover followed: {reply:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let now = pool
+        .map()
+        .and_then(|m| m.shard_of_key(key.as_bytes()).map(|s| s.primary.clone()));
+    assert!(
+        now.is_some_and(|p| p != seed),
+        "the key's slot has a new primary"
+    );
+    crate::until!(
+        "/readyz ready again",
+        lockgate::http::not_ready(&lg.ctx).is_none()
+    );
+    assert_eq!(
+        call(&mut c, &["GET", &key]).await,
+        Resp::Bulk(Some(b"2".to_vec()))
+    );
+    lg.stop().await;
+}

@@ -14,7 +14,8 @@
 //! opened again: at once for a job that arrives once
 //! `upstream.reconnect_interval_ms` has passed since the last attempt,
 //! the last attempt's error for one that arrives sooner, as a session's
-//! own connection reconnects.
+//! own connection reconnects; a shared lane also tries again by itself,
+//! backing off to 1 s, so a node's state is known without traffic.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -39,6 +40,10 @@ use crate::sync;
 
 /// Most jobs taken off the queue for one write.
 const JOBS_PER_WRITE: usize = 256;
+
+/// Longest wait between two connection attempts of a shared lane to a
+/// node that is down.
+const MAX_BACKOFF: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// One reply, or where it will come from.
 #[derive(Debug)]
@@ -188,8 +193,14 @@ pub(super) async fn run(
 ) {
     let interval = common.reconnect_interval;
     let mut held: Vec<Job> = Vec::new();
+    // A shared lane tries again at once after a loss, and then while the
+    // node stays down (backing off to `MAX_BACKOFF`), without waiting for
+    // a command: whether the node is up is what `/readyz` and `LOCKGATE
+    // NODES` say, and it comes back on its own.
+    let mut again = false;
+    let mut backoff = interval;
     loop {
-        if held.is_empty() {
+        if held.is_empty() && !again {
             // Connect only once there is something to send.
             tokio::select! {
                 _ = stop.cancelled() => return,
@@ -199,12 +210,14 @@ pub(super) async fn run(
                 },
             }
         }
+        again = false;
         let connected = tokio::select! {
             _ = stop.cancelled() => return,
             c = common.open(&addr, shared, resp3) => c,
         };
         let error = match connected {
             Ok(stream) => {
+                backoff = interval;
                 if shared {
                     common.node_state(&addr, true);
                 }
@@ -225,8 +238,12 @@ pub(super) async fn run(
                 // The node may have failed over: the map says where its
                 // slots went.
                 common.refresh_soon();
+                again = shared;
                 continue;
             }
+            // A failed connect names the node already (`upstream …
+            // unavailable (…)`); a refused handshake (`AUTH`) does not.
+            Err(e) if e.contains(&*addr) => error_line(&e),
             Err(e) => error_line(&format!("upstream {addr} unavailable ({e})")),
         };
         ProxyMetrics::inc(&common.metrics.node_connect_errors);
@@ -239,9 +256,16 @@ pub(super) async fn run(
             answer(job, &error);
         }
         let tried = Instant::now();
+        let retry = tokio::time::sleep(backoff);
+        tokio::pin!(retry);
+        backoff = (backoff * 2).min(MAX_BACKOFF.max(interval));
         loop {
             tokio::select! {
                 _ = stop.cancelled() => return,
+                _ = &mut retry, if shared => {
+                    again = true;
+                    break;
+                }
                 job = rx.recv() => match job {
                     Some(job) if tried.elapsed() >= interval => {
                         held.push(job);

@@ -351,6 +351,14 @@ impl Common {
                     unserved = map.unserved(),
                     "the cluster's slot map changed"
                 );
+                // Lanes to nodes no longer in the map end (once no
+                // session holds their sender), and so do their retries.
+                let known = |addr: &str| {
+                    (map.shards().iter())
+                        .any(|s| s.primary == addr || s.replicas.iter().any(|r| r == addr))
+                };
+                sync::lock(&self.lanes).retain(|(addr, _), _| known(addr));
+                sync::lock(&self.down).retain(|addr| known(addr));
                 let mut held = sync::lock(&self.promoted);
                 held.retain(|(p, _)| map.shards().iter().any(|s| &s.primary == p));
                 for primary in promotions(old, &map) {
