@@ -198,6 +198,30 @@ impl AsyncRead for ClusterRead {
                 None => {}
             }
             if let Some(batch) = &mut this.batch {
+                if batch.next == 0 {
+                    // A gathering's replies are handed on once all are in:
+                    // the session then writes them to its client at once,
+                    // not one node's share at a time.
+                    let mut out = false;
+                    for (j, rx) in batch.jobs.iter_mut().enumerate() {
+                        let Some(r) = rx else { continue };
+                        match Pin::new(r).poll(cx) {
+                            Poll::Ready(Ok(parts)) => batch.parts[j] = parts.into(),
+                            Poll::Ready(Err(_)) => {}
+                            Poll::Pending => {
+                                out = true;
+                                continue;
+                            }
+                        }
+                        *rx = None;
+                    }
+                    if out {
+                        if buf.filled().len() > start {
+                            return Poll::Ready(Ok(()));
+                        }
+                        return pending();
+                    }
+                }
                 let Some(&j) = batch.order.get(batch.next) else {
                     this.batch = None;
                     continue;
