@@ -171,8 +171,9 @@ pub(crate) fn error_line(text: &str) -> Bytes {
     out.freeze()
 }
 
-/// Every reply owed to `job` is `error`.
-pub(crate) fn answer(job: Job, error: &Bytes) {
+/// Every reply owed to `job` is `error` (counted).
+fn answer(common: &Common, job: Job, error: &Bytes) {
+    ProxyMetrics::add(&common.metrics.error_replies, job.commands.len() as u64);
     InFlight {
         job,
         read: 0,
@@ -252,8 +253,7 @@ pub(super) async fn run(
         }
         common.refresh_soon();
         for job in held.drain(..) {
-            ProxyMetrics::add(&common.metrics.error_replies, job.commands.len() as u64);
-            answer(job, &error);
+            answer(&common, job, &error);
         }
         let tried = Instant::now();
         let retry = tokio::time::sleep(backoff);
@@ -271,10 +271,7 @@ pub(super) async fn run(
                         held.push(job);
                         break;
                     }
-                    Some(job) => {
-                        ProxyMetrics::add(&common.metrics.error_replies, job.commands.len() as u64);
-                        answer(job, &error);
-                    }
+                    Some(job) => answer(&common, job, &error),
                     None => return,
                 },
             }

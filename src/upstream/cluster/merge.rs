@@ -110,7 +110,7 @@ pub(super) async fn fanout_reply(
 /// names (its place in `primaries`) and the command with that primary's
 /// own cursor; or the client's error.
 pub(super) fn scan_plan(args: &[&[u8]], primaries: &[String]) -> Result<(usize, Bytes), Bytes> {
-    let invalid = || encode2(&LocalReply::err("invalid cursor"));
+    let invalid = || encode_as(&LocalReply::err("invalid cursor"), false);
     let cursor = args
         .get(1)
         .and_then(|c| std::str::from_utf8(c).ok()?.parse::<u64>().ok())
@@ -149,10 +149,6 @@ pub(super) async fn scan_reply(
     };
     items[0] = LocalReply::Bulk(Bytes::from(next.to_string()));
     encode_as(&LocalReply::Array(items), resp3)
-}
-
-pub(super) fn encode2(reply: &LocalReply) -> Bytes {
-    encode_as(reply, false)
 }
 
 /// `reply` in RESP3 or RESP2.
@@ -200,7 +196,10 @@ mod tests {
             b"*2\r\n$1\r\n0\r\n*0\r\n",
             b"$-1\r\n",
         ] {
-            assert_eq!(encode2(&parse(reply)), Bytes::copy_from_slice(reply));
+            assert_eq!(
+                encode_as(&parse(reply), false),
+                Bytes::copy_from_slice(reply)
+            );
         }
         assert_eq!(parse(b":7\r\n"), LocalReply::Integer(7));
     }

@@ -40,7 +40,7 @@ use tokio::sync::{mpsc, Notify};
 use tokio_util::sync::CancellationToken;
 
 use crate::cluster::facade::Facade;
-use crate::cluster::keys::{slot_of, KeyTable};
+use crate::cluster::keys::KeyTable;
 use crate::cluster::map::SlotMap;
 use crate::cluster::redirect::Redirect;
 use crate::cluster::topology::{fetch_from, refresh_due};
@@ -383,10 +383,8 @@ impl Common {
         let slot = match parser.parse(command) {
             Ok(Some(_)) => {
                 let args: Vec<&[u8]> = (0..parser.argc()).map(|i| parser.arg(command, i)).collect();
-                match self.keys().routing_args(&args) {
-                    Ok(keys) => slot_of(&keys).ok().flatten(),
-                    Err(_) => None,
-                }
+                // Keys the specs cannot place: the first primary answers.
+                self.keys().routing_slot(&args).ok().flatten()
             }
             _ => None,
         };

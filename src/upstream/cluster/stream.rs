@@ -439,18 +439,12 @@ impl std::fmt::Debug for ClusterWrite {
     }
 }
 
-fn encode_as(reply: &LocalReply, resp3: bool) -> Bytes {
-    let mut out = BytesMut::new();
-    reply.encode(resp3, &mut out);
-    out.freeze()
-}
-
 const EXECABORT: &str = "EXECABORT Transaction discarded because of previous errors.";
 
 impl ClusterWrite {
     /// `reply` in the session's protocol.
     fn encoded(&self, reply: &LocalReply) -> Bytes {
-        encode_as(reply, self.resp3)
+        merge::encode_as(reply, self.resp3)
     }
 
     /// Takes the map in force if it changed since the last command.
