@@ -6,7 +6,8 @@
 //! from the server's own key specifications; [`route`] says where one
 //! command goes; [`split`] splits a multi-key command per slot and merges
 //! the answers; [`tx`] keeps a transaction in one slot; [`scan`] composes
-//! `SCAN`'s cursor over every primary; [`fanout`] spreads and merges
+//! `SCAN`'s cursor over every primary; [`subs`] follows a session's
+//! subscriptions to see when it leaves subscribed mode; [`fanout`] spreads and merges
 //! keyspace-wide commands; [`facade`] answers a cluster-aware client as a
 //! cluster of one node, lockgate. The connections to the nodes and the
 //! sessions' streams over them are `crate::upstream::cluster`
@@ -21,5 +22,6 @@ pub mod route;
 pub mod scan;
 pub mod slot;
 pub mod split;
+pub mod subs;
 pub mod topology;
 pub mod tx;

@@ -45,17 +45,21 @@ async fn call(c: &mut RawClient, args: &[&str]) -> Resp {
 
 /// Sends every command in one write and reads as many replies.
 async fn pipeline(c: &mut RawClient, commands: &[Vec<String>]) -> Vec<Resp> {
+    pipeline_frames(c, commands, 0).await
+}
+
+/// As [`pipeline`], reading `extra` frames more than commands.
+async fn pipeline_frames(c: &mut RawClient, commands: &[Vec<String>], extra: usize) -> Vec<Resp> {
     let mut bytes = Vec::new();
     for command in commands {
         let args: Vec<&str> = command.iter().map(String::as_str).collect();
         bytes.extend(cmd(&args));
     }
     c.send(&bytes).await;
-    let raw = c.read_raw_frames(commands.len()).await;
+    let n = commands.len() + extra;
+    let raw = c.read_raw_frames(n).await;
     let mut pos = 0;
-    (0..commands.len())
-        .map(|_| Resp::decode(&raw, &mut pos))
-        .collect()
+    (0..n).map(|_| Resp::decode(&raw, &mut pos)).collect()
 }
 
 fn words(line: &str) -> Vec<String> {
@@ -326,6 +330,99 @@ async fn blocking_commands_and_subscriptions_hold_no_one_else() {
     call(&mut c, &["PUBLISH", "news", "hello"]).await;
     let message = Resp::parse(&sub.read_raw().await);
     assert_eq!(message.items()[2].text(), "hello");
+    lg.stop().await;
+}
+
+/// A client that unsubscribes from everything is an ordinary connection
+/// again: its next commands reach every slot's node (no `MOVED`), in both
+/// protocols, also when they come in the same write as the unsubscribe.
+/// A shard channel still subscribed keeps it subscribed (the `unsubscribe`
+/// frame's count of 0 counts channels and patterns only).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_that_unsubscribes_from_everything_is_routed_again() {
+    let cluster = Cluster::start(3, 0);
+    let lg = lockgate(&cluster, UpstreamMode::Shared).await;
+    let mut c = RawClient::connect(lg.addr).await;
+    let keys: Vec<String> = (0..30).map(|i| format!("after:{i}")).collect();
+    let sets: Vec<Vec<String>> = keys
+        .iter()
+        .map(|k| vec!["SET".into(), k.clone(), k.clone()])
+        .collect();
+    assert!(pipeline(&mut c, &sets)
+        .await
+        .iter()
+        .all(|r| *r == Resp::Status("OK".into())));
+    let gets = |prefix: Vec<Vec<String>>| {
+        let mut all = prefix;
+        all.extend(keys.iter().map(|k| vec!["GET".into(), k.clone()]));
+        all
+    };
+    let check = |replies: &[Resp], skip: usize, what: &str| {
+        for (k, r) in keys.iter().zip(&replies[skip..]) {
+            assert_eq!(
+                *r,
+                Resp::Bulk(Some(k.clone().into_bytes())),
+                "{what}: GET {k}"
+            );
+        }
+    };
+    for resp3 in [false, true] {
+        let mut sub = RawClient::connect(lg.addr).await;
+        if resp3 {
+            sub.call_raw(&["HELLO", "3"]).await;
+        }
+        let mut p = RawClient::connect(lg.addr).await;
+        let subscribed = call(&mut sub, &["SUBSCRIBE", "news", "sports"]).await;
+        assert_eq!(subscribed.items()[0].text(), "subscribe");
+        sub.read_raw().await; // the second channel's confirmation
+        call(&mut p, &["PUBLISH", "news", "hello"]).await;
+        assert_eq!(
+            Resp::parse(&sub.read_raw().await).items()[2].text(),
+            "hello"
+        );
+        // One write: the last unsubscribe (a frame per channel) and 30
+        // GETs for every node.
+        let replies = pipeline_frames(&mut sub, &gets(vec![words("UNSUBSCRIBE")]), 1).await;
+        assert_eq!(replies[0].items()[0].text(), "unsubscribe", "resp3 {resp3}");
+        let (first, second) = (&replies[0].items()[2], &replies[1].items()[2]);
+        assert_eq!(
+            (first, second),
+            (&Resp::Int(1), &Resp::Int(0)),
+            "resp3 {resp3}"
+        );
+        check(&replies, 2, &format!("resp3 {resp3}, same write"));
+        // And once more, the next subscription on a fresh pin.
+        call(&mut sub, &["PSUBSCRIBE", "n*"]).await;
+        call(&mut sub, &["PUNSUBSCRIBE", "n*"]).await;
+        check(
+            &pipeline(&mut sub, &gets(vec![])).await,
+            0,
+            "after PSUBSCRIBE",
+        );
+    }
+    // A shard channel left: still subscribed until it goes too.
+    let mut sub = RawClient::connect(lg.addr).await;
+    call(&mut sub, &["SSUBSCRIBE", "{after:3}shard"]).await;
+    call(&mut sub, &["SUBSCRIBE", "news"]).await;
+    let unsub = call(&mut sub, &["UNSUBSCRIBE", "news"]).await;
+    assert_eq!(unsub.items()[2], Resp::Int(0));
+    let refused = call(&mut sub, &["GET", "after:3"]).await;
+    assert!(matches!(refused, Resp::Error(_)), "{refused}");
+    call(&mut sub, &["SUNSUBSCRIBE"]).await;
+    check(
+        &pipeline(&mut sub, &gets(vec![])).await,
+        0,
+        "after SUNSUBSCRIBE",
+    );
+    // No connection of a subscription is left open.
+    let pool = lg.ctx.cluster.clone().expect("a cluster pool");
+    crate::until!(
+        "the pinned connections closed",
+        pool.metrics()
+            .own_open
+            .load(std::sync::atomic::Ordering::Relaxed)
+            == 0
+    );
     lg.stop().await;
 }
 

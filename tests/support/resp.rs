@@ -344,7 +344,7 @@ impl Resp {
     }
 
     /// Decodes the frame at `pos` of `buf` (a whole frame), moving `pos`
-    /// past it.
+    /// past it. RESP2, and RESP3's push frames and sets (as arrays).
     pub fn decode(buf: &[u8], pos: &mut usize) -> Resp {
         let end = *pos
             + buf[*pos..]
@@ -366,7 +366,10 @@ impl Resp {
                 Resp::Bulk(Some(data))
             }
             b'*' if n() < 0 => Resp::Array(None),
-            b'*' => Resp::Array(Some((0..n()).map(|_| Resp::decode(buf, pos)).collect())),
+            // RESP3's push frames and sets read as arrays.
+            b'*' | b'>' | b'~' => {
+                Resp::Array(Some((0..n()).map(|_| Resp::decode(buf, pos)).collect()))
+            }
             other => panic!(
                 "unexpected RESP type {:?} in {:?}",
                 char::from(other),

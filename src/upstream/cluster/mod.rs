@@ -25,6 +25,7 @@
 
 mod lane;
 mod merge;
+mod pin;
 mod stream;
 
 pub use stream::{ClusterRead, ClusterStream, ClusterWrite};

@@ -17,24 +17,25 @@
 //! then all go to that node on the session's own connection; a command
 //! with a key in another slot is refused with `CROSSSLOT` and `EXEC` then
 //! answers `EXECABORT` (the node's side discarded). A subscription pins
-//! the session to a connection of its own to one node, for good.
+//! the session to a connection of its own to one node until it has no
+//! subscription left ([`pin`]).
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use bytes::{Buf, Bytes, BytesMut};
 use smallvec::{smallvec, SmallVec};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf, ReadHalf, WriteHalf};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::PollSender;
 use tokio_util::task::AbortOnDropHandle;
 
 use super::lane::{Commands, Job, Owed, Part};
+use super::pin::{self, PinnedRead, PinnedWrite};
 use super::{merge, Common};
 use crate::cluster::fanout::Fanout;
 use crate::cluster::map::SlotMap;
@@ -66,8 +67,9 @@ enum Slot {
     /// job of `jobs` whose next reply is its reply.
     Batch(Box<Batch>),
     /// From here on everything comes from this connection (a
-    /// subscription pinned the session to it).
-    Pin(oneshot::Receiver<Result<ReadHalf<Stream>, String>>),
+    /// subscription pinned the session to it), until its last
+    /// subscription ends.
+    Pin(oneshot::Receiver<Result<PinnedRead, String>>),
 }
 
 impl ClusterStream {
@@ -136,8 +138,8 @@ pub struct ClusterRead {
     current: Bytes,
     /// A batch being read.
     batch: Option<Box<Batch>>,
-    pin: Option<oneshot::Receiver<Result<ReadHalf<Stream>, String>>>,
-    pinned: Option<ReadHalf<Stream>>,
+    pin: Option<oneshot::Receiver<Result<PinnedRead, String>>>,
+    pinned: Option<PinnedRead>,
 }
 
 impl std::fmt::Debug for ClusterRead {
@@ -157,12 +159,6 @@ impl AsyncRead for ClusterRead {
         let this = self.get_mut();
         let start = buf.filled().len();
         loop {
-            if let Some(read) = &mut this.pinned {
-                if buf.filled().len() > start {
-                    return Poll::Ready(Ok(()));
-                }
-                return Pin::new(read).poll_read(cx, buf);
-            }
             if !this.current.is_empty() {
                 let n = this.current.len().min(buf.remaining());
                 if n == 0 {
@@ -170,6 +166,21 @@ impl AsyncRead for ClusterRead {
                 }
                 buf.put_slice(&this.current[..n]);
                 this.current.advance(n);
+                continue;
+            }
+            if let Some(read) = &mut this.pinned {
+                if buf.filled().len() > start {
+                    return Poll::Ready(Ok(()));
+                }
+                match ready!(read.poll_next(cx))? {
+                    pin::Read::Bytes(bytes, over) => {
+                        this.current = bytes;
+                        if over {
+                            this.pinned = None;
+                        }
+                    }
+                    pin::Read::Eof => return Poll::Ready(Ok(())),
+                }
                 continue;
             }
             let pending = || Poll::Pending;
@@ -340,23 +351,14 @@ enum State {
     /// its reading half through `to_read`.
     Pinning(
         AbortOnDropHandle<Result<Stream, String>>,
-        Option<oneshot::Sender<Result<ReadHalf<Stream>, String>>>,
+        Option<oneshot::Sender<Result<PinnedRead, String>>>,
     ),
-    /// Everything goes to this connection.
-    Pinned(WriteHalf<Stream>, #[allow(dead_code)] PinGuard),
+    /// Everything goes to this connection until no subscription is left.
+    Pinned(PinnedWrite),
     /// After `QUIT`: nothing more is sent.
     Quit,
     /// The session is ending.
     Failed,
-}
-
-/// Counts a pinned connection open while it lives.
-struct PinGuard(Arc<Common>);
-
-impl Drop for PinGuard {
-    fn drop(&mut self) {
-        self.0.metrics.own_open.fetch_sub(1, Ordering::Relaxed);
-    }
 }
 
 /// What one command does (see [`ClusterWrite::decide`]).
@@ -753,13 +755,11 @@ impl ClusterWrite {
                     let to_read = to_read.take();
                     match opened {
                         Ok(stream) => {
-                            let (read, write) = tokio::io::split(stream);
-                            ProxyMetrics::inc(&self.common.metrics.own_open);
-                            let guard = PinGuard(self.common.clone());
+                            let (read, write) = pin::pin(self.common.clone(), stream);
                             if let Some(tx) = to_read {
                                 let _ = tx.send(Ok(read));
                             }
-                            self.state = State::Pinned(write, guard);
+                            self.state = State::Pinned(write);
                         }
                         Err(why) => {
                             if let Some(tx) = to_read {
@@ -774,15 +774,13 @@ impl ClusterWrite {
                     }
                     continue;
                 }
-                State::Pinned(write, _) => {
-                    while !self.pending.is_empty() {
-                        let n = ready!(Pin::new(&mut *write).poll_write(cx, &self.pending))?;
-                        if n == 0 {
-                            return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
-                        }
-                        self.pending.advance(n);
+                State::Pinned(write) => {
+                    if !ready!(write.poll_send(cx, &mut self.pending, &mut self.parser))? {
+                        return Poll::Ready(Ok(()));
                     }
-                    return Poll::Ready(Ok(()));
+                    // No subscription left: routed again.
+                    self.state = State::Routing;
+                    continue;
                 }
                 State::Quit => {
                     self.pending.clear();
@@ -982,7 +980,7 @@ impl ClusterWrite {
                 self.push(Slot::Ready(reply));
             }
             Action::Subscribe(node) => {
-                // Sent raw once pinned: `pending` keeps it.
+                // Sent as written once pinned: `pending` keeps it.
                 let (to_read, rx) = oneshot::channel();
                 let (common, resp3) = (self.common.clone(), self.resp3);
                 let opening = tokio::spawn(async move { common.open(&node, false, resp3).await });
@@ -1062,9 +1060,6 @@ impl AsyncWrite for ClusterWrite {
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         ready!(this.poll_drain(cx))?;
-        if let State::Pinned(write, _) = &mut this.state {
-            return Pin::new(write).poll_write(cx, buf);
-        }
         // Taken whole; sent by the flush that follows (or the next write).
         this.pending.extend_from_slice(buf);
         Poll::Ready(Ok(buf.len()))
@@ -1074,7 +1069,7 @@ impl AsyncWrite for ClusterWrite {
         let this = self.get_mut();
         ready!(this.poll_drain(cx))?;
         match &mut this.state {
-            State::Pinned(write, _) => Pin::new(write).poll_flush(cx),
+            State::Pinned(write) => write.poll_flush(cx),
             _ => Poll::Ready(Ok(())),
         }
     }
@@ -1085,7 +1080,7 @@ impl AsyncWrite for ClusterWrite {
         let this = self.get_mut();
         ready!(this.poll_drain(cx))?;
         match &mut this.state {
-            State::Pinned(write, _) => Pin::new(write).poll_shutdown(cx),
+            State::Pinned(write) => write.poll_shutdown(cx),
             _ => {
                 this.out = None;
                 Poll::Ready(Ok(()))
