@@ -28,7 +28,9 @@
 //! with a bound). Sleeps are only the traffic's own timing, mirrored.
 //!
 //! Modes: one test per `proxy.upstream` (dedicated, shared), the same
-//! sequences through each.
+//! sequences through each; and one with `behind` a Redis Cluster of three
+//! primaries (the keys on three of them), read through a client that
+//! follows `MOVED` ([`ClusterClient`]), still compared with one Redis.
 //!
 //! Seeds: by default the sequences of seeds 1, 2, 3… (as many as the
 //! budget allows), the same in every run, so a CI run fails only on a
@@ -52,12 +54,15 @@ use std::time::{Duration, Instant};
 
 use lockgate::config::UpstreamMode;
 use lockgate::Config;
+use support::cluster::{Cluster, ClusterClient};
 use support::resp::Resp;
 use support::rng::Rng;
 use support::{encode, frame_len, show, Lockgate, RawClient, RedisServer, WAIT};
 
 /// The lock keys the traffic uses (they match the default `lock:*`).
-const LOCK_KEYS: [&str; 2] = ["lock:a", "lock:b"];
+/// In front of a 3-primary cluster they and [`PLAIN_KEY`] are on three
+/// different primaries (slots 1846, 14289 and 6954).
+const LOCK_KEYS: [&str; 2] = ["lock:d", "lock:c"];
 /// An ordinary key: everything on it must pass through unchanged.
 const PLAIN_KEY: &str = "data:x";
 /// `locks.default_lease_ms`: small, so default leases run out in a test.
@@ -76,6 +81,9 @@ const PTTL_TOLERANCE_MS: i64 = 250;
 /// A lone try-lock answered "not acquired" this much later through lockgate
 /// than directly was parked (it must be answered at once).
 const PARKED_MS: u128 = 70;
+/// `locks.retry.queue_ttl_ms` (the default): a place's life in a key's
+/// queue, at rank 1.
+const QUEUE_TTL_MS: u64 = 2_000;
 /// Client connections per side; connection `i` goes through instance `i / 2`.
 const CONNS: usize = 4;
 /// The two lockgate instances' ids (the prefix of their owner tokens).
@@ -344,6 +352,9 @@ struct Case<'a> {
     /// Another connection of the same instance was refused this key
     /// moments ago: it may keep a place in the key's queue.
     queued_other: bool,
+    /// The other instance tried this key within a place's life: it may be
+    /// first in the key's queue in Redis.
+    queued_elsewhere: bool,
 }
 
 /// One deliberate difference: a name, when it applies, why lockgate
@@ -418,11 +429,12 @@ const RULES: &[Rule] = &[
                 && is_acquire(c.cmd)
                 && acquired(c.direct)
                 && not_acquired(c.lockgate)
-                && c.freed_unseen
-                    .is_some_and(|d| d <= Duration::from_millis(PROBE_MS + SLACK_MS))
+                && c.freed_unseen.is_some_and(|d| {
+                    d <= Duration::from_millis(PROBE_MS + SLACK_MS) || c.queued_elsewhere
+                })
         },
         changes_state: true,
-        reason: "retry storms: while a key is known held at most one attempt per probe_interval_ms asks Redis; a release lockgate did not see itself is noticed within probe_interval_ms + a round trip",
+        reason: "retry storms: while a key is known held at most one attempt per probe_interval_ms asks Redis; a release lockgate did not see itself is noticed within probe_interval_ms + a round trip; on an instance behind another in the key's queue, not before it is woken or its place is due for renewal",
     },
     Rule {
         name: "parked attempt handed the lock",
@@ -646,6 +658,9 @@ struct Model {
     /// When each token (placeholder, then the real one) was issued, in the
     /// model's count.
     issued_at: HashMap<String, u64>,
+    /// When each instance last passed an attempt on each key (its place
+    /// in the key's queue in Redis may outlive the connection).
+    tried: HashMap<(usize, String), Instant>,
 }
 
 /// The owner check of `src/lock/script.rs` (`allows`), ownership
@@ -715,6 +730,7 @@ impl Model {
         let now = Instant::now();
         if is_acquire(cmd) {
             self.conns[conn].last_attempt.insert(key.clone(), now);
+            self.tried.insert((inst, key.clone()), now);
             let t = self.placeholder(inst);
             if acquired(l) {
                 self.owner.insert(key.clone(), Some(t.clone()));
@@ -833,6 +849,16 @@ impl Model {
     /// Another connection of `conn`'s instance was refused `key` within
     /// the time lockgate keeps a spinner's place (max(park, probe)), with
     /// a margin for scheduling.
+    /// The other instance passed an attempt on `key` within a place's
+    /// life in the key's queue (`locks.retry.queue_ttl_ms`, 2 s): it may be
+    /// first in the queue, and this instance waits for its turn.
+    fn queued_elsewhere(&self, key: &str, conn: usize) -> bool {
+        let life = Duration::from_millis(QUEUE_TTL_MS + 2 * SLACK_MS);
+        self.tried
+            .iter()
+            .any(|((inst, k), at)| *inst != conn / 2 && k == key && at.elapsed() < life)
+    }
+
     fn queued_other(&self, key: &str, conn: usize) -> bool {
         let keep = Duration::from_millis(PARK_MS.max(PROBE_MS) + 2 * SLACK_MS);
         self.conns.iter().enumerate().any(|(i, c)| {
@@ -868,10 +894,18 @@ struct Failure {
     detail: String,
 }
 
-/// The two Redis servers, kept for the whole test (flushed per sequence).
+/// What sits behind the lockgates.
+enum Behind {
+    /// One Redis.
+    One(RedisServer),
+    /// A Redis Cluster (`[upstream.cluster]`): lockgate routes by slot.
+    Cluster(Cluster),
+}
+
+/// The Redis servers, kept for the whole test (flushed per sequence).
 struct Servers {
     direct: RedisServer,
-    behind: RedisServer,
+    behind: Behind,
     /// How the lockgates reach `behind` (`proxy.upstream`).
     mode: UpstreamMode,
 }
@@ -882,8 +916,8 @@ struct Run {
     gates: Vec<Lockgate>,
     direct: Vec<RawClient>,
     gated: Vec<RawClient>,
-    dadmin: RawClient,
-    ladmin: RawClient,
+    dadmin: Admin,
+    ladmin: Admin,
     direct_addr: String,
     model: Model,
     /// How often each rule of [`RULES`] let a difference pass.
@@ -891,9 +925,12 @@ struct Run {
 }
 
 /// lockgate instance `id` in front of `upstream`, with the test's settings.
-fn gate_config(upstream: &str, id: &str, mode: UpstreamMode) -> Config {
+fn gate_config(behind: &Behind, id: &str, mode: UpstreamMode) -> Config {
     let mut c = Config::default();
-    c.upstream.addr = upstream.to_string();
+    match behind {
+        Behind::One(redis) => c.upstream.addr = redis.addr(),
+        Behind::Cluster(cluster) => c.upstream.cluster.seeds = vec![cluster.seed()],
+    }
     c.proxy.upstream = mode;
     c.locks.instance_id = id.to_string();
     c.locks.default_lease_ms = LEASE_MS;
@@ -907,12 +944,59 @@ fn gate_config(upstream: &str, id: &str, mode: UpstreamMode) -> Config {
     c
 }
 
-/// The (value, PTTL) of every key the traffic uses, on one Redis.
-async fn snapshot(admin: &mut RawClient) -> Vec<(Option<Vec<u8>>, i64)> {
+/// An admin connection to one side: one Redis, or a cluster (each
+/// command to its key's node; `KEYS` and `FLUSHALL` to every primary).
+enum Admin {
+    One(RawClient),
+    Cluster(ClusterClient),
+}
+
+impl Admin {
+    async fn connect(behind: &Behind) -> Admin {
+        match behind {
+            Behind::One(redis) => Admin::One(RawClient::connect(redis.addr()).await),
+            Behind::Cluster(cluster) => Admin::Cluster(ClusterClient::new(cluster)),
+        }
+    }
+
+    /// As [`exchange`], on this side.
+    async fn exchange(&mut self, cmds: &[Vec<String>]) -> Result<(Vec<Resp>, Duration), String> {
+        let c = match self {
+            Admin::One(c) => return exchange(c, cmds).await,
+            Admin::Cluster(c) => c,
+        };
+        let start = Instant::now();
+        let mut replies = Vec::new();
+        for cmd in cmds {
+            let args: Vec<&[u8]> = cmd.iter().map(|a| a.as_bytes()).collect();
+            let everywhere = matches!(name_of(cmd).as_str(), "KEYS" | "FLUSHALL");
+            if !everywhere {
+                replies.push(Resp::parse(&c.call_bin(&args).await));
+                continue;
+            }
+            let mut all = Vec::new();
+            let mut last = Resp::Array(Some(Vec::new()));
+            for raw in c.on_every_primary(&args).await {
+                last = Resp::parse(&raw);
+                if let Resp::Array(Some(items)) = &last {
+                    all.extend(items.iter().cloned());
+                }
+            }
+            replies.push(match last {
+                Resp::Array(_) => Resp::Array(Some(all)),
+                other => other,
+            });
+        }
+        Ok((replies, start.elapsed()))
+    }
+}
+
+/// The (value, PTTL) of every key the traffic uses, on one side.
+async fn snapshot(admin: &mut Admin) -> Vec<(Option<Vec<u8>>, i64)> {
     let mut out = Vec::new();
     for key in LOCK_KEYS.iter().chain([&PLAIN_KEY]) {
         let cmds = [words(&["GET", key]), words(&["PTTL", key])];
-        let (r, _) = exchange(admin, &cmds).await.expect("admin reply");
+        let (r, _) = admin.exchange(&cmds).await.expect("admin reply");
         let value = match &r[0] {
             Resp::Bulk(v) => v.clone(),
             other => Some(other.to_string().into_bytes()),
@@ -933,15 +1017,19 @@ fn class(v: &Option<Vec<u8>>, pttl: i64) -> &'static str {
 
 impl Run {
     async fn start(s: &Servers) -> Run {
-        let mut dadmin = RawClient::connect(s.direct.addr()).await;
-        let mut ladmin = RawClient::connect(s.behind.addr()).await;
+        let mut dadmin = Admin::One(RawClient::connect(s.direct.addr()).await);
+        let mut ladmin = Admin::connect(&s.behind).await;
         for a in [&mut dadmin, &mut ladmin] {
-            let r = exchange(a, &[words(&["FLUSHALL"])]).await.expect("flush");
+            let r = a.exchange(&[words(&["FLUSHALL"])]).await.expect("flush");
             assert_eq!(r.0[0], Resp::Status("OK".into()));
         }
         let mut gates = Vec::new();
         for id in INSTANCES {
-            gates.push(Lockgate::start_with(gate_config(&s.behind.addr(), id, s.mode)).await);
+            let gate = Lockgate::start_with(gate_config(&s.behind, id, s.mode)).await;
+            if let Some(pool) = gate.ctx.cluster.clone() {
+                crate::until!("the slot map and key specs", pool.ready());
+            }
+            gates.push(gate);
         }
         let mut run = Run {
             gates,
@@ -1029,7 +1117,7 @@ impl Run {
             let mut soon = Vec::new();
             for key in LOCK_KEYS {
                 for a in [&mut self.dadmin, &mut self.ladmin] {
-                    let (r, _) = exchange(a, &[words(&["PTTL", key])]).await?;
+                    let (r, _) = a.exchange(&[words(&["PTTL", key])]).await?;
                     if int_of(&r[0]).is_some_and(|t| (0..GUARD_MS).contains(&t)) {
                         soon.push(key);
                     }
@@ -1052,9 +1140,7 @@ impl Run {
         for key in LOCK_KEYS {
             let owner_key = format!("lockgate:owner:{{{key}}}");
             let cmds = [words(&["GET", &owner_key]), words(&["PTTL", key])];
-            let (r, _) = exchange(&mut self.ladmin, &cmds)
-                .await
-                .expect("admin reply");
+            let (r, _) = self.ladmin.exchange(&cmds).await.expect("admin reply");
             let owner = match &r[0] {
                 Resp::Bulk(Some(v)) => Some(show(v)),
                 _ => None,
@@ -1095,8 +1181,8 @@ impl Run {
 
     /// A command straight to both Redis servers.
     async fn behind(&mut self, cmd: &[String]) -> Result<(), String> {
-        let (d, _) = exchange(&mut self.dadmin, &[cmd.to_vec()]).await?;
-        let (l, _) = exchange(&mut self.ladmin, &[cmd.to_vec()]).await?;
+        let (d, _) = self.dadmin.exchange(&[cmd.to_vec()]).await?;
+        let (l, _) = self.ladmin.exchange(&[cmd.to_vec()]).await?;
         if d != l {
             return Err(format!(
                 "{}: direct {} / behind lockgate {}",
@@ -1258,6 +1344,7 @@ impl Run {
                     released_during: freed.is_some_and(|f| f.at >= sent),
                     tainted: tainted.contains(&key),
                     queued_other: self.model.queued_other(&key, conn),
+                    queued_elsewhere: self.model.queued_elsewhere(&key, conn),
                 };
                 let Some(rule) = RULES.iter().find(|r| (r.applies)(&case)) else {
                     let mut detail = what();
@@ -1349,7 +1436,8 @@ impl Run {
                 (Some(v), t) if t > 0 => words(&["SET", &key, &show(v), "PX", &t.to_string()]),
                 (Some(v), _) => words(&["SET", &key, &show(v)]),
             };
-            exchange(&mut self.dadmin, &[cmd])
+            self.dadmin
+                .exchange(&[cmd])
                 .await
                 .map_err(|d| ("no reply".into(), d))?;
         }
@@ -1361,7 +1449,7 @@ impl Run {
     async fn final_keys(&mut self) -> Result<(), String> {
         let mut sides = Vec::new();
         for a in [&mut self.dadmin, &mut self.ladmin] {
-            let (r, _) = exchange(a, &[words(&["KEYS", "*"])]).await?;
+            let (r, _) = a.exchange(&[words(&["KEYS", "*"])]).await?;
             let mut keys: Vec<String> = match &r[0] {
                 Resp::Array(Some(items)) => items.iter().map(|k| k.to_string()).collect(),
                 other => return Err(format!("KEYS: {other}")),
@@ -1490,12 +1578,43 @@ async fn lock_traffic_over_shared_upstream_connections_differs_only_as_documente
     differential(UpstreamMode::Shared).await;
 }
 
-/// Runs the seeded sequences (see the module doc's knobs) with the
-/// lockgates in `mode`.
+/// The seeded sequences in front of one Redis, the lockgates in `mode`.
 async fn differential(mode: UpstreamMode) {
+    differential_behind(Behind::One(RedisServer::start()), mode).await;
+}
+
+/// The same sequences with the lockgates in front of a Redis Cluster
+/// (3 primaries; the lock keys and the plain key in different slots),
+/// compared with one Redis: routing by slot, the lock records in the lock
+/// key's slot, MULTI held until its key names the node, a subscription's
+/// pin and its end: nothing may differ but the documented differences.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_traffic_in_front_of_a_cluster_differs_only_as_documented() {
+    let cluster = Cluster::start(3, 0);
+    let mut seed = RawClient::connect(cluster.seed()).await;
+    let slots = seed.call_raw(&["CLUSTER", "SLOTS"]).await;
+    let map = lockgate::cluster::map::SlotMap::from_slots(&slots, &cluster.seed())
+        .expect("CLUSTER SLOTS");
+    let primaries: std::collections::BTreeSet<String> = LOCK_KEYS
+        .iter()
+        .chain([&PLAIN_KEY])
+        .map(|k| {
+            map.shard_of_key(k.as_bytes())
+                .expect("served")
+                .primary
+                .clone()
+        })
+        .collect();
+    assert_eq!(primaries.len(), 3, "the keys are spread: {primaries:?}");
+    differential_behind(Behind::Cluster(cluster), UpstreamMode::Shared).await;
+}
+
+/// Runs the seeded sequences (see the module doc's knobs) with the
+/// lockgates in `mode` in front of `behind`.
+async fn differential_behind(behind: Behind, mode: UpstreamMode) {
     let servers = Servers {
         direct: RedisServer::start(),
-        behind: RedisServer::start(),
+        behind,
         mode,
     };
     let len = knob("LOCKGATE_DIFF_STEPS", 40) as usize;

@@ -1,11 +1,13 @@
 //! A real Redis Cluster per test: redis-server processes with
 //! `--cluster-enabled yes` on free loopback ports, joined by
-//! `redis-cli --cluster create`, killed on drop.
+//! `redis-cli --cluster create`, killed on drop; and a plain client of
+//! it that follows `MOVED` ([`ClusterClient`]), to check lockgate against.
 
+use std::collections::HashMap;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::support::RedisServer;
+use crate::support::{RawClient, RedisServer};
 
 /// A running cluster: its nodes, primaries and replicas as
 /// `redis-cli --cluster create` arranged them.
@@ -70,5 +72,73 @@ impl Cluster {
     /// `127.0.0.1:PORT` of the first node.
     pub fn seed(&self) -> String {
         self.nodes[0].addr()
+    }
+}
+
+/// A test's own connection to a cluster, lockgate nowhere: each command
+/// goes to the first node and, when it answers `MOVED`, to the node named
+/// (so the test needs none of lockgate's slot arithmetic to check it).
+pub struct ClusterClient {
+    seed: String,
+    nodes: HashMap<String, RawClient>,
+}
+
+impl ClusterClient {
+    /// Connects to `cluster`'s first node.
+    pub fn new(cluster: &Cluster) -> ClusterClient {
+        ClusterClient {
+            seed: cluster.seed(),
+            nodes: HashMap::new(),
+        }
+    }
+
+    /// The connection to `addr`, opened on first use.
+    async fn node(&mut self, addr: &str) -> &mut RawClient {
+        if !self.nodes.contains_key(addr) {
+            let c = RawClient::connect(addr).await;
+            self.nodes.insert(addr.to_string(), c);
+        }
+        self.nodes.get_mut(addr).expect("just opened")
+    }
+
+    /// One command's raw reply from the node that serves its key.
+    pub async fn call_bin(&mut self, args: &[&[u8]]) -> Vec<u8> {
+        let mut addr = self.seed.clone();
+        for _ in 0..5 {
+            let reply = self.node(&addr).await.call_bin(args).await;
+            match reply.strip_prefix(b"-MOVED ") {
+                Some(rest) => {
+                    let text = String::from_utf8_lossy(rest);
+                    addr = text
+                        .split_whitespace()
+                        .nth(1)
+                        .expect("MOVED slot HOST:PORT")
+                        .to_string();
+                }
+                None => return reply,
+            }
+        }
+        panic!("{args:?}: redirected more than 5 times");
+    }
+
+    /// The primaries the first node knows, as `HOST:PORT`.
+    pub async fn primaries(&mut self) -> Vec<String> {
+        let seed = self.seed.clone();
+        let raw = self.node(&seed).await.call_raw(&["CLUSTER", "NODES"]).await;
+        let text = String::from_utf8_lossy(&raw).to_string();
+        text.lines()
+            .filter(|l| l.contains("master") && !l.contains("fail"))
+            .filter_map(|l| l.split_whitespace().nth(1))
+            .map(|a| a.split('@').next().unwrap_or(a).to_string())
+            .collect()
+    }
+
+    /// One command's raw reply from every primary, in `primaries` order.
+    pub async fn on_every_primary(&mut self, args: &[&[u8]]) -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        for p in self.primaries().await {
+            out.push(self.node(&p).await.call_bin(args).await);
+        }
+        out
     }
 }
