@@ -250,13 +250,6 @@ impl Config {
                      fails its shards over itself",
                 ));
             }
-            if !self.locks.quorum.masters.is_empty() {
-                return Err(invalid(
-                    "upstream.cluster.seeds",
-                    "the lock quorum ([locks.quorum]) in front of a cluster is not served \
-                     yet (docs/cluster.md)",
-                ));
-            }
         }
         positive("limits.max_bulk_bytes", self.limits.max_bulk_bytes)?;
         positive("limits.max_multibulk_len", self.limits.max_multibulk_len)?;

@@ -19,7 +19,7 @@ counters! {
         /// Attempts that found the key held.
         contended: Counter "lock_contended", "Attempts that found the lock held";
         /// Lock commands refused in front of a Redis Cluster (not served there yet).
-        refused_on_cluster: Counter "lock_refused_on_cluster", "Lock commands refused in front of a Redis Cluster (locks are not served there yet)";
+        refused_on_cluster: Counter "lock_refused_on_cluster", "Lock commands refused in front of a Redis Cluster: a lock key whose records cannot share its hash slot, or nodes that refuse scripts";
         /// Lock keys released by an owner-checked DEL/UNLINK.
         released: Counter "lock_released", "Locks released by an owner-checked DEL";
         /// DEL/UNLINK on a lock key refused: not the owner.

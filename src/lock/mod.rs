@@ -324,8 +324,9 @@ impl LockService {
         }
     }
 
-    /// In front of a Redis Cluster, the refusal of a lock command on
-    /// `keys` that cannot be served there (`None`: served, or one Redis):
+    /// In front of a Redis Cluster that holds the locks (no quorum), the
+    /// refusal of a lock command on `keys` that cannot be served there
+    /// (`None`: served, one Redis, or the quorum's masters hold them):
     /// a key whose owner record cannot be in its hash slot
     /// ([`own_keys_in_slot`]: a `}` with no hash tag before it), or a
     /// cluster that refuses scripts (lock transactions are not carried to
@@ -334,7 +335,8 @@ impl LockService {
         &self,
         mut keys: impl Iterator<Item = &'a [u8]>,
     ) -> Option<LocalReply> {
-        if !self.on_cluster {
+        // With the quorum the locks live on its masters, not the cluster.
+        if !self.on_cluster || self.quorum().is_some() {
             return None;
         }
         let why = if self.store.primary.scriptless() {

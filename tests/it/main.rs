@@ -18,6 +18,7 @@ mod blocking;
 mod clients;
 mod cluster_locks;
 mod cluster_map;
+mod cluster_quorum;
 mod cluster_routing;
 mod differential;
 mod event_loops;
