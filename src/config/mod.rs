@@ -242,14 +242,12 @@ impl Config {
         )?;
         self.upstream.sentinel.validate()?;
         self.upstream.cluster.validate()?;
-        if self.upstream.cluster.enabled() {
-            if self.upstream.sentinel.enabled() {
-                return Err(invalid(
-                    "upstream.cluster.seeds",
-                    "a cluster and [upstream.sentinel] exclude each other: a cluster \
-                     fails its shards over itself",
-                ));
-            }
+        if self.upstream.cluster.enabled() && self.upstream.sentinel.enabled() {
+            return Err(invalid(
+                "upstream.cluster.seeds",
+                "a cluster and [upstream.sentinel] exclude each other: a cluster \
+                 fails its shards over itself",
+            ));
         }
         positive("limits.max_bulk_bytes", self.limits.max_bulk_bytes)?;
         positive("limits.max_multibulk_len", self.limits.max_multibulk_len)?;
