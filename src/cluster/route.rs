@@ -118,11 +118,15 @@ pub fn route(args: &[&[u8]], keys: &KeyTable, facade: &Facade) -> Dest {
     };
     match needs_own_connection(args) {
         None | Some(OwnReason::Paused) => {}
-        Some(OwnReason::Blocking | OwnReason::Script) => {
+        Some(reason @ (OwnReason::Blocking | OwnReason::Script)) => {
             return match slot() {
                 Ok(s) => Dest::Own(s),
-                Err(()) => Dest::Local(LocalReply::Error(CROSSSLOT.into())),
-            }
+                // A script known to act on each key alone is split.
+                Err(()) => match (reason == OwnReason::Script).then(|| split(args)).flatten() {
+                    Some(parts) => Dest::Split(parts),
+                    None => Dest::Local(LocalReply::Error(CROSSSLOT.into())),
+                },
+            };
         }
         Some(OwnReason::PubSub) => {
             return match slot() {

@@ -360,3 +360,57 @@ async fn the_watchdog_and_release_on_disconnect_reach_the_keys_node() {
     }
     lg.stop().await;
 }
+
+/// Redisson's hash lock on keys of every shard, then its watchdog's
+/// batched renewal (one script for every lock of the client, as Redisson
+/// sends it when it thinks it talks to one Redis): split per slot, each
+/// lock renewed on its node, the per-lock answers back in key order; by
+/// `EVAL` and by `EVALSHA` after `SCRIPT LOAD`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redissons_batched_renewal_is_split_by_slot() {
+    const LOCK: &str = "if (redis.call('exists', KEYS[1]) == 0) then redis.call('hincrby', KEYS[1], ARGV[2], 1); redis.call('pexpire', KEYS[1], ARGV[1]); return nil; end; return redis.call('pttl', KEYS[1]);";
+    let renew = lockgate::cluster::split::PER_KEY_SCRIPTS[0];
+    let cluster = Cluster::start(3, 0);
+    let lg = lockgate(&cluster, |_| {}).await;
+    let map = map(&cluster).await;
+    let mut c = RawClient::connect(lg.addr).await;
+    let keys: Vec<String> = (0..9).map(|i| format!("lock:redisson:{i}")).collect();
+    let nodes: std::collections::BTreeSet<_> = (keys.iter())
+        .map(|k| {
+            map.shard_of_key(k.as_bytes())
+                .expect("served")
+                .primary
+                .clone()
+        })
+        .collect();
+    assert_eq!(nodes.len(), 3, "the locks are on every primary");
+    // Held: all but the last, whose name's field is another client's.
+    for (i, key) in keys.iter().enumerate() {
+        let me = if i == 8 { "other:1" } else { "me:1" };
+        let got = call(&mut c, &["EVAL", LOCK, "1", key, "10000", me]).await;
+        assert_eq!(got, Resp::Bulk(None), "{key}");
+    }
+    let mut args: Vec<&str> = vec!["EVAL", renew, "9"];
+    args.extend(keys.iter().map(String::as_str));
+    args.push("60000");
+    args.extend(std::iter::repeat_n("me:1", 9));
+    let want = Resp::Array(Some((0..9).map(|i| Resp::Int((i < 8) as i64)).collect()));
+    assert_eq!(call(&mut c, &args).await, want);
+    for (i, key) in keys.iter().enumerate() {
+        let node = &map.shard_of_key(key.as_bytes()).expect("served").primary;
+        let pttl = call(&mut RawClient::connect(node).await, &["PTTL", key])
+            .await
+            .int();
+        assert_eq!(
+            pttl > 10_000,
+            i < 8,
+            "{key} renewed on {node} iff held: {pttl}"
+        );
+    }
+    // By digest, once loaded (on every primary).
+    let sha = call(&mut c, &["SCRIPT", "LOAD", renew]).await;
+    args[0] = "EVALSHA";
+    args[1] = sha.text();
+    assert_eq!(call(&mut c, &args).await, want);
+    lg.stop().await;
+}
