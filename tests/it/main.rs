@@ -16,6 +16,7 @@ mod auth_resp3;
 mod binary;
 mod blocking;
 mod clients;
+mod cluster_clients;
 mod cluster_locks;
 mod cluster_map;
 mod cluster_quorum;
