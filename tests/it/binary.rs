@@ -122,6 +122,22 @@ fn check_validates_the_cluster_section() {
         "--check",
     ]);
     assert_eq!(ok.status.code(), Some(0), "{}", show(&ok.stderr));
+    // The lock quorum beside a cluster: the locks on the masters.
+    let with_quorum = check(
+        "",
+        &[
+            "--upstream-cluster",
+            "h:7000",
+            "--lock-masters",
+            "a:1,b:2,c:3",
+        ],
+    );
+    assert_eq!(
+        with_quorum.status.code(),
+        Some(0),
+        "{}",
+        show(&with_quorum.stderr)
+    );
     for (text, extra, key) in [
         (
             "[upstream.cluster]\nseeds = [\"nohostport\"]\n",
@@ -141,16 +157,6 @@ fn check_validates_the_cluster_section() {
         (
             "[upstream.sentinel]\nmaster_name = \"m\"\naddrs = [\"h:26379\"]\n",
             &["--upstream-cluster", "h:7000"][..],
-            "upstream.cluster.seeds",
-        ),
-        (
-            "",
-            &[
-                "--upstream-cluster",
-                "h:7000",
-                "--lock-masters",
-                "a:1,b:2,c:3",
-            ][..],
             "upstream.cluster.seeds",
         ),
     ] {

@@ -30,6 +30,7 @@ pub(super) fn flatten(
                 for part in parts {
                     match part {
                         Part::Reply(b) => out.push(b),
+                        Part::Run(run) => out.extend(run.replies()),
                         Part::Later(rx) => out.extend(flatten(rx).await),
                     }
                 }

@@ -202,6 +202,11 @@ impl AsyncRead for ClusterRead {
                     this.current = b;
                     continue;
                 }
+                Some(Part::Run(run)) => {
+                    // Every reply of the run at once.
+                    this.current = run.bytes.slice(run.pos..);
+                    continue;
+                }
                 Some(Part::Later(rx)) => {
                     this.waiting = Some(rx);
                     continue;
@@ -238,6 +243,25 @@ impl AsyncRead for ClusterRead {
                     continue;
                 };
                 let j = usize::from(j);
+                if let Some(Part::Run(run)) = batch.parts[j].front_mut() {
+                    // This command's reply, copied out of its run.
+                    let end = run.ends[run.next] as usize;
+                    let n = (end - run.pos).min(buf.remaining());
+                    if n == 0 {
+                        return Poll::Ready(Ok(()));
+                    }
+                    buf.put_slice(&run.bytes[run.pos..run.pos + n]);
+                    run.pos += n;
+                    if run.pos < end {
+                        return Poll::Ready(Ok(()));
+                    }
+                    run.next += 1;
+                    batch.next += 1;
+                    if run.next == run.ends.len() {
+                        batch.parts[j].pop_front();
+                    }
+                    continue;
+                }
                 if batch.parts[j].is_empty() {
                     if let Some(rx) = &mut batch.jobs[j] {
                         match Pin::new(rx).poll(cx) {
@@ -255,6 +279,8 @@ impl AsyncRead for ClusterRead {
                 batch.next += 1;
                 match batch.parts[j].pop_front() {
                     Some(Part::Reply(b)) => this.current = b,
+                    // Taken above.
+                    Some(Part::Run(_)) => {}
                     Some(Part::Later(rx)) => this.waiting = Some(rx),
                     // Its lane ended before answering.
                     None => this.current = merge::gone(),
