@@ -144,6 +144,10 @@ pub(crate) struct Common {
     /// Nodes whose last connection attempt from a shared lane failed
     /// (`/readyz`, `LOCKGATE NODES`); cleared by the next that succeeds.
     down: Mutex<std::collections::HashSet<Arc<str>>>,
+    /// One `Arc` per node address sessions use ([`Common::intern`]), so
+    /// they compare and hash lanes by pointer; entries no session holds
+    /// are pruned at each change of the map.
+    names: Mutex<std::collections::HashSet<Arc<str>>>,
     /// Wakes the map's reader early (a redirection, a node lost).
     refresh: Notify,
     pub(crate) metrics: Arc<ClusterMetrics>,
@@ -225,6 +229,18 @@ impl Common {
 
     /// The shared lane `n` (of `proxy.shared_upstream_connections`) to the
     /// node `addr` speaking RESP3 or RESP2, started on first use.
+    /// The one `Arc` for the node address `addr` while any is held: two
+    /// names of one node are the same pointer (sessions compare lanes so).
+    pub(crate) fn intern(&self, addr: &str) -> Arc<str> {
+        let mut names = sync::lock(&self.names);
+        if let Some(name) = names.get(addr) {
+            return name.clone();
+        }
+        let name: Arc<str> = Arc::from(addr);
+        names.insert(name.clone());
+        name
+    }
+
     pub(crate) fn lane(self: &Arc<Self>, addr: &str, n: usize, resp3: bool) -> mpsc::Sender<Job> {
         let mut lanes = sync::lock(&self.lanes);
         let addr: Arc<str> = Arc::from(addr);
@@ -371,6 +387,8 @@ impl Common {
             }
             slot.0 = Some(Arc::new(map));
             self.generation.fetch_add(1, Ordering::AcqRel);
+            // Addresses held only here name nodes no session uses.
+            sync::lock(&self.names).retain(|n| Arc::strong_count(n) > 1);
         }
         true
     }
@@ -487,6 +505,7 @@ impl ClusterPool {
             refresh: Notify::new(),
             promoted: Mutex::new(Vec::new()),
             down: Mutex::new(std::collections::HashSet::new()),
+            names: Mutex::new(std::collections::HashSet::new()),
             metrics: Arc::default(),
             warn: RateLimit::new(Duration::from_secs(10)),
             stop: stop.clone(),
