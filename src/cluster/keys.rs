@@ -7,7 +7,6 @@
 //! count given by an argument. A spec the server marks `incomplete` (the
 //! keys of `SORT … BY`, `MIGRATE … KEYS`) cannot be followed here.
 
-
 use redis_protocol::resp2::types::OwnedFrame;
 
 use super::slot::key_slot;

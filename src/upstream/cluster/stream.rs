@@ -516,7 +516,11 @@ impl ClusterWrite {
         self.nodes = self
             .map
             .iter()
-            .flat_map(|m| m.shards().iter().map(|s| Node(self.common.intern(&s.primary))))
+            .flat_map(|m| {
+                m.shards()
+                    .iter()
+                    .map(|s| Node(self.common.intern(&s.primary)))
+            })
             .collect();
         self.shared.clear();
     }
