@@ -81,6 +81,31 @@ fn per_key(script: &[u8], sha: bool) -> bool {
         .any(|s| s.as_bytes().eq_ignore_ascii_case(script))
 }
 
+/// The keys' positions grouped by slot, slots in the order their first
+/// key came; `None` when they are all in one slot.
+fn by_slot<'a>(keys: impl Iterator<Item = &'a [u8]>) -> Option<Vec<(u16, Vec<usize>)>> {
+    let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
+    for (i, key) in keys.enumerate() {
+        let slot = key_slot(key);
+        match groups.iter_mut().find(|g| g.0 == slot) {
+            Some(group) => group.1.push(i),
+            None => groups.push((slot, vec![i])),
+        }
+    }
+    (groups.len() >= 2).then_some(groups)
+}
+
+/// One part per slot group, its command built from its keys' positions.
+fn parts(groups: Vec<(u16, Vec<usize>)>, build: impl Fn(&[usize]) -> Bytes) -> Vec<Part> {
+    (groups.into_iter())
+        .map(|(slot, positions)| Part {
+            slot,
+            command: build(&positions),
+            positions,
+        })
+        .collect()
+}
+
 /// A per-key script's call split per slot (see [`PER_KEY_SCRIPTS`]):
 /// `EVAL script n k1…kn shared a1…an`.
 fn split_script(name: &[u8], args: &[&[u8]]) -> Option<Split> {
@@ -94,32 +119,14 @@ fn split_script(name: &[u8], args: &[&[u8]]) -> Option<Split> {
         return None;
     }
     let (keys, shared, own) = (&args[3..3 + n], args[3 + n], &args[4 + n..]);
-    let mut parts: Vec<(u16, Vec<usize>)> = Vec::new();
-    for (i, key) in keys.iter().enumerate() {
-        let slot = key_slot(key);
-        match parts.iter_mut().find(|p| p.0 == slot) {
-            Some(part) => part.1.push(i),
-            None => parts.push((slot, vec![i])),
-        }
-    }
-    if parts.len() < 2 {
-        return None;
-    }
-    let parts = parts
-        .into_iter()
-        .map(|(slot, positions)| {
-            let count = positions.len().to_string();
-            let mut all: Vec<&[u8]> = vec![name, script, count.as_bytes()];
-            all.extend(positions.iter().map(|&i| keys[i]));
-            all.push(shared);
-            all.extend(positions.iter().map(|&i| own[i]));
-            Part {
-                slot,
-                command: encode::command(&all),
-                positions,
-            }
-        })
-        .collect();
+    let parts = parts(by_slot(keys.iter().copied())?, |positions| {
+        let count = positions.len().to_string();
+        let mut all: Vec<&[u8]> = vec![name, script, count.as_bytes()];
+        all.extend(positions.iter().map(|&i| keys[i]));
+        all.push(shared);
+        all.extend(positions.iter().map(|&i| own[i]));
+        encode::command(&all)
+    });
     Some(Split {
         merge: Merge::Values,
         parts,
@@ -145,34 +152,13 @@ pub fn split(args: &[&[u8]]) -> Option<Split> {
     if rest.is_empty() || rest.len() % stride != 0 {
         return None;
     }
-    // Per slot: its arguments and its keys' positions.
-    type Gathered<'a> = (u16, Vec<&'a [u8]>, Vec<usize>);
-    let mut parts: Vec<Gathered> = Vec::new();
-    for (i, group) in rest.chunks(stride).enumerate() {
-        let slot = key_slot(group[0]);
-        match parts.iter_mut().find(|p| p.0 == slot) {
-            Some(part) => {
-                part.1.extend_from_slice(group);
-                part.2.push(i);
-            }
-            None => parts.push((slot, group.to_vec(), vec![i])),
+    let parts = parts(by_slot(rest.chunks(stride).map(|g| g[0]))?, |positions| {
+        let mut all: Vec<&[u8]> = vec![&name];
+        for &i in positions {
+            all.extend_from_slice(&rest[i * stride..(i + 1) * stride]);
         }
-    }
-    if parts.len() < 2 {
-        return None;
-    }
-    let parts = parts
-        .into_iter()
-        .map(|(slot, part_args, positions)| {
-            let mut all: Vec<&[u8]> = vec![&name];
-            all.extend(part_args);
-            Part {
-                slot,
-                command: encode::command(&all),
-                positions,
-            }
-        })
-        .collect();
+        encode::command(&all)
+    });
     Some(Split {
         merge,
         parts,

@@ -11,31 +11,10 @@ use crate::support;
 use std::path::Path;
 use std::time::Duration;
 
-use lockgate::cluster::map::SlotMap;
 use lockgate::config::UpstreamMode;
-use lockgate::Config;
 use support::cluster::Cluster;
 use support::resp::Resp;
-use support::{Lockgate, RawClient};
-
-/// lockgate in front of `cluster`, once it has read the slot map and the
-/// nodes' key specifications.
-async fn lockgate(cluster: &Cluster, mode: UpstreamMode) -> Lockgate {
-    let mut config = Config::default();
-    config.upstream.cluster.seeds = vec![cluster.seed()];
-    config.proxy.upstream = mode;
-    let lg = Lockgate::start_with(config).await;
-    let pool = lg.ctx.cluster.clone().expect("a cluster pool");
-    crate::until!("the slot map and key specs", pool.ready());
-    lg
-}
-
-/// The cluster's map as its first node gives it.
-async fn map(cluster: &Cluster) -> SlotMap {
-    let mut c = RawClient::connect(&cluster.seed()).await;
-    SlotMap::from_slots(&c.call_raw(&["CLUSTER", "SLOTS"]).await, &cluster.seed())
-        .expect("CLUSTER SLOTS")
-}
+use support::RawClient;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ioredis_works_through_lockgate_in_front_of_a_cluster() {
@@ -46,7 +25,9 @@ async fn ioredis_works_through_lockgate_in_front_of_a_cluster() {
          (or `npm ci` in tests/js)"
     );
     let cluster = Cluster::start(3, 0);
-    let lg = lockgate(&cluster, UpstreamMode::Shared).await;
+    let lg = cluster
+        .lockgate(|c| c.proxy.upstream = UpstreamMode::Shared)
+        .await;
     let mut command = std::process::Command::new("node");
     command
         .arg(format!("{js}/ioredis_cluster.js"))
@@ -61,7 +42,7 @@ async fn ioredis_works_through_lockgate_in_front_of_a_cluster() {
         support::show(&out.stderr)
     );
     // The keys are on the nodes that serve them, asked directly.
-    let map = map(&cluster).await;
+    let map = cluster.map().await;
     for i in [3, 88, 150, 199] {
         let key = format!("js:c:{i}");
         let node = &map.shard_of_key(key.as_bytes()).expect("served").primary;

@@ -12,38 +12,20 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lockgate::cluster::map::SlotMap;
 use lockgate::cluster::slot::key_slot;
-use lockgate::Config;
 use support::cluster::Cluster;
 use support::resp::Resp;
-use support::{Lockgate, RawClient};
-
-async fn lockgate(cluster: &Cluster, tune: impl FnOnce(&mut Config)) -> Lockgate {
-    let mut config = Config::default();
-    config.upstream.cluster.seeds = vec![cluster.seed()];
-    tune(&mut config);
-    let lg = Lockgate::start_with(config).await;
-    let pool = lg.ctx.cluster.clone().expect("a cluster pool");
-    crate::until!("the slot map and key specs", pool.ready());
-    lg
-}
+use support::RawClient;
 
 async fn call(c: &mut RawClient, args: &[&str]) -> Resp {
     Resp::parse(&c.call_raw(args).await)
 }
 
-async fn map(cluster: &Cluster) -> SlotMap {
-    let mut c = RawClient::connect(&cluster.seed()).await;
-    SlotMap::from_slots(&c.call_raw(&["CLUSTER", "SLOTS"]).await, &cluster.seed())
-        .expect("CLUSTER SLOTS")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn legacy_locks_on_every_shard_are_leased_and_owner_checked() {
     let cluster = Cluster::start(3, 1);
-    let lg = lockgate(&cluster, |_| {}).await;
-    let map = map(&cluster).await;
+    let lg = cluster.lockgate(|_| {}).await;
+    let map = cluster.map().await;
     let mut keys: Vec<String> = (0..24).map(|i| format!("lock:order:{i}")).collect();
     keys.extend((0..6).map(|i| format!("lock:{{cart}}:{i}")));
     let mut nodes = std::collections::BTreeSet::new();
@@ -113,10 +95,12 @@ async fn legacy_locks_on_every_shard_are_leased_and_owner_checked() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_through_one_lockgate_hands_over_on_another() {
     let cluster = Cluster::start(3, 0);
-    let a = lockgate(&cluster, |_| {}).await;
+    let a = cluster.lockgate(|_| {}).await;
     // B would probe only every 5 s: only the release announcement can
     // wake its parked spinner sooner.
-    let b = lockgate(&cluster, |c| c.locks.retry.probe_interval_ms = 5_000).await;
+    let b = cluster
+        .lockgate(|c| c.locks.retry.probe_interval_ms = 5_000)
+        .await;
     let mut holder = RawClient::connect(a.addr).await;
     assert_eq!(
         call(&mut holder, &["SETNX", "lock:h", "a"]).await,
@@ -150,7 +134,8 @@ async fn a_release_through_one_lockgate_hands_over_on_another() {
         .expect("B's spinner acquired");
     let took = won.duration_since(released);
     assert!(took < Duration::from_secs(2), "handed over after {took:?}");
-    let node = map(&cluster)
+    let node = cluster
+        .map()
         .await
         .shard_of_key(b"lock:h")
         .expect("served")
@@ -169,8 +154,8 @@ async fn a_release_through_one_lockgate_hands_over_on_another() {
 async fn fencing_tokens_grow_and_sections_never_overlap_through_two_lockgates() {
     let cluster = Cluster::start(3, 0);
     let lgs = [
-        lockgate(&cluster, |_| {}).await,
-        lockgate(&cluster, |_| {}).await,
+        cluster.lockgate(|_| {}).await,
+        cluster.lockgate(|_| {}).await,
     ];
     let mut c = RawClient::connect(lgs[0].addr).await;
     for key in ["lock:f:1", "lock:f:2", "lock:{f}:3"] {
@@ -229,11 +214,12 @@ async fn fencing_tokens_grow_and_sections_never_overlap_through_two_lockgates() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_shard_failover_only_its_acquisitions_are_held_back() {
     let cluster = Cluster::start(3, 1);
-    let lg = lockgate(&cluster, |c| {
-        c.locks.failover_delay_ms = Some(3_000);
-        c.upstream.cluster.refresh_interval_ms = 200;
-    })
-    .await;
+    let lg = cluster
+        .lockgate(|c| {
+            c.locks.failover_delay_ms = Some(3_000);
+            c.upstream.cluster.refresh_interval_ms = 200;
+        })
+        .await;
     let pool = lg.ctx.cluster.clone().expect("a cluster pool");
     // The shard of `lock:fo`, once lockgate's map names its replica.
     let shard = || {
@@ -299,25 +285,26 @@ async fn after_a_shard_failover_only_its_acquisitions_are_held_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_watchdog_and_release_on_disconnect_reach_the_keys_node() {
     let cluster = Cluster::start(3, 0);
-    let lg = lockgate(&cluster, |c| {
-        c.locks.overrides = vec![
-            lockgate::config::LockOverride {
-                pattern: "lock:wd:*".to_string(),
-                lease_ms: 1_000,
-                watchdog: true,
-                max_hold_ms: 10_000,
-                ..Default::default()
-            },
-            lockgate::config::LockOverride {
-                pattern: "lock:eph:*".to_string(),
-                lease_ms: 30_000,
-                release_on_disconnect: true,
-                ..Default::default()
-            },
-        ];
-    })
-    .await;
-    let map = map(&cluster).await;
+    let lg = cluster
+        .lockgate(|c| {
+            c.locks.overrides = vec![
+                lockgate::config::LockOverride {
+                    pattern: "lock:wd:*".to_string(),
+                    lease_ms: 1_000,
+                    watchdog: true,
+                    max_hold_ms: 10_000,
+                    ..Default::default()
+                },
+                lockgate::config::LockOverride {
+                    pattern: "lock:eph:*".to_string(),
+                    lease_ms: 30_000,
+                    release_on_disconnect: true,
+                    ..Default::default()
+                },
+            ];
+        })
+        .await;
+    let map = cluster.map().await;
     let node_of = |key: &str| {
         map.shard_of_key(key.as_bytes())
             .expect("served")
@@ -371,18 +358,12 @@ async fn redissons_batched_renewal_is_split_by_slot() {
     const LOCK: &str = "if (redis.call('exists', KEYS[1]) == 0) then redis.call('hincrby', KEYS[1], ARGV[2], 1); redis.call('pexpire', KEYS[1], ARGV[1]); return nil; end; return redis.call('pttl', KEYS[1]);";
     let renew = lockgate::cluster::split::PER_KEY_SCRIPTS[0];
     let cluster = Cluster::start(3, 0);
-    let lg = lockgate(&cluster, |_| {}).await;
-    let map = map(&cluster).await;
+    let lg = cluster.lockgate(|_| {}).await;
+    let map = cluster.map().await;
     let mut c = RawClient::connect(lg.addr).await;
     let keys: Vec<String> = (0..9).map(|i| format!("lock:redisson:{i}")).collect();
-    let nodes: std::collections::BTreeSet<_> = (keys.iter())
-        .map(|k| {
-            map.shard_of_key(k.as_bytes())
-                .expect("served")
-                .primary
-                .clone()
-        })
-        .collect();
+    let names: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let nodes = cluster.primaries_of(&names).await;
     assert_eq!(nodes.len(), 3, "the locks are on every primary");
     // Held: all but the last, whose name's field is another client's.
     for (i, key) in keys.iter().enumerate() {

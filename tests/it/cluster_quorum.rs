@@ -12,9 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockgate::cluster::map::SlotMap;
 use lockgate::lock::quorum::MasterState;
-use lockgate::Config;
 use support::cluster::Cluster;
 use support::locks::owner;
 use support::resp::Resp;
@@ -37,14 +35,15 @@ impl World {
     /// lockgate `id` in front of both, once it has the slot map and every
     /// master up.
     async fn lockgate(&self, id: &str) -> Lockgate {
-        let mut config = Config::default();
-        config.upstream.cluster.seeds = vec![self.cluster.seed()];
-        config.locks.instance_id = id.to_string();
-        config.locks.quorum.masters = self.masters.iter().map(|m| m.addr()).collect();
-        config.locks.quorum.rejoin_delay_ms = 300;
-        let lg = Lockgate::start_with(config).await;
-        let pool = lg.ctx.cluster.clone().expect("a cluster pool");
-        crate::until!("the slot map and key specs", pool.ready());
+        let masters = self.masters.iter().map(|m| m.addr()).collect();
+        let lg = self
+            .cluster
+            .lockgate(|c| {
+                c.locks.instance_id = id.to_string();
+                c.locks.quorum.masters = masters;
+                c.locks.quorum.rejoin_delay_ms = 300;
+            })
+            .await;
         let quorum = lg.ctx.locks.quorum().expect("a quorum").clone();
         for i in 0..3 {
             crate::until!("master up", quorum.masters[i].state() == MasterState::Up);
@@ -52,19 +51,9 @@ impl World {
         lg
     }
 
-    /// The cluster's map.
-    async fn map(&self) -> SlotMap {
-        let mut c = RawClient::connect(&self.cluster.seed()).await;
-        SlotMap::from_slots(
-            &c.call_raw(&["CLUSTER", "SLOTS"]).await,
-            &self.cluster.seed(),
-        )
-        .expect("CLUSTER SLOTS")
-    }
-
     /// `args` on the cluster node that serves `key`.
     async fn on_node(&self, key: &str, args: &[&str]) -> Resp {
-        let map = self.map().await;
+        let map = self.cluster.map().await;
         let node = &map.shard_of_key(key.as_bytes()).expect("served").primary;
         call(&mut RawClient::connect(node).await, args).await
     }

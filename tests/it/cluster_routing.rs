@@ -20,25 +20,6 @@ use support::cluster::Cluster;
 use support::resp::Resp;
 use support::{cmd, Lockgate, RawClient};
 
-/// lockgate in front of `cluster`, once it has read the slot map and the
-/// nodes' key specifications.
-async fn lockgate(cluster: &Cluster, mode: UpstreamMode) -> Lockgate {
-    let mut config = Config::default();
-    config.upstream.cluster.seeds = vec![cluster.seed()];
-    config.proxy.upstream = mode;
-    let lg = Lockgate::start_with(config).await;
-    let pool = lg.ctx.cluster.clone().expect("a cluster pool");
-    crate::until!("the slot map and key specs", pool.ready());
-    lg
-}
-
-/// The cluster's map as its first node gives it.
-async fn map(cluster: &Cluster) -> SlotMap {
-    let mut c = RawClient::connect(&cluster.seed()).await;
-    SlotMap::from_slots(&c.call_raw(&["CLUSTER", "SLOTS"]).await, &cluster.seed())
-        .expect("CLUSTER SLOTS")
-}
-
 async fn call(c: &mut RawClient, args: &[&str]) -> Resp {
     Resp::parse(&c.call_raw(args).await)
 }
@@ -75,7 +56,7 @@ async fn keyed_multi_key_and_keyspace_commands_reach_every_primary() {
 }
 
 async fn keyed_multi_key_and_keyspace(cluster: &Cluster, mode: UpstreamMode) {
-    let lg = lockgate(cluster, mode).await;
+    let lg = cluster.lockgate(|c| c.proxy.upstream = mode).await;
     let mut c = RawClient::connect(lg.addr).await;
     assert_eq!(call(&mut c, &["FLUSHALL"]).await, Resp::Status("OK".into()));
     let keys: Vec<String> = (0..300).map(|i| format!("k:{i}")).collect();
@@ -88,7 +69,7 @@ async fn keyed_multi_key_and_keyspace(cluster: &Cluster, mode: UpstreamMode) {
     }
     // Each key is on the node that serves its slot (asked directly: no
     // redirection), and every primary got some.
-    let map = map(cluster).await;
+    let map = cluster.map().await;
     let mut per_node = std::collections::HashMap::new();
     for key in keys.iter().step_by(7) {
         let node = &map.shard_of_key(key.as_bytes()).expect("served").primary;
@@ -195,7 +176,9 @@ async fn keyed_multi_key_and_keyspace(cluster: &Cluster, mode: UpstreamMode) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn transactions_stay_in_one_slot_as_on_a_cluster() {
     let cluster = Cluster::start(3, 0);
-    let lg = lockgate(&cluster, UpstreamMode::Shared).await;
+    let lg = cluster
+        .lockgate(|c| c.proxy.upstream = UpstreamMode::Shared)
+        .await;
     let mut c = RawClient::connect(lg.addr).await;
     let ok = || Resp::Status("OK".into());
     let queued = || Resp::Status("QUEUED".into());
@@ -302,7 +285,9 @@ async fn transactions_stay_in_one_slot_as_on_a_cluster() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn blocking_commands_and_subscriptions_hold_no_one_else() {
     let cluster = Cluster::start(3, 0);
-    let lg = lockgate(&cluster, UpstreamMode::Shared).await;
+    let lg = cluster
+        .lockgate(|c| c.proxy.upstream = UpstreamMode::Shared)
+        .await;
     let mut blocked = RawClient::connect(lg.addr).await;
     blocked.send(&cmd(&["BLPOP", "queue", "10"])).await;
     let mut sub = RawClient::connect(lg.addr).await;
@@ -341,7 +326,9 @@ async fn blocking_commands_and_subscriptions_hold_no_one_else() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_that_unsubscribes_from_everything_is_routed_again() {
     let cluster = Cluster::start(3, 0);
-    let lg = lockgate(&cluster, UpstreamMode::Shared).await;
+    let lg = cluster
+        .lockgate(|c| c.proxy.upstream = UpstreamMode::Shared)
+        .await;
     let mut c = RawClient::connect(lg.addr).await;
     let keys: Vec<String> = (0..30).map(|i| format!("after:{i}")).collect();
     let sets: Vec<Vec<String>> = keys
@@ -429,8 +416,10 @@ async fn a_session_that_unsubscribes_from_everything_is_routed_again() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slot_migrated_under_a_pipeline_loses_and_reorders_nothing() {
     let cluster = Cluster::start(3, 0);
-    let lg = lockgate(&cluster, UpstreamMode::Shared).await;
-    let map = map(&cluster).await;
+    let lg = cluster
+        .lockgate(|c| c.proxy.upstream = UpstreamMode::Shared)
+        .await;
+    let map = cluster.map().await;
     let slot = key_slot(b"mig");
     let source = map.shard_of_slot(slot).expect("served").primary.clone();
     let target = (map.shards().iter())
@@ -552,9 +541,11 @@ async fn a_slot_migrated_under_a_pipeline_loses_and_reorders_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_down_fails_its_slots_only() {
     let mut cluster = Cluster::start(3, 0);
-    let lg = lockgate(&cluster, UpstreamMode::Shared).await;
+    let lg = cluster
+        .lockgate(|c| c.proxy.upstream = UpstreamMode::Shared)
+        .await;
     let mut c = RawClient::connect(lg.addr).await;
-    let map = map(&cluster).await;
+    let map = cluster.map().await;
     let down = cluster.nodes[1].addr();
     let key_on = |node: &str| {
         (0..10_000)
@@ -609,7 +600,9 @@ async fn a_node_down_fails_its_slots_only() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_aware_clients_work_through_lockgate() {
     let cluster = Cluster::start(3, 0);
-    let lg = lockgate(&cluster, UpstreamMode::Shared).await;
+    let lg = cluster
+        .lockgate(|c| c.proxy.upstream = UpstreamMode::Shared)
+        .await;
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/py/redis_py_cluster.py");
     let mut command = std::process::Command::new("python3");
     command
@@ -624,7 +617,7 @@ async fn cluster_aware_clients_work_through_lockgate() {
         out.status,
         support::show(&out.stderr)
     );
-    let map = map(&cluster).await;
+    let map = cluster.map().await;
     for i in [2, 77, 199] {
         let key = format!("py:c:{i}");
         let node = &map.shard_of_key(key.as_bytes()).expect("served").primary;
@@ -652,7 +645,9 @@ async fn cluster_aware_clients_work_through_lockgate() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resp3_session_gets_resp3_replies_from_every_node() {
     let cluster = Cluster::start(3, 0);
-    let lg = lockgate(&cluster, UpstreamMode::Shared).await;
+    let lg = cluster
+        .lockgate(|c| c.proxy.upstream = UpstreamMode::Shared)
+        .await;
     let mut c = RawClient::connect(lg.addr).await;
     let hello = c.call_raw(&["HELLO", "3"]).await;
     assert!(hello.starts_with(b"%7\r\n"), "{}", support::show(&hello));
@@ -705,7 +700,7 @@ async fn a_killed_primary_is_followed_to_its_replica_without_a_restart() {
     let pool = lg.ctx.cluster.clone().expect("a cluster pool");
     crate::until!("the slot map and key specs", pool.ready());
     let seed = cluster.seed();
-    let map = map(&cluster).await;
+    let map = cluster.map().await;
     let key = (0..10_000)
         .map(|i| format!("fo:{i}"))
         .find(|k| map.shard_of_key(k.as_bytes()).map(|s| s.primary.as_str()) == Some(seed.as_str()))

@@ -1591,20 +1591,8 @@ async fn differential(mode: UpstreamMode) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lock_traffic_in_front_of_a_cluster_differs_only_as_documented() {
     let cluster = Cluster::start(3, 0);
-    let mut seed = RawClient::connect(cluster.seed()).await;
-    let slots = seed.call_raw(&["CLUSTER", "SLOTS"]).await;
-    let map = lockgate::cluster::map::SlotMap::from_slots(&slots, &cluster.seed())
-        .expect("CLUSTER SLOTS");
-    let primaries: std::collections::BTreeSet<String> = LOCK_KEYS
-        .iter()
-        .chain([&PLAIN_KEY])
-        .map(|k| {
-            map.shard_of_key(k.as_bytes())
-                .expect("served")
-                .primary
-                .clone()
-        })
-        .collect();
+    let keys = [LOCK_KEYS[0], LOCK_KEYS[1], PLAIN_KEY];
+    let primaries = cluster.primaries_of(&keys).await;
     assert_eq!(primaries.len(), 3, "the keys are spread: {primaries:?}");
     differential_behind(Behind::Cluster(cluster), UpstreamMode::Shared).await;
 }

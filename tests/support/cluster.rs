@@ -3,11 +3,14 @@
 //! `redis-cli --cluster create`, killed on drop; and a plain client of
 //! it that follows `MOVED` ([`ClusterClient`]), to check lockgate against.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::support::{RawClient, RedisServer};
+use lockgate::cluster::map::SlotMap;
+use lockgate::Config;
+
+use crate::support::{Lockgate, RawClient, RedisServer};
 
 /// A running cluster: its nodes, primaries and replicas as
 /// `redis-cli --cluster create` arranged them.
@@ -72,6 +75,36 @@ impl Cluster {
     /// `127.0.0.1:PORT` of the first node.
     pub fn seed(&self) -> String {
         self.nodes[0].addr()
+    }
+
+    /// lockgate in front of this cluster (its configuration `tune`d),
+    /// once it has read the slot map and the nodes' key specifications.
+    pub async fn lockgate(&self, tune: impl FnOnce(&mut Config)) -> Lockgate {
+        let mut config = Config::default();
+        config.upstream.cluster.seeds = vec![self.seed()];
+        tune(&mut config);
+        let lg = Lockgate::start_with(config).await;
+        let pool = lg.ctx.cluster.clone().expect("a cluster pool");
+        crate::until!("the slot map and key specs", pool.ready());
+        lg
+    }
+
+    /// The slot map as the first node gives it now.
+    pub async fn map(&self) -> SlotMap {
+        let mut c = RawClient::connect(&self.seed()).await;
+        SlotMap::from_slots(&c.call_raw(&["CLUSTER", "SLOTS"]).await, &self.seed())
+            .expect("CLUSTER SLOTS")
+    }
+
+    /// The primaries that serve `keys`.
+    pub async fn primaries_of(&self, keys: &[&str]) -> BTreeSet<String> {
+        let map = self.map().await;
+        (keys.iter())
+            .map(|k| {
+                let shard = map.shard_of_key(k.as_bytes()).expect("served");
+                shard.primary.clone()
+            })
+            .collect()
     }
 }
 
