@@ -413,6 +413,94 @@ async fn a_session_that_unsubscribes_from_everything_is_routed_again() {
     lg.stop().await;
 }
 
+/// A shard failed over (`CLUSTER FAILOVER` on its replica) while a client
+/// pipelines `INCR`s on keys of every shard: every reply is the right
+/// count, in order (the old primary's `MOVED`s followed to the new one),
+/// and no increment is lost or doubled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_failed_over_under_pipelines_loses_and_reorders_nothing() {
+    let cluster = Cluster::start(3, 1);
+    let lg = cluster
+        .lockgate(|c| {
+            c.proxy.upstream = UpstreamMode::Shared;
+            c.upstream.cluster.refresh_interval_ms = 200;
+        })
+        .await;
+    let pool = lg.ctx.cluster.clone().expect("a cluster pool");
+    let keys: Vec<String> = (0..30).map(|i| format!("fo:n:{i}")).collect();
+    let names: Vec<&str> = keys.iter().map(String::as_str).collect();
+    assert_eq!(cluster.primaries_of(&names).await.len(), 3);
+    // The replicas are in the map once they have attached.
+    let replica_of = |m: Option<std::sync::Arc<SlotMap>>| {
+        m.and_then(|m| {
+            m.shard_of_key(b"fo:n:0")
+                .and_then(|s| s.replicas.first().cloned())
+        })
+    };
+    crate::until!(
+        "the shard's replica in the map",
+        replica_of(pool.map()).is_some()
+    );
+    let replica = replica_of(pool.map()).expect("a replica");
+    let mut r = RawClient::connect(&replica).await;
+    crate::until!("the replica's link up", {
+        let info = call(&mut r, &["INFO", "replication"]).await;
+        info.text().contains("master_link_status:up")
+    });
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let client = {
+        let (addr, keys, stop) = (lg.addr, keys.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut c = RawClient::connect(addr).await;
+            let incrs: Vec<Vec<String>> = keys
+                .iter()
+                .map(|k| vec!["INCR".into(), k.clone()])
+                .collect();
+            let mut round = 0;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                round += 1;
+                let replies = pipeline(&mut c, &incrs).await;
+                for (k, reply) in keys.iter().zip(&replies) {
+                    assert_eq!(*reply, Resp::Int(round), "INCR {k} in round {round}");
+                }
+            }
+            round
+        })
+    };
+    // Some rounds before, the failover, some rounds after lockgate has
+    // the new map.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        call(&mut r, &["CLUSTER", "FAILOVER"]).await,
+        Resp::Status("OK".into())
+    );
+    crate::until!("lockgate to follow the failover", {
+        pool.map().and_then(|m| {
+            m.shard_of_key(keys[0].as_bytes())
+                .map(|s| s.primary.clone())
+        }) == Some(replica.clone())
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let rounds = tokio::time::timeout(Duration::from_secs(30), client)
+        .await
+        .expect("the client ends")
+        .expect("every reply right");
+    assert!(rounds > 3, "{rounds} rounds");
+    // Every increment once, on the node serving the key now.
+    let map = cluster.map().await;
+    for k in &keys {
+        let node = &map.shard_of_key(k.as_bytes()).expect("served").primary;
+        let v = call(&mut RawClient::connect(node).await, &["GET", k]).await;
+        assert_eq!(
+            v,
+            Resp::Bulk(Some(rounds.to_string().into_bytes())),
+            "{k} on {node}"
+        );
+    }
+    lg.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slot_migrated_under_a_pipeline_loses_and_reorders_nothing() {
     let cluster = Cluster::start(3, 0);
