@@ -60,6 +60,9 @@ SKIP=(
 	cluster_locks::
 	cluster_routing::keyed_multi_key_and_keyspace_commands_reach_every_primary
 	cluster_routing::cluster_aware_clients_work_through_lockgate
+	differential::lock_traffic_in_front_of_a_cluster
+	# ioredis's lock is released by the client's own Lua script.
+	cluster_clients::
 	# Needs scripts present to deny them by ACL.
 	locks_scriptless::an_acl_without_scripts_is_found_at_the_first_refusal
 )

@@ -7,12 +7,15 @@
 //! command goes; [`split`] splits a multi-key command per slot and merges
 //! the answers; [`tx`] keeps a transaction in one slot; [`scan`] composes
 //! `SCAN`'s cursor over every primary; [`subs`] follows a session's
-//! subscriptions to see when it leaves subscribed mode; [`fanout`] spreads and merges
-//! keyspace-wide commands; [`facade`] answers a cluster-aware client as a
-//! cluster of one node, lockgate. The connections to the nodes and the
-//! sessions' streams over them are `crate::upstream::cluster`
+//! subscriptions to see when it leaves subscribed mode; [`fanout`]
+//! spreads and merges keyspace-wide commands; [`facade`] answers a
+//! cluster-aware client as a cluster of one node, lockgate; [`auth`]
+//! checks a client's `AUTH` against lockgate's own credentials. The
+//! connections to the nodes and the sessions' streams over them are
+//! `crate::upstream::cluster`
 //! (docs/cluster.md).
 
+pub mod auth;
 pub mod facade;
 pub mod fanout;
 pub mod keys;

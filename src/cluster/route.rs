@@ -41,6 +41,21 @@ pub enum Dest {
     /// `HELLO [protover] [SETNAME name]`, answered by lockgate: the
     /// protocol from now on (`None`: the one in use).
     Hello(Option<u8>),
+    /// `AUTH [user] pass`, or `HELLO … AUTH user pass`: checked against
+    /// lockgate's own credentials ([`super::auth`]).
+    Auth(Auth),
+}
+
+/// A client's credentials, and the `HELLO` they came with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Auth {
+    /// The user named (`None`: `AUTH pass`, the default user).
+    pub user: Option<Vec<u8>>,
+    /// The password.
+    pub pass: Vec<u8>,
+    /// Came with `HELLO` of this protocol: its answer follows once the
+    /// credentials are checked.
+    pub hello: Option<u8>,
 }
 
 /// The transaction commands.
@@ -93,6 +108,7 @@ pub fn route(args: &[&[u8]], keys: &KeyTable, facade: &Facade) -> Dest {
             }
             b"SCAN" => return Dest::Scan,
             b"HELLO" => return hello(args),
+            b"AUTH" => return auth(args),
             b"DBSIZE" | b"KEYS" | b"FLUSHALL" | b"FLUSHDB" | b"SELECT" | b"SWAPDB" | b"SCRIPT"
             | b"FUNCTION" => match fanout(args) {
                 Some(Fanout::Refuse(text)) => {
@@ -147,9 +163,9 @@ pub fn route(args: &[&[u8]], keys: &KeyTable, facade: &Facade) -> Dest {
 
 /// `HELLO [protover [AUTH user pass] [SETNAME name]]`: answered by
 /// lockgate, which speaks the protocol asked to the nodes on connections
-/// of that protocol; with `AUTH`, refused (lockgate authenticates to the
-/// nodes as `upstream.username`). The name is not kept (the connections
-/// it would name are shared).
+/// of that protocol; with `AUTH`, once the credentials are checked
+/// ([`Dest::Auth`]). The name is not kept (the connections it would name
+/// are shared).
 fn hello(args: &[&[u8]]) -> Dest {
     let Some(version) = args.get(1) else {
         return Dest::Hello(None);
@@ -171,12 +187,14 @@ fn hello(args: &[&[u8]]) -> Dest {
         )));
     }
     let mut rest = args[2..].iter();
+    let mut credentials = None;
     while let Some(option) = rest.next() {
         if option.eq_ignore_ascii_case(b"AUTH") {
-            return Dest::Local(not_served(
-                "HELLO with AUTH",
-                "lockgate authenticates to the nodes as upstream.username on connections it shares",
-            ));
+            match (rest.next(), rest.next()) {
+                (Some(user), Some(pass)) => credentials = Some((user.to_vec(), pass.to_vec())),
+                _ => return Dest::Local(LocalReply::err("Syntax error in HELLO option 'AUTH'")),
+            }
+            continue;
         }
         if !(option.eq_ignore_ascii_case(b"SETNAME") && rest.next().is_some()) {
             return Dest::Local(LocalReply::err(format!(
@@ -185,7 +203,33 @@ fn hello(args: &[&[u8]]) -> Dest {
             )));
         }
     }
-    Dest::Hello(Some(version as u8))
+    match credentials {
+        Some((user, pass)) => Dest::Auth(Auth {
+            user: Some(user),
+            pass,
+            hello: Some(version as u8),
+        }),
+        None => Dest::Hello(Some(version as u8)),
+    }
+}
+
+/// `AUTH pass` or `AUTH user pass`.
+fn auth(args: &[&[u8]]) -> Dest {
+    let (user, pass) = match args {
+        [_, pass] => (None, pass),
+        [_, user, pass] => (Some(user.to_vec()), pass),
+        [_] => {
+            return Dest::Local(LocalReply::err(
+                "wrong number of arguments for 'auth' command",
+            ))
+        }
+        _ => return Dest::Local(LocalReply::err("syntax error")),
+    };
+    Dest::Auth(Auth {
+        user,
+        pass: pass.to_vec(),
+        hello: None,
+    })
 }
 
 /// `CLUSTER …`: the facade's answer, or by the slot it names, or refused.
@@ -352,13 +396,7 @@ mod tests {
         let args: Vec<&[u8]> = vec![b"DEL", b"a", b"b"];
         assert!(matches!(route(&args, &keys, &f), Dest::Split(_)));
         // Connection state lockgate does not carry: refused, saying so.
-        for line in [
-            "AUTH pw",
-            "HELLO 3 AUTH u p",
-            "CLIENT SETNAME x",
-            "WAIT 1 0",
-            "MONITOR",
-        ] {
+        for line in ["CLIENT SETNAME x", "WAIT 1 0", "MONITOR"] {
             let args: Vec<&[u8]> = line.split(' ').map(str::as_bytes).collect();
             let Dest::Local(LocalReply::Error(text)) = route(&args, &keys, &f) else {
                 panic!("{line}: refused");
@@ -367,5 +405,37 @@ mod tests {
             assert!(text.starts_with("ERR lockgate: "), "{line}: {text}");
             assert!(text.contains("docs/cluster.md"), "{line}: {text}");
         }
+    }
+
+    #[test]
+    fn auth_and_hello_auth_carry_the_credentials() {
+        let keys = KeyTable::default();
+        let f = Facade::new("127.0.0.1:6380", "id", 1);
+        let dest = |line: &str| {
+            let words: Vec<&[u8]> = line.split(' ').map(str::as_bytes).collect();
+            route(&words, &keys, &f)
+        };
+        let auth = |user: Option<&str>, pass: &str, hello| {
+            Dest::Auth(Auth {
+                user: user.map(|u| u.as_bytes().to_vec()),
+                pass: pass.as_bytes().to_vec(),
+                hello,
+            })
+        };
+        assert_eq!(dest("AUTH pw"), auth(None, "pw", None));
+        assert_eq!(dest("auth app pw"), auth(Some("app"), "pw", None));
+        assert_eq!(
+            dest("HELLO 3 AUTH app pw SETNAME n"),
+            auth(Some("app"), "pw", Some(3))
+        );
+        assert!(matches!(dest("AUTH"), Dest::Local(LocalReply::Error(_))));
+        assert!(matches!(
+            dest("AUTH a b c"),
+            Dest::Local(LocalReply::Error(_))
+        ));
+        assert!(matches!(
+            dest("HELLO 3 AUTH app"),
+            Dest::Local(LocalReply::Error(_))
+        ));
     }
 }

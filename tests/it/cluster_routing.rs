@@ -728,6 +728,56 @@ async fn cluster_aware_clients_work_through_lockgate() {
     lg.stop().await;
 }
 
+/// A client's `AUTH` in front of a cluster whose nodes require a
+/// password: lockgate's own credentials (`upstream.password`) are
+/// accepted, with `HELLO 3 AUTH` too; a wrong password is refused as a
+/// node refuses it; another user is refused with the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clients_auth_with_lockgates_credentials_is_accepted() {
+    let cluster = Cluster::start_secured(3, 0, "s3cret");
+    let lg = cluster
+        .lockgate(|c| {
+            c.proxy.upstream = UpstreamMode::Shared;
+            c.upstream.password = "s3cret".into();
+        })
+        .await;
+    let ok = Resp::Status("OK".into());
+    let mut c = RawClient::connect(lg.addr).await;
+    assert_eq!(call(&mut c, &["AUTH", "s3cret"]).await, ok);
+    assert_eq!(call(&mut c, &["AUTH", "default", "s3cret"]).await, ok);
+    let mut node = RawClient::connect(cluster.seed()).await;
+    assert_eq!(
+        call(&mut c, &["AUTH", "wrong"]).await,
+        call(&mut node, &["AUTH", "wrong"]).await,
+        "a wrong password, as a node answers it"
+    );
+    let other = call(&mut c, &["AUTH", "app", "pw"]).await;
+    assert!(
+        matches!(&other, Resp::Error(e) if e.starts_with("ERR lockgate: AUTH as 'app'")),
+        "{other}"
+    );
+    // The session goes on, on every node.
+    for i in 0..20 {
+        let key = format!("auth:{i}");
+        assert_eq!(call(&mut c, &["SET", &key, "v"]).await, ok);
+    }
+    let mut h = RawClient::connect(lg.addr).await;
+    let hello = h
+        .call_raw(&["HELLO", "3", "AUTH", "default", "s3cret"])
+        .await;
+    assert!(hello.starts_with(b"%7\r\n"), "{}", support::show(&hello));
+    assert_eq!(h.call_s(&["GET", "auth:7"]).await, "$1\r\nv\r\n");
+    let refused = h
+        .call_raw(&["HELLO", "3", "AUTH", "default", "wrong"])
+        .await;
+    assert!(
+        refused.starts_with(b"-WRONGPASS"),
+        "{}",
+        support::show(&refused)
+    );
+    lg.stop().await;
+}
+
 /// `HELLO 3` (redis-py 8 sends it on connecting): answered by lockgate,
 /// and the session's replies are RESP3 from then on, merged ones too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -17,24 +17,32 @@ use crate::support::{Lockgate, RawClient, RedisServer};
 pub struct Cluster {
     /// Every node.
     pub nodes: Vec<RedisServer>,
+    /// The nodes' `requirepass` (empty: none).
+    password: String,
 }
 
 impl Cluster {
     /// `masters` primaries with `replicas` replicas each, every slot
     /// served, every node reporting `cluster_state:ok`.
     pub fn start(masters: usize, replicas: usize) -> Cluster {
+        Cluster::start_secured(masters, replicas, "")
+    }
+
+    /// As [`Cluster::start`], every node requiring `password` (empty:
+    /// none) of its clients and of its replicas.
+    pub fn start_secured(masters: usize, replicas: usize, password: &str) -> Cluster {
         let nodes: Vec<RedisServer> = (0..masters * (1 + replicas))
             .map(|_| {
-                RedisServer::start_with(&[
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-node-timeout",
-                    "2000",
-                ])
+                let mut args = vec!["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"];
+                if !password.is_empty() {
+                    args.extend(["--requirepass", password, "--masterauth", password]);
+                }
+                RedisServer::start_with(&args)
             })
             .collect();
         let addrs: Vec<String> = nodes.iter().map(|n| n.addr()).collect();
         let out = Command::new("redis-cli")
+            .args(Cluster::auth_args(password))
             .args(["--cluster", "create"])
             .args(&addrs)
             .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
@@ -46,7 +54,10 @@ impl Cluster {
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
-        let cluster = Cluster { nodes };
+        let cluster = Cluster {
+            nodes,
+            password: password.to_string(),
+        };
         for node in &cluster.nodes {
             cluster.until_ok(node.port);
         }
@@ -59,6 +70,7 @@ impl Cluster {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let out = Command::new("redis-cli")
+                .args(Cluster::auth_args(&self.password))
                 .args(["-p", &port.to_string(), "CLUSTER", "INFO"])
                 .output()
                 .expect("run redis-cli");
@@ -69,6 +81,14 @@ impl Cluster {
             }
             assert!(Instant::now() < deadline, "node {port}: {info}");
             std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// `redis-cli`'s arguments for `password` (none for none).
+    fn auth_args(password: &str) -> Vec<String> {
+        match password {
+            "" => Vec::new(),
+            p => vec!["--no-auth-warning".into(), "-a".into(), p.into()],
         }
     }
 

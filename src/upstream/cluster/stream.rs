@@ -683,6 +683,15 @@ impl ClusterWrite {
             }
             Dest::Quit => Action::Quit,
             Dest::Hello(version) => Action::Hello(version),
+            Dest::Auth(a) => {
+                let node = &self.common.node;
+                let (user, pass) = (&node.username, &node.password);
+                match crate::cluster::auth::check(a.user.as_deref(), &a.pass, user, pass) {
+                    Ok(()) if a.hello.is_some() => Action::Hello(a.hello),
+                    Ok(()) => Action::Reply(self.encoded(&LocalReply::Status("OK"))),
+                    Err(e) => Action::Reply(self.encoded(&e)),
+                }
+            }
         };
         d
     }
