@@ -684,6 +684,8 @@ impl ClusterWrite {
             Dest::Quit => Action::Quit,
             Dest::Hello(version) => Action::Hello(version),
             Dest::Auth(a) => {
+                // Answered here, as the facade's replies are.
+                ProxyMetrics::inc(&self.common.metrics.local);
                 let node = &self.common.node;
                 let (user, pass) = (&node.username, &node.password);
                 match crate::cluster::auth::check(a.user.as_deref(), &a.pass, user, pass) {
