@@ -57,9 +57,16 @@ mod tests {
 
     #[test]
     fn credentials_are_lockgates_or_refused() {
-        // (client user, client password, lockgate's user, lockgate's
-        // password, Ok or the error's start)
-        let table: &[(Option<&str>, &str, &str, &str, Result<(), &str>)] = &[
+        /// (client user, client password, lockgate's user, lockgate's
+        /// password, Ok or the error's start)
+        type Row<'a> = (
+            Option<&'a str>,
+            &'a str,
+            &'a str,
+            &'a str,
+            Result<(), &'a str>,
+        );
+        let table: &[Row] = &[
             (None, "s3cret", "", "s3cret", Ok(())),
             (Some("default"), "s3cret", "", "s3cret", Ok(())),
             (None, "nope", "", "s3cret", Err("WRONGPASS")),
