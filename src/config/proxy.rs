@@ -84,13 +84,18 @@ pub struct ProxyConfig {
     /// of it the session sends no more commands (back-pressure); past all
     /// of it the shared connection reads no more until the client has
     /// taken half of it (Redis holds the rest, as it would for the client).
+    /// In front of a cluster (either mode), past half of it the session
+    /// sends no more commands until its client reads.
     pub shared_session_reply_bytes: u64,
     /// How long, in ms, a shared connection waits for a client that holds
     /// more than `shared_session_reply_bytes` of replies and takes none of
     /// them; then the client is closed, counted in
     /// `shared_session_output_limit`, and the connection reads on. The
     /// longest one client that stopped reading holds the others on its
-    /// shared connection (1 to 60 000).
+    /// shared connection (1 to 60 000). In front of a cluster: a session
+    /// past half of `shared_session_reply_bytes` whose client takes
+    /// nothing for this long while sending more is closed, counted in
+    /// `cluster_session_output_limit`.
     pub shared_reply_stall_ms: u64,
     /// Warm spare dedicated connections to the primary kept open with
     /// `upstream = "shared"` (0–64; 0: none): a session that moves to a

@@ -728,6 +728,118 @@ async fn cluster_aware_clients_work_through_lockgate() {
     lg.stop().await;
 }
 
+/// `GET`s the cluster's nodes have run, all together.
+async fn gets_run(cluster: &Cluster) -> u64 {
+    let mut total = 0;
+    for node in &cluster.nodes {
+        let mut c = RawClient::connect(node.addr()).await;
+        let stats = call(&mut c, &["INFO", "commandstats"]).await;
+        total += support::redis::command_calls(stats.text(), "get");
+    }
+    total
+}
+
+/// Sends `c` two `GET`s of `keys` per write, each write once the nodes
+/// have run the last (counted from `base`), until they do not within 1 s
+/// (or 100 writes): the GETs sent, and whether lockgate held them back.
+async fn send_until_held(
+    c: &mut RawClient,
+    cluster: &Cluster,
+    keys: &[String],
+    base: u64,
+) -> (u64, bool) {
+    let mut sent = 0u64;
+    for i in 0..100 {
+        let (a, b) = (&keys[i % keys.len()], &keys[(i + 1) % keys.len()]);
+        let mut bytes = cmd(&["GET", a]);
+        bytes.extend(cmd(&["GET", b]));
+        c.send(&bytes).await;
+        sent += 2;
+        let deadline = std::time::Instant::now() + Duration::from_secs(1);
+        while gets_run(cluster).await - base < sent && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        if gets_run(cluster).await - base < sent {
+            return (sent, true);
+        }
+    }
+    (sent, false)
+}
+
+/// A client that pipelines and stops reading holds a bounded amount of
+/// lockgate's memory: past half of `proxy.shared_session_reply_bytes`
+/// waiting for it, lockgate sends no more of its commands until it reads
+/// (then every reply comes, right and in order); one that takes none for
+/// `proxy.shared_reply_stall_ms` is closed, counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_holds_a_bounded_amount() {
+    const VALUE: usize = 256 * 1024;
+    let cluster = Cluster::start(3, 0);
+    let lg = cluster
+        .lockgate(|c| {
+            c.proxy.upstream = UpstreamMode::Shared;
+            c.proxy.shared_session_reply_bytes = 2 * 1024 * 1024;
+            c.proxy.shared_reply_stall_ms = 60_000;
+        })
+        .await;
+    let value = "v".repeat(VALUE);
+    let keys: Vec<String> = (0..6).map(|i| format!("big:{i}")).collect();
+    let mut setter = RawClient::connect(lg.addr).await;
+    for k in &keys {
+        assert_eq!(
+            call(&mut setter, &["SET", k, &value]).await,
+            Resp::Status("OK".into())
+        );
+    }
+    let base = gets_run(&cluster).await;
+    // One write of two GETs at a time, each awaited on the nodes, until
+    // lockgate holds them back.
+    let mut c = RawClient::connect(lg.addr).await;
+    let (sent, blocked) = send_until_held(&mut c, &cluster, &keys, base).await;
+    let run = gets_run(&cluster).await - base;
+    assert!(
+        blocked,
+        "lockgate forwarded all {sent} GETs of a client that reads nothing"
+    );
+    // Half the limit in lockgate, the rest in the kernel's socket buffers
+    // towards the client (a few MiB on loopback): far from the 200 GETs
+    // (50 MiB) a client reading nothing would otherwise have run.
+    assert!(
+        run <= 64,
+        "{run} GETs of {} KiB run for a client reading nothing",
+        VALUE / 1024
+    );
+    // It reads: every reply, in order, and the rest goes on.
+    for i in 0..sent as usize {
+        let reply = c.read_raw().await;
+        assert_eq!(reply.len(), VALUE + 11, "reply {i}");
+    }
+    assert_eq!(gets_run(&cluster).await - base, sent);
+    lg.stop().await;
+
+    // A client that takes nothing for the stall: closed, counted.
+    let lg = cluster
+        .lockgate(|c| {
+            c.proxy.upstream = UpstreamMode::Shared;
+            c.proxy.shared_session_reply_bytes = 2 * 1024 * 1024;
+            c.proxy.shared_reply_stall_ms = 300;
+        })
+        .await;
+    let mut c = RawClient::connect(lg.addr).await;
+    let base = gets_run(&cluster).await;
+    let (_, blocked) = send_until_held(&mut c, &cluster, &keys, base).await;
+    assert!(blocked, "held back");
+    let pool = lg.ctx.cluster.clone().expect("a cluster pool");
+    crate::until!(
+        "the client closed for taking nothing",
+        pool.metrics()
+            .output_limit
+            .load(std::sync::atomic::Ordering::Relaxed)
+            == 1
+    );
+    lg.stop().await;
+}
+
 /// A client's `AUTH` in front of a cluster whose nodes require a
 /// password: lockgate's own credentials (`upstream.password`) are
 /// accepted, with `HELLO 3 AUTH` too; a wrong password is refused as a

@@ -105,6 +105,70 @@ pub(crate) struct Job {
     /// The session's count of jobs owed on this kind of lane, taken down
     /// when this one is answered (see [`Owed`]).
     pub owed: Option<Arc<Owed>>,
+    /// The session's reply bytes waiting for it, grown by this job's when
+    /// it is answered (see [`Unread`]; `None`: the replies go to a merge or
+    /// to the lock room, not to a session's read side).
+    pub unread: Option<Arc<Unread>>,
+}
+
+/// Reply bytes a session's jobs were answered with that its read side has
+/// not taken yet: grown by the lanes as they answer, taken down by the
+/// read side as it takes the replies. Past half of
+/// `proxy.shared_session_reply_bytes` the session sends no more commands
+/// until its client has read them down (back-pressure, as with shared
+/// connections to one Redis), so a client that stops reading holds a
+/// bounded amount of lockgate's memory.
+#[derive(Debug, Default)]
+pub(crate) struct Unread {
+    bytes: AtomicU64,
+    /// Bytes the read side has taken in all (a client that reads slowly
+    /// is told from one that stopped).
+    taken: AtomicU64,
+    waker: AtomicWaker,
+}
+
+impl Unread {
+    /// `parts` came in for the session.
+    pub(crate) fn add(&self, parts: &[Part]) {
+        self.bytes.fetch_add(bytes_of(parts), Ordering::AcqRel);
+    }
+
+    /// The read side took `parts`.
+    pub(crate) fn take(&self, parts: &[Part]) {
+        let n = bytes_of(parts);
+        self.bytes.fetch_sub(n, Ordering::AcqRel);
+        self.taken.fetch_add(n, Ordering::AcqRel);
+        self.waker.wake();
+    }
+
+    /// Bytes taken in all.
+    pub(crate) fn taken(&self) -> u64 {
+        self.taken.load(Ordering::Acquire)
+    }
+
+    /// Ready while at most `half` bytes wait for the read side.
+    pub(crate) fn poll_room(&self, cx: &mut Context<'_>, half: u64) -> Poll<()> {
+        if self.bytes.load(Ordering::Acquire) <= half {
+            return Poll::Ready(());
+        }
+        self.waker.register(cx.waker());
+        match self.bytes.load(Ordering::Acquire) <= half {
+            true => Poll::Ready(()),
+            false => Poll::Pending,
+        }
+    }
+}
+
+/// The reply bytes in `parts` (a redirected command's come with its own
+/// job).
+fn bytes_of(parts: &[Part]) -> u64 {
+    (parts.iter())
+        .map(|p| match p {
+            Part::Reply(b) => b.len() as u64,
+            Part::Run(run) => (run.bytes.len() - run.pos) as u64,
+            Part::Later(_) => 0,
+        })
+        .sum()
 }
 
 /// Jobs a session sent to one kind of lane (shared, or its own) not
@@ -153,12 +217,16 @@ impl Job {
             hops: 0,
             done,
             owed: None,
+            unread: None,
         };
         (job, rx)
     }
 
     /// Hands the replies on, and counts the job answered.
     fn finish(self, parts: Vec<Part>) {
+        if let Some(unread) = &self.unread {
+            unread.add(&parts);
+        }
         let _ = self.done.send(parts);
         if let Some(owed) = self.owed {
             owed.done();
@@ -464,7 +532,9 @@ fn deliver(
         taken = end;
         let part = match redirect(&frame, addr) {
             Some(to) if front.job.follow && front.job.hops < common.max_redirects => {
-                common.redirect(front.job.command(i), to, front.job.hops + 1, resp3)
+                let hops = front.job.hops + 1;
+                let unread = front.job.unread.clone();
+                common.redirect(front.job.command(i), to, (hops, unread), resp3)
             }
             Some(to) => {
                 ProxyMetrics::inc(&common.metrics.redirects_refused);

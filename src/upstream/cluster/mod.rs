@@ -98,6 +98,8 @@ counters! {
         crossslot: Counter "cluster_crossslot_refused", "Commands refused with CROSSSLOT (keys in more than one slot, not splittable)";
         /// Commands answered by lockgate (facade, refusals).
         local: Counter "cluster_local_replies", "Commands answered by lockgate in front of a cluster (CLUSTER SLOTS and kin, refusals)";
+        /// Clients closed: past half of proxy.shared_session_reply_bytes of replies waited for them and they took none for proxy.shared_reply_stall_ms.
+        output_limit: Counter "cluster_session_output_limit", "Clients closed in front of a cluster: more than half of proxy.shared_session_reply_bytes of replies waited for them and they took none for proxy.shared_reply_stall_ms";
         /// Replicas seen promoted (shard failovers).
         failovers: Counter "cluster_failovers", "Shard failovers seen (a replica promoted): lock acquisitions in its slots held back for the failover delay";
         /// Lock acquisitions answered not acquired during a shard's failover delay.
@@ -134,6 +136,13 @@ pub(crate) struct Common {
     queue: usize,
     pub(crate) reconnect_interval: Duration,
     pub(crate) read_chunk: usize,
+    /// Half of `proxy.shared_session_reply_bytes`: past it a session sends
+    /// no more commands until its client reads ([`lane::Unread`]).
+    pub(crate) reply_half: u64,
+    /// `proxy.shared_reply_stall_ms`: how long a session past
+    /// `reply_half` waits for its client to take any reply before it is
+    /// closed.
+    pub(crate) reply_stall: Duration,
     pub(crate) max_redirects: u32,
     refresh_interval: Duration,
     refresh_gap: Duration,
@@ -282,7 +291,7 @@ impl Common {
         self: &Arc<Self>,
         command: Bytes,
         to: Redirect,
-        hops: u32,
+        (hops, unread): (u32, Option<Arc<lane::Unread>>),
         resp3: bool,
     ) -> Part {
         let (commands, skip) = match to.ask {
@@ -299,6 +308,7 @@ impl Common {
         let (mut job, rx) = Job::new(commands, true);
         job.skip_front = skip;
         job.hops = hops;
+        job.unread = unread;
         let lane = self.lane(&to.addr, 0, resp3);
         match lane.try_send(job) {
             Ok(()) => {}
@@ -499,6 +509,8 @@ impl ClusterPool {
             queue: config.proxy.shared_upstream_queue_batches.max(1),
             reconnect_interval: Duration::from_millis(config.upstream.reconnect_interval_ms),
             read_chunk: config.proxy.read_chunk_bytes,
+            reply_half: config.proxy.shared_session_reply_bytes / 2,
+            reply_stall: Duration::from_millis(config.proxy.shared_reply_stall_ms),
             max_redirects: c.max_redirects,
             refresh_interval: Duration::from_millis(c.refresh_interval_ms),
             refresh_gap: Duration::from_millis(c.refresh_min_gap_ms),

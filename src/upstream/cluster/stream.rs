@@ -34,7 +34,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::PollSender;
 use tokio_util::task::AbortOnDropHandle;
 
-use super::lane::{Commands, Job, Owed, Part};
+use super::lane::{Commands, Job, Owed, Part, Unread};
 use super::pin::{self, PinnedRead, PinnedWrite};
 use super::{merge, Common};
 use crate::cluster::fanout::Fanout;
@@ -75,8 +75,10 @@ enum Slot {
 impl ClusterStream {
     pub(super) fn new(common: Arc<Common>, n: usize, dedicated: bool) -> ClusterStream {
         let (out, rx) = mpsc::unbounded_channel();
+        let unread = Arc::new(Unread::default());
         ClusterStream {
             read: ClusterRead {
+                unread: unread.clone(),
                 rx,
                 parts: VecDeque::new(),
                 waiting: None,
@@ -110,6 +112,8 @@ impl ClusterStream {
                 state: State::Routing,
                 resp3: false,
                 id: n as u64 + 1,
+                unread,
+                stall: None,
             },
         }
     }
@@ -130,6 +134,8 @@ pub struct ClusterRead {
     // session sent and has not read the reply of, which the session's own
     // pipeline limits.
     rx: mpsc::UnboundedReceiver<Slot>,
+    /// The session's reply bytes not taken yet (see [`Unread`]).
+    unread: Arc<Unread>,
     /// Parts of the job being read.
     parts: VecDeque<Part>,
     /// A job (or redirected part) whose replies are awaited.
@@ -186,7 +192,10 @@ impl AsyncRead for ClusterRead {
             let pending = || Poll::Pending;
             if let Some(rx) = &mut this.waiting {
                 let parts = match Pin::new(rx).poll(cx) {
-                    Poll::Ready(Ok(parts)) => parts,
+                    Poll::Ready(Ok(parts)) => {
+                        this.unread.take(&parts);
+                        parts
+                    }
                     Poll::Ready(Err(_)) => vec![Part::Reply(merge::gone())],
                     Poll::Pending if buf.filled().len() > start => return Poll::Ready(Ok(())),
                     Poll::Pending => return pending(),
@@ -222,7 +231,10 @@ impl AsyncRead for ClusterRead {
                     for (j, rx) in batch.jobs.iter_mut().enumerate() {
                         let Some(r) = rx else { continue };
                         match Pin::new(r).poll(cx) {
-                            Poll::Ready(Ok(parts)) => batch.parts[j] = parts.into(),
+                            Poll::Ready(Ok(parts)) => {
+                                this.unread.take(&parts);
+                                batch.parts[j] = parts.into();
+                            }
                             Poll::Ready(Err(_)) => {}
                             Poll::Pending => {
                                 out = true;
@@ -265,7 +277,10 @@ impl AsyncRead for ClusterRead {
                 if batch.parts[j].is_empty() {
                     if let Some(rx) = &mut batch.jobs[j] {
                         match Pin::new(rx).poll(cx) {
-                            Poll::Ready(Ok(parts)) => batch.parts[j] = parts.into(),
+                            Poll::Ready(Ok(parts)) => {
+                                this.unread.take(&parts);
+                                batch.parts[j] = parts.into();
+                            }
                             Poll::Ready(Err(_)) => {}
                             Poll::Pending if buf.filled().len() > start => {
                                 return Poll::Ready(Ok(()))
@@ -485,6 +500,11 @@ pub struct ClusterWrite {
     resp3: bool,
     /// `HELLO`'s client id.
     id: u64,
+    /// The session's reply bytes not taken yet (see [`Unread`]).
+    unread: Arc<Unread>,
+    /// While past [`Common::reply_half`]: the deadline for the client to
+    /// take a reply, and the bytes taken when it was set.
+    stall: Option<(Pin<Box<tokio::time::Sleep>>, u64)>,
 }
 
 impl std::fmt::Debug for ClusterWrite {
@@ -774,7 +794,8 @@ impl ClusterWrite {
                 return Poll::Ready(Ok(()));
             };
             let commands = std::mem::take(&mut g.lanes[i].1);
-            let (job, rx) = Job::new(commands, lane.follow());
+            let (mut job, rx) = Job::new(commands, lane.follow());
+            job.unread = Some(self.unread.clone());
             g.sent.push(Some(rx));
             self.send(&lane, job);
         }
@@ -795,6 +816,34 @@ impl ClusterWrite {
             })));
         }
         Poll::Ready(Ok(()))
+    }
+
+    /// Ready while the replies waiting for the client are at most
+    /// [`Common::reply_half`] (back-pressure, see [`Unread`]); an error once
+    /// the client has taken none of them for `proxy.shared_reply_stall_ms`
+    /// (it is closed, counted in `cluster_session_output_limit`).
+    fn poll_room(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if self.unread.poll_room(cx, self.common.reply_half).is_ready() {
+            self.stall = None;
+            return Poll::Ready(Ok(()));
+        }
+        let (taken, wait) = (self.unread.taken(), self.common.reply_stall);
+        let (sleep, at) = self
+            .stall
+            .get_or_insert_with(|| (Box::pin(tokio::time::sleep(wait)), taken));
+        if *at != taken {
+            // It reads, slowly: a new deadline.
+            *at = taken;
+            sleep.as_mut().reset(tokio::time::Instant::now() + wait);
+        }
+        ready!(sleep.as_mut().poll(cx));
+        ProxyMetrics::inc(&self.common.metrics.output_limit);
+        self.state = State::Failed;
+        Poll::Ready(Err(io::Error::other(format!(
+            "the client took none of its replies for {} ms while more than {} bytes waited (proxy.shared_reply_stall_ms, proxy.shared_session_reply_bytes)",
+            wait.as_millis(),
+            self.common.reply_half
+        ))))
     }
 
     /// Sends the jobs made for a split, a fan-out or a held transaction,
@@ -858,6 +907,9 @@ impl ClusterWrite {
                 State::Failed => return Poll::Ready(Err(io::ErrorKind::NotConnected.into())),
             }
             ready!(self.poll_outbox(cx))?;
+            if !self.pending.is_empty() {
+                ready!(self.poll_room(cx))?;
+            }
             self.follow_map();
             let request = match self.parser.parse(&self.pending) {
                 Ok(Some(request)) => request,
@@ -1091,6 +1143,7 @@ impl ClusterWrite {
         held.commands.push(command);
         let (mut job, rx) = Job::new(held.commands, false);
         job.skip_front = skip;
+        job.unread = Some(self.unread.clone());
         self.outbox.push_back((Lane::Own(node, false), job));
         self.push(Slot::Job(rx));
     }
@@ -1114,8 +1167,11 @@ impl ClusterWrite {
     /// place.
     fn spawn_merge(&self, merged: impl Future<Output = Bytes> + Send + 'static) {
         let (done, rx) = oneshot::channel();
+        let unread = self.unread.clone();
         tokio::spawn(async move {
-            let _ = done.send(vec![Part::Reply(merged.await)]);
+            let parts = vec![Part::Reply(merged.await)];
+            unread.add(&parts);
+            let _ = done.send(parts);
         });
         self.push(Slot::Job(rx));
     }
