@@ -136,7 +136,11 @@ impl Unread {
     /// The read side took `parts`.
     pub(crate) fn take(&self, parts: &[Part]) {
         let n = bytes_of(parts);
-        self.bytes.fetch_sub(n, Ordering::AcqRel);
+        // Never below 0: a count gone wrong must not hold the session
+        // back for good.
+        let _ = (self.bytes).fetch_update(Ordering::AcqRel, Ordering::Acquire, |b| {
+            Some(b.saturating_sub(n))
+        });
         self.taken.fetch_add(n, Ordering::AcqRel);
         self.waker.wake();
     }
