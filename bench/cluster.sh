@@ -75,19 +75,7 @@ for i in 1 2 3; do
   NODES+=("127.0.0.1:$port")
   wait_ready "node$i" "$!" "$port" "$TMP/node$i.log"
 done
-redis-cli --cluster create "${NODES[@]}" --cluster-yes >"$TMP/create.log" 2>&1 || {
-  cat "$TMP/create.log" >&2
-  die "redis-cli --cluster create failed"
-}
-for ((i = 0; i < 100; i++)); do
-  ok=1
-  for n in "${NODES[@]}"; do
-    redis-cli -h 127.0.0.1 -p "${n##*:}" cluster info | grep -q cluster_state:ok || ok=0
-  done
-  [[ $ok == 1 ]] && break
-  sleep 0.1
-done
-[[ $ok == 1 ]] || die "the cluster did not reach cluster_state:ok"
+create_cluster "$TMP/create.log" "${NODES[@]}"
 P_SINGLE=$(free_port)
 (cd "$TMP" && exec redis-server --port "$P_SINGLE" --bind 127.0.0.1 --save "" --appendonly no >"$TMP/single.log" 2>&1) &
 PIDS+=($!)

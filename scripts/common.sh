@@ -204,3 +204,26 @@ stop_all() {
 	for ((i = ${#PIDS[@]} - 1; i >= 0; i--)); do stop_pid "${PIDS[i]}"; done
 	PIDS=()
 }
+
+# create_cluster LOG NODE… — joins the cluster-enabled redis-servers NODE…
+# (HOST:PORT, running) into one cluster with `redis-cli --cluster create`
+# (its output in LOG), then waits up to 30 s until every node says
+# cluster_state:ok; dies otherwise. bench/cluster.sh and scripts/demo.sh.
+create_cluster() {
+	local log="$1" ok node j
+	shift
+	redis-cli --cluster create "$@" --cluster-yes >"$log" 2>&1 </dev/null || {
+		cat "$log" >&2
+		die "redis-cli --cluster create failed"
+	}
+	for ((j = 0; j < 300; j++)); do
+		ok=1
+		for node in "$@"; do
+			redis-cli -h "${node%:*}" -p "${node##*:}" cluster info </dev/null 2>&1 |
+				grep -q cluster_state:ok || ok=0
+		done
+		[ "$ok" = 1 ] && return 0
+		sleep 0.1
+	done
+	die "the cluster did not reach cluster_state:ok within 30 s"
+}

@@ -163,7 +163,7 @@ start_redis() {
 # redis-cli --cluster create, waited for until every node says
 # cluster_state:ok.
 start_cluster() {
-	local i port pid dir ok
+	local i port pid dir j
 	for i in 1 2 3; do
 		dir="$WORKDIR/node$i"
 		mkdir -p "$dir"
@@ -189,19 +189,7 @@ start_cluster() {
 		done
 	done
 	[ "${#CLUSTER_NODES[@]}" = 3 ] || die "could not start three cluster nodes"
-	redis-cli --cluster create "${CLUSTER_NODES[@]}" --cluster-yes >"$WORKDIR/create.log" 2>&1 || {
-		cat "$WORKDIR/create.log" >&2
-		die "redis-cli --cluster create failed"
-	}
-	for ((j = 0; j < 300; j++)); do
-		ok=1
-		for node in "${CLUSTER_NODES[@]}"; do
-			rcli -p "${node##*:}" cluster info | grep -q cluster_state:ok || ok=0
-		done
-		[ "$ok" = 1 ] && return 0
-		sleep 0.1
-	done
-	die "the cluster did not reach cluster_state:ok within 30 s"
+	create_cluster "$WORKDIR/create.log" "${CLUSTER_NODES[@]}"
 }
 
 if [ "$CLUSTER" = 1 ]; then
