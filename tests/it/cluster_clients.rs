@@ -9,12 +9,10 @@
 use crate::support;
 
 use std::path::Path;
-use std::time::Duration;
 
 use lockgate::config::UpstreamMode;
-use support::cluster::Cluster;
+use support::cluster::{on_node_of, run_client, Cluster};
 use support::resp::Resp;
-use support::RawClient;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ioredis_works_through_lockgate_in_front_of_a_cluster() {
@@ -28,27 +26,15 @@ async fn ioredis_works_through_lockgate_in_front_of_a_cluster() {
     let lg = cluster
         .lockgate(|c| c.proxy.upstream = UpstreamMode::Shared)
         .await;
-    let mut command = std::process::Command::new("node");
-    command
-        .arg(format!("{js}/ioredis_cluster.js"))
-        .arg(lg.addr.ip().to_string())
-        .arg(lg.addr.port().to_string());
-    let out = support::run_limited_async(command, None, Duration::from_secs(120)).await;
-    let stdout = support::show(&out.stdout);
-    assert!(
-        out.status.success() && stdout.contains("ioredis cluster OK"),
-        "ioredis through lockgate failed ({}).\nstdout:\n{stdout}\nstderr:\n{}",
-        out.status,
-        support::show(&out.stderr)
-    );
+    let script = format!("{js}/ioredis_cluster.js");
+    run_client("node", &script, lg.addr, "ioredis cluster OK").await;
     // The keys are on the nodes that serve them, asked directly.
     let map = cluster.map().await;
     for i in [3, 88, 150, 199] {
         let key = format!("js:c:{i}");
-        let node = &map.shard_of_key(key.as_bytes()).expect("served").primary;
-        let mut n = RawClient::connect(node).await;
+        let (node, value) = on_node_of(&map, &key, &["GET", &key]).await;
         assert_eq!(
-            Resp::parse(&n.call_raw(&["GET", &key]).await),
+            value,
             Resp::Bulk(Some(i.to_string().into_bytes())),
             "{key} on {node}"
         );

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lockgate::cluster::slot::key_slot;
-use support::cluster::Cluster;
+use support::cluster::{on_node_of, Cluster};
 use support::resp::Resp;
 use support::RawClient;
 
@@ -378,10 +378,8 @@ async fn redissons_batched_renewal_is_split_by_slot() {
     let want = Resp::Array(Some((0..9).map(|i| Resp::Int((i < 8) as i64)).collect()));
     assert_eq!(call(&mut c, &args).await, want);
     for (i, key) in keys.iter().enumerate() {
-        let node = &map.shard_of_key(key.as_bytes()).expect("served").primary;
-        let pttl = call(&mut RawClient::connect(node).await, &["PTTL", key])
-            .await
-            .int();
+        let (node, pttl) = on_node_of(&map, key, &["PTTL", key]).await;
+        let pttl = pttl.int();
         assert_eq!(
             pttl > 10_000,
             i < 8,

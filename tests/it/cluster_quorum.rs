@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lockgate::lock::quorum::MasterState;
-use support::cluster::Cluster;
+use support::cluster::{on_node_of, Cluster};
 use support::locks::owner;
 use support::resp::Resp;
 use support::{Lockgate, RawClient, RedisServer};
@@ -53,9 +53,7 @@ impl World {
 
     /// `args` on the cluster node that serves `key`.
     async fn on_node(&self, key: &str, args: &[&str]) -> Resp {
-        let map = self.cluster.map().await;
-        let node = &map.shard_of_key(key.as_bytes()).expect("served").primary;
-        call(&mut RawClient::connect(node).await, args).await
+        on_node_of(&self.cluster.map().await, key, args).await.1
     }
 
     /// `args` on master `i`.

@@ -16,7 +16,7 @@ use lockgate::cluster::map::SlotMap;
 use lockgate::cluster::slot::key_slot;
 use lockgate::config::UpstreamMode;
 use lockgate::Config;
-use support::cluster::Cluster;
+use support::cluster::{on_node_of, run_client, Cluster};
 use support::resp::Resp;
 use support::{cmd, Lockgate, RawClient};
 
@@ -72,14 +72,13 @@ async fn keyed_multi_key_and_keyspace(cluster: &Cluster, mode: UpstreamMode) {
     let map = cluster.map().await;
     let mut per_node = std::collections::HashMap::new();
     for key in keys.iter().step_by(7) {
-        let node = &map.shard_of_key(key.as_bytes()).expect("served").primary;
-        let mut n = RawClient::connect(node).await;
+        let (node, value) = on_node_of(&map, key, &["GET", key]).await;
         assert_eq!(
-            call(&mut n, &["GET", key]).await,
+            value,
             Resp::Bulk(Some(format!("v-{key}").into_bytes())),
             "{key} on {node}"
         );
-        *per_node.entry(node.clone()).or_insert(0) += 1;
+        *per_node.entry(node).or_insert(0) += 1;
     }
     assert_eq!(per_node.len(), 3, "{per_node:?}");
 
@@ -490,13 +489,9 @@ async fn a_shard_failed_over_under_pipelines_loses_and_reorders_nothing() {
     // Every increment once, on the node serving the key now.
     let map = cluster.map().await;
     for k in &keys {
-        let node = &map.shard_of_key(k.as_bytes()).expect("served").primary;
-        let v = call(&mut RawClient::connect(node).await, &["GET", k]).await;
-        assert_eq!(
-            v,
-            Resp::Bulk(Some(rounds.to_string().into_bytes())),
-            "{k} on {node}"
-        );
+        let (node, v) = on_node_of(&map, k, &["GET", k]).await;
+        let want = Resp::Bulk(Some(rounds.to_string().into_bytes()));
+        assert_eq!(v, want, "{k} on {node}");
     }
     lg.stop().await;
 }
@@ -692,26 +687,13 @@ async fn cluster_aware_clients_work_through_lockgate() {
         .lockgate(|c| c.proxy.upstream = UpstreamMode::Shared)
         .await;
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/py/redis_py_cluster.py");
-    let mut command = std::process::Command::new("python3");
-    command
-        .arg(script)
-        .arg(lg.addr.ip().to_string())
-        .arg(lg.addr.port().to_string());
-    let out = support::run_limited_async(command, None, Duration::from_secs(120)).await;
-    let stdout = support::show(&out.stdout);
-    assert!(
-        out.status.success() && stdout.contains("redis-py cluster OK"),
-        "redis-py's RedisCluster through lockgate failed ({}).\nstdout:\n{stdout}\nstderr:\n{}",
-        out.status,
-        support::show(&out.stderr)
-    );
+    run_client("python3", script, lg.addr, "redis-py cluster OK").await;
     let map = cluster.map().await;
     for i in [2, 77, 199] {
         let key = format!("py:c:{i}");
-        let node = &map.shard_of_key(key.as_bytes()).expect("served").primary;
-        let mut n = RawClient::connect(node).await;
+        let (node, value) = on_node_of(&map, &key, &["GET", &key]).await;
         assert_eq!(
-            call(&mut n, &["GET", &key]).await,
+            value,
             Resp::Bulk(Some(i.to_string().into_bytes())),
             "{key} on {node}"
         );

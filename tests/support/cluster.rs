@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use lockgate::cluster::map::SlotMap;
 use lockgate::Config;
 
+use crate::support::resp::Resp;
 use crate::support::{Lockgate, RawClient, RedisServer};
 
 /// A running cluster: its nodes, primaries and replicas as
@@ -194,4 +195,35 @@ impl ClusterClient {
         }
         out
     }
+}
+
+/// `args` on the primary that `map` says serves `key`, asked directly:
+/// that node and its reply.
+pub async fn on_node_of(map: &SlotMap, key: &str, args: &[&str]) -> (String, Resp) {
+    let node = map
+        .shard_of_key(key.as_bytes())
+        .expect("served")
+        .primary
+        .clone();
+    let reply = RawClient::connect(&node).await.call_raw(args).await;
+    (node, Resp::parse(&reply))
+}
+
+/// Runs a client of another language against lockgate at `lg`:
+/// `program script HOST PORT`, which must exit 0 and print `ok` (within
+/// 120 s); what it printed is shown otherwise.
+pub async fn run_client(program: &str, script: &str, lg: std::net::SocketAddr, ok: &str) {
+    let mut command = Command::new(program);
+    command
+        .arg(script)
+        .arg(lg.ip().to_string())
+        .arg(lg.port().to_string());
+    let out = crate::support::run_limited_async(command, None, Duration::from_secs(120)).await;
+    let stdout = crate::support::show(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains(ok),
+        "{program} {script} through lockgate failed ({}).\nstdout:\n{stdout}\nstderr:\n{}",
+        out.status,
+        crate::support::show(&out.stderr)
+    );
 }
