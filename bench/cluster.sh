@@ -126,28 +126,33 @@ conns() {
 
 TSV=$TMP/runs.tsv
 printf 'round\tworkload\ttarget\tn\trps\tproxy_cpu_s\tredis_cpu_s\tconns\n' >"$TSV"
+# name, test, clients, pipeline, -n, keyspace (-r; 0: one key, so every
+# command goes to one node: what lockgate's cluster path costs without
+# spreading a pipeline over three nodes).
 WORKLOADS=(
-  "set_p16 set 50 16 $N_P16"
-  "get_p16 get 50 16 $N_P16"
-  "set_p1 set 50 1 $N_P1"
-  "get_p1 get 50 1 $N_P1"
-  "set_c500 set 500 1 $N_C500"
+  "set_p16 set 50 16 $N_P16 $KEYSPACE"
+  "get_p16 get 50 16 $N_P16 $KEYSPACE"
+  "set_p16_one_key set 50 16 $N_P16 0"
+  "set_p1 set 50 1 $N_P1 $KEYSPACE"
+  "get_p1 get 50 1 $N_P1 $KEYSPACE"
+  "set_c500 set 500 1 $N_C500 $KEYSPACE"
 )
 TARGETS=(direct_cluster lockgate_cluster lockgate_single)
 
 run_one() {
-  local round=$1 wl=$2 test=$3 clients=$4 pipe=$5 n=$6 target=$7
-  local args=() proxy=() redis=("${NODE_PIDS[@]}") p0 p1 r0 r1 k0 k1 rps
+  local round=$1 wl=$2 test=$3 clients=$4 pipe=$5 n=$6 keyspace=$7 target=$8
+  local args=() proxy=() redis=("${NODE_PIDS[@]}") p0 p1 r0 r1 k0 k1 rps keys=()
   case $target in
     direct_cluster) args=(--cluster -h 127.0.0.1 -p "${NODES[0]##*:}") ;;
     lockgate_cluster) args=(-h 127.0.0.1 -p "$P_LG_CLUSTER") proxy=("$LG_CLUSTER_PID") ;;
     lockgate_single) args=(-h 127.0.0.1 -p "$P_LG_SINGLE") proxy=("$LG_SINGLE_PID") redis=("$SINGLE_PID") ;;
   esac
+  [[ $keyspace -gt 0 ]] && keys=(-r "$keyspace")
   k0=$(conns)
   p0=0
   [[ ${#proxy[@]} -gt 0 ]] && p0=$(sum_ticks "${proxy[@]}")
   r0=$(sum_ticks "${redis[@]}")
-  timeout 300 redis-benchmark "${args[@]}" -t "$test" -c "$clients" -P "$pipe" -n "$n" -r "$KEYSPACE" \
+  timeout 300 redis-benchmark "${args[@]}" -t "$test" -c "$clients" -P "$pipe" -n "$n" "${keys[@]}" \
     -d 3 --csv >"$TMP/out.csv" 2>"$TMP/out.err" || {
     cat "$TMP/out.err" >&2
     die "redis-benchmark $wl against $target failed"
@@ -167,9 +172,9 @@ run_one() {
 LOAD_AT_START=$(cut -d' ' -f1-3 /proc/loadavg)
 for ((round = 1; round <= ROUNDS; round++)); do
   for w in "${WORKLOADS[@]}"; do
-    read -r wl test clients pipe n <<<"$w"
+    read -r wl test clients pipe n keyspace <<<"$w"
     for ((k = 0; k < ${#TARGETS[@]}; k++)); do
-      run_one "$round" "$wl" "$test" "$clients" "$pipe" "$n" "${TARGETS[$(((k + round - 1) % ${#TARGETS[@]}))]}"
+      run_one "$round" "$wl" "$test" "$clients" "$pipe" "$n" "$keyspace" "${TARGETS[$(((k + round - 1) % ${#TARGETS[@]}))]}"
     done
   done
 done
@@ -198,6 +203,7 @@ print()
 for wl in dict.fromkeys(w for w, _ in med):
     d, c, s = med.get((wl, "direct_cluster")), med.get((wl, "lockgate_cluster")), med.get((wl, "lockgate_single"))
     if d and c and s:
-        print(f"{wl}: lockgate→cluster {c['rps'] / d['rps']:.2f}× the direct cluster client's ops/s; "
+        print(f"{wl}: lockgate→cluster {c['rps'] / d['rps']:.2f}× the direct cluster client's ops/s "
+              f"(lockgate→one Redis {s['rps'] / d['rps']:.2f}×); "
               f"lockgate CPU per op {c['proxy_us'] / s['proxy_us']:.2f}× its single-Redis figure")
 EOF
