@@ -1,7 +1,8 @@
 //! `LOCKGATE …` commands over RESP, answered by lockgate itself: the
-//! operators' counters (`STATS`, `UNMATCHED [n]`) and the fencing-token API
-//! for new code (`LOCK key ttl-ms [WAIT ms]`, `UNLOCK key token`,
-//! `EXTEND key token ttl-ms`).
+//! operators' counters (`STATS`, `UNMATCHED [n]`), their views
+//! ([`crate::views`]), `HELP`, and the fencing-token API for new code
+//! (`LOCK key ttl-ms [WAIT ms]`, `UNLOCK key token`, `EXTEND key token
+//! ttl-ms`). Replies are records of named fields (see [`crate::views`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -59,9 +60,9 @@ fn counters(ctx: &ServerContext, sub: &[u8], args: CommandArgs<'_>) -> LocalRepl
                     .unmatched_top(n)
                     .into_iter()
                     .map(|(prefix, count)| {
-                        LocalReply::Array(vec![
-                            LocalReply::Bulk(prefix),
-                            LocalReply::Integer(count as i64),
+                        views::record(vec![
+                            ("prefix", LocalReply::Bulk(prefix)),
+                            ("commands", LocalReply::Integer(count as i64)),
                         ])
                     })
                     .collect(),
@@ -76,14 +77,52 @@ fn counters(ctx: &ServerContext, sub: &[u8], args: CommandArgs<'_>) -> LocalRepl
         b"MASTERS" => views::masters(ctx),
         b"PRIMARY" => views::primary(ctx),
         b"NODES" => views::nodes(ctx),
-        b"CONFIG" => views::config(ctx),
+        b"CONFIG" => views::config(ctx, args.get(2)),
+        b"HELP" => help(),
         b"RELOAD" => views::reload(ctx),
         b"AUTH" => LocalReply::Status("OK"),
         _ => LocalReply::err(format!(
-            "lockgate: unknown LOCKGATE subcommand '{}'; try STATS, HOTKEYS [n], LOCKS [pattern], MASTERS, PRIMARY, NODES, CONFIG, RELOAD, UNMATCHED [n], LOCK, UNLOCK, EXTEND",
+            "lockgate: unknown LOCKGATE subcommand '{}'; try LOCKGATE HELP",
             String::from_utf8_lossy(args.get(1))
         )),
     }
+}
+
+/// `HELP`: every subcommand and what it answers, a line each (as Redis's
+/// `CONFIG HELP` and its kin answer).
+fn help() -> LocalReply {
+    const LINES: &[&str] = &[
+        "LOCKGATE <subcommand> [<arg> ...]. Subcommands are:",
+        "STATS",
+        "    Every counter /metrics exports, by name.",
+        "HOTKEYS [<count>]",
+        "    The hottest lock keys (default 20): key, attempts, attempts_per_sec, acquired, absorbed, parked, holder.",
+        "LOCKS [<pattern>]",
+        "    Lock keys this instance knows are held: key, holder, lease_left_ms, waiters.",
+        "MASTERS",
+        "    Each lock master of the quorum: addr, state, rejoins_in_ms, sits_out_because, maxmemory_policy, evicted_keys.",
+        "PRIMARY",
+        "    The primary in force and its switches.",
+        "NODES",
+        "    In front of a Redis Cluster, each primary: addr, slots, replicas, state, failover_hold_ms.",
+        "UNMATCHED [<count>]",
+        "    Key prefixes of SETNX-like commands no lock pattern matched: prefix, commands.",
+        "CONFIG [<pattern>|TOML]",
+        "    The configuration in force (secrets masked) by dotted key, or as one TOML document.",
+        "RELOAD",
+        "    Re-read the configuration file, as SIGHUP does.",
+        "AUTH <password>",
+        "    Allow LOCKGATE commands on this connection (admin.password).",
+        "LOCK <key> <ttl-ms> [WAIT <ms>]",
+        "    Take a lock with a fencing token.",
+        "UNLOCK <key> <token>",
+        "    Release a lock taken with LOCK.",
+        "EXTEND <key> <token> <ttl-ms>",
+        "    Extend a lock taken with LOCK.",
+        "HELP",
+        "    This text.",
+    ];
+    LocalReply::Array(LINES.iter().map(|l| LocalReply::Status(l)).collect())
 }
 
 fn number(arg: &[u8]) -> Option<u64> {
@@ -147,15 +186,15 @@ fn rows(arg: &[u8]) -> Result<usize, LocalReply> {
         .ok_or_else(|| LocalReply::err("value is not an integer or out of range"))
 }
 
-/// Counters as a flat array of name, value pairs: every counter
-/// `/metrics` exports (see [`ServerContext::each_counter`]).
+/// Counters as a record of name and value: every counter `/metrics`
+/// exports (see [`ServerContext::each_counter`]).
 pub(crate) fn stats(ctx: &ServerContext) -> LocalReply {
     let mut out = Vec::new();
     ctx.each_counter(|c| {
-        out.push(LocalReply::Bulk(Bytes::from_static(
-            c.stats_name.as_bytes(),
-        )));
-        out.push(LocalReply::Integer(ProxyMetrics::get(c.value) as i64));
+        out.push((
+            LocalReply::Bulk(Bytes::from_static(c.stats_name.as_bytes())),
+            LocalReply::Integer(ProxyMetrics::get(c.value) as i64),
+        ));
     });
-    LocalReply::Array(out)
+    LocalReply::Map(out)
 }

@@ -279,13 +279,12 @@ mod tests {
         assert_eq!(exported, want, "/metrics vs the counter tables");
         assert_eq!(want.len(), table.len(), "a Prometheus name used twice");
 
-        let LocalReply::Array(stats) = crate::admin::stats(&ctx) else {
-            panic!("STATS is not an array");
+        let LocalReply::Map(stats) = crate::admin::stats(&ctx) else {
+            panic!("STATS is not a record");
         };
         let shown: Vec<String> = stats
             .iter()
-            .step_by(2)
-            .map(|r| match r {
+            .map(|(r, _)| match r {
                 LocalReply::Bulk(b) => String::from_utf8_lossy(b).into_owned(),
                 other => panic!("STATS name {other:?}"),
             })

@@ -1,6 +1,13 @@
 //! The operators' views over RESP: `LOCKGATE HOTKEYS [n]`, `LOCKS
-//! [pattern]`, `MASTERS`, `PRIMARY`, `CONFIG`, `RELOAD` (see [`crate::admin`] for the
-//! dispatch and [`crate::http`] for the same facts over HTTP).
+//! [pattern]`, `MASTERS`, `PRIMARY`, `NODES`, `CONFIG`, `RELOAD` (see
+//! [`crate::admin`] for the dispatch and [`crate::http`] for the same
+//! facts over HTTP).
+//!
+//! Every reply describes itself: a thing is a record of named fields (a
+//! map under RESP3, field/value pairs under RESP2, as Redis answers
+//! `CONFIG GET` or `CLUSTER SHARDS`), and a list is an array of records,
+//! so a person at `redis-cli` reads what each number is, and a script
+//! looks fields up by name rather than by place.
 
 use bytes::Bytes;
 
@@ -19,8 +26,25 @@ fn text(s: &str) -> LocalReply {
     LocalReply::Bulk(Bytes::copy_from_slice(s.as_bytes()))
 }
 
-/// `HOTKEYS [n]`: the hottest lock keys, one array each: key, attempts
-/// (estimate), attempts/s, acquired, absorbed, parked now, holder.
+fn int(n: u64) -> LocalReply {
+    LocalReply::Integer(i64::try_from(n).unwrap_or(i64::MAX))
+}
+
+/// A record: named fields, in this order (see the module doc).
+pub fn record(fields: Vec<(&'static str, LocalReply)>) -> LocalReply {
+    LocalReply::Map(
+        fields
+            .into_iter()
+            .map(|(name, value)| (LocalReply::Bulk(Bytes::from_static(name.as_bytes())), value))
+            .collect(),
+    )
+}
+
+/// `HOTKEYS [n]`: the hottest lock keys, hottest first, a record each:
+/// `key`, `attempts` (Space-Saving estimate: never below the truth),
+/// `attempts_per_sec` (decimal text), `acquired`, `absorbed` (attempts
+/// answered without Redis), `parked` (attempts waiting here now),
+/// `holder` (`this instance`, `another client`, `-`: none known).
 pub fn hotkeys(ctx: &ServerContext, n: usize) -> LocalReply {
     LocalReply::Array(
         ctx.locks
@@ -29,22 +53,24 @@ pub fn hotkeys(ctx: &ServerContext, n: usize) -> LocalReply {
             .into_iter()
             .map(|h| {
                 let holder = ctx.locks.storm.holder(&h.key).unwrap_or("-");
-                LocalReply::Array(vec![
-                    bulk(h.key.clone()),
-                    LocalReply::Integer(h.count as i64),
-                    text(&format!("{:.1}", h.rate_per_sec)),
-                    LocalReply::Integer(h.acquired as i64),
-                    LocalReply::Integer(h.absorbed as i64),
-                    LocalReply::Integer(ctx.locks.storm.waiting(&h.key) as i64),
-                    text(holder),
+                let parked = ctx.locks.storm.waiting(&h.key) as u64;
+                record(vec![
+                    ("key", bulk(h.key.clone())),
+                    ("attempts", int(h.count)),
+                    ("attempts_per_sec", text(&format!("{:.1}", h.rate_per_sec))),
+                    ("acquired", int(h.acquired)),
+                    ("absorbed", int(h.absorbed)),
+                    ("parked", int(parked)),
+                    ("holder", text(holder)),
                 ])
             })
             .collect(),
     )
 }
 
-/// `LOCKS [pattern]`: what this instance knows is held: key, holder,
-/// remaining lease ms, parked attempts.
+/// `LOCKS [pattern]`: the lock keys this instance knows are held, a
+/// record each: `key`, `holder` (`this instance` or `another client`),
+/// `lease_left_ms`, `waiters` (attempts parked here).
 pub fn locks(ctx: &ServerContext, pattern: &[u8]) -> LocalReply {
     let pattern: &[u8] = if pattern.is_empty() { b"*" } else { pattern };
     LocalReply::Array(
@@ -53,11 +79,11 @@ pub fn locks(ctx: &ServerContext, pattern: &[u8]) -> LocalReply {
             .held(pattern, MAX_LOCK_ROWS)
             .into_iter()
             .map(|(key, holder, ttl, parked)| {
-                LocalReply::Array(vec![
-                    bulk(key),
-                    text(holder),
-                    LocalReply::Integer(ttl as i64),
-                    LocalReply::Integer(parked as i64),
+                record(vec![
+                    ("key", bulk(key)),
+                    ("holder", text(holder)),
+                    ("lease_left_ms", int(ttl)),
+                    ("waiters", int(parked as u64)),
                 ])
             })
             .collect(),
@@ -87,9 +113,10 @@ fn primary_refused(ctx: &ServerContext) -> String {
 }
 
 /// `NODES`: in front of a Redis Cluster, each primary of the slot map in
-/// force: address, slot ranges, replicas, `up` or `down` (lockgate's last
-/// connection attempt), and ms its slots' lock acquisitions are still held
-/// back after a failover promoted it (0: not). Empty in front of one
+/// force, a record each: `addr`, `slots` (ranges), `replicas`, `state`
+/// (`up` or `down`: lockgate's last connection attempt), and
+/// `failover_hold_ms` (how long its slots' lock acquisitions are still
+/// held back after a failover promoted it; 0: not). Empty in front of one
 /// primary.
 pub fn nodes(ctx: &ServerContext) -> LocalReply {
     let Some(cluster) = &ctx.cluster else {
@@ -100,22 +127,23 @@ pub fn nodes(ctx: &ServerContext) -> LocalReply {
             .nodes(ctx.locks.failover_delay())
             .into_iter()
             .map(|n| {
-                LocalReply::Array(vec![
-                    text(&n.addr),
-                    text(&n.slots),
-                    text(&n.replicas),
-                    text(if n.up { "up" } else { "down" }),
-                    LocalReply::Integer(n.held_ms as i64),
+                record(vec![
+                    ("addr", text(&n.addr)),
+                    ("slots", text(&n.slots)),
+                    ("replicas", text(&n.replicas)),
+                    ("state", text(if n.up { "up" } else { "down" })),
+                    ("failover_hold_ms", int(n.held_ms)),
                 ])
             })
             .collect(),
     )
 }
 
-/// `MASTERS`: each lock master: address, state, ms until it rejoins (0
-/// where it waits for its policy), why it sits out (empty unless it
-/// does), its `maxmemory-policy` by name, and the keys it was seen
-/// evicting.
+/// `MASTERS`: each lock master, a record each: `addr`, `state` (`up`,
+/// `sitting out`, `down`), `rejoins_in_ms` (0 where it waits for its
+/// policy), `sits_out_because` (empty unless it does),
+/// `maxmemory_policy` (by name), `evicted_keys` (keys it was seen
+/// evicting).
 pub fn masters(ctx: &ServerContext) -> LocalReply {
     let Some(q) = ctx.locks.quorum() else {
         return LocalReply::Array(Vec::new());
@@ -126,21 +154,20 @@ pub fn masters(ctx: &ServerContext) -> LocalReply {
             .map(|m| {
                 let (state, left, why) = m.shown();
                 let memory = &m.memory;
-                LocalReply::Array(vec![
-                    text(m.node.addr()),
-                    text(state),
-                    LocalReply::Integer(left as i64),
-                    text(&why),
-                    text(&memory.policy_name()),
-                    LocalReply::Integer(ProxyMetrics::get(&memory.evicted) as i64),
+                record(vec![
+                    ("addr", text(m.node.addr())),
+                    ("state", text(state)),
+                    ("rejoins_in_ms", int(left)),
+                    ("sits_out_because", text(&why)),
+                    ("maxmemory_policy", text(&memory.policy_name())),
+                    ("evicted_keys", int(ProxyMetrics::get(&memory.evicted))),
                 ])
             })
             .collect(),
     )
 }
 
-/// `PRIMARY`: the primary in force and its switches, as field/value
-/// pairs: `addr` (empty: none confirmed), `followed` (`sentinel` or
+/// `PRIMARY`: the primary in force and its switches, a record: `addr` (empty: none confirmed), `followed` (`sentinel` or
 /// `fixed`), `switches`, `last_switch_from`, `last_switch_to`,
 /// `last_switch_unix_ms` (empty / 0: none), `failover_hold_ms` (what is left
 /// of `locks.failover_delay_ms`, rounded up), `maxmemory_policy` (by name,
@@ -158,7 +185,7 @@ pub fn primary(ctx: &ServerContext) -> LocalReply {
             // with a fraction of a millisecond left still refused locks).
             .map_or(0, |d| d.as_micros().div_ceil(1000) as i64),
     };
-    let pairs: Vec<(&str, LocalReply)> = vec![
+    record(vec![
         ("addr", text(p.addr().as_deref().unwrap_or(""))),
         (
             "followed",
@@ -181,8 +208,7 @@ pub fn primary(ctx: &ServerContext) -> LocalReply {
             LocalReply::Integer(ProxyMetrics::get(&ctx.primary_memory.evicted) as i64),
         ),
         ("locks_refused", text(&primary_refused(ctx))),
-    ];
-    LocalReply::Array(pairs.into_iter().flat_map(|(k, v)| [text(k), v]).collect())
+    ])
 }
 
 /// The primary for `/status.json`: the same facts as `LOCKGATE PRIMARY`.
@@ -204,9 +230,58 @@ pub fn primary_json(ctx: &ServerContext) -> serde_json::Value {
     })
 }
 
-/// `CONFIG`: the configuration in force as TOML, secrets masked.
-pub fn config(ctx: &ServerContext) -> LocalReply {
-    text(&ctx.in_force().to_masked_toml())
+/// `CONFIG [pattern]`: the configuration in force, secrets masked, as a
+/// record of its keys by their dotted names (`proxy.listen`; an array of
+/// tables by index, `locks.patterns.0.pattern`), those matching the glob
+/// `pattern` (default `*`), in name order, each value as its TOML text without quotes
+/// around strings, as Redis's `CONFIG GET` answers. `CONFIG TOML`: the
+/// whole configuration as one TOML document (what `--config` reads).
+pub fn config(ctx: &ServerContext, pattern: &[u8]) -> LocalReply {
+    let toml = ctx.in_force().to_masked_toml();
+    if pattern.eq_ignore_ascii_case(b"TOML") {
+        return text(&toml);
+    }
+    let pattern: &[u8] = if pattern.is_empty() { b"*" } else { pattern };
+    let table: toml::Table = match toml.parse() {
+        Ok(t) => t,
+        Err(e) => {
+            return LocalReply::err(format!(
+                "lockgate: the configuration in force does not read back ({e})"
+            ))
+        }
+    };
+    let mut pairs = Vec::new();
+    flatten("", &toml::Value::Table(table), &mut pairs);
+    LocalReply::Map(
+        pairs
+            .into_iter()
+            .filter(|(k, _)| crate::lock::keys::glob_match(pattern, k.as_bytes()))
+            .map(|(k, v)| (text(&k), text(&v)))
+            .collect(),
+    )
+}
+
+/// The leaves of `value` under `prefix`, by dotted name (a table's keys
+/// in name order).
+fn flatten(prefix: &str, value: &toml::Value, out: &mut Vec<(String, String)>) {
+    let name = |k: &str| match prefix {
+        "" => k.to_string(),
+        p => format!("{p}.{k}"),
+    };
+    match value {
+        toml::Value::Table(t) => {
+            for (k, v) in t {
+                flatten(&name(k), v, out);
+            }
+        }
+        toml::Value::Array(items) if items.iter().any(|i| i.is_table()) => {
+            for (i, v) in items.iter().enumerate() {
+                flatten(&name(&i.to_string()), v, out);
+            }
+        }
+        toml::Value::String(s) => out.push((prefix.to_string(), s.clone())),
+        other => out.push((prefix.to_string(), other.to_string())),
+    }
 }
 
 /// `RELOAD`: re-read the configuration file (as SIGHUP does).

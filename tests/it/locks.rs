@@ -201,8 +201,10 @@ async fn setnx_on_ordinary_keys_passes_through_and_is_counted() {
     assert!(stats.contains("cmdstat_setnx:calls=3,"), "{stats}");
     assert!(!stats.contains("cmdstat_eval"), "{stats}");
 
+    // Records of prefix and count, as field/value pairs under RESP2.
     let want = format!(
-        "*2\r\n*2\r\n$6\r\nuser:1\r\n:3\r\n*2\r\n{}:1\r\n",
+        "*2\r\n*4\r\n$6\r\nprefix\r\n$6\r\nuser:1\r\n$8\r\ncommands\r\n:3\r\n\
+         *4\r\n$6\r\nprefix\r\n{}$8\r\ncommands\r\n:1\r\n",
         bulk("session")
     );
     assert_eq!(c.call(&["LOCKGATE", "UNMATCHED"]).await, want);

@@ -452,17 +452,15 @@ async fn top_k_reports_three_hot_keys_among_100k_with_bounded_series_and_memory(
     let capacity = hot.capacity();
     let bound = total / capacity as u64;
     for (row, (key, n)) in rows.iter().zip(&true_count) {
-        let f = row.items();
-        assert_eq!(f.len(), 7, "row {row:?}");
-        assert_eq!(f[0].text(), *key, "{top:?}");
-        let count = f[1].int() as u64;
+        assert_eq!(row.field("key").text(), *key, "{top:?}");
+        let count = row.field("attempts").int() as u64;
         // Space-Saving: never below the truth, above it by at most N/m.
         assert!(
             *n <= count && count <= n + bound,
             "{key}: count {count}, true {n}, bound {bound}"
         );
-        assert_eq!(f[3].int(), 1, "{key} acquired once");
-        assert_eq!(f[6].text(), "this instance", "{key} holder");
+        assert_eq!(row.field("acquired").int(), 1, "{key} acquired once");
+        assert_eq!(row.field("holder").text(), "this instance", "{key} holder");
     }
     // The default 20 rows: the hot three, then cold keys no hotter than
     // the sketch's error bound.
@@ -470,10 +468,9 @@ async fn top_k_reports_three_hot_keys_among_100k_with_bounded_series_and_memory(
     let all = all.items();
     assert_eq!(all.len(), 20);
     for row in &all[3..] {
-        let f = row.items();
-        assert!(f[0].text().starts_with("lock:cold:"), "{row:?}");
+        assert!(row.field("key").text().starts_with("lock:cold:"), "{row:?}");
         assert!(
-            f[1].int() as u64 <= bound + 1,
+            row.field("attempts").int() as u64 <= bound + 1,
             "{row:?} above N/m = {bound}"
         );
     }
@@ -750,16 +747,23 @@ async fn status_page_in_chromium_shows_a_hot_key_within_2s_and_a_killed_master_d
         .items()
         .iter()
         .map(|r| {
-            let f = r.items();
-            assert_eq!(f.len(), 6, "{r:?}");
-            let (addr, state, why, policy) = (f[0].text(), f[1].text(), f[3].text(), f[4].text());
+            let names = [
+                "addr",
+                "state",
+                "rejoins_in_ms",
+                "sits_out_because",
+                "maxmemory_policy",
+                "evicted_keys",
+            ];
+            assert_eq!(r.fields(), names, "{r:?}");
+            let text = |n| r.field(n).text().to_string();
             (
-                addr.to_string(),
-                state.to_string(),
-                f[2].int(),
-                why.to_string(),
-                policy.to_string(),
-                f[5].int(),
+                text("addr"),
+                text("state"),
+                r.field("rejoins_in_ms").int(),
+                text("sits_out_because"),
+                text("maxmemory_policy"),
+                r.field("evicted_keys").int(),
             )
         })
         .collect();
@@ -928,13 +932,12 @@ async fn lockgate_views_have_their_shapes() {
         .items()
         .iter()
         .map(|r| {
-            let f = r.items();
-            assert_eq!(f.len(), 4, "{r:?}");
+            assert_eq!(r.fields(), ["key", "holder", "lease_left_ms", "waiters"]);
             (
-                f[0].text().to_string(),
-                f[1].text().to_string(),
-                f[2].int(),
-                f[3].int(),
+                r.field("key").text().to_string(),
+                r.field("holder").text().to_string(),
+                r.field("lease_left_ms").int(),
+                r.field("waiters").int(),
             )
         })
         .collect();
@@ -948,26 +951,36 @@ async fn lockgate_views_have_their_shapes() {
     }
     let one = call(&mut c, &["LOCKGATE", "LOCKS", "lock:views:a*"]).await;
     assert_eq!(one.items().len(), 1, "{one:?}");
-    assert_eq!(one.items()[0].items()[0].text(), "lock:views:a");
+    assert_eq!(one.items()[0].field("key").text(), "lock:views:a");
     assert_eq!(
         c.call_s(&["LOCKGATE", "LOCKS", "nothing:*"]).await,
         "*0\r\n"
     );
     assert_eq!(c.call_s(&["DEL", "lock:views:a"]).await, ":1\r\n");
     let left = call(&mut c, &["LOCKGATE", "LOCKS"]).await;
-    let keys: Vec<&str> = left.items().iter().map(|r| r.items()[0].text()).collect();
+    let keys: Vec<&str> = left.items().iter().map(|r| r.field("key").text()).collect();
     assert_eq!(keys, ["lock:views:b"]);
 
-    // HOTKEYS: rows of 7; bad counts refused.
+    // HOTKEYS: records of 7 fields; bad counts refused.
     let hot = call(&mut c, &["LOCKGATE", "HOTKEYS", "10"]).await;
     assert_eq!(hot.items().len(), 2, "{hot:?}");
     for r in hot.items() {
-        let f = r.items();
-        assert_eq!(f.len(), 7, "{r:?}");
-        assert_eq!(f[1].int(), 1);
-        let rate: f64 = f[2].text().parse().expect("rate is a decimal");
+        assert_eq!(
+            r.fields(),
+            [
+                "key",
+                "attempts",
+                "attempts_per_sec",
+                "acquired",
+                "absorbed",
+                "parked",
+                "holder"
+            ]
+        );
+        assert_eq!(r.field("attempts").int(), 1);
+        let rate: f64 = (r.field("attempts_per_sec").text().parse()).expect("rate is a decimal");
         assert!(rate > 0.0);
-        assert_eq!(f[5].int(), 0);
+        assert_eq!(r.field("parked").int(), 0);
     }
     assert_eq!(c.call_s(&["LOCKGATE", "HOTKEYS", "0"]).await, "*0\r\n");
     let bad = c.call_s(&["LOCKGATE", "HOTKEYS", "many"]).await;
@@ -978,8 +991,21 @@ async fn lockgate_views_have_their_shapes() {
         "{unknown:?}"
     );
 
-    // CONFIG: TOML that reads back as the configuration in force.
-    let text = call(&mut c, &["LOCKGATE", "CONFIG"]).await;
+    // CONFIG: by dotted key, filtered by a pattern, strings unquoted.
+    let proxy = call(&mut c, &["LOCKGATE", "CONFIG", "proxy.*"]).await;
+    assert_eq!(proxy.field("proxy.listen").text(), config.proxy.listen);
+    assert!(
+        proxy.fields().iter().all(|f| f.starts_with("proxy.")),
+        "{proxy}"
+    );
+    let all = call(&mut c, &["LOCKGATE", "CONFIG"]).await;
+    assert_eq!(all.field("upstream.addr").text(), redis.addr());
+    // An array of values: its TOML text.
+    let keys = all.field("locks.keys").text();
+    assert!(keys.starts_with("[\"lock:*\", \"lock_*\""), "{keys}");
+    // CONFIG TOML: a document that reads back as the configuration in
+    // force.
+    let text = call(&mut c, &["LOCKGATE", "CONFIG", "TOML"]).await;
     let shown = Config::from_toml(text.text())
         .unwrap_or_else(|e| panic!("LOCKGATE CONFIG is not a config ({e}):\n{}", text.text()));
     assert_eq!(
@@ -1080,7 +1106,7 @@ async fn admin_password_gates_lockgate_commands_and_is_masked() {
     );
     // AUTH and a command pipelined behind it: the command sees the AUTH.
     let mut both = cmd(&["LOCKGATE", "AUTH", "pw"]);
-    both.extend_from_slice(&cmd(&["LOCKGATE", "CONFIG"]));
+    both.extend_from_slice(&cmd(&["LOCKGATE", "CONFIG", "TOML"]));
     a.send(&both).await;
     assert_eq!(show(&a.read_raw().await), "+OK\r\n");
     let config = Resp::parse(&a.read_raw().await);

@@ -282,7 +282,7 @@ async fn reload_changes_a_lock_pattern_under_a_pipelined_stream_and_refuses_bad_
     );
     let mut fresh = lg.client().await;
     assert!(is_lock(&mut fresh, "app:job:2").await);
-    let shown = call(&mut admin, &["LOCKGATE", "CONFIG"]).await;
+    let shown = call(&mut admin, &["LOCKGATE", "CONFIG", "TOML"]).await;
     let shown = Config::from_toml(shown.text()).expect("CONFIG is TOML");
     assert_eq!(shown.locks.keys, ["lock:*", "app:job:*"]);
     assert_eq!(shown.log.filter, "lockgate=debug");
@@ -323,7 +323,7 @@ async fn reload_changes_a_lock_pattern_under_a_pipelined_stream_and_refuses_bad_
         !is_lock(&mut c, "app:job2:1").await,
         "a refused config's pattern applied"
     );
-    let shown = call(&mut admin, &["LOCKGATE", "CONFIG"]).await;
+    let shown = call(&mut admin, &["LOCKGATE", "CONFIG", "TOML"]).await;
     let shown = Config::from_toml(shown.text()).expect("CONFIG is TOML");
     assert_eq!(shown.locks.keys, ["lock:*", "app:job:*"]);
     assert_eq!(shown.locks.default_lease_ms, 30_000);
@@ -524,7 +524,7 @@ async fn reload_of_the_admin_password_takes_effect_or_is_named() {
         &config_text(&["lock:*"], "info", "\n[admin]\npassword = \"pw\"\n"),
     );
     let answer = reload(&mut admin).await;
-    let shown = call(&mut admin, &["LOCKGATE", "CONFIG"]).await;
+    let shown = call(&mut admin, &["LOCKGATE", "CONFIG", "TOML"]).await;
     let shown = shown.text().to_string();
     // [admin] needs a restart: CONFIG shows what is in force (no password
     // yet), and the reload said so.

@@ -344,7 +344,8 @@ impl Resp {
     }
 
     /// Decodes the frame at `pos` of `buf` (a whole frame), moving `pos`
-    /// past it. RESP2, and RESP3's push frames and sets (as arrays).
+    /// past it. RESP2, and RESP3's push frames and sets (as arrays) and
+    /// maps (as RESP2 gives them: an array of field/value pairs).
     pub fn decode(buf: &[u8], pos: &mut usize) -> Resp {
         let end = *pos
             + buf[*pos..]
@@ -370,6 +371,7 @@ impl Resp {
             b'*' | b'>' | b'~' => {
                 Resp::Array(Some((0..n()).map(|_| Resp::decode(buf, pos)).collect()))
             }
+            b'%' => Resp::Array(Some((0..2 * n()).map(|_| Resp::decode(buf, pos)).collect())),
             other => panic!(
                 "unexpected RESP type {:?} in {:?}",
                 char::from(other),
@@ -394,6 +396,23 @@ impl Resp {
             Resp::Bulk(Some(b)) => std::str::from_utf8(b).expect("a UTF-8 bulk string"),
             other => panic!("expected a bulk string, got {other:?}"),
         }
+    }
+
+    /// The value of field `name` of a record (field/value pairs, or a
+    /// RESP3 map); panics when it has none.
+    pub fn field(&self, name: &str) -> &Resp {
+        let items = self.items();
+        assert!(items.len() % 2 == 0, "not field/value pairs: {self}");
+        items
+            .chunks(2)
+            .find(|p| p[0].text() == name)
+            .map(|p| &p[1])
+            .unwrap_or_else(|| panic!("no field {name} in {self}"))
+    }
+
+    /// The field names of a record, in order.
+    pub fn fields(&self) -> Vec<&str> {
+        self.items().chunks(2).map(|p| p[0].text()).collect()
     }
 
     /// The value of an integer reply (panics otherwise).
