@@ -100,6 +100,15 @@ impl Collector for Counters {
             "Tokio tasks alive, summed over every event loop",
             ctx.tasks_alive() as i64,
         )?;
+        {
+            let m = e.encode_descriptor(
+                "lock_oldest_wait_seconds",
+                "How long the attempt parked longest on this instance has waited since its connection first tried (0: none parked)",
+                None,
+                MetricType::Gauge,
+            )?;
+            ConstGauge::new(ctx.locks.storm.oldest_wait().as_secs_f64()).encode(m)?;
+        }
         gauge(
             &mut e,
             "lock_tracked_keys",
@@ -250,6 +259,7 @@ mod tests {
         "lockgate_lock_hold_seconds",
         "lockgate_commands",
         "lockgate_lock_tracked_keys",
+        "lockgate_lock_oldest_wait_seconds",
         "lockgate_tasks_alive",
         "lockgate_hot_lock_attempts",
         "lockgate_upstream_maxmemory_policy",

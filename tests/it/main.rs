@@ -22,6 +22,7 @@ mod cluster_locks;
 mod cluster_map;
 mod cluster_quorum;
 mod cluster_routing;
+mod dashboard;
 mod differential;
 mod event_loops;
 mod eviction;

@@ -325,9 +325,15 @@ async fn metrics_count_a_parked_attempt_handed_the_lock_once() {
         assert!(Instant::now() < deadline, "the attempt was never parked");
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
+    // While it is parked: the oldest wait is its wait, since its first
+    // try (the one answered at once), and under park_ms.
+    let parked = lg.metrics().await;
+    let oldest = parked.value("lockgate_lock_oldest_wait_seconds", &[]);
+    assert!(oldest > 0.0 && oldest < 5.0, "oldest wait {oldest}");
     assert_eq!(holder.call_s(&["DEL", "lock:m:handoff"]).await, ":1\r\n");
     assert_eq!(show(&waiter.read_raw().await), ":1\r\n", "handed the lock");
     let after = lg.metrics().await;
+    assert_eq!(after.value("lockgate_lock_oldest_wait_seconds", &[]), 0.0);
     let d = |name: &str| delta(&before, &after, name, &[]);
     let got = [
         (

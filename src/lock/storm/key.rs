@@ -248,6 +248,16 @@ impl Key {
         self.waiters.iter().filter(|w| w.live()).count()
     }
 
+    /// When the connection parked here longest first tried, if any is
+    /// parked.
+    pub(super) fn oldest_parked(&self) -> Option<std::time::Instant> {
+        self.waiters
+            .iter()
+            .filter(|w| w.live())
+            .map(|w| w.since)
+            .min()
+    }
+
     fn admit(&mut self, probe_ms: u64, owner: ConnId, now: Instant) -> Admission {
         if probe_ms == 0 {
             return Admission::Probe;

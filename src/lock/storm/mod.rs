@@ -470,6 +470,18 @@ impl Storm {
         inner.holder(Instant::now()).map(|(who, _)| who)
     }
 
+    /// How long the attempt parked longest on this instance has waited
+    /// since its connection first tried (zero: none is parked). O(keys
+    /// tracked): for a scrape, not for the hot path.
+    pub fn oldest_wait(&self) -> std::time::Duration {
+        let now = std::time::Instant::now();
+        (self.table.iter())
+            .filter_map(|e| sync::lock(&e.value().inner).oldest_parked())
+            .map(|since| now.saturating_duration_since(since))
+            .max()
+            .unwrap_or_default()
+    }
+
     /// Keys tracked now.
     pub fn len(&self) -> usize {
         self.table.len()
