@@ -10,11 +10,14 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use crate::context::ServerContext;
+use crate::lock::conns::ACQUISITION_HEX;
+use crate::lock::operator::{parse_acquisition, Released};
 use crate::lock::FenceCall;
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
 use crate::router::CommandArgs;
 use crate::views;
+use tracing::Instrument;
 
 /// Default number of rows of list answers.
 const DEFAULT_ROWS: usize = 20;
@@ -44,8 +47,56 @@ pub fn handle(ctx: &Arc<ServerContext>, args: CommandArgs<'_>) -> AdminReply {
                 None => fencing(ctx, &sub, args),
             }
         }
+        b"LOCKS" => views::locks(ctx, args.get(2), args.get(3)),
+        b"RELEASE" => release(ctx, args),
         _ => AdminReply::Now(counters(ctx, &sub, args)),
     }
+}
+
+/// `RELEASE key acquisition`: an operator frees a stuck lock, only if
+/// `acquisition` (as `LOCKS` showed it) still holds it. Logged with the
+/// connection that asked (the session's span) and counted.
+fn release(ctx: &Arc<ServerContext>, args: CommandArgs<'_>) -> AdminReply {
+    let now = |e: String| AdminReply::Now(LocalReply::err(format!("lockgate: {e}")));
+    if args.len() != 4 {
+        return now("usage: LOCKGATE RELEASE key acquisition".into());
+    }
+    let key = args.get(2);
+    if !ctx.locks.is_lock_key(key) {
+        return now(format!(
+            "'{}' is not a lock key (locks.keys); only a lock's acquisition can be released",
+            String::from_utf8_lossy(key)
+        ));
+    }
+    if let Some(refused) = ctx.locks.refused_on_cluster([key].into_iter()) {
+        return AdminReply::Now(refused);
+    }
+    let Some(acquisition) = parse_acquisition(args.get(3)) else {
+        return now(format!(
+            "an acquisition is {ACQUISITION_HEX} hex digits, as LOCKGATE LOCKS shows it"
+        ));
+    };
+    let (locks, key) = (ctx.locks.clone(), Bytes::copy_from_slice(key));
+    let work = async move {
+        let shown = String::from_utf8_lossy(&key).into_owned();
+        let outcome = locks.release_acquisition(key, acquisition.clone()).await;
+        let stale = |who: &str| {
+            tracing::warn!(key = %shown, %acquisition, holder = who, "LOCKGATE RELEASE: nothing released, the acquisition no longer holds the lock");
+            LocalReply::err(format!(
+                "lockgate: not released: {shown} is no longer held by acquisition {acquisition} ({who} holds it now; see LOCKGATE LOCKS)"
+            ))
+        };
+        match outcome {
+            Ok(Released::Freed(stores)) => {
+                tracing::warn!(key = %shown, %acquisition, stores, "LOCKGATE RELEASE: lock released by an operator");
+                LocalReply::Integer(1)
+            }
+            Ok(Released::Free) => stale("nobody"),
+            Ok(Released::Other) => stale("another acquisition"),
+            Err(reply) => reply,
+        }
+    };
+    AdminReply::Later(Box::pin(work.in_current_span()))
 }
 
 fn counters(ctx: &ServerContext, sub: &[u8], args: CommandArgs<'_>) -> LocalReply {
@@ -73,7 +124,7 @@ fn counters(ctx: &ServerContext, sub: &[u8], args: CommandArgs<'_>) -> LocalRepl
             Ok(n) => views::hotkeys(ctx, n),
             Err(e) => e,
         },
-        b"LOCKS" => views::locks(ctx, args.get(2)),
+        b"WAITERS" => views::waiters(ctx, args.get(2)),
         b"MASTERS" => views::masters(ctx),
         b"PRIMARY" => views::primary(ctx),
         b"NODES" => views::nodes(ctx),
@@ -97,8 +148,12 @@ fn help() -> LocalReply {
         "    Every counter /metrics exports, by name.",
         "HOTKEYS [<count>]",
         "    The hottest lock keys (default 20): key, attempts, attempts_per_sec, acquired, absorbed, parked, holder.",
-        "LOCKS [<pattern>]",
-        "    Lock keys this instance knows are held: key, holder, lease_left_ms, waiters.",
+        "LOCKS [<pattern> [<count>]]",
+        "    Who holds each held or contended lock key, the most contended first (default 100): key, acquisition, holder, client_addr, client_name, held_ms, lease_left_ms, waiters, oldest_wait_ms.",
+        "WAITERS <key>",
+        "    The attempts parked here on a key, in hand-on order: position, client_addr, client_name, waited_ms.",
+        "RELEASE <key> <acquisition>",
+        "    Free a stuck lock, only if that acquisition (as LOCKS shows it) still holds it.",
         "MASTERS",
         "    Each lock master of the quorum: addr, state, rejoins_in_ms, sits_out_because, maxmemory_policy, evicted_keys.",
         "PRIMARY",

@@ -26,6 +26,9 @@ pub enum CommandKind {
     Monitor,
     /// `CLIENT REPLY ON|OFF|SKIP`: replies suppressed or back on.
     ClientReply(ReplyMode),
+    /// `CLIENT SETNAME name`: forwarded as any command; the name is noted
+    /// for operators (`LOCKGATE LOCKS`, `WAITERS`).
+    ClientSetName,
     /// `SYNC`/`PSYNC`: the connection becomes a replication stream.
     Sync,
     /// A command Redis may hold unanswered until data arrives or time
@@ -287,6 +290,7 @@ fn classify_key(folded: u128, arg1: &[u8], arg2: &[u8]) -> CommandKind {
                 CommandKind::Other
             }
         }
+        CLIENT if arg1.eq_ignore_ascii_case(b"SETNAME") => CommandKind::ClientSetName,
         _ => CommandKind::Other,
     }
 }
@@ -311,6 +315,11 @@ mod tests {
             CommandKind::ClientReply(ReplyMode::On)
         );
         assert_eq!(classify(b"CLIENT", b"REPLY", b"X"), CommandKind::Other);
+        assert_eq!(
+            classify(b"client", b"setname", b"w1"),
+            CommandKind::ClientSetName
+        );
+        assert_eq!(classify(b"CLIENT", b"GETNAME", b""), CommandKind::Other);
         assert_eq!(
             classify(b"GET", b"k", b""),
             CommandKind::Read(ReadKeys::First)

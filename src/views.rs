@@ -11,12 +11,17 @@
 
 use bytes::Bytes;
 
+use crate::admin::AdminReply;
 use crate::context::ServerContext;
+use crate::lock::operator::LockRow;
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
 
 /// Most rows `LOCKGATE LOCKS` answers.
 const MAX_LOCK_ROWS: usize = 1_000;
+
+/// Rows `LOCKGATE LOCKS` answers when not told.
+const DEFAULT_LOCK_ROWS: usize = 100;
 
 fn bulk(s: impl Into<Bytes>) -> LocalReply {
     LocalReply::Bulk(s.into())
@@ -68,22 +73,87 @@ pub fn hotkeys(ctx: &ServerContext, n: usize) -> LocalReply {
     )
 }
 
-/// `LOCKS [pattern]`: the lock keys this instance knows are held, a
-/// record each: `key`, `holder` (`this instance` or `another client`),
-/// `lease_left_ms`, `waiters` (attempts parked here).
-pub fn locks(ctx: &ServerContext, pattern: &[u8]) -> LocalReply {
-    let pattern: &[u8] = if pattern.is_empty() { b"*" } else { pattern };
+/// `LOCKS [pattern [count]]`: who holds each lock key matching `pattern`
+/// (default `*`) that this instance knows held or has attempts parked
+/// on, or that one of its connections holds, the most contended first, at
+/// most `count` (default 100, at most 1 000): a record each (see
+/// [`lock_row`]). The holders are read from the store, so the answer comes
+/// once they are in.
+pub fn locks(ctx: &ServerContext, pattern: &[u8], count: &[u8]) -> AdminReply {
+    let pattern = Bytes::copy_from_slice(if pattern.is_empty() { b"*" } else { pattern });
+    let max = match count {
+        b"" => DEFAULT_LOCK_ROWS,
+        n => match std::str::from_utf8(n)
+            .ok()
+            .and_then(|n| n.parse::<usize>().ok())
+        {
+            Some(n) => n.min(MAX_LOCK_ROWS),
+            None => {
+                return AdminReply::Now(LocalReply::err("value is not an integer or out of range"))
+            }
+        },
+    };
+    let locks = ctx.locks.clone();
+    AdminReply::Later(Box::pin(async move {
+        let rows = locks.lock_rows(pattern, max).await;
+        LocalReply::Array(rows.into_iter().map(lock_row).collect())
+    }))
+}
+
+/// A bulk string, or null where there is nothing to say.
+fn or_null(v: Option<u64>) -> LocalReply {
+    v.map_or(LocalReply::Null, int)
+}
+
+/// One row of `LOCKS`: `key`, `acquisition` (what `LOCKGATE RELEASE`
+/// takes; empty when the key has no owner record), `holder` (`this
+/// instance`, `another instance`, `outside lockgate`: the key exists
+/// without an owner record, `nobody`, `unknown`: the store did not
+/// answer), `client_addr` and `client_name` (when a connection of this
+/// instance holds it; empty otherwise), `held_ms` (since that connection
+/// acquired it; null otherwise), `lease_left_ms` (the key's PTTL in the
+/// store; null: no lease known), `waiters` (attempts parked here),
+/// `oldest_wait_ms` (how long the first of them has waited since its
+/// connection first tried; null: none).
+pub fn lock_row(r: LockRow) -> LocalReply {
+    let (addr, name) = match &r.client {
+        Some(c) => (text(&c.addr), bulk(c.name.clone())),
+        None => (text(""), text("")),
+    };
+    record(vec![
+        ("key", bulk(r.key)),
+        ("acquisition", text(&r.acquisition)),
+        ("holder", text(r.holder.as_str())),
+        ("client_addr", addr),
+        ("client_name", name),
+        ("held_ms", or_null(r.held_ms)),
+        ("lease_left_ms", or_null(r.lease_left_ms)),
+        ("waiters", int(r.waiters as u64)),
+        ("oldest_wait_ms", or_null(r.oldest_wait_ms)),
+    ])
+}
+
+/// `WAITERS key`: the attempts parked on this instance for `key`, in the
+/// order the lock will be handed on, a record each: `position` (1 first),
+/// `client_addr`, `client_name`, `waited_ms` (since its connection first
+/// tried).
+pub fn waiters(ctx: &ServerContext, key: &[u8]) -> LocalReply {
+    if key.is_empty() {
+        return LocalReply::err("lockgate: usage: LOCKGATE WAITERS key");
+    }
+    let rows = ctx.locks.waiter_rows(key);
     LocalReply::Array(
-        ctx.locks
-            .storm
-            .held(pattern, MAX_LOCK_ROWS)
-            .into_iter()
-            .map(|(key, holder, ttl, parked)| {
+        (rows.into_iter().enumerate())
+            .map(|(i, w)| {
+                let (addr, name) = match w.client {
+                    Some(c) => (text(&c.addr), bulk(c.name)),
+                    None => (text(""), text("")),
+                };
                 record(vec![
-                    ("key", bulk(key)),
-                    ("holder", text(holder)),
-                    ("lease_left_ms", int(ttl)),
-                    ("waiters", int(parked as u64)),
+                    ("position", int(i as u64 + 1)),
+                    ("client_addr", addr),
+                    ("client_name", name),
+                    ("waited_ms", int(w.waited_ms)),
                 ])
             })
             .collect(),

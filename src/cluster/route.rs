@@ -44,6 +44,10 @@ pub enum Dest {
     /// `AUTH [user] pass`, or `HELLO … AUTH user pass`: checked against
     /// lockgate's own credentials ([`super::auth`]).
     Auth(Auth),
+    /// `CLIENT SETNAME name` (`Some`) or `CLIENT GETNAME` (`None`):
+    /// answered by lockgate, which keeps the session's name (its
+    /// connections to the nodes are shared, named by lockgate).
+    ClientName(Option<bytes::Bytes>),
 }
 
 /// A client's credentials, and the `HELLO` they came with.
@@ -108,6 +112,11 @@ pub fn route(args: &[&[u8]], keys: &KeyTable, facade: &Facade) -> Dest {
             }
             b"SCAN" => return Dest::Scan,
             b"HELLO" => return hello(args),
+            b"CLIENT" => {
+                if let Some(dest) = client_name(args) {
+                    return dest;
+                }
+            }
             b"AUTH" => return auth(args),
             b"DBSIZE" | b"KEYS" | b"FLUSHALL" | b"FLUSHDB" | b"SELECT" | b"SWAPDB" | b"SCRIPT"
             | b"FUNCTION" => match fanout(args) {
@@ -159,6 +168,36 @@ pub fn route(args: &[&[u8]], keys: &KeyTable, facade: &Facade) -> Dest {
             None => Dest::Local(LocalReply::Error(CROSSSLOT.into())),
         },
     }
+}
+
+/// `CLIENT SETNAME name` and `CLIENT GETNAME`, checked as Redis checks
+/// them; `None` for every other `CLIENT` subcommand.
+fn client_name(args: &[&[u8]]) -> Option<Dest> {
+    let sub = args.get(1)?;
+    if sub.eq_ignore_ascii_case(b"GETNAME") {
+        return Some(match args.len() {
+            2 => Dest::ClientName(None),
+            _ => Dest::Local(arity("client|getname")),
+        });
+    }
+    if !sub.eq_ignore_ascii_case(b"SETNAME") {
+        return None;
+    }
+    let [_, _, name] = args else {
+        return Some(Dest::Local(arity("client|setname")));
+    };
+    // Redis: no spaces, newlines or other characters outside '!'..'~'.
+    if name.iter().any(|&c| !(b'!'..=b'~').contains(&c)) {
+        return Some(Dest::Local(LocalReply::err(
+            "Client names cannot contain spaces, newlines or special characters.",
+        )));
+    }
+    Some(Dest::ClientName(Some(bytes::Bytes::copy_from_slice(name))))
+}
+
+/// Redis's error for a wrong number of arguments.
+fn arity(name: &str) -> LocalReply {
+    LocalReply::err(format!("wrong number of arguments for '{name}' command"))
 }
 
 /// `HELLO [protover [AUTH user pass] [SETNAME name]]`: answered by
@@ -396,7 +435,7 @@ mod tests {
         let args: Vec<&[u8]> = vec![b"DEL", b"a", b"b"];
         assert!(matches!(route(&args, &keys, &f), Dest::Split(_)));
         // Connection state lockgate does not carry: refused, saying so.
-        for line in ["CLIENT SETNAME x", "WAIT 1 0", "MONITOR"] {
+        for line in ["CLIENT KILL ID 1", "WAIT 1 0", "MONITOR"] {
             let args: Vec<&[u8]> = line.split(' ').map(str::as_bytes).collect();
             let Dest::Local(LocalReply::Error(text)) = route(&args, &keys, &f) else {
                 panic!("{line}: refused");
@@ -405,6 +444,38 @@ mod tests {
             assert!(text.starts_with("ERR lockgate: "), "{line}: {text}");
             assert!(text.contains("docs/cluster.md"), "{line}: {text}");
         }
+    }
+
+    #[test]
+    fn a_clients_name_is_kept_by_lockgate() {
+        let keys = KeyTable::default();
+        let f = Facade::new("127.0.0.1:6380", "id", 1);
+        let dest = |line: &str| {
+            let words: Vec<&[u8]> = line.split(' ').map(str::as_bytes).collect();
+            route(&words, &keys, &f)
+        };
+        let err = |text: &str| Dest::Local(LocalReply::err(text));
+        let table = [
+            ("CLIENT SETNAME w1", Dest::ClientName(Some("w1".into()))),
+            ("client setname w1", Dest::ClientName(Some("w1".into()))),
+            ("CLIENT GETNAME", Dest::ClientName(None)),
+            (
+                "CLIENT SETNAME",
+                err("wrong number of arguments for 'client|setname' command"),
+            ),
+            (
+                "CLIENT GETNAME x",
+                err("wrong number of arguments for 'client|getname' command"),
+            ),
+        ];
+        for (line, want) in table {
+            assert_eq!(dest(line), want, "{line}");
+        }
+        let words: Vec<&[u8]> = vec![b"CLIENT", b"SETNAME", b"a b"];
+        assert_eq!(
+            route(&words, &keys, &f),
+            err("Client names cannot contain spaces, newlines or special characters.")
+        );
     }
 
     #[test]

@@ -67,6 +67,13 @@ counters! {
         /// Locks released because their connection closed.
         released_on_disconnect: Counter "lock_released_on_disconnect",
             "Locks released because their connection closed";
+        /// Locks an operator released (`LOCKGATE RELEASE`).
+        operator_released: Counter "lock_operator_released",
+            "Locks an operator released with LOCKGATE RELEASE";
+        /// `LOCKGATE RELEASE` that released nothing: the acquisition the
+        /// operator named no longer held the lock.
+        operator_release_stale: Counter "lock_operator_release_stale",
+            "LOCKGATE RELEASE of an acquisition that no longer held the lock";
         /// Quorum operations that failed for want of a majority of masters.
         quorum_failures: Counter "lock_quorum_failures",
             "Operations without a majority of masters";

@@ -36,7 +36,9 @@
 //!   parking, FIFO handoff; `storm::Key::step` the rules as a state
 //!   machine), [`on_behalf`] (acquisitions away from the client's
 //!   connection), [`announce`] (wake-ups between instances, see
-//!   docs/fleet.md), [`hotkeys`] (the top-K sketch of hot lock keys).
+//!   docs/fleet.md), [`hotkeys`] (the top-K sketch of hot lock keys),
+//!   [`conns`] (this instance's connections, for operators), [`operator`]
+//!   (who holds and who waits, and an operator's release).
 //! - [`quorum`] (the Redlock quorum in one folder: masters and their
 //!   sit-outs, asking them, ops, fencing tokens, clocks, scripts),
 //!   [`split`] (per-key commands split between the quorum and the
@@ -52,6 +54,7 @@
 
 pub(crate) mod admit;
 pub(crate) mod announce;
+pub mod conns;
 pub(crate) mod evalsha;
 pub use evalsha::eval_on;
 pub(crate) mod eviction;
@@ -65,6 +68,7 @@ pub(crate) mod keys;
 pub(crate) mod lease;
 pub(crate) mod metrics;
 pub(crate) mod on_behalf;
+pub mod operator;
 pub mod ops;
 mod plan;
 pub use plan::Queueing;
@@ -267,6 +271,8 @@ pub struct LockService {
     pub storm: std::sync::Arc<storm::Storm>,
     /// The hottest lock keys (bounded top-K sketch).
     pub hot: hotkeys::HotKeys,
+    /// This instance's client connections, for operators (see [`conns`]).
+    pub conns: conns::Conns,
     lapse_warn: RateLimit,
     /// Rate-limits the warning that the server refuses lockgate's scripts.
     scripts_warn: RateLimit,
@@ -314,6 +320,7 @@ impl LockService {
             script_epoch: evalsha::Epoch::default(),
             storm: std::sync::Arc::new(storm::Storm::new(&c.retry)),
             hot: hotkeys::HotKeys::new(config.admin.hot_keys),
+            conns: conns::Conns::default(),
             lapse_warn: RateLimit::new(WARN_INTERVAL),
             scripts_warn: RateLimit::new(WARN_INTERVAL),
             unmatched_warn: RateLimit::new(WARN_INTERVAL),

@@ -128,7 +128,7 @@ pub async fn run(
     let span = tracing::info_span!("conn", %peer);
     async move {
         tracing::debug!("client connected");
-        serve(&ctx, client, conn, &shutdown).await;
+        serve(&ctx, client, peer, conn, &shutdown).await;
         tracing::debug!("client disconnected");
     }
     .instrument(span)
@@ -137,7 +137,8 @@ pub async fn run(
 
 /// At the end of a session, on every path out of it (also when it is
 /// dropped at shutdown): its connection's kept places in contention
-/// queues go ([`crate::lock::LockService::connection_closed`]).
+/// queues go ([`crate::lock::LockService::connection_closed`]), and it is
+/// no longer listed for operators.
 struct LeaveQueues<'a> {
     ctx: &'a ServerContext,
     conn: &'a Mutex<ConnLocks>,
@@ -146,6 +147,8 @@ struct LeaveQueues<'a> {
 impl Drop for LeaveQueues<'_> {
     fn drop(&mut self) {
         self.ctx.locks.connection_closed(self.conn);
+        let id = crate::sync::lock(self.conn).id;
+        self.ctx.locks.conns.remove(id);
     }
 }
 
@@ -177,6 +180,7 @@ mod branch {
 async fn serve(
     ctx: &Arc<ServerContext>,
     mut client: Stream,
+    peer: SocketAddr,
     conn: ConnLocks,
     shutdown: &CancellationToken,
 ) {
@@ -196,6 +200,8 @@ async fn serve(
     let (mut up_r, mut up_w) = upstream.split();
     let (tx, rx) = mpsc::channel(ctx.config.proxy.max_inflight_batches);
     let conn = Arc::new(Mutex::new(conn));
+    // Listed for operators (`LOCKGATE LOCKS`, `WAITERS`) while it lives.
+    ctx.locks.conns.add(&conn, peer.to_string());
     let _leave = LeaveQueues { ctx, conn: &conn };
     // Made first: the reader's stop flag wakes the reader's branch.
     let branches = branches::Branches::new(branch::COUNT);

@@ -71,8 +71,18 @@ async fn every_admin_reply_is_a_record_in_both_protocols() {
         (
             &["LOCKGATE", "LOCKS", "lock:admin:*"],
             true,
-            &["key", "holder", "lease_left_ms", "waiters"],
-            &["key", "holder", "waiters"],
+            &[
+                "key",
+                "acquisition",
+                "holder",
+                "client_addr",
+                "client_name",
+                "held_ms",
+                "lease_left_ms",
+                "waiters",
+                "oldest_wait_ms",
+            ],
+            &["key", "acquisition", "holder", "client_addr", "waiters"],
         ),
         (
             &["LOCKGATE", "UNMATCHED"],

@@ -393,3 +393,72 @@ async fn redissons_batched_renewal_is_split_by_slot() {
     assert_eq!(call(&mut c, &args).await, want);
     lg.stop().await;
 }
+
+/// `LOCKGATE LOCKS` reads each lock's owner record from the node that
+/// serves it, and `LOCKGATE RELEASE` frees it there (one slot: the lock,
+/// its owner record and its queue), on every shard, hash tags included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_sees_and_releases_locks_on_every_shard() {
+    let cluster = Cluster::start(3, 0);
+    let lg = cluster.lockgate(|_| {}).await;
+    let map = cluster.map().await;
+    let mut keys: Vec<String> = (0..9).map(|i| format!("lock:op:{i}")).collect();
+    keys.push("lock:op:{cart}:1".to_string());
+    let mut holder = RawClient::connect(lg.addr).await;
+    assert_eq!(
+        call(&mut holder, &["CLIENT", "SETNAME", "op-holder"]).await,
+        Resp::Status("OK".into())
+    );
+    // Kept by lockgate (the nodes' connections are shared).
+    assert_eq!(
+        call(&mut holder, &["CLIENT", "GETNAME"]).await,
+        Resp::Bulk(Some(b"op-holder".to_vec()))
+    );
+    let mut nodes = std::collections::BTreeSet::new();
+    for key in &keys {
+        assert_eq!(
+            call(&mut holder, &["SETNX", key, "h"]).await,
+            Resp::Int(1),
+            "{key}"
+        );
+        nodes.insert(
+            map.shard_of_key(key.as_bytes())
+                .expect("served")
+                .primary
+                .clone(),
+        );
+    }
+    assert_eq!(nodes.len(), 3, "the keys span every shard");
+    let mut admin = RawClient::connect(lg.addr).await;
+    let rows = call(&mut admin, &["LOCKGATE", "LOCKS", "lock:op:*"]).await;
+    assert_eq!(rows.items().len(), keys.len(), "{rows}");
+    for r in rows.items() {
+        let key = r.field("key").text().to_string();
+        assert_eq!(r.field("holder").text(), "this instance", "{r}");
+        assert_eq!(r.field("client_name").text(), "op-holder", "{r}");
+        assert!(
+            matches!(r.field("lease_left_ms"), Resp::Int(t) if *t > 0),
+            "{r}"
+        );
+        let acquisition = r.field("acquisition").text().to_string();
+        let released = call(&mut admin, &["LOCKGATE", "RELEASE", &key, &acquisition]).await;
+        assert_eq!(released, Resp::Int(1), "{key}");
+        let node = &map.shard_of_key(key.as_bytes()).expect("served").primary;
+        let mut n = RawClient::connect(node).await;
+        assert_eq!(
+            call(&mut n, &["EXISTS", &key]).await,
+            Resp::Int(0),
+            "{key} on {node}"
+        );
+    }
+    // Every lock free again: the next holder takes each at once.
+    let mut next = RawClient::connect(lg.addr).await;
+    for key in &keys {
+        assert_eq!(
+            call(&mut next, &["SETNX", key, "n"]).await,
+            Resp::Int(1),
+            "{key}"
+        );
+    }
+    lg.stop().await;
+}

@@ -11,6 +11,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod admin_locks;
 mod admin_replies;
 mod arrival_order;
 mod auth_resp3;

@@ -938,7 +938,20 @@ async fn lockgate_views_have_their_shapes() {
         .items()
         .iter()
         .map(|r| {
-            assert_eq!(r.fields(), ["key", "holder", "lease_left_ms", "waiters"]);
+            assert_eq!(
+                r.fields(),
+                [
+                    "key",
+                    "acquisition",
+                    "holder",
+                    "client_addr",
+                    "client_name",
+                    "held_ms",
+                    "lease_left_ms",
+                    "waiters",
+                    "oldest_wait_ms"
+                ]
+            );
             (
                 r.field("key").text().to_string(),
                 r.field("holder").text().to_string(),

@@ -361,6 +361,8 @@ impl Resp {
             b'-' => Resp::Error(line),
             b':' => Resp::Int(n()),
             b'$' if n() < 0 => Resp::Bulk(None),
+            // RESP3's null reads as RESP2's nil.
+            b'_' => Resp::Bulk(None),
             b'$' => {
                 let data = buf[*pos..*pos + n() as usize].to_vec();
                 *pos += n() as usize + 2;

@@ -235,17 +235,32 @@ impl Key {
     /// Who holds the key as last learned, and until when; `None` when no
     /// lease is known to run.
     pub(super) fn holder(&self, now: Instant) -> Option<(&'static str, Instant)> {
-        let until = self.view.held_until.filter(|&u| u > now)?;
-        let who = match self.view.ours {
+        let (ours, until) = self.held(now)?;
+        let who = match ours {
             true => "this instance",
             false => "another client",
         };
         Some((who, until))
     }
 
+    /// Whether the lock is known held now, by this instance (true) or
+    /// another, and until when.
+    pub(super) fn held(&self, now: Instant) -> Option<(bool, Instant)> {
+        let until = self.view.held_until.filter(|&u| u > now)?;
+        Some((self.view.ours, until))
+    }
+
     /// Attempts parked now (kept places not counted).
     pub(super) fn parked(&self) -> usize {
         self.waiters.iter().filter(|w| w.live()).count()
+    }
+
+    /// The attempts parked, in queue order: connection, first try.
+    pub(super) fn parked_list(&self) -> Vec<(ConnId, std::time::Instant)> {
+        (self.waiters.iter())
+            .filter(|w| w.live())
+            .map(|w| (w.owner, w.since))
+            .collect()
     }
 
     /// When the connection parked here longest first tried, if any is

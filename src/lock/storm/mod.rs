@@ -184,6 +184,23 @@ pub trait Acquirer: Send + Sync + 'static {
     fn stopped(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>>;
 }
 
+/// One key of [`Storm::contended`].
+#[derive(Debug, Clone)]
+pub struct Contended {
+    /// The lock key.
+    pub key: Bytes,
+    /// Held by this instance (`Some(true)`), by another instance or client
+    /// (`Some(false)`), or not known held (`None`: attempts are parked).
+    pub ours: Option<bool>,
+    /// What is left of the holder's lease as last learned, ms.
+    pub lease_left_ms: Option<u64>,
+    /// Attempts parked here.
+    pub parked: usize,
+    /// How long the attempt parked longest has waited since its
+    /// connection first tried.
+    pub oldest_wait: Option<std::time::Duration>,
+}
+
 impl Storm {
     /// A table with `config`'s limits.
     pub fn new(config: &RetryConfig) -> Storm {
@@ -412,9 +429,9 @@ impl Storm {
         parked.then_some(rx)
     }
 
-    /// Keys this instance knows are held, matching `pattern` (a glob),
-    /// at most `max`: (key, holder, remaining lease ms, parked attempts).
-    pub fn held(&self, pattern: &[u8], max: usize) -> Vec<(Bytes, &'static str, u64, usize)> {
+    /// Keys this instance knows are held or has attempts parked on,
+    /// matching `pattern` (a glob), at most `max`.
+    pub fn contended(&self, pattern: &[u8], max: usize) -> Vec<Contended> {
         let now = Instant::now();
         let mut out = Vec::new();
         for e in self.table.iter() {
@@ -425,16 +442,31 @@ impl Storm {
                 continue;
             }
             let inner = sync::lock(&e.value().inner);
-            if let Some((holder, until)) = inner.holder(now) {
-                out.push((
-                    e.key().clone(),
-                    holder,
-                    until.duration_since(now).as_millis() as u64,
-                    inner.parked(),
-                ));
+            let holder = inner.held(now);
+            let parked = inner.parked();
+            if holder.is_none() && parked == 0 {
+                continue;
             }
+            out.push(Contended {
+                key: e.key().clone(),
+                ours: holder.map(|(ours, _)| ours),
+                lease_left_ms: holder
+                    .map(|(_, until)| until.duration_since(now).as_millis() as u64),
+                parked,
+                oldest_wait: inner
+                    .oldest_parked()
+                    .map(|since| std::time::Instant::now().saturating_duration_since(since)),
+            });
         }
         out
+    }
+
+    /// The attempts parked here on `key`, in the order they will be handed
+    /// the lock: each connection and when it first tried.
+    pub fn parked_on(&self, key: &[u8]) -> Vec<(ConnId, std::time::Instant)> {
+        self.state(key, false)
+            .map(|s| sync::lock(&s.inner).parked_list())
+            .unwrap_or_default()
     }
 
     /// This instance's wake-up channel was (re)subscribed: a wake-up sent

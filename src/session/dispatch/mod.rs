@@ -155,6 +155,19 @@ impl Dispatch {
     }
 }
 
+/// The name a `CLIENT SETNAME name` or `HELLO … SETNAME name` gives the
+/// connection.
+fn client_name(kind: CommandKind, args: CommandArgs<'_>) -> Option<&[u8]> {
+    match kind {
+        CommandKind::ClientSetName if args.len() == 3 => Some(args.get(2)),
+        CommandKind::Hello => (2..args.len())
+            .find(|&i| args.get(i).eq_ignore_ascii_case(b"SETNAME"))
+            .filter(|&i| i + 1 < args.len())
+            .map(|i| args.get(i + 1)),
+        _ => None,
+    }
+}
+
 impl Carrier {
     /// Carries out the router's `decision` for the command of `kind` at
     /// `whole` in the buffer, then moves to the view after it.
@@ -200,6 +213,11 @@ impl Carrier {
                 }
                 if matches!(expect, Expect::Subscription(..)) {
                     self.scripts.subscribed();
+                }
+                if let Some(name) = client_name(kind, args) {
+                    // Shown to operators beside the locks it holds.
+                    let id = crate::sync::lock(&self.conn).id;
+                    ctx.locks.conns.named(id, name);
                 }
                 out.pieces.client(whole);
                 // A client script may release or extend its lock keys

@@ -112,6 +112,7 @@ impl ClusterStream {
                 state: State::Routing,
                 resp3: false,
                 id: n as u64 + 1,
+                name: None,
                 unread,
                 stall: None,
             },
@@ -453,6 +454,8 @@ enum Action {
     Abort,
     /// `HELLO`: answered here, the protocol switched (`None`: kept).
     Hello(Option<u8>),
+    /// `CLIENT SETNAME` (`Some`) or `GETNAME`: answered here.
+    ClientName(Option<Bytes>),
 }
 
 /// A command's action and the transaction's state once it is carried out.
@@ -500,6 +503,8 @@ pub struct ClusterWrite {
     resp3: bool,
     /// `HELLO`'s client id.
     id: u64,
+    /// The name `CLIENT SETNAME` gave the session (`CLIENT GETNAME`).
+    name: Option<Bytes>,
     /// The session's reply bytes not taken yet (see [`Unread`]).
     unread: Arc<Unread>,
     /// While past [`Common::reply_half`]: the deadline for the client to
@@ -703,6 +708,10 @@ impl ClusterWrite {
             }
             Dest::Quit => Action::Quit,
             Dest::Hello(version) => Action::Hello(version),
+            Dest::ClientName(name) => {
+                ProxyMetrics::inc(&self.common.metrics.local);
+                Action::ClientName(name)
+            }
             Dest::Auth(a) => {
                 // Answered here, as the facade's replies are.
                 ProxyMetrics::inc(&self.common.metrics.local);
@@ -1099,6 +1108,19 @@ impl ClusterWrite {
                 }
                 let reply = self.hello_reply();
                 self.push(Slot::Ready(reply));
+            }
+            Action::ClientName(Some(name)) => {
+                self.pending.advance(len);
+                self.name = Some(name);
+                self.push(Slot::Ready(Bytes::from_static(b"+OK\r\n")));
+            }
+            Action::ClientName(None) => {
+                self.pending.advance(len);
+                let reply = match &self.name {
+                    Some(name) => LocalReply::Bulk(name.clone()),
+                    None => LocalReply::Null,
+                };
+                self.push(Slot::Ready(self.encoded(&reply)));
             }
             Action::Subscribe(node) => {
                 // Sent as written once pinned: `pending` keeps it.
