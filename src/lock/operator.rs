@@ -88,7 +88,8 @@ pub enum Released {
     Freed(usize),
     /// The acquisition no longer holds the lock: nobody does now.
     Free,
-    /// The acquisition no longer holds the lock: another does.
+    /// The acquisition no longer holds the lock: another does (or took
+    /// it between the read and the release).
     Other,
 }
 
@@ -226,49 +227,47 @@ impl LockService {
     }
 
     /// `LOCKGATE RELEASE key acquisition`: frees `key` only if
-    /// `acquisition` still holds it (compare and delete on the owner
-    /// record, in the store), waking the key's queue and this instance's
-    /// parked attempts as a release does. Counted; logged by the caller.
+    /// `acquisition` still holds it, waking the key's queue and this
+    /// instance's parked attempts as a release does. The owner record is
+    /// read, its token checked against `acquisition` here, and the lock
+    /// released by that exact token with the release-by-token script
+    /// ([`script::RELEASE_TOKEN`], also carried out as a transaction on a
+    /// server that refuses scripts): a lock handed on in between is not
+    /// freed. Counted; logged by the caller.
     pub async fn release_acquisition(
         self: &Arc<Self>,
         key: Bytes,
         acquisition: String,
     ) -> Result<Released, LocalReply> {
-        let call = super::evalsha::eval_queued(
-            script::RELEASE_ACQUISITION,
-            &key,
-            &[acquisition.as_bytes()],
-        );
-        let replies: Vec<Bytes> = match self.quorum() {
-            Some(q) => q.ask_all(&call.into()).await.replies,
-            None => {
-                let reply = self.store().primary.call(call, CALL_TIMEOUT).await;
-                let reply = reply.map_err(|e| {
-                    LocalReply::err(format!("lockgate: LOCKGATE RELEASE failed: {e}"))
-                })?;
-                vec![reply]
+        let failed = |why: &str| {
+            LocalReply::err(format!("lockgate: LOCKGATE RELEASE failed: {why}"))
+        };
+        let (owner, _) = (self.owner_of(&key).await)
+            .map_err(|()| failed("the store did not answer who holds the lock"))?;
+        let outcome = match owner {
+            None => Released::Free,
+            Some(token) if acquisition_id(&token) != acquisition => Released::Other,
+            Some(token) => {
+                let call = super::evalsha::eval_queued(script::RELEASE_TOKEN, &key, &[&token, b""]);
+                let replies: Vec<Bytes> = match self.quorum() {
+                    Some(q) => q.ask_all(&call.into()).await.replies,
+                    None => {
+                        let reply = self.store().primary.call(call, CALL_TIMEOUT).await;
+                        vec![reply.map_err(|e| failed(&e.to_string()))?]
+                    }
+                };
+                if let Some(e) = replies.iter().find(|r| r.first() == Some(&b'-')) {
+                    let text = String::from_utf8_lossy(&e[1..]).trim_end().to_string();
+                    return Err(failed(&format!("the store answered: {text}")));
+                }
+                let freed = (replies.iter())
+                    .filter(|r| super::quorum::integer(r) == Some(1))
+                    .count();
+                match freed {
+                    0 => Released::Other,
+                    n => Released::Freed(n),
+                }
             }
-        };
-        if let Some(e) = replies.iter().find(|r| r.first() == Some(&b'-')) {
-            let text = String::from_utf8_lossy(&e[1..]).trim_end().to_string();
-            return Err(LocalReply::err(format!(
-                "lockgate: LOCKGATE RELEASE failed in the store: {text}"
-            )));
-        }
-        if replies.is_empty() {
-            return Err(LocalReply::err(
-                "lockgate: LOCKGATE RELEASE failed: no lock master answered",
-            ));
-        }
-        let count = |n| {
-            (replies.iter())
-                .filter(|r| super::quorum::integer(r) == Some(n))
-                .count()
-        };
-        let outcome = match (count(1), count(-1)) {
-            (0, 0) => Released::Free,
-            (0, _) => Released::Other,
-            (freed, _) => Released::Freed(freed),
         };
         match outcome {
             Released::Freed(_) => {

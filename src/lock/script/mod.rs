@@ -550,25 +550,6 @@ return 1
 "#
 );
 
-/// An operator's release (`LOCKGATE RELEASE key acquisition`): the lock
-/// and its owner record deleted only if the owner record is still the
-/// acquisition the operator saw (the first 16 hex digits of its token's
-/// SHA1, as `LOCKGATE LOCKS` shows it), and the queue's head woken as by
-/// [`RELEASE_TOKEN`]. KEYS: lock, owner record, queue, places. ARGV: the
-/// acquisition id. Reply: 1 released, 0 no owner record, -1 another
-/// acquisition holds it now.
-pub const RELEASE_ACQUISITION: &str = concat!(
-    queue!(),
-    r#"
-local owner = redis.call('GET', KEYS[2])
-if not owner then return 0 end
-if string.sub(redis.sha1hex(owner), 1, 16) ~= ARGV[1] then return -1 end
-redis.call('DEL', KEYS[1], KEYS[2])
-if redis.call('EXISTS', KEYS[3]) == 1 then q_wake(KEYS[3], KEYS[4], KEYS[1], q_now()) end
-return 1
-"#
-);
-
 /// The release of one lock key by the connection that holds it (its own
 /// token, no attempt unsettled, see `LockService::fast_path`): [`RELEASE`]'s
 /// check and delete, with the queue's functions defined only when a queue
