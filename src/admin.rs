@@ -57,46 +57,79 @@ pub fn handle(ctx: &Arc<ServerContext>, args: CommandArgs<'_>) -> AdminReply {
 /// `acquisition` (as `LOCKS` showed it) still holds it. Logged with the
 /// connection that asked (the session's span) and counted.
 fn release(ctx: &Arc<ServerContext>, args: CommandArgs<'_>) -> AdminReply {
-    let now = |e: String| AdminReply::Now(LocalReply::err(format!("lockgate: {e}")));
     if args.len() != 4 {
-        return now("usage: LOCKGATE RELEASE key acquisition".into());
+        let usage = "lockgate: usage: LOCKGATE RELEASE key acquisition";
+        return AdminReply::Now(LocalReply::err(usage));
     }
-    let key = args.get(2);
-    if !ctx.locks.is_lock_key(key) {
-        return now(format!(
-            "'{}' is not a lock key (locks.keys); only a lock's acquisition can be released",
-            String::from_utf8_lossy(key)
-        ));
-    }
-    if let Some(refused) = ctx.locks.refused_on_cluster([key].into_iter()) {
-        return AdminReply::Now(refused);
-    }
-    let Some(acquisition) = parse_acquisition(args.get(3)) else {
-        return now(format!(
-            "an acquisition is {ACQUISITION_HEX} hex digits, as LOCKGATE LOCKS shows it"
-        ));
+    let (key, acquisition) = match release_request(ctx, args.get(2), args.get(3)) {
+        Ok(checked) => checked,
+        Err(e) => return AdminReply::Now(e),
     };
-    let (locks, key) = (ctx.locks.clone(), Bytes::copy_from_slice(key));
+    let locks = ctx.locks.clone();
     let work = async move {
-        let shown = String::from_utf8_lossy(&key).into_owned();
-        let outcome = locks.release_acquisition(key, acquisition.clone()).await;
-        let stale = |who: &str| {
-            tracing::warn!(key = %shown, %acquisition, holder = who, "LOCKGATE RELEASE: nothing released, the acquisition no longer holds the lock");
-            LocalReply::err(format!(
-                "lockgate: not released: {shown} is no longer held by acquisition {acquisition} ({who} holds it now; see LOCKGATE LOCKS)"
-            ))
-        };
-        match outcome {
-            Ok(Released::Freed(stores)) => {
-                tracing::warn!(key = %shown, %acquisition, stores, "LOCKGATE RELEASE: lock released by an operator");
-                LocalReply::Integer(1)
-            }
-            Ok(Released::Free) => stale("nobody"),
-            Ok(Released::Other) => stale("another acquisition"),
-            Err(reply) => reply,
+        match release_outcome(&locks, key, acquisition, "LOCKGATE RELEASE").await {
+            Ok(()) => LocalReply::Integer(1),
+            Err(e) => e,
         }
     };
     AdminReply::Later(Box::pin(work.in_current_span()))
+}
+
+/// Whether `given` is the admin password `want`, compared in time that
+/// depends only on the lengths (the status page's release button).
+pub fn password_matches(want: &str, given: &str) -> bool {
+    let (w, g) = (want.as_bytes(), given.as_bytes());
+    let differ = (w.iter().zip(g)).fold(0u8, |acc, (a, b)| acc | (a ^ b));
+    w.len() == g.len() && differ == 0
+}
+
+/// Checks an operator's release of `key`'s `acquisition` before anything
+/// is done: a lock key, served where the locks live, an acquisition id.
+pub fn release_request(
+    ctx: &ServerContext,
+    key: &[u8],
+    acquisition: &[u8],
+) -> Result<(Bytes, String), LocalReply> {
+    if !ctx.locks.is_lock_key(key) {
+        return Err(LocalReply::err(format!(
+            "lockgate: '{}' is not a lock key (locks.keys); only a lock's acquisition can be released",
+            String::from_utf8_lossy(key)
+        )));
+    }
+    if let Some(refused) = ctx.locks.refused_on_cluster([key].into_iter()) {
+        return Err(refused);
+    }
+    let Some(acquisition) = parse_acquisition(acquisition) else {
+        return Err(LocalReply::err(format!(
+            "lockgate: an acquisition is {ACQUISITION_HEX} hex digits, as LOCKGATE LOCKS shows it"
+        )));
+    };
+    Ok((Bytes::copy_from_slice(key), acquisition))
+}
+
+/// Carries out a checked release ([`release_request`]), logs it (`via`:
+/// how it was asked; the asking connection is in the caller's span) and
+/// says why nothing was released, if nothing was.
+pub async fn release_outcome(
+    locks: &Arc<crate::lock::LockService>,
+    key: Bytes,
+    acquisition: String,
+    via: &str,
+) -> Result<(), LocalReply> {
+    let shown = String::from_utf8_lossy(&key).into_owned();
+    let outcome = locks.release_acquisition(key, acquisition.clone()).await?;
+    let who = match outcome {
+        Released::Freed(stores) => {
+            tracing::warn!(key = %shown, %acquisition, stores, via, "lock released by an operator");
+            return Ok(());
+        }
+        Released::Free => "nobody",
+        Released::Other => "another acquisition",
+    };
+    tracing::warn!(key = %shown, %acquisition, holder = who, via, "operator's release: nothing released, the acquisition no longer holds the lock");
+    Err(LocalReply::err(format!(
+        "lockgate: not released: {shown} is no longer held by acquisition {acquisition} ({who} holds it now; see LOCKGATE LOCKS)"
+    )))
 }
 
 fn counters(ctx: &ServerContext, sub: &[u8], args: CommandArgs<'_>) -> LocalReply {

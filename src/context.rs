@@ -77,6 +77,8 @@ pub struct ServerContext {
     pub accept_warn: RateLimit,
     /// The lock room, and the store where the locks live.
     pub locks: Arc<LockService>,
+    /// The status page's history (`admin.history_seconds`).
+    pub history: crate::history::History,
     /// lockgate's own shared connection to the primary (watchdog, release
     /// on disconnect, the `LOCKGATE LOCK` fencing API).
     pub primary: Node,
@@ -303,6 +305,10 @@ impl ServerContext {
             shared: None,
             cluster: None,
             upstream_conns: Arc::default(),
+            history: crate::history::History::new(
+                config.admin.history_seconds,
+                config.admin.history_interval_ms,
+            ),
         }
     }
 

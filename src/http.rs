@@ -14,6 +14,8 @@ use axum::Router;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use tracing::Instrument;
+
 use crate::context::ServerContext;
 use crate::exposition;
 use crate::metrics::ProxyMetrics;
@@ -29,8 +31,10 @@ pub async fn serve(listener: TcpListener, ctx: Arc<ServerContext>, stop: Cancell
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/status.json", get(status))
+        .route("/locks/release", axum::routing::post(release))
         .route("/", get(|| async { Html(STATUS_PAGE) }))
         .with_state(ctx);
+    let app = app.into_make_service_with_connect_info::<std::net::SocketAddr>();
     let result = axum::serve(listener, app)
         .with_graceful_shutdown(async move { stop.cancelled().await })
         .await;
@@ -54,6 +58,91 @@ async fn metrics(State(ctx): State<Arc<ServerContext>>) -> Response {
             format!("encoding metrics failed: {e}\n"),
         )
             .into_response(),
+    }
+}
+
+/// The page's locks table: `LOCKGATE LOCKS`'s rows (the 20 most
+/// contended), as JSON.
+async fn lock_rows(ctx: &Arc<ServerContext>) -> Vec<serde_json::Value> {
+    let rows = ctx
+        .locks
+        .lock_rows(bytes::Bytes::from_static(b"*"), 20)
+        .await;
+    rows.into_iter()
+        .map(|r| {
+            serde_json::json!({
+                "key": String::from_utf8_lossy(&r.key),
+                "acquisition": r.acquisition,
+                "holder": r.holder.as_str(),
+                "client_addr": r.client.as_ref().map(|c| c.addr.clone()),
+                "client_name": r.client.as_ref().map(|c| String::from_utf8_lossy(&c.name).into_owned()),
+                "held_ms": r.held_ms,
+                "lease_left_ms": r.lease_left_ms,
+                "waiters": r.waiters,
+                "oldest_wait_ms": r.oldest_wait_ms,
+            })
+        })
+        .collect()
+}
+
+/// The page's release button: `LOCKGATE RELEASE` over HTTP.
+#[derive(Debug, serde::Deserialize)]
+struct ReleaseRequest {
+    key: String,
+    acquisition: String,
+    /// `admin.password` (needed when one is set).
+    #[serde(default)]
+    password: String,
+}
+
+/// `POST /locks/release` with a JSON body `{key, acquisition, password}`:
+/// what `LOCKGATE RELEASE` does, behind the same password (403 without
+/// it). A JSON body only: a page of another origin cannot send one
+/// without the browser asking first, which this listener never allows.
+/// 200 released; 409 not released (the acquisition no longer holds the
+/// lock), with the reason; 400 a bad request; 503 the store failed.
+async fn release(
+    State(ctx): State<Arc<ServerContext>>,
+    axum::extract::ConnectInfo(peer): axum::extract::ConnectInfo<std::net::SocketAddr>,
+    axum::Json(req): axum::Json<ReleaseRequest>,
+) -> Response {
+    let text = |reply: crate::protocol::encode::LocalReply| match reply {
+        crate::protocol::encode::LocalReply::Error(e) => String::from_utf8_lossy(&e).into_owned(),
+        other => format!("{other:?}"),
+    };
+    let password = &ctx.config.admin.password;
+    if !password.is_empty() && !crate::admin::password_matches(password, &req.password) {
+        tracing::warn!(%peer, "status page release refused: wrong admin password");
+        let body = serde_json::json!({"error": "WRONGPASS lockgate: invalid LOCKGATE password"});
+        return (StatusCode::FORBIDDEN, axum::Json(body)).into_response();
+    }
+    let checked =
+        crate::admin::release_request(&ctx, req.key.as_bytes(), req.acquisition.as_bytes());
+    let (key, acquisition) = match checked {
+        Ok(checked) => checked,
+        Err(e) => {
+            let body = serde_json::json!({"error": text(e)});
+            return (StatusCode::BAD_REQUEST, axum::Json(body)).into_response();
+        }
+    };
+    let span = tracing::info_span!("http", %peer);
+    let outcome = crate::admin::release_outcome(&ctx.locks, key, acquisition, "status page")
+        .instrument(span)
+        .await;
+    match outcome {
+        Ok(()) => (
+            StatusCode::OK,
+            axum::Json(serde_json::json!({"released": true})),
+        )
+            .into_response(),
+        Err(e) => {
+            let e = text(e);
+            let code = match e.contains("not released") {
+                true => StatusCode::CONFLICT,
+                false => StatusCode::SERVICE_UNAVAILABLE,
+            };
+            (code, axum::Json(serde_json::json!({"error": e}))).into_response()
+        }
     }
 }
 
@@ -103,7 +192,17 @@ async fn readyz(State(ctx): State<Arc<ServerContext>>) -> Response {
     }
 }
 
-async fn status(State(ctx): State<Arc<ServerContext>>) -> Response {
+/// `/status.json`'s query: `since` (Unix ms) asks only for the history
+/// samples newer than it (the page asks for all once, then for the new).
+#[derive(Debug, serde::Deserialize)]
+struct StatusQuery {
+    since: Option<u64>,
+}
+
+async fn status(
+    State(ctx): State<Arc<ServerContext>>,
+    axum::extract::Query(query): axum::extract::Query<StatusQuery>,
+) -> Response {
     let p = &ctx.metrics;
     let hot: Vec<serde_json::Value> = ctx
         .locks
@@ -148,6 +247,13 @@ async fn status(State(ctx): State<Arc<ServerContext>>) -> Response {
         "lock_attempts_total": ProxyMetrics::get(&ctx.locks.metrics.attempts),
         "lock_absorbed_total": ProxyMetrics::get(&ctx.locks.storm.metrics.absorbed),
         "hot_keys": hot,
+        // The rates of the last interval: right from the page's first
+        // paint, and the same figures as its charts' last point.
+        "latest": ctx.history.latest(),
+        "history": ctx.history.since(query.since.unwrap_or(0)),
+        "history_interval_ms": ctx.history.interval.as_millis() as u64,
+        "history_capacity": ctx.history.capacity(),
+        "locks": lock_rows(&ctx).await,
         "masters": masters,
         "primary": crate::views::primary_json(&ctx),
         "cluster_nodes": ctx.cluster.iter().flat_map(|c| c.nodes(ctx.locks.failover_delay())).map(|n| serde_json::json!({

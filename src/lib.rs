@@ -33,7 +33,8 @@
 //! - [`router`]: pure `(command, session view, lock room) → Fate`, once.
 //! - [`lock`]: the lock room (never sees sockets) and the store it hides.
 //! - [`admin`]: `LOCKGATE …` over RESP; [`views`]: its read-only views.
-//! - [`http`]: `/metrics`, `/healthz`, `/readyz`, the status page.
+//! - [`http`]: `/metrics`, `/healthz`, `/readyz`, the status page;
+//!   [`history`]: its last minutes, sampled.
 //! - [`exposition`]: Prometheus text from every room's counters.
 //! - [`sentinel`]: following the primary through Redis Sentinel.
 //! - [`cluster`]: Redis Cluster's hash slots, slot map, redirections and
@@ -111,6 +112,7 @@ pub mod config;
 pub mod context;
 pub(crate) mod error;
 pub(crate) mod exposition;
+pub mod history;
 pub mod http;
 pub mod lock;
 pub mod loops;
@@ -187,6 +189,7 @@ pub async fn run_loops(
 ) {
     if let Some(admin) = admin {
         tokio::spawn(http::serve(admin, ctx.clone(), ctx.stop.clone()));
+        tokio::spawn(history::run(ctx.clone()));
     }
     if let (Some(cluster), Ok(addr)) = (&ctx.cluster, listener.local_addr()) {
         // Cluster-aware clients are told to come here.

@@ -74,7 +74,16 @@ pub struct AdminConfig {
     pub password: String,
     /// How many hottest lock keys are reported (K of the top-K sketch).
     pub hot_keys: usize,
+    /// How far back the status page's charts go, in seconds (the
+    /// history's span; with `history_interval_ms`, its size in samples).
+    pub history_seconds: u64,
+    /// Between two samples of the status page's history, in ms.
+    pub history_interval_ms: u64,
 }
+
+/// Most samples the status page's history may keep
+/// (`admin.history_seconds` over `admin.history_interval_ms`).
+pub const MAX_HISTORY_SAMPLES: u64 = 10_000;
 
 impl Default for AdminConfig {
     fn default() -> Self {
@@ -83,6 +92,8 @@ impl Default for AdminConfig {
             resp_commands: true,
             password: String::new(),
             hot_keys: 20,
+            history_seconds: 900,
+            history_interval_ms: 2_000,
         }
     }
 }
@@ -259,6 +270,20 @@ impl Config {
             parse_addr("admin.listen", &self.admin.listen)?;
         }
         positive("admin.hot_keys", self.admin.hot_keys as u64)?;
+        if self.admin.history_interval_ms < 100 {
+            return Err(invalid("admin.history_interval_ms", "must be at least 100"));
+        }
+        let samples =
+            self.admin.history_seconds.saturating_mul(1000) / self.admin.history_interval_ms;
+        if !(1..=MAX_HISTORY_SAMPLES).contains(&samples) {
+            return Err(invalid(
+                "admin.history_seconds",
+                &format!(
+                    "with admin.history_interval_ms = {}, must make 1 to {MAX_HISTORY_SAMPLES} samples (it makes {samples})",
+                    self.admin.history_interval_ms
+                ),
+            ));
+        }
         positive("locks.max_queued_calls", self.locks.max_queued_calls as u64)?;
         let conns = self.locks.transaction_connections;
         if !(1..=MAX_TRANSACTION_CONNECTIONS).contains(&conns) {

@@ -6,7 +6,37 @@ use crate::metrics::counters;
 
 /// Histogram buckets for lock waits and holds: 1 ms to ~33 s, doubling.
 fn buckets() -> impl Iterator<Item = f64> {
-    exponential_buckets(0.001, 2.0, 16)
+    exponential_buckets(0.001, 2.0, WAIT_BOUNDS as u16)
+}
+
+/// Finite bucket bounds of the wait and hold histograms.
+pub const WAIT_BOUNDS: usize = 16;
+
+/// The upper bound of wait bucket `i`, in ms (`None`: the last, unbounded).
+pub fn wait_bound_ms(i: usize) -> Option<f64> {
+    (i < WAIT_BOUNDS).then(|| 2f64.powi(i as i32))
+}
+
+/// Lock waits counted per bucket of [`buckets`] (and one past the last),
+/// as plain atomics a reader can take at any time.
+#[derive(Debug, Default)]
+pub struct WaitBuckets {
+    counts: [std::sync::atomic::AtomicU64; WAIT_BOUNDS + 1],
+}
+
+impl WaitBuckets {
+    /// Counts one wait of `ms` milliseconds.
+    pub fn observe_ms(&self, ms: f64) {
+        let i = (0..WAIT_BOUNDS)
+            .find(|&i| wait_bound_ms(i).is_some_and(|b| ms <= b))
+            .unwrap_or(WAIT_BOUNDS);
+        self.counts[i].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Every bucket's count now (not cumulative).
+    pub fn snapshot(&self) -> [u64; WAIT_BOUNDS + 1] {
+        std::array::from_fn(|i| self.counts[i].load(std::sync::atomic::Ordering::Relaxed))
+    }
 }
 
 counters! {
@@ -14,6 +44,12 @@ counters! {
     pub struct LockMetrics {
         /// Acquisition attempts on lock keys (SETNX, SET NX).
         attempts: Counter "lock_attempts", "Acquisition attempts on lock keys";
+        /// Acquisition attempts lockgate sent to the store: the clients'
+        /// attempts not answered early (absorbed, parked, refused, held),
+        /// and the calls parked attempts' drivers made. Against
+        /// `lock_attempts`: the storm absorbed.
+        attempts_sent: Counter "lock_attempts_sent",
+            "Acquisition attempts sent to the store (client attempts not answered early, and parked attempts' driver calls)";
         /// Attempts that acquired.
         acquired: Counter "lock_acquired", "Attempts that acquired";
         /// Attempts that found the key held.
@@ -114,6 +150,9 @@ counters! {
     other {
         /// Seconds from a connection's first attempt on a lock to acquiring it.
         wait_seconds: Histogram = Histogram::new(buckets());
+        /// The same waits in the same buckets, readable (the status page's
+        /// history takes each interval's quantiles from their growth).
+        wait_buckets: WaitBuckets = WaitBuckets::default();
         /// Seconds a lock was held, from acquisition to an owner's release.
         hold_seconds: Histogram = Histogram::new(buckets());
     }

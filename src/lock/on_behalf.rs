@@ -57,6 +57,7 @@ impl LockService {
         ask: Ask,
     ) -> Tried {
         let lease = ask.lease_ms;
+        crate::metrics::ProxyMetrics::inc(&self.metrics.attempts_sent);
         let op = LockOp::Acquire {
             key: ask.key.clone(),
             value: ask.value.clone(),

@@ -239,9 +239,8 @@ impl LockService {
         key: Bytes,
         acquisition: String,
     ) -> Result<Released, LocalReply> {
-        let failed = |why: &str| {
-            LocalReply::err(format!("lockgate: LOCKGATE RELEASE failed: {why}"))
-        };
+        let failed =
+            |why: &str| LocalReply::err(format!("lockgate: LOCKGATE RELEASE failed: {why}"));
         let (owner, _) = (self.owner_of(&key).await)
             .map_err(|()| failed("the store did not answer who holds the lock"))?;
         let outcome = match owner {

@@ -394,6 +394,7 @@ impl LockService {
                     if let Some(first) = conn.first_try(&key) {
                         let wait = first.elapsed();
                         self.metrics.wait_seconds.observe(wait.as_secs_f64());
+                        (self.metrics.wait_buckets).observe_ms(wait.as_secs_f64() * 1e3);
                         self.hot.record(
                             &key,
                             Event::Waited {

@@ -331,6 +331,19 @@ impl LockService {
     /// parked), held after a failover, planned onto the client's own
     /// connection, or carried out away from it on the quorum.
     pub(crate) fn attempt(self: &Arc<Self>, op: &LockOp, seat: Seat<'_>) -> Attempt {
+        let attempt = self.attempt_on_store(op, seat);
+        let sent = !matches!(
+            attempt,
+            Attempt::Refused(_) | Attempt::Early(_) | Attempt::Held(_)
+        );
+        if sent && matches!(op, LockOp::Acquire { .. }) {
+            crate::metrics::ProxyMetrics::inc(&self.metrics.attempts_sent);
+        }
+        attempt
+    }
+
+    /// [`Self::attempt`], uncounted.
+    fn attempt_on_store(self: &Arc<Self>, op: &LockOp, seat: Seat<'_>) -> Attempt {
         if let Some(reply) = self.refused_on_cluster(op.lock_keys()) {
             return Attempt::Refused(reply);
         }

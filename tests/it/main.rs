@@ -23,6 +23,7 @@ mod cluster_locks;
 mod cluster_map;
 mod cluster_quorum;
 mod cluster_routing;
+mod console;
 mod dashboard;
 mod differential;
 mod event_loops;

@@ -254,6 +254,29 @@ impl Browser {
         r["result"]["value"].clone()
     }
 
+    /// Saves a PNG of the page as it is now to `path` (its folder made);
+    /// returns its size in bytes.
+    pub async fn screenshot(&mut self, path: &std::path::Path) -> usize {
+        use base64::Engine;
+        let session = self.session.clone();
+        let r = self
+            .call(
+                Some(&session),
+                "Page.captureScreenshot",
+                serde_json::json!({ "format": "png", "captureBeyondViewport": true }),
+            )
+            .await;
+        let data = r["data"].as_str().expect("screenshot data");
+        let png = (base64::engine::general_purpose::STANDARD)
+            .decode(data)
+            .expect("base64 PNG");
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).expect("artifact folder");
+        }
+        std::fs::write(path, &png).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        png.len()
+    }
+
     /// Closes the browser and waits (bounded) for it to exit.
     pub async fn close(mut self) {
         let _ = tokio::time::timeout(

@@ -126,6 +126,27 @@ pub async fn http_get(addr: SocketAddr, path: &str) -> HttpReply {
     parse_http(&raw, path)
 }
 
+/// `POST path` with the JSON `body` over HTTP/1.1, `Connection: close`,
+/// read to EOF (bounded by [`WAIT`]).
+pub async fn http_post_json(addr: SocketAddr, path: &str, body: &serde_json::Value) -> HttpReply {
+    let body = body.to_string();
+    let exchange = async {
+        let mut s = TcpStream::connect(addr).await.expect("connect admin");
+        let req = format!(
+            "POST {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        s.write_all(req.as_bytes()).await.expect("write request");
+        let mut raw = Vec::new();
+        s.read_to_end(&mut raw).await.expect("read response");
+        raw
+    };
+    let raw = tokio::time::timeout(WAIT, exchange)
+        .await
+        .unwrap_or_else(|_| panic!("POST {path}: no whole response within {WAIT:?}"));
+    parse_http(&raw, path)
+}
+
 /// Like [`http_get`], but `None` when nothing listens yet (or the
 /// connection fails before a whole response).
 pub async fn try_http_get(addr: SocketAddr, path: &str) -> Option<HttpReply> {
