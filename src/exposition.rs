@@ -75,6 +75,11 @@ impl Collector for Counters {
                 walked = match c.kind {
                     Kind::Counter => counter(&mut e, c.name, c.help, c.value),
                     Kind::Gauge => gauge(&mut e, c.name, c.help, ProxyMetrics::get(c.value) as i64),
+                    Kind::TimestampMs => e
+                        .encode_descriptor(c.name, c.help, None, MetricType::Gauge)
+                        .and_then(|m| {
+                            ConstGauge::new(ProxyMetrics::get(c.value) as f64 / 1000.0).encode(m)
+                        }),
                 };
             }
         });
@@ -186,8 +191,42 @@ impl Collector for Counters {
                 ConstCounter::new(n).encode(errors.encode_family(&labels)?)?;
             }
         }
+        if let Some(cluster) = &ctx.cluster {
+            cluster_families(&cluster.nodes(ctx.locks.failover_delay()), &mut e)?;
+        }
         Ok(())
     }
+}
+
+/// In front of a Redis Cluster, per primary of the slot map in force
+/// (one series each, bounded by the cluster's size): whether lockgate
+/// reaches it, and how long its slots' lock acquisitions are still held
+/// back after a failover promoted it.
+fn cluster_families(
+    nodes: &[crate::upstream::cluster::NodeView],
+    e: &mut DescriptorEncoder,
+) -> Result<(), std::fmt::Error> {
+    let mut up = e.encode_descriptor(
+        "cluster_node_up",
+        "Cluster primary reachable by lockgate (1) or not (0)",
+        None,
+        MetricType::Gauge,
+    )?;
+    for n in nodes {
+        let labels = [("node", n.addr.as_str())];
+        ConstGauge::new(i64::from(n.up)).encode(up.encode_family(&labels)?)?;
+    }
+    let mut hold = e.encode_descriptor(
+        "cluster_node_failover_hold_seconds",
+        "Seconds a promoted cluster primary's lock acquisitions are still held back (0: none)",
+        None,
+        MetricType::Gauge,
+    )?;
+    for n in nodes {
+        let labels = [("node", n.addr.as_str())];
+        ConstGauge::new(n.held_ms as f64 / 1000.0).encode(hold.encode_family(&labels)?)?;
+    }
+    Ok(())
 }
 
 /// Where lock keys live (the primary, or each lock master): its
@@ -260,6 +299,8 @@ mod tests {
         "lockgate_commands",
         "lockgate_lock_tracked_keys",
         "lockgate_lock_oldest_wait_seconds",
+        "lockgate_cluster_node_up",
+        "lockgate_cluster_node_failover_hold_seconds",
         "lockgate_tasks_alive",
         "lockgate_hot_lock_attempts",
         "lockgate_upstream_maxmemory_policy",

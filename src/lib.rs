@@ -111,7 +111,7 @@ pub mod command;
 pub mod config;
 pub mod context;
 pub(crate) mod error;
-pub(crate) mod exposition;
+pub mod exposition;
 pub mod history;
 pub mod http;
 pub mod lock;

@@ -15,6 +15,10 @@ pub enum Kind {
     Counter,
     /// Goes up and down (connections open now).
     Gauge,
+    /// A time, kept as ms since the Unix epoch (`LOCKGATE STATS` shows
+    /// that); exported as a gauge in seconds, Prometheus's base unit
+    /// (a `_timestamp_seconds` name).
+    TimestampMs,
 }
 
 /// One counter as `/metrics` and `LOCKGATE STATS` both show it: the one

@@ -28,7 +28,7 @@ counters! {
         /// Times the primary changed (Sentinel failovers followed).
         switches: Counter "primary_switches", "Times the primary changed (Sentinel failovers followed)";
         /// When the primary last changed, in ms since the Unix epoch (0: never).
-        last_switch_ms: Gauge "primary_last_switch_unix_ms", "When the primary last changed (ms since the Unix epoch, 0: never)";
+        last_switch_ms: TimestampMs "primary_last_switch_timestamp_seconds" as "primary_last_switch_unix_ms", "When the primary last changed (seconds since the Unix epoch, 0: never)";
         /// Client sessions closed because their primary was replaced.
         sessions_closed: Counter "primary_switch_sessions_closed", "Client sessions closed because their primary was replaced";
         /// Lock acquisitions answered "not acquired" during the failover delay.

@@ -674,6 +674,18 @@ async fn a_node_down_fails_its_slots_only() {
         .find(|r| r.field("addr").text() == down)
         .expect("the node down listed");
     assert_eq!(row.field("state").text(), "down", "{row}");
+    // And /metrics, one labelled series per primary.
+    let text = lockgate::exposition::render(&lg.ctx).expect("metrics");
+    let m = support::ops::Metrics::parse(&text);
+    for n in nodes.items() {
+        let addr = n.field("addr").text();
+        let want = if addr == down { 0.0 } else { 1.0 };
+        assert_eq!(
+            m.value("lockgate_cluster_node_up", &[("node", addr)]),
+            want,
+            "{addr}"
+        );
+    }
     lg.stop().await;
 }
 
