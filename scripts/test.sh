@@ -24,6 +24,12 @@
 #      demo     scripts/demo.sh --smoke         (release build, real Redis)
 #      cluster-demo scripts/demo.sh --cluster --smoke (the same in front of
 #               a local 3-primary Redis Cluster)
+#      deploy   scripts/deploy-test.sh         (the Kubernetes sidecar
+#               example against the API schemas and lockgate's
+#               configuration; the compose stack of images built here
+#               without pulling, up, a lock through it, down: starts a
+#               Docker engine when it can, skipped with a message when
+#               none can run; about a minute)
 #      redis-py scripts/redis-py-locks.sh       (redis-py's own lock tests,
 #               sync and asyncio, directly and through lockgate with their
 #               key "foo" a lock key; fails when one that passes directly
@@ -102,6 +108,7 @@ step noscript scripts/noscript-tests.sh
 step fuzz scripts/fuzz.sh --seconds 20
 step demo scripts/demo.sh --smoke
 step cluster-demo scripts/demo.sh --cluster --smoke
+step deploy scripts/deploy-test.sh
 step redis-py scripts/redis-py-locks.sh
 step suite scripts/redis-suite.sh
 
