@@ -14,9 +14,18 @@
 #                              LOCKGATE_TLS_PORT), with a throwaway CA and
 #                              certificate made by openssl (with --smoke: PING
 #                              over TLS too)
+#   scripts/demo.sh --storm    the incident: a holder that crashed (took the
+#                              lock, never released it), then 50 clients
+#                              spinning on SETNX for STORM_SECONDS (60);
+#                              prints where to look (the status page's
+#                              charts, LOCKGATE LOCKS) and what lockgate
+#                              sent to Redis, then stays up (with --smoke:
+#                              a 5 s storm, checked to be absorbed, exit)
 #
 # Environment:
 #   LOCKGATE_PORT   port lockgate listens on, on 127.0.0.1 (default 6380)
+#   LOCKGATE_ADMIN_PORT  its status page and /metrics (default 9480)
+#   STORM_SECONDS   how long --storm spins (default 60)
 #   RUST_LOG        lockgate's log filter (default info)
 #
 # Missing redis-server/redis-tools are installed with apt-get, a missing Rust
@@ -28,14 +37,16 @@ set -euo pipefail
 # shellcheck source=scripts/common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-usage() { sed -n '2,25s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"; }
+usage() { sed -n '2,34s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"; }
 
 MODE=run
 TLS=0
 CLUSTER=0
+STORM=0
 while [ $# -gt 0 ]; do
 	case "$1" in
 	--smoke) MODE=smoke ;;
+	--storm) STORM=1 ;;
 	--cluster) CLUSTER=1 ;;
 	--tls) TLS=1 ;;
 	-h | --help)
@@ -228,7 +239,8 @@ if [ "$TLS" = 1 ]; then
 	log "TLS listener on 127.0.0.1:$LOCKGATE_TLS_PORT, CA $T/ca.pem"
 fi
 
-LOCKGATE_ARGS=(--config "$CONFIG" --listen "127.0.0.1:$LOCKGATE_PORT")
+ADMIN_PORT="${LOCKGATE_ADMIN_PORT:-9480}"
+LOCKGATE_ARGS=(--config "$CONFIG" --listen "127.0.0.1:$LOCKGATE_PORT" --admin-listen "127.0.0.1:$ADMIN_PORT")
 if [ "$CLUSTER" = 1 ]; then
 	LOCKGATE_ARGS+=(--upstream-cluster "$(
 		IFS=,
@@ -269,6 +281,53 @@ if [ "$ready" -ne 1 ]; then
 	lockgate_failed "lockgate did not answer PING on 127.0.0.1:$LOCKGATE_PORT within 15 s"
 fi
 log "lockgate pid $LOCKGATE_PID on 127.0.0.1:$LOCKGATE_PORT"
+
+# LOCKGATE STATS counter NAME.
+stat() {
+	rcli -p "$LOCKGATE_PORT" LOCKGATE STATS | awk -v n="$1" 'prev == n { print; exit } { prev = $0 }'
+}
+
+# The incident at its shape: the holder took the lock and crashed before
+# its EXPIRE (here: SETNX, then the connection closes; lockgate leased the
+# bare SETNX), and every session spins on SETNX. Sets STORM_ATTEMPTS (what
+# the clients sent) and STORM_SENT (what reached Redis), from LOCKGATE
+# STATS.
+storm() {
+	local secs=$1 lock="lock:demo:storm" taken attempts0 sent0
+	taken=$(rcli -p "$LOCKGATE_PORT" setnx "$lock" crashed-holder)
+	[ "$taken" = 1 ] || die "the storm's lock is taken already ($taken)"
+	printf '
+  The storm: a holder took %s and crashed; 50 clients spin on
+' "$lock"
+	printf '  SETNX %s for %s s. Look at:
+' "$lock" "$secs"
+	printf '    http://127.0.0.1:%s/   the charts: attempts from clients against those sent to Redis
+' "$ADMIN_PORT"
+	printf '    redis-cli -p %s LOCKGATE LOCKS     who holds it, who waits
+' "$LOCKGATE_PORT"
+	printf '    redis-cli -p %s LOCKGATE HOTKEYS   the hottest lock keys
+
+' "$LOCKGATE_PORT"
+	attempts0=$(stat lock_attempts)
+	sent0=$(stat lock_attempts_sent)
+	timeout "$secs" redis-benchmark -h 127.0.0.1 -p "$LOCKGATE_PORT" -c 50 -n 1000000000 -q \
+		SETNX "$lock" spinner >/dev/null 2>&1 || true
+	STORM_ATTEMPTS=$(($(stat lock_attempts) - attempts0))
+	STORM_SENT=$(($(stat lock_attempts_sent) - sent0))
+	echo "  storm over: $STORM_ATTEMPTS attempts from clients, $STORM_SENT sent to Redis"
+}
+
+if [ "$STORM" = 1 ]; then
+	if [ "$MODE" = smoke ]; then
+		storm 5
+		[ "$STORM_ATTEMPTS" -gt 1000 ] || lockgate_failed "the storm made only $STORM_ATTEMPTS attempts"
+		[ $((STORM_SENT * 10)) -lt "$STORM_ATTEMPTS" ] ||
+			lockgate_failed "the storm was not absorbed: $STORM_SENT of $STORM_ATTEMPTS attempts reached Redis"
+		echo "storm smoke test passed"
+		exit 0
+	fi
+	storm "${STORM_SECONDS:-60}"
+fi
 
 if [ "$MODE" = smoke ]; then
 	key="demo:smoke:$$:$RANDOM"
@@ -336,6 +395,7 @@ cat <<EOF
   lockgate is listening on 127.0.0.1:$LOCKGATE_PORT (pid $LOCKGATE_PID)
   in front of $BEHIND
 
+  Status page:    http://127.0.0.1:$ADMIN_PORT/
   Connect with:   redis-cli -p $LOCKGATE_PORT
   Try:            redis-cli -p $LOCKGATE_PORT set greeting hello
                   redis-cli -p $LOCKGATE_PORT get greeting

@@ -24,6 +24,9 @@
 #      demo     scripts/demo.sh --smoke         (release build, real Redis)
 #      cluster-demo scripts/demo.sh --cluster --smoke (the same in front of
 #               a local 3-primary Redis Cluster)
+#      storm-demo scripts/demo.sh --storm --smoke (the incident's spin
+#               storm for 5 s through the demo; fails unless fewer than a
+#               tenth of the attempts reached Redis)
 #      deploy   scripts/deploy-test.sh         (the Kubernetes sidecar
 #               example against the API schemas and lockgate's
 #               configuration; the compose stack of images built here
@@ -108,6 +111,7 @@ step noscript scripts/noscript-tests.sh
 step fuzz scripts/fuzz.sh --seconds 20
 step demo scripts/demo.sh --smoke
 step cluster-demo scripts/demo.sh --cluster --smoke
+step storm-demo scripts/demo.sh --storm --smoke
 step deploy scripts/deploy-test.sh
 step redis-py scripts/redis-py-locks.sh
 step suite scripts/redis-suite.sh
