@@ -334,6 +334,18 @@ async fn a_guarded_release_on_the_quorum_frees_every_master() {
     );
     let mut holder = named(&lg, "q-holder").await;
     let mut admin = lg.client().await;
+    // MASTERS: a record per master, the same fields under RESP2 and RESP3.
+    let two = call(&mut admin, &["LOCKGATE", "MASTERS"]).await;
+    let mut resp3 = lg.client().await;
+    assert_eq!(resp3.call_raw(&["HELLO", "3"]).await[0], b'%');
+    let raw = resp3.call_raw(&["LOCKGATE", "MASTERS"]).await;
+    assert!(raw.starts_with(b"*3\r\n%6\r\n"), "{}", show(&raw));
+    let three = Resp::parse(&raw);
+    for (a, b) in two.items().iter().zip(three.items()) {
+        assert_eq!(a.fields(), b.fields());
+        assert_eq!(a.field("addr"), b.field("addr"));
+        assert_eq!(a.field("state").text(), "up");
+    }
     let key = "lock:q:1";
     assert_eq!(holder.call_s(&["SETNX", key, "h"]).await, ":1\r\n");
     let r = row(&mut admin, key).await;

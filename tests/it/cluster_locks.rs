@@ -430,6 +430,24 @@ async fn an_operator_sees_and_releases_locks_on_every_shard() {
     }
     assert_eq!(nodes.len(), 3, "the keys span every shard");
     let mut admin = RawClient::connect(lg.addr).await;
+    // NODES: a record per primary; under RESP3 (HELLO answered by
+    // lockgate here) each is a map.
+    let mut resp3 = RawClient::connect(lg.addr).await;
+    assert_eq!(resp3.call_raw(&["HELLO", "3"]).await[0], b'%');
+    let raw = resp3.call_raw(&["LOCKGATE", "NODES"]).await;
+    assert!(
+        raw.starts_with(b"*3\r\n%5\r\n"),
+        "{}",
+        String::from_utf8_lossy(&raw)
+    );
+    let two = call(&mut admin, &["LOCKGATE", "NODES"]).await;
+    for (a, b) in two.items().iter().zip(Resp::parse(&raw).items()) {
+        assert_eq!(
+            a.fields(),
+            ["addr", "slots", "replicas", "state", "failover_hold_ms"]
+        );
+        assert_eq!(a, b, "the same record in both protocols");
+    }
     let rows = call(&mut admin, &["LOCKGATE", "LOCKS", "lock:op:*"]).await;
     assert_eq!(rows.items().len(), keys.len(), "{rows}");
     for r in rows.items() {
