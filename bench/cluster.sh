@@ -102,13 +102,6 @@ for ((i = 0; i < 100; i++)); do
   sleep 0.1
 done
 
-cpu_ticks() {
-  local stat rest f
-  read -r stat <"/proc/$1/stat"
-  rest=${stat##*) }
-  read -r -a f <<<"$rest"
-  echo $((f[11] + f[12]))
-}
 sum_ticks() {
   local sum=0 pid
   for pid in "$@"; do sum=$((sum + $(cpu_ticks "$pid"))); done

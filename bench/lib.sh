@@ -51,5 +51,15 @@ cpu_ns() {
   echo "$sum"
 }
 
+# CPU time of a process as /proc/PID/stat counts it (utime + stime), in
+# clock ticks (getconf CLK_TCK per second).
+cpu_ticks() {
+  local stat rest f
+  read -r stat <"/proc/$1/stat"
+  rest=${stat##*) }            # the fields after "(comm)", starting at field 3
+  read -r -a f <<<"$rest"
+  echo $((f[11] + f[12]))      # fields 14 (utime) and 15 (stime)
+}
+
 # Wall-clock time, in ns.
 now_ns() { date +%s%N; }

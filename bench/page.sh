@@ -64,13 +64,6 @@ hold_locks() {
   done
 }
 
-cpu_ticks() {
-  local stat rest f
-  read -r stat <"/proc/$1/stat"
-  rest=${stat##*) }
-  read -r -a f <<<"$rest"
-  echo $((f[11] + f[12]))
-}
 
 BROWSER_PID=
 open_page() {

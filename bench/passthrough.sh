@@ -265,13 +265,6 @@ done
 log "redis :$P_REDIS  nutcracker :$P_TWEM  haproxy :$P_HAPROXY  lockgate :$P_LOCKGATE (tmp $TMP)"
 
 # utime+stime of a process (all its threads), in clock ticks.
-cpu_ticks() {
-  local stat rest f
-  read -r stat <"/proc/$1/stat"
-  rest=${stat##*) }            # the fields after "(comm)", starting at field 3
-  read -r -a f <<<"$rest"
-  echo $((f[11] + f[12]))      # fields 14 (utime) and 15 (stime)
-}
 procs_ticks() {
   local sum=0 pid
   for pid in "$@"; do sum=$((sum + $(cpu_ticks "$pid"))); done

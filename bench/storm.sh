@@ -186,13 +186,6 @@ done
 log "redis :$P_REDIS_A/:$P_REDIS_B/:$P_REDIS_C  nutcracker :$P_TWEM  lockgate :$P_LOCKGATE (tmp $TMP)"
 
 # utime+stime of a process (all its threads), in clock ticks.
-cpu_ticks() {
-  local stat rest f
-  read -r stat <"/proc/$1/stat"
-  rest=${stat##*) }            # the fields after "(comm)", starting at field 3
-  read -r -a f <<<"$rest"
-  echo $((f[11] + f[12]))      # fields 14 (utime) and 15 (stime)
-}
 
 reset_redis() {
   local r=$1

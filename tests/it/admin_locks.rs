@@ -78,20 +78,7 @@ async fn locks_and_waiters_name_the_holder_and_the_queue() {
     park(&lg, &mut second, key, "w2", 2).await;
 
     let r = row(&mut admin, key).await;
-    assert_eq!(
-        r.fields(),
-        [
-            "key",
-            "acquisition",
-            "holder",
-            "client_addr",
-            "client_name",
-            "held_ms",
-            "lease_left_ms",
-            "waiters",
-            "oldest_wait_ms"
-        ]
-    );
+    assert_eq!(r.fields(), support::ops::LOCK_FIELDS);
     let acquisition = r.field("acquisition").text().to_string();
     assert_eq!(acquisition.len(), 16, "{r}");
     assert!(acquisition.bytes().all(|b| b.is_ascii_hexdigit()), "{r}");

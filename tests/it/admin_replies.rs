@@ -57,31 +57,13 @@ async fn every_admin_reply_is_a_record_in_both_protocols() {
         (
             &["LOCKGATE", "HOTKEYS", "5"],
             true,
-            &[
-                "key",
-                "attempts",
-                "attempts_per_sec",
-                "acquired",
-                "absorbed",
-                "parked",
-                "holder",
-            ],
+            &support::ops::HOTKEY_FIELDS,
             &["key", "acquired", "holder"],
         ),
         (
             &["LOCKGATE", "LOCKS", "lock:admin:*"],
             true,
-            &[
-                "key",
-                "acquisition",
-                "holder",
-                "client_addr",
-                "client_name",
-                "held_ms",
-                "lease_left_ms",
-                "waiters",
-                "oldest_wait_ms",
-            ],
+            &support::ops::LOCK_FIELDS,
             &["key", "acquisition", "holder", "client_addr", "waiters"],
         ),
         (

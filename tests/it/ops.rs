@@ -938,20 +938,7 @@ async fn lockgate_views_have_their_shapes() {
         .items()
         .iter()
         .map(|r| {
-            assert_eq!(
-                r.fields(),
-                [
-                    "key",
-                    "acquisition",
-                    "holder",
-                    "client_addr",
-                    "client_name",
-                    "held_ms",
-                    "lease_left_ms",
-                    "waiters",
-                    "oldest_wait_ms"
-                ]
-            );
+            assert_eq!(r.fields(), support::ops::LOCK_FIELDS);
             (
                 r.field("key").text().to_string(),
                 r.field("holder").text().to_string(),
@@ -984,18 +971,7 @@ async fn lockgate_views_have_their_shapes() {
     let hot = call(&mut c, &["LOCKGATE", "HOTKEYS", "10"]).await;
     assert_eq!(hot.items().len(), 2, "{hot:?}");
     for r in hot.items() {
-        assert_eq!(
-            r.fields(),
-            [
-                "key",
-                "attempts",
-                "attempts_per_sec",
-                "acquired",
-                "absorbed",
-                "parked",
-                "holder"
-            ]
-        );
+        assert_eq!(r.fields(), support::ops::HOTKEY_FIELDS);
         assert_eq!(r.field("attempts").int(), 1);
         let rate: f64 = (r.field("attempts_per_sec").text().parse()).expect("rate is a decimal");
         assert!(rate > 0.0);
@@ -1069,6 +1045,12 @@ async fn lockgate_views_have_their_shapes() {
     for (name, value) in &pairs {
         let metric = match name.as_str() {
             "commands_total" => continue,
+            // A time: ms in STATS, seconds (the base unit) in /metrics.
+            "primary_last_switch_unix_ms" => {
+                let seconds = m.get("lockgate_primary_last_switch_timestamp_seconds", &[]);
+                assert_eq!(seconds, Some(*value as f64 / 1000.0), "{name}");
+                continue;
+            }
             // The STATS reply and the scrape move these themselves.
             "client_bytes_in" | "client_bytes_out" => continue,
             // Gauges (connections_active, primary_confirmed, …) have no

@@ -28,6 +28,30 @@ pub struct Ops {
     lg: Lockgate,
 }
 
+/// The fields of a `LOCKGATE LOCKS` record, in order.
+pub const LOCK_FIELDS: [&str; 9] = [
+    "key",
+    "acquisition",
+    "holder",
+    "client_addr",
+    "client_name",
+    "held_ms",
+    "lease_left_ms",
+    "waiters",
+    "oldest_wait_ms",
+];
+
+/// The fields of a `LOCKGATE HOTKEYS` record, in order.
+pub const HOTKEY_FIELDS: [&str; 7] = [
+    "key",
+    "attempts",
+    "attempts_per_sec",
+    "acquired",
+    "absorbed",
+    "parked",
+    "holder",
+];
+
 /// A configuration for tests in front of `upstream`: a fixed instance id,
 /// fast reconnects, a short drain.
 pub fn base_config(upstream: &str) -> Config {
@@ -112,30 +136,26 @@ impl HttpReply {
 /// `GET path` over HTTP/1.1 with `Connection: close`, read to EOF (bounded
 /// by [`WAIT`]).
 pub async fn http_get(addr: SocketAddr, path: &str) -> HttpReply {
-    let exchange = async {
-        let mut s = TcpStream::connect(addr).await.expect("connect admin");
-        let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-        s.write_all(req.as_bytes()).await.expect("write request");
-        let mut raw = Vec::new();
-        s.read_to_end(&mut raw).await.expect("read response");
-        raw
-    };
-    let raw = tokio::time::timeout(WAIT, exchange)
-        .await
-        .unwrap_or_else(|_| panic!("GET {path}: no whole response within {WAIT:?}"));
-    parse_http(&raw, path)
+    let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    http_exchange(addr, path, req).await
 }
 
 /// `POST path` with the JSON `body` over HTTP/1.1, `Connection: close`,
 /// read to EOF (bounded by [`WAIT`]).
 pub async fn http_post_json(addr: SocketAddr, path: &str, body: &serde_json::Value) -> HttpReply {
     let body = body.to_string();
+    let req = format!(
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    http_exchange(addr, path, req).await
+}
+
+/// Sends the whole request `req` for `path` and reads the response to EOF
+/// (bounded by [`WAIT`]).
+async fn http_exchange(addr: SocketAddr, path: &str, req: String) -> HttpReply {
     let exchange = async {
         let mut s = TcpStream::connect(addr).await.expect("connect admin");
-        let req = format!(
-            "POST {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        );
         s.write_all(req.as_bytes()).await.expect("write request");
         let mut raw = Vec::new();
         s.read_to_end(&mut raw).await.expect("read response");
@@ -143,7 +163,7 @@ pub async fn http_post_json(addr: SocketAddr, path: &str, body: &serde_json::Val
     };
     let raw = tokio::time::timeout(WAIT, exchange)
         .await
-        .unwrap_or_else(|_| panic!("POST {path}: no whole response within {WAIT:?}"));
+        .unwrap_or_else(|_| panic!("{path}: no whole response within {WAIT:?}"));
     parse_http(&raw, path)
 }
 
