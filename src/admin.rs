@@ -264,9 +264,16 @@ fn fencing(ctx: &Arc<ServerContext>, sub: &[u8], args: CommandArgs<'_>) -> Admin
     AdminReply::Later(Box::pin(async move { locks.fence(call).await }))
 }
 
+/// A row count argument: `DEFAULT_ROWS` when absent.
 fn rows(arg: &[u8]) -> Result<usize, LocalReply> {
+    rows_or(arg, DEFAULT_ROWS)
+}
+
+/// A row count argument: `default` when absent, Redis's integer error when
+/// not a count.
+pub(crate) fn rows_or(arg: &[u8], default: usize) -> Result<usize, LocalReply> {
     if arg.is_empty() {
-        return Ok(DEFAULT_ROWS);
+        return Ok(default);
     }
     std::str::from_utf8(arg)
         .ok()

@@ -13,6 +13,7 @@ use bytes::Bytes;
 
 use crate::admin::AdminReply;
 use crate::context::ServerContext;
+use crate::lock::conns::Client;
 use crate::lock::operator::LockRow;
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
@@ -81,17 +82,9 @@ pub fn hotkeys(ctx: &ServerContext, n: usize) -> LocalReply {
 /// once they are in.
 pub fn locks(ctx: &ServerContext, pattern: &[u8], count: &[u8]) -> AdminReply {
     let pattern = Bytes::copy_from_slice(if pattern.is_empty() { b"*" } else { pattern });
-    let max = match count {
-        b"" => DEFAULT_LOCK_ROWS,
-        n => match std::str::from_utf8(n)
-            .ok()
-            .and_then(|n| n.parse::<usize>().ok())
-        {
-            Some(n) => n.min(MAX_LOCK_ROWS),
-            None => {
-                return AdminReply::Now(LocalReply::err("value is not an integer or out of range"))
-            }
-        },
+    let max = match crate::admin::rows_or(count, DEFAULT_LOCK_ROWS) {
+        Ok(n) => n.min(MAX_LOCK_ROWS),
+        Err(e) => return AdminReply::Now(e),
     };
     let locks = ctx.locks.clone();
     AdminReply::Later(Box::pin(async move {
@@ -100,9 +93,18 @@ pub fn locks(ctx: &ServerContext, pattern: &[u8], count: &[u8]) -> AdminReply {
     }))
 }
 
-/// A bulk string, or null where there is nothing to say.
+/// An integer, or null where there is nothing to say.
 fn or_null(v: Option<u64>) -> LocalReply {
     v.map_or(LocalReply::Null, int)
+}
+
+/// A connection's `client_addr` and `client_name` fields (empty for
+/// none: another instance's, or closed).
+fn client_fields(client: Option<&Client>) -> (LocalReply, LocalReply) {
+    match client {
+        Some(c) => (text(&c.addr), bulk(c.name.clone())),
+        None => (text(""), text("")),
+    }
 }
 
 /// One row of `LOCKS`: `key`, `acquisition` (what `LOCKGATE RELEASE`
@@ -116,10 +118,7 @@ fn or_null(v: Option<u64>) -> LocalReply {
 /// `oldest_wait_ms` (how long the first of them has waited since its
 /// connection first tried; null: none).
 pub fn lock_row(r: LockRow) -> LocalReply {
-    let (addr, name) = match &r.client {
-        Some(c) => (text(&c.addr), bulk(c.name.clone())),
-        None => (text(""), text("")),
-    };
+    let (addr, name) = client_fields(r.client.as_ref());
     record(vec![
         ("key", bulk(r.key)),
         ("acquisition", text(&r.acquisition)),
@@ -145,10 +144,7 @@ pub fn waiters(ctx: &ServerContext, key: &[u8]) -> LocalReply {
     LocalReply::Array(
         (rows.into_iter().enumerate())
             .map(|(i, w)| {
-                let (addr, name) = match w.client {
-                    Some(c) => (text(&c.addr), bulk(c.name)),
-                    None => (text(""), text("")),
-                };
+                let (addr, name) = client_fields(w.client.as_ref());
                 record(vec![
                     ("position", int(i as u64 + 1)),
                     ("client_addr", addr),
@@ -307,16 +303,16 @@ pub fn primary_json(ctx: &ServerContext) -> serde_json::Value {
 /// around strings, as Redis's `CONFIG GET` answers. `CONFIG TOML`: the
 /// whole configuration as one TOML document (what `--config` reads).
 pub fn config(ctx: &ServerContext, pattern: &[u8]) -> LocalReply {
-    let toml = ctx.in_force().to_masked_toml();
+    let shown = ctx.in_force().masked();
     if pattern.eq_ignore_ascii_case(b"TOML") {
-        return text(&toml);
+        return text(&shown.to_toml());
     }
     let pattern: &[u8] = if pattern.is_empty() { b"*" } else { pattern };
-    let table: toml::Table = match toml.parse() {
+    let table = match toml::Table::try_from(&shown) {
         Ok(t) => t,
         Err(e) => {
             return LocalReply::err(format!(
-                "lockgate: the configuration in force does not read back ({e})"
+                "lockgate: the configuration in force cannot be shown ({e})"
             ))
         }
     };

@@ -226,8 +226,8 @@ impl Config {
         })
     }
 
-    /// The configuration as TOML, with passwords masked (`LOCKGATE CONFIG`).
-    pub fn to_masked_toml(&self) -> String {
+    /// The configuration with its passwords masked (`LOCKGATE CONFIG`).
+    pub fn masked(&self) -> Config {
         let mut shown = self.clone();
         for secret in [
             &mut shown.upstream.password,
@@ -238,7 +238,12 @@ impl Config {
                 *secret = "********".to_string();
             }
         }
-        toml::to_string(&shown).unwrap_or_else(|e| format!("# cannot render: {e}"))
+        shown
+    }
+
+    /// The configuration as a TOML document (`LOCKGATE CONFIG TOML`).
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).unwrap_or_else(|e| format!("# cannot render: {e}"))
     }
 
     /// Checks every value; run before any port is bound.

@@ -57,8 +57,6 @@ pub struct Hold {
     pub client: Client,
     /// When it was acquired.
     pub since: Instant,
-    /// The lease it was granted, ms (0: unknown).
-    pub lease_ms: u64,
 }
 
 /// The registry (see the module doc).
@@ -128,7 +126,6 @@ impl Conns {
                     acquisition: acquisition_id(&a.token),
                     client: e.client.clone(),
                     since: a.since,
-                    lease_ms: a.lease_ms,
                 });
             }
         }

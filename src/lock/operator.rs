@@ -99,13 +99,20 @@ pub fn parse_acquisition(arg: &[u8]) -> Option<String> {
     ok.then(|| String::from_utf8_lossy(arg).to_ascii_lowercase())
 }
 
-/// The bulk string of a RESP reply (`None`: nil, or not a bulk string).
-fn bulk(reply: &[u8]) -> Option<Bytes> {
-    let rest = reply.strip_prefix(b"$")?;
-    let cr = rest.iter().position(|&b| b == b'\r')?;
-    let n: usize = std::str::from_utf8(&rest[..cr]).ok()?.parse().ok()?;
-    let body = rest.get(cr + 2..cr + 2 + n)?;
-    Some(Bytes::copy_from_slice(body))
+impl LockRow {
+    /// A row for `key` with nothing known yet: the store says who holds it.
+    fn unknown(key: Bytes) -> LockRow {
+        LockRow {
+            key,
+            acquisition: String::new(),
+            holder: Holder::Unknown,
+            client: None,
+            held_ms: None,
+            lease_left_ms: None,
+            waiters: 0,
+            oldest_wait_ms: None,
+        }
+    }
 }
 
 impl LockService {
@@ -140,7 +147,11 @@ impl LockService {
         if owner.first() == Some(&b'-') {
             return Err(());
         }
-        Ok((bulk(&owner), ttl.and_then(|t| u64::try_from(t).ok())))
+        let owner = super::txn::resp::as_bulk(&owner).flatten();
+        Ok((
+            owner.map(Bytes::copy_from_slice),
+            ttl.and_then(|t| u64::try_from(t).ok()),
+        ))
     }
 
     /// `LOCKGATE LOCKS`: the lock keys matching `pattern` that this
@@ -152,14 +163,10 @@ impl LockService {
         let mut rows: Vec<LockRow> = (self.storm.contended(&pattern, max))
             .into_iter()
             .map(|c| LockRow {
-                key: c.key,
-                acquisition: String::new(),
-                holder: Holder::Unknown,
-                client: None,
-                held_ms: None,
                 lease_left_ms: c.lease_left_ms,
                 waiters: c.parked,
                 oldest_wait_ms: c.oldest_wait.map(|d| d.as_millis() as u64),
+                ..LockRow::unknown(c.key)
             })
             .collect();
         // A connection's record may be stale (its lease ended, an operator
@@ -171,16 +178,7 @@ impl LockService {
                 break;
             }
             if !rows.iter().any(|r| r.key == h.key) {
-                rows.push(LockRow {
-                    key: h.key.clone(),
-                    acquisition: String::new(),
-                    holder: Holder::Unknown,
-                    client: None,
-                    held_ms: None,
-                    lease_left_ms: None,
-                    waiters: 0,
-                    oldest_wait_ms: None,
-                });
+                rows.push(LockRow::unknown(h.key.clone()));
             }
         }
         rows.sort_by(|a, b| {
@@ -298,14 +296,5 @@ mod tests {
         for (arg, want) in table {
             assert_eq!(parse_acquisition(arg).as_deref(), *want, "{arg:?}");
         }
-    }
-
-    #[test]
-    fn a_bulk_reply_is_read() {
-        assert_eq!(bulk(b"$3\r\nabc\r\n").as_deref(), Some(&b"abc"[..]));
-        assert_eq!(bulk(b"$0\r\n\r\n").as_deref(), Some(&b""[..]));
-        assert_eq!(bulk(b"$-1\r\n"), None);
-        assert_eq!(bulk(b"_\r\n"), None);
-        assert_eq!(bulk(b"$5\r\nab"), None);
     }
 }

@@ -189,10 +189,8 @@ pub trait Acquirer: Send + Sync + 'static {
 pub struct Contended {
     /// The lock key.
     pub key: Bytes,
-    /// Held by this instance (`Some(true)`), by another instance or client
-    /// (`Some(false)`), or not known held (`None`: attempts are parked).
-    pub ours: Option<bool>,
-    /// What is left of the holder's lease as last learned, ms.
+    /// What is left of the holder's lease as last learned, ms (`None`:
+    /// not known held; attempts are parked).
     pub lease_left_ms: Option<u64>,
     /// Attempts parked here.
     pub parked: usize,
@@ -449,7 +447,6 @@ impl Storm {
             }
             out.push(Contended {
                 key: e.key().clone(),
-                ours: holder.map(|(ours, _)| ours),
                 lease_left_ms: holder
                     .map(|(_, until)| until.duration_since(now).as_millis() as u64),
                 parked,

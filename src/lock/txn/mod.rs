@@ -33,7 +33,7 @@ use crate::upstream::node::{Node, NodeConfig, NodeError, Request};
 
 pub mod emulate;
 mod pool;
-mod resp;
+pub(crate) mod resp;
 
 use emulate::{Decision, Job};
 
