@@ -226,6 +226,13 @@ impl ServerContext {
             Duration::from_millis(config.upstream.connect_timeout_ms),
             stop.clone(),
         );
+        // Guarded writes know a write by Redis's own command table.
+        crate::lock::guard::table::spawn(
+            locks.clone(),
+            primary.clone(),
+            Duration::from_millis(config.upstream.connect_timeout_ms),
+            stop.clone(),
+        );
         // Wake-ups come from where the locks live.
         let stores: Vec<(NodeConfig, Node)> = match &quorum {
             None => vec![(on_primary, primary.clone())],

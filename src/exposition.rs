@@ -135,6 +135,7 @@ impl Collector for Counters {
             }
         }
         eviction_families(ctx, &mut e)?;
+        guard_families(ctx, &mut e)?;
         if let Some(q) = ctx.locks.quorum() {
             let mut up = e.encode_descriptor(
                 "master_up",
@@ -225,6 +226,28 @@ fn cluster_families(
     for n in nodes {
         let labels = [("node", n.addr.as_str())];
         ConstGauge::new(n.held_ms as f64 / 1000.0).encode(hold.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+/// Guarded writes (`[[locks.guards]]`) by guard (its lock pattern) and
+/// outcome; no family without guards.
+fn guard_families(ctx: &ServerContext, e: &mut DescriptorEncoder) -> std::fmt::Result {
+    let guards = ctx.locks.guard_counts();
+    if guards.is_empty() {
+        return Ok(());
+    }
+    let mut fam = e.encode_descriptor(
+        "guarded_writes",
+        "Writes to guarded data by guard and outcome (applied, refused, reported_late, unlocked_writer, unchecked)",
+        None,
+        MetricType::Counter,
+    )?;
+    for (lock, _, counts) in &guards {
+        for (outcome, n) in counts.each() {
+            let labels = [("guard", lock.as_str()), ("outcome", outcome)];
+            ConstCounter::new(n).encode(fam.encode_family(&labels)?)?;
+        }
     }
     Ok(())
 }

@@ -255,6 +255,13 @@ async fn status(
         "history_capacity": ctx.history.capacity(),
         "locks": lock_rows(&ctx).await,
         "masters": masters,
+        "guards": ctx.locks.guard_counts().iter().map(|(lock, mode, counts)| {
+            let mut row = serde_json::json!({"lock": lock, "mode": mode});
+            for (outcome, n) in counts.each() {
+                row[outcome] = n.into();
+            }
+            row
+        }).collect::<Vec<_>>(),
         "primary": crate::views::primary_json(&ctx),
         "cluster_nodes": ctx.cluster.iter().flat_map(|c| c.nodes(ctx.locks.failover_delay())).map(|n| serde_json::json!({
             "addr": n.addr,

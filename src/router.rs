@@ -5,6 +5,7 @@
 
 use crate::command::{CommandKind, ReplyMode, SubKind};
 use crate::config::AdminConfig;
+use crate::lock::guard::Guarded;
 use crate::lock::ops::{self, LockOp};
 use crate::lock::split::Split;
 use crate::lock::Forget;
@@ -75,6 +76,10 @@ pub enum Route {
     /// A per-key command over lock keys (and maybe other keys): the lock
     /// keys on the quorum, the others on the primary, answers merged.
     QuorumSplit(Split),
+    /// A write to guarded data keys (`[[locks.guards]]`): checked in Redis
+    /// with the write, forwarded unchecked (`report` mode), or refused
+    /// (see [`crate::lock::guard`]).
+    Guarded(Guarded),
     /// Refused with this message (`-ERR lockgate: …`): e.g. a command that
     /// mixes lock keys with other keys while they live on different stores.
     Refuse(String),
@@ -352,6 +357,10 @@ fn plainly(
     if quorum || view.raw || view.quit || view.in_multi || view.replies != ReplyMode::On {
         return false;
     }
+    // A command on a key that may be guarded data takes the full look.
+    if locks.guards_on() && locks.may_guard((1..args.len()).map(|i| args.get(i))) {
+        return false;
+    }
     match kind {
         CommandKind::Other | CommandKind::Read(_) | CommandKind::MultiKey(_) => true,
         // Options (`NX`, a lease) need the full look; a bare SET only its key.
@@ -359,6 +368,24 @@ fn plainly(
         CommandKind::Relocate(n) => relocated(n, args, locks).next().is_none(),
         _ => false,
     }
+}
+
+/// Whether a command of `kind` may be a write to guarded data: not one
+/// that ends or begins a transaction, an admin command, or a subscription.
+fn guardable(kind: CommandKind) -> bool {
+    !matches!(
+        kind,
+        CommandKind::Multi
+            | CommandKind::Exec
+            | CommandKind::Discard
+            | CommandKind::Reset
+            | CommandKind::Quit
+            | CommandKind::Lockgate
+            | CommandKind::Subscribe(_)
+            | CommandKind::Monitor
+            | CommandKind::Sync
+            | CommandKind::Hello
+    )
 }
 
 /// The lock keys among the first `n` arguments after the name of a
@@ -409,6 +436,9 @@ fn route_on(
             Route::Forward(_) | Route::ForwardUnmatched => Route::Forward(Expect::Nothing),
             Route::ForwardForget(forget, _) => Route::ForwardForget(forget, Expect::Nothing),
             Route::Admin => Route::Admin,
+            // Nothing to check in report mode; a check's reply could not
+            // be matched.
+            Route::Guarded(Guarded::Unchecked(_)) => Route::Forward(Expect::Nothing),
             _ => Route::Refuse(RAW_REFUSAL.to_string()),
         };
     }
@@ -418,6 +448,11 @@ fn route_on(
     if quorum {
         if let Some(route) = quorum_route(kind, args, view, locks) {
             return route;
+        }
+    }
+    if locks.guards_on() && guardable(kind) {
+        if let Some(guarded) = locks.guard_route(&args.all(), view.in_multi) {
+            return Route::Guarded(guarded);
         }
     }
     match kind {

@@ -68,6 +68,9 @@ struct Entry {
     container: bool,
     /// A spec could not be read (a new kind): keys unknown.
     unreadable: bool,
+    /// The server flags it `write` (guarded writes, see
+    /// [`crate::lock::guard`]).
+    write: bool,
 }
 
 /// Every command's key specifications, by lowercase name (`name` or
@@ -101,6 +104,9 @@ impl KeyTable {
             .unwrap_or_default()
             .to_ascii_lowercase();
         let mut entry = Entry::default();
+        if let Some(OwnedFrame::Array(flags)) = parts.get(2) {
+            entry.write = flags.iter().any(|f| text(f).eq_ignore_ascii_case("write"));
+        }
         if let Some(OwnedFrame::Array(specs)) = parts.get(8) {
             for spec in specs {
                 match read_spec(spec) {
@@ -164,6 +170,31 @@ impl KeyTable {
         }
     }
 
+    /// Whether the server flags the command `args` (its name first; a
+    /// container's subcommand by its second argument) `write`; `None` for
+    /// a command it did not describe.
+    pub fn writes(&self, args: &[&[u8]]) -> Option<bool> {
+        self.resolved(args).ok().map(|e| e.write)
+    }
+
+    /// The entry of the command `args`: a container's subcommand's.
+    fn resolved(&self, args: &[&[u8]]) -> Result<&Entry, KeysError> {
+        let name = args.first().copied().unwrap_or_default();
+        let unknown = || KeysError::Unknown(String::from_utf8_lossy(name).to_ascii_lowercase());
+        let entry = self.entry(name).ok_or_else(unknown)?;
+        if !entry.container {
+            return Ok(entry);
+        }
+        let mut full = name.to_ascii_lowercase();
+        full.push(b'|');
+        full.extend(
+            args.get(1)
+                .map(|s| s.to_ascii_lowercase())
+                .unwrap_or_default(),
+        );
+        self.commands.get(&full).ok_or_else(unknown)
+    }
+
     fn find<'a>(&self, args: &[&'a [u8]], not_keys: bool) -> Result<Vec<&'a [u8]>, KeysError> {
         let mut keys = Vec::new();
         self.each_key(args, not_keys, |k| keys.push(k))?;
@@ -191,19 +222,7 @@ impl KeyTable {
         not_keys: bool,
         mut f: impl FnMut(&'a [u8]),
     ) -> Result<(), KeysError> {
-        let name = args.first().copied().unwrap_or_default();
-        let unknown = || KeysError::Unknown(String::from_utf8_lossy(name).to_ascii_lowercase());
-        let mut entry = self.entry(name).ok_or_else(unknown)?;
-        if entry.container {
-            let mut full = name.to_ascii_lowercase();
-            full.push(b'|');
-            full.extend(
-                args.get(1)
-                    .map(|s| s.to_ascii_lowercase())
-                    .unwrap_or_default(),
-            );
-            entry = self.commands.get(&full).ok_or_else(unknown)?;
-        }
+        let entry = self.resolved(args)?;
         if entry.unreadable {
             return Err(KeysError::Incomplete);
         }

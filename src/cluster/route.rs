@@ -318,7 +318,7 @@ fn refusal(reason: OwnReason, name: &[u8]) -> LocalReply {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::cluster::slot::key_slot;
 
@@ -334,9 +334,14 @@ mod tests {
             )
         };
         let keynum = "*6\r\n$5\r\nflags\r\n*1\r\n+RW\r\n$12\r\nbegin_search\r\n*4\r\n$4\r\ntype\r\n$5\r\nindex\r\n$4\r\nspec\r\n*2\r\n$5\r\nindex\r\n:2\r\n$9\r\nfind_keys\r\n*4\r\n$4\r\ntype\r\n$6\r\nkeynum\r\n$4\r\nspec\r\n*6\r\n$9\r\nkeynumidx\r\n:0\r\n$8\r\nfirstkey\r\n:1\r\n$7\r\nkeystep\r\n:1\r\n".to_string();
+        // Flagged `write` when a spec is RW (what guarded writes read).
         let command = |name: &str, specs: &[String]| {
+            let flags = match specs.iter().any(|s| s.contains("+RW")) {
+                true => "*1\r\n+write\r\n",
+                false => "*0\r\n",
+            };
             format!(
-                "*10\r\n${}\r\n{name}\r\n:-2\r\n*0\r\n:1\r\n:1\r\n:1\r\n*0\r\n*0\r\n*{}\r\n{}*0\r\n",
+                "*10\r\n${}\r\n{name}\r\n:-2\r\n{flags}:1\r\n:1\r\n:1\r\n*0\r\n*0\r\n*{}\r\n{}*0\r\n",
                 name.len(),
                 specs.len(),
                 specs.concat()

@@ -76,6 +76,11 @@ pub struct LocksConfig {
     /// lock); after the last, the command fails with an error and is
     /// counted. 1–1000.
     pub transaction_retries: u32,
+    /// Guarded writes (`[[locks.guards]]`): which data each lock protects,
+    /// so that a write to it from a holder whose lease ran out is refused
+    /// or reported (`docs/guarded-writes.md`). Reloadable; at most
+    /// `MAX_GUARDS`.
+    pub guards: Vec<GuardConfig>,
 }
 
 /// Retry-storm control (`[locks.retry]`): while a lock is known held, spin
@@ -239,6 +244,7 @@ impl Default for LocksConfig {
             fast_path: true,
             transaction_connections: 8,
             transaction_retries: 16,
+            guards: Vec::new(),
         }
     }
 }
@@ -287,4 +293,59 @@ impl Default for LockOverride {
             park_ms: None,
         }
     }
+}
+
+/// One guard (`[[locks.guards]]`): the data keys a lock protects. A write
+/// (by Redis's own command flags) to a key matching `data` is applied only
+/// while the lock `lock` names, with the same named parts, is held by the
+/// writing connection's acquisition (or, by the pooled rule, one this
+/// instance made since the connection opened), checked atomically with
+/// the write in Redis.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct GuardConfig {
+    /// The lock key pattern, with named parts: `lock:order:{id}`. `{{` and
+    /// `}}` are literal braces; no `*`. Must name lock keys (`locks.keys`).
+    pub lock: String,
+    /// The data key patterns it guards: `["order:{id}", "order:{id}:*"]`.
+    /// Every named part appears in `lock`; a `*` may only end a pattern; a
+    /// pattern that could match a key another guard's pattern matches is
+    /// refused.
+    pub data: Vec<String>,
+    /// What a write from a holder whose lock is lost gets: `"report"`
+    /// (applied, counted and logged: learn first) or `"refuse"` (not
+    /// applied: `-ERR lockgate: write refused: …`).
+    #[serde(default)]
+    pub mode: GuardMode,
+    /// Writes from connections that never took the lock (and are not
+    /// covered by the pooled rule): `"allow"` (applied, counted as
+    /// `unlocked_writer`) or `"refuse"` (refused in `refuse` mode, reported
+    /// in `report` mode).
+    #[serde(default)]
+    pub unlocked_writers: UnlockedWriters,
+}
+
+/// Most `[[locks.guards]]`.
+pub const MAX_GUARDS: usize = 64;
+
+/// What a guarded write from a holder whose lock is lost gets.
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum GuardMode {
+    /// Applied, counted (`reported_late`) and logged (rate-limited).
+    #[default]
+    Report,
+    /// Refused with an error naming the lock and why.
+    Refuse,
+}
+
+/// What a guarded write from a connection that never took the lock gets.
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum UnlockedWriters {
+    /// Applied and counted.
+    #[default]
+    Allow,
+    /// Refused (in `refuse` mode).
+    Refuse,
 }

@@ -15,7 +15,10 @@ mod proxy;
 mod sentinel;
 mod tls;
 pub use cluster::{ClusterConfig, MAX_REDIRECTS};
-pub use locks::{LockOverride, LocksConfig, Ownership, QuorumConfig, QuorumLoss, RetryConfig};
+pub use locks::{
+    GuardConfig, GuardMode, LockOverride, LocksConfig, Ownership, QuorumConfig, QuorumLoss,
+    RetryConfig, UnlockedWriters, MAX_GUARDS,
+};
 pub use proxy::{
     ProxyConfig, UpstreamMode, MAX_SHARED_UPSTREAM_CONNECTIONS, MIN_CLIENT_TIMEOUT_MS,
 };
@@ -376,6 +379,7 @@ impl Config {
                 ));
             }
         }
+        self.validate_guards()?;
         if self.limits.max_request_bytes < self.limits.max_bulk_bytes {
             return Err(invalid(
                 "limits.max_request_bytes",
@@ -383,6 +387,30 @@ impl Config {
             ));
         }
         self.validate_tls()
+    }
+
+    /// `[[locks.guards]]`: each compiles ([`crate::lock::guard::Guards`]),
+    /// and the stores lockgate cannot guard writes on yet are refused.
+    fn validate_guards(&self) -> Result<(), ConfigError> {
+        if self.locks.guards.is_empty() {
+            return Ok(());
+        }
+        if !self.locks.quorum.masters.is_empty() {
+            return Err(invalid(
+                "locks.guards",
+                "guarded writes are not served with the lock quorum yet (docs/guarded-writes.md)",
+            ));
+        }
+        if self.upstream.cluster.enabled() {
+            return Err(invalid(
+                "locks.guards",
+                "guarded writes are not served in front of a Redis Cluster yet (docs/guarded-writes.md)",
+            ));
+        }
+        let patterns = crate::lock::keys::KeyPatterns::new(&self.locks.keys);
+        crate::lock::guard::Guards::compile(&self.locks.guards, &patterns)
+            .map(|_| ())
+            .map_err(|e| invalid("locks.guards", &e.0))
     }
 
     /// The TLS sections: addresses and timeouts, then the files themselves

@@ -49,10 +49,12 @@ pub enum Script {
     ReleaseFast,
     /// [`script::EXTEND_FAST`].
     ExtendFast,
+    /// [`script::GUARD`].
+    Guard,
 }
 
 /// Every [`Script`], in the order of their bits in [`Loaded`].
-const ALL: [Script; 8] = [
+const ALL: [Script; 9] = [
     Script::Acquire,
     Script::Release,
     Script::ReleaseHandoff,
@@ -61,6 +63,7 @@ const ALL: [Script; 8] = [
     Script::Pass,
     Script::ReleaseFast,
     Script::ExtendFast,
+    Script::Guard,
 ];
 
 /// Every script's Lua body, in [`Script::all`]'s order: what the quorum's
@@ -78,7 +81,7 @@ pub static BODIES: [&str; ALL.len()] = {
 
 impl Script {
     /// Every script lockgate runs.
-    pub fn all() -> [Script; 8] {
+    pub fn all() -> [Script; 9] {
         ALL
     }
 
@@ -93,12 +96,13 @@ impl Script {
             Script::Pass => script::PASS,
             Script::ReleaseFast => script::RELEASE_FAST,
             Script::ExtendFast => script::EXTEND_FAST,
+            Script::Guard => script::GUARD,
         }
     }
 
     /// The body's SHA1 in lowercase hex, as Redis names it (computed once).
     pub fn sha(self) -> &'static str {
-        static SHAS: OnceLock<[String; 8]> = OnceLock::new();
+        static SHAS: OnceLock<[String; 9]> = OnceLock::new();
         let shas =
             SHAS.get_or_init(|| ALL.map(|s| sha1_smol::Sha1::from(s.body()).digest().to_string()));
         &shas[self as usize]

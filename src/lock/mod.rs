@@ -63,6 +63,7 @@ pub(crate) mod fast;
 pub(crate) mod fence;
 mod forget;
 pub use forget::{Database, Forget};
+pub mod guard;
 pub(crate) mod hotkeys;
 pub(crate) mod keys;
 pub(crate) mod lease;
@@ -177,6 +178,8 @@ pub enum LockPending {
         /// The new owner token.
         token: Bytes,
     },
+    /// A guarded write ([`guard`]): its reply is the write's, or a refusal.
+    Guard(guard::GuardPending),
 }
 
 /// How a failed attempt is parked (see [`storm`]).
@@ -225,6 +228,9 @@ pub struct Rules {
     fast_path: bool,
     retry: crate::config::RetryConfig,
     failover_delay_ms: Option<u64>,
+    eviction_check_ms: u64,
+    /// `[[locks.guards]]`, compiled.
+    guards: guard::Guards,
 }
 
 impl Rules {
@@ -238,8 +244,10 @@ impl Rules {
         self.retry.spin_window_ms
     }
 
-    fn new(c: &crate::config::LocksConfig) -> Rules {
+    fn new(c: &crate::config::LocksConfig, guards: guard::Guards) -> Rules {
         Rules {
+            eviction_check_ms: c.eviction_check_ms,
+            guards,
             patterns: KeyPatterns::new(&c.keys),
             overrides: c
                 .overrides
@@ -288,6 +296,15 @@ pub struct LockService {
     /// A Redis Cluster is behind lockgate (`[upstream.cluster]`): see
     /// [`LockService::refused_on_cluster`].
     on_cluster: bool,
+    /// Guards are configured (see [`LockService::guards_on`]).
+    guards_on: std::sync::atomic::AtomicBool,
+    /// Redis's command table, for guarded writes ([`guard::table`]).
+    pub guard_table: guard::table::GuardTable,
+    /// Every guard's counters by lock pattern, kept across reloads.
+    guard_counts:
+        std::sync::Mutex<std::collections::HashMap<String, std::sync::Arc<guard::GuardCounts>>>,
+    /// Rate-limits the warning of a guarded write from a non-holder.
+    guard_warn: RateLimit,
 }
 
 /// Interval between two repeats of the same lock warning.
@@ -310,8 +327,11 @@ impl LockService {
         } else {
             c.instance_id.clone()
         };
-        LockService {
-            rules: std::sync::RwLock::new(std::sync::Arc::new(Rules::new(c))),
+        let service = LockService {
+            rules: std::sync::RwLock::new(std::sync::Arc::new(Rules::new(
+                c,
+                guard::Guards::default(),
+            ))),
             tokens: Tokens::new(&instance),
             max_conn_locks: c.max_locks_per_connection,
             max_unmatched: c.max_unmatched_prefixes,
@@ -328,7 +348,13 @@ impl LockService {
             max_lease_ms: std::sync::atomic::AtomicU64::new(0),
             store,
             on_cluster: config.upstream.cluster.enabled(),
-        }
+            guards_on: std::sync::atomic::AtomicBool::new(false),
+            guard_table: guard::table::GuardTable::default(),
+            guard_counts: std::sync::Mutex::new(std::collections::HashMap::new()),
+            guard_warn: RateLimit::new(WARN_INTERVAL),
+        };
+        service.reload(config);
+        service
     }
 
     /// In front of a Redis Cluster that holds the locks (no quorum), the
@@ -366,9 +392,18 @@ impl LockService {
 
     /// Puts the lock rules of `config` in force (hot reload). Commands
     /// routed from now on see them; acquisitions already made keep theirs.
-    pub(crate) fn reload(&self, config: &Config) {
-        let new = std::sync::Arc::new(Rules::new(&config.locks));
+    pub fn reload(&self, config: &Config) {
+        let guards = self.compile_guards(&config.locks);
+        let on = !guards.is_empty();
+        let new = std::sync::Arc::new(Rules::new(&config.locks, guards));
         *crate::sync::write(&self.rules) = new;
+        self.guards_on
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// `locks.eviction_check_ms` in force, as a duration.
+    pub(crate) fn eviction_interval(&self) -> Duration {
+        Duration::from_millis(self.rules().eviction_check_ms.max(10))
     }
 
     /// True when `key` is a lock key.

@@ -498,7 +498,7 @@ impl LockService {
                     }
                 }
             }
-            LockPending::Takeover { .. } => {}
+            LockPending::Takeover { .. } | LockPending::Guard(_) => {}
             // Its reply is read before (`LockService::on_reply`): `facts`
             // are the general script's.
             LockPending::Fast { then, .. } => return self.complete(*then, facts, conn),

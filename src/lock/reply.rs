@@ -54,6 +54,11 @@ impl LockService {
         if let (Some(rerun), Some(txn)) = (&rerun, &self.store().primary.txn) {
             if refuses_scripts(&frame) {
                 txn.observed(true);
+                // A guarded write has no transaction form: refused, and
+                // from now on not checkable (`guard::Uncheckable::Scriptless`).
+                if matches!(pending, LockPending::Guard(_)) {
+                    return ReplyOutcome::Reply(self.scripts_refused(frame));
+                }
                 let failed = "the server refuses scripts and the lock transaction failed";
                 let call = rerun.call.eval_in(rerun.db);
                 return self.in_place(pending, call, failed, conn);
@@ -147,6 +152,9 @@ impl LockService {
             LockPending::Script { .. } | LockPending::Forget(_) => frame,
             _ => self.scripts_refused(frame),
         };
+        if let LockPending::Guard(g) = pending {
+            return ReplyOutcome::Reply(self.guard_reply(g, frame));
+        }
         let (reply, facts, pending) = match pending {
             LockPending::Fast { read, then } => {
                 let (reply, facts) = super::fast::read(read, &frame);

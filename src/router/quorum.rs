@@ -5,6 +5,7 @@
 
 use super::{CommandArgs, Queued, Route, SessionView, TxView};
 use crate::command::{CommandKind, MultiKeys, ReadKeys};
+use crate::lock::guard::Guarded;
 use crate::lock::split::{self, Split};
 use crate::lock::LockService;
 
@@ -212,9 +213,20 @@ pub(super) fn transaction(
         }
         (
             _,
-            Route::RefusePersist | Route::Forward(_) | Route::ForwardForget(..) | Route::Lock(_),
+            Route::RefusePersist
+            | Route::Forward(_)
+            | Route::ForwardForget(..)
+            | Route::Lock(_)
+            | Route::Guarded(Guarded::Unchecked(_)),
         ) => {
             next.tx.primary = true;
+            return route;
+        }
+        // A guarded write that cannot be checked with the transaction, in
+        // refuse mode: refused while queuing, so EXEC runs nothing (never
+        // a transaction applied in part).
+        (_, Route::Guarded(_)) => {
+            next.tx.failed = true;
             return route;
         }
         // Answered as refused; EXEC then aborts.

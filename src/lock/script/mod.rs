@@ -674,3 +674,46 @@ local c = tonumber(redis.call('GET', KEYS[3]) or '0')
 if c < tonumber(ARGV[2]) then redis.call('SET', KEYS[3], ARGV[2]) end
 return 1
 "#;
+
+/// A guarded write (`[[locks.guards]]`, [`crate::lock::guard`]): the
+/// owner rule of [`RELEASE`] for each lock the write's keys map to, then
+/// the write itself, in one atomic step. KEYS: the locks' owner records.
+/// ARGV: info (`"1"`), m, instance prefix, the connection's birth, then per
+/// lock: token (`''`: the connection holds no acquisition of it),
+/// unsettled attempts (newline separated), refuse-late (`1`/`0`),
+/// refuse-unlocked (`1`/`0`); then the write, name first. Per lock a
+/// standing: 0 held (its own acquisition, or by the pooled rule this
+/// instance's since the connection opened), 1 its acquisition ended (no
+/// owner record), 2 another acquisition owns it, 3 never taken and free,
+/// 4 never taken and someone else's. The write runs unless some lock
+/// refuses it. Reply: `{reply, 1, standings…}` when run (the write's reply,
+/// an error included, as Redis gave it), `{0, 0, standings…}` when refused.
+pub const GUARD: &str = r#"
+local m = tonumber(ARGV[2])
+local prefix, born = ARGV[3], tonumber(ARGV[4])
+local standings = {}
+local refuse = false
+for i = 1, m do
+  local tok, alt = ARGV[4 * i + 1], ARGV[4 * i + 2]
+  local owner = redis.call('GET', KEYS[i])
+  local s
+  if owner and ((tok ~= '' and owner == tok) or (alt ~= '' and string.find('\n' .. alt .. '\n', '\n' .. owner .. '\n', 1, true))) then
+    s = 0
+  elseif tok ~= '' then
+    if owner then s = 2 else s = 1 end
+  elseif owner and string.sub(owner, 1, #prefix) == prefix and (tonumber(string.sub(owner, #prefix + 1)) or 0) >= born then
+    s = 0
+  elseif owner then
+    s = 4
+  else
+    s = 3
+  end
+  standings[i] = s
+  if (ARGV[4 * i + 3] == '1' and (s == 1 or s == 2)) or (ARGV[4 * i + 4] == '1' and s >= 3) then
+    refuse = true
+  end
+end
+if refuse then return {0, 0, unpack(standings)} end
+local reply = redis.pcall(unpack(ARGV, 4 * m + 5))
+return {reply, 1, unpack(standings)}
+"#;

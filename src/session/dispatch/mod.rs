@@ -19,6 +19,7 @@ use crate::admin;
 use crate::command::{self, CommandKind};
 use crate::context::ServerContext;
 use crate::lock::evalsha::{self, Loaded, Rerun};
+use crate::lock::guard::Guarded;
 use crate::lock::lease::ConnLocks;
 use crate::lock::ops::LockOp;
 use crate::lock::{script, Attempt, Forget, LockPending, Refusal, Seat};
@@ -235,6 +236,7 @@ impl Carrier {
                 out.batch.record(Expect::One);
             }
             Route::Lock(op) => self.lock(&op, out),
+            Route::Guarded(guarded) => self.guarded(guarded, args, whole, out),
             Route::RefusePersist => {
                 let reply = ctx.locks.refuse_persist(args.get(1));
                 self.refuse(reply, out)
@@ -367,6 +369,35 @@ impl Carrier {
                 };
                 out.batch.lock(pending, Some(rerun));
             }
+        }
+    }
+
+    /// A write to guarded data: checked with the write in one script call
+    /// on the client's connection (the writer reads its reply with
+    /// [`crate::lock::LockService::guard_reply`]), forwarded unchecked, or
+    /// refused (inside `MULTI` the refusal aborts the `EXEC`, see
+    /// [`router::Route::Guarded`]).
+    fn guarded(
+        &mut self,
+        guarded: Guarded,
+        args: CommandArgs<'_>,
+        whole: Range<usize>,
+        out: &mut Routed,
+    ) {
+        let locks = &self.ctx.locks;
+        locks.count_uncheckable(&guarded);
+        match guarded {
+            Guarded::Check(checked) => {
+                let (call, pending) =
+                    locks.guard_call(checked, &args.all(), &crate::sync::lock(&self.conn));
+                let rerun = self.by_sha(call, out);
+                out.batch.lock(pending, rerun);
+            }
+            Guarded::Unchecked(_) => {
+                out.pieces.client(whole);
+                out.batch.record(Expect::One);
+            }
+            Guarded::Refuse(_, text) => out.batch.local(LocalReply::err(text)),
         }
     }
 

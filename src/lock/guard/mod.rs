@@ -1,0 +1,627 @@
+//! Guarded writes (`[[locks.guards]]`, `docs/guarded-writes.md`): a write
+//! to data a lock protects is applied only while the writing connection
+//! holds that lock, checked in Redis in the same atomic step as the write.
+//!
+//! A lease makes a lock expire; it cannot stop a holder paused past its
+//! lease from writing after the next holder took over. lockgate sees both
+//! the lock commands and the writes, and the data lives in the same Redis:
+//! a write (by Redis's own `COMMAND` flags, [`table`]) to a key matching a
+//! guard's data pattern ([`pattern`]) goes up as [`crate::lock::script::GUARD`]
+//! instead of itself: the script reads the lock's owner record, applies
+//! the owner rule every release applies (this connection's acquisition,
+//! or by the pooled rule one this instance made since the connection
+//! opened), and runs the write (or not) in the same call.
+//!
+//! The route is decided by [`LockService::guard_route`] (the router's one
+//! call), the call built by [`LockService::guard_call`] (the session's),
+//! and the reply read by [`LockService::guard_reply`] (the writer's): the
+//! client gets the write's own reply, or `-ERR lockgate: write refused: …`.
+
+pub mod pattern;
+pub mod table;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+
+use super::evalsha::{Call, Script};
+use super::keys::KeyPatterns;
+use super::lease::{ConnLocks, Standing};
+use super::{owner_key, LockPending, LockService};
+use crate::config::{GuardConfig, GuardMode, UnlockedWriters};
+use crate::metrics::ProxyMetrics;
+use crate::protocol::encode::LocalReply;
+use pattern::{Pattern, PatternError};
+
+/// One compiled guard.
+#[derive(Debug, Clone)]
+pub struct Guard {
+    /// The lock key pattern.
+    pub lock: Pattern,
+    /// The data key patterns.
+    pub data: Vec<Pattern>,
+    /// Refuse late writes (`mode = "refuse"`).
+    pub refuse_late: bool,
+    /// Refuse writes from connections that never took the lock
+    /// (`mode = "refuse"` and `unlocked_writers = "refuse"`).
+    pub refuse_unlocked: bool,
+    /// The counters of this guard (by its lock pattern).
+    pub counts: Arc<GuardCounts>,
+}
+
+/// The guards in force: part of the reloadable lock rules.
+#[derive(Debug, Clone, Default)]
+pub struct Guards {
+    guards: Vec<Guard>,
+    /// The literal starts of every data pattern; `None` when some pattern
+    /// starts with a named part (every key may match).
+    prefixes: Option<Vec<Vec<u8>>>,
+}
+
+/// What happened to guarded writes under one guard, counted once per
+/// write and guard (see `docs/guarded-writes.md`, "Counters").
+#[derive(Debug, Default)]
+pub struct GuardCounts {
+    /// Applied: the connection held the lock.
+    pub applied: AtomicU64,
+    /// Refused (`mode = "refuse"`), or not checkable and refused.
+    pub refused: AtomicU64,
+    /// Applied in `report` mode although the connection's lock was lost.
+    pub reported_late: AtomicU64,
+    /// Applied from a connection that never took the lock.
+    pub unlocked_writer: AtomicU64,
+    /// Passed in `report` mode without a check lockgate could make exactly
+    /// (inside `MULTI`, a script, a server that refuses scripts).
+    pub unchecked: AtomicU64,
+}
+
+impl GuardCounts {
+    /// (name, value) of every counter, in the order the docs list them.
+    pub fn each(&self) -> [(&'static str, u64); 5] {
+        let v = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        [
+            ("applied", v(&self.applied)),
+            ("refused", v(&self.refused)),
+            ("reported_late", v(&self.reported_late)),
+            ("unlocked_writer", v(&self.unlocked_writer)),
+            ("unchecked", v(&self.unchecked)),
+        ]
+    }
+}
+
+impl Guards {
+    /// Compiles `configs`, refusing what could not be guarded exactly
+    /// (each error says which guard and why): a lock pattern without a
+    /// named part or naming no lock key (`lock_keys`), a data pattern
+    /// with a name its lock lacks, two guards' data patterns that could
+    /// match one key. `counts`: each guard's counters, by lock pattern
+    /// (kept across reloads).
+    pub fn compile(
+        configs: &[GuardConfig],
+        lock_keys: &KeyPatterns,
+    ) -> Result<Guards, PatternError> {
+        Guards::compile_with(configs, lock_keys, |_| Arc::default())
+    }
+
+    fn compile_with(
+        configs: &[GuardConfig],
+        lock_keys: &KeyPatterns,
+        mut counts: impl FnMut(&str) -> Arc<GuardCounts>,
+    ) -> Result<Guards, PatternError> {
+        let e = |s: String| PatternError(s);
+        if configs.len() > crate::config::MAX_GUARDS {
+            return Err(e(format!(
+                "at most {} guards ({} given)",
+                crate::config::MAX_GUARDS,
+                configs.len()
+            )));
+        }
+        let mut guards: Vec<Guard> = Vec::new();
+        for c in configs {
+            let lock = Pattern::parse(&c.lock, false)?;
+            let names: Vec<&str> = lock.names().collect();
+            if names.is_empty() {
+                return Err(e(format!(
+                    "lock `{}` has no named part: every data key would guard one lock",
+                    c.lock
+                )));
+            }
+            if (1..names.len()).any(|i| names[..i].contains(&names[i])) {
+                return Err(e(format!("lock `{}` names a part twice", c.lock)));
+            }
+            let sample: Vec<(&str, &[u8])> = names.iter().map(|n| (*n, &b"x"[..])).collect();
+            match lock.render(&sample) {
+                Some(k) if lock_keys.matches(&k) => {}
+                _ => {
+                    return Err(e(format!(
+                        "lock `{}` does not name lock keys (locks.keys): its writes could not be checked against an owner record",
+                        c.lock
+                    )))
+                }
+            }
+            if c.data.is_empty() {
+                return Err(e(format!("lock `{}` guards no data", c.lock)));
+            }
+            let mut data = Vec::new();
+            for d in &c.data {
+                let p = Pattern::parse(d, true)?;
+                if let Some(n) = p.names().find(|n| !names.contains(n)) {
+                    return Err(e(format!(
+                        "data `{d}` names `{{{n}}}`, which lock `{}` does not have",
+                        c.lock
+                    )));
+                }
+                if lock_keys.matches(p.prefix()) && p.names().next().is_none() {
+                    return Err(e(format!("data `{d}` is a lock key pattern")));
+                }
+                data.push(p);
+            }
+            for other in &guards {
+                for a in &data {
+                    if let Some(b) = other.data.iter().find(|b| a.overlaps(b)) {
+                        return Err(e(format!(
+                            "data `{}` (lock `{}`) and data `{}` (lock `{}`) could match the same key",
+                            a.text, c.lock, b.text, other.lock.text
+                        )));
+                    }
+                }
+            }
+            let refuse_late = c.mode == GuardMode::Refuse;
+            guards.push(Guard {
+                counts: counts(&c.lock),
+                lock,
+                data,
+                refuse_late,
+                refuse_unlocked: refuse_late && c.unlocked_writers == UnlockedWriters::Refuse,
+            });
+        }
+        let prefixes = (guards.iter().flat_map(|g| &g.data))
+            .map(|p| (!p.prefix().is_empty()).then(|| p.prefix().to_vec()))
+            .collect();
+        Ok(Guards { guards, prefixes })
+    }
+
+    /// True when no guard is configured.
+    pub fn is_empty(&self) -> bool {
+        self.guards.is_empty()
+    }
+
+    /// The guards.
+    pub fn all(&self) -> &[Guard] {
+        &self.guards
+    }
+
+    /// Whether any of `args` could be a guarded key (cheap: a literal
+    /// start per data pattern); false is certain.
+    #[inline]
+    pub fn may_touch(&self, args: impl Iterator<Item = impl AsRef<[u8]>>) -> bool {
+        match &self.prefixes {
+            None => !self.guards.is_empty(),
+            Some(prefixes) => {
+                let mut args = args;
+                args.any(|a| prefixes.iter().any(|p| a.as_ref().starts_with(p)))
+            }
+        }
+    }
+
+    /// The guard whose data patterns match `key`, and the lock key it
+    /// maps to.
+    pub fn lock_of(&self, key: &[u8]) -> Option<(&Guard, Bytes)> {
+        let mut bound = Vec::new();
+        for g in &self.guards {
+            for p in &g.data {
+                if p.matches(key, &mut bound) {
+                    return g.lock.render(&bound).map(|lock| (g, lock));
+                }
+            }
+        }
+        None
+    }
+}
+
+/// One lock a guarded write is checked against.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GuardedLock {
+    /// The lock key.
+    pub lock: Bytes,
+    /// The guarded key written that maps to it (the first, for messages).
+    pub data: Bytes,
+    /// Refuse if this connection's lock was lost.
+    pub refuse_late: bool,
+    /// Refuse if this connection never took it.
+    pub refuse_unlocked: bool,
+    /// The guard's counters.
+    pub counts: CountsRef,
+}
+
+/// A guard's counters, compared by identity (routes are compared in
+/// tests).
+#[derive(Debug, Clone)]
+pub struct CountsRef(pub Arc<GuardCounts>);
+
+impl PartialEq for CountsRef {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for CountsRef {}
+
+/// What becomes of a write to guarded keys.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Guarded {
+    /// Checked in Redis with the write ([`LockService::guard_call`]).
+    Check(Vec<GuardedLock>),
+    /// Not checkable exactly, in `report` mode: forwarded as it is and
+    /// counted `unchecked`.
+    Unchecked(Vec<GuardedLock>),
+    /// Not checkable exactly, in `refuse` mode: refused with this message
+    /// and counted `refused`.
+    Refuse(Vec<GuardedLock>, String),
+}
+
+/// Why a guarded write could not be checked exactly.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Uncheckable {
+    /// Inside `MULTI`.
+    InMulti,
+    /// A client script or function.
+    Script,
+    /// Redis's command table is not loaded yet.
+    NoTable,
+    /// The command's keys cannot all be found from its key specification.
+    Keys,
+    /// It writes lock keys and guarded keys in one command.
+    MixesLocks,
+    /// The server refuses scripts.
+    Scriptless,
+}
+
+impl Uncheckable {
+    fn says(self, name: &str) -> String {
+        match self {
+            Uncheckable::InMulti => format!("{name} on a guarded key inside MULTI cannot be checked with the transaction (the transaction is discarded)"),
+            Uncheckable::Script => format!("{name} on a guarded key runs code lockgate cannot check with its writes"),
+            Uncheckable::NoTable => format!("cannot tell yet whether {name} writes a guarded key (Redis's command table is not loaded)"),
+            Uncheckable::Keys => format!("cannot tell which keys {name} writes"),
+            Uncheckable::MixesLocks => format!("{name} writes a lock key and a guarded key together"),
+            Uncheckable::Scriptless => format!("{name} on a guarded key cannot be checked: the server refuses scripts"),
+        }
+    }
+}
+
+/// How a guarded write came out for one lock, as [`crate::lock::script::GUARD`]
+/// reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stood {
+    /// Held by this connection's acquisition (or the pooled rule's).
+    Held,
+    /// This connection held it; the owner record is gone.
+    Ended,
+    /// This connection held it; another acquisition owns it now.
+    Taken,
+    /// This connection never took it; nobody holds it.
+    NeverFree,
+    /// This connection never took it; someone else holds it.
+    NeverHeld,
+}
+
+impl Stood {
+    fn from_fact(n: i64) -> Stood {
+        match n {
+            0 => Stood::Held,
+            1 => Stood::Ended,
+            2 => Stood::Taken,
+            3 => Stood::NeverFree,
+            _ => Stood::NeverHeld,
+        }
+    }
+
+    fn late(self) -> bool {
+        matches!(self, Stood::Ended | Stood::Taken)
+    }
+}
+
+/// What the writer needs to read a guarded write's reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GuardPending {
+    /// The locks checked, in the script's order.
+    pub locks: Vec<GuardedLock>,
+    /// When each lock's lease ended or ends by this connection's record
+    /// (`None`: it holds no record of it).
+    pub lease_ends: Vec<Option<Instant>>,
+}
+
+impl LockService {
+    /// True when guards are configured (one atomic load: what every
+    /// command not on a guarded key pays).
+    #[inline]
+    pub fn guards_on(&self) -> bool {
+        self.guards_on.load(Ordering::Relaxed)
+    }
+
+    /// Whether the command `args` could write a guarded key (cheap; false
+    /// is certain): the router's shortcut asks it first.
+    #[inline]
+    pub fn may_guard(&self, args: impl Iterator<Item = impl AsRef<[u8]>>) -> bool {
+        self.guards_on() && crate::sync::read(&self.rules).guards.may_touch(args)
+    }
+
+    /// What becomes of the command `args` (name first) if it writes
+    /// guarded keys; `None` when it does not (or guards are off). A write
+    /// is known by Redis's own `COMMAND` flags; a client script or
+    /// function (`EVAL*`, `FCALL`, not their `_RO` forms) by its declared
+    /// keys.
+    pub fn guard_route(&self, args: &[&[u8]], in_multi: bool) -> Option<Guarded> {
+        if !self.may_guard(args.iter().skip(1)) {
+            return None;
+        }
+        let rules = self.rules();
+        let name =
+            String::from_utf8_lossy(args.first().copied().unwrap_or_default()).to_uppercase();
+        // Every argument that could be a guarded key (before the table
+        // says which are keys): what an uncheckable command is held to.
+        let touched = |rules: &super::Rules| -> Vec<GuardedLock> {
+            guarded_locks(&rules.guards, args.iter().skip(1).copied())
+        };
+        let table = self.guard_table.get();
+        let script = matches!(name.as_str(), "EVAL" | "EVALSHA" | "FCALL");
+        let write = match table.writes(args) {
+            _ if script => true,
+            Some(w) => w,
+            None if table.is_empty() => {
+                let locks = touched(&rules);
+                return (!locks.is_empty())
+                    .then(|| uncheckable(locks, Uncheckable::NoTable, &name));
+            }
+            // Unknown to the server: it will say so.
+            None => return None,
+        };
+        if !write {
+            return None;
+        }
+        let keys = match table.keys(args) {
+            Ok(keys) => keys,
+            Err(_) => {
+                let locks = touched(&rules);
+                return (!locks.is_empty()).then(|| uncheckable(locks, Uncheckable::Keys, &name));
+            }
+        };
+        let locks = guarded_locks(&rules.guards, keys.iter().copied());
+        if locks.is_empty() {
+            return None;
+        }
+        let why = if script {
+            Some(Uncheckable::Script)
+        } else if keys.iter().any(|k| rules.patterns.matches(k)) {
+            Some(Uncheckable::MixesLocks)
+        } else if in_multi {
+            Some(Uncheckable::InMulti)
+        } else if self.scriptless() {
+            Some(Uncheckable::Scriptless)
+        } else {
+            None
+        };
+        Some(match why {
+            Some(why) => uncheckable(locks, why, &name),
+            None => Guarded::Check(locks),
+        })
+    }
+
+    /// The script call that carries out the guarded write `args` against
+    /// `locks` for the connection `conn`, and what its reply needs.
+    pub(crate) fn guard_call(
+        &self,
+        locks: Vec<GuardedLock>,
+        args: &[&[u8]],
+        conn: &ConnLocks,
+    ) -> (Call, LockPending) {
+        let owners: Vec<Bytes> = locks.iter().map(|l| owner_key(&l.lock)).collect();
+        let keys: Vec<&[u8]> = owners.iter().map(|k| &k[..]).collect();
+        let m = locks.len().to_string();
+        let born = conn.born.to_string();
+        let mut tokens = Vec::with_capacity(locks.len());
+        let mut lease_ends = Vec::with_capacity(locks.len());
+        for l in &locks {
+            let record = conn.get(&l.lock);
+            // Held (acquired or taken over): its token; an attempt not
+            // settled yet may also be the owner's.
+            let tok = record
+                .filter(|a| a.standing == Standing::Held)
+                .map(|a| a.token.clone())
+                .unwrap_or_default();
+            let (_, alt) = conn.attempt_tokens(&l.lock);
+            lease_ends.push(
+                record
+                    .filter(|a| a.lease_ms > 0)
+                    .map(|a| a.since + std::time::Duration::from_millis(a.lease_ms)),
+            );
+            tokens.push((tok, alt));
+        }
+        let flag = |b: bool| if b { &b"1"[..] } else { &b"0"[..] };
+        let mut argv: Vec<&[u8]> = vec![
+            b"1",
+            m.as_bytes(),
+            self.instance_prefix().as_bytes(),
+            born.as_bytes(),
+        ];
+        for (l, (tok, alt)) in locks.iter().zip(&tokens) {
+            argv.extend([
+                &tok[..],
+                &alt[..],
+                flag(l.refuse_late),
+                flag(l.refuse_unlocked),
+            ]);
+        }
+        argv.extend_from_slice(args);
+        let call = Call::new(Script::Guard, &keys, &argv);
+        (call, LockPending::Guard(GuardPending { locks, lease_ends }))
+    }
+
+    /// The client's reply to a guarded write whose script answered
+    /// `frame`, counted per guard; a refusal names the first lock that
+    /// refused it and why.
+    pub(crate) fn guard_reply(&self, pending: GuardPending, frame: Bytes) -> Bytes {
+        let (reply, facts) = super::split_reply(&frame);
+        // Not the script's answer (an error from Redis): the client's, whole.
+        if facts.len() != 1 + pending.locks.len() {
+            return frame;
+        }
+        let applied = facts[0] == 1;
+        let standings: Vec<Stood> = facts[1..].iter().map(|&n| Stood::from_fact(n)).collect();
+        let mut refusal = None;
+        for ((l, s), end) in pending
+            .locks
+            .iter()
+            .zip(&standings)
+            .zip(&pending.lease_ends)
+        {
+            let c = &l.counts.0;
+            let refuses = (s.late() && l.refuse_late)
+                || (matches!(s, Stood::NeverFree | Stood::NeverHeld) && l.refuse_unlocked);
+            // A refused write counts under the guards that refused it.
+            let counter = match s {
+                _ if !applied && refuses => &c.refused,
+                _ if !applied => continue,
+                Stood::Held => &c.applied,
+                Stood::Ended | Stood::Taken => &c.reported_late,
+                Stood::NeverFree | Stood::NeverHeld => &c.unlocked_writer,
+            };
+            ProxyMetrics::inc(counter);
+            if *s != Stood::Held {
+                self.warn_guarded(l, *s, applied);
+            }
+            if refuses && refusal.is_none() {
+                refusal = Some(refused_because(l, *s, *end));
+            }
+        }
+        match (applied, refusal) {
+            (true, _) => frame.slice_ref(reply),
+            (false, Some(text)) => LocalReply::err(text).to_bytes(false),
+            (false, None) => LocalReply::err("lockgate: write refused").to_bytes(false),
+        }
+    }
+
+    /// Counts `guarded` as carried out without a check: unchecked
+    /// (forwarded) or refused.
+    pub(crate) fn count_uncheckable(&self, guarded: &Guarded) {
+        let (locks, refused) = match guarded {
+            Guarded::Check(_) => return,
+            Guarded::Unchecked(l) => (l, false),
+            Guarded::Refuse(l, _) => (l, true),
+        };
+        for l in locks {
+            let c = &l.counts.0;
+            ProxyMetrics::inc(if refused { &c.refused } else { &c.unchecked });
+        }
+    }
+
+    /// Logs a guarded write that was not its holder's (rate-limited; the
+    /// keys, never values or tokens).
+    fn warn_guarded(&self, l: &GuardedLock, s: Stood, applied: bool) {
+        if let Some(more) = self.guard_warn.check() {
+            tracing::warn!(
+                lock = %String::from_utf8_lossy(&l.lock),
+                key = %String::from_utf8_lossy(&l.data),
+                standing = ?s,
+                applied,
+                suppressed = more,
+                "guarded write from a connection that does not hold the lock"
+            );
+        }
+    }
+
+    /// The counters of every guard in force: (lock pattern, mode, counts).
+    pub fn guard_counts(&self) -> Vec<(String, &'static str, Arc<GuardCounts>)> {
+        let rules = self.rules();
+        (rules.guards.all().iter())
+            .map(|g| {
+                let mode = if g.refuse_late { "refuse" } else { "report" };
+                (g.lock.text.clone(), mode, g.counts.clone())
+            })
+            .collect()
+    }
+
+    /// The counters for the guard with lock pattern `lock`, kept across
+    /// reloads (bounded: at most `MAX_GUARDS` patterns are ever remembered
+    /// past the ones in force).
+    pub(crate) fn counts_for(&self, lock: &str) -> Arc<GuardCounts> {
+        let mut all = crate::sync::lock(&self.guard_counts);
+        if let Some(c) = all.get(lock) {
+            return c.clone();
+        }
+        if all.len() >= 2 * crate::config::MAX_GUARDS {
+            all.clear();
+        }
+        let c = Arc::new(GuardCounts::default());
+        all.insert(lock.to_string(), c.clone());
+        c
+    }
+
+    /// The guards of `config` compiled with this service's counters.
+    pub(crate) fn compile_guards(&self, config: &crate::config::LocksConfig) -> Guards {
+        let patterns = KeyPatterns::new(&config.keys);
+        Guards::compile_with(&config.guards, &patterns, |lock| self.counts_for(lock))
+            .unwrap_or_default()
+    }
+}
+
+/// The locks of the guarded keys among `keys`, one per lock key (its first
+/// guarded key named).
+fn guarded_locks<'a>(guards: &Guards, keys: impl Iterator<Item = &'a [u8]>) -> Vec<GuardedLock> {
+    let mut locks: Vec<GuardedLock> = Vec::new();
+    for key in keys {
+        if let Some((g, lock)) = guards.lock_of(key) {
+            if locks.iter().any(|l| l.lock == lock) {
+                continue;
+            }
+            locks.push(GuardedLock {
+                lock,
+                data: Bytes::copy_from_slice(key),
+                refuse_late: g.refuse_late,
+                refuse_unlocked: g.refuse_unlocked,
+                counts: CountsRef(g.counts.clone()),
+            });
+        }
+    }
+    locks
+}
+
+/// An uncheckable write to `locks`: refused if any of its guards refuses
+/// late writes, else forwarded unchecked.
+fn uncheckable(locks: Vec<GuardedLock>, why: Uncheckable, name: &str) -> Guarded {
+    match locks.iter().any(|l| l.refuse_late) {
+        true => {
+            let text = format!("lockgate: write refused: {}", why.says(name));
+            Guarded::Refuse(locks, text)
+        }
+        false => Guarded::Unchecked(locks),
+    }
+}
+
+/// The refusal of a write under `l`, which stood `s`; `end`: when this
+/// connection's lease ended, by its record.
+fn refused_because(l: &GuardedLock, s: Stood, end: Option<Instant>) -> String {
+    let lock = String::from_utf8_lossy(&l.lock);
+    let why = match s {
+        Stood::Ended => match end.and_then(|e| Instant::now().checked_duration_since(e)) {
+            Some(ago) => format!("lease ended {:.1} s ago", ago.as_secs_f64()),
+            None => "its lease ended".to_string(),
+        },
+        Stood::Taken => "another holder has it now".to_string(),
+        Stood::NeverFree => return format!(
+            "lockgate: write refused: {} is guarded by {lock}, which this connection does not hold (nobody holds it)",
+            String::from_utf8_lossy(&l.data)
+        ),
+        Stood::NeverHeld | Stood::Held => return format!(
+            "lockgate: write refused: {} is guarded by {lock}, which this connection does not hold (another holder has it)",
+            String::from_utf8_lossy(&l.data)
+        ),
+    };
+    format!("lockgate: write refused: {lock} is no longer held by this connection ({why})")
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,246 @@
+//! Guarded writes (`[[locks.guards]]`, docs/guarded-writes.md) against a
+//! real redis-server: a holder whose lease ran out cannot write the data
+//! its lock protects (refuse), or is counted doing it (report); writes
+//! from connections that never took the lock, the pooled rule, every
+//! family of write, and reads, which are never guarded.
+
+use crate::support;
+
+use lockgate::config::{GuardConfig, GuardMode, UnlockedWriters};
+use support::locks::*;
+use support::{Lockgate, RawClient, RedisServer};
+
+/// The order guard: `lock:order:{id}` protects `order:{id}` and
+/// `order:{id}:*`.
+pub fn orders(mode: GuardMode, unlocked: UnlockedWriters) -> GuardConfig {
+    GuardConfig {
+        lock: "lock:order:{id}".to_string(),
+        data: vec!["order:{id}".to_string(), "order:{id}:*".to_string()],
+        mode,
+        unlocked_writers: unlocked,
+    }
+}
+
+/// Redis, lockgate with the order guard and `lease_ms` leases (once it
+/// has read Redis's command table), a connection straight to Redis.
+pub async fn guarded(
+    mode: GuardMode,
+    unlocked: UnlockedWriters,
+    lease_ms: u64,
+) -> (RedisServer, Lockgate, RawClient) {
+    let redis = RedisServer::start();
+    let mut c = config(&redis.addr(), "a", lease_ms);
+    c.locks.guards = vec![orders(mode, unlocked)];
+    let lg = Lockgate::start_with_admin(c).await;
+    let r = RawClient::connect(redis.addr()).await;
+    until!(
+        "the command table",
+        !lg.ctx.locks.guard_table.get().is_empty()
+    );
+    (redis, lg, r)
+}
+
+/// The order guard's counters: applied, refused, reported_late,
+/// unlocked_writer, unchecked.
+pub fn counts(lg: &Lockgate) -> [u64; 5] {
+    let all = lg.ctx.locks.guard_counts();
+    let (_, _, c) = all.first().expect("the order guard");
+    c.each().map(|(_, n)| n)
+}
+
+#[tokio::test]
+async fn a_holder_whose_lease_ran_out_cannot_write_in_refuse_mode() {
+    let (_redis, lg, mut r) = guarded(GuardMode::Refuse, UnlockedWriters::Allow, 300).await;
+    let mut a = RawClient::connect(lg.addr).await;
+    let mut b = RawClient::connect(lg.addr).await;
+    assert_eq!(a.call(&["SETNX", "lock:order:1", "a"]).await, ":1\r\n");
+    assert_eq!(a.call(&["SET", "order:1", "by-a"]).await, "+OK\r\n");
+    until!("A's lease to end", !exists(&mut r, "lock:order:1").await);
+    // Nobody holds it: A's lease ended.
+    let refused = a.call(&["SET", "order:1", "late-a"]).await;
+    assert!(
+        refused.starts_with(
+            "-ERR lockgate: write refused: lock:order:1 is no longer held by this connection (lease ended "
+        ) && refused.ends_with(" s ago)\r\n"),
+        "{refused}"
+    );
+    assert_eq!(b.call(&["SETNX", "lock:order:1", "b"]).await, ":1\r\n");
+    assert_eq!(b.call(&["SET", "order:1", "by-b"]).await, "+OK\r\n");
+    // Someone else holds it now; a sub-key is guarded too.
+    let refused = a.call(&["HSET", "order:1:items", "f", "late"]).await;
+    assert_eq!(
+        refused,
+        "-ERR lockgate: write refused: lock:order:1 is no longer held by this connection (another holder has it now)\r\n"
+    );
+    assert_eq!(get(&mut r, "order:1").await.as_deref(), Some("by-b"));
+    assert!(!exists(&mut r, "order:1:items").await);
+    // Reads are never guarded.
+    assert_eq!(a.call(&["GET", "order:1"]).await, "$4\r\nby-b\r\n");
+    // Unguarded keys pass as ever.
+    assert_eq!(a.call(&["SET", "user:1", "x"]).await, "+OK\r\n");
+    assert_eq!(counts(&lg), [2, 2, 0, 0, 0]);
+}
+
+#[tokio::test]
+async fn report_mode_applies_late_writes_and_counts_them() {
+    let (_redis, lg, mut r) = guarded(GuardMode::Report, UnlockedWriters::Allow, 300).await;
+    let mut a = RawClient::connect(lg.addr).await;
+    let mut b = RawClient::connect(lg.addr).await;
+    assert_eq!(a.call(&["SETNX", "lock:order:1", "a"]).await, ":1\r\n");
+    until!("A's lease to end", !exists(&mut r, "lock:order:1").await);
+    assert_eq!(b.call(&["SETNX", "lock:order:1", "b"]).await, ":1\r\n");
+    assert_eq!(a.call(&["SET", "order:1", "late-a"]).await, "+OK\r\n");
+    assert_eq!(b.call(&["SET", "order:1", "by-b"]).await, "+OK\r\n");
+    assert_eq!(get(&mut r, "order:1").await.as_deref(), Some("by-b"));
+    assert_eq!(counts(&lg), [1, 0, 1, 0, 0]);
+    let admin = lg.admin.expect("admin listener");
+    let text = support::ops::http_get(admin, "/metrics").await.body;
+    assert!(
+        text.contains(
+            "lockgate_guarded_writes_total{guard=\"lock:order:{id}\",outcome=\"reported_late\"} 1"
+        ),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn unlocked_writers_are_allowed_or_refused_as_configured() {
+    for (unlocked, want) in [
+        (UnlockedWriters::Allow, "+OK\r\n"),
+        (
+            UnlockedWriters::Refuse,
+            "-ERR lockgate: write refused: order:7 is guarded by lock:order:7, which this connection does not hold (nobody holds it)\r\n",
+        ),
+    ] {
+        let (_redis, lg, mut r) = guarded(GuardMode::Refuse, unlocked, 30_000).await;
+        let mut c = RawClient::connect(lg.addr).await;
+        assert_eq!(c.call(&["SET", "order:7", "x"]).await, want, "{unlocked:?}");
+        assert_eq!(exists(&mut r, "order:7").await, want == "+OK\r\n");
+        let [_, refused, _, unlocked_writer, _] = counts(&lg);
+        assert_eq!((refused, unlocked_writer), match unlocked {
+            UnlockedWriters::Allow => (0, 1),
+            UnlockedWriters::Refuse => (1, 0),
+        });
+    }
+}
+
+/// The pooled rule: a connection that never took the lock may write while
+/// an acquisition this instance made since it opened holds it; not one
+/// made before it opened (that holder may be a connection it replaced).
+#[tokio::test]
+async fn the_pooled_rule_lets_the_pool_write_under_its_own_lock() {
+    let (_redis, lg, _r) = guarded(GuardMode::Refuse, UnlockedWriters::Refuse, 30_000).await;
+    let mut pool = RawClient::connect(lg.addr).await;
+    let mut holder = RawClient::connect(lg.addr).await;
+    assert_eq!(pool.call(&["PING"]).await, "+PONG\r\n");
+    assert_eq!(holder.call(&["SETNX", "lock:order:3", "h"]).await, ":1\r\n");
+    assert_eq!(pool.call(&["SET", "order:3", "by-pool"]).await, "+OK\r\n");
+    let mut newer = RawClient::connect(lg.addr).await;
+    let refused = newer.call(&["SET", "order:3", "by-newer"]).await;
+    assert!(refused.contains("(another holder has it)"), "{refused}");
+    assert_eq!(counts(&lg), [1, 1, 0, 0, 0]);
+}
+
+/// Every family of write: several keys of which some are guarded (each
+/// lock checked), a write that fails in Redis (its error passes), and the
+/// ones lockgate cannot check with the write (MULTI, a script), refused
+/// whole in refuse mode and passed (counted) in report mode.
+#[tokio::test]
+async fn every_family_of_write_is_checked_or_refused_whole() {
+    let (_redis, lg, mut r) = guarded(GuardMode::Refuse, UnlockedWriters::Refuse, 30_000).await;
+    let mut a = RawClient::connect(lg.addr).await;
+    assert_eq!(a.call(&["SETNX", "lock:order:1", "a"]).await, ":1\r\n");
+    // Several keys: one lock held, one not.
+    let refused = a
+        .call(&["MSET", "user:1", "u", "order:1", "x", "order:2", "y"])
+        .await;
+    assert!(
+        refused.contains("order:2 is guarded by lock:order:2"),
+        "{refused}"
+    );
+    assert!(!exists(&mut r, "user:1").await && !exists(&mut r, "order:1").await);
+    assert_eq!(a.call(&["SETNX", "lock:order:2", "a"]).await, ":1\r\n");
+    assert_eq!(
+        a.call(&["MSET", "user:1", "u", "order:1", "x", "order:2", "y"])
+            .await,
+        "+OK\r\n"
+    );
+    assert_eq!(a.call(&["DEL", "order:1", "order:2:z"]).await, ":1\r\n");
+    // Redis's own error passes whole.
+    assert_eq!(a.call(&["SET", "order:2:list", "s"]).await, "+OK\r\n");
+    let wrong = a.call(&["LPUSH", "order:2:list", "v"]).await;
+    assert!(wrong.starts_with("-WRONGTYPE"), "{wrong}");
+    // MULTI: refused while queuing; EXEC aborts, nothing applied.
+    assert_eq!(a.call(&["MULTI"]).await, "+OK\r\n");
+    assert_eq!(a.call(&["SET", "user:2", "u"]).await, "+QUEUED\r\n");
+    let refused = a.call(&["SET", "order:1", "in-tx"]).await;
+    assert!(refused.contains("inside MULTI"), "{refused}");
+    let aborted = a.call(&["EXEC"]).await;
+    assert!(aborted.starts_with("-EXECABORT"), "{aborted}");
+    assert!(!exists(&mut r, "user:2").await && !exists(&mut r, "order:1").await);
+    // A script on a guarded key.
+    let refused = a
+        .call(&[
+            "EVAL",
+            "return redis.call('SET', KEYS[1], 'x')",
+            "1",
+            "order:1",
+        ])
+        .await;
+    assert!(
+        refused.contains("runs code lockgate cannot check"),
+        "{refused}"
+    );
+    assert!(!exists(&mut r, "order:1").await);
+    // A script on other keys passes.
+    assert_eq!(
+        a.call(&[
+            "EVAL",
+            "return redis.call('SET', KEYS[1], 'x')",
+            "1",
+            "user:3"
+        ])
+        .await,
+        "+OK\r\n"
+    );
+    // Applied: passed the check (two locks for MSET and DEL), whatever
+    // Redis then answered.
+    assert_eq!(counts(&lg), [6, 3, 0, 0, 0]);
+
+    // Report mode: the same transaction and script pass, counted unchecked.
+    let (_redis, lg, mut r) = guarded(GuardMode::Report, UnlockedWriters::Allow, 30_000).await;
+    let mut a = RawClient::connect(lg.addr).await;
+    assert_eq!(a.call(&["MULTI"]).await, "+OK\r\n");
+    assert_eq!(a.call(&["SET", "order:1", "in-tx"]).await, "+QUEUED\r\n");
+    assert_eq!(a.call(&["EXEC"]).await, "*1\r\n+OK\r\n");
+    assert_eq!(
+        a.call(&[
+            "EVAL",
+            "return redis.call('SET', KEYS[1], 'x')",
+            "1",
+            "order:1"
+        ])
+        .await,
+        "+OK\r\n"
+    );
+    assert_eq!(get(&mut r, "order:1").await.as_deref(), Some("x"));
+    assert_eq!(counts(&lg), [0, 0, 0, 0, 2]);
+}
+
+/// A reload adds, changes and removes guards without a restart.
+#[tokio::test]
+async fn guards_follow_a_reload() {
+    let (redis, lg, _r) = guarded(GuardMode::Report, UnlockedWriters::Refuse, 30_000).await;
+    let mut c = RawClient::connect(lg.addr).await;
+    assert_eq!(c.call(&["SET", "order:9", "x"]).await, "+OK\r\n");
+    let mut next = config(&redis.addr(), "a", 30_000);
+    next.locks.guards = vec![orders(GuardMode::Refuse, UnlockedWriters::Refuse)];
+    lg.ctx.locks.reload(&next);
+    assert!(c
+        .call(&["SET", "order:9", "y"])
+        .await
+        .starts_with("-ERR lockgate: write refused"));
+    next.locks.guards.clear();
+    lg.ctx.locks.reload(&next);
+    assert_eq!(c.call(&["SET", "order:9", "z"]).await, "+OK\r\n");
+}
