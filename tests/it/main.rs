@@ -30,6 +30,7 @@ mod event_loops;
 mod eviction;
 mod faults;
 mod fencing;
+mod guarded_faults;
 mod guarded_writes;
 mod legacy_behaviour;
 mod lock_safety;

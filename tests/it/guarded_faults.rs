@@ -1,0 +1,171 @@
+//! The fault workload with guarded data (docs/guarded-writes.md): legacy
+//! holders (`SETNX`, `PEXPIRE`, `DEL`) write the data their lock protects
+//! inside their section, and some are paused past their lease, waking
+//! while the next holder is inside. In `refuse` mode no write from a
+//! holder outside its validity reaches the data: the data's history shows
+//! each section's writes together, never another holder's between them;
+//! in `report` mode every late write is applied and counted. Seeded: a
+//! failing run prints its seed, which replays its schedule of pauses.
+
+use std::time::Duration;
+
+use crate::guarded_writes::{counts, guarded};
+use crate::support;
+
+use lockgate::config::{GuardMode, UnlockedWriters};
+use support::locks::*;
+use support::rng::Rng;
+use support::RawClient;
+
+/// The lease the holders get (ms): sections take a few ms, so only the
+/// paused ones outlive it, even on a loaded machine.
+const LEASE_MS: u64 = 1_000;
+/// How long a paused holder sleeps inside its section (ms).
+const PAUSE_MS: u64 = 1_600;
+const HOLDERS: usize = 4;
+const ROUNDS: usize = 5;
+
+/// What one holder saw: its sections whose last write was refused, and
+/// those it was paused in.
+#[derive(Debug, Default)]
+struct Seen {
+    refused: u64,
+    paused: u64,
+}
+
+/// One holder: `ROUNDS` sections on `lock:order:1`, each writing
+/// `h:k:begin` and, after a pause if the schedule says so, `h:k:end` to
+/// the history and the order itself, then releasing.
+async fn holder(addr: std::net::SocketAddr, h: usize, pauses: Vec<bool>) -> Seen {
+    let mut c = RawClient::connect(addr).await;
+    let mut seen = Seen::default();
+    for (k, pause) in pauses.into_iter().enumerate() {
+        // The legacy spin: SETNX until it answers 1.
+        let deadline = std::time::Instant::now() + support::WAIT;
+        while c.call(&["SETNX", "lock:order:1", &format!("h{h}")]).await != ":1\r\n" {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "holder {h} never acquired"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let lease = LEASE_MS.to_string();
+        assert_eq!(c.call(&["PEXPIRE", "lock:order:1", &lease]).await, ":1\r\n");
+        let begin = format!("h{h}:{k}:begin");
+        assert_eq!(
+            c.call(&["RPUSH", "order:1:history", &begin])
+                .await
+                .chars()
+                .next(),
+            Some(':')
+        );
+        if pause {
+            seen.paused += 1;
+            tokio::time::sleep(Duration::from_millis(PAUSE_MS)).await;
+        }
+        let end = format!("h{h}:{k}:end");
+        let wrote = c.call(&["RPUSH", "order:1:history", &end]).await;
+        let set = c.call(&["SET", "order:1", &end]).await;
+        match wrote.starts_with("-ERR lockgate: write refused") {
+            true => {
+                assert!(set.starts_with("-ERR lockgate: write refused"), "{set}");
+                seen.refused += 1;
+            }
+            false => assert!(wrote.starts_with(':') && set == "+OK\r\n", "{wrote} {set}"),
+        }
+        c.call(&["DEL", "lock:order:1"]).await;
+    }
+    seen
+}
+
+/// Runs the workload for `seed` in `mode`; returns the history, the
+/// holders' sightings summed, and the guard's counters.
+async fn workload(seed: u64, mode: GuardMode) -> (Vec<String>, Seen, [u64; 5]) {
+    let (_redis, lg, mut r) = guarded(mode, UnlockedWriters::Allow, LEASE_MS).await;
+    let mut rng = Rng::new(seed);
+    // At least one pause, at most one per holder.
+    let schedule: Vec<Vec<bool>> = (0..HOLDERS)
+        .map(|h| {
+            let at = rng.below(ROUNDS as u64 * 2) as usize;
+            (0..ROUNDS).map(|k| k == at || (h == 0 && k == 1)).collect()
+        })
+        .collect();
+    let addr = lg.addr;
+    let tasks: Vec<_> = (schedule.into_iter().enumerate())
+        .map(|(h, pauses)| tokio::spawn(holder(addr, h, pauses)))
+        .collect();
+    let mut seen = Seen::default();
+    for t in tasks {
+        let s = t.await.expect("holder");
+        seen.refused += s.refused;
+        seen.paused += s.paused;
+    }
+    // The history as Redis holds it: `h<holder>:<round>:<begin|end>`.
+    let raw = r.call(&["LRANGE", "order:1:history", "0", "-1"]).await;
+    let history = raw
+        .split("\r\n")
+        .filter(|l| l.starts_with('h'))
+        .map(str::to_string)
+        .collect();
+    (history, seen, counts(&lg))
+}
+
+/// The `end` entries of `history` written by a holder whose section was
+/// not the last one to begin: someone else's write came between.
+fn interleaved(history: &[String]) -> Vec<String> {
+    let mut out = Vec::new();
+    for (i, e) in history.iter().enumerate() {
+        if let Some(section) = e.strip_suffix(":end") {
+            let before = i.checked_sub(1).map(|j| history[j].as_str());
+            if before != Some(&format!("{section}:begin")) {
+                out.push(e.clone());
+            }
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refuse_mode_keeps_every_late_write_out_of_the_data() {
+    for seed in [0x5eed_0001, 0x5eed_0002] {
+        let (history, seen, counted) = workload(seed, GuardMode::Refuse).await;
+        let [applied, refused, late, unlocked, unchecked] = counted;
+        assert!(
+            interleaved(&history).is_empty(),
+            "seed {seed:#x}: {history:?}"
+        );
+        // Every paused holder woke past its lease: its writes refused.
+        assert!(
+            seen.paused >= 1 && seen.refused >= seen.paused,
+            "seed {seed:#x}: {seen:?}"
+        );
+        // Two writes per refused section, each counted once.
+        assert_eq!(refused, 2 * seen.refused, "seed {seed:#x}");
+        let sections = (HOLDERS * ROUNDS) as u64;
+        assert_eq!(
+            applied,
+            sections + 2 * (sections - seen.refused),
+            "seed {seed:#x}"
+        );
+        assert_eq!((late, unlocked, unchecked), (0, 0, 0), "seed {seed:#x}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn report_mode_applies_and_counts_every_late_write() {
+    for seed in [0x5eed_0003, 0x5eed_0004] {
+        let (history, seen, counted) = workload(seed, GuardMode::Report).await;
+        let [_, refused, late, _, _] = counted;
+        assert_eq!((refused, seen.refused), (0, 0), "seed {seed:#x}");
+        // Each paused section's two late writes counted; and the history
+        // shows what refuse mode would have kept out.
+        assert!(
+            late >= 2 * seen.paused,
+            "seed {seed:#x}: {late} late, {seen:?}"
+        );
+        assert!(
+            interleaved(&history).len() as u64 <= seen.paused,
+            "seed {seed:#x}: {history:?}"
+        );
+    }
+}
