@@ -129,6 +129,12 @@ pub struct TxView {
     /// A command was refused while queuing: `EXEC` runs nothing (Redis's
     /// rule for a command rejected at queue time).
     pub failed: bool,
+    /// A guarded write was queued: `EXEC` runs the transaction as one
+    /// checked script ([`Guarded::Exec`]).
+    pub guarded: bool,
+    /// A write lockgate cannot check was passed into the queue (report
+    /// mode): `EXEC` goes as it is.
+    pub unchecked: bool,
 }
 
 /// What the router knows about the connection (kept by the session).
@@ -154,6 +160,10 @@ pub struct SessionView {
     /// [`Route::ForwardForget`]: it runs at `EXEC`, so the `EXEC` forgets
     /// ([`Forget::Everything`]) once Redis answers it.
     pub forget_at_exec: bool,
+    /// `WATCH` was sent and not yet ended (`EXEC`, `DISCARD`, `UNWATCH`,
+    /// `RESET`); followed only while guards are configured: a guarded
+    /// transaction under `WATCH` cannot be run as a script.
+    pub watching: bool,
 }
 
 impl SessionView {
@@ -258,6 +268,14 @@ pub fn decide<'a>(
         {
             next.admin_ok = true;
         }
+        CommandKind::MultiKey(_) | CommandKind::Other if locks.guards_on() && !view.in_multi => {
+            let name = args.get(0);
+            if name.eq_ignore_ascii_case(b"WATCH") {
+                next.watching = true;
+            } else if name.eq_ignore_ascii_case(b"UNWATCH") {
+                next.watching = false;
+            }
+        }
         CommandKind::Select => {
             next.db = std::str::from_utf8(arg1)
                 .ok()
@@ -357,8 +375,11 @@ fn plainly(
     if quorum || view.raw || view.quit || view.in_multi || view.replies != ReplyMode::On {
         return false;
     }
-    // A command on a key that may be guarded data takes the full look.
-    if locks.guards_on() && locks.may_guard((1..args.len()).map(|i| args.get(i))) {
+    // A command on a key that may be guarded data takes the full look, as
+    // does (UN)WATCH, which a guarded transaction must know of.
+    if locks.guards_on()
+        && (locks.may_guard((1..args.len()).map(|i| args.get(i))) || watch(args.get(0)))
+    {
         return false;
     }
     match kind {
@@ -368,6 +389,11 @@ fn plainly(
         CommandKind::Relocate(n) => relocated(n, args, locks).next().is_none(),
         _ => false,
     }
+}
+
+/// Whether `name` is `WATCH` or `UNWATCH`.
+fn watch(name: &[u8]) -> bool {
+    name.eq_ignore_ascii_case(b"WATCH") || name.eq_ignore_ascii_case(b"UNWATCH")
 }
 
 /// Whether a command of `kind` may be a write to guarded data: not one
@@ -562,10 +588,12 @@ impl SessionView {
             CommandKind::Exec | CommandKind::Discard => {
                 next.in_multi = false;
                 next.forget_at_exec = false;
+                next.watching = false;
             }
             CommandKind::Reset => {
                 next.in_multi = false;
                 next.forget_at_exec = false;
+                next.watching = false;
                 next.db = 0;
             }
             // Queued: it runs at EXEC, which forgets then.

@@ -71,6 +71,9 @@ struct Entry {
     /// The server flags it `write` (guarded writes, see
     /// [`crate::lock::guard`]).
     write: bool,
+    /// Its arity: the exact number of arguments (name included), or at
+    /// least minus this when negative.
+    arity: i64,
 }
 
 /// Every command's key specifications, by lowercase name (`name` or
@@ -104,6 +107,9 @@ impl KeyTable {
             .unwrap_or_default()
             .to_ascii_lowercase();
         let mut entry = Entry::default();
+        if let Some(OwnedFrame::Integer(arity)) = parts.get(1) {
+            entry.arity = *arity;
+        }
         if let Some(OwnedFrame::Array(flags)) = parts.get(2) {
             entry.write = flags.iter().any(|f| text(f).eq_ignore_ascii_case("write"));
         }
@@ -175,6 +181,16 @@ impl KeyTable {
     /// a command it did not describe.
     pub fn writes(&self, args: &[&[u8]]) -> Option<bool> {
         self.resolved(args).ok().map(|e| e.write)
+    }
+
+    /// Whether the server would queue the command `args` in a `MULTI`:
+    /// a command it describes, with a number of arguments its arity
+    /// allows (what Redis checks before queuing; a refusal there makes
+    /// `EXEC` abort).
+    pub fn accepts(&self, args: &[&[u8]]) -> bool {
+        let n = args.len() as i64;
+        self.resolved(args)
+            .is_ok_and(|e| (e.arity >= 0 && n == e.arity) || (e.arity < 0 && n >= -e.arity))
     }
 
     /// The entry of the command `args`: a container's subcommand's.

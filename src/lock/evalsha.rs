@@ -51,10 +51,12 @@ pub enum Script {
     ExtendFast,
     /// [`script::GUARD`].
     Guard,
+    /// [`script::GUARD_TX`].
+    GuardTx,
 }
 
 /// Every [`Script`], in the order of their bits in [`Loaded`].
-const ALL: [Script; 9] = [
+const ALL: [Script; 10] = [
     Script::Acquire,
     Script::Release,
     Script::ReleaseHandoff,
@@ -64,6 +66,7 @@ const ALL: [Script; 9] = [
     Script::ReleaseFast,
     Script::ExtendFast,
     Script::Guard,
+    Script::GuardTx,
 ];
 
 /// Every script's Lua body, in [`Script::all`]'s order: what the quorum's
@@ -81,7 +84,7 @@ pub static BODIES: [&str; ALL.len()] = {
 
 impl Script {
     /// Every script lockgate runs.
-    pub fn all() -> [Script; 9] {
+    pub fn all() -> [Script; 10] {
         ALL
     }
 
@@ -97,12 +100,13 @@ impl Script {
             Script::ReleaseFast => script::RELEASE_FAST,
             Script::ExtendFast => script::EXTEND_FAST,
             Script::Guard => script::GUARD,
+            Script::GuardTx => script::GUARD_TX,
         }
     }
 
     /// The body's SHA1 in lowercase hex, as Redis names it (computed once).
     pub fn sha(self) -> &'static str {
-        static SHAS: OnceLock<[String; 9]> = OnceLock::new();
+        static SHAS: OnceLock<[String; 10]> = OnceLock::new();
         let shas =
             SHAS.get_or_init(|| ALL.map(|s| sha1_smol::Sha1::from(s.body()).digest().to_string()));
         &shas[self as usize]

@@ -200,6 +200,11 @@ pub(super) fn transaction(
             next.tx = TxView::default();
             return Route::ExecQueued { mixed: tx.primary };
         }
+        // Guarded writes were queued: checked with the whole transaction.
+        (CommandKind::Exec, _) if view.in_multi && tx.guarded && !tx.unchecked => {
+            next.tx = TxView::default();
+            return Route::Guarded(Guarded::Exec);
+        }
         _ if !view.in_multi => return route,
         (_, Route::Lock(op)) if queue_locks => Queued::Op(op.clone()),
         (_, Route::QuorumRead) => Queued::Read(crate::protocol::encode::command(&args.all())),
@@ -211,13 +216,19 @@ pub(super) fn transaction(
         (_, Route::RefusePersist) if tx.queued || queue == Queue::Scriptless => {
             Queued::RefusedPersist(bytes::Bytes::copy_from_slice(args.get(1)))
         }
+        (_, Route::Guarded(Guarded::InTx(_))) => {
+            next.tx.primary = true;
+            next.tx.guarded = true;
+            return route;
+        }
+        (_, Route::Guarded(Guarded::Unchecked(_))) => {
+            next.tx.primary = true;
+            next.tx.unchecked = true;
+            return route;
+        }
         (
             _,
-            Route::RefusePersist
-            | Route::Forward(_)
-            | Route::ForwardForget(..)
-            | Route::Lock(_)
-            | Route::Guarded(Guarded::Unchecked(_)),
+            Route::RefusePersist | Route::Forward(_) | Route::ForwardForget(..) | Route::Lock(_),
         ) => {
             next.tx.primary = true;
             return route;

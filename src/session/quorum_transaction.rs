@@ -100,7 +100,7 @@ pub(super) fn exec(
 }
 
 /// Redis's side of the transaction, dropped: `DISCARD`, its reply swallowed.
-fn discard(out: &mut Routed) {
+pub(super) fn discard(out: &mut Routed) {
     out.pieces.own(encode::command(&[b"DISCARD"]));
     out.batch.swallow();
 }

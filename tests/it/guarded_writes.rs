@@ -170,14 +170,54 @@ async fn every_family_of_write_is_checked_or_refused_whole() {
     assert_eq!(a.call(&["SET", "order:2:list", "s"]).await, "+OK\r\n");
     let wrong = a.call(&["LPUSH", "order:2:list", "v"]).await;
     assert!(wrong.starts_with("-WRONGTYPE"), "{wrong}");
-    // MULTI: refused while queuing; EXEC aborts, nothing applied.
+    // MULTI: checked whole at EXEC. Held: applied whole, in order.
     assert_eq!(a.call(&["MULTI"]).await, "+OK\r\n");
     assert_eq!(a.call(&["SET", "user:2", "u"]).await, "+QUEUED\r\n");
-    let refused = a.call(&["SET", "order:1", "in-tx"]).await;
-    assert!(refused.contains("inside MULTI"), "{refused}");
-    let aborted = a.call(&["EXEC"]).await;
-    assert!(aborted.starts_with("-EXECABORT"), "{aborted}");
-    assert!(!exists(&mut r, "user:2").await && !exists(&mut r, "order:1").await);
+    assert_eq!(a.call(&["SET", "order:1", "in-tx"]).await, "+QUEUED\r\n");
+    assert_eq!(a.call(&["GET", "order:1"]).await, "+QUEUED\r\n");
+    assert_eq!(a.call(&["LPUSH", "order:2:list", "v"]).await, "+QUEUED\r\n");
+    let exec = a.call(&["EXEC"]).await;
+    assert!(
+        exec.starts_with("*4\r\n+OK\r\n+OK\r\n$5\r\nin-tx\r\n-WRONGTYPE"),
+        "{exec}"
+    );
+    // One lock not held: refused whole, nothing applied.
+    assert_eq!(a.call(&["MULTI"]).await, "+OK\r\n");
+    assert_eq!(a.call(&["SET", "user:4", "u"]).await, "+QUEUED\r\n");
+    assert_eq!(a.call(&["SET", "order:1", "x"]).await, "+QUEUED\r\n");
+    assert_eq!(a.call(&["SET", "order:5", "x"]).await, "+QUEUED\r\n");
+    let refused = a.call(&["EXEC"]).await;
+    assert!(
+        refused.contains("order:5 is guarded by lock:order:5")
+            && refused.contains("the transaction was discarded"),
+        "{refused}"
+    );
+    assert!(!exists(&mut r, "user:4").await);
+    assert_eq!(get(&mut r, "order:1").await.as_deref(), Some("in-tx"));
+    // A command Redis refuses to queue: Redis's own EXECABORT.
+    assert_eq!(a.call(&["MULTI"]).await, "+OK\r\n");
+    assert_eq!(a.call(&["SET", "order:1", "y"]).await, "+QUEUED\r\n");
+    assert!(a
+        .call(&["SET", "order:1"])
+        .await
+        .starts_with("-ERR wrong number"));
+    assert!(a.call(&["EXEC"]).await.starts_with("-EXECABORT"));
+    // Under WATCH: cannot be checked exactly, refused whole.
+    assert_eq!(a.call(&["WATCH", "user:9"]).await, "+OK\r\n");
+    assert_eq!(a.call(&["MULTI"]).await, "+OK\r\n");
+    assert_eq!(a.call(&["SET", "order:1", "z"]).await, "+QUEUED\r\n");
+    let refused = a.call(&["EXEC"]).await;
+    assert!(
+        refused.contains("under WATCH cannot be checked exactly"),
+        "{refused}"
+    );
+    assert_eq!(get(&mut r, "order:1").await.as_deref(), Some("in-tx"));
+    // UNWATCH lifts it.
+    assert_eq!(a.call(&["WATCH", "user:9"]).await, "+OK\r\n");
+    assert_eq!(a.call(&["UNWATCH"]).await, "+OK\r\n");
+    assert_eq!(a.call(&["MULTI"]).await, "+OK\r\n");
+    assert_eq!(a.call(&["SET", "order:1", "w"]).await, "+QUEUED\r\n");
+    assert_eq!(a.call(&["EXEC"]).await, "*1\r\n+OK\r\n");
     // A script on a guarded key.
     let refused = a
         .call(&[
@@ -191,7 +231,7 @@ async fn every_family_of_write_is_checked_or_refused_whole() {
         refused.contains("runs code lockgate cannot check"),
         "{refused}"
     );
-    assert!(!exists(&mut r, "order:1").await);
+    assert_eq!(get(&mut r, "order:1").await.as_deref(), Some("w"));
     // A script on other keys passes.
     assert_eq!(
         a.call(&[
@@ -203,11 +243,14 @@ async fn every_family_of_write_is_checked_or_refused_whole() {
         .await,
         "+OK\r\n"
     );
-    // Applied: passed the check (two locks for MSET and DEL), whatever
-    // Redis then answered.
-    assert_eq!(counts(&lg), [6, 3, 0, 0, 0]);
+    // Applied, per lock: MSET 2, DEL 2, SET and LPUSH 1 each (whatever
+    // Redis then answered), the first transaction 2, the last 1; the
+    // transaction Redis aborted is not run, so not counted. Refused: MSET,
+    // the transaction with order:5, the one under WATCH, the script.
+    assert_eq!(counts(&lg), [9, 4, 0, 0, 0]);
 
-    // Report mode: the same transaction and script pass, counted unchecked.
+    // Report mode: a transaction from a connection that never took the
+    // lock is applied and counted; a script passes, counted unchecked.
     let (_redis, lg, mut r) = guarded(GuardMode::Report, UnlockedWriters::Allow, 30_000).await;
     let mut a = RawClient::connect(lg.addr).await;
     assert_eq!(a.call(&["MULTI"]).await, "+OK\r\n");
@@ -224,7 +267,7 @@ async fn every_family_of_write_is_checked_or_refused_whole() {
         "+OK\r\n"
     );
     assert_eq!(get(&mut r, "order:1").await.as_deref(), Some("x"));
-    assert_eq!(counts(&lg), [0, 0, 0, 0, 2]);
+    assert_eq!(counts(&lg), [0, 0, 0, 1, 1]);
 }
 
 /// A reload adds, changes and removes guards without a restart.

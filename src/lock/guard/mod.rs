@@ -260,13 +260,24 @@ pub enum Guarded {
     /// Not checkable exactly, in `refuse` mode: refused with this message
     /// and counted `refused`.
     Refuse(Vec<GuardedLock>, String),
+    /// Inside `MULTI`: queued by Redis as it is, and noted; the `EXEC`
+    /// then runs the whole transaction as one checked script.
+    InTx(Vec<GuardedLock>),
+    /// The `EXEC` of a transaction with guarded writes: Redis's queue is
+    /// discarded and the transaction runs as one script that checks every
+    /// lock first ([`crate::lock::script::GUARD_TX`]): applied whole or
+    /// refused whole.
+    Exec,
 }
 
 /// Why a guarded write could not be checked exactly.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Uncheckable {
-    /// Inside `MULTI`.
-    InMulti,
+    /// A transaction under `WATCH`: run as a script, what was watched
+    /// would not be checked.
+    Watched,
+    /// A transaction longer than lockgate keeps to run it as a script.
+    TooLong,
     /// A client script or function.
     Script,
     /// Redis's command table is not loaded yet.
@@ -282,7 +293,8 @@ pub enum Uncheckable {
 impl Uncheckable {
     fn says(self, name: &str) -> String {
         match self {
-            Uncheckable::InMulti => format!("{name} on a guarded key inside MULTI cannot be checked with the transaction (the transaction is discarded)"),
+            Uncheckable::Watched => format!("a transaction with guarded writes under {name} cannot be checked exactly (the transaction was discarded)"),
+            Uncheckable::TooLong => format!("a transaction with guarded writes longer than {name} cannot be checked (the transaction was discarded)"),
             Uncheckable::Script => format!("{name} on a guarded key runs code lockgate cannot check with its writes"),
             Uncheckable::NoTable => format!("cannot tell yet whether {name} writes a guarded key (Redis's command table is not loaded)"),
             Uncheckable::Keys => format!("cannot tell which keys {name} writes"),
@@ -332,6 +344,8 @@ pub struct GuardPending {
     /// When each lock's lease ended or ends by this connection's record
     /// (`None`: it holds no record of it).
     pub lease_ends: Vec<Option<Instant>>,
+    /// A whole transaction (its refusal says it was discarded).
+    pub tx: bool,
 }
 
 impl LockService {
@@ -397,8 +411,6 @@ impl LockService {
             Some(Uncheckable::Script)
         } else if keys.iter().any(|k| rules.patterns.matches(k)) {
             Some(Uncheckable::MixesLocks)
-        } else if in_multi {
-            Some(Uncheckable::InMulti)
         } else if self.scriptless() {
             Some(Uncheckable::Scriptless)
         } else {
@@ -406,6 +418,7 @@ impl LockService {
         };
         Some(match why {
             Some(why) => uncheckable(locks, why, &name),
+            None if in_multi => Guarded::InTx(locks),
             None => Guarded::Check(locks),
         })
     }
@@ -418,13 +431,59 @@ impl LockService {
         args: &[&[u8]],
         conn: &ConnLocks,
     ) -> (Call, LockPending) {
-        let owners: Vec<Bytes> = locks.iter().map(|l| owner_key(&l.lock)).collect();
-        let keys: Vec<&[u8]> = owners.iter().map(|k| &k[..]).collect();
-        let m = locks.len().to_string();
-        let born = conn.born.to_string();
-        let mut tokens = Vec::with_capacity(locks.len());
+        let (owners, mut argv, lease_ends) = self.check_argv(&locks, conn);
+        argv.extend(args.iter().map(|a| Bytes::copy_from_slice(a)));
+        let call = call(Script::Guard, &owners, &argv);
+        let pending = GuardPending {
+            locks,
+            lease_ends,
+            tx: false,
+        };
+        (call, LockPending::Guard(pending))
+    }
+
+    /// The script call that runs a transaction's `commands` (each its
+    /// arguments, name first) as one step once `locks` are checked, for
+    /// the connection `conn` ([`crate::lock::script::GUARD_TX`]).
+    pub(crate) fn guard_tx_call(
+        &self,
+        locks: Vec<GuardedLock>,
+        commands: &[Vec<Bytes>],
+        conn: &ConnLocks,
+    ) -> (Call, LockPending) {
+        let (owners, mut argv, lease_ends) = self.check_argv(&locks, conn);
+        argv.push(Bytes::from(commands.len().to_string()));
+        for c in commands {
+            argv.push(Bytes::from(c.len().to_string()));
+            argv.extend(c.iter().cloned());
+        }
+        let call = call(Script::GuardTx, &owners, &argv);
+        let pending = GuardPending {
+            locks,
+            lease_ends,
+            tx: true,
+        };
+        (call, LockPending::Guard(pending))
+    }
+
+    /// What the guard scripts check `locks` with for `conn`: the owner
+    /// records (KEYS), the ARGV up to the write, and when each lease ends
+    /// by the connection's record.
+    fn check_argv(
+        &self,
+        locks: &[GuardedLock],
+        conn: &ConnLocks,
+    ) -> (Vec<Bytes>, Vec<Bytes>, Vec<Option<Instant>>) {
+        let owners = locks.iter().map(|l| owner_key(&l.lock)).collect();
+        let mut argv = vec![
+            Bytes::from_static(b"1"),
+            Bytes::from(locks.len().to_string()),
+            Bytes::copy_from_slice(self.instance_prefix().as_bytes()),
+            Bytes::from(conn.born.to_string()),
+        ];
         let mut lease_ends = Vec::with_capacity(locks.len());
-        for l in &locks {
+        let flag = |b: bool| Bytes::from_static(if b { b"1" } else { b"0" });
+        for l in locks {
             let record = conn.get(&l.lock);
             // Held (acquired or taken over): its token; an attempt not
             // settled yet may also be the owner's.
@@ -438,26 +497,9 @@ impl LockService {
                     .filter(|a| a.lease_ms > 0)
                     .map(|a| a.since + std::time::Duration::from_millis(a.lease_ms)),
             );
-            tokens.push((tok, alt));
+            argv.extend([tok, alt, flag(l.refuse_late), flag(l.refuse_unlocked)]);
         }
-        let flag = |b: bool| if b { &b"1"[..] } else { &b"0"[..] };
-        let mut argv: Vec<&[u8]> = vec![
-            b"1",
-            m.as_bytes(),
-            self.instance_prefix().as_bytes(),
-            born.as_bytes(),
-        ];
-        for (l, (tok, alt)) in locks.iter().zip(&tokens) {
-            argv.extend([
-                &tok[..],
-                &alt[..],
-                flag(l.refuse_late),
-                flag(l.refuse_unlocked),
-            ]);
-        }
-        argv.extend_from_slice(args);
-        let call = Call::new(Script::Guard, &keys, &argv);
-        (call, LockPending::Guard(GuardPending { locks, lease_ends }))
+        (owners, argv, lease_ends)
     }
 
     /// The client's reply to a guarded write whose script answered
@@ -494,7 +536,11 @@ impl LockService {
                 self.warn_guarded(l, *s, applied);
             }
             if refuses && refusal.is_none() {
-                refusal = Some(refused_because(l, *s, *end));
+                let text = refused_because(l, *s, *end);
+                refusal = Some(match pending.tx {
+                    true => format!("{text}; the transaction was discarded"),
+                    false => text,
+                });
             }
         }
         match (applied, refusal) {
@@ -508,7 +554,7 @@ impl LockService {
     /// (forwarded) or refused.
     pub(crate) fn count_uncheckable(&self, guarded: &Guarded) {
         let (locks, refused) = match guarded {
-            Guarded::Check(_) => return,
+            Guarded::Check(_) | Guarded::InTx(_) | Guarded::Exec => return,
             Guarded::Unchecked(l) => (l, false),
             Guarded::Refuse(l, _) => (l, true),
         };
@@ -568,6 +614,13 @@ impl LockService {
     }
 }
 
+/// A call of `script` with owned keys and arguments.
+fn call(script: Script, keys: &[Bytes], argv: &[Bytes]) -> Call {
+    let keys: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
+    let argv: Vec<&[u8]> = argv.iter().map(|a| &a[..]).collect();
+    Call::new(script, &keys, &argv)
+}
+
 /// The locks of the guarded keys among `keys`, one per lock key (its first
 /// guarded key named).
 fn guarded_locks<'a>(guards: &Guards, keys: impl Iterator<Item = &'a [u8]>) -> Vec<GuardedLock> {
@@ -591,7 +644,7 @@ fn guarded_locks<'a>(guards: &Guards, keys: impl Iterator<Item = &'a [u8]>) -> V
 
 /// An uncheckable write to `locks`: refused if any of its guards refuses
 /// late writes, else forwarded unchecked.
-fn uncheckable(locks: Vec<GuardedLock>, why: Uncheckable, name: &str) -> Guarded {
+pub(crate) fn uncheckable(locks: Vec<GuardedLock>, why: Uncheckable, name: &str) -> Guarded {
     match locks.iter().any(|l| l.refuse_late) {
         true => {
             let text = format!("lockgate: write refused: {}", why.says(name));

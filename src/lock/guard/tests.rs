@@ -129,9 +129,10 @@ fn writes_are_routed_by_the_servers_flags_and_keys() {
     assert_eq!(route("SET user:1 v", false), None);
     // The value is not a key.
     assert_eq!(route("SET user:1 order:42", false), None);
+    // Inside MULTI: noted, checked with the whole transaction at EXEC.
+    assert!(matches!(route("SET order:1 v", true), Some(Guarded::InTx(l)) if l.len() == 1));
     for (line, multi, why) in [
-        ("SET order:1 v", true, "inside MULTI"),
-        ("EVAL x 1 order:1", false, "runs code"),
+        ("EVAL x 1 order:1", true, "runs code"),
         (
             "DEL lock:order:1 order:1",
             false,
@@ -145,7 +146,7 @@ fn writes_are_routed_by_the_servers_flags_and_keys() {
     }
     // Report mode: passed, to be counted.
     let report = service(GuardMode::Report, UnlockedWriters::Allow);
-    let args: Vec<&[u8]> = vec![b"SET", b"order:1", b"v"];
+    let args: Vec<&[u8]> = vec![b"EVAL", b"x", b"1", b"order:1"];
     assert!(matches!(
         report.guard_route(&args, true),
         Some(Guarded::Unchecked(_))

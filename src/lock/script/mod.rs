@@ -688,7 +688,44 @@ return 1
 /// 4 never taken and someone else's. The write runs unless some lock
 /// refuses it. Reply: `{reply, 1, standings…}` when run (the write's reply,
 /// an error included, as Redis gave it), `{0, 0, standings…}` when refused.
-pub const GUARD: &str = r#"
+pub const GUARD: &str = concat!(
+    guard_check!(),
+    r#"
+if refuse then return {0, 0, unpack(standings)} end
+local reply = redis.pcall(unpack(ARGV, 4 * m + 5))
+return {reply, 1, unpack(standings)}
+"#
+);
+
+/// A transaction with guarded writes, run whole once its locks are checked
+/// ([`crate::lock::guard::Guarded::Exec`]): KEYS and ARGV up to the locks
+/// as [`GUARD`], then the number of commands and, per command, its number
+/// of arguments and the arguments (name first). Reply: `{replies, 1,
+/// standings…}` (`replies` as `EXEC`'s array, each command's error in its
+/// slot) when run, `{0, 0, standings…}` when refused: nothing ran.
+pub const GUARD_TX: &str = concat!(
+    guard_check!(),
+    r#"
+if refuse then return {0, 0, unpack(standings)} end
+local at = 4 * m + 5
+local n = tonumber(ARGV[at])
+at = at + 1
+local replies = {}
+for c = 1, n do
+  local argc = tonumber(ARGV[at])
+  replies[c] = redis.pcall(unpack(ARGV, at + 1, at + argc))
+  at = at + argc + 1
+end
+return {replies, 1, unpack(standings)}
+"#
+);
+
+/// The lock check [`GUARD`] and [`GUARD_TX`] start with: for each of the
+/// m locks, the standing of this connection (see [`GUARD`]), and whether
+/// any refuses the write (`refuse`).
+macro_rules! guard_check {
+    () => {
+        r#"
 local m = tonumber(ARGV[2])
 local prefix, born = ARGV[3], tonumber(ARGV[4])
 local standings = {}
@@ -713,7 +750,7 @@ for i = 1, m do
     refuse = true
   end
 end
-if refuse then return {0, 0, unpack(standings)} end
-local reply = redis.pcall(unpack(ARGV, 4 * m + 5))
-return {reply, 1, unpack(standings)}
-"#;
+"#
+    };
+}
+use guard_check;

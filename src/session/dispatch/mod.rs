@@ -19,7 +19,7 @@ use crate::admin;
 use crate::command::{self, CommandKind};
 use crate::context::ServerContext;
 use crate::lock::evalsha::{self, Loaded, Rerun};
-use crate::lock::guard::Guarded;
+use crate::lock::guard::{self, Guarded, GuardedLock, Uncheckable};
 use crate::lock::lease::ConnLocks;
 use crate::lock::ops::LockOp;
 use crate::lock::{script, Attempt, Forget, LockPending, Refusal, Seat};
@@ -50,7 +50,33 @@ struct Carrier {
     queued: Vec<Queued>,
     conn: Arc<Mutex<ConnLocks>>,
     jobs: Jobs,
+    /// With guards configured, the transaction being queued (see
+    /// [`GuardedTx`]).
+    tx: GuardedTx,
 }
+
+/// A transaction as lockgate keeps it while guards are configured: a copy
+/// of every command queued since `MULTI` (Redis queues them too), so that
+/// an `EXEC` with guarded writes can run it as one checked script
+/// ([`Guarded::Exec`]). Bounded: past [`MAX_TX_BYTES`] or
+/// [`MAX_TX_COMMANDS`] it is not kept, and such an `EXEC` cannot be
+/// checked.
+#[derive(Debug, Default)]
+struct GuardedTx {
+    commands: Vec<Vec<Bytes>>,
+    bytes: usize,
+    locks: Vec<GuardedLock>,
+    /// Too long to keep.
+    long: bool,
+    /// A command Redis refuses to queue (unknown, wrong arity): its `EXEC`
+    /// aborts, so it goes to Redis as it is.
+    dirty: bool,
+}
+
+/// Most bytes of a guarded transaction kept to run it as a script.
+pub const MAX_TX_BYTES: usize = 1 << 20;
+/// Most commands of a guarded transaction kept to run it as a script.
+pub const MAX_TX_COMMANDS: usize = 1_000;
 
 impl Dispatch {
     /// The dispatcher of a new session: `conn` its lock records, `jobs`
@@ -70,6 +96,7 @@ impl Dispatch {
                 queued: Vec::new(),
                 conn,
                 jobs,
+                tx: GuardedTx::default(),
             },
         }
     }
@@ -189,11 +216,17 @@ impl Carrier {
             self.ctx.locks.script_seen(body, load);
         }
         out.batch.silent = self.view.silent(kind);
+        if self.view.in_multi && self.ctx.locks.guards_on() {
+            self.keep(kind, args);
+        }
         self.route(kind, route, args, whole, out);
         out.batch.silent = false;
         self.view = next;
         if !self.view.tx.queued {
             self.queued.clear();
+        }
+        if !self.view.in_multi {
+            self.tx = GuardedTx::default();
         }
     }
 
@@ -372,6 +405,74 @@ impl Carrier {
         }
     }
 
+    /// Keeps a copy of a command queued in a transaction (see
+    /// [`GuardedTx`]), and notes one Redis will refuse to queue.
+    fn keep(&mut self, kind: CommandKind, args: CommandArgs<'_>) {
+        if matches!(
+            kind,
+            CommandKind::Exec | CommandKind::Discard | CommandKind::Multi | CommandKind::Reset
+        ) {
+            return;
+        }
+        let all = args.all();
+        let table = self.ctx.locks.guard_table.get();
+        if !table.is_empty() && !table.accepts(&all) {
+            self.tx.dirty = true;
+        }
+        let tx = &mut self.tx;
+        tx.bytes += all.iter().map(|a| a.len()).sum::<usize>();
+        if tx.long || tx.bytes > MAX_TX_BYTES || tx.commands.len() >= MAX_TX_COMMANDS {
+            tx.long = true;
+            tx.commands.clear();
+            return;
+        }
+        tx.commands
+            .push(all.iter().map(|a| Bytes::copy_from_slice(a)).collect());
+    }
+
+    /// The `EXEC` of a transaction with guarded writes: run as one script
+    /// that checks every lock first, after Redis's queue is discarded; as
+    /// it is when Redis will abort it anyway; refused (or, in report mode,
+    /// passed and counted) when it cannot be checked exactly: under
+    /// `WATCH`, or too long to keep.
+    fn guarded_exec(&mut self, whole: Range<usize>, out: &mut Routed) {
+        let tx = std::mem::take(&mut self.tx);
+        let locks = &self.ctx.locks;
+        if tx.dirty {
+            out.pieces.client(whole);
+            out.batch.record(Expect::One);
+            return;
+        }
+        let why = match (self.view.watching, tx.long) {
+            (true, _) => Some((Uncheckable::Watched, "WATCH".to_string())),
+            (_, true) => Some((
+                Uncheckable::TooLong,
+                format!("{MAX_TX_COMMANDS} commands or {MAX_TX_BYTES} bytes"),
+            )),
+            _ => None,
+        };
+        if let Some((why, name)) = why {
+            let guarded = guard::uncheckable(tx.locks, why, &name);
+            locks.count_uncheckable(&guarded);
+            match guarded {
+                Guarded::Refuse(_, text) => {
+                    super::quorum_transaction::discard(out);
+                    out.batch.local(LocalReply::err(text));
+                }
+                _ => {
+                    out.pieces.client(whole);
+                    out.batch.record(Expect::One);
+                }
+            }
+            return;
+        }
+        super::quorum_transaction::discard(out);
+        let (call, pending) =
+            locks.guard_tx_call(tx.locks, &tx.commands, &crate::sync::lock(&self.conn));
+        let rerun = self.by_sha(call, out);
+        out.batch.lock(pending, rerun);
+    }
+
     /// A write to guarded data: checked with the write in one script call
     /// on the client's connection (the writer reads its reply with
     /// [`crate::lock::LockService::guard_reply`]), forwarded unchecked, or
@@ -398,6 +499,16 @@ impl Carrier {
                 out.batch.record(Expect::One);
             }
             Guarded::Refuse(_, text) => out.batch.local(LocalReply::err(text)),
+            Guarded::InTx(checked) => {
+                for l in checked {
+                    if !self.tx.locks.iter().any(|k| k.lock == l.lock) {
+                        self.tx.locks.push(l);
+                    }
+                }
+                out.pieces.client(whole);
+                out.batch.record(Expect::One);
+            }
+            Guarded::Exec => self.guarded_exec(whole, out),
         }
     }
 
