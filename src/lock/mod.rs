@@ -305,6 +305,9 @@ pub struct LockService {
         std::sync::Mutex<std::collections::HashMap<String, std::sync::Arc<guard::GuardCounts>>>,
     /// Rate-limits the warning of a guarded write from a non-holder.
     guard_warn: RateLimit,
+    /// Client script bodies by SHA1, for guarded `EVALSHA`s (bounded by
+    /// [`guard::MAX_SCRIPTS`]).
+    guard_scripts: std::sync::Mutex<std::collections::HashMap<String, Bytes>>,
 }
 
 /// Interval between two repeats of the same lock warning.
@@ -352,6 +355,7 @@ impl LockService {
             guard_table: guard::table::GuardTable::default(),
             guard_counts: std::sync::Mutex::new(std::collections::HashMap::new()),
             guard_warn: RateLimit::new(WARN_INTERVAL),
+            guard_scripts: std::sync::Mutex::new(std::collections::HashMap::new()),
         };
         service.reload(config);
         service

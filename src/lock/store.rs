@@ -545,9 +545,12 @@ impl LockService {
 
     /// A script body a client sent (`EVAL`, or `SCRIPT LOAD` when `load`):
     /// remembered for lock masters that lost it, and a `SCRIPT LOAD`ed body
-    /// loaded on every master (see [`crate::lock::quorum::scripts`]). On one
-    /// Redis, nothing to do: the client's own connection carries it.
+    /// loaded on every master (see [`crate::lock::quorum::scripts`]); with
+    /// guards, remembered for a guarded `EVALSHA`
+    /// ([`LockService::remember_script`]). On one Redis, nothing else to
+    /// do: the client's own connection carries it.
     pub(crate) fn script_seen(&self, body: &[u8], load: bool) {
+        self.remember_script(body);
         let Some(q) = &self.store.quorum else { return };
         q.remember_script(body);
         if load {

@@ -218,19 +218,20 @@ async fn every_family_of_write_is_checked_or_refused_whole() {
     assert_eq!(a.call(&["MULTI"]).await, "+OK\r\n");
     assert_eq!(a.call(&["SET", "order:1", "w"]).await, "+QUEUED\r\n");
     assert_eq!(a.call(&["EXEC"]).await, "*1\r\n+OK\r\n");
-    // A script on a guarded key.
-    let refused = a
-        .call(&[
-            "EVAL",
-            "return redis.call('SET', KEYS[1], 'x')",
-            "1",
-            "order:1",
-        ])
-        .await;
+    // A function cannot be checked with its writes: refused.
+    let refused = a.call(&["FCALL", "f", "1", "order:1"]).await;
     assert!(
         refused.contains("runs code lockgate cannot check"),
         "{refused}"
     );
+    // A script inside MULTI neither: the transaction aborts.
+    assert_eq!(a.call(&["MULTI"]).await, "+OK\r\n");
+    let refused = a.call(&["EVAL", "return 1", "1", "order:1"]).await;
+    assert!(
+        refused.contains("runs code lockgate cannot check"),
+        "{refused}"
+    );
+    assert!(a.call(&["EXEC"]).await.starts_with("-EXECABORT"));
     assert_eq!(get(&mut r, "order:1").await.as_deref(), Some("w"));
     // A script on other keys passes.
     assert_eq!(
@@ -246,11 +247,12 @@ async fn every_family_of_write_is_checked_or_refused_whole() {
     // Applied, per lock: MSET 2, DEL 2, SET and LPUSH 1 each (whatever
     // Redis then answered), the first transaction 2, the last 1; the
     // transaction Redis aborted is not run, so not counted. Refused: MSET,
-    // the transaction with order:5, the one under WATCH, the script.
-    assert_eq!(counts(&lg), [9, 4, 0, 0, 0]);
+    // the transaction with order:5, the one under WATCH, the function, the
+    // script inside MULTI.
+    assert_eq!(counts(&lg), [9, 5, 0, 0, 0]);
 
-    // Report mode: a transaction from a connection that never took the
-    // lock is applied and counted; a script passes, counted unchecked.
+    // Report mode: a transaction and a script from a connection that never
+    // took the lock are applied and counted.
     let (_redis, lg, mut r) = guarded(GuardMode::Report, UnlockedWriters::Allow, 30_000).await;
     let mut a = RawClient::connect(lg.addr).await;
     assert_eq!(a.call(&["MULTI"]).await, "+OK\r\n");
@@ -267,7 +269,7 @@ async fn every_family_of_write_is_checked_or_refused_whole() {
         "+OK\r\n"
     );
     assert_eq!(get(&mut r, "order:1").await.as_deref(), Some("x"));
-    assert_eq!(counts(&lg), [0, 0, 0, 1, 1]);
+    assert_eq!(counts(&lg), [0, 0, 0, 2, 0]);
 }
 
 /// A reload adds, changes and removes guards without a restart.
@@ -286,4 +288,75 @@ async fn guards_follow_a_reload() {
     next.locks.guards.clear();
     lg.ctx.locks.reload(&next);
     assert_eq!(c.call(&["SET", "order:9", "z"]).await, "+OK\r\n");
+}
+
+/// Client scripts whose declared keys are guarded run behind the lock
+/// check, their body unchanged and seeing their own keys and arguments;
+/// an `EVALSHA` of a body lockgate has not seen is answered `NOSCRIPT`
+/// (refuse mode), so the client sends the body.
+#[tokio::test]
+async fn client_scripts_on_guarded_keys_run_behind_the_check() {
+    let (_redis, lg, mut r) = guarded(GuardMode::Refuse, UnlockedWriters::Refuse, 30_000).await;
+    let mut a = RawClient::connect(lg.addr).await;
+    let body = "redis.call('SET', KEYS[1], ARGV[1]) return {KEYS[1], ARGV[1], #KEYS, #ARGV}";
+    let shows = "*4\r\n$7\r\norder:1\r\n$1\r\nv\r\n:1\r\n:2\r\n";
+    let refused = a.call(&["EVAL", body, "1", "order:1", "v", "w"]).await;
+    assert!(
+        refused.contains("order:1 is guarded by lock:order:1"),
+        "{refused}"
+    );
+    assert!(!exists(&mut r, "order:1").await);
+    assert_eq!(a.call(&["SETNX", "lock:order:1", "a"]).await, ":1\r\n");
+    assert_eq!(
+        a.call(&["EVAL", body, "1", "order:1", "v", "w"]).await,
+        shows
+    );
+    assert_eq!(get(&mut r, "order:1").await.as_deref(), Some("v"));
+    // A script's own error and nil reply pass as they are.
+    let err = a
+        .call(&[
+            "EVAL",
+            "return redis.call('LPUSH', KEYS[1], 'x')",
+            "1",
+            "order:1",
+        ])
+        .await;
+    assert!(err.starts_with("-WRONGTYPE"), "{err}");
+    assert_eq!(
+        a.call(&["EVAL", "return nil", "1", "order:1:x"]).await,
+        "$-1\r\n"
+    );
+    // EVALSHA: unseen, NOSCRIPT; once loaded through lockgate, guarded.
+    let sha = sha1_smol::Sha1::from("return redis.call('SET', KEYS[1], 'z')")
+        .digest()
+        .to_string();
+    assert!(direct_load(&mut r, "return redis.call('SET', KEYS[1], 'z')").await == sha);
+    assert_eq!(
+        a.call(&["EVALSHA", &sha, "1", "order:1"]).await,
+        "-NOSCRIPT No matching script. Please use EVAL.\r\n"
+    );
+    assert_eq!(
+        a.call(&["SCRIPT", "LOAD", "return redis.call('SET', KEYS[1], 'z')"])
+            .await,
+        format!("${}\r\n{sha}\r\n", sha.len())
+    );
+    assert_eq!(a.call(&["EVALSHA", &sha, "1", "order:1"]).await, "+OK\r\n");
+    let mut b = RawClient::connect(lg.addr).await;
+    assert!(b
+        .call(&["EVALSHA", &sha, "1", "order:1"])
+        .await
+        .contains("write refused"));
+    // A script that declares it writes nothing is not guarded.
+    let ro = "#!lua flags=no-writes\nreturn redis.call('GET', KEYS[1])";
+    assert_eq!(b.call(&["EVAL", ro, "1", "order:1"]).await, "$1\r\nz\r\n");
+    // [applied, refused, ..]: the EVALs and EVALSHA that ran to their end
+    // behind the check (3; a script that raised an error answers that
+    // error alone, uncounted), the first EVAL and B's EVALSHA refused (2).
+    assert_eq!(counts(&lg), [3, 2, 0, 0, 0]);
+}
+
+/// `SCRIPT LOAD` straight on Redis: the body's SHA1.
+async fn direct_load(r: &mut RawClient, body: &str) -> String {
+    let reply = r.call(&["SCRIPT", "LOAD", body]).await;
+    reply.lines().nth(1).unwrap_or_default().to_string()
 }

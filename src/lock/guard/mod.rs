@@ -263,6 +263,15 @@ pub enum Guarded {
     /// Inside `MULTI`: queued by Redis as it is, and noted; the `EXEC`
     /// then runs the whole transaction as one checked script.
     InTx(Vec<GuardedLock>),
+    /// A client script (`EVAL`, or `EVALSHA` of a body lockgate has seen)
+    /// whose declared keys are guarded: run as one script that checks
+    /// the locks and then runs the client's body, unchanged, with its own
+    /// keys and arguments ([`LockService::guard_script_call`]).
+    Script(Vec<GuardedLock>, Bytes),
+    /// An `EVALSHA` on guarded keys of a body lockgate has not seen, in
+    /// refuse mode: answered `NOSCRIPT`, so the client sends the body
+    /// (`EVAL`, or `SCRIPT LOAD` then `EVALSHA`), which can be checked.
+    NoScript,
     /// The `EXEC` of a transaction with guarded writes: Redis's queue is
     /// discarded and the transaction runs as one script that checks every
     /// lock first ([`crate::lock::script::GUARD_TX`]): applied whole or
@@ -295,7 +304,7 @@ impl Uncheckable {
         match self {
             Uncheckable::Watched => format!("a transaction with guarded writes under {name} cannot be checked exactly (the transaction was discarded)"),
             Uncheckable::TooLong => format!("a transaction with guarded writes longer than {name} cannot be checked (the transaction was discarded)"),
-            Uncheckable::Script => format!("{name} on a guarded key runs code lockgate cannot check with its writes"),
+            Uncheckable::Script => format!("{name} on a guarded key runs code lockgate cannot check with its writes (a function, a script lockgate has not seen, or a script inside MULTI)"),
             Uncheckable::NoTable => format!("cannot tell yet whether {name} writes a guarded key (Redis's command table is not loaded)"),
             Uncheckable::Keys => format!("cannot tell which keys {name} writes"),
             Uncheckable::MixesLocks => format!("{name} writes a lock key and a guarded key together"),
@@ -407,19 +416,33 @@ impl LockService {
         if locks.is_empty() {
             return None;
         }
-        let why = if script {
-            Some(Uncheckable::Script)
-        } else if keys.iter().any(|k| rules.patterns.matches(k)) {
+        let body = match name.as_str() {
+            "EVAL" => Some(Bytes::copy_from_slice(args[1])),
+            "EVALSHA" => self.script_body(args[1]),
+            _ => None,
+        };
+        // A script that declares it writes nothing.
+        if body.as_deref().is_some_and(read_only) {
+            return None;
+        }
+        let why = if keys.iter().any(|k| rules.patterns.matches(k)) {
             Some(Uncheckable::MixesLocks)
         } else if self.scriptless() {
             Some(Uncheckable::Scriptless)
+        } else if script && (in_multi || body.is_none()) {
+            Some(Uncheckable::Script)
         } else {
             None
         };
-        Some(match why {
-            Some(why) => uncheckable(locks, why, &name),
-            None if in_multi => Guarded::InTx(locks),
-            None => Guarded::Check(locks),
+        let refuses = locks.iter().any(|l| l.refuse_late);
+        Some(match (why, body) {
+            (Some(Uncheckable::Script), None) if name == "EVALSHA" && !in_multi && refuses => {
+                Guarded::NoScript
+            }
+            (Some(why), _) => uncheckable(locks, why, &name),
+            (None, Some(body)) => Guarded::Script(locks, body),
+            (None, None) if in_multi => Guarded::InTx(locks),
+            (None, None) => Guarded::Check(locks),
         })
     }
 
@@ -464,6 +487,62 @@ impl LockService {
             tx: true,
         };
         (call, LockPending::Guard(pending))
+    }
+
+    /// The `EVAL` that runs the client script `args` (`EVAL`/`EVALSHA`,
+    /// its `body`) once `locks` are checked for `conn`: lockgate's keys and
+    /// arguments go first and are taken off `KEYS` and `ARGV` before the
+    /// client's body runs, unchanged, inside a function (see
+    /// [`wrapped`]).
+    pub(crate) fn guard_script_call(
+        &self,
+        locks: Vec<GuardedLock>,
+        body: &[u8],
+        args: &[&[u8]],
+        conn: &ConnLocks,
+    ) -> (Bytes, LockPending) {
+        let (owners, check, lease_ends) = self.check_argv(&locks, conn);
+        let n: usize = std::str::from_utf8(args.get(2).copied().unwrap_or_default())
+            .ok()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
+        let wrapped = wrapped(body);
+        let numkeys = (owners.len() + n).to_string();
+        let mut command: Vec<&[u8]> = vec![b"EVAL", &wrapped, numkeys.as_bytes()];
+        command.extend(owners.iter().map(|k| &k[..]));
+        command.extend(args.iter().skip(3).take(n).copied());
+        command.extend(check.iter().map(|a| &a[..]));
+        command.extend(args.iter().skip(3 + n).copied());
+        let pending = GuardPending {
+            locks,
+            lease_ends,
+            tx: false,
+        };
+        (
+            crate::protocol::encode::command(&command),
+            LockPending::Guard(pending),
+        )
+    }
+
+    /// Remembers a client script body (`EVAL`, `SCRIPT LOAD`) while guards
+    /// are configured, so an `EVALSHA` of it can be guarded; bounded (the
+    /// table is emptied when full).
+    pub(crate) fn remember_script(&self, body: &[u8]) {
+        if !self.guards_on() {
+            return;
+        }
+        let sha = sha1_smol::Sha1::from(body).digest().to_string();
+        let mut bodies = crate::sync::lock(&self.guard_scripts);
+        if bodies.len() >= MAX_SCRIPTS {
+            bodies.clear();
+        }
+        bodies.insert(sha, Bytes::copy_from_slice(body));
+    }
+
+    /// The body of the script `sha`, if seen.
+    fn script_body(&self, sha: &[u8]) -> Option<Bytes> {
+        let sha = String::from_utf8_lossy(sha).to_ascii_lowercase();
+        crate::sync::lock(&self.guard_scripts).get(&sha).cloned()
     }
 
     /// What the guard scripts check `locks` with for `conn`: the owner
@@ -554,7 +633,11 @@ impl LockService {
     /// (forwarded) or refused.
     pub(crate) fn count_uncheckable(&self, guarded: &Guarded) {
         let (locks, refused) = match guarded {
-            Guarded::Check(_) | Guarded::InTx(_) | Guarded::Exec => return,
+            Guarded::Check(_)
+            | Guarded::InTx(_)
+            | Guarded::Script(..)
+            | Guarded::NoScript
+            | Guarded::Exec => return,
             Guarded::Unchecked(l) => (l, false),
             Guarded::Refuse(l, _) => (l, true),
         };
@@ -612,6 +695,39 @@ impl LockService {
         Guards::compile_with(&config.guards, &patterns, |lock| self.counts_for(lock))
             .unwrap_or_default()
     }
+}
+
+/// Most client script bodies remembered for guarded `EVALSHA`s.
+pub const MAX_SCRIPTS: usize = 256;
+
+/// Whether a script body declares it writes nothing (`#!lua
+/// flags=no-writes`).
+fn read_only(body: &[u8]) -> bool {
+    let first = body.split(|&c| c == b'\n').next().unwrap_or_default();
+    first.starts_with(b"#!") && memchr::memmem::find(first, b"no-writes").is_some()
+}
+
+/// The client's script `body` behind the lock check: its shebang line
+/// first if it has one, then the check ([`crate::lock::script::GUARD_SCRIPT`]'s
+/// head), then the body inside a function, whose reply is returned as
+/// `{reply, 1, standings…}`.
+pub fn wrapped(body: &[u8]) -> Bytes {
+    let (shebang, rest) = match body.starts_with(b"#!") {
+        true => match memchr::memchr(b'\n', body) {
+            Some(nl) => body.split_at(nl + 1),
+            None => (body, &b""[..]),
+        },
+        false => (&b""[..], body),
+    };
+    let mut out = Vec::with_capacity(body.len() + 1024);
+    out.extend_from_slice(shebang);
+    if !shebang.is_empty() && !shebang.ends_with(b"\n") {
+        out.push(b'\n');
+    }
+    out.extend_from_slice(crate::lock::script::GUARD_SCRIPT_HEAD.as_bytes());
+    out.extend_from_slice(rest);
+    out.extend_from_slice(crate::lock::script::GUARD_SCRIPT_TAIL.as_bytes());
+    Bytes::from(out)
 }
 
 /// A call of `script` with owned keys and arguments.

@@ -720,6 +720,31 @@ return {replies, 1, unpack(standings)}
 "#
 );
 
+/// What a client script whose keys are guarded starts with
+/// ([`crate::lock::guard::wrapped`]): the lock check on lockgate's keys
+/// and arguments, which come first, then those are taken off `KEYS` and
+/// `ARGV`, and the client's body follows inside a function.
+pub const GUARD_SCRIPT_HEAD: &str = concat!(
+    "local __lockgate_refuse, __lockgate_standings, __lockgate_m = (function()\n",
+    guard_check!(),
+    r#"
+return refuse, standings, m
+end)()
+if __lockgate_refuse then return {0, 0, unpack(__lockgate_standings)} end
+for _ = 1, __lockgate_m do table.remove(KEYS, 1) end
+for _ = 1, 4 * __lockgate_m + 4 do table.remove(ARGV, 1) end
+local __lockgate_reply = (function()
+"#
+);
+
+/// What a client script whose keys are guarded ends with (see
+/// [`GUARD_SCRIPT_HEAD`]).
+pub const GUARD_SCRIPT_TAIL: &str = r#"
+end)()
+if __lockgate_reply == nil then __lockgate_reply = false end
+return {__lockgate_reply, 1, unpack(__lockgate_standings)}
+"#;
+
 /// The lock check [`GUARD`] and [`GUARD_TX`] start with: for each of the
 /// m locks, the standing of this connection (see [`GUARD`]), and whether
 /// any refuses the write (`refuse`).

@@ -508,6 +508,19 @@ impl Carrier {
                 out.pieces.client(whole);
                 out.batch.record(Expect::One);
             }
+            Guarded::Script(checked, body) => {
+                let (command, pending) = locks.guard_script_call(
+                    checked,
+                    &body,
+                    &args.all(),
+                    &crate::sync::lock(&self.conn),
+                );
+                out.pieces.own(command);
+                out.batch.lock(pending, None);
+            }
+            Guarded::NoScript => out.batch.local(LocalReply::Error(Bytes::from_static(
+                b"NOSCRIPT No matching script. Please use EVAL.",
+            ))),
             Guarded::Exec => self.guarded_exec(whole, out),
         }
     }
