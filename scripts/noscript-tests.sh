@@ -63,6 +63,10 @@ SKIP=(
 	differential::lock_traffic_in_front_of_a_cluster
 	# ioredis's lock is released by the client's own Lua script.
 	cluster_clients::
+	# Guarded writes run as scripts (on a server that refuses them they
+	# are refused or passed unchecked: locks_scriptless tests that).
+	guarded_faults::
+	guarded_writes::
 	# Needs scripts present to deny them by ACL.
 	locks_scriptless::an_acl_without_scripts_is_found_at_the_first_refusal
 )

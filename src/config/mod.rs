@@ -395,12 +395,6 @@ impl Config {
         if self.locks.guards.is_empty() {
             return Ok(());
         }
-        if !self.locks.quorum.masters.is_empty() {
-            return Err(invalid(
-                "locks.guards",
-                "guarded writes are not served with the lock quorum yet (docs/guarded-writes.md)",
-            ));
-        }
         if self.upstream.cluster.enabled() {
             return Err(invalid(
                 "locks.guards",

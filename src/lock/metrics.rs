@@ -56,6 +56,10 @@ counters! {
         contended: Counter "lock_contended", "Attempts that found the lock held";
         /// Lock commands refused in front of a Redis Cluster (not served there yet).
         refused_on_cluster: Counter "lock_refused_on_cluster", "Lock commands refused in front of a Redis Cluster: a lock key whose records cannot share its hash slot, or nodes that refuse scripts";
+        /// Guard records (guarded writes with the quorum) the primary did
+        /// not take: that holder's guarded writes are refused until it
+        /// acquires again.
+        guard_record_failures: Counter "lock_guard_record_failures", "Guard records on the primary not written (guarded writes with the quorum)";
         /// Lock keys released by an owner-checked DEL/UNLINK.
         released: Counter "lock_released", "Locks released by an owner-checked DEL";
         /// DEL/UNLINK on a lock key refused: not the owner.

@@ -260,6 +260,9 @@ impl LockService {
                 let freed = (replies.iter())
                     .filter(|r| super::quorum::integer(r) == Some(1))
                     .count();
+                if freed > 0 && self.keeps_guard_record(&key) {
+                    self.guard_record_released(&key, &token).await;
+                }
                 match freed {
                     0 => Released::Other,
                     n => Released::Freed(n),

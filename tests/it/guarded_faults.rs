@@ -9,11 +9,12 @@
 
 use std::time::Duration;
 
-use crate::guarded_writes::{counts, guarded};
+use crate::guarded_writes::{counts, guarded, orders};
 use crate::support;
 
 use lockgate::config::{GuardMode, UnlockedWriters};
 use support::locks::*;
+use support::quorum;
 use support::rng::Rng;
 use support::RawClient;
 
@@ -78,10 +79,48 @@ async fn holder(addr: std::net::SocketAddr, h: usize, pauses: Vec<bool>) -> Seen
     seen
 }
 
-/// Runs the workload for `seed` in `mode`; returns the history, the
-/// holders' sightings summed, and the guard's counters.
-async fn workload(seed: u64, mode: GuardMode) -> (Vec<String>, Seen, [u64; 5]) {
-    let (_redis, lg, mut r) = guarded(mode, UnlockedWriters::Allow, LEASE_MS).await;
+/// Where the locks live for a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Store {
+    /// On the primary, beside the data.
+    Primary,
+    /// On three masters (Redlock), the data on the primary: guarded writes
+    /// check the guard record each acquisition leaves there.
+    Quorum,
+}
+
+/// Runs the workload for `seed` in `mode` with the locks on `store`;
+/// returns the history, the holders' sightings summed, and the guard's
+/// counters.
+async fn workload(seed: u64, mode: GuardMode, store: Store) -> (Vec<String>, Seen, [u64; 5]) {
+    match store {
+        Store::Primary => {
+            let (_redis, lg, mut r) = guarded(mode, UnlockedWriters::Allow, LEASE_MS).await;
+            run(seed, &lg, &mut r).await
+        }
+        Store::Quorum => {
+            let q = quorum::Cluster::start(3, |c| {
+                c.locks.default_lease_ms = LEASE_MS;
+                c.locks.guards = vec![orders(mode, UnlockedWriters::Allow)];
+            })
+            .await;
+            until!(
+                "the command table",
+                !q.lg.ctx.locks.guard_table.get().is_empty()
+            );
+            let mut r = RawClient::connect(q.primary.addr()).await;
+            run(seed, &q.lg, &mut r).await
+        }
+    }
+}
+
+/// The workload for `seed` through `lg`, the data read with `r` (on the
+/// primary).
+async fn run(
+    seed: u64,
+    lg: &support::Lockgate,
+    r: &mut RawClient,
+) -> (Vec<String>, Seen, [u64; 5]) {
     let mut rng = Rng::new(seed);
     // At least one pause, at most one per holder.
     let schedule: Vec<Vec<bool>> = (0..HOLDERS)
@@ -107,7 +146,7 @@ async fn workload(seed: u64, mode: GuardMode) -> (Vec<String>, Seen, [u64; 5]) {
         .filter(|l| l.starts_with('h'))
         .map(str::to_string)
         .collect();
-    (history, seen, counts(&lg))
+    (history, seen, counts(lg))
 }
 
 /// The `end` entries of `history` written by a holder whose section was
@@ -127,45 +166,57 @@ fn interleaved(history: &[String]) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refuse_mode_keeps_every_late_write_out_of_the_data() {
-    for seed in [0x5eed_0001, 0x5eed_0002] {
-        let (history, seen, counted) = workload(seed, GuardMode::Refuse).await;
+    for (seed, store) in [
+        (0x5eed_0001, Store::Primary),
+        (0x5eed_0002, Store::Primary),
+        (0x5eed_0005, Store::Quorum),
+    ] {
+        let (history, seen, counted) = workload(seed, GuardMode::Refuse, store).await;
         let [applied, refused, late, unlocked, unchecked] = counted;
         assert!(
             interleaved(&history).is_empty(),
-            "seed {seed:#x}: {history:?}"
+            "seed {seed:#x} {store:?}: {history:?}"
         );
         // Every paused holder woke past its lease: its writes refused.
         assert!(
             seen.paused >= 1 && seen.refused >= seen.paused,
-            "seed {seed:#x}: {seen:?}"
+            "seed {seed:#x} {store:?}: {seen:?}"
         );
         // Two writes per refused section, each counted once.
-        assert_eq!(refused, 2 * seen.refused, "seed {seed:#x}");
+        assert_eq!(refused, 2 * seen.refused, "seed {seed:#x} {store:?}");
         let sections = (HOLDERS * ROUNDS) as u64;
         assert_eq!(
             applied,
             sections + 2 * (sections - seen.refused),
-            "seed {seed:#x}"
+            "seed {seed:#x} {store:?}"
         );
-        assert_eq!((late, unlocked, unchecked), (0, 0, 0), "seed {seed:#x}");
+        assert_eq!(
+            (late, unlocked, unchecked),
+            (0, 0, 0),
+            "seed {seed:#x} {store:?}"
+        );
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn report_mode_applies_and_counts_every_late_write() {
-    for seed in [0x5eed_0003, 0x5eed_0004] {
-        let (history, seen, counted) = workload(seed, GuardMode::Report).await;
+    for (seed, store) in [
+        (0x5eed_0003, Store::Primary),
+        (0x5eed_0004, Store::Primary),
+        (0x5eed_0006, Store::Quorum),
+    ] {
+        let (history, seen, counted) = workload(seed, GuardMode::Report, store).await;
         let [_, refused, late, _, _] = counted;
-        assert_eq!((refused, seen.refused), (0, 0), "seed {seed:#x}");
+        assert_eq!((refused, seen.refused), (0, 0), "seed {seed:#x} {store:?}");
         // Each paused section's two late writes counted; and the history
         // shows what refuse mode would have kept out.
         assert!(
             late >= 2 * seen.paused,
-            "seed {seed:#x}: {late} late, {seen:?}"
+            "seed {seed:#x} {store:?}: {late} late, {seen:?}"
         );
         assert!(
             interleaved(&history).len() as u64 <= seen.paused,
-            "seed {seed:#x}: {history:?}"
+            "seed {seed:#x} {store:?}: {history:?}"
         );
     }
 }

@@ -360,3 +360,72 @@ async fn direct_load(r: &mut RawClient, body: &str) -> String {
     let reply = r.call(&["SCRIPT", "LOAD", body]).await;
     reply.lines().nth(1).unwrap_or_default().to_string()
 }
+
+/// With the locks on the quorum's masters and the data on the primary,
+/// each acquisition leaves a guard record on the primary that guarded
+/// writes check; it follows the lock: extended, taken over, released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_the_quorum_a_guard_record_on_the_primary_follows_the_lock() {
+    let q = support::quorum::Cluster::start(3, |c| {
+        c.locks.default_lease_ms = 30_000;
+        c.locks.guards = vec![orders(GuardMode::Refuse, UnlockedWriters::Refuse)];
+    })
+    .await;
+    until!(
+        "the command table",
+        !q.lg.ctx.locks.guard_table.get().is_empty()
+    );
+    let record = "lockgate:guard:{lock:order:1}";
+    let mut a = q.client().await;
+    assert_eq!(a.call(&["SETNX", "lock:order:1", "a"]).await, ":1\r\n");
+    // Opened after the acquisition: not the pool connection that made it.
+    let mut b = q.client().await;
+    let owner = q
+        .on_master(0, &["GET", "lockgate:owner:{lock:order:1}"])
+        .await;
+    assert_eq!(q.on_primary(&["GET", record]).await, owner);
+    let pttl: i64 = q
+        .on_primary(&["PTTL", record])
+        .await
+        .trim_start_matches(':')
+        .trim()
+        .parse()
+        .unwrap();
+    assert!((1..=30_000).contains(&pttl), "{pttl}");
+    assert_eq!(a.call(&["SET", "order:1", "a"]).await, "+OK\r\n");
+    let refused = b.call(&["SET", "order:1", "b"]).await;
+    assert!(refused.contains("(another holder has it)"), "{refused}");
+    // Extended: the record's expiry moves with the lease.
+    assert_eq!(
+        a.call(&["PEXPIRE", "lock:order:1", "90000"]).await,
+        ":1\r\n"
+    );
+    let pttl: i64 = q
+        .on_primary(&["PTTL", record])
+        .await
+        .trim_start_matches(':')
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(pttl > 60_000, "{pttl}");
+    // Released: the record goes, and the old holder's writes with it.
+    assert_eq!(a.call(&["DEL", "lock:order:1"]).await, ":1\r\n");
+    assert_eq!(q.on_primary(&["EXISTS", record]).await, ":0\r\n");
+    let refused = a.call(&["SET", "order:1", "late"]).await;
+    assert!(refused.contains("(nobody holds it)"), "{refused}");
+    // Taken over (GETSET): the taker writes, the holder it replaced not.
+    assert_eq!(b.call(&["SETNX", "lock:order:1", "b"]).await, ":1\r\n");
+    let mut c = q.client().await;
+    assert_eq!(
+        c.call(&["GETSET", "lock:order:1", "c"]).await,
+        "$1\r\nb\r\n"
+    );
+    assert_eq!(c.call(&["SET", "order:1", "c"]).await, "+OK\r\n");
+    let refused = b.call(&["SET", "order:1", "b"]).await;
+    assert!(
+        refused.contains("no longer held by this connection (another holder has it now)"),
+        "{refused}"
+    );
+    assert_eq!(q.on_primary(&["GET", "order:1"]).await, "$1\r\nc\r\n");
+    assert_eq!(m(&q.lg.ctx.locks.metrics.guard_record_failures), 0);
+}

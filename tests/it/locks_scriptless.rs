@@ -484,3 +484,29 @@ async fn a_restarted_redis_costs_no_lock_command_an_error() {
     assert_eq!(m(&txn.failures), 0);
     lg.stop().await;
 }
+
+/// On a server that refuses scripts a guarded write cannot be checked with
+/// the write: refused in refuse mode (never passed unguarded), passed and
+/// counted `unchecked` in report mode.
+#[tokio::test]
+async fn a_server_without_scripts_cannot_check_guarded_writes() {
+    use lockgate::config::{GuardMode, UnlockedWriters};
+    for (mode, want) in [
+        (GuardMode::Refuse, "-ERR lockgate: write refused: SET on a guarded key cannot be checked: the server refuses scripts\r\n"),
+        (GuardMode::Report, "+OK\r\n"),
+    ] {
+        let redis = RedisServer::start_with(&support::redis::NO_SCRIPTS);
+        let mut c = support::locks::config(&redis.addr(), "a", 30_000);
+        c.locks.guards = vec![crate::guarded_writes::orders(mode, UnlockedWriters::Allow)];
+        let lg = Lockgate::start_with(c).await;
+        until!(
+            "the command table and the scripts' refusal",
+            !lg.ctx.locks.guard_table.get().is_empty() && lg.ctx.locks.scriptless()
+        );
+        let mut a = RawClient::connect(lg.addr).await;
+        assert_eq!(a.call(&["SETNX", "lock:order:1", "a"]).await, ":1\r\n");
+        assert_eq!(a.call(&["SET", "order:1", "x"]).await, want, "{mode:?}");
+        let [applied, refused, _, _, unchecked] = crate::guarded_writes::counts(&lg);
+        assert_eq!((applied, refused + unchecked), (0, 1), "{mode:?}");
+    }
+}

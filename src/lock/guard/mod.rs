@@ -18,6 +18,7 @@
 //! client gets the write's own reply, or `-ERR lockgate: write refused: …`.
 
 pub mod pattern;
+pub mod record;
 pub mod table;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -204,6 +205,15 @@ impl Guards {
                 args.any(|a| prefixes.iter().any(|p| a.as_ref().starts_with(p)))
             }
         }
+    }
+
+    /// Whether `key` is the lock of some guard.
+    pub fn guards_lock(&self, key: &[u8]) -> bool {
+        let mut bound = Vec::new();
+        self.guards.iter().any(|g| {
+            bound.clear();
+            g.lock.matches(key, &mut bound)
+        })
     }
 
     /// The guard whose data patterns match `key`, and the lock key it
@@ -553,7 +563,15 @@ impl LockService {
         locks: &[GuardedLock],
         conn: &ConnLocks,
     ) -> (Vec<Bytes>, Vec<Bytes>, Vec<Option<Instant>>) {
-        let owners = locks.iter().map(|l| owner_key(&l.lock)).collect();
+        // With the quorum the owner record is on the masters: the guard
+        // record on the primary stands for it (see [`record`]).
+        let quorum = self.on_masters();
+        let owners = (locks.iter())
+            .map(|l| match quorum {
+                true => record::guard_key(&l.lock),
+                false => owner_key(&l.lock),
+            })
+            .collect();
         let mut argv = vec![
             Bytes::from_static(b"1"),
             Bytes::from(locks.len().to_string()),

@@ -289,8 +289,14 @@ fn validation_names_the_guard_and_the_reason() {
     c.locks.guards.truncate(1);
     assert!(c.validate().is_ok());
     c.locks.quorum.masters = ["a:1", "b:1", "c:1"].map(String::from).to_vec();
+    assert!(c.validate().is_ok());
+    c.upstream.cluster.seeds = vec!["127.0.0.1:7000".to_string()];
+    c.locks.quorum.masters.clear();
     let e = c.validate().unwrap_err().to_string();
-    assert!(e.contains("not served with the lock quorum yet"), "{e}");
+    assert!(
+        e.contains("not served in front of a Redis Cluster yet"),
+        "{e}"
+    );
     // From TOML, as an operator writes it.
     let text = "[[locks.guards]]\nlock = \"lock:order:{id}\"\ndata = [\"order:{id}\", \"order:{id}:*\"]\nmode = \"refuse\"\nunlocked_writers = \"refuse\"\n";
     let parsed = Config::from_toml(text).unwrap();

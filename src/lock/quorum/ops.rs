@@ -109,6 +109,9 @@ impl LockService {
                 .await
                 .reply;
         }
+        // What guard records must follow, read before the plan changes the
+        // connection's records.
+        let follow = self.guard_follow(&op, &sync::lock(&conn));
         let planned = self.plan(op, &mut sync::lock(&conn), crate::lock::Queueing::Now);
         let Some(pending) = planned.pending else {
             return LocalReply::err("lockgate: internal error (no outcome planned)");
@@ -146,7 +149,14 @@ impl LockService {
                 }
             }
         };
+        let took = match &pending {
+            LockPending::Takeover { token, .. } => Some(token.clone()),
+            _ => None,
+        };
         self.complete(pending, &facts, &mut sync::lock(&conn));
+        if let Some(follow) = follow {
+            self.guard_records_follow(follow, &reply, took).await;
+        }
         reply
     }
 
@@ -206,6 +216,14 @@ impl LockService {
             q.granted(lease_ms);
             if let Some(pending) = planned.pending {
                 self.complete(pending, &[1, lease_ms as i64], &mut sync::lock(&conn));
+            }
+            // Guarded data on the primary: its record, valid no longer than
+            // the lock, before the holder hears it holds it.
+            if self.keeps_guard_record(&key) {
+                let ms = q.validity_ms(lease_ms, started.elapsed());
+                if ms > 0 {
+                    self.guard_record_acquired(&key, &token, ms as u64).await;
+                }
             }
             return Outcome {
                 reply: crate::lock::storm::shaped(shape, true),
