@@ -227,9 +227,13 @@ impl ServerContext {
             stop.clone(),
         );
         // Guarded writes know a write by Redis's own command table.
+        let source = match &cluster {
+            Some(pool) => crate::lock::guard::table::Source::Cluster(pool.clone()),
+            None => crate::lock::guard::table::Source::Primary(primary.clone()),
+        };
         crate::lock::guard::table::spawn(
             locks.clone(),
-            primary.clone(),
+            source,
             Duration::from_millis(config.upstream.connect_timeout_ms),
             stop.clone(),
         );

@@ -389,22 +389,23 @@ impl Config {
         self.validate_tls()
     }
 
-    /// `[[locks.guards]]`: each compiles ([`crate::lock::guard::Guards`]),
-    /// and the stores lockgate cannot guard writes on yet are refused.
+    /// `[[locks.guards]]`: each compiles ([`crate::lock::guard::Guards`]);
+    /// in front of a cluster each data pattern carries its lock's hash tag.
     fn validate_guards(&self) -> Result<(), ConfigError> {
         if self.locks.guards.is_empty() {
             return Ok(());
         }
-        if self.upstream.cluster.enabled() {
-            return Err(invalid(
-                "locks.guards",
-                "guarded writes are not served in front of a Redis Cluster yet (docs/guarded-writes.md)",
-            ));
-        }
         let patterns = crate::lock::keys::KeyPatterns::new(&self.locks.keys);
-        crate::lock::guard::Guards::compile(&self.locks.guards, &patterns)
-            .map(|_| ())
-            .map_err(|e| invalid("locks.guards", &e.0))
+        let guards = crate::lock::guard::Guards::compile(&self.locks.guards, &patterns)
+            .map_err(|e| invalid("locks.guards", &e.0))?;
+        // With the quorum the locks are not on the cluster: the guard
+        // records are, in the lock key's slot.
+        if self.upstream.cluster.enabled() {
+            guards
+                .check_slots()
+                .map_err(|e| invalid("locks.guards", &e.0))?;
+        }
+        Ok(())
     }
 
     /// The TLS sections: addresses and timeouts, then the files themselves

@@ -480,3 +480,93 @@ async fn an_operator_sees_and_releases_locks_on_every_shard() {
     }
     lg.stop().await;
 }
+
+/// Guarded writes in front of a cluster: a guard's data keeps its lock's
+/// hash tag, so each guarded write is checked on the node that serves both
+/// (its owner record and its data), in one step; plain writes, a
+/// transaction run whole and a client script, across shards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guarded_writes_are_checked_on_the_node_of_their_slot() {
+    use lockgate::config::{GuardConfig, GuardMode, UnlockedWriters};
+    let cluster = Cluster::start(3, 0);
+    let lg = cluster
+        .lockgate(|c| {
+            c.locks.default_lease_ms = 30_000;
+            c.locks.guards = vec![GuardConfig {
+                lock: "lock:order:{{{id}}}".to_string(),
+                data: vec!["order:{{{id}}}".to_string(), "order:{{{id}}}:*".to_string()],
+                mode: GuardMode::Refuse,
+                unlocked_writers: UnlockedWriters::Refuse,
+            }];
+        })
+        .await;
+    crate::until!(
+        "the command table",
+        !lg.ctx.locks.guard_table.get().is_empty()
+    );
+    let map = cluster.map().await;
+    let mut nodes = std::collections::BTreeSet::new();
+    for id in 0..12 {
+        let (lock, data, items) = (
+            format!("lock:order:{{{id}}}"),
+            format!("order:{{{id}}}"),
+            format!("order:{{{id}}}:items"),
+        );
+        let mut a = RawClient::connect(lg.addr).await;
+        let refused = call(&mut a, &["SET", &data, "early"]).await;
+        assert!(
+            matches!(&refused, Resp::Error(e) if e.contains("which this connection does not hold")),
+            "{refused:?}"
+        );
+        assert_eq!(call(&mut a, &["SETNX", &lock, "a"]).await, Resp::Int(1));
+        assert_eq!(
+            call(&mut a, &["SET", &data, "a"]).await,
+            Resp::Status("OK".into())
+        );
+        assert_eq!(call(&mut a, &["MULTI"]).await, Resp::Status("OK".into()));
+        assert_eq!(
+            call(&mut a, &["RPUSH", &items, "x"]).await,
+            Resp::Status("QUEUED".into())
+        );
+        assert_eq!(
+            call(&mut a, &["SET", &data, "b"]).await,
+            Resp::Status("QUEUED".into())
+        );
+        assert_eq!(
+            call(&mut a, &["EXEC"]).await,
+            Resp::Array(Some(vec![Resp::Int(1), Resp::Status("OK".into())]))
+        );
+        assert_eq!(
+            call(
+                &mut a,
+                &[
+                    "EVAL",
+                    "return redis.call('APPEND', KEYS[1], 'c')",
+                    "1",
+                    &data
+                ]
+            )
+            .await,
+            Resp::Int(2)
+        );
+        let (node, value) = on_node_of(&map, &data, &["GET", &data]).await;
+        assert_eq!(value, Resp::Bulk(Some(b"bc".to_vec())), "{data}");
+        nodes.insert(node);
+        // The lease runs out (lock and owner record, as they expire
+        // together): the holder's next write is refused.
+        let owner = String::from_utf8(lockgate::lock::owner_key(lock.as_bytes()).to_vec()).unwrap();
+        for key in [&lock, &owner] {
+            let (_, set) = on_node_of(&map, key, &["PEXPIRE", key, "1"]).await;
+            assert_eq!(set, Resp::Int(1), "{key}");
+        }
+        crate::until!("the lease to end", {
+            on_node_of(&map, &owner, &["EXISTS", &lock, &owner]).await.1 == Resp::Int(0)
+        });
+        let late = call(&mut a, &["SET", &data, "late"]).await;
+        assert!(
+            matches!(&late, Resp::Error(e) if e.contains("is no longer held by this connection")),
+            "{late:?}"
+        );
+    }
+    assert_eq!(nodes.len(), 3, "every shard served guarded data");
+}

@@ -184,6 +184,27 @@ impl Guards {
         Ok(Guards { guards, prefixes })
     }
 
+    /// In front of a Redis Cluster: every data pattern must carry its
+    /// lock's hash tag, so that a guarded key, its lock's owner record and
+    /// the check share one slot (one node, one atomic step).
+    pub fn check_slots(&self) -> Result<(), PatternError> {
+        for g in &self.guards {
+            let Some(tag) = g.lock.hash_tag() else {
+                return Err(PatternError(format!(
+                    "lock `{}` has no hash tag of named parts (`lock:{{{{{{id}}}}}}`): in front of a Redis Cluster its data could live on another node than its owner record",
+                    g.lock.text
+                )));
+            };
+            if let Some(d) = g.data.iter().find(|d| d.hash_tag().as_ref() != Some(&tag)) {
+                return Err(PatternError(format!(
+                    "data `{}` does not carry the hash tag of lock `{}`: in front of a Redis Cluster its keys could live on another node than the lock's owner record, and no step could check one and write the other",
+                    d.text, g.lock.text
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// True when no guard is configured.
     pub fn is_empty(&self) -> bool {
         self.guards.is_empty()
@@ -464,9 +485,11 @@ impl LockService {
         args: &[&[u8]],
         conn: &ConnLocks,
     ) -> (Call, LockPending) {
-        let (owners, mut argv, lease_ends) = self.check_argv(&locks, conn);
+        let (mut keys, mut argv, lease_ends) = self.check_argv(&locks, conn);
+        // The write's keys declared too: on a cluster, in the records' slot.
+        self.declare(&mut keys, args);
         argv.extend(args.iter().map(|a| Bytes::copy_from_slice(a)));
-        let call = call(Script::Guard, &owners, &argv);
+        let call = call(Script::Guard, &keys, &argv);
         let pending = GuardPending {
             locks,
             lease_ends,
@@ -484,13 +507,15 @@ impl LockService {
         commands: &[Vec<Bytes>],
         conn: &ConnLocks,
     ) -> (Call, LockPending) {
-        let (owners, mut argv, lease_ends) = self.check_argv(&locks, conn);
+        let (mut keys, mut argv, lease_ends) = self.check_argv(&locks, conn);
         argv.push(Bytes::from(commands.len().to_string()));
         for c in commands {
+            let args: Vec<&[u8]> = c.iter().map(|a| &a[..]).collect();
+            self.declare(&mut keys, &args);
             argv.push(Bytes::from(c.len().to_string()));
             argv.extend(c.iter().cloned());
         }
-        let call = call(Script::GuardTx, &owners, &argv);
+        let call = call(Script::GuardTx, &keys, &argv);
         let pending = GuardPending {
             locks,
             lease_ends,
@@ -553,6 +578,18 @@ impl LockService {
     fn script_body(&self, sha: &[u8]) -> Option<Bytes> {
         let sha = String::from_utf8_lossy(sha).to_ascii_lowercase();
         crate::sync::lock(&self.guard_scripts).get(&sha).cloned()
+    }
+
+    /// Adds the keys of the command `args` to `keys` (once each), as the
+    /// command table finds them.
+    fn declare(&self, keys: &mut Vec<Bytes>, args: &[&[u8]]) {
+        if let Ok(found) = self.guard_table.get().keys(args) {
+            for k in found {
+                if !keys.iter().any(|have| &have[..] == k) {
+                    keys.push(Bytes::copy_from_slice(k));
+                }
+            }
+        }
     }
 
     /// What the guard scripts check `locks` with for `conn`: the owner

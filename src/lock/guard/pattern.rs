@@ -137,6 +137,34 @@ impl Pattern {
         })
     }
 
+    /// Its hash tag, as Redis Cluster finds it in every key it matches:
+    /// what lies between the first `{` and the next `}`, as a sequence of
+    /// literal bytes and named parts (which hold no brace, so the tag is
+    /// fixed by the pattern); `None` when a key's tag is not fixed by it
+    /// (no tag, an empty one, or a `*` before its end).
+    pub fn hash_tag(&self) -> Option<Vec<TagPiece>> {
+        let mut pieces: Vec<TagPiece> = Vec::new();
+        let mut open = false;
+        for atom in &self.atoms {
+            match atom {
+                Atom::Star => return None,
+                Atom::Named(n) if open => pieces.push(TagPiece::Named(n.clone())),
+                Atom::Named(_) => {}
+                Atom::Literal(l) => {
+                    for &c in l {
+                        match (open, c) {
+                            (false, b'{') => open = true,
+                            (true, b'}') => return (!pieces.is_empty()).then_some(pieces),
+                            (true, c) => pieces.push(TagPiece::Byte(c)),
+                            (false, _) => {}
+                        }
+                    }
+                }
+            }
+        }
+        None
+    }
+
     /// The literal bytes it starts with (empty if it starts with a named
     /// part): a key without them cannot match.
     pub fn prefix(&self) -> &[u8] {
@@ -250,6 +278,15 @@ impl Pattern {
     }
 }
 
+/// A piece of a hash tag ([`Pattern::hash_tag`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TagPiece {
+    /// A literal byte.
+    Byte(u8),
+    /// A named part.
+    Named(String),
+}
+
 /// One position's test in [`Pattern::overlaps`]'s search.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Step {
@@ -332,6 +369,26 @@ mod tests {
                 assert!(bound.is_empty(), "{pattern} {key}: nothing bound");
             }
         }
+    }
+
+    #[test]
+    fn hash_tags_are_read_from_the_pattern() {
+        let tag = |p: &str| data(p).hash_tag();
+        let named = |n: &str| Some(vec![TagPiece::Named(n.to_string())]);
+        assert_eq!(tag("lock:{{{id}}}"), named("id"));
+        assert_eq!(tag("order:{{{id}}}:*"), named("id"));
+        assert_eq!(tag("order:{id}"), None);
+        assert_eq!(tag("order:{{}}:{id}"), None);
+        assert_eq!(tag("a{{*"), None);
+        assert_eq!(tag("a{{{id}"), None);
+        assert_eq!(tag("o{{{id}}}"), tag("lock:{{{id}}}:x"));
+        assert_eq!(
+            tag("a{{x{id}}}"),
+            Some(vec![
+                TagPiece::Byte(b'x'),
+                TagPiece::Named("id".to_string())
+            ])
+        );
     }
 
     #[test]

@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 use crate::cluster::keys::KeyTable;
 use crate::lock::LockService;
 use crate::protocol::encode;
+use crate::upstream::cluster::ClusterPool;
 use crate::upstream::node::Node;
 
 /// The command table in force (empty until read).
@@ -35,23 +36,57 @@ impl GuardTable {
 
     /// Puts `table` in force.
     pub fn set(&self, table: KeyTable) {
-        *crate::sync::write(&self.table) = Arc::new(table);
+        self.set_shared(Arc::new(table));
     }
+
+    fn set_shared(&self, table: Arc<KeyTable>) {
+        *crate::sync::write(&self.table) = table;
+    }
+}
+
+/// Where the command table is read.
+#[derive(Debug, Clone)]
+pub enum Source {
+    /// `COMMAND` on lockgate's own connection to the primary.
+    Primary(Node),
+    /// The table a cluster's pool read from its nodes (taken as it is).
+    Cluster(Arc<ClusterPool>),
 }
 
 /// How often the loader looks again while the table is not read.
 const RETRY: Duration = Duration::from_millis(200);
 
 /// Starts the loader: while guards are configured, reads `COMMAND` from
-/// `primary` when the table is empty or the connection reopened since;
-/// each call bounded by `timeout`; it stops with `stop`.
-pub fn spawn(locks: Arc<LockService>, primary: Node, timeout: Duration, stop: CancellationToken) {
+/// the primary when the table is empty or the connection reopened since
+/// (each call bounded by `timeout`), or takes a cluster pool's table; it
+/// stops with `stop`.
+pub fn spawn(locks: Arc<LockService>, source: Source, timeout: Duration, stop: CancellationToken) {
     tokio::spawn(async move {
         tokio::select! {
             _ = stop.cancelled() => {}
-            _ = run(&locks, &primary, timeout) => {}
+            _ = async {
+                match &source {
+                    Source::Primary(primary) => run(&locks, primary, timeout).await,
+                    Source::Cluster(pool) => follow(&locks, pool).await,
+                }
+            } => {}
         }
     });
+}
+
+/// In front of a cluster: the pool's table, taken again as it changes.
+async fn follow(locks: &LockService, pool: &ClusterPool) {
+    loop {
+        let table = pool.key_table();
+        if !Arc::ptr_eq(&table, &locks.guard_table.get()) && !table.is_empty() {
+            locks.guard_table.set_shared(table);
+        }
+        let wait = match locks.guard_table.get().is_empty() {
+            true => RETRY,
+            false => locks.eviction_interval(),
+        };
+        tokio::time::sleep(wait).await;
+    }
 }
 
 async fn run(locks: &LockService, primary: &Node, timeout: Duration) {

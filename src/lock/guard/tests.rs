@@ -292,9 +292,25 @@ fn validation_names_the_guard_and_the_reason() {
     assert!(c.validate().is_ok());
     c.upstream.cluster.seeds = vec!["127.0.0.1:7000".to_string()];
     c.locks.quorum.masters.clear();
+    // In front of a cluster a guard's data keeps its lock's hash tag.
+    let e = c.validate().unwrap_err().to_string();
+    assert!(e.contains("lock `lock:order:{id}` has no hash tag"), "{e}");
+    let tagged = |data: &str| {
+        guard(
+            "lock:order:{{{id}}}",
+            &["order:{{{id}}}", data],
+            GuardMode::Refuse,
+            UnlockedWriters::Allow,
+        )
+    };
+    c.locks.guards = vec![tagged("order:{{{id}}}:*")];
+    assert!(c.validate().is_ok(), "{:?}", c.validate());
+    c.locks.guards = vec![tagged("order:{id}:items")];
     let e = c.validate().unwrap_err().to_string();
     assert!(
-        e.contains("not served in front of a Redis Cluster yet"),
+        e.contains(
+            "data `order:{id}:items` does not carry the hash tag of lock `lock:order:{{{id}}}`"
+        ),
         "{e}"
     );
     // From TOML, as an operator writes it.

@@ -486,6 +486,12 @@ impl std::fmt::Debug for ClusterPool {
 }
 
 impl ClusterPool {
+    /// The key table read from the nodes' `COMMAND` (empty until read):
+    /// what guarded writes know a write by in front of a cluster.
+    pub fn key_table(&self) -> Arc<KeyTable> {
+        self.common.keys()
+    }
+
     /// Starts reading the slot map from `upstream.cluster.seeds` (at once,
     /// then as the module doc says) until `stop`. What lockgate tells
     /// cluster-aware clients about itself is set by
