@@ -15,7 +15,8 @@
 //! what locks keep across its failover, in `docs/sentinel.md`; a Redis
 //! Cluster behind lockgate in `docs/cluster.md`; what it
 //! costs next to HAProxy and Redis, and where the time goes, in
-//! `docs/performance.md`.
+//! `docs/performance.md`; writes to the data a lock protects, refused or
+//! counted once the writer's lease ended, in `docs/guarded-writes.md`.
 //!
 //! # Layout
 //!

@@ -38,7 +38,9 @@
 //!   connection), [`announce`] (wake-ups between instances, see
 //!   docs/fleet.md), [`hotkeys`] (the top-K sketch of hot lock keys),
 //!   [`conns`] (this instance's connections, for operators), [`operator`]
-//!   (who holds and who waits, and an operator's release).
+//!   (who holds and who waits, and an operator's release), [`guard`]
+//!   (guarded writes: a write to data a lock protects, checked with the
+//!   write against the owner record).
 //! - [`quorum`] (the Redlock quorum in one folder: masters and their
 //!   sit-outs, asking them, ops, fencing tokens, clocks, scripts),
 //!   [`split`] (per-key commands split between the quorum and the
