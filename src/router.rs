@@ -801,13 +801,27 @@ mod tests {
     /// is `route`'s `Forward(One)` with the view left as it is.
     #[test]
     fn forwarding_plainly_is_what_route_decides() {
-        let stores = [LockService::new(&Config::default()), on_masters()];
+        // And a store with a guard (its command table read): a command
+        // on guarded data, or (UN)WATCH, is never forwarded plainly.
+        let guarded = {
+            let mut c = Config::default();
+            c.locks.guards = vec![crate::config::GuardConfig {
+                lock: "lock:{id}".to_string(),
+                data: vec!["order:{id}".to_string()],
+                mode: crate::config::GuardMode::Refuse,
+                unlocked_writers: crate::config::UnlockedWriters::Allow,
+            }];
+            let l = LockService::new(&c);
+            l.guard_table.set(crate::cluster::route::tests::table());
+            l
+        };
+        let stores = [LockService::new(&Config::default()), on_masters(), guarded];
         let names = "GET get SET sEt SETNX GETSET GETDEL GETEX DEL UNLINK EXPIRE PEXPIRE \
             PERSIST EXISTS MGET MSET TOUCH EVAL EVALSHA SCRIPT CLIENT SELECT LOCKGATE MULTI EXEC \
             DISCARD QUIT RESET HELLO MONITOR SUBSCRIBE BLPOP HSET INCR PING FLUSHDB FLUSHALL \
-            SWAPDB MOVE RENAME renamenx COPY";
+            SWAPDB MOVE RENAME renamenx COPY WATCH UNWATCH";
         let words = [
-            "lock:a", "user:1", "NX", "PX", "10", "REPLY", "OFF", "FLUSH",
+            "lock:a", "user:1", "NX", "PX", "10", "REPLY", "OFF", "FLUSH", "order:1",
         ];
         let mut views = Vec::new();
         for bits in 0..64u8 {

@@ -417,8 +417,10 @@ impl LockService {
             String::from_utf8_lossy(args.first().copied().unwrap_or_default()).to_uppercase();
         // Every argument that could be a guarded key (before the table
         // says which are keys): what an uncheckable command is held to.
+        // Lock keys are never guarded data: lock commands keep their rules.
+        let data = |k: &&[u8]| !rules.patterns.matches(k);
         let touched = |rules: &super::Rules| -> Vec<GuardedLock> {
-            guarded_locks(&rules.guards, args.iter().skip(1).copied())
+            guarded_locks(&rules.guards, args.iter().skip(1).copied().filter(data))
         };
         let table = self.guard_table.get();
         let script = matches!(name.as_str(), "EVAL" | "EVALSHA" | "FCALL");
@@ -443,7 +445,7 @@ impl LockService {
                 return (!locks.is_empty()).then(|| uncheckable(locks, Uncheckable::Keys, &name));
             }
         };
-        let locks = guarded_locks(&rules.guards, keys.iter().copied());
+        let locks = guarded_locks(&rules.guards, keys.iter().copied().filter(data));
         if locks.is_empty() {
             return None;
         }

@@ -129,6 +129,24 @@ fn writes_are_routed_by_the_servers_flags_and_keys() {
     assert_eq!(route("SET user:1 v", false), None);
     // The value is not a key.
     assert_eq!(route("SET user:1 order:42", false), None);
+    // A data pattern that lock keys also match: lock commands keep their
+    // rules (a lock key is never guarded data).
+    let wide = {
+        let mut c = Config::default();
+        c.locks.guards = vec![guard(
+            "lock:order:{id}",
+            &["{id}:*"],
+            GuardMode::Refuse,
+            UnlockedWriters::Refuse,
+        )];
+        let l = LockService::new(&c);
+        l.guard_table.set(crate::cluster::route::tests::table());
+        l
+    };
+    for line in ["SET lock:order:1 v", "DEL lock:order:1"] {
+        let args: Vec<&[u8]> = line.split(' ').map(str::as_bytes).collect();
+        assert_eq!(wide.guard_route(&args, false), None, "{line}");
+    }
     // Inside MULTI: noted, checked with the whole transaction at EXEC.
     assert!(matches!(route("SET order:1 v", true), Some(Guarded::InTx(l)) if l.len() == 1));
     for (line, multi, why) in [
