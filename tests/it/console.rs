@@ -25,10 +25,12 @@ const PAGE: &str = r#"(() => {
     series: Object.fromEntries(Array.from(f.querySelectorAll('polyline'))
       .map(p => [p.dataset.series, p.getAttribute('points').split(' ').length])),
   }));
-  const locks = Array.from(document.querySelectorAll('#locks tr'))
+  const rows = id => Array.from(document.querySelectorAll(`#${id} tr`))
     .map(tr => Array.from(tr.cells).map(td => td.textContent));
+  const locks = rows('locks');
+  const guards = rows('guards');
   const text = id => { const e = document.getElementById(id); return e ? e.textContent : null; };
-  return {charts, locks, attempts: text('attempts'), sent: text('sent'),
+  return {charts, locks, guards, attempts: text('attempts'), sent: text('sent'),
     last: (typeof hist !== 'undefined' && hist.length) ? hist[hist.length - 1] : null,
     samples: (typeof hist !== 'undefined') ? hist.length : 0};
 })()"#;
@@ -40,7 +42,18 @@ async fn the_page_shows_the_storm_absorbed_and_who_holds_the_lock() {
     c.admin.history_interval_ms = 250;
     c.admin.history_seconds = 60;
     c.admin.password = "pw".into();
+    // A guard on the lock's data: its counters are on the page too.
+    c.locks.guards = vec![lockgate::config::GuardConfig {
+        lock: "lock:storm:{id}".into(),
+        data: vec!["storm:{id}".into()],
+        mode: lockgate::config::GuardMode::Refuse,
+        unlocked_writers: lockgate::config::UnlockedWriters::Allow,
+    }];
     let lg = Ops::start(c).await;
+    crate::until!(
+        "the command table",
+        !lg.ctx.locks.guard_table.get().is_empty()
+    );
     let key = "lock:storm:1";
     let mut holder = lg.client().await;
     assert_eq!(
@@ -48,6 +61,7 @@ async fn the_page_shows_the_storm_absorbed_and_who_holds_the_lock() {
         "+OK\r\n"
     );
     assert_eq!(holder.call_s(&["SETNX", key, "h"]).await, ":1\r\n");
+    assert_eq!(holder.call_s(&["SET", "storm:1", "x"]).await, "+OK\r\n");
     // The incident's shape: clients spinning on SETNX of a held lock.
     let stop = Arc::new(AtomicBool::new(false));
     let mut spinners = Vec::new();
@@ -76,12 +90,15 @@ async fn the_page_shows_the_storm_absorbed_and_who_holds_the_lock() {
             && attempts["sent_per_sec"].as_u64().unwrap_or(0) >= 4;
         let locked = (s["locks"].as_array().into_iter().flatten())
             .any(|r| r[0] == key && r[3].as_str().is_some_and(|c| c.contains("the-holder")));
-        if drawn && locked {
+        // The guard's row: its lock pattern, its mode, one write applied.
+        let guarded = (s["guards"].as_array().into_iter().flatten())
+            .any(|r| r[0] == "lock:storm:{id}" && r[1] == "refuse" && r[2] == "1");
+        if drawn && locked && guarded {
             break s;
         }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "the page never showed the storm and the lock: {s}\n{}",
+            "the page never showed the storm, the lock and the guard: {s}\n{}",
             browser.stderr()
         );
         tokio::time::sleep(Duration::from_millis(100)).await;

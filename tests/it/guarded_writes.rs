@@ -94,6 +94,20 @@ async fn report_mode_applies_late_writes_and_counts_them() {
     assert_eq!(get(&mut r, "order:1").await.as_deref(), Some("by-b"));
     assert_eq!(counts(&lg), [1, 0, 1, 0, 0]);
     let admin = lg.admin.expect("admin listener");
+    // The status page's data: one row per guard.
+    let status = support::ops::http_get(admin, "/status.json").await.body;
+    let status: serde_json::Value = serde_json::from_str(&status).expect("JSON");
+    let row = &status["guards"][0];
+    assert_eq!(
+        (
+            row["lock"].as_str(),
+            row["mode"].as_str(),
+            row["reported_late"].as_u64(),
+            row["applied"].as_u64()
+        ),
+        (Some("lock:order:{id}"), Some("report"), Some(1), Some(1)),
+        "{row}"
+    );
     let text = support::ops::http_get(admin, "/metrics").await.body;
     assert!(
         text.contains(
@@ -428,4 +442,43 @@ async fn on_the_quorum_a_guard_record_on_the_primary_follows_the_lock() {
     );
     assert_eq!(q.on_primary(&["GET", "order:1"]).await, "$1\r\nc\r\n");
     assert_eq!(m(&q.lg.ctx.locks.metrics.guard_record_failures), 0);
+}
+
+/// Unmodified redis-py, RESP2 and RESP3: a legacy holder's writes, a
+/// transaction pipeline and a registered script pass while it holds the
+/// lock and are refused once its lease ran out
+/// (`tests/py/redis_py_guarded.py`).
+#[tokio::test]
+async fn redis_py_holders_write_while_they_hold_and_are_refused_after() {
+    let script =
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/py/redis_py_guarded.py");
+    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".to_string());
+    for protocol in ["2", "3"] {
+        let (_redis, lg, _r) = guarded(GuardMode::Refuse, UnlockedWriters::Allow, 500).await;
+        let mut command = std::process::Command::new(&python);
+        command
+            .arg(&script)
+            .arg(lg.addr.ip().to_string())
+            .arg(lg.addr.port().to_string())
+            .arg(protocol)
+            .arg("500");
+        let output =
+            support::process::run_limited_async(command, None, std::time::Duration::from_secs(60))
+                .await;
+        let (out, err) = (
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr),
+        );
+        assert!(
+            output.status.success() && out.contains("checks passed"),
+            "RESP{protocol}: {}\nstdout:\n{out}\nstderr:\n{err}",
+            output.status
+        );
+        let [applied, refused, ..] = counts(&lg);
+        assert!(
+            applied >= 5 && refused == 4,
+            "RESP{protocol}: {:?}",
+            counts(&lg)
+        );
+    }
 }
