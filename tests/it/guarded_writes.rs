@@ -375,6 +375,16 @@ async fn direct_load(r: &mut RawClient, body: &str) -> String {
     reply.lines().nth(1).unwrap_or_default().to_string()
 }
 
+/// The PTTL of `key` on the quorum's primary, ms.
+async fn pttl_on_primary(q: &support::quorum::Cluster, key: &str) -> i64 {
+    let reply = q.on_primary(&["PTTL", key]).await;
+    reply
+        .trim_start_matches(':')
+        .trim()
+        .parse()
+        .expect("an integer")
+}
+
 /// With the locks on the quorum's masters and the data on the primary,
 /// each acquisition leaves a guard record on the primary that guarded
 /// writes check; it follows the lock: extended, taken over, released.
@@ -398,13 +408,7 @@ async fn on_the_quorum_a_guard_record_on_the_primary_follows_the_lock() {
         .on_master(0, &["GET", "lockgate:owner:{lock:order:1}"])
         .await;
     assert_eq!(q.on_primary(&["GET", record]).await, owner);
-    let pttl: i64 = q
-        .on_primary(&["PTTL", record])
-        .await
-        .trim_start_matches(':')
-        .trim()
-        .parse()
-        .unwrap();
+    let pttl = pttl_on_primary(&q, record).await;
     assert!((1..=30_000).contains(&pttl), "{pttl}");
     assert_eq!(a.call(&["SET", "order:1", "a"]).await, "+OK\r\n");
     let refused = b.call(&["SET", "order:1", "b"]).await;
@@ -414,13 +418,7 @@ async fn on_the_quorum_a_guard_record_on_the_primary_follows_the_lock() {
         a.call(&["PEXPIRE", "lock:order:1", "90000"]).await,
         ":1\r\n"
     );
-    let pttl: i64 = q
-        .on_primary(&["PTTL", record])
-        .await
-        .trim_start_matches(':')
-        .trim()
-        .parse()
-        .unwrap();
+    let pttl = pttl_on_primary(&q, record).await;
     assert!(pttl > 60_000, "{pttl}");
     // Released: the record goes, and the old holder's writes with it.
     assert_eq!(a.call(&["DEL", "lock:order:1"]).await, ":1\r\n");

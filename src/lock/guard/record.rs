@@ -38,7 +38,7 @@ const DROP: &str =
     "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0";
 
 /// Gives the record a new token, keeping its expiry; one that lapsed gets
-/// ARGV[2] ms.
+/// `ARGV[2]` ms.
 const RETOKEN: &str = "if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('SET', KEYS[1], ARGV[1], 'KEEPTTL') else redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) end return 1";
 
 impl LockService {

@@ -2,9 +2,12 @@
 //! which keys a command writes under which lock, and how each way a write
 //! can come out is counted and answered.
 
+use std::time::Instant;
+
 use super::*;
 use crate::config::{Config, GuardConfig};
 use crate::lock::lease::Standing as Lease;
+use crate::lock::LockPending;
 
 fn guard(lock: &str, data: &[&str], mode: GuardMode, unlocked: UnlockedWriters) -> GuardConfig {
     GuardConfig {
