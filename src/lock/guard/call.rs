@@ -315,8 +315,11 @@ fn call(script: Script, keys: &[Bytes], argv: &[Bytes]) -> Call {
 fn refused_because(l: &GuardedLock, s: Stood, end: Option<Instant>) -> String {
     let lock = String::from_utf8_lossy(&l.lock);
     let why = match s {
-        Stood::Ended => match end.and_then(|e| Instant::now().checked_duration_since(e)) {
-            Some(ago) => format!("lease ended {:.1} s ago", ago.as_secs_f64()),
+        // By this connection's record the lease has not run out: released
+        // (by an operator, a pooled connection) or lost with its store.
+        Stood::Ended => match end.map(|e| Instant::now().checked_duration_since(e)) {
+            Some(Some(ago)) => format!("lease ended {:.1} s ago", ago.as_secs_f64()),
+            Some(None) => "released before its lease ended".to_string(),
             None => "its lease ended".to_string(),
         },
         Stood::Taken => "another holder has it now".to_string(),
