@@ -326,6 +326,7 @@ mod tests {
         "lockgate_hot_lock_attempts",
         "lockgate_upstream_maxmemory_policy",
         "lockgate_upstream_evicted_keys",
+        "lockgate_guarded_writes",
     ];
 
     /// Every counter is both exported and in `LOCKGATE STATS`, under the
