@@ -50,7 +50,7 @@ pub fn counts(lg: &Lockgate) -> [u64; 5] {
 
 #[tokio::test]
 async fn a_holder_whose_lease_ran_out_cannot_write_in_refuse_mode() {
-    let (_redis, lg, mut r) = guarded(GuardMode::Refuse, UnlockedWriters::Allow, 300).await;
+    let (_redis, lg, mut r) = guarded(GuardMode::Refuse, UnlockedWriters::Allow, 1_000).await;
     let mut a = RawClient::connect(lg.addr).await;
     let mut b = RawClient::connect(lg.addr).await;
     assert_eq!(a.call(&["SETNX", "lock:order:1", "a"]).await, ":1\r\n");
@@ -83,7 +83,7 @@ async fn a_holder_whose_lease_ran_out_cannot_write_in_refuse_mode() {
 
 #[tokio::test]
 async fn report_mode_applies_late_writes_and_counts_them() {
-    let (_redis, lg, mut r) = guarded(GuardMode::Report, UnlockedWriters::Allow, 300).await;
+    let (_redis, lg, mut r) = guarded(GuardMode::Report, UnlockedWriters::Allow, 1_000).await;
     let mut a = RawClient::connect(lg.addr).await;
     let mut b = RawClient::connect(lg.addr).await;
     assert_eq!(a.call(&["SETNX", "lock:order:1", "a"]).await, ":1\r\n");
@@ -452,14 +452,14 @@ async fn redis_py_holders_write_while_they_hold_and_are_refused_after() {
         std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/py/redis_py_guarded.py");
     let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".to_string());
     for protocol in ["2", "3"] {
-        let (_redis, lg, _r) = guarded(GuardMode::Refuse, UnlockedWriters::Allow, 500).await;
+        let (_redis, lg, _r) = guarded(GuardMode::Refuse, UnlockedWriters::Allow, 2_000).await;
         let mut command = std::process::Command::new(&python);
         command
             .arg(&script)
             .arg(lg.addr.ip().to_string())
             .arg(lg.addr.port().to_string())
             .arg(protocol)
-            .arg("500");
+            .arg("2000");
         let output =
             support::process::run_limited_async(command, None, std::time::Duration::from_secs(60))
                 .await;
