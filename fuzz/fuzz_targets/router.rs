@@ -24,7 +24,8 @@
 
 use libfuzzer_sys::fuzz_target;
 use lockgate::command::{classify, CommandKind, ReplyMode};
-use lockgate::config::Config;
+use lockgate::config::{Config, GuardConfig, GuardMode, UnlockedWriters};
+use lockgate::lock::guard::Guarded;
 use lockgate::lock::ops::LockOp;
 use lockgate::lock::{Forget, LockService};
 use lockgate::protocol::request::{RequestKind, RequestLimits, RequestParser};
@@ -120,7 +121,12 @@ fn check(
         },
         Route::Admin | Route::Deny(_) => assert_eq!(name, b"LOCKGATE"),
         Route::Queue(_) => assert!(quorum && v.in_multi),
-        Route::ExecAbort | Route::ExecQueued { .. } => {
+        // A transaction refused while queuing: on the quorum, or with a
+        // guarded write lockgate could not check (refuse mode).
+        Route::ExecAbort => {
+            assert!((quorum || locks.guards_on()) && v.in_multi && name == b"EXEC", "{name:?}")
+        }
+        Route::ExecQueued { .. } => {
             assert!(quorum && v.in_multi && name == b"EXEC", "{name:?}")
         }
         Route::RefusePersist => {
@@ -162,6 +168,16 @@ fn check(
                 }
             }
         }
+        Route::Guarded(g) => {
+            assert!(locks.guards_on(), "{r:?}");
+            // No command table here (no Redis): a command whose arguments
+            // may be guarded keys cannot be told a read from a write, so
+            // it is refused in refuse mode, never passed unchecked.
+            assert!(
+                matches!(g, Guarded::Refuse(l, msg) if !l.is_empty() && msg.contains("write refused")),
+                "{g:?}"
+            );
+        }
         Route::Forward(_) => {}
     }
 }
@@ -176,8 +192,17 @@ fuzz_target!(|input: &[u8]| {
     if quorum {
         config.locks.quorum.masters = ["a:1", "b:1", "c:1"].map(String::from).to_vec();
     }
+    // The top bit of the database byte: a guard on `order:` data.
+    if db & 0x80 != 0 {
+        config.locks.guards = vec![GuardConfig {
+            lock: "lock:{id}".to_string(),
+            data: vec!["order:{id}".to_string(), "order:{id}:*".to_string()],
+            mode: GuardMode::Refuse,
+            unlocked_writers: UnlockedWriters::Allow,
+        }];
+    }
     let locks = LockService::new(&config);
-    let mut v = view(*flags, *db);
+    let mut v = view(*flags, db & 0x7f);
     let mut p = RequestParser::new(RequestLimits {
         max_bulk_bytes: 1 << 16,
         max_multibulk_len: 64,
