@@ -124,7 +124,10 @@ fn check(
         // A transaction refused while queuing: on the quorum, or with a
         // guarded write lockgate could not check (refuse mode).
         Route::ExecAbort => {
-            assert!((quorum || locks.guards_on()) && v.in_multi && name == b"EXEC", "{name:?}")
+            assert!(
+                (quorum || locks.guards_on()) && v.in_multi && name == b"EXEC",
+                "{name:?}"
+            )
         }
         Route::ExecQueued { .. } => {
             assert!(quorum && v.in_multi && name == b"EXEC", "{name:?}")
@@ -216,7 +219,14 @@ fuzz_target!(|input: &[u8]| {
             let args = CommandArgs::new(&p, buf);
             let kind = classify(args.get(0), args.get(1), args.get(2));
             match decide(kind, args, &v, &locks, &config.admin) {
-                Fate::Plain => check(kind, &args, &v, &locks, quorum, &Route::Forward(Expect::One)),
+                Fate::Plain => check(
+                    kind,
+                    &args,
+                    &v,
+                    &locks,
+                    quorum,
+                    &Route::Forward(Expect::One),
+                ),
                 Fate::Routed(d) => {
                     check(kind, &args, &v, &locks, quorum, &d.route);
                     v = d.next;
