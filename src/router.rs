@@ -476,7 +476,9 @@ fn route_on(
             return route;
         }
     }
-    if locks.guards_on() && guardable(kind) {
+    // The cheap look first: the arguments are gathered only for a command
+    // that may touch guarded data (with the quorum every command comes here).
+    if guardable(kind) && locks.may_guard((1..args.len()).map(|i| args.get(i))) {
         if let Some(guarded) = locks.guard_route(&args.all(), view.in_multi) {
             return Route::Guarded(guarded);
         }
