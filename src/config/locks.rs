@@ -122,9 +122,11 @@ pub struct RetryConfig {
     pub max_local_preference_ms: u64,
     /// How long an instance's place in a key's cross-instance queue (in the
     /// lock store) lasts without renewal, ms, times the place's rank (1 to
-    /// 64). The instance first in the queue renews it at each probe; the
-    /// others, which wait for their wake-up instead of probing, once per a
-    /// third of their place's life: a waiting instance costs the store one
+    /// 64). Every instance renews its place once per a third of its life:
+    /// the first in the queue at the probe then due (its other probes of
+    /// the held lock are one `PTTL`, and while the holder acquired through
+    /// it, it renews none), the others, which wait for their wake-up
+    /// instead of probing, then: a waiting instance costs the store one
     /// small script per `rank × this / 3`. A killed sidecar is passed over
     /// at the next release (nobody receives its wake-up); a hung one once
     /// its place, cut to this by the wake-up, lapses and the instance

@@ -15,7 +15,7 @@ use super::hotkeys::Event;
 use super::lease::{ConnLocks, Standing};
 use super::ops::{LockOp, Shape};
 use super::storm::{shaped, Acquirer, Admission, Ask};
-use super::{LockService, Park};
+use super::{Go, LockService, Park};
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
 use crate::sync;
@@ -37,8 +37,9 @@ impl LockService {
     /// `tracked`: lockgate
     /// may answer for the connection (not inside MULTI, where Redis must
     /// queue the command; database 0, which the contention table
-    /// describes). `parkable`: also nothing is pipelined behind it, so it
-    /// may wait. `acquirer` is asked for only if the attempt parks (the
+    /// describes; nothing sent before it on the connection that may free
+    /// lock keys still unanswered). `parkable`: also nothing is pipelined
+    /// behind it, so it may wait. `acquirer` is asked for only if the attempt parks (the
     /// driver acquires through it).
     pub(crate) fn admit(
         &self,
@@ -47,7 +48,7 @@ impl LockService {
         tracked: bool,
         parkable: bool,
         acquirer: impl FnOnce() -> Arc<dyn Acquirer>,
-    ) -> Result<Option<Park>, Early> {
+    ) -> Result<Go, Early> {
         let LockOp::Acquire {
             key,
             value,
@@ -55,14 +56,14 @@ impl LockService {
             shape,
         } = op
         else {
-            return Ok(None);
+            return Ok(Go::default());
         };
         if !tracked || *shape == Shape::SetGet {
-            return Ok(None);
+            return Ok(Go::default());
         }
         let (probe_ms, park_ms) = self.retry_for(key);
         let Ok(lease_ms) = super::quorum::ops::lease_of(ttl, self.lease_ms(key)) else {
-            return Ok(None);
+            return Ok(Go::default());
         };
         let park = Park {
             value: value.clone(),
@@ -72,35 +73,40 @@ impl LockService {
             probe_ms,
         };
         // Parking is for spin loops: only a connection whose previous
-        // attempt on the key came moments ago waits. A try-lock is answered
-        // at once, and a holder's own re-entrant attempt never waits for
-        // itself.
+        // attempt on the key came moments ago and lost waits. A try-lock is
+        // answered at once, and a holder's own re-entrant attempt never
+        // waits for itself; nor does an attempt of a connection that has
+        // another attempt on the key on its way (it pipelines), or that was
+        // seen carrying several callers (a pool's or a multiplexed
+        // connection: see `LockService::hurry`).
         let rules = self.rules();
-        let (mine, spinning, conn_id) = {
+        let (spinning, shared, conn_id) = {
             let c = sync::lock(conn);
-            let (mine, spinning) = match c.get(key) {
-                Some(a) if a.standing != Standing::Lost => (true, false),
-                Some(a) => (
-                    false,
-                    a.last_try.elapsed().as_millis() < u128::from(rules.spin_window_ms()),
-                ),
-                None => (false, false),
+            let shared = c
+                .shared_until
+                .is_some_and(|t| t > std::time::Instant::now());
+            let spinning = match c.get(key) {
+                Some(a) if a.standing == Standing::Lost && !shared => {
+                    a.last_try.elapsed().as_millis() < u128::from(rules.spin_window_ms())
+                }
+                _ => false,
             };
-            (mine, spinning, c.id)
+            (spinning, shared, c.id)
         };
-        // An attempt of the holder, or of a connection whose earlier
-        // attempt is not answered yet, goes to Redis: the table knows the
-        // key held or probed (by this connection), but a release pipelined
-        // in between may not be answered yet either, and Redis runs them
-        // in order (the session fuzzer's SETNX, DEL, SETNX got 0 here and
-        // 1 from Redis). A spin loop waits for each answer, so its
-        // attempts stand `Lost` and are still absorbed.
-        if mine {
-            return Ok(None);
-        }
+        // Whoever asks, the holder's own connection or one carrying the
+        // holder and its rivals, an attempt on a key known held is
+        // answered from the view: "not acquired" is what Redis would say.
+        // Not when something this connection sent before it that may free
+        // lock keys (a release, an extension, a flush, a script, a
+        // transaction) is not answered yet: Redis runs that first (the
+        // session fuzzer's SETNX, DEL, SETNX got 0 here and 1 from Redis),
+        // and the caller saw to that (`tracked`).
         let park_ms = if parkable && spinning { park_ms } else { 0 };
         match self.storm.admit(key, probe_ms, conn_id) {
-            Admission::Probe => Ok((park_ms > 0).then_some(Park { park_ms, ..park })),
+            admission @ (Admission::Probe | Admission::Check) => Ok(Go {
+                park: (park_ms > 0).then_some(Park { park_ms, ..park }),
+                check: admission == Admission::Check,
+            }),
             Admission::Absorb => {
                 // An attempt on a held key, answered without asking Redis.
                 ProxyMetrics::inc(&self.metrics.attempts);
@@ -118,7 +124,13 @@ impl LockService {
                 }
                 // Smoothing: a connection hammering one key faster than
                 // max_attempts_per_sec waits out the rest of its interval.
-                let rate = rules.max_attempts_per_sec();
+                // Not one seen carrying several callers: the next one's
+                // command would end the wait at once (`LockService::hurry`).
+                let rate = if shared {
+                    0
+                } else {
+                    rules.max_attempts_per_sec()
+                };
                 let interval = Duration::from_micros(1_000_000 / rate.max(1));
                 match since_last {
                     Some(gap) if rate > 0 && gap < interval => {
@@ -131,6 +143,34 @@ impl LockService {
         }
     }
 
+    /// An acquisition pipelined behind another on the same key, both sent
+    /// after everything on the connection that may free lock keys (see
+    /// [`super::Seat::ahead`]): Redis runs the other first, which either
+    /// takes the lock or finds it held, so this one fails whatever the view
+    /// says (a release by another connection in between is the staleness
+    /// every local answer has). Answered "not acquired" now, counted as
+    /// absorbed; never parked (the connection pipelines). `None` for
+    /// anything else.
+    pub(crate) fn behind_attempt(
+        &self,
+        op: &LockOp,
+        conn: &Arc<Mutex<ConnLocks>>,
+    ) -> Option<Early> {
+        let LockOp::Acquire { key, shape, .. } = op else {
+            return None;
+        };
+        if *shape == Shape::SetGet {
+            return None;
+        }
+        ProxyMetrics::inc(&self.metrics.attempts);
+        ProxyMetrics::inc(&self.metrics.contended);
+        ProxyMetrics::inc(&self.storm.metrics.absorbed);
+        self.hot.record(key, Event::Absorbed);
+        let token = self.next_token();
+        sync::lock(conn).lost(key.clone(), token);
+        Some(Early::Now(shaped(*shape, false)))
+    }
+
     /// Parks a failed attempt of `conn` on `key` with `park`'s settings,
     /// the driver acquiring through `acquirer`; `None` when it cannot wait
     /// (no attempt on record, the queue or the table full).
@@ -141,9 +181,14 @@ impl LockService {
         conn: &Arc<Mutex<ConnLocks>>,
         acquirer: Arc<dyn Acquirer>,
     ) -> Option<oneshot::Receiver<LocalReply>> {
-        let (since, conn_id) = {
+        let (since, conn_id, hurry) = {
             let c = sync::lock(conn);
-            (c.first_try(&key)?, c.id)
+            if c.shared_until
+                .is_some_and(|t| t > std::time::Instant::now())
+            {
+                return None;
+            }
+            (c.first_try(&key)?, c.id, c.hurry.clone())
         };
         let ask = Ask {
             key,
@@ -152,9 +197,33 @@ impl LockService {
             lease_ms: park.lease_ms,
             conn: conn.clone(),
             conn_id,
+            check: false,
         };
-        self.storm
-            .park(acquirer, ask, since, park.park_ms, park.probe_ms)
+        let rx = (self.storm).park(acquirer, ask.clone(), since, park.park_ms, park.probe_ms)?;
+        sync::lock(conn).parked = Some(ask.key);
+        hurry.arm();
+        Some(rx)
+    }
+
+    /// `conn` sent more behind something of its own that waits: its
+    /// parked attempt, if one is, is answered "not acquired" now, its
+    /// place in the key's queue kept; a smoothed reply is ended by the
+    /// session ([`super::lease::Hurry::cut_now`]). A connection that does
+    /// so carries several callers (a pool's connection lent on, or one
+    /// multiplexed connection), so none of its attempts parks for
+    /// `spin_window_ms`: a parked attempt there would hold up the other
+    /// callers' commands behind it.
+    pub(crate) fn hurry(&self, conn: &Arc<Mutex<ConnLocks>>) {
+        let (parked, id, hurry) = {
+            let mut c = sync::lock(conn);
+            (c.parked.take(), c.id, c.hurry.clone())
+        };
+        let cut = parked.is_some_and(|key| self.storm.hurry(&key, id));
+        // Both, whatever the first found.
+        if hurry.cut_now() | cut {
+            let window = Duration::from_millis(self.rules().spin_window_ms());
+            sync::lock(conn).shared_until = Some(std::time::Instant::now() + window);
+        }
     }
 }
 
@@ -236,7 +305,7 @@ mod tests {
             true,
             no_parking,
         );
-        assert!(matches!(untracked, Ok(None)));
+        assert!(matches!(untracked, Ok(Go { park: None, .. })));
         let get = locks.admit(
             &setnx("lock:a", Shape::SetGet),
             &conn,
@@ -244,7 +313,7 @@ mod tests {
             true,
             no_parking,
         );
-        assert!(matches!(get, Ok(None)));
+        assert!(matches!(get, Ok(Go { park: None, .. })));
         let fresh = locks.admit(
             &setnx("lock:b", Shape::SetNx),
             &conn,
@@ -252,16 +321,26 @@ mod tests {
             true,
             no_parking,
         );
-        assert!(matches!(fresh, Ok(None)), "a try-lock does not park");
+        assert!(
+            matches!(fresh, Ok(Go { park: None, .. })),
+            "a try-lock does not park"
+        );
         assert_eq!(ProxyMetrics::get(&locks.metrics.attempts), 0);
     }
 
-    /// The holder's own attempt, or one pipelined behind an attempt not
-    /// answered yet, goes to Redis: a `DEL` in between may not be answered
-    /// yet (found by the session fuzzer: `DEL` then `SETNX` got 0, Redis 1).
+    /// Whoever asks, an attempt on a key known held is answered "not
+    /// acquired" from the view, as Redis would answer it: the holder's own
+    /// connection (a pool lends it to the next thread; a multiplexed one
+    /// carries the holder and its rivals) and one whose earlier attempt is
+    /// still on its way. Neither ever parks: the holder would wait for
+    /// itself, and a pipelining connection has callers behind it. (Not
+    /// tracked, as behind a release not answered yet, it goes to Redis:
+    /// `goes_to_redis_when_it_must`.)
     #[test]
-    fn a_connections_own_pipelined_attempts_are_never_absorbed() {
-        let locks = LockService::new(&Config::default());
+    fn the_holders_and_pipelined_attempts_are_answered_from_the_view_never_parked() {
+        let mut config = Config::default();
+        config.locks.retry.max_attempts_per_sec = 0;
+        let locks = LockService::new(&config);
         locks.storm.admit(b"lock:h", 100, anyone());
         locks.storm.learn(b"lock:h", true, 60_000);
         let conn = Arc::new(Mutex::new(locks.conn_locks()));
@@ -274,7 +353,12 @@ mod tests {
         );
         let op = setnx("lock:h", Shape::SetNx);
         let own = locks.admit(&op, &conn, true, true, no_parking);
-        assert!(matches!(own, Ok(None)), "{own:?}");
+        assert!(
+            matches!(own, Err(Early::Now(LocalReply::Integer(0)))),
+            "{own:?}"
+        );
+        let held = sync::lock(&conn).get(b"lock:h").map(|a| a.standing);
+        assert_eq!(held, Some(Standing::Held), "still the holder");
         let pipelined = Arc::new(Mutex::new(locks.conn_locks()));
         sync::lock(&pipelined).attempt(
             Bytes::from_static(b"lock:h"),
@@ -285,14 +369,14 @@ mod tests {
         );
         let next = locks.admit(&op, &pipelined, true, true, no_parking);
         assert!(
-            matches!(next, Ok(None)),
+            matches!(next, Err(Early::Now(LocalReply::Integer(0)))),
             "an attempt behind one not answered yet: {next:?}"
         );
         let other = Arc::new(Mutex::new(locks.conn_locks()));
         let theirs = locks.admit(&op, &other, true, false, no_parking);
         assert!(
             matches!(theirs, Err(Early::Now(LocalReply::Integer(0)))),
-            "another connection's attempt is still absorbed: {theirs:?}"
+            "another connection's attempt is absorbed too: {theirs:?}"
         );
     }
 }

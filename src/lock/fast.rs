@@ -87,6 +87,14 @@ pub enum Fast {
         /// The lease the command sets, ms.
         lease_ms: i64,
     },
+    /// A plain `PTTL` standing for an attempt on a lock known held
+    /// ([`LockService::check`]): held (anything but `-2`), not acquired
+    /// with that PTTL learned; free, or an error, the general script runs
+    /// in its place ([`LockService::checked`]).
+    Probe {
+        /// What the client expects back.
+        shape: Shape,
+    },
 }
 
 /// What [`LockService::fast_path`] saw before planning: enough to rewrite
@@ -305,6 +313,69 @@ impl LockService {
     }
 }
 
+impl LockService {
+    /// An attempt on a lock known held whose probe is due (see
+    /// [`super::storm::Admission::Check`]), as a plain `PTTL` of the key in
+    /// its place: all a probe of a held lock can learn is whether it still
+    /// is, and a plain command costs Redis a fraction of a script call.
+    /// `planned` is the general plan (the attempt recorded, its token
+    /// taken): it runs in the attempt's place if the lock turns out free.
+    pub(crate) fn check(&self, op: &LockOp, planned: Planned) -> Result<Attempt, Box<Planned>> {
+        let (LockOp::Acquire { key, shape, .. }, Some(then)) = (op, &planned.pending) else {
+            return Err(Box::new(planned));
+        };
+        if *shape == Shape::SetGet {
+            return Err(Box::new(planned));
+        }
+        crate::metrics::ProxyMetrics::inc(&self.metrics.checks);
+        Ok(Attempt::Native {
+            command: crate::protocol::encode::command(&[b"PTTL", key]),
+            pending: LockPending::Fast {
+                read: Fast::Probe { shape: *shape },
+                then: Box::new(then.clone()),
+            },
+            fallback: planned.call,
+        })
+    }
+
+    /// The reply to a plain probe ([`LockService::check`]), if `pending`
+    /// is one: the lock still held (an integer but `-2`), the attempt
+    /// failed, learned and answered (or parked) as the general script's
+    /// failure would be; free, or an error, the general script runs in the
+    /// attempt's place on lockgate's own connection, its answer the
+    /// client's (as after `NOSCRIPT`: commands pipelined behind it ran
+    /// before it). `behind`: something waits behind the reply, so the
+    /// attempt is not parked.
+    pub(crate) fn checked(
+        self: &Arc<Self>,
+        pending: &LockPending,
+        rerun: &Option<Rerun>,
+        frame: &[u8],
+        conn: &Arc<Mutex<ConnLocks>>,
+        behind: bool,
+    ) -> Option<ReplyOutcome> {
+        let LockPending::Fast {
+            read: Fast::Probe { shape },
+            then,
+        } = pending
+        else {
+            return None;
+        };
+        let pttl = match (frame.first(), integers(frame).first()) {
+            (Some(b':'), Some(&n)) => n,
+            _ => -2,
+        };
+        if pttl != -2 {
+            return Some(self.check_failed((**then).clone(), *shape, pttl, conn, behind));
+        }
+        crate::metrics::ProxyMetrics::inc(&self.metrics.check_reruns);
+        let rerun = rerun.as_ref()?;
+        let call = rerun.call.eval_in(rerun.db);
+        let failed = "the lock script could not run";
+        Some(self.in_place((**then).clone(), call, failed, conn))
+    }
+}
+
 /// The token this connection holds `key` by and its other unsettled
 /// attempts, if it holds it: for a release its own acquisition's (a
 /// takeover releases by the instance rule, see `ConnLocks::token`), for an
@@ -343,6 +414,10 @@ pub fn read(fast: Fast, frame: &Bytes) -> (Bytes, Vec<i64>) {
         // Acquired (anything else ran the general script instead, see
         // `LockService::native_missed`).
         Fast::Native { lease_ms } => (Bytes::from_static(b":1\r\n"), vec![first.min(1), lease_ms]),
+        // Held (anything else ran the general script instead, see
+        // `LockService::checked`); its reply is made by the writer, in
+        // the connection's protocol.
+        Fast::Probe { .. } => (zero, vec![0, first]),
         // Facts: released, denied, lapsed, handed, stale, yielded,
         // lapsed places dropped.
         Fast::Release => match first {

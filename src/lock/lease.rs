@@ -140,6 +140,95 @@ pub struct ConnLocks {
     /// connection opened: acquisitions numbered below it were made before
     /// it existed, so not by it (the pooled rule of `script::owner_check`).
     pub born: u64,
+    /// The lock key of this connection's attempt parked now (retry
+    /// storms), if one is: what [`Hurry`] cuts short when the connection
+    /// sends more behind it.
+    pub parked: Option<Bytes>,
+    /// The connection was seen carrying several callers (a command came
+    /// behind a parked attempt): until then its attempts are answered at
+    /// once, never parked, so none waits in front of another caller's
+    /// command.
+    pub shared_until: Option<Instant>,
+    /// Shared with the connection's session: set when one of its attempts
+    /// waits (parked, or a smoothed reply), so the session's next read
+    /// answers it at once.
+    pub hurry: std::sync::Arc<Hurry>,
+}
+
+/// A connection's word that something of its own waits in front of what
+/// it sends next: a parked attempt or a smoothed reply. Lock-free to look
+/// at, since the session looks at every read batch. The session answers
+/// what waits when more arrives behind it ([`Hurry::take`], then
+/// `LockService::hurry`); a smoothed reply listens on [`Hurry::cut`].
+#[derive(Debug)]
+pub struct Hurry {
+    armed: std::sync::atomic::AtomicBool,
+    cut: tokio::sync::watch::Sender<u64>,
+    /// Smoothed replies of the connection waiting now.
+    delayed: std::sync::atomic::AtomicU32,
+}
+
+impl Default for Hurry {
+    fn default() -> Hurry {
+        Hurry {
+            armed: std::sync::atomic::AtomicBool::new(false),
+            cut: tokio::sync::watch::Sender::new(0),
+            delayed: std::sync::atomic::AtomicU32::new(0),
+        }
+    }
+}
+
+impl Hurry {
+    /// Something of the connection's waits now.
+    pub fn arm(&self) {
+        self.armed.store(true, Ordering::Release);
+    }
+
+    /// Whether something waited, cleared; one relaxed load when nothing
+    /// does (the common case, on every read batch).
+    pub fn take(&self) -> bool {
+        self.armed.load(Ordering::Relaxed) && self.armed.swap(false, Ordering::AcqRel)
+    }
+
+    /// Ends every smoothed reply waiting now (see [`Hurry::delay`]);
+    /// whether one was.
+    pub fn cut_now(&self) -> bool {
+        let waiting = self.delayed.load(Ordering::Acquire) > 0;
+        if waiting {
+            self.cut.send_modify(|n| *n += 1);
+        }
+        waiting
+    }
+
+    /// `reply` after `wait`, or at once when the connection sends more
+    /// before then ([`Hurry::cut_now`]): a smoothed reply never holds up
+    /// another caller's command behind it.
+    pub fn delay<T>(
+        self: &std::sync::Arc<Self>,
+        reply: T,
+        wait: std::time::Duration,
+    ) -> impl std::future::Future<Output = T> {
+        /// Counts the reply as waiting while it lives (also when the
+        /// session drops it unfinished).
+        struct Waiting(std::sync::Arc<Hurry>);
+        impl Drop for Waiting {
+            fn drop(&mut self) {
+                self.0.delayed.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+        let mut cut = self.cut.subscribe();
+        self.delayed.fetch_add(1, Ordering::AcqRel);
+        let waiting = Waiting(self.clone());
+        self.arm();
+        async move {
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = cut.changed() => {}
+            }
+            drop(waiting);
+            reply
+        }
+    }
 }
 
 /// A client connection's identity in the lock room (see [`ConnLocks::id`]).
@@ -170,6 +259,9 @@ impl ConnLocks {
             max: max.max(1),
             evicted: 0,
             born,
+            parked: None,
+            shared_until: None,
+            hurry: std::sync::Arc::default(),
         }
     }
 

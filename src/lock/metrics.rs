@@ -96,6 +96,14 @@ counters! {
         /// refused it.
         native_reruns: Counter "lock_native_reruns",
             "Native acquisitions run again as the general script (a key found, or the command refused)";
+        /// Probes of a lock known held sent as a plain `PTTL` in an
+        /// attempt's place (a retry storm's cost to Redis: one command).
+        checks: Counter "lock_checks",
+            "Probes of a lock known held sent as a plain PTTL instead of the acquisition script";
+        /// Those that found the lock free: the acquisition ran in the
+        /// attempt's place on lockgate's own connection.
+        check_reruns: Counter "lock_check_reruns",
+            "Plain probes that found the lock free, the acquisition run in their place";
         /// Lock commands run as a fast script (see `locks.fast_path`).
         fast_calls: Counter "lock_fast_calls",
             "Lock commands run as a fast script (uncontended cycle, locks.fast_path)";

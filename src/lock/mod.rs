@@ -184,6 +184,17 @@ pub enum LockPending {
     Guard(guard::GuardPending),
 }
 
+/// An acquisition the lock room lets go to Redis
+/// ([`LockService::admit`]).
+#[derive(Debug, Default)]
+pub(crate) struct Go {
+    /// If it fails: park it, with these settings.
+    pub park: Option<Park>,
+    /// The key is known held and only a probe is due: a plain `PTTL` may
+    /// stand for the attempt (see [`storm::Admission::Check`]).
+    pub check: bool,
+}
+
 /// How a failed attempt is parked (see [`storm`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Park {
@@ -452,9 +463,10 @@ impl LockService {
     /// key's queue) in ms, as the scripts take them. The bound is
     /// `locks.retry.max_local_preference_ms` (0: off); the life
     /// `max(locks.retry.queue_ttl_ms, 3 × probe interval)` (the script
-    /// multiplies it by the place's rank, up to 64), as the instance first
-    /// in the queue renews its place at each probe and the others once per
-    /// [`LockService::behind_ms`].
+    /// multiplies it by the place's rank, up to 64), as every instance
+    /// renews its place once per a third of its life (the first in the
+    /// queue at its next probe then, the others once per
+    /// [`LockService::behind_ms`]).
     pub(crate) fn fairness_for(&self, key: &[u8]) -> (u64, u64) {
         let retry = &self.rules().retry;
         let (probe_ms, _) = self.retry_for(key);

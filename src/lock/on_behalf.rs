@@ -13,7 +13,7 @@ use super::quorum::Quorum;
 use super::storm::{Acquirer, Ask, Tried};
 use super::txn::OnPrimary;
 use super::{script, split_reply, LockService, Park};
-use crate::protocol::encode::LocalReply;
+use crate::protocol::encode::{self, LocalReply};
 use crate::sync;
 
 impl LockService {
@@ -74,6 +74,28 @@ impl LockService {
                 behind_ms: out.behind_ms,
             };
         }
+        // A probe of a lock known held: a plain PTTL says whether it still
+        // is; the acquisition goes only if it is free (one more round trip
+        // then, none while it is held).
+        if ask.check && primary.cluster.is_none() && !primary.scriptless() {
+            crate::metrics::ProxyMetrics::inc(&self.metrics.checks);
+            let look = encode::command(&[b"PTTL", &ask.key]);
+            match primary.call(look, timeout).await.as_deref() {
+                Ok([b':', rest @ ..]) => match parse_pttl(rest) {
+                    Some(-2) => crate::metrics::ProxyMetrics::inc(&self.metrics.check_reruns),
+                    Some(pttl) => {
+                        self.storm.learned(&ask.key, false, pttl, 0);
+                        return Tried {
+                            acquired: false,
+                            pttl,
+                            behind_ms: 0,
+                        };
+                    }
+                    None => return Tried::FAILED,
+                },
+                _ => return Tried::FAILED,
+            }
+        }
         let planned = self.plan_for_handoff(op, &mut sync::lock(&ask.conn));
         let Some(pending) = planned.pending else {
             return Tried::FAILED;
@@ -96,4 +118,10 @@ impl LockService {
             Err(_) => Tried::FAILED,
         }
     }
+}
+
+/// The integer of a `:n\r\n` reply, without its `:`.
+fn parse_pttl(rest: &[u8]) -> Option<i64> {
+    let line = rest.strip_suffix(b"\r\n")?;
+    crate::protocol::request::parse_int(line)
 }

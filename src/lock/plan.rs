@@ -201,6 +201,9 @@ impl LockService {
                 let (queue, places) = (queue_key(&key), places_key(&key));
                 let (bound, window) = self.fairness_for(&key);
                 let (bound, window) = (bound.to_string(), window.to_string());
+                // A probe of a held lock renews this instance's place in
+                // the queue only when due (the quorum's masters: always).
+                let fresh = !in_multi && clock != ClockFact::Read && self.storm.place_fresh(&key);
                 let argv = AcquireArgv {
                     info: acquire_info,
                     value: &value,
@@ -211,6 +214,7 @@ impl LockService {
                     prefix,
                     bound_ms: bound.as_bytes(),
                     place_ms: window.as_bytes(),
+                    renew: if fresh { b"0" } else { b"1" },
                 };
                 let cmd = Call::new(
                     Script::Acquire,
@@ -387,6 +391,7 @@ impl LockService {
                 let behind_ms = self.behind_ms(&key, scale.unwrap_or(0));
                 if let Some(storm) = storm {
                     storm.learned(&key, acquired == 1, pttl, behind_ms);
+                    storm.placed(&key, fact(facts, script::ACQUIRE_PLACED_FACT));
                 }
                 if acquired == 1 {
                     ProxyMetrics::inc(&self.metrics.acquired);

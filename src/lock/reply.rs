@@ -22,6 +22,9 @@ use crate::sync;
 pub enum ReplyOutcome {
     /// These bytes, now: the client's reply with its command's shape.
     Reply(Bytes),
+    /// This reply, now, in the connection's protocol (a plain probe's
+    /// "not acquired": `SET … NX` answers nil, `_` in RESP3).
+    Local(LocalReply),
     /// A failed attempt was parked: its reply comes when the lock is
     /// handed to it or its wait ends, and every later reply waits for it.
     Parked(oneshot::Receiver<LocalReply>),
@@ -37,14 +40,25 @@ impl LockService {
     /// lockgate's own connection and its reply takes this one's place
     /// (never waited for past the server's drain); otherwise as
     /// [`LockService::on_reply`], a parked attempt's driver acquiring
-    /// through this lock room's store.
+    /// through this lock room's store. `behind`: the connection has sent
+    /// more since (something waits for its reply behind this one), so a
+    /// failed attempt is answered at once, never parked: parked, it would
+    /// hold up the replies behind it.
     pub(crate) fn outcome(
         self: &Arc<Self>,
         pending: LockPending,
         rerun: Option<Rerun>,
         frame: Bytes,
         conn: &Arc<Mutex<ConnLocks>>,
+        behind: bool,
     ) -> ReplyOutcome {
+        let mut pending = pending;
+        if behind {
+            unparkable(&mut pending);
+        }
+        if let Some(outcome) = self.checked(&pending, &rerun, &frame, conn, behind) {
+            return outcome;
+        }
         if let Some(outcome) = self.native_missed(&pending, &rerun, &frame, conn) {
             return outcome;
         }
@@ -132,6 +146,7 @@ impl LockService {
     ) -> LocalReply {
         match self.on_reply(pending, frame, conn, acquirer) {
             ReplyOutcome::Reply(reply) => evalsha::own_reply(reply),
+            ReplyOutcome::Local(reply) => reply,
             ReplyOutcome::Parked(rx) | ReplyOutcome::Rerun(rx) => rx
                 .await
                 .unwrap_or_else(|_| LocalReply::err("lockgate: internal error (reply lost)")),
@@ -184,6 +199,30 @@ impl LockService {
 }
 
 impl LockService {
+    /// A plain probe found the lock held for `pttl` more (see
+    /// [`LockService::checked`]): the attempt planned as `pending` failed,
+    /// learned as the general script's failure would be, and parked when
+    /// it may wait (`behind`: something waits behind its reply; it may
+    /// not), else answered "not acquired" in `shape`.
+    pub(crate) fn check_failed(
+        self: &Arc<Self>,
+        pending: LockPending,
+        shape: super::ops::Shape,
+        pttl: i64,
+        conn: &Arc<Mutex<ConnLocks>>,
+        behind: bool,
+    ) -> ReplyOutcome {
+        let facts = [0, pttl];
+        let park = failed_attempt(&pending, &facts).filter(|_| !behind);
+        // An acquisition hands nothing over.
+        let _ = self.complete(pending, &facts, &mut sync::lock(conn));
+        let acquirer = || -> Arc<dyn Acquirer> { self.clone() };
+        match park.and_then(|(key, park)| self.park(key, park, conn, acquirer())) {
+            Some(rx) => ReplyOutcome::Parked(rx),
+            None => ReplyOutcome::Local(super::storm::shaped(shape, false)),
+        }
+    }
+
     /// `frame`, or, when it says the server refuses lockgate's script
     /// (`EVAL`/`EVALSHA` renamed away: `unknown command`; an ACL without
     /// them: `NOPERM`), an error that says what is true: the lock command
@@ -222,6 +261,16 @@ fn general(pending: &LockPending, frame: &Bytes) -> (Bytes, Vec<i64>) {
             let (reply, facts) = split_reply(frame);
             (frame.slice_ref(reply), facts)
         }
+    }
+}
+
+/// `pending` with no park settings: its attempt, if it fails, is answered
+/// at once.
+fn unparkable(pending: &mut LockPending) {
+    match pending {
+        LockPending::Acquire { park, .. } => *park = None,
+        LockPending::Fast { then, .. } => unparkable(then),
+        _ => {}
     }
 }
 
@@ -293,6 +342,7 @@ mod tests {
         };
         match locks.on_reply(pending, Bytes::from_static(frame), conn, acquirer) {
             ReplyOutcome::Reply(reply) => (reply, asked.get()),
+            ReplyOutcome::Local(reply) => (reply.to_bytes(false), asked.get()),
             ReplyOutcome::Parked(_) | ReplyOutcome::Rerun(_) => {
                 panic!("parked without park settings")
             }

@@ -152,9 +152,17 @@ pub struct Seat<'a> {
     pub db: u64,
     /// Nothing is pipelined behind it: it may wait (park).
     pub last: bool,
-    /// A release of the same key was pipelined before it, in this batch:
-    /// what lockgate knows of the key predates that release.
-    pub after_release: bool,
+    /// Nothing the connection sent before it that may free lock keys (a
+    /// release, an extension, a takeover, a flush or rename, a client
+    /// script on lock keys, a transaction with any of them) waits for its
+    /// reply: what lockgate knows of the key does not predate something
+    /// Redis will run first, so the attempt may be answered from it.
+    pub settled: bool,
+    /// Not settled, but an acquisition of the same key was sent after the
+    /// last command that may free lock keys, outside `MULTI`, and is not
+    /// answered yet: Redis runs it before this one, which therefore fails
+    /// (see [`LockService::behind_attempt`]).
+    pub ahead: bool,
     /// Its reply is suppressed (`CLIENT REPLY OFF|SKIP`): no outcome is
     /// read, so nothing may depend on one (a native call's fallback).
     pub silent: bool,
@@ -353,9 +361,15 @@ impl LockService {
             return Attempt::Refused(reply);
         }
         let acquirer = || -> Arc<dyn Acquirer> { self.clone() };
+        if seat.ahead && !seat.in_multi {
+            if let Some(early) = self.behind_attempt(op, seat.conn) {
+                return Attempt::Early(early);
+            }
+        }
         if let Some(q) = &self.store.quorum {
-            let park = match self.admit(op, seat.conn, !seat.in_multi, seat.last, acquirer) {
-                Ok(park) => park,
+            let tracked = !seat.in_multi && seat.settled;
+            let park = match self.admit(op, seat.conn, tracked, seat.last, acquirer) {
+                Ok(go) => go.park,
                 Err(early) => return Attempt::Early(early),
             };
             let (me, q, op, conn) = (self.clone(), q.clone(), op.clone(), seat.conn.clone());
@@ -373,9 +387,9 @@ impl LockService {
         }
         // The contention table describes database 0 only.
         let db = Database::of(seat.db);
-        let tracked = !seat.in_multi && db == Database::Zero && !seat.after_release;
-        let park = match self.admit(op, seat.conn, tracked, seat.last, acquirer) {
-            Ok(park) => park,
+        let tracked = !seat.in_multi && db == Database::Zero && seat.settled;
+        let (park, check) = match self.admit(op, seat.conn, tracked, seat.last, acquirer) {
+            Ok(go) => (go.park, go.check),
             Err(early) => return Attempt::Early(early),
         };
         let queueing = match seat.in_multi {
@@ -385,14 +399,21 @@ impl LockService {
         // On a server that refuses scripts the general plan runs as a
         // transaction away from the connection (see `super::txn`).
         let scriptless = self.store.primary.scriptless();
+        // A native call (and a plain probe) needs its outcome read (its
+        // fallback) and a database to run the fallback in.
+        let native = !seat.silent && seat.db != u64::MAX;
+        // A probe of a lock known held as a plain PTTL (not in front of a
+        // cluster, whose connections route lockgate's own commands apart).
+        // Only with nothing pipelined behind it: should the lock be free,
+        // the acquisition runs in its place on lockgate's own connection,
+        // and commands sent behind it would run first.
+        let check =
+            check && native && seat.last && !scriptless && self.store.primary.cluster.is_none();
         let (planned, fast) = {
             let mut conn = sync::lock(seat.conn);
             // Seen before planning: planning records the attempt.
-            // A native call needs its outcome read (its fallback) and a
-            // database to run the fallback in.
-            let native = !seat.silent && seat.db != u64::MAX;
             let fast = match queueing {
-                Queueing::Now if !scriptless => self.fast_path(op, &conn, native),
+                Queueing::Now if !scriptless && !check => self.fast_path(op, &conn, native),
                 _ => None,
             };
             let compact = matches!(fast, Some(super::fast::Before::Acquire));
@@ -417,6 +438,13 @@ impl LockService {
         if scriptless && !seat.in_multi {
             return self.as_transaction(planned, seat);
         }
+        let planned = match check {
+            true => match self.check(op, planned) {
+                Ok(attempt) => return attempt,
+                Err(planned) => *planned,
+            },
+            false => planned,
+        };
         let planned = match fast {
             Some(super::fast::Before::Native) => match self.native(op, planned) {
                 Ok(attempt) => return attempt,

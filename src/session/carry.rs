@@ -7,10 +7,12 @@
 use super::jobs::Jobs;
 use super::pending::Batch;
 use crate::admin;
+use crate::lock::lease::Hurry;
 use crate::lock::Early;
 use crate::protocol::encode::LocalReply;
 use bytes::{Bytes, BytesMut};
 use std::ops::Range;
+use std::sync::Arc;
 
 /// What goes upstream for one read batch: ranges of the client's own
 /// bytes, and commands lockgate wrote in place of lock commands. Almost
@@ -90,8 +92,6 @@ pub(super) struct Routed {
     /// a fencing call): nothing after it goes upstream before it is done,
     /// so effects keep pipeline order (see [`Routed::defer`]).
     pub(super) hold: Option<tokio::sync::oneshot::Receiver<()>>,
-    /// Lock keys released earlier in this batch, on one Redis.
-    pub(super) released: Vec<Bytes>,
 }
 
 impl Routed {
@@ -105,19 +105,16 @@ impl Routed {
             used: 0,
             failed: false,
             hold: None,
-            released: Vec::new(),
         }
     }
 
     /// Takes an attempt answered before Redis (see
-    /// [`crate::lock::LockService::attempt`]): now, later, or parked.
-    pub(super) fn early(&mut self, early: Early) {
+    /// [`crate::lock::LockService::attempt`]): now, later, or parked. A
+    /// smoothed reply ends early when the connection sends more (`hurry`).
+    pub(super) fn early(&mut self, early: Early, hurry: &Arc<Hurry>) {
         match early {
             Early::Now(reply) => self.batch.local(reply),
-            Early::Delayed(reply, wait) => self.defer_reply(Box::pin(async move {
-                tokio::time::sleep(wait).await;
-                reply
-            })),
+            Early::Delayed(reply, wait) => self.defer_reply(Box::pin(hurry.delay(reply, wait))),
             Early::Parked(rx) => self.batch.deferred(rx),
         }
     }

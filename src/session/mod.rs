@@ -381,7 +381,10 @@ impl writer::LockReplies for SessionLocks<'_> {
         pending: LockPending,
         rerun: Option<Rerun>,
         frame: bytes::Bytes,
+        behind: bool,
     ) -> ReplyOutcome {
-        self.ctx.locks.outcome(pending, rerun, frame, self.conn)
+        self.ctx
+            .locks
+            .outcome(pending, rerun, frame, self.conn, behind)
     }
 }

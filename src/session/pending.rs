@@ -3,6 +3,9 @@
 //! replies into the right place. Entries are sent before the command's bytes
 //! go upstream, so a reply never arrives ahead of its entry.
 
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
 use crate::command::SubKind;
 use crate::lock::evalsha::Rerun;
 use crate::lock::LockPending;
@@ -39,6 +42,36 @@ impl PartialEq for Feed {
     }
 }
 
+/// A command sent that may free lock keys (a release, an extension, a
+/// flush, a client script on lock keys, a transaction with any of them),
+/// not answered yet: counted in its connection's count while it lives, and
+/// dropped by the writer once the lock room has learned its reply (or with
+/// the session). While the count is above 0 the connection's attempts are
+/// not answered from what lockgate knows (see
+/// [`crate::lock::Seat::settled`]): Redis runs that command first.
+#[derive(Debug)]
+pub struct InFlight(Arc<AtomicU32>);
+
+impl InFlight {
+    /// One more in `count`, until dropped.
+    pub fn new(count: &Arc<AtomicU32>) -> InFlight {
+        count.fetch_add(1, Ordering::AcqRel);
+        InFlight(count.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl PartialEq for InFlight {
+    fn eq(&self, _: &InFlight) -> bool {
+        true
+    }
+}
+
 /// One step of the reply stream, in command order.
 #[derive(Debug, PartialEq)]
 pub enum Pending {
@@ -59,10 +92,11 @@ pub enum Pending {
     /// One reply from Redis to a lock script: `{client reply, facts…}`;
     /// the writer passes the client reply on and the facts to the lock room.
     /// With a [`Rerun`] when it went up as `EVALSHA` (Redis may answer
-    /// `NOSCRIPT`, see [`crate::lock::evalsha`]). Boxed: the two are 192
+    /// `NOSCRIPT`, see [`crate::lock::evalsha`]), and an [`InFlight`]
+    /// when the command may free lock keys. Boxed: the three are over 192
     /// bytes, and every entry is moved twice on its way to the writer (a
     /// `memcpy` call each), plain replies' too.
-    Lock(Box<(LockPending, Option<Rerun>)>),
+    Lock(Box<(LockPending, Option<Rerun>, Option<InFlight>)>),
     /// Stop counting replies: copy bytes until a `Reset`.
     EnterRaw,
     /// A subscription command's confirmations (see
@@ -159,9 +193,24 @@ impl Batch {
     /// up as `EVALSHA`). Silent: Redis sends no reply, so there are no
     /// facts to learn.
     pub fn lock(&mut self, pending: LockPending, rerun: Option<Rerun>) {
-        if !self.silent {
-            self.entries.push(Pending::Lock(Box::new((pending, rerun))));
+        self.lock_freeing(pending, rerun, None);
+    }
+
+    /// [`Batch::lock`] for a command that may free lock keys, counted in
+    /// flight until its reply is learned. Silent, it is counted in nothing
+    /// (no reply says when it ran): the caller sees to that. Returns
+    /// whether it was recorded.
+    pub fn lock_freeing(
+        &mut self,
+        pending: LockPending,
+        rerun: Option<Rerun>,
+        freeing: Option<InFlight>,
+    ) -> bool {
+        if self.silent {
+            return false;
         }
+        (self.entries).push(Pending::Lock(Box::new((pending, rerun, freeing))));
+        true
     }
 
     /// Records a reply that will be ready later.

@@ -129,6 +129,7 @@ pub async fn read_loop(
     let jobs = &jobs;
     let chunk = ctx.config.proxy.read_chunk_bytes;
     let mut dispatch = Dispatch::new(ctx.clone(), conn.clone(), jobs.clone());
+    let hurry = crate::sync::lock(conn).hurry.clone();
     // A plain load at every await (see `Stop`): a cancellation token's wait
     // took two locks per poll, about four polls per read batch.
     let mut cancelled = stop.stopped();
@@ -221,6 +222,14 @@ pub async fn read_loop(
                 continue;
             }
         }
+        // More from the client: what of its own waits in front of it (an
+        // attempt parked, a smoothed reply) is answered now, so it holds
+        // up no other caller's command (pooled and multiplexed
+        // connections). Before routing: an attempt this batch parks waits
+        // for what comes after it.
+        if hurry.take() {
+            ctx.locks.hurry(conn);
+        }
         let routed = dispatch.batch(buf);
         let (batch, failed) = (routed.batch, routed.failed);
         if routed.used > 0 {
@@ -234,11 +243,23 @@ pub async fn read_loop(
             let sent = match tx.try_send(batch.entries) {
                 Ok(()) => Ok(()),
                 Err(mpsc::error::TrySendError::Closed(_)) => return ReaderEnd::Cancelled,
-                Err(mpsc::error::TrySendError::Full(entries)) => tokio::select! {
-                    biased;
-                    _ = &mut cancelled => return ReaderEnd::Cancelled,
-                    sent = tx.send(entries) => sent,
-                },
+                Err(mpsc::error::TrySendError::Full(entries)) => {
+                    let sent = tokio::select! {
+                        biased;
+                        _ = &mut cancelled => return ReaderEnd::Cancelled,
+                        sent = tx.send(entries) => sent,
+                    };
+                    // The writer ran meanwhile and may have parked a failed
+                    // attempt before these entries reached it: they are
+                    // behind it. (This batch parks nothing itself: an
+                    // attempt parks at routing only on a connection with
+                    // nothing else on its way, and then the channel is
+                    // not full.)
+                    if hurry.take() {
+                        ctx.locks.hurry(conn);
+                    }
+                    sent
+                }
             };
             if sent.is_err() {
                 return ReaderEnd::Cancelled;
@@ -260,9 +281,40 @@ pub async fn read_loop(
         if failed {
             return ReaderEnd::Protocol;
         }
-        if let Some(hold) = routed {
+        if let Some(mut hold) = routed {
             // Work lockgate does itself ends the batch: what follows it
-            // waits until it is done (or the session ends).
+            // waits until it is done (or the session ends). A legacy
+            // attempt may wait for a handoff in it (the quorum's, or a
+            // server's without scripts): while nothing else was read
+            // behind it, a read is watched for too, and what comes
+            // answers that attempt at once.
+            if buf.is_empty() {
+                buf.reserve(chunk);
+                let read = tokio::select! {
+                    biased;
+                    _ = &mut cancelled => return ReaderEnd::Cancelled,
+                    _ = &mut hold => None,
+                    read = client.read_buf(buf) => Some(read),
+                };
+                match read {
+                    None => continue,
+                    Some(Ok(n)) if n > 0 => {
+                        timers.read();
+                        ProxyMetrics::add(&ctx.metrics.client_bytes_in, n as u64);
+                        if hurry.take() {
+                            ctx.locks.hurry(conn);
+                        }
+                    }
+                    // Its end is seen by the next read, once the work is
+                    // done, as it would have been.
+                    Some(Ok(_)) => {}
+                    Some(Err(e)) => {
+                        tracing::debug!(error = %e, "reading the client failed");
+                        activity.client_gone();
+                        return ReaderEnd::Gone;
+                    }
+                }
+            }
             tokio::select! {
                 biased;
                 _ = &mut cancelled => return ReaderEnd::Cancelled,

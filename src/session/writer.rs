@@ -60,7 +60,15 @@ pub enum WriterEnd {
 pub trait LockReplies {
     /// The outcome of `frame`, Redis's whole reply to the script planned
     /// for `pending` (`rerun`: how to run it again if Redis lost it).
-    fn on_reply(&self, pending: LockPending, rerun: Option<Rerun>, frame: Bytes) -> ReplyOutcome;
+    /// `behind`: the client has sent more since, waiting behind this reply
+    /// (a failed attempt must not be parked in front of it).
+    fn on_reply(
+        &self,
+        pending: LockPending,
+        rerun: Option<Rerun>,
+        frame: Bytes,
+        behind: bool,
+    ) -> ReplyOutcome;
 }
 
 /// What the writer half works with besides its streams and entries.
@@ -424,8 +432,22 @@ async fn forward<W: AsyncWrite + Unpin, R: AsyncRead + Unpin, L: LockReplies>(
                 }
             } else if end.kind == FrameKind::Reply {
                 if let Some(Pending::Lock(entry)) = st.queue.pop_front() {
-                    let (pending, rerun) = *entry;
-                    match client.locks.on_reply(pending, rerun, captured.into()) {
+                    let (pending, rerun, freeing) = *entry;
+                    // Whatever the client sent since is behind this reply
+                    // (entries go to the writer before their commands go
+                    // upstream): a failed attempt must not wait in front
+                    // of it.
+                    while let Ok(entries) = rx.try_recv() {
+                        st.accept(entries);
+                    }
+                    let behind = !st.queue.is_empty();
+                    let outcome = client
+                        .locks
+                        .on_reply(pending, rerun, captured.into(), behind);
+                    // Learned: the connection's attempts may be answered
+                    // from the view again.
+                    drop(freeing);
+                    match outcome {
                         // A failed attempt waits for a handoff instead, or
                         // a lost script for its rerun.
                         ReplyOutcome::Parked(rx) | ReplyOutcome::Rerun(rx) => {
@@ -433,6 +455,7 @@ async fn forward<W: AsyncWrite + Unpin, R: AsyncRead + Unpin, L: LockReplies>(
                             st.blocked = true;
                         }
                         ReplyOutcome::Reply(reply) => st.out.extend_from_slice(&reply),
+                        ReplyOutcome::Local(reply) => reply.encode(st.resp3, &mut st.out),
                     }
                 }
             } else {

@@ -29,10 +29,13 @@ pub struct AcquireArgv<'a> {
     pub bound_ms: &'a [u8],
     /// A place's life in the key's queue, ms (`0`: no queue).
     pub place_ms: &'a [u8],
+    /// `1`: a failed attempt takes or renews this instance's place in the
+    /// queue; `0`: the place is fresh, renew nothing.
+    pub renew: &'a [u8],
 }
 
 /// Slots [`AcquireArgv`] fills.
-const ACQUIRE_SLOTS: usize = 9;
+const ACQUIRE_SLOTS: usize = 10;
 
 impl<'a> AcquireArgv<'a> {
     /// Slots it fills.
@@ -50,6 +53,7 @@ impl<'a> AcquireArgv<'a> {
             self.prefix,
             self.bound_ms,
             self.place_ms,
+            self.renew,
         ]
     }
 }

@@ -184,7 +184,10 @@ end
 /// KEYS: lock, owner record, queue, places (see the `queue!` functions). ARGV: info,
 /// value, token, ttl kind (`PX`/`EX`/`PXAT`/`EXAT`), ttl, shape (`setnx` →
 /// 1/0, `set` → OK/nil, `setget` → old value), instance prefix, fairness
-/// bound ms (`0`: off), a place's life in the queue ms (`0`: no queue).
+/// bound ms (`0`: off), a place's life in the queue ms (`0`: no queue),
+/// renew (`1`: a failed attempt takes or renews this instance's place;
+/// `0`: its place was renewed less than a third of its life ago, so an
+/// attempt on a held lock is only `PTTL`, the probe's whole cost).
 /// Facts: acquired (1/0), the key's PTTL afterwards (the holder's remaining
 /// lease when not acquired), the master's clock with info `"2"` (the
 /// quorum's acquisitions; `TIME`, µs since the epoch, fact
@@ -194,8 +197,9 @@ end
 /// [`ACQUIRE_YIELD_FACT`]), behind (not acquired and another instance is
 /// first in the key's queue: this one's place's scale, 1 to 64, fact
 /// [`ACQUIRE_BEHIND_FACT`]; it waits for its wake-up, renewing its place
-/// every scale × `ttl / 3`; 0: first or no queue), and the lapsed places
-/// dropped from the queue (fact [`ACQUIRE_DROPPED_FACT`]). A failed attempt takes or
+/// every scale × `ttl / 3`; 0: first or no queue), the lapsed places
+/// dropped from the queue (fact [`ACQUIRE_DROPPED_FACT`]), and the life of
+/// the place it took or renewed (fact [`ACQUIRE_PLACED_FACT`]). A failed attempt takes or
 /// renews this instance's place in the queue (also with the bound off: a
 /// release wakes the queue's head, see [`RELEASE`]); a yielded attempt on
 /// a free lock wakes the head at once, not at its next probe. Uncontended
@@ -219,6 +223,23 @@ if ARGV[1] == '3' and redis.call('EXISTS', KEYS[3]) == 0 then
     return 1
   end
 end
+-- A probe of a held lock whose place in the queue needs no renewal (or
+-- without a queue): not acquired, nothing else to do. Held, it cannot be
+-- taken, so there is nothing to yield; before the queue's functions are
+-- defined (defining them costs every call).
+if (ARGV[10] == '0' or ARGV[9] == '0') and ARGV[6] ~= 'setget' and ARGV[1] ~= '0' then
+  local pttl = redis.call('PTTL', KEYS[1])
+  if pttl ~= -2 then
+    local reply = 0
+    if ARGV[6] == 'set' then reply = false end
+    local clock = 0
+    if ARGV[1] == '2' then
+      local t = redis.call('TIME')
+      clock = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    end
+    return {reply, 0, pttl, clock, 0, 0, 0, 0}
+  end
+end
 "#,
     queue!(),
     r#"
@@ -240,7 +261,7 @@ if not yield then
   ok = redis.pcall('SET', KEYS[1], ARGV[2], 'NX', ARGV[4], ARGV[5])
   if type(ok) == 'table' and ok.err then return ok end
 end
-local acquired, pttl, behind = 0, 0, 0
+local acquired, pttl, behind, placed = 0, 0, 0, 0
 if ok then
   acquired = 1
   redis.call('SET', KEYS[2], ARGV[3], ARGV[4], ARGV[5])
@@ -259,6 +280,7 @@ else
     if now == 0 then now = q_now() end
     local scale = q_join(KEYS[3], KEYS[4], me, ttl, now)
     if head and head ~= me then behind = scale end
+    placed = ttl * scale
   end
   -- Held back for a longer waiter elsewhere: wake it now, not at its
   -- next probe.
@@ -270,10 +292,10 @@ end
 local reply = old
 if ARGV[6] == 'setnx' then reply = acquired elseif ARGV[6] == 'set' then reply = ok end
 local yielded = yield and 1 or 0
-if ARGV[1] == '1' or ARGV[1] == '3' then return {reply, acquired, pttl, 0, yielded, behind, q_dropped} end
+if ARGV[1] == '1' or ARGV[1] == '3' then return {reply, acquired, pttl, 0, yielded, behind, q_dropped, placed} end
 if ARGV[1] == '2' then
   local t = redis.call('TIME')
-  return {reply, acquired, pttl, tonumber(t[1]) * 1000000 + tonumber(t[2]), yielded, behind, q_dropped}
+  return {reply, acquired, pttl, tonumber(t[1]) * 1000000 + tonumber(t[2]), yielded, behind, q_dropped, placed}
 end
 return reply
 "#
@@ -290,6 +312,11 @@ pub const ACQUIRE_BEHIND_FACT: usize = 4;
 
 /// Where [`ACQUIRE`]'s facts count the lapsed places it dropped.
 pub const ACQUIRE_DROPPED_FACT: usize = 5;
+
+/// Where [`ACQUIRE`]'s facts give the life (ms) of the place a failed
+/// attempt took or renewed in the key's queue (0: it took none): the
+/// instance's place needs no renewal for a third of it.
+pub const ACQUIRE_PLACED_FACT: usize = 6;
 
 /// Where [`RELEASE`]'s and [`RELEASE_HANDOFF`]'s facts count the lapsed
 /// places they dropped.

@@ -36,6 +36,12 @@ pub(super) enum Event {
         /// again (0: this instance is first, or there is no queue).
         behind_ms: u64,
     },
+    /// A failed attempt took or renewed this instance's place in the key's
+    /// queue in the store, for `life_ms`.
+    Placed {
+        /// The place's life, ms.
+        life_ms: u64,
+    },
     /// The holder moved its lease: `pttl_ms` left (`-2`: the key is gone).
     Extended {
         /// What is left of the lease, ms.
@@ -87,6 +93,13 @@ pub(super) enum Event {
         /// The claimed waiter.
         id: u64,
     },
+    /// Connection `owner` sent more behind its parked attempt: answer it
+    /// "not acquired" now (keeping its place), unless the lock is being
+    /// taken for it this moment, whose answer decides.
+    Hurry {
+        /// The connection.
+        owner: ConnId,
+    },
     /// The wake-up channel was (re)subscribed: wake-ups may have been
     /// lost, so nothing is known to be ahead of this instance any more.
     Resubscribed,
@@ -128,6 +141,8 @@ pub(super) enum Tally {
     ParkTimeout,
     /// An attempt not parked: the key's queue was full.
     WaiterRejected,
+    /// A parked attempt answered early: its connection sent more.
+    Hurried,
 }
 
 /// Something the caller of [`super::key::Key::step`] carries out.
@@ -159,6 +174,8 @@ pub(super) enum Action {
     },
     /// The queue was full: the attempt is not parked.
     Rejected,
+    /// A parked attempt was answered early ([`Event::Hurry`]).
+    Cut,
     /// Start a driver for the key (none runs).
     StartDriver,
     /// Wake the driver, if one waits.

@@ -93,6 +93,11 @@ pub(super) struct View {
     /// instances behind cost the store one renewal per interval, not one
     /// probe each per probe interval.
     pub(super) behind_until: Option<Instant>,
+    /// This instance's place in the key's queue in the store was renewed
+    /// less than a third of its life ago, until then: a probe of the held
+    /// lock renews nothing before it (the probe is one `PTTL`), and the
+    /// place still has two thirds of its life when it is renewed.
+    pub(super) placed_until: Option<Instant>,
     /// The holder last learned acquired through this instance.
     pub(super) ours: bool,
     /// Counts releases seen, so an answer that was on its way while a
@@ -151,6 +156,10 @@ impl Key {
                 ms,
                 behind_ms,
             } => self.learn(acquired, ms, behind_ms, now, limits, &mut out),
+            Event::Placed { life_ms } => {
+                self.view.placed_until =
+                    (life_ms > 0).then(|| now + Duration::from_millis(life_ms / 3));
+            }
             Event::Extended { pttl_ms: -2 } => self.release(&mut out),
             Event::Extended { pttl_ms } => {
                 if pttl_ms > 0 {
@@ -184,7 +193,10 @@ impl Key {
                 }
                 out.push(Action::Wake);
             }
+            Event::Hurry { owner } => self.hurry(owner, now, &mut out),
             Event::Resubscribed => {
+                // A head nobody listened for lost its place meanwhile.
+                self.view.placed_until = None;
                 if self.view.behind_until.take().is_some() {
                     out.push(Action::Wake);
                 }
@@ -230,6 +242,12 @@ impl Key {
             && passed(v.behind_until)
             && passed(v.backoff_until)
             && (v.ours || passed(v.held_until))
+    }
+
+    /// Whether this instance's place in the key's queue needs no renewal
+    /// at `now` (see [`View::placed_until`]).
+    pub(super) fn placed(&self, now: Instant) -> bool {
+        self.view.placed_until.is_some_and(|u| u > now)
     }
 
     /// Who holds the key as last learned, and until when; `None` when no
@@ -319,7 +337,20 @@ impl Key {
         }
         view.last_probe = Some(now);
         view.probing = Some(now);
-        Admission::Probe
+        match held && self.placed_or_ours(now) {
+            true => Admission::Check,
+            false => Admission::Probe,
+        }
+    }
+
+    /// Whether a probe of the held lock needs not renew this instance's
+    /// place in the key's queue: it was renewed recently, or the holder
+    /// acquired through this instance, whose own release decides what
+    /// comes next (a handoff here, or the wake-up of the queue's head), so
+    /// no other instance's release has this one to wake. (A lock taken
+    /// behind this instance's back meanwhile is found by the probes.)
+    fn placed_or_ours(&self, now: Instant) -> bool {
+        self.view.ours || self.placed(now)
     }
 
     fn learn(
@@ -352,6 +383,10 @@ impl Key {
         };
         view.ours = acquired || ours_before;
         view.behind_until = behind(now, if acquired { 0 } else { behind_ms });
+        if acquired {
+            // An acquisition leaves the queue.
+            view.placed_until = None;
+        }
         // A driver waiting for this answer goes on.
         out.push(Action::Wake);
     }
@@ -363,6 +398,9 @@ impl Key {
         view.backoff_until = None;
         // Woken (or released here): nobody is known ahead any more.
         view.behind_until = None;
+        // The release woke the queue's head, or this instance passed its
+        // turn on: its place is renewed by its next failed attempt.
+        view.placed_until = None;
         view.releases += 1;
         out.push(Action::Wake);
     }
@@ -420,6 +458,32 @@ impl Key {
             out.push(Action::StartDriver);
         } else {
             out.push(Action::Wake);
+        }
+    }
+
+    /// Answers `owner`'s parked attempt "not acquired" now and keeps its
+    /// place (as at its park's end), unless the driver acquires for it or
+    /// a release hands it the lock at this moment: that answer comes
+    /// within a round trip and decides.
+    fn hurry(&mut self, owner: ConnId, now: Instant, out: &mut Vec<Action>) {
+        let busy = match self.turn {
+            Turn::Acquiring { id, .. } | Turn::Handing { id, .. } => Some(id),
+            Turn::Off | Turn::Waiting => None,
+        };
+        let Timing { park_ms, probe_ms } = self.timing;
+        let keep = Duration::from_millis(park_ms.max(probe_ms).max(1));
+        for w in (self.waiters.iter_mut()).filter(|w| w.owner == owner && Some(w.id) != busy) {
+            if let Some(reply) = w.reply.take() {
+                out.push(Action::Count(Tally::Hurried));
+                out.push(Action::Cut);
+                out.push(Action::Answer {
+                    id: w.id,
+                    reply,
+                    shape: w.ask.shape,
+                    acquired: false,
+                });
+                w.deadline = now + keep;
+            }
         }
     }
 
@@ -522,7 +586,10 @@ impl Key {
                 .is_none_or(|p| now.duration_since(p) >= Duration::from_millis(probe_ms));
         let front = self.waiters.front().filter(|w| w.live());
         if let (Some(w), true, Turn::Waiting) = (front, free || probe_due, self.turn) {
-            let (id, ask) = (w.id, w.ask.clone());
+            let (id, mut ask) = (w.id, w.ask.clone());
+            // Known held, only the probe is due: a plain look first.
+            ask.check =
+                !free && view.held_until.is_some_and(|u| u > now) && self.placed_or_ours(now);
             self.view.last_probe = Some(now);
             self.turn = Turn::Acquiring {
                 id,
@@ -581,6 +648,7 @@ impl Key {
         if acquired {
             self.view.held_until = Some(now + Duration::from_millis(lease_ms));
             self.view.ours = true;
+            self.view.placed_until = None;
             if let Some(at) = self.waiters.iter().position(|w| w.id == id) {
                 if let Some(w) = self.waiters.remove(at) {
                     out.push(Action::Count(Tally::Handoff));

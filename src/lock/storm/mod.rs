@@ -75,6 +75,11 @@ crate::metrics::counters! {
             "Wake-ups passed on: nothing waited on the key here any more";
         /// Replies delayed because one connection hammered one key.
         smoothed: Counter "lock_smoothed", "Replies delayed for hammering one key";
+        /// Parked attempts answered early because their connection sent
+        /// more behind them (a pooled or multiplexed connection): a
+        /// parked attempt never holds up another caller's command.
+        hurried: Counter "lock_parks_cut",
+            "Parked attempts answered at once because their connection sent more behind them";
     }
 }
 
@@ -93,6 +98,10 @@ pub struct Ask {
     pub conn: Arc<Mutex<ConnLocks>>,
     /// The client connection (its [`ConnLocks::id`]).
     pub conn_id: ConnId,
+    /// Set by the driver for a probe of a lock known held with this
+    /// instance's place fresh (see [`Admission::Check`]): a plain `PTTL`
+    /// first, the acquisition only if the lock turns out free.
+    pub check: bool,
 }
 
 /// The reply for an attempt by `shape`: acquired or not.
@@ -146,6 +155,11 @@ pub enum Admission {
     Probe,
     /// The key is known held and was probed recently: answer locally.
     Absorb,
+    /// A probe is due on a key known held, and this instance's place in the
+    /// key's queue needs no renewal: whether it is still held is all the
+    /// probe can learn, and a plain `PTTL` tells (the acquisition runs
+    /// only if the lock turns out free).
+    Check,
 }
 
 /// What an acquisition for a parked attempt found.
@@ -271,6 +285,7 @@ impl Storm {
                     Tally::Handoff => &self.metrics.handoffs,
                     Tally::ParkTimeout => &self.metrics.park_timeouts,
                     Tally::WaiterRejected => &self.metrics.waiters_rejected,
+                    Tally::Hurried => &self.metrics.hurried,
                 }),
                 Action::Wake => state.wake.notify_one(),
                 Action::Answer {
@@ -331,6 +346,27 @@ impl Storm {
         self.on_key(key, true, event);
     }
 
+    /// A failed attempt on `key` took or renewed this instance's place in
+    /// the key's queue in the store for `life_ms` (0: it took none).
+    pub fn placed(&self, key: &[u8], life_ms: u64) {
+        if life_ms > 0 {
+            self.on_key(key, false, Event::Placed { life_ms });
+        }
+    }
+
+    /// Whether an attempt on `key` needs not renew this instance's place in
+    /// the key's queue in the store (the probe of a held lock is then one
+    /// `PTTL`): it was renewed recently, or the lock is known held through
+    /// this instance (see `Key::placed_or_ours`); false for an untracked
+    /// key.
+    pub fn place_fresh(&self, key: &[u8]) -> bool {
+        let now = Instant::now();
+        self.state(key, false).is_some_and(|s| {
+            let k = sync::lock(&s.inner);
+            k.placed(now) || k.held(now).is_some_and(|(ours, _)| ours)
+        })
+    }
+
     /// The holder of `key` moved its lease through this instance (`EXPIRE`
     /// family): `pttl_ms` is what is left of it now (`-2`: the key is gone).
     pub fn extended(&self, key: &[u8], pttl_ms: i64) {
@@ -349,6 +385,17 @@ impl Storm {
     /// back for nobody).
     pub fn leave(&self, key: &[u8], owner: ConnId) {
         self.on_key(key, false, Event::Left { owner });
+    }
+
+    /// Connection `owner` sent more behind its attempt parked on `key`:
+    /// it is answered "not acquired" now, its place kept (see
+    /// [`super::LockService::hurry`]). Returns whether one was parked.
+    pub fn hurry(&self, key: &[u8], owner: ConnId) -> bool {
+        let actions = self.on_key(key, false, Event::Hurry { owner });
+        actions
+            .into_iter()
+            .flatten()
+            .any(|a| matches!(a, Action::Cut))
     }
 
     /// The lock on `key` was released: wake its parked attempts.

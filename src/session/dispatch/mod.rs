@@ -9,18 +9,20 @@
 //! and writes what it gets, and the tests drive it with bytes.
 
 use std::ops::Range;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 
 use super::carry::Routed;
 use super::jobs::Jobs;
+use super::pending::InFlight;
 use crate::admin;
 use crate::command::{self, CommandKind};
 use crate::context::ServerContext;
 use crate::lock::evalsha::{self, Loaded, Rerun};
 use crate::lock::guard::{self, Guarded, GuardedLock, Uncheckable};
-use crate::lock::lease::ConnLocks;
+use crate::lock::lease::{ConnLocks, Hurry};
 use crate::lock::ops::LockOp;
 use crate::lock::{script, Attempt, Forget, LockPending, Refusal, Seat};
 use crate::metrics::ProxyMetrics;
@@ -53,7 +55,42 @@ struct Carrier {
     /// With guards configured, the transaction being queued (see
     /// [`GuardedTx`]).
     tx: GuardedTx,
+    /// The connection's word that something of its own waits (see
+    /// [`Hurry`]): a smoothed reply listens on it.
+    hurry: Arc<Hurry>,
+    /// Commands sent that may free lock keys and whose replies the lock
+    /// room has not learned yet (see [`InFlight`]).
+    freeing: Arc<AtomicU32>,
+    /// Such a command went with its reply silenced (`CLIENT REPLY
+    /// OFF|SKIP`) or unmatched (`MONITOR`): nothing says when it ran, so
+    /// the connection's attempts are never answered from the view again.
+    blind: bool,
+    /// The key of an acquisition sent to Redis, outside `MULTI`, after the
+    /// last command that may free lock keys while that was unanswered, and
+    /// its count in flight (1 until its reply is learned): attempts on the
+    /// key behind it fail (see [`Seat::ahead`]). Dropped at the next such
+    /// command.
+    ahead: Option<(Bytes, Arc<AtomicU32>)>,
+    /// Inside `MULTI`: the lock keys the queued commands may free (lock
+    /// commands other than acquisitions, client scripts on lock keys), at
+    /// most [`MAX_TX_LOCK_KEYS`]; `EXEC` frees them, counted in flight.
+    tx_frees: TxFrees,
 }
+
+/// What a transaction being queued may free, for its `EXEC`.
+#[derive(Debug, Default, PartialEq, Eq)]
+enum TxFrees {
+    /// Nothing: its `EXEC` is an ordinary command.
+    #[default]
+    Nothing,
+    /// These lock keys: its `EXEC` drops what the lock room knew of them.
+    Keys(Vec<Bytes>),
+    /// More than [`MAX_TX_LOCK_KEYS`]: its `EXEC` drops the whole view.
+    Many,
+}
+
+/// Most lock keys of one transaction kept by name for its `EXEC`.
+const MAX_TX_LOCK_KEYS: usize = 64;
 
 /// A transaction as lockgate keeps it while guards are configured: a copy
 /// of every command queued since `MULTI` (Redis queues them too), so that
@@ -86,6 +123,7 @@ impl Dispatch {
             admin_ok: ctx.config.admin.password.is_empty(),
             ..SessionView::default()
         };
+        let hurry = crate::sync::lock(&conn).hurry.clone();
         Dispatch {
             parser: RequestParser::new(ctx.limits()),
             ctx: ctx.clone(),
@@ -97,6 +135,11 @@ impl Dispatch {
                 conn,
                 jobs,
                 tx: GuardedTx::default(),
+                hurry,
+                freeing: Arc::default(),
+                blind: false,
+                ahead: None,
+                tx_frees: TxFrees::Nothing,
             },
         }
     }
@@ -227,6 +270,7 @@ impl Carrier {
         }
         if !self.view.in_multi {
             self.tx = GuardedTx::default();
+            self.tx_frees = TxFrees::Nothing;
         }
     }
 
@@ -257,10 +301,25 @@ impl Carrier {
                 // A client script may release or extend its lock keys
                 // (redis-py, Redisson release with Lua): what the storm
                 // room knows of them is dropped once it has run.
-                match script_keys(ctx, kind, args, expect) {
-                    Some(keys) => out.batch.lock(LockPending::Script { keys }, None),
-                    None => out.batch.record(expect),
+                if let Some(keys) = script_keys(ctx, kind, args, expect) {
+                    self.queued_frees(keys.iter());
+                    self.record_freeing(LockPending::Script { keys }, None, true, out);
+                    return;
                 }
+                // A transaction whose commands may free lock keys: its
+                // EXEC runs them.
+                if kind == CommandKind::Exec && expect == Expect::One {
+                    let pending = match std::mem::take(&mut self.tx_frees) {
+                        TxFrees::Nothing => None,
+                        TxFrees::Keys(keys) => Some(LockPending::Script { keys }),
+                        TxFrees::Many => Some(LockPending::Forget(crate::lock::Forget::Database)),
+                    };
+                    if let Some(pending) = pending {
+                        self.record_freeing(pending, None, true, out);
+                        return;
+                    }
+                }
+                out.batch.record(expect)
             }
             Route::ForwardForget(what, expect) => self.forget(kind, what, expect, whole, out),
             Route::ForwardUnmatched => {
@@ -330,15 +389,21 @@ impl Carrier {
         // Queued in a transaction: it runs at EXEC, which forgets then
         // (see `SessionView::forget_at_exec`).
         let queued = self.view.in_multi && kind != CommandKind::Exec;
+        // What it drops may be freed lock keys (not Redis's script cache).
+        let frees = what != Forget::Scripts;
         match expect {
             _ if queued => out.batch.record(expect),
-            Expect::One if !out.batch.silent => out.batch.lock(LockPending::Forget(what), None),
+            Expect::One if !out.batch.silent => {
+                self.tx_frees = TxFrees::Nothing;
+                self.record_freeing(LockPending::Forget(what), None, frees, out);
+            }
             // No reply will be matched to it: dropped now, before Redis
             // runs it (a probe in between may learn the old state again,
             // bounded by probe_interval_ms as any change made behind
             // lockgate's back).
             _ => {
                 self.ctx.locks.forget(&what);
+                self.blind |= frees;
                 out.batch.record(expect);
             }
         }
@@ -347,23 +412,43 @@ impl Carrier {
     /// A lock command: the lock room's one answer for the attempt, carried
     /// out.
     fn lock(&mut self, op: &LockOp, out: &mut Routed) {
-        // An attempt pipelined behind a release of the same key goes to
-        // Redis: what lockgate knows of the key predates that release.
-        let after_release = matches!(op, LockOp::Acquire { key, .. } if out.released.contains(key));
-        if let LockOp::Release { lock_keys, .. } = op {
-            out.released.extend(lock_keys.iter().cloned());
-        }
+        // Anything but an acquisition may free its key (GETDEL, EXPIRE 0).
+        let frees = !matches!(op, LockOp::Acquire { .. });
+        let settled = self.settled();
+        let acquire = match op {
+            LockOp::Acquire { key, .. } => Some(key),
+            _ => None,
+        };
+        let ahead = match (&self.ahead, acquire) {
+            (Some((key, n)), Some(k)) => key == k && n.load(Ordering::Acquire) > 0,
+            _ => false,
+        };
         let seat = Seat {
             conn: &self.conn,
             in_multi: self.view.in_multi,
             db: self.view.db,
             last: out.last,
-            after_release,
+            settled,
+            ahead,
             silent: out.batch.silent,
         };
-        match self.ctx.locks.attempt(op, seat) {
+        let attempt = self.ctx.locks.attempt(op, seat);
+        // An acquisition that reaches Redis behind a freeing command not
+        // answered yet: later ones on its key, behind it, fail, until its
+        // reply is learned.
+        let sent = matches!(
+            attempt,
+            Attempt::OnConnection { .. } | Attempt::Native { .. }
+        );
+        let mut guard = None;
+        if let (Some(key), true, false, false) = (acquire, sent, settled, self.view.in_multi) {
+            let count = Arc::new(AtomicU32::new(0));
+            guard = Some(InFlight::new(&count));
+            self.ahead = Some((key.clone(), count));
+        }
+        match attempt {
             Attempt::Refused(reply) => self.refuse(reply, out),
-            Attempt::Early(early) => out.early(early),
+            Attempt::Early(early) => out.early(early, &self.hurry),
             Attempt::Held(Ok(reply)) => out.batch.local(reply),
             Attempt::Held(Err(command)) => {
                 out.pieces.own(command);
@@ -377,13 +462,16 @@ impl Carrier {
             } => {
                 out.pieces.own(call.eval());
                 out.batch.record(Expect::One);
+                if frees {
+                    self.queued_frees(op.lock_keys());
+                }
             }
             Attempt::OnConnection {
                 call,
                 pending: Some(pending),
             } => {
                 let rerun = self.by_sha(call, out);
-                out.batch.lock(pending, rerun);
+                self.record_lock(pending, rerun, frees, guard, out);
             }
             Attempt::Away(work) => out.defer(work),
             Attempt::Transaction(work) => out.defer_after(work),
@@ -400,8 +488,79 @@ impl Carrier {
                     db: self.view.db,
                     epoch: self.ctx.locks.script_epoch.now(),
                 };
-                out.batch.lock(pending, Some(rerun));
+                self.record_lock(pending, Some(rerun), frees, guard, out);
             }
+        }
+    }
+
+    /// Whether nothing sent on the connection that may free lock keys
+    /// waits for its reply (see [`Seat::settled`]).
+    fn settled(&self) -> bool {
+        !self.blind && self.freeing.load(Ordering::Acquire) == 0
+    }
+
+    /// Records a lock reply to learn; when the command may free lock keys
+    /// (`frees`), counted in flight until it is learned, or, with its
+    /// reply silenced, the connection's view of it blind from now on.
+    fn record_freeing(
+        &mut self,
+        pending: LockPending,
+        rerun: Option<Rerun>,
+        frees: bool,
+        out: &mut Routed,
+    ) {
+        self.record_lock(pending, rerun, frees, None, out);
+    }
+
+    /// [`Carrier::record_freeing`], or, for an acquisition, counted in
+    /// flight by `guard` (see `Carrier::ahead`).
+    fn record_lock(
+        &mut self,
+        pending: LockPending,
+        rerun: Option<Rerun>,
+        frees: bool,
+        guard: Option<InFlight>,
+        out: &mut Routed,
+    ) {
+        if frees {
+            self.ahead = None;
+        }
+        let guard = match frees {
+            true => Some(InFlight::new(&self.freeing)),
+            false => guard,
+        };
+        if !out.batch.lock_freeing(pending, rerun, guard) && frees {
+            self.blind = true;
+        }
+    }
+
+    /// Inside `MULTI`, `keys` may be freed at the `EXEC` (see
+    /// [`TxFrees`]); outside, nothing to note.
+    fn queued_frees(&mut self, keys: impl Iterator<Item = impl AsRef<[u8]>>) {
+        if !self.view.in_multi {
+            return;
+        }
+        for key in keys {
+            let key = key.as_ref();
+            let listed = match &mut self.tx_frees {
+                TxFrees::Many => return,
+                TxFrees::Nothing => {
+                    self.tx_frees = TxFrees::Keys(Vec::new());
+                    match &mut self.tx_frees {
+                        TxFrees::Keys(list) => list,
+                        _ => return,
+                    }
+                }
+                TxFrees::Keys(list) => list,
+            };
+            if listed.iter().any(|k| &k[..] == key) {
+                continue;
+            }
+            if listed.len() >= MAX_TX_LOCK_KEYS {
+                self.tx_frees = TxFrees::Many;
+                return;
+            }
+            listed.push(Bytes::copy_from_slice(key));
         }
     }
 
@@ -470,7 +629,8 @@ impl Carrier {
         let (call, pending) =
             locks.guard_tx_call(tx.locks, &tx.commands, &crate::sync::lock(&self.conn));
         let rerun = self.by_sha(call, out);
-        out.batch.lock(pending, rerun);
+        let frees = std::mem::take(&mut self.tx_frees) != TxFrees::Nothing;
+        self.record_freeing(pending, rerun, frees, out);
     }
 
     /// A write to guarded data: checked with the write in one script call

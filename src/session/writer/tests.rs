@@ -33,7 +33,13 @@ struct FakeLocks {
 }
 
 impl LockReplies for FakeLocks {
-    fn on_reply(&self, pending: LockPending, _: Option<Rerun>, frame: Bytes) -> ReplyOutcome {
+    fn on_reply(
+        &self,
+        pending: LockPending,
+        _: Option<Rerun>,
+        frame: Bytes,
+        _: bool,
+    ) -> ReplyOutcome {
         self.seen
             .lock()
             .unwrap()
@@ -54,6 +60,7 @@ fn lock_entry() -> Pending {
             park: None,
             db: crate::lock::Database::Zero,
         },
+        None,
         None,
     )))
 }

@@ -1,6 +1,6 @@
 //! Unit tests of the storm room's own logic, without sockets.
 //!
-//! `step`, `step_handoff` and `step_queue` drive a key's state machine ([`super::key::Key::step`]) with
+//! `step`, `step_handoff`, `step_queue` and `step_shapes` drive a key's state machine ([`super::key::Key::step`]) with
 //! events and made-up times, table-driven. `driver` runs the table and its
 //! driver task under `tokio::time::pause()` with a scripted in-memory
 //! [`super::Acquirer`]: that fake stands for "acquire on Redis or the quorum", the
@@ -14,6 +14,7 @@ mod driver;
 mod step;
 mod step_handoff;
 mod step_queue;
+mod step_shapes;
 
 use std::sync::{Arc, Mutex};
 
@@ -43,5 +44,6 @@ fn ask(key: &str, value: &str, conn: &Arc<Mutex<ConnLocks>>) -> Ask {
         lease_ms: 1_000,
         conn: conn.clone(),
         conn_id,
+        check: false,
     }
 }
