@@ -59,6 +59,7 @@ mod sentinel;
 mod session_fuzz;
 mod shared_upstream;
 mod smoke;
+mod storm_connections;
 mod storm_fleet;
 mod storm_handoff;
 mod tls;

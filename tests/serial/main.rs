@@ -23,6 +23,7 @@ mod quorum_recovery;
 mod quorum_safety;
 mod storm;
 mod storm_fairness;
+mod storm_shapes;
 
 /// One test of this binary at a time; every test takes it before anything
 /// else (a failed test releases it: no poisoning).
