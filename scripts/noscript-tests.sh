@@ -41,6 +41,9 @@ SKIP=(
 	locks_noscript::
 	storm_handoff::a_release_hands_the_lock_to_the_parked_attempt_in_one_step
 	storm_handoff::a_storms_first_wave_sends_one_attempt_not_one_per_client
+	storm_connections::attempts_behind_a_release_in_a_pipeline_answer_as_redis
+	# The probe as a plain PTTL, which stands for a script call.
+	storm_connections::a_probe_of_a_held_lock_is_one_pttl_and_a_freed_lock_is_still_taken
 	# A transaction with lock commands and others (refused whole without
 	# scripts), and outcomes inside MULTI that lockgate now sees and counts.
 	locks_extend::persist_on_a_lock_key_is_refused_also_inside_multi
