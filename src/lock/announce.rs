@@ -7,7 +7,9 @@
 //! release costs the store one message to one subscriber, however many
 //! instances wait. An instance woken for a key it no longer waits on
 //! passes the turn ([`super::script::PASS`]: it leaves the queue and the
-//! next head is woken). A wake-up is lost only while the subscription is
+//! next head is woken); one whose callers tried moments ago without
+//! parking (a multiplexed connection's) passes it only if none tries
+//! within the window ([`super::storm::Announced::Unless`]). A wake-up is lost only while the subscription is
 //! down, and once it is back every key this instance waits on asks the
 //! store again; the head also probes once per probe interval, and any
 //! instance renewing its place on a free lock wakes the head again.
@@ -18,7 +20,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::evalsha::{Call, Script};
-use super::storm::Storm;
+use super::storm::{Announced, Storm};
 use super::{owner_key, places_key, queue_key, WAKE_PREFIX};
 use crate::upstream::node::{handshake, messages, Node, NodeConfig};
 
@@ -64,7 +66,7 @@ async fn listen(store: Store, storm: Arc<Storm>) {
 async fn subscribed(
     node: &NodeConfig,
     store: &Store,
-    storm: &Storm,
+    storm: &Arc<Storm>,
     backoff: &mut Duration,
 ) -> Result<(), String> {
     let stream = handshake(node).await?;
@@ -73,8 +75,23 @@ async fn subscribed(
     // every key it waits on asks the store again once it is.
     let subscribed = || storm.resubscribed();
     messages(stream, channel.as_bytes(), backoff, subscribed, |key| {
-        if !storm.announced(key) {
-            pass(store, key, node.connect_timeout);
+        match storm.announced(key) {
+            Announced::Waits => {}
+            Announced::Pass => pass(&store.node, &store.prefix, key, node.connect_timeout),
+            // A caller that never parks tried moments ago: its next attempt
+            // takes the turn; if none comes in the window, the turn goes on
+            // then (bounded, not at the place's lapse).
+            Announced::Unless(window) => {
+                let (storm, node_handle) = (storm.clone(), store.node.clone());
+                let (prefix, key) = (store.prefix.clone(), bytes::Bytes::copy_from_slice(key));
+                let timeout = node.connect_timeout;
+                tokio::spawn(async move {
+                    tokio::time::sleep(window).await;
+                    if !storm.attempted_since_wakeup(&key, window) {
+                        pass(&node_handle, &prefix, &key, timeout);
+                    }
+                });
+            }
         }
     })
     .await
@@ -82,12 +99,12 @@ async fn subscribed(
 
 /// Passes the turn on `key`: queued on lockgate's own connection now, its
 /// answer not awaited (a lost pass costs the next head one renewal).
-fn pass(store: &Store, key: &[u8], timeout: Duration) {
+fn pass(node: &Node, prefix: &str, key: &[u8], timeout: Duration) {
     let (owner, queue, places) = (owner_key(key), queue_key(key), places_key(key));
     let call = Call::new(
         Script::Pass,
         &[key, &owner, &queue, &places],
-        &[store.prefix.as_bytes()],
+        &[prefix.as_bytes()],
     );
-    drop(store.node.send(call.request(), timeout));
+    drop(node.send(call.request(), timeout));
 }

@@ -137,6 +137,8 @@ pub(super) struct Key {
     pub(super) waiters: VecDeque<Waiter>,
     pub(super) turn: Turn,
     pub(super) timing: Timing,
+    /// When a client's attempt on the key last arrived here.
+    pub(super) last_attempt: Option<Instant>,
 }
 
 impl Key {
@@ -145,6 +147,7 @@ impl Key {
         let mut out = Vec::new();
         match event {
             Event::Attempt { probe_ms, owner } => {
+                self.last_attempt = Some(now);
                 let admission = self.admit(probe_ms, owner, now);
                 if admission == Admission::Absorb {
                     out.push(Action::Count(Tally::Absorbed));
@@ -242,6 +245,13 @@ impl Key {
             && passed(v.behind_until)
             && passed(v.backoff_until)
             && (v.ours || passed(v.held_until))
+    }
+
+    /// Whether a client's attempt arrived within `window` of `now`: a
+    /// caller still spinning here, parked or not.
+    pub(super) fn attempted_within(&self, now: Instant, window: Duration) -> bool {
+        self.last_attempt
+            .is_some_and(|t| now.saturating_duration_since(t) < window)
     }
 
     /// Whether this instance's place in the key's queue needs no renewal

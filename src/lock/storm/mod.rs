@@ -83,6 +83,21 @@ crate::metrics::counters! {
     }
 }
 
+/// Whether anything waits on a key this instance was woken for
+/// ([`Storm::announced`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Announced {
+    /// Something is parked or keeps its place: this instance takes its
+    /// turn.
+    Waits,
+    /// Nothing parked, but a caller tried moments ago (one that never
+    /// parks): its next attempt takes the turn if it comes within this
+    /// long; if none does, pass the turn on then.
+    Unless(std::time::Duration),
+    /// Nothing waits: pass the turn on now.
+    Pass,
+}
+
 /// What a parked attempt needs to be acquired on its behalf.
 #[derive(Debug, Clone)]
 pub struct Ask {
@@ -423,19 +438,50 @@ impl Storm {
 
     /// A wake-up on this instance's channel (`lockgate:wake:<prefix>`):
     /// its place came first in `key`'s queue when the lock was freed, by a
-    /// release through any instance. Returns false when nothing waits on
-    /// the key here any more (no parked attempt, no kept place): the
-    /// caller passes the turn on ([`super::script::PASS`]), counted.
-    pub fn announced(&self, key: &[u8]) -> bool {
+    /// release through any instance. Says whether anything waits on the
+    /// key here: a parked attempt or a kept place (the turn is taken), an
+    /// attempt within `probe_interval_ms` but none parked (a
+    /// multiplexed connection's callers spin without ever parking: their
+    /// next attempt takes the turn, if it comes within that window), or
+    /// nothing (the caller passes the turn on, [`super::script::PASS`],
+    /// counted).
+    pub fn announced(&self, key: &[u8]) -> Announced {
         ProxyMetrics::inc(&self.metrics.wakeups);
-        let waits = self
-            .state(key, false)
-            .is_some_and(|s| !sync::lock(&s.inner).waiters.is_empty());
+        let now = Instant::now();
+        let window = self.spin_keep();
+        let found = self.state(key, false).map(|s| {
+            let k = sync::lock(&s.inner);
+            (!k.waiters.is_empty(), k.attempted_within(now, window))
+        });
         self.released(key);
-        if !waits {
+        match found {
+            Some((true, _)) => Announced::Waits,
+            Some((false, true)) => Announced::Unless(window),
+            _ => {
+                ProxyMetrics::inc(&self.metrics.passes);
+                Announced::Pass
+            }
+        }
+    }
+
+    /// After [`Announced::Unless`]: whether an attempt on `key` came
+    /// within `window` (else the caller passes the turn on, counted).
+    pub fn attempted_since_wakeup(&self, key: &[u8], window: std::time::Duration) -> bool {
+        let came = self
+            .state(key, false)
+            .is_some_and(|s| sync::lock(&s.inner).attempted_within(Instant::now(), window));
+        if !came {
             ProxyMetrics::inc(&self.metrics.passes);
         }
-        waits
+        came
+    }
+
+    /// How long an attempt counts as a caller still spinning here without
+    /// parking: `probe_interval_ms` (a multiplexed connection's callers
+    /// try again within microseconds; a lone try-lock must not hold the
+    /// fleet's turn longer than a probe interval).
+    fn spin_keep(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.config.probe_interval_ms.max(1))
     }
 
     /// Parks an attempt that did not get the lock, first made at `since`,

@@ -215,3 +215,24 @@ fn a_hurried_park_is_answered_now_and_keeps_its_place() {
         assert!(key.waiters[0].live(), "{turn:?}");
     }
 }
+
+/// A caller that spins without ever parking (a multiplexed connection's
+/// tasks) still counts as waiting here for a while after its attempt: a
+/// wake-up for the key then keeps the turn (its next attempt takes the
+/// lock) instead of passing it on.
+#[test]
+fn a_recent_attempt_counts_as_waiting() {
+    let t0 = Instant::now();
+    let mut key = Key::default();
+    assert!(!key.attempted_within(t0, ms(100)));
+    key.step(
+        Event::Attempt {
+            probe_ms: 100,
+            owner: anyone(),
+        },
+        t0,
+        LIMITS,
+    );
+    assert!(key.attempted_within(t0 + ms(99), ms(100)));
+    assert!(!key.attempted_within(t0 + ms(100), ms(100)));
+}
