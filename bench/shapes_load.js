@@ -14,7 +14,7 @@
  * connection `GET`s a plain key that often and times each reply.
  *
  * Prints one JSON line: acquisitions (total and per task), attempts, the
- * gap from each release's reply to the next acquisition (ms), the reader's
+ * gap from each release (its DEL sent) to the next acquisition (ms), the reader's
  * latencies (ms: p50, p99, max), errors. Needs ioredis: NODE_PATH (or
  * tests/js/node_modules, which scripts/setup.sh fills).
  */
@@ -96,12 +96,14 @@ async function main() {
       per[i]++;
       await sleep(a.holdMs);
       holder = null;
+      // The release starts now: the next holder may be answered before
+      // this task sees the DEL's reply.
+      releasedAt = now();
       try {
         await r.del(a.key);
       } catch (_) {
         errors++;
       }
-      releasedAt = now();
     }
   }
 

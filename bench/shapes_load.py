@@ -19,8 +19,8 @@ Redis behind the target, `SET KEY gone PX` longer than the run) by a holder
 that is gone, and the threads spin on it for the whole run.
 
 Prints one JSON line: acquisitions (total and per thread), attempts, the
-gap from each release's reply to the next acquisition's (ms: p50, p99,
-max), errors. Used by bench/shapes.sh and by tests/py/storm_shapes.py.
+gap from each release (its DEL sent, once the pool lent a connection for
+it) to the next acquisition's reply (ms: p50, p99, max), errors. Used by bench/shapes.sh and by tests/py/storm_shapes.py.
 """
 
 import argparse
@@ -86,6 +86,28 @@ def main():
     start = time.monotonic()
     end = start + a.duration_s
 
+    def released():
+        # The DEL goes now: a handoff may answer the next holder before
+        # this thread reads the DEL's reply.
+        with lock:
+            state["holder"] = None
+            state["released_at"] = time.monotonic()
+
+    def release(r):
+        if a.shape != "pool":
+            released()
+            r.delete(a.key)
+            return
+        # As redis-py's own DEL: a connection of the pool first (the wait
+        # for one is the pool's, straight on Redis too), then the command.
+        c = pool.get_connection()
+        try:
+            released()
+            c.send_command("DEL", a.key)
+            c.read_response()
+        finally:
+            pool.release(c)
+
     def worker(i):
         r = clients[i]
         attempts = errors = 0
@@ -109,14 +131,10 @@ def main():
                     state["released_at"] = None
             per[i] += 1
             time.sleep(a.hold_ms / 1000)
-            with lock:
-                state["holder"] = None
             try:
-                r.delete(a.key)
+                release(r)
             except redis.RedisError:
                 errors += 1
-            with lock:
-                state["released_at"] = time.monotonic()
         with lock:
             state["attempts"] += attempts
             state["errors"] += errors

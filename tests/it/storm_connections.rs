@@ -198,12 +198,19 @@ async fn a_probe_of_a_held_lock_is_one_pttl_and_a_freed_lock_is_still_taken() {
     let checks = m(&lg.ctx.locks.metrics.checks);
     let mut other = RawClient::connect(lg.addr).await;
     let started = Instant::now();
-    while started.elapsed() < Duration::from_millis(350) {
+    while m(&lg.ctx.locks.metrics.checks) - checks < 3 {
+        assert!(started.elapsed() < Duration::from_secs(10), "no probes");
         assert_eq!(other.call(&["SETNX", "lock:probe", "o"]).await, ":0\r\n");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let probes = m(&lg.ctx.locks.metrics.checks) - checks;
-    assert!((2..=5).contains(&probes), "{probes} plain probes in 350 ms");
+    // At most one per probe interval (100 ms).
+    let most = started.elapsed().as_millis() as u64 / 100 + 1;
+    assert!(
+        probes <= most,
+        "{probes} plain probes in {:?}",
+        started.elapsed()
+    );
     assert_eq!(scripts(&mut r).await, 0, "a probe went as a script");
     assert_eq!(calls(&mut r, "pttl").await, probes);
     // Freed behind lockgate's back: the next due probe finds it free, and

@@ -41,6 +41,23 @@ impl Waiter {
     pub(super) fn live(&self) -> bool {
         self.reply.is_some()
     }
+
+    /// Answers the parked attempt "not acquired" (counted as `tally`) and
+    /// keeps its place until `until`; false if it was not parked.
+    fn unpark(&mut self, tally: Tally, until: Instant, out: &mut Vec<Action>) -> bool {
+        self.deadline = until;
+        let Some(reply) = self.reply.take() else {
+            return false;
+        };
+        out.push(Action::Count(tally));
+        out.push(Action::Answer {
+            id: self.id,
+            reply,
+            shape: self.ask.shape,
+            acquired: false,
+        });
+        true
+    }
 }
 
 /// Whose turn it is to act on the key's queue. One of these at a time:
@@ -482,17 +499,10 @@ impl Key {
         };
         let Timing { park_ms, probe_ms } = self.timing;
         let keep = Duration::from_millis(park_ms.max(probe_ms).max(1));
-        for w in (self.waiters.iter_mut()).filter(|w| w.owner == owner && Some(w.id) != busy) {
-            if let Some(reply) = w.reply.take() {
-                out.push(Action::Count(Tally::Hurried));
+        let mine = |w: &&mut Waiter| w.live() && w.owner == owner && Some(w.id) != busy;
+        for w in self.waiters.iter_mut().filter(mine) {
+            if w.unpark(Tally::Hurried, now + keep, out) {
                 out.push(Action::Cut);
-                out.push(Action::Answer {
-                    id: w.id,
-                    reply,
-                    shape: w.ask.shape,
-                    acquired: false,
-                });
-                w.deadline = now + keep;
             }
         }
     }
@@ -555,16 +565,7 @@ impl Key {
             .iter_mut()
             .filter(|w| w.live() && Some(w.id) != claimed && w.deadline <= now)
         {
-            if let Some(reply) = w.reply.take() {
-                out.push(Action::Count(Tally::ParkTimeout));
-                out.push(Action::Answer {
-                    id: w.id,
-                    reply,
-                    shape: w.ask.shape,
-                    acquired: false,
-                });
-            }
-            w.deadline = now + keep;
+            w.unpark(Tally::ParkTimeout, now + keep, out);
         }
         self.waiters.retain(|w| w.live() || w.deadline > now);
         if self.waiters.is_empty() {
