@@ -93,7 +93,10 @@ pub struct RetryConfig {
     /// locally. 0: off (every attempt goes upstream).
     pub probe_interval_ms: u64,
     /// How long a failed attempt may wait (ms) for the lock to be released
-    /// and handed to it, oldest first. 0: off (answer at once).
+    /// and handed to it, oldest first; it is answered at once when its
+    /// connection sends anything behind it (a pool's or a multiplexed
+    /// connection), and such a connection is not parked for
+    /// `spin_window_ms`. 0: off (answer at once).
     pub park_ms: u64,
     /// Only a connection evidently spinning on a key is parked: its
     /// previous attempt on the key came less than this long ago (ms). An
@@ -106,7 +109,8 @@ pub struct RetryConfig {
     /// Most attempts parked on one key; more are answered at once.
     pub max_waiters_per_key: usize,
     /// One connection attempting one key more often than this per second
-    /// gets its "not acquired" replies delayed (smoothing). 0: off.
+    /// gets its "not acquired" replies delayed (smoothing), cut short when
+    /// it sends more behind them. 0: off.
     pub max_attempts_per_sec: u64,
     /// Fairness across instances sharing a lock store, in milliseconds:
     /// an instance keeps a lock among its own clients for at most this
