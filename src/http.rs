@@ -171,6 +171,12 @@ pub fn not_ready(ctx: &ServerContext) -> Option<String> {
             return Some(why.trim_start_matches("lockgate: ").to_string());
         }
     }
+    if ctx.locks.guards_on() && !ctx.locks.guard_table.is_read() {
+        return Some(
+            "guarded writes: Redis's command table is not read yet (commands on guarded data cannot be checked)"
+                .to_string(),
+        );
+    }
     if let Some(q) = ctx.locks.quorum() {
         let up = q.eligible().len();
         // Ready when an acquisition can succeed (clock_faults asks more).

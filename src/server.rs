@@ -18,6 +18,22 @@ const MAX_ACCEPT_BACKOFF: Duration = Duration::from_secs(1);
 /// How long a refused client may take to read its error before it is dropped.
 const REJECT_WRITE_TIMEOUT: Duration = Duration::from_millis(100);
 
+/// Waits, while guards are configured, for Redis's command table, at most
+/// `locks.guard_table_wait_ms`; logs when it is not read by then.
+async fn guard_table_read(ctx: &ServerContext) {
+    let wait = Duration::from_millis(ctx.in_force().locks.guard_table_wait_ms);
+    let table = &ctx.locks.guard_table;
+    if !ctx.locks.guards_on() || wait.is_zero() || table.is_read() {
+        return;
+    }
+    if !table.read_within(wait).await {
+        tracing::warn!(
+            waited_ms = wait.as_millis() as u64,
+            "serving clients before Redis's command table is read: commands on guarded data cannot be checked until it is (locks.guard_table_wait_ms)"
+        );
+    }
+}
+
 /// The next client of either listener, and whether it came to the TLS one.
 async fn accept(
     plain: &TcpListener,
@@ -47,6 +63,14 @@ pub async fn serve(
     let sessions = TaskTracker::new();
     let force = CancellationToken::new();
     let mut backoff = Duration::from_millis(1);
+    // With guards, a command on guarded data cannot be checked before
+    // Redis's command table is read: the first clients wait for it in
+    // the listen queue (a sidecar's app has no readiness probe in front),
+    // at most `locks.guard_table_wait_ms`.
+    tokio::select! {
+        _ = shutdown.cancelled() => {}
+        _ = guard_table_read(&ctx) => {}
+    }
     loop {
         let (accepted, is_tls) = tokio::select! {
             _ = shutdown.cancelled() => break,

@@ -81,7 +81,19 @@ pub struct LocksConfig {
     /// or reported (`docs/guarded-writes.md`). Reloadable; at most
     /// `MAX_GUARDS`.
     pub guards: Vec<GuardConfig>,
+    /// With guards configured at start, how long lockgate waits for
+    /// Redis's command table (which tells a write from a read) before it
+    /// accepts clients, ms: until it is read, a command on guarded data
+    /// cannot be checked (refused in `refuse` mode), and a sidecar's app
+    /// talks to localhost with no readiness probe in between. Past it,
+    /// clients are served and such commands refused until the table is
+    /// read; `/readyz` says not ready meanwhile. 0: do not wait. At most
+    /// `MAX_GUARD_TABLE_WAIT_MS`.
+    pub guard_table_wait_ms: u64,
 }
+
+/// Most `locks.guard_table_wait_ms`.
+pub const MAX_GUARD_TABLE_WAIT_MS: u64 = 60_000;
 
 /// Retry-storm control (`[locks.retry]`): while a lock is known held, spin
 /// loops cost Redis almost nothing and the lock is handed over in order.
@@ -251,6 +263,7 @@ impl Default for LocksConfig {
             transaction_connections: 8,
             transaction_retries: 16,
             guards: Vec::new(),
+            guard_table_wait_ms: 5_000,
         }
     }
 }

@@ -306,6 +306,12 @@ impl Config {
                 &format!("must be 1 to {MAX_TRANSACTION_RETRIES}"),
             ));
         }
+        if self.locks.guard_table_wait_ms > locks::MAX_GUARD_TABLE_WAIT_MS {
+            return Err(invalid(
+                "locks.guard_table_wait_ms",
+                &format!("must be at most {}", locks::MAX_GUARD_TABLE_WAIT_MS),
+            ));
+        }
         if self.locks.eviction_check_ms < MIN_EVICTION_CHECK_MS {
             return Err(invalid(
                 "locks.eviction_check_ms",

@@ -480,3 +480,76 @@ async fn redis_py_holders_write_while_they_hold_and_are_refused_after() {
         );
     }
 }
+
+/// A sidecar's app talks to localhost, with no readiness probe in between:
+/// with guards in refuse mode, a holder's write sent the moment lockgate
+/// listens is checked, not refused for want of Redis's command table
+/// (df57308: `-ERR lockgate: write refused: cannot tell yet whether SET
+/// writes a guarded key (Redis's command table is not loaded)`). Here the
+/// table's read is held up by pausing Redis; the client waits in the
+/// listen queue meanwhile, and `/readyz` says not ready until it is read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_sent_as_lockgate_starts_waits_for_the_command_table() {
+    let redis = RedisServer::start();
+    let mut r = RawClient::connect(redis.addr()).await;
+    assert_eq!(r.call(&["CLIENT", "PAUSE", "800", "ALL"]).await, "+OK\r\n");
+    let mut c = config(&redis.addr(), "a", 30_000);
+    c.locks.guards = vec![orders(GuardMode::Refuse, UnlockedWriters::Allow)];
+    let lg = Lockgate::start_with_admin(c).await;
+    let admin = lg.admin.expect("an admin listener");
+    let ready = support::ops::http_get(admin, "/readyz").await;
+    // Not ready: Redis does not answer yet, and the table is not read.
+    assert_eq!(ready.status, 503, "{}", ready.body);
+    let mut a = RawClient::connect(lg.addr).await;
+    let pipeline = [
+        support::cmd(&["SETNX", "lock:order:7", "a"]),
+        support::cmd(&["SET", "order:7", "by-a"]),
+    ]
+    .concat();
+    a.send(&pipeline).await;
+    let replies = support::show(&a.read_raw_frames(2).await);
+    assert_eq!(replies, ":1\r\n+OK\r\n");
+    assert_eq!(counts(&lg)[0], 1, "the write was checked and applied");
+    until!(
+        "/readyz to say ready",
+        support::ops::http_get(admin, "/readyz").await.status == 200
+    );
+    lg.stop().await;
+}
+
+/// The wait for the command table has a bound: on a Redis that never
+/// gives `COMMAND` (renamed away), lockgate serves clients once
+/// `locks.guard_table_wait_ms` is past, refuses what it cannot check with
+/// an error that says why, and `/readyz` names the table meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_command_table_lockgate_serves_after_the_bound_and_says_why() {
+    let redis = RedisServer::start_with(&["--rename-command", "COMMAND", ""]);
+    let mut c = config(&redis.addr(), "a", 30_000);
+    c.locks.guards = vec![orders(GuardMode::Refuse, UnlockedWriters::Allow)];
+    c.locks.guard_table_wait_ms = 300;
+    let lg = Lockgate::start_with_admin(c).await;
+    let admin = lg.admin.expect("an admin listener");
+    let mut a = RawClient::connect(lg.addr).await;
+    let start = std::time::Instant::now();
+    assert_eq!(a.call(&["SETNX", "lock:order:7", "a"]).await, ":1\r\n");
+    let waited = start.elapsed();
+    assert!(
+        waited < std::time::Duration::from_secs(20),
+        "served within the bound (and the box's slack): {waited:?}"
+    );
+    let refused = a.call(&["SET", "order:7", "by-a"]).await;
+    assert!(
+        refused.starts_with("-ERR") && refused.contains("command table"),
+        "{refused}"
+    );
+    let ready = support::ops::http_get(admin, "/readyz").await;
+    assert_eq!(ready.status, 503, "{}", ready.body);
+    assert!(ready.body.contains("command table"), "{}", ready.body);
+    let mut direct = RawClient::connect(redis.addr()).await;
+    assert_eq!(
+        direct.call(&["GET", "order:7"]).await,
+        "$-1\r\n",
+        "nothing written"
+    );
+    lg.stop().await;
+}

@@ -26,6 +26,8 @@ pub struct GuardTable {
     table: RwLock<Arc<KeyTable>>,
     /// The primary connection's `connects` count when it was read.
     read_at: AtomicU64,
+    /// Told each time a table is put in force.
+    loaded: tokio::sync::Notify,
 }
 
 impl GuardTable {
@@ -41,6 +43,30 @@ impl GuardTable {
 
     fn set_shared(&self, table: Arc<KeyTable>) {
         *crate::sync::write(&self.table) = table;
+        self.loaded.notify_waiters();
+    }
+
+    /// Whether a table is in force.
+    pub fn is_read(&self) -> bool {
+        !self.get().is_empty()
+    }
+
+    /// Waits until a table is in force, at most `limit`; whether one is.
+    pub async fn read_within(&self, limit: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let told = self.loaded.notified();
+            tokio::pin!(told);
+            // Registered before the look, so a table put in force between
+            // the two is not missed.
+            told.as_mut().enable();
+            if self.is_read() {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, told).await.is_err() {
+                return self.is_read();
+            }
+        }
     }
 }
 
