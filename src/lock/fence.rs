@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
+use super::storm::lines::Place;
 use super::txn::OnPrimary;
 use super::{script, LockService};
 use crate::metrics::ProxyMetrics;
@@ -44,6 +45,35 @@ pub fn integers(reply: &[u8]) -> Vec<i64> {
         .collect()
 }
 
+/// Waits to be first in `place`'s line until `deadline` (passes at once
+/// without a place); `None` when the deadline came first. A caller with
+/// no `WAIT` is still let through when nobody is ahead: the lock is
+/// tried once.
+pub(crate) async fn first_in_line<'a>(
+    place: Option<&'a Place<'_>>,
+    deadline: Instant,
+) -> Option<Option<tokio::sync::MutexGuard<'a, ()>>> {
+    let Some(place) = place else {
+        return Some(None);
+    };
+    // `timeout_at` polls the wait once before it looks at the clock.
+    tokio::time::timeout_at(deadline.into(), place.first())
+        .await
+        .ok()
+        .map(Some)
+}
+
+/// Waits `step`, or less when the lock may be free (see
+/// [`super::storm::lines::Lines::free`]).
+pub(crate) async fn until_freed(place: Option<&Place<'_>>, step: Duration) {
+    match place {
+        Some(place) => {
+            let _ = tokio::time::timeout(step, place.freed()).await;
+        }
+        None => tokio::time::sleep(step).await,
+    }
+}
+
 fn node_error(reply: &[u8]) -> Option<LocalReply> {
     reply.first().filter(|&&c| c == b'-').map(|_| {
         LocalReply::Error(Bytes::copy_from_slice(
@@ -53,7 +83,10 @@ fn node_error(reply: &[u8]) -> Option<LocalReply> {
 }
 
 impl LockService {
-    /// `LOCKGATE LOCK`: tries until acquired or `wait` has passed.
+    /// `LOCKGATE LOCK`: tries until acquired or `wait` has passed, first
+    /// come first served among this instance's callers (see
+    /// [`super::storm::lines`]), in turns with other instances (the key's
+    /// queue in the store).
     pub(crate) async fn fence_lock(
         &self,
         node: &OnPrimary,
@@ -63,9 +96,17 @@ impl LockService {
         timeout: Duration,
     ) -> LocalReply {
         let deadline = Instant::now() + wait;
+        let place = self.fence_place(&key);
+        let Some(_first) = first_in_line(place.as_ref(), deadline).await else {
+            ProxyMetrics::inc(&self.metrics.contended);
+            return LocalReply::Null;
+        };
         self.granting(ttl_ms);
         let counter = counter_key(&key);
+        let (queue, places) = (super::queue_key(&key), super::places_key(&key));
         let ttl = ttl_ms.to_string();
+        let (bound, life) = self.fairness_for(&key);
+        let (bound, life) = (bound.to_string(), life.to_string());
         loop {
             ProxyMetrics::inc(&self.metrics.attempts);
             let started = Instant::now();
@@ -73,8 +114,14 @@ impl LockService {
             let cmd = super::eval_on(
                 script::FENCE_LOCK,
                 &key,
-                &[&counter],
-                &[ttl.as_bytes(), &instance_token],
+                &[&counter, &queue, &places],
+                &[
+                    ttl.as_bytes(),
+                    &instance_token,
+                    self.instance_prefix().as_bytes(),
+                    bound.as_bytes(),
+                    life.as_bytes(),
+                ],
             );
             let reply = match node.call(cmd, timeout).await {
                 Ok(reply) => reply,
@@ -84,9 +131,10 @@ impl LockService {
                 return err;
             }
             let facts = integers(&reply);
-            let (token, pttl) = (
+            let (token, pttl, yielded) = (
                 facts.first().copied().unwrap_or(0),
                 facts.get(1).copied().unwrap_or(0),
+                facts.get(2).copied().unwrap_or(0) == 1,
             );
             if token > 0 {
                 let elapsed = started.elapsed().as_millis() as i64;
@@ -105,14 +153,31 @@ impl LockService {
                     .await;
             } else {
                 ProxyMetrics::inc(&self.metrics.contended);
+                if yielded {
+                    ProxyMetrics::inc(&self.metrics.fairness_yields);
+                }
             }
             let now = Instant::now();
             if now >= deadline {
                 return LocalReply::Null;
             }
-            let step = WAIT_STEP.min(Duration::from_millis(pttl.max(1) as u64));
-            tokio::time::sleep(step.min(deadline - now)).await;
+            // Yielded on a free lock: the head's turn, not a lease to wait out.
+            let step = match yielded {
+                true => WAIT_STEP,
+                false => WAIT_STEP.min(Duration::from_millis(pttl.max(1) as u64)),
+            };
+            until_freed(place.as_ref(), step.min(deadline - now)).await;
         }
+    }
+
+    /// A place in `key`'s line of fencing waits; none (counted) when the
+    /// line table is full: that caller waits as before lines, polling.
+    pub(crate) fn fence_place(&self, key: &Bytes) -> Option<Place<'_>> {
+        let place = self.storm.lines.join(key);
+        if place.is_none() {
+            ProxyMetrics::inc(&self.storm.metrics.unlined);
+        }
+        place
     }
 
     /// `LOCKGATE UNLOCK`: 1 if this token held the lock and released it.

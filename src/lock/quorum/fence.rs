@@ -8,6 +8,7 @@ use std::time::Instant;
 use bytes::Bytes;
 
 use super::{integer, Quorum};
+use crate::lock::fence::{first_in_line, until_freed};
 use crate::lock::{script, LockService};
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
@@ -26,8 +27,16 @@ impl LockService {
         wait: std::time::Duration,
     ) -> LocalReply {
         let deadline = Instant::now() + wait;
+        let place = self.fence_place(&key);
+        let Some(_first) = first_in_line(place.as_ref(), deadline).await else {
+            ProxyMetrics::inc(&self.metrics.contended);
+            return LocalReply::Null;
+        };
         let counter = crate::lock::fence::counter_key(&key);
+        let (queue, places) = (crate::lock::queue_key(&key), crate::lock::places_key(&key));
         let ttl = ttl_ms.to_string();
+        let (bound, life) = self.fairness_for(&key);
+        let (bound, life) = (bound.to_string(), life.to_string());
         // More than (N + clock_faults) / 2: a plain majority by default.
         let majority = q.votes_needed();
         loop {
@@ -42,8 +51,14 @@ impl LockService {
             let take = crate::lock::eval_on(
                 script::QFENCE_ACQUIRE,
                 &key,
-                &[&counter],
-                &[ttl.as_bytes(), &instance_token],
+                &[&counter, &queue, &places],
+                &[
+                    ttl.as_bytes(),
+                    &instance_token,
+                    self.instance_prefix().as_bytes(),
+                    bound.as_bytes(),
+                    life.as_bytes(),
+                ],
             );
             let facts = |r: &[u8]| crate::lock::fence::integers(r);
             // A master whose clock jumped takes no part (see `clock`); its
@@ -117,11 +132,17 @@ impl LockService {
                 .iter()
                 .filter_map(|r| facts(r).get(1).copied())
                 .filter(|&p| p > 0)
-                .min()
-                .unwrap_or(1);
+                .min();
+            // Yielded to another instance's turn (fact 4): wait for it, do
+            // not spin on a free lock.
+            let yielded = answers.replies.iter().any(|r| facts(r).get(4) == Some(&1));
+            if yielded {
+                ProxyMetrics::inc(&self.metrics.fairness_yields);
+            }
+            let held_ms = held_ms.unwrap_or(if yielded { 25 } else { 1 });
             let step = std::time::Duration::from_millis(held_ms as u64)
                 .min(std::time::Duration::from_millis(25));
-            tokio::time::sleep(step.min(deadline - now)).await;
+            until_freed(place.as_ref(), step.min(deadline - now)).await;
         }
     }
 

@@ -619,29 +619,77 @@ return r
 /// transaction. ARGV: the error text (with its code).
 pub const ERROR: &str = "return redis.error_reply(ARGV[1])";
 
+/// [`FENCE_LOCK`]'s taking of a free lock, as a Lua function:
+/// `fence_take()` sets the token (see there) and returns it.
+// The token is formatted with '%.0f': a Lua number handed to redis.call
+// is converted with too few digits for µs since the epoch (16 digits).
+macro_rules! fence_take {
+    () => {
+        r#"
+local function fence_take()
+  local now = redis.call('TIME')
+  local us = tonumber(now[1]) * 1000000 + tonumber(now[2])
+  local t = math.max(tonumber(redis.call('GET', KEYS[3]) or '0') or 0, us) + 1
+  local s = string.format('%.0f', t)
+  redis.call('SET', KEYS[3], s)
+  redis.call('SET', KEYS[1], s, 'PX', ARGV[1])
+  redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[1])
+  return t
+end
+"#
+    };
+}
+
 /// Fencing-token acquisition (`LOCKGATE LOCK`): the lock's value is the
 /// token, one more than the larger of the key's counter
 /// (`lockgate:fence:{key}`, never expiring, raised to each token) and
 /// Redis's clock in µs. The counter makes tokens grow while Redis keeps
 /// it; the clock makes them grow when it is lost (a restart without
 /// persistence, a flush): a token issued later is above every earlier one
-/// as long as the clock did not step back (`docs/faults.md`). KEYS: lock,
-/// owner record, counter. ARGV: ttl ms, instance token for the owner
-/// record. Reply: `{token, 0}` when acquired, `{0, holder's pttl}` when
-/// not.
-// The token is formatted with '%.0f': a Lua number handed to redis.call
-// is converted with too few digits for µs since the epoch (16 digits).
-pub const FENCE_LOCK: &str = r#"
-if redis.call('EXISTS', KEYS[1]) == 1 then return {0, redis.call('PTTL', KEYS[1])} end
-local now = redis.call('TIME')
-local us = tonumber(now[1]) * 1000000 + tonumber(now[2])
-local t = math.max(tonumber(redis.call('GET', KEYS[3]) or '0') or 0, us) + 1
-local s = string.format('%.0f', t)
-redis.call('SET', KEYS[3], s)
-redis.call('SET', KEYS[1], s, 'PX', ARGV[1])
-redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[1])
-return {t, 0}
-"#;
+/// as long as the clock did not step back (`docs/faults.md`).
+///
+/// Turns across instances are those of [`ACQUIRE`]: a failed attempt
+/// takes or renews this instance's place in the key's queue, an
+/// acquisition leaves it, and an attempt yields to the queue's head (see
+/// `q_yield`; a yield on a free lock wakes the head). Without a queue on
+/// the key the attempt is `EXISTS` and the taking, nothing else.
+///
+/// KEYS: lock, owner record, counter, queue, places. ARGV: ttl ms,
+/// instance token for the owner record, instance prefix, fairness bound
+/// ms (`0`: off), a place's life in the queue ms (`0`: no queue). Reply:
+/// `{token, 0, 0}` when acquired, `{0, holder's pttl, yielded (1/0)}`
+/// when not.
+pub const FENCE_LOCK: &str = concat!(
+    fence_take!(),
+    r#"
+if redis.call('EXISTS', KEYS[4]) == 0 then
+  if redis.call('EXISTS', KEYS[1]) == 0 then return {fence_take(), 0, 0} end
+  if ARGV[5] == '0' then return {0, redis.call('PTTL', KEYS[1]), 0} end
+end
+"#,
+    queue!(),
+    r#"
+local bound, life, me = tonumber(ARGV[4]) or 0, tonumber(ARGV[5]) or 0, ARGV[3]
+local now = q_now()
+local yield, head = false, nil
+if redis.call('EXISTS', KEYS[4]) == 1 then yield, head = q_yield(KEYS[4], KEYS[5], me, bound, now) end
+if not yield and redis.call('EXISTS', KEYS[1]) == 0 then
+  local t = fence_take()
+  if redis.call('EXISTS', KEYS[4]) == 1 then
+    q_leave(KEYS[4], KEYS[5], me)
+    q_began(KEYS[4], KEYS[5], me, now)
+    redis.call('HDEL', KEYS[5], '.woken')
+  end
+  return {t, 0, 0}
+end
+local pttl = redis.call('PTTL', KEYS[1])
+if life > 0 then q_join(KEYS[4], KEYS[5], me, life, now) end
+if yield and pttl == -2 and redis.call('HGET', KEYS[5], '.woken') ~= head then
+  q_wake(KEYS[4], KEYS[5], KEYS[1], now)
+end
+return {0, pttl, yield and 1 or 0}
+"#
+);
 
 /// `LOCKGATE UNLOCK`: delete only if the lock still holds this token,
 /// waking the queue's head as [`RELEASE`] does. KEYS: lock, owner record,
@@ -670,20 +718,50 @@ return 1
 /// token and report the key's token counter and the master's clock; the
 /// token is one more than the larger of the largest counter and the median
 /// clock among the masters whose "yes" counted, so it keeps growing even
-/// when every counter was lost (`docs/quorum.md`). KEYS: lock, owner record,
-/// counter. ARGV: ttl ms, instance token. Reply: `{1, 0, counter, clock}`
-/// taken, `{0, pttl, 0, clock}` held by someone else; `clock` is the
-/// master's `TIME` in µs (see [`super::quorum::clock`]).
-pub const QFENCE_ACQUIRE: &str = r#"
+/// when every counter was lost (`docs/quorum.md`). Turns across instances
+/// as in [`FENCE_LOCK`], on each master's own queue. KEYS: lock, owner
+/// record, counter, queue, places. ARGV: ttl ms, instance token, instance
+/// prefix, fairness bound ms, a place's life ms (`0`: no queue). Reply:
+/// `{1, 0, counter, clock, 0}` taken, `{0, pttl, 0, clock, yielded}` not;
+/// `clock` is the master's `TIME` in µs (see [`super::quorum::clock`]).
+pub const QFENCE_ACQUIRE: &str = concat!(
+    r#"
 local function clock()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
-if redis.call('EXISTS', KEYS[1]) == 1 then return {0, redis.call('PTTL', KEYS[1]), 0, clock()} end
-redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[1])
-redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[1])
-return {1, 0, tonumber(redis.call('GET', KEYS[3]) or '0'), clock()}
-"#;
+local function take()
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[1])
+  redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[1])
+  return {1, 0, tonumber(redis.call('GET', KEYS[3]) or '0'), clock(), 0}
+end
+if redis.call('EXISTS', KEYS[4]) == 0 then
+  if redis.call('EXISTS', KEYS[1]) == 0 then return take() end
+  if ARGV[5] == '0' then return {0, redis.call('PTTL', KEYS[1]), 0, clock(), 0} end
+end
+"#,
+    queue!(),
+    r#"
+local bound, life, me = tonumber(ARGV[4]) or 0, tonumber(ARGV[5]) or 0, ARGV[3]
+local now = q_now()
+local yield, head = false, nil
+if redis.call('EXISTS', KEYS[4]) == 1 then yield, head = q_yield(KEYS[4], KEYS[5], me, bound, now) end
+if not yield and redis.call('EXISTS', KEYS[1]) == 0 then
+  if redis.call('EXISTS', KEYS[4]) == 1 then
+    q_leave(KEYS[4], KEYS[5], me)
+    q_began(KEYS[4], KEYS[5], me, now)
+    redis.call('HDEL', KEYS[5], '.woken')
+  end
+  return take()
+end
+local pttl = redis.call('PTTL', KEYS[1])
+if life > 0 then q_join(KEYS[4], KEYS[5], me, life, now) end
+if yield and pttl == -2 and redis.call('HGET', KEYS[5], '.woken') ~= head then
+  q_wake(KEYS[4], KEYS[5], KEYS[1], now)
+end
+return {0, pttl, 0, clock(), yield and 1 or 0}
+"#
+);
 
 /// Where [`QFENCE_ACQUIRE`]'s reply carries the master's clock.
 pub const QFENCE_CLOCK_FACT: usize = 3;

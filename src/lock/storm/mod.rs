@@ -23,6 +23,7 @@ mod driver;
 mod event;
 mod handoff;
 mod key;
+pub mod lines;
 #[cfg(test)]
 mod tests;
 
@@ -80,6 +81,10 @@ crate::metrics::counters! {
         /// parked attempt never holds up another caller's command.
         hurried: Counter "lock_parks_cut",
             "Parked attempts answered at once because their connection sent more behind them";
+        /// Fencing waits (`LOCKGATE LOCK … WAIT`) that found the line
+        /// table full (`max_keys` keys): they poll on their own, unordered.
+        unlined: Counter "lock_fence_unlined",
+            "Fencing waits that found the line table full and waited unordered";
     }
 }
 
@@ -148,6 +153,9 @@ pub struct Storm {
     evict_miss: Mutex<Option<Instant>>,
     /// Counters.
     pub metrics: StormMetrics,
+    /// Fencing waits in line per key (`LOCKGATE LOCK … WAIT`), at most
+    /// `max_keys` keys.
+    pub lines: lines::Lines,
 }
 
 /// How long a table found full of busy keys is not searched again (see
@@ -237,6 +245,7 @@ impl Storm {
             next_id: AtomicU64::new(1),
             evict_miss: Mutex::new(None),
             metrics: StormMetrics::default(),
+            lines: lines::Lines::new(config.max_keys),
         }
     }
 
@@ -413,8 +422,10 @@ impl Storm {
             .any(|a| matches!(a, Action::Cut))
     }
 
-    /// The lock on `key` was released: wake its parked attempts.
+    /// The lock on `key` was released: wake its parked attempts and the
+    /// first fencing wait in its line.
     pub fn released(&self, key: &[u8]) {
+        self.lines.free(key);
         self.on_key(key, false, Event::Released);
     }
 
@@ -453,7 +464,12 @@ impl Storm {
             let k = sync::lock(&s.inner);
             (!k.waiters.is_empty(), k.attempted_within(now, window))
         });
+        // A fencing wait in line takes the turn (told by the release).
+        let lined = self.lines.free(key);
         self.released(key);
+        if lined {
+            return Announced::Waits;
+        }
         match found {
             Some((true, _)) => Announced::Waits,
             Some((false, true)) => Announced::Unless(window),
