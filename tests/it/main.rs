@@ -47,6 +47,7 @@ mod locks_view;
 mod locks_watchdog;
 mod ops;
 mod ops_reload;
+mod partitions;
 mod passthrough;
 mod passthrough_payloads;
 mod pubsub;

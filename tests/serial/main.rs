@@ -19,6 +19,7 @@ mod chaos;
 mod abusive_clients;
 mod clients_gone;
 mod fence_fairness;
+mod partitions;
 mod quorum_chaos;
 mod quorum_recovery;
 mod quorum_safety;

@@ -175,6 +175,16 @@ async fn locks_stay_exclusive_and_fenced_under_chaos() {
     for e in &v.exposures {
         println!("quorum_chaos: {e}");
     }
+    // Reported, not failed yet: on the quorum, fencing waits take no turns
+    // across instances (docs/faults.md, "Partitions", what is open).
+    println!(
+        "quorum_chaos seed {seed}: liveness: {} starved WAIT runs (>= {:?})",
+        v.starved.len(),
+        chaos::checks::STARVED_SPAN
+    );
+    for s in v.starved.iter().take(4) {
+        println!("quorum_chaos: {s}");
+    }
     if !v.clean() {
         let logs: Vec<String> = cluster
             .lgs

@@ -21,6 +21,10 @@
 //! - [`quorum`]: [`quorum::Cluster`], lockgate over several lock masters.
 //! - [`passthrough`]: pipelines and frame splitting for byte-for-byte checks.
 //! - [`resilience`]: CLIENT LIST, blocked clients, a black-hole upstream.
+//! - [`relay`]: a fault-injecting TCP relay (pass, blackhole, delay, cut,
+//!   half-close) to partition real processes.
+//! - [`history`]: what fault tests record (sections, releases, attempts,
+//!   faults, the heal) and the one checker that judges it.
 //! - [`abusive`]: for the abusive-client tests: named upstream connections,
 //!   Redis's output buffers and client count, this process's memory and
 //!   descriptors.
@@ -38,6 +42,7 @@ pub mod abusive;
 pub mod binary;
 pub mod browser;
 pub mod cluster;
+pub mod history;
 pub mod locks;
 pub mod ops;
 pub mod passthrough;
@@ -45,6 +50,7 @@ pub mod process;
 pub mod proxy;
 pub mod quorum;
 pub mod redis;
+pub mod relay;
 pub mod resilience;
 pub mod resp;
 pub mod rng;

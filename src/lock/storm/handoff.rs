@@ -67,6 +67,10 @@ impl Storm {
     /// a kept place (its connection is between attempts), or the driver is
     /// acquiring for it already. `token` is the attempt's new owner token.
     pub fn claim(&self, key: &[u8], token: Bytes, within: Duration) -> Option<Claim> {
+        // A fencing wait came first: the release frees the lock for it.
+        if self.fence_first(key) {
+            return None;
+        }
         let actions = self.on_key(key, false, Event::Claim { token, within })?;
         actions.into_iter().find_map(|a| match a {
             Action::Claimed(claim) => Some(claim),

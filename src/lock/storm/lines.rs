@@ -21,6 +21,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use dashmap::DashMap;
+use std::time::Instant;
 use tokio::sync::{Mutex, MutexGuard, Notify};
 
 use crate::lock::keys::KeyHasher;
@@ -32,6 +33,9 @@ pub struct Line {
     turn: Mutex<()>,
     /// Told when the lock may be free: a release here, or a wake-up.
     free: Notify,
+    /// When the first in line came (it is served against parked attempts
+    /// on the key in arrival order, see [`super::Storm::fence_first`]).
+    head_since: std::sync::Mutex<Option<Instant>>,
 }
 
 /// Every key's line on this instance, at most `max` keys (more waiters
@@ -49,6 +53,8 @@ pub struct Place<'a> {
     lines: &'a Lines,
     key: Bytes,
     line: Arc<Line>,
+    /// When it joined.
+    joined: Instant,
 }
 
 impl Lines {
@@ -77,6 +83,7 @@ impl Lines {
             lines: self,
             key: key.clone(),
             line,
+            joined: Instant::now(),
         }
     }
 
@@ -93,6 +100,18 @@ impl Lines {
         }
     }
 
+    /// Whether anyone waits in `key`'s line.
+    pub fn waits(&self, key: &[u8]) -> bool {
+        self.lines.contains_key(key)
+    }
+
+    /// When the first in `key`'s line came, if anyone is first.
+    pub fn head_since(&self, key: &[u8]) -> Option<Instant> {
+        let line = self.lines.get(key)?;
+        let since = *crate::sync::lock(&line.head_since);
+        since
+    }
+
     /// Keys with a line (for tests and status).
     pub fn len(&self) -> usize {
         self.lines.len()
@@ -107,7 +126,9 @@ impl Lines {
 impl Place<'_> {
     /// Waits to be first in line.
     pub async fn first(&self) -> MutexGuard<'_, ()> {
-        self.line.turn.lock().await
+        let turn = self.line.turn.lock().await;
+        *crate::sync::lock(&self.line.head_since) = Some(self.joined);
+        turn
     }
 
     /// Waits until the lock may be free (see [`Lines::free`]).
@@ -118,6 +139,12 @@ impl Place<'_> {
 
 impl Drop for Place<'_> {
     fn drop(&mut self) {
+        {
+            let mut head = crate::sync::lock(&self.line.head_since);
+            if *head == Some(self.joined) {
+                *head = None;
+            }
+        }
         // Two: the table's and this place's. Checked under the shard's
         // lock, so a caller joining meanwhile (which clones under it) is
         // never left in a line the table forgot.

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
-use super::checks::{Journal, Kind, Release, Section};
+use super::checks::{Attempt, Journal, Kind, Outcome, Release, Section};
 use super::{bulk, ints, text, Conn, Tuning};
 use crate::support::rng::XorShift;
 
@@ -216,9 +216,26 @@ impl Worker {
             Kind::SetNx => vec!["SET", LOCK, &value, "NX", "PX", &lease],
             Kind::Fence => vec!["LOCKGATE", "LOCK", LOCK, &lease, "WAIT", &wait_ms],
         };
+        let asked_wait = (self.kind == Kind::Fence).then(|| Duration::from_millis(LOCK_WAIT_MS));
+        let (sh, client, lg) = (self.sh.clone(), self.id, self.lg);
+        let record = move |outcome: Outcome| {
+            let j = &sh.journal;
+            let a = Attempt {
+                client,
+                lg,
+                sent: j.t(sent),
+                answered: j.t(Instant::now()),
+                wait: asked_wait,
+                outcome,
+            };
+            j.with(|r| r.attempts.push(a));
+        };
         let (reply, opened) = match self.pool.call(&args, wait).await {
             Ok(r) => r,
-            Err(e) => return self.error("acquire", e).await,
+            Err(e) => {
+                record(Outcome::Failed(e.clone()));
+                return self.error("acquire", e).await;
+            }
         };
         let drift = Duration::from_millis(t.drift_ms);
         let grant = match (self.kind, reply.as_slice()) {
@@ -235,8 +252,13 @@ impl Worker {
             _ => None,
         };
         if reply.starts_with(b"-") {
+            record(Outcome::Failed(text(&reply)));
             return self.error("acquire", text(&reply)).await;
         }
+        record(match grant {
+            Some(_) => Outcome::Granted,
+            None => Outcome::NotAcquired,
+        });
         self.ok();
         let Some((token, valid_until)) = grant else {
             self.report.not_acquired += 1;

@@ -2,12 +2,14 @@
 //! subprocess that can be killed, restarted and stopped ([`LockgateProc`]),
 //! a client connection whose failures are values, not panics ([`Conn`]),
 //! the fault loop ([`faults`]), the client workers ([`clients`]), what
-//! they record and how it is judged ([`checks`]), and an opt-in recorder
+//! they record and how it is judged ([`checks`], the harness's one checker
+//! over histories, `tests/support/history.rs`), and an opt-in recorder
 //! of the masters' `MONITOR` streams for post-mortems ([`monitor`]).
 
 #![allow(dead_code)]
 
-pub mod checks;
+/// The one checker over histories, shared with the other fault tests.
+pub use crate::support::history as checks;
 pub mod clients;
 pub mod faults;
 pub mod monitor;

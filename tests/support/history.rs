@@ -1,5 +1,12 @@
-//! What the chaos test's clients and fault loop record, and how it is
-//! judged: mutual exclusion within validity, lost updates, fencing order.
+//! The one checker over histories. Fault tests (the quorum's chaos and
+//! recovery, the partitions, the loaded box) record every lock operation
+//! and every fault in a [`Journal`], and [`judge`] decides over the whole
+//! history: mutual exclusion within validity, no lost update on the
+//! protected data, strictly increasing fencing tokens, no old token
+//! accepted by the fenced store, and liveness: no `WAIT` that times out
+//! while others take the lock again and again ([`STARVED_AFTER`]), and,
+//! once the last fault healed ([`Records::healed`]), every worker still
+//! trying acquires within [`Records::live_within`].
 //! A section is valid from the reply that granted it until the earlier of
 //! its release and acquire-sent + lease − drift (or the validity lockgate
 //! answered, for the fencing API); only valid sections are held to
@@ -131,9 +138,58 @@ pub struct Release {
     pub result: String,
 }
 
+/// How one acquisition attempt ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// The lock was granted (its [`Section`] is recorded too).
+    Granted,
+    /// Not acquired: held by someone else, or a `WAIT` that ran out.
+    NotAcquired,
+    /// An error reply or a failed connection.
+    Failed(String),
+}
+
+/// One acquisition attempt, whatever its outcome.
+#[derive(Debug, Clone)]
+pub struct Attempt {
+    /// The worker.
+    pub client: usize,
+    /// Through which lockgate.
+    pub lg: usize,
+    /// When it was sent.
+    pub sent: Duration,
+    /// When it was answered (or failed).
+    pub answered: Duration,
+    /// The `WAIT` it asked for (`None`: a try).
+    pub wait: Option<Duration>,
+    /// How it ended.
+    pub outcome: Outcome,
+}
+
+/// A client whose `WAIT`s ran out back to back for at least
+/// [`STARVED_SPAN`] while one other client was granted the lock at least
+/// this many times meanwhile is a liveness failure (starved): served in
+/// arrival order, with turns across instances of at most
+/// `max_local_preference_ms` (500 ms by default), nobody goes round the
+/// queue again and again while another waits that long. (Many clients
+/// granted once each during one short `WAIT` is the queue working.)
+pub const STARVED_AFTER: usize = 3;
+
+/// See [`STARVED_AFTER`]: twice the default fairness bound and a loaded
+/// box's second.
+pub const STARVED_SPAN: Duration = Duration::from_secs(2);
+
 /// Everything recorded in one run.
 #[derive(Debug, Default, Clone)]
 pub struct Records {
+    /// Every acquisition attempt (workers that record them).
+    pub attempts: Vec<Attempt>,
+    /// When the last fault healed, if the run ends with a quiet stretch:
+    /// liveness after it is judged.
+    pub healed: Option<Duration>,
+    /// After [`Records::healed`], every worker that still tries must be
+    /// granted the lock within this long.
+    pub live_within: Duration,
     /// Every acquisition.
     pub sections: Vec<Section>,
     /// Every release attempt.
@@ -216,10 +272,20 @@ pub struct Verdict {
     pub exposed: u64,
     /// Which `DEL` exposed which section, for the report.
     pub exposures: Vec<String>,
+    /// `WAIT`s that ran out while others took the lock again and again.
+    pub starved: Vec<String>,
+    /// Workers not granted the lock within the bound after the heal.
+    pub unlive: Vec<String>,
 }
 
 impl Verdict {
-    /// No failure of any kind.
+    /// No liveness failure: no starved `WAIT`s, every worker granted
+    /// within the bound after the heal.
+    pub fn live(&self) -> bool {
+        self.starved.is_empty() && self.unlive.is_empty()
+    }
+
+    /// No safety failure (liveness is [`Verdict::live`]).
     pub fn clean(&self) -> bool {
         self.overlaps.is_empty()
             && self.lost.is_empty()
@@ -237,6 +303,8 @@ impl Verdict {
             .chain(&self.fence_refused_valid)
             .chain(&self.old_token_accepted)
             .chain(&self.token_order)
+            .chain(&self.starved)
+            .chain(&self.unlive)
             .take(n)
             .map(|s| s.as_str())
             .collect();
@@ -425,5 +493,89 @@ pub fn judge(r: &Records) -> Verdict {
             ));
         }
     }
+    liveness(r, &mut v);
     v
+}
+
+/// The liveness checks: starved `WAIT`s, and every worker granted within
+/// `live_within` of the heal.
+fn liveness(r: &Records, v: &mut Verdict) {
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    // Each client's runs of `WAIT`s that ran out with no grant between.
+    let mut runs: BTreeMap<usize, Vec<(Duration, Duration, usize)>> = BTreeMap::new();
+    let mut by_time: Vec<&Attempt> = r.attempts.iter().collect();
+    by_time.sort_by_key(|a| a.sent);
+    for a in by_time {
+        let mine = runs.entry(a.client).or_default();
+        let open = mine.last_mut().filter(|run| run.2 == usize::MAX);
+        match (&a.outcome, a.wait.is_some(), open) {
+            (Outcome::NotAcquired, true, Some(run)) => run.1 = a.answered,
+            (Outcome::NotAcquired, true, None) => mine.push((a.sent, a.answered, usize::MAX)),
+            // A grant, an error or a try ends the run.
+            (_, _, Some(run)) => run.2 = a.lg,
+            _ => {}
+        }
+    }
+    for (client, list) in runs {
+        for &(from, to, _) in list.iter().filter(|r| r.1 - r.0 >= STARVED_SPAN) {
+            let mut by_client: BTreeMap<usize, usize> = BTreeMap::new();
+            for s in r
+                .sections
+                .iter()
+                .filter(|s| s.client != client && s.start >= from && s.start <= to)
+            {
+                *by_client.entry(s.client).or_default() += 1;
+            }
+            if let Some((&other, &n)) = by_client.iter().max_by_key(|(_, &n)| n) {
+                if n >= STARVED_AFTER {
+                    v.starved.push(format!(
+                        "STARVED: client {client}'s WAITs ran out from t+{:.1} to t+{:.1} while \
+                         client {other} was granted the lock {n} times (grants by client \
+                         meanwhile: {by_client:?})",
+                        ms(from),
+                        ms(to)
+                    ));
+                }
+            }
+        }
+    }
+    let Some(healed) = r.healed else { return };
+    let deadline = healed + r.live_within;
+    let mut clients: Vec<(usize, usize)> = r
+        .attempts
+        .iter()
+        .filter(|a| a.sent >= healed)
+        .map(|a| (a.client, a.lg))
+        .collect();
+    clients.sort_unstable();
+    clients.dedup();
+    for (client, lg) in clients {
+        let first = r
+            .sections
+            .iter()
+            .filter(|s| s.client == client && s.start >= healed)
+            .map(|s| s.start)
+            .min();
+        // Still tried after the deadline, or never granted: judged.
+        let tried_past = r
+            .attempts
+            .iter()
+            .any(|a| a.client == client && a.answered >= deadline);
+        match first {
+            Some(t) if t <= deadline => {}
+            _ if !tried_past && first.is_none() => {}
+            other => v.unlive.push(format!(
+                "NOT LIVE: client {client} (lg{lg}) first granted {} after the heal at t+{:.1}                  (bound {:?}); its attempts after the heal: {:?}",
+                other.map_or("never".to_string(), |t| format!("t+{:.1}", ms(t))),
+                ms(healed),
+                r.live_within,
+                r.attempts
+                    .iter()
+                    .filter(|a| a.client == client && a.sent >= healed)
+                    .take(6)
+                    .map(|a| (ms(a.sent) as u64, a.outcome.clone()))
+                    .collect::<Vec<_>>()
+            )),
+        }
+    }
 }
