@@ -52,12 +52,19 @@ pub fn integers(reply: &[u8]) -> Vec<i64> {
 pub(crate) async fn first_in_line<'a>(
     place: Option<&'a Place<'_>>,
     deadline: Instant,
+    quietly: bool,
 ) -> Option<Option<tokio::sync::MutexGuard<'a, ()>>> {
     let Some(place) = place else {
         return Some(None);
     };
     // `timeout_at` polls the wait once before it looks at the clock.
-    tokio::time::timeout_at(deadline.into(), place.first())
+    let first = async {
+        match quietly {
+            true => place.first_quietly().await,
+            false => place.first().await,
+        }
+    };
+    tokio::time::timeout_at(deadline.into(), first)
         .await
         .ok()
         .map(Some)
@@ -97,7 +104,7 @@ impl LockService {
     ) -> LocalReply {
         let deadline = Instant::now() + wait;
         let place = self.fence_place(&key);
-        let Some(_first) = first_in_line(place.as_ref(), deadline).await else {
+        let Some(_first) = first_in_line(place.as_ref(), deadline, false).await else {
             ProxyMetrics::inc(&self.metrics.contended);
             return LocalReply::Null;
         };

@@ -101,3 +101,36 @@ async fn a_lockgate_cut_from_its_clients_frees_or_bounds_their_locks() {
     );
     lg.stop().await;
 }
+
+/// lockgate ↔ primary blackholed (accepted, never answered): lockgate's own
+/// calls (a fencing lock) fail within their timeout with an error that says
+/// so, and once the path heals the same session's commands are answered,
+/// without a restart. What was sent meanwhile may still take effect when
+/// it arrives, as a command to a Redis that was slow: the timed-out lock
+/// attempt holds the lock for its lease, and a `WAIT` gets it after.
+/// (`/readyz` stays ready meanwhile: docs/faults.md, "Partitions".)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blackholed_primary_gives_bounded_errors_and_comes_back_without_a_restart() {
+    let redis = RedisServer::start();
+    let path = Relay::to(&redis.addr()).await;
+    let lg = Lockgate::start_with(config(&path.host_port())).await;
+    let mut c = RawClient::connect(lg.addr).await;
+    assert_eq!(c.call_s(&["SET", "k", "v"]).await, "+OK\r\n");
+    path.set(Mode::Blackhole);
+    let asked = Instant::now();
+    let reply = c.call_s(&["LOCKGATE", "LOCK", "lock:f", "1000"]).await;
+    let took = asked.elapsed();
+    println!("blackholed primary: {reply:?} after {took:?}");
+    assert!(reply.starts_with("-ERR lockgate:"), "{reply}");
+    assert!(
+        took < Duration::from_secs(4),
+        "answered within the call's timeout: {took:?}"
+    );
+    path.heal();
+    assert_eq!(c.call_s(&["GET", "k"]).await, "$1\r\nv\r\n");
+    let granted = c
+        .call_s(&["LOCKGATE", "LOCK", "lock:f", "1000", "WAIT", "5000"])
+        .await;
+    assert!(granted.starts_with("*2\r\n"), "{granted}");
+    lg.stop().await;
+}

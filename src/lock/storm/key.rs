@@ -308,6 +308,13 @@ impl Key {
             .collect()
     }
 
+    /// Since when the front of the queue waits: a parked attempt, or a
+    /// place kept between a spinner's attempts (the queue is in the order
+    /// of first attempts).
+    pub(super) fn oldest_waiting(&self) -> Option<std::time::Instant> {
+        self.waiters.front().map(|w| w.since)
+    }
+
     /// When the connection parked here longest first tried, if any is
     /// parked.
     pub(super) fn oldest_parked(&self) -> Option<std::time::Instant> {

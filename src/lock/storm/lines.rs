@@ -124,6 +124,13 @@ impl Lines {
 }
 
 impl Place<'_> {
+    /// Waits to be first in line, without going first against other
+    /// attempts on the key (see [`super::Storm::fence_first`]): the first
+    /// in line asks at its own pace, as every waiter did before lines.
+    pub async fn first_quietly(&self) -> MutexGuard<'_, ()> {
+        self.line.turn.lock().await
+    }
+
     /// Waits to be first in line.
     pub async fn first(&self) -> MutexGuard<'_, ()> {
         let turn = self.line.turn.lock().await;
