@@ -163,6 +163,14 @@ pub fn not_ready(ctx: &ServerContext) -> Option<String> {
     if !ctx.primary.state.up.load(Ordering::Relaxed) {
         return Some(format!("upstream {addr} unreachable"));
     }
+    // Connected, but a call timed out and nothing was answered since (the
+    // periodic check asks every `locks.eviction_check_ms`): a hung Redis
+    // or a silent path, which a connection's state does not show.
+    if ctx.primary.state.silent.load(Ordering::Relaxed) {
+        return Some(format!(
+            "upstream {addr} not answering (a call timed out, nothing answered since)"
+        ));
+    }
     // `locks.require_noeviction` on a primary that may evict lock keys: no
     // lock can be served, as without a quorum of masters.
     if !ctx.locks.on_masters() {

@@ -100,6 +100,10 @@ pub struct NodeState {
     pub connects: AtomicU64,
     /// Calls that timed out.
     pub timeouts: AtomicU64,
+    /// A call timed out and no reply has been read since: the connection
+    /// is open but the node does not answer (a hung Redis, a silent
+    /// network path). Cleared by the next reply or connection.
+    pub silent: AtomicBool,
     /// Calls refused because the node was down or overloaded.
     pub failures: AtomicU64,
     /// The node's `run_id` as of the latest connection.
@@ -300,6 +304,7 @@ impl Node {
                 Ok(Err(_)) => Err(NodeError::Down(addr.to_string())),
                 Err(_) => {
                     state.timeouts.fetch_add(1, Ordering::Relaxed);
+                    state.silent.store(true, Ordering::Relaxed);
                     Err(NodeError::Timeout(addr.to_string()))
                 }
             }
@@ -345,9 +350,10 @@ async fn connection_loop(
                 *sync::lock(&state.uptime) = opened.report.uptime;
                 let stream = opened.stream;
                 state.connects.fetch_add(1, Ordering::Relaxed);
+                state.silent.store(false, Ordering::Relaxed);
                 state.up.store(true, Ordering::Relaxed);
                 tokio::select! {
-                    _ = serve(stream, &mut calls, config.noscript_reruns.as_deref()) => {}
+                    _ = serve(stream, &mut calls, config.noscript_reruns.as_deref(), &state.silent) => {}
                     _ = config.replaced(generation) => backoff = Duration::ZERO,
                 }
                 state.up.store(false, Ordering::Relaxed);
@@ -365,7 +371,12 @@ async fn connection_loop(
 }
 
 /// Pipelines calls over one connection until it fails.
-async fn serve(mut stream: Stream, calls: &mut mpsc::Receiver<Call>, reruns: Option<&AtomicU64>) {
+async fn serve(
+    mut stream: Stream,
+    calls: &mut mpsc::Receiver<Call>,
+    reruns: Option<&AtomicU64>,
+    silent: &AtomicBool,
+) {
     let (mut rd, mut wr) = stream.split();
     // Each call written waits here for its reply, with its fallback.
     let waiting: Mutex<VecDeque<(oneshot::Sender<Bytes>, Option<Bytes>)>> =
@@ -438,6 +449,7 @@ async fn serve(mut stream: Stream, calls: &mut mpsc::Receiver<Call>, reruns: Opt
                                 let _ = rerun_tx.send(Call { request, reply: tx });
                             }
                             _ => {
+                                silent.store(false, Ordering::Relaxed);
                                 let _ = tx.send(Bytes::copy_from_slice(frame));
                             }
                         }

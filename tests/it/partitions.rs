@@ -108,14 +108,20 @@ async fn a_lockgate_cut_from_its_clients_frees_or_bounds_their_locks() {
 /// without a restart. What was sent meanwhile may still take effect when
 /// it arrives, as a command to a Redis that was slow: the timed-out lock
 /// attempt holds the lock for its lease, and a `WAIT` gets it after.
-/// (`/readyz` stays ready meanwhile: docs/faults.md, "Partitions".)
+/// `/readyz` says not ready while the primary is silent (df57308: ready
+/// throughout, as the connection stayed open) and ready after the heal.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_blackholed_primary_gives_bounded_errors_and_comes_back_without_a_restart() {
     let redis = RedisServer::start();
     let path = Relay::to(&redis.addr()).await;
-    let lg = Lockgate::start_with(config(&path.host_port())).await;
+    let lg = Lockgate::start_with_admin(config(&path.host_port())).await;
+    let admin = lg.admin.expect("an admin listener");
     let mut c = RawClient::connect(lg.addr).await;
     assert_eq!(c.call_s(&["SET", "k", "v"]).await, "+OK\r\n");
+    until!(
+        "/readyz ready",
+        support::ops::http_get(admin, "/readyz").await.status == 200
+    );
     path.set(Mode::Blackhole);
     let asked = Instant::now();
     let reply = c.call_s(&["LOCKGATE", "LOCK", "lock:f", "1000"]).await;
@@ -126,7 +132,15 @@ async fn a_blackholed_primary_gives_bounded_errors_and_comes_back_without_a_rest
         took < Duration::from_secs(4),
         "answered within the call's timeout: {took:?}"
     );
+    until!("/readyz not ready while the primary is silent", {
+        let r = support::ops::http_get(admin, "/readyz").await;
+        r.status == 503 && r.body.contains("not answering")
+    });
     path.heal();
+    until!(
+        "/readyz ready after the heal",
+        support::ops::http_get(admin, "/readyz").await.status == 200
+    );
     assert_eq!(c.call_s(&["GET", "k"]).await, "$1\r\nv\r\n");
     let granted = c
         .call_s(&["LOCKGATE", "LOCK", "lock:f", "1000", "WAIT", "5000"])

@@ -285,4 +285,51 @@ fn judge_exempts_only_what_the_pooled_rule_allows() {
     assert_eq!(after.exposed, 0);
     // Section 2 through the other lockgate: never releasable.
     assert_eq!(verdict(1_999, 1).overlaps.len(), 1);
+
+    // The cascade (seen under load): section 1's late DEL deletes section
+    // 2's lock (lg0); section 3 takes the free lock through lg0; section
+    // 2's holder, its lock gone, sends its DEL on its own connection (open
+    // since t+100, before section 3's grant) and deletes section 3's lock;
+    // section 4 takes it. Every DEL is the pooled rule's: clean, three
+    // sections exposed. Without the cascade, 3 and 4 would overlap.
+    let legacy = |id, sent: u64, start: u64, released: u64| {
+        section(id, Kind::Legacy, 0, sent, start, start + 850, released)
+    };
+    let del = |section: u64, opened: u64, t: u64, late: bool| Release {
+        t: ms(t),
+        section,
+        acquiring_conn: !late,
+        conn_opened: Some(ms(opened)),
+        answered: ms(t + 2),
+        late,
+        result: ":1".to_string(),
+    };
+    let cascade = judge(&Records {
+        sections: vec![
+            section(1, Kind::Legacy, 0, 0, 1, 850, 2_000),
+            legacy(2, 1_990, 1_995, 2_030),
+            legacy(3, 2_015, 2_020, 2_100),
+            legacy(4, 2_035, 2_040, 2_090),
+        ],
+        releases: vec![
+            del(1, 1_980, 2_000, true),
+            del(2, 100, 2_030, false),
+            del(3, 150, 2_100, false),
+            del(4, 160, 2_090, false),
+        ],
+        ..Records::default()
+    });
+    assert!(cascade.clean(), "{}", cascade.first(3));
+    assert!(cascade.exposed >= 2, "{:?}", cascade.exposures);
+    // The same without section 1's late DEL: section 2 held its lock to
+    // its DEL, which then found its own; 3 and 4 overlap, a failure.
+    let held = judge(&Records {
+        sections: vec![
+            legacy(3, 2_015, 2_020, 2_100),
+            legacy(4, 2_035, 2_040, 2_090),
+        ],
+        releases: vec![del(3, 150, 2_100, false), del(4, 160, 2_090, false)],
+        ..Records::default()
+    });
+    assert_eq!(held.overlaps.len(), 1);
 }
