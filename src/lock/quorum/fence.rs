@@ -151,6 +151,12 @@ impl LockService {
             let held_ms = held_ms.unwrap_or(if yielded { 25 } else { 1 });
             let step = std::time::Duration::from_millis(held_ms as u64)
                 .min(std::time::Duration::from_millis(25));
+            // As often as the waiters in line polled together before lines
+            // (each every 25 ms), and no more: the quorum's store keeps no
+            // turns for them, so asking sooner would take turns from `SET
+            // NX` clients on the key, and later would slow the handoffs.
+            let waiting = place.as_ref().map_or(1, |p| p.waiting().max(1)) as u32;
+            let step = (step / waiting).max(std::time::Duration::from_millis(1));
             tokio::time::sleep(step.min(deadline - now)).await;
         }
     }

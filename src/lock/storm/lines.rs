@@ -138,6 +138,12 @@ impl Place<'_> {
         turn
     }
 
+    /// Callers in this line now, this one included.
+    pub fn waiting(&self) -> usize {
+        // The table holds one reference, each place one.
+        Arc::strong_count(&self.line).saturating_sub(1)
+    }
+
     /// Waits until the lock may be free (see [`Lines::free`]).
     pub async fn freed(&self) {
         self.line.free.notified().await
