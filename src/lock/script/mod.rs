@@ -322,12 +322,14 @@ pub const ACQUIRE_PLACED_FACT: usize = 6;
 /// places they dropped.
 pub const RELEASE_DROPPED_FACT: usize = 6;
 
-/// Where a [`RELEASE`] carried out as a transaction (the server refuses
-/// scripts, see [`crate::lock::txn`]) counts the lock keys it deleted that
-/// had no owner record (set directly on Redis): freed, so this instance's
-/// waiters may try at once. The script does not report it: its release
-/// wakes the key's queue, which a failed attempt joined, and that tells
-/// this instance.
+/// Where a [`RELEASE`] (as a script, or carried out as a transaction where
+/// the server refuses scripts, see [`crate::lock::txn`]) counts the lock
+/// keys it deleted that had no owner record (set directly on Redis):
+/// freed, so this instance's view follows at once and its waiters may try.
+/// The queue's wake-up says so too, but later, over the subscription: an
+/// attempt sent right after the `DEL` was answered could be answered "not
+/// acquired" from the view meanwhile (`tests/it/storm_handoff.rs`,
+/// `a_closed_spinners_place_does_not_hold_newcomers_back`, on a loaded box).
 pub const RELEASE_FREED_FACT: usize = 7;
 
 /// Where [`RELEASE_HANDOFF`]'s facts give, when it yielded, the scale of
@@ -351,14 +353,15 @@ pub const HANDOFF_BEHIND_FACT: usize = 7;
 /// Reply: the number deleted, as DEL. Facts: released, denied, lapsed, 0
 /// (where [`RELEASE_HANDOFF`] says handed), stale (denied by the pooled
 /// rule's age check), 0 (where it says yielded), lapsed places dropped
-/// ([`RELEASE_DROPPED_FACT`]).
+/// ([`RELEASE_DROPPED_FACT`]), keys deleted without an owner record
+/// ([`RELEASE_FREED_FACT`]).
 pub const RELEASE: &str = concat!(
     owner_check!(),
     queue!(),
     r#"
 local n = tonumber(ARGV[2])
 local cmd, any, prefix, born = ARGV[3], ARGV[4] == 'any', ARGV[5], ARGV[6]
-local total, released, denied, lapsed, stale = 0, 0, 0, 0, 0
+local total, released, denied, lapsed, stale, freed = 0, 0, 0, 0, 0, 0
 local seen = {}
 for i = 1, n do
   local key, rec, qk, sk = KEYS[4 * i - 3], KEYS[4 * i - 2], KEYS[4 * i - 1], KEYS[4 * i]
@@ -377,6 +380,7 @@ for i = 1, n do
       released = released + d
     else
       d = redis.call(cmd, key)
+      freed = freed + d
     end
     total = total + d
     if d > 0 and redis.call('EXISTS', qk) == 1 then q_wake(qk, sk, key, q_now()) end
@@ -385,7 +389,7 @@ for i = 1, n do
   end
 end
 if #KEYS > 4 * n then total = total + redis.call(cmd, unpack(KEYS, 4 * n + 1)) end
-if ARGV[1] == '1' then return {total, released, denied, lapsed, 0, stale, 0, q_dropped} end
+if ARGV[1] == '1' then return {total, released, denied, lapsed, 0, stale, 0, q_dropped, freed} end
 return total
 "#
 );
