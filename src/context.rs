@@ -116,6 +116,10 @@ pub struct ServerContext {
     /// Client slots, `proxy.max_clients` in all: one pool shared by every
     /// event loop's accept loop.
     pub client_slots: Arc<tokio::sync::Semaphore>,
+    /// Sessions whose dedicated upstream connection has not answered yet,
+    /// `upstream.max_connecting` in all (see [`crate::session::opening`]);
+    /// `None` without a bound, in shared mode and in front of a cluster.
+    pub opening: Option<Arc<tokio::sync::Semaphore>>,
     /// The event loops' runtimes (the one this context was made on, and
     /// each extra `--threads` loop's, registered when it starts), for
     /// [`ServerContext::tasks_alive`].
@@ -312,6 +316,10 @@ impl ServerContext {
             upstream_warn: RateLimit::new(WARN_INTERVAL),
             accept_warn: RateLimit::new(WARN_INTERVAL),
             client_slots: Arc::new(tokio::sync::Semaphore::new(config.proxy.max_clients)),
+            opening: (config.upstream.max_connecting > 0
+                && config.proxy.upstream == UpstreamMode::Dedicated
+                && !config.upstream.cluster.enabled())
+            .then(|| Arc::new(tokio::sync::Semaphore::new(config.upstream.max_connecting))),
             runtimes: std::sync::Mutex::new(runtimes),
             shared: None,
             cluster: None,

@@ -119,6 +119,10 @@ counters! {
             "Client connections accepted";
         /// Connections refused because `proxy.max_clients` was reached.
         connections_rejected: Counter "connections_rejected", "Connections refused at max_clients";
+        /// Accepts that waited because `upstream.max_connecting` sessions'
+        /// upstream connections had not answered yet.
+        connections_held_back: Counter "connections_held_back",
+            "Accepts that waited for upstream.max_connecting";
         /// Requests read from clients (multibulk and inline). Per command:
         /// the `commands` family.
         commands_total: Counter "requests" as "commands_total",

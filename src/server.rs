@@ -72,6 +72,21 @@ pub async fn serve(
         _ = guard_table_read(&ctx) => {}
     }
     loop {
+        // Accepted only with a permit of `upstream.max_connecting`: each is
+        // held at most `connect_timeout_ms`, so this waits no longer.
+        let opening = match &ctx.opening {
+            None => None,
+            Some(opening) => match opening.clone().try_acquire_owned() {
+                Ok(permit) => Some(permit),
+                Err(_) => {
+                    ProxyMetrics::inc(&ctx.metrics.connections_held_back);
+                    tokio::select! {
+                        _ = shutdown.cancelled() => break,
+                        permit = opening.clone().acquire_owned() => permit.ok(),
+                    }
+                }
+            },
+        };
         let (accepted, is_tls) = tokio::select! {
             _ = shutdown.cancelled() => break,
             accepted = accept(&listener, tls.as_ref()) => accepted,
@@ -120,7 +135,12 @@ pub async fn serve(
                         None => return,
                     },
                 };
-                crate::session::run(ctx.clone(), client, peer, conn, shutdown.clone()).await
+                let session = crate::session::Start {
+                    peer,
+                    conn,
+                    opening,
+                };
+                crate::session::run(ctx.clone(), client, session, shutdown.clone()).await
             };
             // The forced cut is polled only when it fires, not at every
             // wake of the session.

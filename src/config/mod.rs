@@ -116,6 +116,18 @@ pub struct UpstreamConfig {
     /// attempts for one client, in milliseconds; commands in between are
     /// answered with the same error at once instead of waiting again.
     pub reconnect_interval_ms: u64,
+    /// At most this many client sessions whose dedicated upstream
+    /// connection has been asked something and has not answered yet, and
+    /// at most `connect_timeout_ms` each; while that many are open, new
+    /// clients wait in lockgate's listen queue, as they would in Redis's.
+    /// Redis answers a connection only once it has accepted it: without a
+    /// bound, a burst of short-lived clients that lockgate accepts faster
+    /// than Redis does overflows Redis's listen queue (its `tcp-backlog`,
+    /// 511), every connection past it fails its connect, and the rest wait
+    /// for Redis for seconds, with their sessions, after their clients
+    /// left (docs/faults.md, "Departed clients"). 0: no bound. Unused in
+    /// shared mode and in front of a cluster.
+    pub max_connecting: usize,
     /// ACL user for lockgate's own connections to the primary (lease
     /// renewal, release on disconnect). Client connections always use the
     /// client's own `AUTH`. Empty: no user (the `default` user).
@@ -141,6 +153,7 @@ impl Default for UpstreamConfig {
             addr: "127.0.0.1:6379".to_string(),
             connect_timeout_ms: 1_000,
             reconnect_interval_ms: 100,
+            max_connecting: 128,
             username: String::new(),
             password: String::new(),
             tls: ClientTlsConfig::default(),
@@ -259,6 +272,12 @@ impl Config {
             "upstream.connect_timeout_ms",
             self.upstream.connect_timeout_ms,
         )?;
+        if self.upstream.max_connecting > MAX_CONNECTING {
+            return Err(invalid(
+                "upstream.max_connecting",
+                &format!("must be at most {MAX_CONNECTING} (0: no bound)"),
+            ));
+        }
         self.upstream.sentinel.validate()?;
         self.upstream.cluster.validate()?;
         if self.upstream.cluster.enabled() && self.upstream.sentinel.enabled() {
@@ -439,6 +458,10 @@ fn invalid(key: &'static str, reason: &str) -> ConfigError {
 
 /// Most `locks.transaction_connections`: each is a connection to Redis.
 pub const MAX_TRANSACTION_CONNECTIONS: usize = 1024;
+
+/// Most `upstream.max_connecting` (a semaphore's permits; more than any
+/// listen queue holds).
+pub const MAX_CONNECTING: usize = 65_536;
 
 /// Most `locks.transaction_retries`.
 pub const MAX_TRANSACTION_RETRIES: u32 = 1000;

@@ -38,6 +38,8 @@
 //!   exempt from idling, and the reader's word that the client is gone.
 //! - `detached`: serves a client while the primary is unreachable;
 //!   [`linger`]: closes a client after a protocol error without a reset.
+//! - [`opening`]: the session's permit of `upstream.max_connecting`,
+//!   held until its upstream connection answers (bounded in time).
 //! - `branches`: a waker per part of the session (reader, writer, job
 //!   runner, watchdog, primary watcher, shutdown), so its poll loop polls
 //!   only the parts woken; the reader's stop flag.
@@ -49,6 +51,7 @@ mod detached;
 mod dispatch;
 pub mod jobs;
 pub mod linger;
+pub mod opening;
 pub mod pending;
 mod quorum_split;
 mod quorum_transaction;
@@ -116,19 +119,28 @@ impl SessionError {
     }
 }
 
+/// What the accept loop hands a session.
+#[derive(Debug)]
+pub struct Start {
+    /// The client's address.
+    pub peer: SocketAddr,
+    /// The connection's lock records, made when it was accepted.
+    pub conn: ConnLocks,
+    /// Its permit of `upstream.max_connecting` (`None`: no bound).
+    pub opening: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
 /// Serves one client until it or Redis closes, or shutdown drains it.
-/// `conn`: the connection's lock records, made when it was accepted.
 pub async fn run(
     ctx: Arc<ServerContext>,
     client: Stream,
-    peer: SocketAddr,
-    conn: ConnLocks,
+    start: Start,
     shutdown: CancellationToken,
 ) {
-    let span = tracing::info_span!("conn", %peer);
+    let span = tracing::info_span!("conn", peer = %start.peer);
     async move {
         tracing::debug!("client connected");
-        serve(&ctx, client, peer, conn, &shutdown).await;
+        serve(&ctx, client, start, &shutdown).await;
         tracing::debug!("client disconnected");
     }
     .instrument(span)
@@ -180,17 +192,29 @@ mod branch {
 async fn serve(
     ctx: &Arc<ServerContext>,
     mut client: Stream,
-    peer: SocketAddr,
-    conn: ConnLocks,
+    start: Start,
     shutdown: &CancellationToken,
 ) {
+    let Start {
+        peer,
+        conn,
+        opening,
+    } = start;
     let mut buf = BytesMut::with_capacity(ctx.config.proxy.read_chunk_bytes);
+    // Held from the accept, through the connect, until the upstream
+    // answers (`opening`).
+    let bound = Duration::from_millis(ctx.config.upstream.connect_timeout_ms);
+    let mut opening = opening.map(|permit| opening::Opening::new(permit, bound));
     let (mut upstream, generation) = match ctx.connect_upstream().await {
         Ok(stream) => stream,
-        Err(err) => match detached::serve(ctx, &mut client, &mut buf, err, shutdown).await {
-            Some(stream) => stream,
-            None => return,
-        },
+        Err(err) => {
+            // Not connected: nothing of Redis's listen queue is taken.
+            opening = None;
+            match detached::serve(ctx, &mut client, &mut buf, err, shutdown).await {
+                Some(stream) => stream,
+                None => return,
+            }
+        }
     };
     // Counted while it lives (a shared-mode stream counts its own when the
     // session moves to a dedicated connection).
@@ -229,6 +253,7 @@ async fn serve(
             activity: &activity,
             write_timeout: ctx.config.proxy.write_timeout(),
             max_output: ctx.config.proxy.max_client_output_bytes as usize,
+            opening,
         };
         let end = writer::write_loop(setup, &mut client_w, &mut up_r, rx).await;
         reader_stop.stop();

@@ -20,6 +20,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::activity::Activity;
+use super::opening::Opening;
 use super::pending::{Deferred, Entries, Pending};
 use super::SessionError;
 use crate::lock::evalsha::Rerun;
@@ -91,6 +92,9 @@ pub struct Setup<'a, L> {
     /// Most bytes of replies read ahead from Redis while a write to the
     /// client waits (`proxy.max_client_output_bytes`); 0: none.
     pub max_output: usize,
+    /// The session's permit of `upstream.max_connecting`, given back at
+    /// Redis's first bytes or its bound ([`super::opening`]).
+    pub opening: Option<Opening>,
 }
 
 /// Copies replies to the client until the session is over (see [`WriterEnd`]).
@@ -114,6 +118,7 @@ where
         activity,
         write_timeout,
         max_output,
+        mut opening,
     } = setup;
     let client = &mut Client {
         stream: client,
@@ -215,6 +220,7 @@ where
                 None => {}
             }
         }
+        let release_at = opening.as_ref().map(|o| o.release_at(st.owes_upstream()));
         tokio::select! {
             biased;
             ready = async { st.deferred.as_mut()?.await.ok() }, if st.deferred.is_some() => {
@@ -265,18 +271,30 @@ where
                     }
                 }
             },
-            read = client.upstream.read_buf(&mut buf), if read_upstream => match read {
-                Ok(0) => match upstream_closed(&mut st, &mut rx, &mut upstream_eof) {
-                    Some(end) => return end,
-                    None => continue,
-                },
-                Ok(_) => {
-                    if let Some(end) = forward_or_end(client, &mut buf, &mut st, &mut rx).await {
-                        return end;
+            read = client.upstream.read_buf(&mut buf), if read_upstream => {
+                // Redis answered (or closed): the connection left its
+                // listen queue.
+                opening = None;
+                match read {
+                    Ok(0) => match upstream_closed(&mut st, &mut rx, &mut upstream_eof) {
+                        Some(end) => return end,
+                        None => continue,
+                    },
+                    Ok(_) => {
+                        if let Some(end) = forward_or_end(client, &mut buf, &mut st, &mut rx).await {
+                            return end;
+                        }
                     }
+                    Err(e) => return WriterEnd::Failed(SessionError::UpstreamIo(e)),
                 }
-                Err(e) => return WriterEnd::Failed(SessionError::UpstreamIo(e)),
-            },
+            }
+            // The permit's bound, or nothing owed: given back (looked at
+            // again if a reply became owed meanwhile).
+            _ = async { tokio::time::sleep_until(release_at.unwrap_or(deadline)).await }, if release_at.is_some() => {
+                if opening.as_ref().is_some_and(|o| o.release_at(st.owes_upstream()) <= Instant::now()) {
+                    opening = None;
+                }
+            }
             // In a block, so the timer is made only once it is polled: a
             // disabled branch's expression is still evaluated, and making a
             // Sleep looks up the runtime, on every reply.

@@ -377,3 +377,87 @@ async fn with_two_event_loops_a_burst_leaves_no_descriptor_behind() {
     );
     assert!(took < PROMPT * 2, "gone only after {took:?}");
 }
+
+/// A burst of clients while Redis accepts nothing (stopped for longer than
+/// `connect_timeout_ms`; the kernel still completes the handshakes of its
+/// listen queue, `tcp-backlog`): lockgate takes in at most
+/// `upstream.max_connecting` sessions per connect timeout, the others wait
+/// in its own listen queue, and when Redis resumes every client is
+/// answered `+PONG`, none `upstream unavailable`. Without the bound
+/// lockgate accepted all of them at once and opened a connection for each:
+/// past Redis's listen queue the connects timed out, and those clients got
+/// errors (issue's burst: 19 100 failed connects of 23 028 clients, whose
+/// sessions then waited seconds for Redis after their clients left).
+#[tokio::test]
+async fn a_burst_while_redis_accepts_nothing_waits_in_the_listen_queue_and_is_answered() {
+    use support::process::Paused;
+    use tokio::io::{AsyncBufReadExt, BufReader};
+    // Redis's listen queue is made short (128) so that the test's clients
+    // overflow it without a bound, and lockgate's (a few hundred here)
+    // holds those waiting for a permit.
+    const CLIENTS: usize = 300;
+    const BOUND: usize = 32;
+    const STOPPED: Duration = Duration::from_millis(2_500);
+    let _serial = SERIAL.lock().await;
+    let redis = RedisServer::start_with(&["--tcp-backlog", "128"]);
+    let mut c = config(&redis.addr());
+    c.upstream.connect_timeout_ms = 1_000;
+    c.upstream.max_connecting = BOUND;
+    let lg = Lockgate::start_with(c).await;
+    let paused = Paused::stop(redis.pid()).await;
+    let addr = lg.addr;
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|_| {
+            tokio::spawn(async move {
+                let stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+                let mut stream = BufReader::new(stream);
+                stream.get_mut().write_all(b"PING\r\n").await.expect("send");
+                let mut line = String::new();
+                let read =
+                    tokio::time::timeout(Duration::from_secs(30), stream.read_line(&mut line));
+                read.await.expect("a reply within 30 s").expect("read");
+                line
+            })
+        })
+        .collect();
+    // While Redis is stopped: how many sessions lockgate took in at most.
+    let stopped_at = Instant::now();
+    let mut most = 0;
+    while stopped_at.elapsed() < STOPPED {
+        most = most.max(get(&lg.ctx.metrics.connections_active));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    paused.resume();
+    let resumed = Instant::now();
+    let mut replies = std::collections::BTreeMap::<String, usize>::new();
+    for client in clients {
+        *replies.entry(client.await.expect("client")).or_default() += 1;
+    }
+    let answered = resumed.elapsed();
+    let errors = get(&lg.ctx.metrics.upstream_connect_errors);
+    let held = get(&lg.ctx.metrics.connections_held_back);
+    eprintln!(
+        "{CLIENTS} clients while Redis was stopped {STOPPED:?}: at most {most} sessions, \
+         {held} accepts held back, {errors} failed connects; all answered {answered:?} after \
+         it resumed; replies {replies:?}"
+    );
+    assert_eq!(
+        replies.get("+PONG\r\n"),
+        Some(&CLIENTS),
+        "every client answered +PONG: {replies:?}"
+    );
+    assert_eq!(errors, 0, "no connect to Redis failed");
+    assert!(held > 0, "accepts were held back");
+    // One bound's worth per connect timeout while stopped (three), and the
+    // sampling's slack: fewer than Redis's listen queue holds.
+    let most_allowed = BOUND * 3 + BOUND / 2;
+    assert!(
+        most as usize <= most_allowed,
+        "{most} sessions at once while Redis accepted nothing (at most {most_allowed})"
+    );
+    until!(
+        "the sessions to end",
+        get(&lg.ctx.metrics.connections_active) == 0
+    );
+    lg.stop().await;
+}

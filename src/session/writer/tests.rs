@@ -78,6 +78,7 @@ fn setup<'a>(
         activity: Box::leak(Box::new(Activity::new())),
         write_timeout: None,
         max_output: 0,
+        opening: None,
     }
 }
 
