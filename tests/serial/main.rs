@@ -23,6 +23,7 @@ mod partitions;
 mod quorum_chaos;
 mod quorum_recovery;
 mod quorum_safety;
+mod split_brain;
 mod storm;
 mod storm_fairness;
 mod storm_shapes;

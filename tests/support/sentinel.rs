@@ -27,6 +27,12 @@ pub struct Sentinel {
 impl Sentinel {
     /// Starts a sentinel monitoring `MASTER` at `master` with `quorum`.
     pub fn start(master: &str, quorum: u32, down_after_ms: u64) -> Sentinel {
+        Sentinel::start_with(master, quorum, down_after_ms, "")
+    }
+
+    /// As [`Sentinel::start`], with `extra` lines in its configuration
+    /// (e.g. `sentinel auth-user …`).
+    pub fn start_with(master: &str, quorum: u32, down_after_ms: u64, extra: &str) -> Sentinel {
         let (host, port) = master.rsplit_once(':').expect("HOST:PORT");
         for _ in 0..5 {
             let dir = tempfile::tempdir().expect("tempdir");
@@ -38,7 +44,7 @@ impl Sentinel {
                  sentinel monitor {MASTER} {host} {port} {quorum}\n\
                  sentinel down-after-milliseconds {MASTER} {down_after_ms}\n\
                  sentinel failover-timeout {MASTER} 5000\n\
-                 sentinel parallel-syncs {MASTER} 1\n",
+                 sentinel parallel-syncs {MASTER} 1\n{extra}",
                 dir = dir.path().display()
             );
             std::fs::write(&conf, text).expect("write sentinel.conf");
