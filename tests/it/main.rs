@@ -21,6 +21,7 @@ mod clients;
 mod cluster_clients;
 mod cluster_locks;
 mod cluster_map;
+mod cluster_partition;
 mod cluster_quorum;
 mod cluster_routing;
 mod console;

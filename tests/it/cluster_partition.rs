@@ -1,0 +1,236 @@
+//! A cluster node cut off from lockgate, between real processes: a
+//! 3-primary cluster (`tests/support/cluster.rs`) whose third primary
+//! announces a relay's port (`cluster-announce-port`, its bus port kept
+//! as it is with `cluster-announce-bus-port`), so every client that
+//! follows the cluster's map, lockgate included, reaches that node's data
+//! port through the relay, while the nodes' bus stays direct: the cluster
+//! sees the node healthy (no failover), only lockgate's path is cut. What
+//! is promised (docs/faults.md, "Partitions"): commands and locks for
+//! keys on the other nodes keep working; commands for keys on the cut node
+//! fail with a clear `-ERR` naming the node within the connect timeout,
+//! never hang and never crash lockgate; a lock held there is not granted
+//! to anyone else through lockgate while cut; after the heal every command
+//! works again on the same session, without a restart. The error latency
+//! and the recovery time are printed.
+//!
+//! The cut is [`Mode::Cut`] (every connection closed, new ones closed on
+//! accept). A blackholed node (accepted, never answered) is the documented
+//! "node that hangs" of docs/cluster.md: a session's commands for its slots
+//! wait, with no reply timeout of lockgate's, so it is not this test's.
+
+use crate::support;
+
+use std::time::{Duration, Instant};
+
+use lockgate::config::UpstreamMode;
+use support::cluster::Cluster;
+use support::relay::{Mode, Relay};
+use support::resp::{call, direct};
+use support::{RawClient, WAIT};
+
+/// How long a command for the cut node may take to be refused: the
+/// connect timeout (500 ms below) and a loaded box's margin.
+const ERROR_BOUND: Duration = Duration::from_secs(5);
+
+/// `CLUSTER SLOTS` of `addr` names `port` as a primary's port.
+async fn map_names(addr: &str, port: u16) -> bool {
+    direct(addr, &["CLUSTER", "SLOTS"])
+        .await
+        .contains(&format!("\r\n:{port}\r\n"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_cut_off_from_lockgate_fails_its_slots_only_and_comes_back() {
+    cut_off(UpstreamMode::Dedicated).await;
+}
+
+/// The same over the nodes' shared connections (`proxy.upstream =
+/// "shared"`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_cut_off_from_shared_connections_fails_its_slots_only_and_comes_back() {
+    cut_off(UpstreamMode::Shared).await;
+}
+
+async fn cut_off(mode: UpstreamMode) {
+    let started = Instant::now();
+    let cluster = Cluster::start(3, 0);
+    let cut_node = cluster.nodes[2].addr();
+    let relay = Relay::to(&cut_node).await;
+    let (relay_port, bus_port) = (relay.addr.port(), cluster.nodes[2].port + 10_000);
+    for (name, value) in [
+        ("cluster-announce-bus-port", bus_port),
+        ("cluster-announce-port", relay_port),
+    ] {
+        let set = ["CONFIG", "SET", name, &value.to_string()];
+        assert_eq!(direct(&cut_node, &set).await, "+OK\r\n");
+    }
+    // The nodes learn the announced port from the node's bus messages.
+    for n in &cluster.nodes {
+        until!(
+            "every node's map to name the relay's port",
+            map_names(&n.addr(), relay_port).await
+        );
+    }
+    let lg = cluster
+        .lockgate(|c| {
+            c.proxy.upstream = mode;
+            c.upstream.connect_timeout_ms = 500;
+            c.upstream.reconnect_interval_ms = 50;
+            c.locks.retry.probe_interval_ms = 0;
+            c.locks.retry.park_ms = 0;
+        })
+        .await;
+    let map = cluster.map().await;
+    let through = relay.host_port();
+    let key_on = |node: &str, prefix: &str| {
+        (0..10_000)
+            .map(|i| format!("{prefix}:{i}"))
+            .find(|k| map.shard_of_key(k.as_bytes()).map(|s| s.primary.as_str()) == Some(node))
+            .expect("a key on the node")
+    };
+    let (cut_key, cut_lock) = (key_on(&through, "key"), key_on(&through, "lock"));
+    let others: Vec<(String, String)> = [0, 1]
+        .iter()
+        .map(|&i| {
+            let n = cluster.nodes[i].addr();
+            (key_on(&n, "key"), key_on(&n, "lock"))
+        })
+        .collect();
+    let mut c = RawClient::connect(lg.addr).await;
+    assert_eq!(call(&mut c, &["SET", &cut_key, "v0"]).await, "+OK\r\n");
+    // Through the relay: the relay carries lockgate's connection.
+    assert!(
+        relay.open() >= 1,
+        "lockgate does not reach {cut_node} through the relay"
+    );
+    assert_eq!(direct(&cut_node, &["GET", &cut_key]).await, "$2\r\nv0\r\n");
+    let mut holder = RawClient::connect(lg.addr).await;
+    assert_eq!(
+        call(&mut holder, &["SET", &cut_lock, "h", "NX", "PX", "60000"]).await,
+        "+OK\r\n"
+    );
+    assert_eq!(lockgate::http::not_ready(&lg.ctx), None);
+
+    relay.set(Mode::Cut);
+    let cut = Instant::now();
+    // Commands for the cut node: a clear error naming it, in bounded time,
+    // again and again (the session stays usable).
+    let mut latencies = Vec::new();
+    for i in 0..20 {
+        let asked = Instant::now();
+        let reply = tokio::time::timeout(ERROR_BOUND, call(&mut c, &["GET", &cut_key]))
+            .await
+            .unwrap_or_else(|_| panic!("GET for the cut node unanswered after {ERROR_BOUND:?}"));
+        latencies.push(asked.elapsed());
+        assert!(
+            reply.starts_with("-ERR lockgate: ") && reply.contains(&through),
+            "reply {i} for the cut node: {reply:?}"
+        );
+    }
+    // A lock held on the cut node is granted to nobody else meanwhile, in
+    // any of the lock shapes.
+    let mut other = RawClient::connect(lg.addr).await;
+    for attempt in [
+        vec!["SETNX", cut_lock.as_str(), "o"],
+        vec!["SET", cut_lock.as_str(), "o", "NX", "PX", "5000"],
+        vec!["LOCKGATE", "LOCK", cut_lock.as_str(), "5000"],
+    ] {
+        let reply = tokio::time::timeout(ERROR_BOUND, call(&mut other, &attempt))
+            .await
+            .unwrap_or_else(|_| panic!("{attempt:?} unanswered after {ERROR_BOUND:?}"));
+        assert!(
+            reply.starts_with('-'),
+            "{attempt:?} on the cut node's lock answered {reply:?}"
+        );
+    }
+    // The other nodes serve commands and locks as before, on the same
+    // session and on new ones.
+    for (n, (key, lock)) in others.iter().enumerate() {
+        assert_eq!(call(&mut c, &["SET", key, "live"]).await, "+OK\r\n");
+        assert_eq!(call(&mut c, &["GET", key]).await, "$4\r\nlive\r\n");
+        let mut l = RawClient::connect(lg.addr).await;
+        assert_eq!(
+            call(&mut l, &["SETNX", lock, "x"]).await,
+            ":1\r\n",
+            "node {n}"
+        );
+        assert_eq!(call(&mut other, &["SETNX", lock, "y"]).await, ":0\r\n");
+        let fenced = call(
+            &mut other,
+            &["LOCKGATE", "LOCK", &format!("{lock}:f"), "2000"],
+        )
+        .await;
+        assert!(
+            fenced.starts_with("*2\r\n:"),
+            "fencing on node {n}: {fenced}"
+        );
+    }
+    until!("/readyz to name the cut node", {
+        lockgate::http::not_ready(&lg.ctx).is_some_and(|why| why.contains(&through))
+    });
+    assert!(
+        cut.elapsed() < Duration::from_secs(30),
+        "the cut phase took {:?}",
+        cut.elapsed()
+    );
+    // The lock is still the holder's on the node itself.
+    assert_eq!(direct(&cut_node, &["GET", &cut_lock]).await, "$1\r\nh\r\n");
+
+    relay.heal();
+    let healed = Instant::now();
+    let (recovered, errors_c) = until_served(&mut c, &["GET", &cut_key], "$2\r\nv0\r\n").await;
+    assert_eq!(call(&mut c, &["SET", &cut_key, "v1"]).await, "+OK\r\n");
+    assert_eq!(direct(&cut_node, &["GET", &cut_key]).await, "$2\r\nv1\r\n");
+    // Every session that used the node during the cut is served again.
+    let (_, errors_other) = until_served(&mut other, &["GET", &cut_key], "$2\r\nv1\r\n").await;
+    let mut fresh = RawClient::connect(lg.addr).await;
+    assert_eq!(call(&mut fresh, &["GET", &cut_key]).await, "$2\r\nv1\r\n");
+    // The holder's lock was kept: still refused to others, released by
+    // its holder, then granted.
+    assert_eq!(call(&mut other, &["SETNX", &cut_lock, "o"]).await, ":0\r\n");
+    assert_eq!(call(&mut holder, &["DEL", &cut_lock]).await, ":1\r\n");
+    assert_eq!(call(&mut other, &["SETNX", &cut_lock, "o"]).await, ":1\r\n");
+    until!(
+        "/readyz to be ready again",
+        lockgate::http::not_ready(&lg.ctx).is_none()
+    );
+    let ready_after = healed.elapsed();
+    let first = latencies[0];
+    latencies.sort();
+    println!(
+        "cluster node cut off ({mode:?}): errors for its slots after {:.1} ms (first), {:.1}–{:.1} ms (min–max of 20), \
+         median {:.1} ms; after the heal its slots served again after {} ms ({} and {} errors \
+         first on two sessions that used it during the cut, none on a new one), /readyz ready after {} ms; \
+         total {} ms",
+        first.as_micros() as f64 / 1000.0,
+        latencies[0].as_micros() as f64 / 1000.0,
+        latencies[19].as_micros() as f64 / 1000.0,
+        latencies[10].as_micros() as f64 / 1000.0,
+        recovered.as_millis(),
+        errors_c,
+        errors_other,
+        ready_after.as_millis(),
+        started.elapsed().as_millis()
+    );
+    lg.stop().await;
+}
+
+/// Sends `args` on `c` until the reply is `ok` (each other reply a
+/// lockgate error), within [`WAIT`]: the time it took and the errors seen.
+async fn until_served(c: &mut RawClient, args: &[&str], ok: &str) -> (Duration, usize) {
+    let since = Instant::now();
+    let mut errors = 0;
+    loop {
+        let reply = call(c, args).await;
+        if reply == ok {
+            return (since.elapsed(), errors);
+        }
+        assert!(reply.starts_with("-ERR lockgate: "), "{args:?}: {reply:?}");
+        errors += 1;
+        assert!(
+            since.elapsed() < WAIT,
+            "{args:?} not served {WAIT:?} after the heal ({errors} errors): {reply:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
