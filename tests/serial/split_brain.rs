@@ -80,14 +80,21 @@ fn primary_of(lg: &Lockgate) -> String {
         .unwrap_or_default()
 }
 
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after the epoch")
+        .as_millis() as u64
+}
+
 fn refused(lg: &Lockgate) -> u64 {
     lockgate::metrics::ProxyMetrics::get(&lg.ctx.primary_addr.metrics.failover_refused)
 }
 
-#[tokio::test]
-async fn a_sentinel_split_brain_two_stores_one_per_side_then_one_again() {
-    let _one = crate::SERIAL.lock().await;
-    let started = Instant::now();
+/// The group (the sentinels authenticating as their own ACL user), the
+/// relays from A to each sentinel, A (through them) and B (directly),
+/// both following the primary.
+async fn start() -> (Group, Vec<Relay>, Lockgate, Lockgate) {
     let (primary, replica) = Group::pair().await;
     let (old, new) = (primary.addr(), replica.addr());
     // The sentinels' own user, on both (the replica is promoted).
@@ -143,6 +150,15 @@ async fn a_sentinel_split_brain_two_stores_one_per_side_then_one_again() {
             primary_of(lg) == old
         );
     }
+    (group, relays, lg_a, lg_b)
+}
+
+#[tokio::test]
+async fn a_sentinel_split_brain_two_stores_one_per_side_then_one_again() {
+    let _one = crate::SERIAL.lock().await;
+    let started = Instant::now();
+    let (group, relays, lg_a, lg_b) = start().await;
+    let (old, new) = (group.primary.addr(), group.replica.addr());
     let mut a = RawClient::connect(lg_a.addr).await;
     let mut b = RawClient::connect(lg_b.addr).await;
     let mut tokens_before: Vec<u64> = Vec::new();
@@ -237,11 +253,17 @@ async fn a_sentinel_split_brain_two_stores_one_per_side_then_one_again() {
     assert!(refused(&lg_b) >= refused_attempts, "{}", refused(&lg_b));
     // Once B's delay is over, B grants the same lock on its side: two
     // holders, one per side (the documented limit of one primary).
+    // B's switch as B recorded it (wall clock ms, taken before its delay
+    // started): this test saw the switch a poll later.
+    let switch_ms: u64 = primary_field(&mut b2, "last_switch_unix_ms")
+        .await
+        .parse()
+        .expect("ms");
     let mut granted_b_at = None;
     while granted_b_at.is_none() {
         let r = call(&mut b2, &["SET", "lock:split", "b", "NX", "PX", LEASE_MS]).await;
         if r == "+OK\r\n" {
-            granted_b_at = Some(b_switched.elapsed());
+            granted_b_at = Some(unix_ms() - switch_ms);
         } else {
             assert_eq!(r, "$-1\r\n");
             assert!(b_switched.elapsed() < Duration::from_millis(DELAY_MS) + WAIT);
@@ -250,9 +272,8 @@ async fn a_sentinel_split_brain_two_stores_one_per_side_then_one_again() {
     }
     let granted_b_at = granted_b_at.expect("granted");
     assert!(
-        granted_b_at >= Duration::from_millis(DELAY_MS),
-        "B granted {} ms after its switch",
-        granted_b_at.as_millis()
+        granted_b_at >= DELAY_MS,
+        "B granted {granted_b_at} ms after its switch"
     );
     let mut b_fencer = RawClient::connect(lg_b.addr).await;
     let t_b = token(
@@ -362,7 +383,7 @@ async fn a_sentinel_split_brain_two_stores_one_per_side_then_one_again() {
          total {} ms",
         promoted.as_millis(),
         b_followed.as_millis(),
-        granted_b_at.as_millis(),
+        granted_b_at,
         demoted.as_millis(),
         a_followed.as_millis(),
         started.elapsed().as_millis()
