@@ -16,27 +16,12 @@ use std::time::{Duration, Instant};
 use lockgate::Config;
 use support::ops::http_get;
 use support::resp::{call, direct};
-use support::sentinel::{sentinel_config, try_call, Group, Sentinel, MASTER};
+use support::sentinel::{primary_field, sentinel_config, try_call, Group, Sentinel, MASTER};
 use support::{Lockgate, RawClient, RedisServer, WAIT};
 
 /// Longest a followed failover may take in these tests: Sentinel itself
 /// needs `down-after-milliseconds` (500) plus an election and a promotion.
 const FOLLOW_BOUND: Duration = Duration::from_secs(20);
-
-/// The field `name` of `LOCKGATE PRIMARY` (field/value pairs), as text.
-async fn primary_field(c: &mut RawClient, name: &str) -> String {
-    let raw = call(c, &["LOCKGATE", "PRIMARY"]).await;
-    let lines: Vec<&str> = raw.split("\r\n").collect();
-    let at = lines
-        .iter()
-        .position(|l| *l == name)
-        .unwrap_or_else(|| panic!("no {name} in LOCKGATE PRIMARY: {raw}"));
-    lines[at + 1..]
-        .iter()
-        .find(|l| !l.starts_with('$'))
-        .map(|l| l.trim_start_matches(':').to_string())
-        .unwrap_or_default()
-}
 
 async fn until_ready(lg: &Lockgate) {
     until!(

@@ -38,7 +38,7 @@ use std::time::{Duration, Instant};
 
 use support::relay::{Mode, Relay};
 use support::resp::{call, direct};
-use support::sentinel::{sentinel_config, Group, Sentinel, MASTER};
+use support::sentinel::{primary_field, sentinel_config, Group, MASTER};
 use support::{Lockgate, RawClient, WAIT};
 
 const SENTINEL_USER: &str = "lgsentinel";
@@ -48,21 +48,6 @@ const DELAY_MS: u64 = 3_000;
 /// Leases of the locks taken during the split: longer than the test's
 /// split, so both holders are still within their leases at the heal.
 const LEASE_MS: &str = "30000";
-
-/// The field `name` of `LOCKGATE PRIMARY` (field/value pairs), as text.
-async fn primary_field(c: &mut RawClient, name: &str) -> String {
-    let raw = call(c, &["LOCKGATE", "PRIMARY"]).await;
-    let lines: Vec<&str> = raw.split("\r\n").collect();
-    let at = lines
-        .iter()
-        .position(|l| *l == name)
-        .unwrap_or_else(|| panic!("no {name} in LOCKGATE PRIMARY: {raw}"));
-    lines[at + 1..]
-        .iter()
-        .find(|l| !l.starts_with('$'))
-        .map(|l| l.trim_start_matches(':').to_string())
-        .unwrap_or_default()
-}
 
 /// The token of a granted `LOCKGATE LOCK` reply (`*2\r\n:TOKEN…`).
 fn token(reply: &str) -> u64 {
@@ -114,15 +99,7 @@ async fn start() -> (Group, Vec<Relay>, Lockgate, Lockgate) {
     let extra = format!(
         "sentinel auth-user {MASTER} {SENTINEL_USER}\nsentinel auth-pass {MASTER} {SENTINEL_PASS}\n"
     );
-    let sentinels = (0..3)
-        .map(|_| Sentinel::start_with(&old, 2, 500, &extra))
-        .collect();
-    let group = Group {
-        primary,
-        replica,
-        sentinels,
-    };
-    group.until_sentinels_know_each_other().await;
+    let group = Group::with_sentinels(primary, replica, &extra).await;
 
     // A reaches the sentinels through relays; B directly.
     let relays: Vec<Relay> = {

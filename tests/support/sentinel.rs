@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use lockgate::Config;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::resp::direct;
-use super::{free_port, RedisServer, WAIT};
+use super::resp::{call, direct};
+use super::{free_port, RawClient, RedisServer, WAIT};
 
 /// The master name the sentinels monitor.
 pub const MASTER: &str = "lgmaster";
@@ -120,8 +120,15 @@ impl Group {
     /// and the other two sentinels (a failover needs both).
     pub async fn start() -> Group {
         let (primary, replica) = Group::pair().await;
+        Group::with_sentinels(primary, replica, "").await
+    }
+
+    /// Three sentinels (quorum 2, `down-after-milliseconds` 500, `extra`
+    /// lines in their configuration) over `primary` and its `replica`,
+    /// once each knows the replica and the other two.
+    pub async fn with_sentinels(primary: RedisServer, replica: RedisServer, extra: &str) -> Group {
         let sentinels = (0..3)
-            .map(|_| Sentinel::start(&primary.addr(), 2, 500))
+            .map(|_| Sentinel::start_with(&primary.addr(), 2, 500, extra))
             .collect();
         let group = Group {
             primary,
@@ -218,4 +225,19 @@ pub async fn try_call(addr: &str, args: &[&str], within: Duration) -> Option<Str
         }
     };
     tokio::time::timeout(within, io).await.ok().flatten()
+}
+
+/// The field `name` of `LOCKGATE PRIMARY` (field/value pairs), as text.
+pub async fn primary_field(c: &mut RawClient, name: &str) -> String {
+    let raw = call(c, &["LOCKGATE", "PRIMARY"]).await;
+    let lines: Vec<&str> = raw.split("\r\n").collect();
+    let at = lines
+        .iter()
+        .position(|l| *l == name)
+        .unwrap_or_else(|| panic!("no {name} in LOCKGATE PRIMARY: {raw}"));
+    lines[at + 1..]
+        .iter()
+        .find(|l| !l.starts_with('$'))
+        .map(|l| l.trim_start_matches(':').to_string())
+        .unwrap_or_default()
 }
