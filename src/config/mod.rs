@@ -125,7 +125,7 @@ pub struct UpstreamConfig {
     /// than Redis does overflows Redis's listen queue (its `tcp-backlog`,
     /// 511), every connection past it fails its connect, and the rest wait
     /// for Redis for seconds, with their sessions, after their clients
-    /// left (docs/faults.md, "Departed clients"). 0: no bound. Unused in
+    /// left (docs/operations.md, "Abusive clients"). 0: no bound. Unused in
     /// shared mode and in front of a cluster.
     pub max_connecting: usize,
     /// ACL user for lockgate's own connections to the primary (lease
