@@ -11,6 +11,8 @@ use bytes::Bytes;
 
 use crate::context::ServerContext;
 use crate::lock::conns::ACQUISITION_HEX;
+use crate::lock::fence::Waiting;
+use crate::lock::lease::ConnId;
 use crate::lock::operator::{parse_acquisition, Released};
 use crate::lock::FenceCall;
 use crate::metrics::ProxyMetrics;
@@ -38,13 +40,15 @@ pub enum AdminReply {
 }
 
 /// Answers one `LOCKGATE` command.
-pub fn handle(ctx: &Arc<ServerContext>, args: CommandArgs<'_>) -> AdminReply {
+/// `caller`: the connection it came on (a fencing wait keeps its place in
+/// time across its `WAIT`s per connection).
+pub fn handle(ctx: &Arc<ServerContext>, args: CommandArgs<'_>, caller: ConnId) -> AdminReply {
     let sub = args.get(1).to_ascii_uppercase();
     match sub.as_slice() {
         b"LOCK" | b"UNLOCK" | b"EXTEND" => {
             match ctx.locks.refused_on_cluster([args.get(2)].into_iter()) {
                 Some(refused) => AdminReply::Now(refused),
-                None => fencing(ctx, &sub, args),
+                None => fencing(ctx, &sub, args, caller),
             }
         }
         b"LOCKS" => views::locks(ctx, args.get(2), args.get(3)),
@@ -218,7 +222,12 @@ fn number(arg: &[u8]) -> Option<u64> {
 }
 
 /// Parses a fencing command and starts the task that answers it.
-fn fencing(ctx: &Arc<ServerContext>, sub: &[u8], args: CommandArgs<'_>) -> AdminReply {
+fn fencing(
+    ctx: &Arc<ServerContext>,
+    sub: &[u8],
+    args: CommandArgs<'_>,
+    caller: ConnId,
+) -> AdminReply {
     let usage =
         |u: &str| AdminReply::Now(LocalReply::err(format!("lockgate: usage: LOCKGATE {u}")));
     let key = Bytes::copy_from_slice(args.get(2));
@@ -235,9 +244,8 @@ fn fencing(ctx: &Arc<ServerContext>, sub: &[u8], args: CommandArgs<'_>) -> Admin
             };
             let wait = Duration::from_millis(wait).min(MAX_WAIT);
             FenceCall::Lock {
-                key,
+                at: Waiting { key, caller, wait },
                 ttl_ms: ttl,
-                wait,
             }
         }
         b"UNLOCK" => {

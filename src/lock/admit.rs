@@ -12,7 +12,7 @@ use bytes::Bytes;
 use tokio::sync::oneshot;
 
 use super::hotkeys::Event;
-use super::lease::{ConnLocks, Standing};
+use super::lease::ConnLocks;
 use super::ops::{LockOp, Shape};
 use super::storm::{shaped, Acquirer, Admission, Ask};
 use super::{Go, LockService, Park};
@@ -85,12 +85,8 @@ impl LockService {
             let shared = c
                 .shared_until
                 .is_some_and(|t| t > std::time::Instant::now());
-            let spinning = match c.get(key) {
-                Some(a) if a.standing == Standing::Lost && !shared => {
-                    a.last_try.elapsed().as_millis() < u128::from(rules.spin_window_ms())
-                }
-                _ => false,
-            };
+            let window = Duration::from_millis(rules.spin_window_ms());
+            let spinning = !shared && c.spinning(key, window);
             (spinning, shared, c.id)
         };
         // Whoever asks, the holder's own connection or one carrying the
@@ -234,6 +230,7 @@ mod tests {
 
     use super::*;
     use crate::config::Config;
+    use crate::lock::lease::Standing;
     use crate::lock::ops::Ttl;
 
     fn setnx(key: &'static str, shape: Shape) -> LockOp {

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
+use super::lease::ConnId;
 use super::storm::lines::Place;
 use super::txn::OnPrimary;
 use super::{script, LockService};
@@ -17,7 +18,7 @@ use crate::protocol::encode::LocalReply;
 /// Drift allowance of a lease, as Redlock computes validity.
 const CLOCK_DRIFT_FACTOR: f64 = 0.01;
 /// Longest pause between two attempts of a `LOCK … WAIT`.
-const WAIT_STEP: Duration = Duration::from_millis(25);
+pub(crate) const WAIT_STEP: Duration = Duration::from_millis(25);
 
 /// `lockgate:fence:{key}`: the key's token counter, in its hash slot
 /// (see [`super::tagged`]).
@@ -52,19 +53,12 @@ pub fn integers(reply: &[u8]) -> Vec<i64> {
 pub(crate) async fn first_in_line<'a>(
     place: Option<&'a Place<'_>>,
     deadline: Instant,
-    quietly: bool,
 ) -> Option<Option<tokio::sync::MutexGuard<'a, ()>>> {
     let Some(place) = place else {
         return Some(None);
     };
     // `timeout_at` polls the wait once before it looks at the clock.
-    let first = async {
-        match quietly {
-            true => place.first_quietly().await,
-            false => place.first().await,
-        }
-    };
-    tokio::time::timeout_at(deadline.into(), first)
+    tokio::time::timeout_at(deadline.into(), place.first())
         .await
         .ok()
         .map(Some)
@@ -78,6 +72,41 @@ pub(crate) async fn until_freed(place: Option<&Place<'_>>, step: Duration) {
             let _ = tokio::time::timeout(step, place.freed()).await;
         }
         None => tokio::time::sleep(step).await,
+    }
+}
+
+/// A fencing wait: the key, the connection it came on (its place in the
+/// key's line is kept across its `WAIT`s, see [`super::storm::lines`]) and
+/// how long it may wait.
+#[derive(Debug, Clone)]
+pub struct Waiting {
+    /// The lock key.
+    pub key: Bytes,
+    /// The caller's connection.
+    pub caller: ConnId,
+    /// How long to keep trying.
+    pub wait: Duration,
+}
+
+impl LockService {
+    /// A fencing wait that did not get the lock by its deadline: "not
+    /// acquired", its wait kept for its connection's next `WAIT` (see
+    /// [`super::storm::lines`]).
+    pub(crate) fn fence_ran_out(&self, place: Option<&Place<'_>>) -> LocalReply {
+        if place.is_some_and(|p| !p.ran_out()) {
+            ProxyMetrics::inc(&self.storm.metrics.unkept);
+        }
+        LocalReply::Null
+    }
+
+    /// Whether the first in `key`'s line must let an attempt of this
+    /// instance that waits on the key since before it go first (parked, or
+    /// a spinner between attempts): it then does not ask the store, so a
+    /// lock freed for that attempt is not taken out of its turn. Bounded:
+    /// a parked attempt is served or answered within `park_ms`, a
+    /// spinner's place is kept only between its attempts.
+    pub(crate) fn fence_defers(&self, key: &[u8], place: Option<&Place<'_>>) -> bool {
+        place.is_some_and(|p| self.storm.waits_since_before(key, p.since()))
     }
 }
 
@@ -97,16 +126,16 @@ impl LockService {
     pub(crate) async fn fence_lock(
         &self,
         node: &OnPrimary,
-        key: Bytes,
+        at: Waiting,
         ttl_ms: u64,
-        wait: Duration,
         timeout: Duration,
     ) -> LocalReply {
+        let Waiting { key, caller, wait } = at;
         let deadline = Instant::now() + wait;
-        let place = self.fence_place(&key);
-        let Some(_first) = first_in_line(place.as_ref(), deadline, false).await else {
+        let place = self.fence_place(&key, caller);
+        let Some(_first) = first_in_line(place.as_ref(), deadline).await else {
             ProxyMetrics::inc(&self.metrics.contended);
-            return LocalReply::Null;
+            return self.fence_ran_out(place.as_ref());
         };
         self.granting(ttl_ms);
         let counter = counter_key(&key);
@@ -115,6 +144,14 @@ impl LockService {
         let (bound, life) = self.fairness_for(&key);
         let (bound, life) = (bound.to_string(), life.to_string());
         loop {
+            if self.fence_defers(&key, place.as_ref()) {
+                let now = Instant::now();
+                if now >= deadline {
+                    return self.fence_ran_out(place.as_ref());
+                }
+                until_freed(place.as_ref(), WAIT_STEP.min(deadline - now)).await;
+                continue;
+            }
             ProxyMetrics::inc(&self.metrics.attempts);
             let started = Instant::now();
             let instance_token = self.next_token();
@@ -149,6 +186,7 @@ impl LockService {
                 let validity = ttl_ms as i64 - elapsed - drift;
                 if validity > 0 {
                     ProxyMetrics::inc(&self.metrics.acquired);
+                    self.storm.line_answered(&key, Some(ttl_ms));
                     return LocalReply::Array(vec![
                         LocalReply::Integer(token),
                         LocalReply::Integer(validity),
@@ -160,13 +198,14 @@ impl LockService {
                     .await;
             } else {
                 ProxyMetrics::inc(&self.metrics.contended);
+                self.storm.line_answered(&key, None);
                 if yielded {
                     ProxyMetrics::inc(&self.metrics.fairness_yields);
                 }
             }
             let now = Instant::now();
             if now >= deadline {
-                return LocalReply::Null;
+                return self.fence_ran_out(place.as_ref());
             }
             // Yielded on a free lock: the head's turn, not a lease to wait out.
             let step = match yielded {
@@ -179,8 +218,8 @@ impl LockService {
 
     /// A place in `key`'s line of fencing waits; none (counted) when the
     /// line table is full: that caller waits as before lines, polling.
-    pub(crate) fn fence_place(&self, key: &Bytes) -> Option<Place<'_>> {
-        let place = self.storm.lines.join(key);
+    pub(crate) fn fence_place(&self, key: &Bytes, caller: ConnId) -> Option<Place<'_>> {
+        let place = self.storm.lines.join(key, caller);
         if place.is_none() {
             ProxyMetrics::inc(&self.storm.metrics.unlined);
         }

@@ -92,6 +92,13 @@ pub struct Acquisition {
     /// The record was made by a takeover (`GETSET`, `SET` without `NX`…),
     /// which belongs to the instance for releases (see [`ConnLocks::token`]).
     pub takeover: bool,
+    /// Held, and a script of this connection's on the key (`EVAL`) was
+    /// acknowledged then: it may have released the lock (the
+    /// compare-and-delete release of `SET NX PX`), which lockgate cannot
+    /// tell, so the record stays held (the owner record still decides) but
+    /// the connection's attempts after the script count as a new run of
+    /// attempts (see [`ConnLocks::scripted`]).
+    pub after_script: Option<Instant>,
 }
 
 /// The number a token ends with (`instance_id:seq`); 0 if none.
@@ -332,6 +339,40 @@ impl ConnLocks {
         None
     }
 
+    /// A script of this connection's on `key` was acknowledged. A held
+    /// record keeps its token (an extension script leaves the holder the
+    /// holder), but its run of attempts begins now and an attempt after
+    /// the first one counts as a spinner's, so it parks and is served in
+    /// order. Before, a connection that released by script stayed the
+    /// holder to the storm room: its attempts were never parked, and `SET
+    /// NX PX` spinners with the compare-and-delete release lost nearly
+    /// every handoff to `SETNX` ones (one lockgate, 4 and 4 workers on one
+    /// key: 1–4 grants each against 58–77; alone, waits up to 2.4 s for
+    /// 20 ms holds).
+    pub fn scripted(&mut self, key: &[u8]) {
+        if let Some(a) = self.map.get_mut(key) {
+            if a.standing == Standing::Held {
+                let now = Instant::now();
+                a.after_script = Some(now);
+                a.first_try = now;
+            }
+        }
+    }
+
+    /// Whether this connection's previous attempt on `key` lost (or came
+    /// after a script of its own on the key it held, see
+    /// [`ConnLocks::scripted`]) less than `window` ago: it spins.
+    pub fn spinning(&self, key: &[u8], window: std::time::Duration) -> bool {
+        self.map.get(key).is_some_and(|a| {
+            let lost = match a.standing {
+                Standing::Lost => true,
+                Standing::Held => a.after_script.is_some_and(|t| a.last_try > t),
+                Standing::Trying => false,
+            };
+            lost && a.last_try.elapsed() < window
+        })
+    }
+
     /// When this connection's current run of attempts on `key` began.
     pub fn first_try(&self, key: &[u8]) -> Option<std::time::Instant> {
         self.map.get(key).map(|a| a.first_try)
@@ -408,6 +449,7 @@ impl ConnLocks {
                 retry: None,
                 unsettled,
                 takeover: false,
+                after_script: None,
             },
         );
     }
@@ -427,6 +469,7 @@ impl ConnLocks {
                     a.lease_ms = lease_ms.unwrap_or(retry.lease_ms);
                     a.since = Instant::now();
                     a.takeover = false;
+                    a.after_script = None;
                     let since = a.since;
                     self.aged(Bytes::copy_from_slice(key), since);
                 }

@@ -510,6 +510,7 @@ impl LockService {
             LockPending::Script { keys } => {
                 for key in &keys {
                     self.storm.released(key);
+                    conn.scripted(key);
                 }
             }
             // Acknowledged (an error reply never gets here, see

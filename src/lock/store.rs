@@ -234,14 +234,12 @@ impl std::fmt::Debug for Attempt {
 /// A call of the fencing-token API (`LOCKGATE LOCK | UNLOCK | EXTEND`).
 #[derive(Debug, Clone)]
 pub enum FenceCall {
-    /// Take `key` for `ttl_ms`, trying for up to `wait`.
+    /// Take the key for `ttl_ms`, trying for up to the wait.
     Lock {
-        /// The lock key.
-        key: Bytes,
+        /// The key, the caller's connection, how long to keep trying.
+        at: crate::lock::fence::Waiting,
         /// The lease, ms.
         ttl_ms: u64,
-        /// How long to keep trying.
-        wait: Duration,
     },
     /// Release `key` if `token` still holds it.
     Unlock {
@@ -538,8 +536,14 @@ impl LockService {
     /// A client script on lock keys only (`args` as sent, `EVAL`/`EVALSHA`
     /// first), run where the locks live (on the quorum: on every master,
     /// by its body where a master lost it); what this instance knew of
-    /// its lock keys is dropped once it has run (it may release them).
-    pub(crate) fn eval(self: &Arc<Self>, args: &[&[u8]]) -> Later {
+    /// its lock keys is dropped once it has run (it may release them), and
+    /// the records of `conn` (the connection that sent it) follow (see
+    /// [`super::lease::ConnLocks::scripted`]).
+    pub(crate) fn eval(
+        self: &Arc<Self>,
+        args: &[&[u8]],
+        conn: Arc<std::sync::Mutex<super::lease::ConnLocks>>,
+    ) -> Later {
         let command = encode::command(args);
         let fallback = self
             .store
@@ -555,6 +559,7 @@ impl LockService {
             };
             for key in &touched {
                 me.released(key);
+                crate::sync::lock(&conn).scripted(key);
             }
             reply
         })
@@ -637,8 +642,8 @@ impl LockService {
         let timeout = self.store.timeout;
         let node = &self.store.primary;
         match (call, &self.store.quorum) {
-            (FenceCall::Lock { key, ttl_ms, wait }, Some(q)) => {
-                self.quorum_fence_lock(q, key, ttl_ms, wait).await
+            (FenceCall::Lock { at, ttl_ms }, Some(q)) => {
+                self.quorum_fence_lock(q, at, ttl_ms).await
             }
             (FenceCall::Unlock { key, token }, Some(q)) => {
                 let reply = self
@@ -653,12 +658,12 @@ impl LockService {
                 self.quorum_fence_simple(q, extend_command(&key, &token, ttl_ms))
                     .await
             }
-            (FenceCall::Lock { key, .. }, None) if self.held_after_failover(&key) => {
+            (FenceCall::Lock { at, .. }, None) if self.held_after_failover(&at.key) => {
                 LocalReply::Null
             }
-            (FenceCall::Lock { key, ttl_ms, wait }, None) => match self.eviction_refusal() {
+            (FenceCall::Lock { at, ttl_ms }, None) => match self.eviction_refusal() {
                 Some(refused) => refused,
-                None => self.fence_lock(node, key, ttl_ms, wait, timeout).await,
+                None => self.fence_lock(node, at, ttl_ms, timeout).await,
             },
             (FenceCall::Unlock { key, token }, None) => {
                 self.fence_unlock(node, key, token, timeout).await

@@ -1,18 +1,23 @@
-//! Fairness of fencing waits (`LOCKGATE LOCK key ttl WAIT ms`): eight
-//! workers over two lockgates in front of the same lock store, each taking
-//! `lock:fair` with `WAIT 3000`, holding it 20 ms, `UNLOCK`, and again.
-//! Within an instance its waiters are served first come, first served;
-//! on one Redis they also take turns across instances (the key's queue in
-//! the store, bounded by `max_local_preference_ms`). Checked on one Redis
-//! and on a 5-master quorum: no `WAIT` times out while others take the lock
-//! again and again, every worker takes a fair share (on the quorum, among
-//! its own lockgate's workers: turns across instances are not built there
-//! yet), and no two workers ever hold it at once.
+//! Fairness of waits: workers over two lockgates in front of the same
+//! lock store take `lock:fair`, hold it 20 ms, release it, and again.
+//! Fencing waits (`LOCKGATE LOCK key ttl WAIT 3000`, `UNLOCK`) alone, and
+//! the three ways together: legacy `SETNX`/`EXPIRE`/`DEL` spinners, `SET
+//! NX PX` spinners with the compare-and-delete `EVAL` release, and
+//! fencing waits. Within an instance waits are served in arrival order,
+//! whatever their command; across instances they take turns (the key's
+//! queue in the store, bounded by `max_local_preference_ms`). Checked on
+//! one Redis and on a 5-master quorum: no `WAIT` times out while others
+//! take the lock again and again, every worker takes a fair share, and no
+//! two workers ever hold it at once.
 //!
 //! df57308 (every waiter polled on its own): on one Redis 16–162
 //! acquisitions per worker in 10 s (within one lockgate 16, 121, 66, 18)
 //! and whole `WAIT`s of 3 s timed out; on the quorum 11–114, waits up to
-//! 8.8 s.
+//! 8.8 s. a146a72, the three ways in 10 s: on the quorum `SET NX` 1–4,
+//! fencing 8–10 (a `WAIT` timed out, waits up to 2.4 s), `SETNX` 87–106;
+//! on one Redis `SET NX` 1 each against 51–63 (a connection that released
+//! by script stayed the holder to the storm room and never parked; on the
+//! quorum fencing waits took no turns against parked attempts).
 //!
 //! `FAIRNESS_SECS` [6] runs each workload longer.
 
@@ -24,11 +29,25 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lockgate::Config;
+use support::rng::XorShift;
 use support::{eventually, Lockgate, RawClient, RedisServer};
 
-const WORKERS: usize = 8;
 const HOLD: Duration = Duration::from_millis(20);
 const WAIT_MS: u64 = 3_000;
+
+/// How a worker takes the lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// `SETNX`, `EXPIRE`, `DEL`; retries after 2-20 ms.
+    Legacy,
+    /// `SET NX PX`, the compare-and-delete `EVAL`; retries after 2-20 ms.
+    SetNx,
+    /// `LOCKGATE LOCK … WAIT 3000`, `LOCKGATE UNLOCK`.
+    Fence,
+}
+
+const RELEASE: &str =
+    "if redis.call('get',KEYS[1]) == ARGV[1] then return redis.call('del',KEYS[1]) else return 0 end";
 
 /// What one worker saw.
 #[derive(Debug, Default, Clone)]
@@ -60,26 +79,63 @@ fn token(reply: &str) -> Option<String> {
 }
 
 async fn worker(
+    kind: Kind,
     lg: std::net::SocketAddr,
     until: Instant,
     holder: Arc<AtomicU64>,
     me: u64,
 ) -> Worker {
     let mut c = RawClient::connect(lg).await;
+    let mut rng = XorShift::new(me);
     let mut seen = Worker::default();
     let ttl = "2000";
     let wait = WAIT_MS.to_string();
+    let mut asked = Instant::now();
     while Instant::now() < until {
-        let asked = Instant::now();
-        let reply = c
-            .call_s(&["LOCKGATE", "LOCK", "lock:fair", ttl, "WAIT", &wait])
-            .await;
+        let value = format!("{me}:{}", rng.next());
+        let release: Vec<String> = match kind {
+            Kind::Fence => {
+                let reply = c
+                    .call_s(&["LOCKGATE", "LOCK", "lock:fair", ttl, "WAIT", &wait])
+                    .await;
+                let Some(t) = token(&reply) else {
+                    seen.timeouts += 1;
+                    continue;
+                };
+                vec!["LOCKGATE".into(), "UNLOCK".into(), "lock:fair".into(), t]
+            }
+            Kind::Legacy | Kind::SetNx => {
+                let won = match kind {
+                    Kind::Legacy => c.call_s(&["SETNX", "lock:fair", &value]).await == ":1\r\n",
+                    _ => {
+                        let r = c
+                            .call_s(&["SET", "lock:fair", &value, "NX", "PX", ttl])
+                            .await;
+                        r == "+OK\r\n"
+                    }
+                };
+                if !won {
+                    // The app's retry delay (workload, not synchronisation).
+                    tokio::time::sleep(Duration::from_millis(rng.range(2, 20))).await;
+                    continue;
+                }
+                if kind == Kind::Legacy {
+                    assert_eq!(c.call_s(&["EXPIRE", "lock:fair", "2"]).await, ":1\r\n");
+                    vec!["DEL".into(), "lock:fair".into()]
+                } else {
+                    let v = value.clone();
+                    vec![
+                        "EVAL".into(),
+                        RELEASE.into(),
+                        "1".into(),
+                        "lock:fair".into(),
+                        v,
+                    ]
+                }
+            }
+        };
         let waited = asked.elapsed().as_millis() as u64;
         seen.longest_wait_ms = seen.longest_wait_ms.max(waited);
-        let Some(t) = token(&reply) else {
-            seen.timeouts += 1;
-            continue;
-        };
         let before = holder.swap(me, Ordering::SeqCst);
         assert_eq!(
             before, 0,
@@ -88,13 +144,16 @@ async fn worker(
         seen.acquisitions += 1;
         tokio::time::sleep(HOLD).await;
         holder.store(0, Ordering::SeqCst);
-        let released = c.call_s(&["LOCKGATE", "UNLOCK", "lock:fair", &t]).await;
-        assert_eq!(released, ":1\r\n", "worker {me}'s release");
+        let args: Vec<&str> = release.iter().map(String::as_str).collect();
+        let released = c.call_s(&args).await;
+        assert_eq!(released, ":1\r\n", "worker {me}'s release ({kind:?})");
+        asked = Instant::now();
     }
     seen
 }
 
-async fn measure(quorum: bool) -> Vec<Worker> {
+/// Runs `kinds` (worker i through lockgate i % 2) for `secs()`.
+async fn measure(quorum: bool, kinds: &[Kind]) -> Vec<Worker> {
     let primary = RedisServer::start();
     let masters: Vec<RedisServer> = match quorum {
         true => (0..5).map(|_| RedisServer::start()).collect(),
@@ -125,10 +184,10 @@ async fn measure(quorum: bool) -> Vec<Worker> {
     }
     let until = Instant::now() + Duration::from_secs(secs());
     let holder = Arc::new(AtomicU64::new(0));
-    let runs: Vec<_> = (0..WORKERS)
-        .map(|i| {
+    let runs: Vec<_> = (kinds.iter().enumerate())
+        .map(|(i, &kind)| {
             let lg = gates[i % 2].addr;
-            tokio::spawn(worker(lg, until, holder.clone(), i as u64 + 1))
+            tokio::spawn(worker(kind, lg, until, holder.clone(), i as u64 + 1))
         })
         .collect();
     let mut out = Vec::new();
@@ -136,9 +195,9 @@ async fn measure(quorum: bool) -> Vec<Worker> {
         out.push(r.await.expect("a worker"));
     }
     println!(
-        "quorum={quorum}: per worker (acquisitions, timeouts, longest wait ms) {:?}; yields {:?}; load {}",
-        out.iter()
-            .map(|w| (w.acquisitions, w.timeouts, w.longest_wait_ms))
+        "quorum={quorum}: per worker (kind, acquisitions, timeouts, longest wait ms) {:?}; yields {:?}; load {}",
+        (out.iter().zip(kinds))
+            .map(|(w, k)| (k, w.acquisitions, w.timeouts, w.longest_wait_ms))
             .collect::<Vec<_>>(),
         gates
             .iter()
@@ -149,30 +208,23 @@ async fn measure(quorum: bool) -> Vec<Worker> {
     out
 }
 
-/// `across`: shares are compared over every worker (one Redis: turns
-/// across instances too), else within each lockgate (the quorum: fencing
-/// waits take turns within an instance only, docs/faults.md).
-fn check(what: &str, out: &[Worker], across: bool) {
+/// Shares are compared over every worker, whatever its lockgate and its
+/// command.
+fn check(what: &str, out: &[Worker]) {
     let total: u64 = out.iter().map(|w| w.acquisitions).sum();
     assert!(
-        total >= WORKERS as u64 * 4,
+        total >= out.len() as u64 * 4,
         "{what}: the lock went round: {out:?}"
     );
+    let most = out.iter().map(|w| w.acquisitions).max().unwrap_or(0);
     for (i, w) in out.iter().enumerate() {
-        // Worker i went through lockgate i % 2.
-        let most = out
-            .iter()
-            .enumerate()
-            .filter(|(j, _)| across || j % 2 == i % 2)
-            .map(|(_, w)| w.acquisitions)
-            .max()
-            .unwrap_or(0);
         assert_eq!(
             w.timeouts, 0,
             "{what}: worker {i}'s WAIT of {WAIT_MS} ms timed out while others took the lock {total} times: {out:?}"
         );
-        // Equal shares would be total / 8; a loaded box's stalls move a
-        // few. df57308: 16 against 162.
+        // Equal shares would be total / workers; a loaded box's stalls
+        // move a few. df57308: 16 against 162; a146a72 (three ways): 1
+        // against 106.
         assert!(
             w.acquisitions * 3 >= most,
             "{what}: worker {i} took the lock {} times, another {most}: {out:?}",
@@ -181,16 +233,47 @@ fn check(what: &str, out: &[Worker], across: bool) {
     }
 }
 
+const FENCING: [Kind; 8] = [Kind::Fence; 8];
+
+/// Four of each, alternating over the two lockgates.
+const THREE_WAYS: [Kind; 12] = {
+    let mut k = [Kind::Legacy; 12];
+    let mut i = 0;
+    while i < 12 {
+        k[i] = match i / 4 {
+            0 => Kind::Legacy,
+            1 => Kind::SetNx,
+            _ => Kind::Fence,
+        };
+        i += 1;
+    }
+    k
+};
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fencing_waits_take_turns_on_one_redis() {
     let _serial = SERIAL.lock().await;
-    let out = measure(false).await;
-    check("one Redis", &out, true);
+    let out = measure(false, &FENCING).await;
+    check("one Redis", &out);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fencing_waits_take_turns_on_the_quorum() {
     let _serial = SERIAL.lock().await;
-    let out = measure(true).await;
-    check("the quorum", &out, false);
+    let out = measure(true, &FENCING).await;
+    check("the quorum", &out);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_ways_to_lock_take_turns_on_one_redis() {
+    let _serial = SERIAL.lock().await;
+    let out = measure(false, &THREE_WAYS).await;
+    check("one Redis, three ways", &out);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_ways_to_lock_take_turns_on_the_quorum() {
+    let _serial = SERIAL.lock().await;
+    let out = measure(true, &THREE_WAYS).await;
+    check("the quorum, three ways", &out);
 }

@@ -133,3 +133,54 @@ fn a_takeover_pipelined_after_an_attempt_keeps_the_record() {
     assert!(a.unsettled.is_empty(), "the earlier attempt is settled");
     assert_eq!(c.attempt_tokens(&key).0, Bytes::from_static(b"t:2"));
 }
+
+#[test]
+fn a_holder_that_ran_a_script_on_its_lock_spins_from_its_second_attempt_after_it() {
+    let window = std::time::Duration::from_secs(1);
+    let mut c = ConnLocks::new(4);
+    let k = Bytes::from_static(b"lock:a");
+    c.attempt(
+        k.clone(),
+        Bytes::from("t1"),
+        Bytes::new(),
+        Standing::Held,
+        10,
+    );
+    let held_since = c.first_try(&k).expect("a record");
+    c.lost(k.clone(), Bytes::from("t2"));
+    assert!(!c.spinning(&k, window), "a holder's own attempt is no spin");
+    std::thread::sleep(std::time::Duration::from_millis(2));
+    // The compare-and-delete release, acknowledged.
+    c.scripted(&k);
+    let a = c.get(&k).expect("still on record");
+    assert_eq!(
+        a.standing,
+        Standing::Held,
+        "the owner record decides, not this"
+    );
+    assert!(a.first_try > held_since, "a new run of attempts");
+    assert!(!c.spinning(&k, window), "its first attempt after is a try");
+    c.lost(k.clone(), Bytes::from("t3"));
+    assert!(c.spinning(&k, window), "the next one spins: it may park");
+    assert!(
+        !c.spinning(&k, std::time::Duration::ZERO),
+        "not past the window"
+    );
+    // Held again: a new holding, no longer after a script.
+    c.attempt(
+        k.clone(),
+        Bytes::from("t4"),
+        Bytes::new(),
+        Standing::Trying,
+        10,
+    );
+    c.settle(&k, b"t4", Standing::Held, None);
+    assert_eq!(c.get(&k).and_then(|a| a.after_script), None);
+    // A loser's record is a spinner's as before; a script leaves it be.
+    let mut d = ConnLocks::new(4);
+    d.lost(k.clone(), Bytes::from("u1"));
+    d.lost(k.clone(), Bytes::from("u2"));
+    assert!(d.spinning(&k, window));
+    d.scripted(&k);
+    assert_eq!(d.get(&k).and_then(|a| a.after_script), None);
+}

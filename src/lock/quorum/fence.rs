@@ -3,12 +3,12 @@
 //! any two majorities overlap, so tokens only grow, also when a minority of
 //! masters restarts empty.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
 use super::{integer, Quorum};
-use crate::lock::fence::first_in_line;
+use crate::lock::fence::{first_in_line, until_freed, Waiting, WAIT_STEP};
 use crate::lock::{script, LockService};
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
@@ -22,33 +22,38 @@ impl LockService {
     pub(crate) async fn quorum_fence_lock(
         &self,
         q: &Quorum,
-        key: Bytes,
+        at: Waiting,
         ttl_ms: u64,
-        wait: std::time::Duration,
     ) -> LocalReply {
+        let Waiting { key, caller, wait } = at;
         let deadline = Instant::now() + wait;
-        let place = self.fence_place(&key);
-        // In line (one attempt at a time from this instance, in arrival
-        // order), but not first against other attempts on the key, and
-        // not woken by releases: asking at once at every release, its
-        // waits took nearly every turn from `SET NX` clients on the same
-        // key (tests/serial/quorum_chaos.rs, quorum_recovery.rs).
-        let Some(_first) = first_in_line(place.as_ref(), deadline, true).await else {
+        let place = self.fence_place(&key, caller);
+        // As on one Redis: in line, first come first served among this
+        // instance's fencing waits, and against its other attempts on the
+        // key in arrival order, a `WAIT` that ran out counting from its
+        // connection's first (see `fence_defers`, `storm::lines`).
+        let Some(_first) = first_in_line(place.as_ref(), deadline).await else {
             ProxyMetrics::inc(&self.metrics.contended);
-            return LocalReply::Null;
+            return self.fence_ran_out(place.as_ref());
         };
         let counter = crate::lock::fence::counter_key(&key);
         let (queue, places) = (crate::lock::queue_key(&key), crate::lock::places_key(&key));
         let ttl = ttl_ms.to_string();
-        // No place in the masters' queues: with `SET NX` clients on the
-        // same key, fencing waits that renewed a place on every master
-        // every 25 ms held the others back (tests/serial/quorum_recovery.rs:
-        // a `SET NX` worker not granted within 6.2 s of the last restart).
-        // Within the instance the line still serves them in order.
-        let (bound, life) = ("0", "0");
+        // A place in each master's queue, so other instances' turns yield
+        // to this one's as to its parked attempts.
+        let (bound, life) = self.fairness_for(&key);
+        let (bound, life) = (bound.to_string(), life.to_string());
         // More than (N + clock_faults) / 2: a plain majority by default.
         let majority = q.votes_needed();
         loop {
+            if self.fence_defers(&key, place.as_ref()) {
+                let now = Instant::now();
+                if now >= deadline {
+                    return self.fence_ran_out(place.as_ref());
+                }
+                until_freed(place.as_ref(), WAIT_STEP.min(deadline - now)).await;
+                continue;
+            }
             ProxyMetrics::inc(&self.metrics.attempts);
             let eligible = q.eligible();
             if eligible.len() < majority {
@@ -109,6 +114,7 @@ impl LockService {
             }
             if let Some((token, validity)) = acquired {
                 q.granted(ttl_ms);
+                self.storm.line_answered(&key, Some(ttl_ms));
                 ProxyMetrics::inc(&self.metrics.acquired);
                 return LocalReply::Array(vec![
                     LocalReply::Integer(token),
@@ -132,9 +138,10 @@ impl LockService {
                 continue;
             }
             ProxyMetrics::inc(&self.metrics.contended);
+            self.storm.line_answered(&key, None);
             let now = Instant::now();
             if now >= deadline {
-                return LocalReply::Null;
+                return self.fence_ran_out(place.as_ref());
             }
             let held_ms = answers
                 .replies
@@ -142,22 +149,18 @@ impl LockService {
                 .filter_map(|r| facts(r).get(1).copied())
                 .filter(|&p| p > 0)
                 .min();
-            // Yielded to another instance's turn (fact 4): wait for it, do
-            // not spin on a free lock.
+            // Yielded to another instance's turn (fact 4): wait for its
+            // end or this instance's wake-up, do not spin on a free lock.
             let yielded = answers.replies.iter().any(|r| facts(r).get(4) == Some(&1));
             if yielded {
                 ProxyMetrics::inc(&self.metrics.fairness_yields);
             }
-            let held_ms = held_ms.unwrap_or(if yielded { 25 } else { 1 });
-            let step = std::time::Duration::from_millis(held_ms as u64)
-                .min(std::time::Duration::from_millis(25));
-            // As often as the waiters in line polled together before lines
-            // (each every 25 ms), and no more: the quorum's store keeps no
-            // turns for them, so asking sooner would take turns from `SET
-            // NX` clients on the key, and later would slow the handoffs.
-            let waiting = place.as_ref().map_or(1, |p| p.waiting().max(1)) as u32;
-            let step = (step / waiting).max(std::time::Duration::from_millis(1));
-            tokio::time::sleep(step.min(deadline - now)).await;
+            let step = match (yielded, held_ms) {
+                (false, Some(ms)) => WAIT_STEP.min(Duration::from_millis(ms as u64)),
+                (false, None) => Duration::from_millis(1),
+                (true, _) => WAIT_STEP,
+            };
+            until_freed(place.as_ref(), step.min(deadline - now)).await;
         }
     }
 

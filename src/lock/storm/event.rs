@@ -57,6 +57,11 @@ pub(super) enum Event {
     },
     /// The lock was released (through this instance, or announced).
     Released,
+    /// The lock was released and this instance's first fencing wait in
+    /// line, which came before every attempt waiting here, asks for it
+    /// now: the others wait for its answer as for a client's attempt on
+    /// its way (until [`Event::Learned`], or a probe interval).
+    Lined,
     /// Released through this instance, and another instance first in the
     /// store's queue was woken for it: this one waits behind it.
     Yielded {

@@ -194,6 +194,11 @@ impl Key {
             }
             Event::Left { owner } => self.waiters.retain(|w| w.live() || w.owner != owner),
             Event::Released => self.release(&mut out),
+            Event::Lined => {
+                self.release(&mut out);
+                self.view.last_probe = Some(now);
+                self.view.probing = Some(now);
+            }
             Event::Yielded { behind_ms } => {
                 self.release(&mut out);
                 self.view.behind_until = behind(now, behind_ms);

@@ -85,6 +85,11 @@ crate::metrics::counters! {
         /// table full (`max_keys` keys): they poll on their own, unordered.
         unlined: Counter "lock_fence_unlined",
             "Fencing waits that found the line table full and waited unordered";
+        /// Fencing waits that ran out and found the table of kept waits
+        /// full (`max_keys`): their connection's next `WAIT` counts from
+        /// itself.
+        unkept: Counter "lock_fence_unkept",
+            "Fencing waits that ran out with the table of kept waits full";
     }
 }
 
@@ -245,7 +250,10 @@ impl Storm {
             next_id: AtomicU64::new(1),
             evict_miss: Mutex::new(None),
             metrics: StormMetrics::default(),
-            lines: lines::Lines::new(config.max_keys),
+            lines: lines::Lines::new(
+                config.max_keys,
+                std::time::Duration::from_millis(config.spin_window_ms),
+            ),
         }
     }
 
@@ -425,16 +433,38 @@ impl Storm {
     /// The lock on `key` was released: wake its parked attempts, or, with
     /// none parked, the first fencing wait in its line.
     pub fn released(&self, key: &[u8]) {
-        // A fencing wait woken at once beside parked attempts would win
-        // nearly every race (it asks on lockgate's own connection, they
-        // through their handoff): with `SET NX` clients and fencing
-        // clients on one key, the `SET NX` ones starved (tests/serial/
-        // quorum_chaos.rs, quorum_recovery.rs: 15 acquisitions against
-        // 429). The line then waits for its next step (25 ms at most).
+        // Served in arrival order: the release is the first fencing wait's
+        // when it came before every attempt waiting here, else theirs. A
+        // fencing wait woken beside the parked attempts' driver would win
+        // nearly every race (tests/serial/quorum_chaos.rs: 15 `SET NX`
+        // acquisitions against 429), and the driver or a spinner asking
+        // beside the fencing wait would take its turn: they wait for its
+        // answer ([`Storm::line_answered`]).
         if self.fence_first(key) {
             self.lines.free(key);
+            self.on_key(key, false, Event::Lined);
+            return;
         }
         self.on_key(key, false, Event::Released);
+    }
+
+    /// A fencing wait's attempt on `key` was answered: acquired for
+    /// `Some(ms)`, or not (`None`). Attempts here that waited for its
+    /// answer ([`Event::Lined`]) learn the holder, or go on asking (a "not
+    /// acquired" may be older than a release meanwhile, so it teaches
+    /// nothing). Only a key tracked here: a fencing wait alone adds none.
+    pub fn line_answered(&self, key: &[u8], acquired_ms: Option<u64>) {
+        let event = match acquired_ms {
+            Some(ms) => Event::Learned {
+                acquired: true,
+                ms: ms as i64,
+                behind_ms: 0,
+            },
+            None => Event::Unprobed,
+        };
+        if !self.table.is_empty() {
+            self.on_key(key, false, event);
+        }
     }
 
     /// Every tracked key changed behind this instance's back (a flush, a
@@ -508,6 +538,16 @@ impl Storm {
             .state(key, false)
             .and_then(|s| sync::lock(&s.inner).oldest_waiting());
         parked.is_none_or(|p| head <= p)
+    }
+
+    /// Whether an attempt waits on `key` here (parked, or a spinner's
+    /// place kept between its attempts) since before `since`: the first
+    /// fencing wait in line lets it go first (see
+    /// [`crate::lock::LockService::fence_defers`]).
+    pub(crate) fn waits_since_before(&self, key: &[u8], since: std::time::Instant) -> bool {
+        self.state(key, false)
+            .and_then(|s| sync::lock(&s.inner).oldest_waiting())
+            .is_some_and(|oldest| oldest < since)
     }
 
     /// After [`Announced::Unless`]: whether an attempt on `key` came

@@ -337,7 +337,7 @@ impl Carrier {
                 let (locks, command) = (ctx.locks.clone(), encode::command(&args.all()));
                 out.defer(Box::pin(async move { locks.read(command).await }));
             }
-            Route::QuorumEval => out.defer(ctx.locks.eval(&args.all())),
+            Route::QuorumEval => out.defer(ctx.locks.eval(&args.all(), self.conn.clone())),
             Route::QuorumSplit(split) => {
                 super::quorum_split::carry_out(ctx, &split, &self.conn, out)
             }
@@ -352,7 +352,7 @@ impl Carrier {
             Route::Deny(message) => out
                 .batch
                 .local(LocalReply::Error(Bytes::from_static(message.as_bytes()))),
-            Route::Admin => match admin::handle(ctx, args) {
+            Route::Admin => match admin::handle(ctx, args, crate::sync::lock(&self.conn).id) {
                 admin::AdminReply::Now(reply) => out.batch.local(reply),
                 admin::AdminReply::Later(work) => out.defer(work),
             },

@@ -609,3 +609,68 @@ fn acquisition_outcomes() {
     key.step(done(false, 900), t0 + ms(5), LIMITS);
     assert_eq!(key.view.held_until, None, "the release wins");
 }
+
+/// A release that goes to the first fencing wait in line (it came before
+/// every attempt parked here): the lock is free, but neither the driver nor
+/// a spinner asks while the wait's attempt is on its way; its grant is
+/// learned (held, ours), its "not acquired" lets the others ask again,
+/// and a probe interval bounds the wait if no answer comes.
+#[test]
+fn a_release_lined_for_a_fencing_wait_holds_the_others_back_until_its_answer() {
+    let base = std::time::Instant::now();
+    let t0 = Instant::now();
+    // (answer at ms: granted for ms / not acquired / none) → the driver
+    // at t0 + 5: acquires, or sleeps until
+    type Row = (Option<Option<u64>>, u64, Option<u64>);
+    let rows: [Row; 3] = [
+        // Granted for 500 ms: held (ours) until then, the probe due at 105.
+        (Some(Some(500)), 5, Some(105)),
+        // Not acquired: the others ask at once.
+        (Some(None), 5, None),
+        // No answer: they wait out the probe interval from the release.
+        (None, 5, Some(100)),
+    ];
+    for (answer, at, sleep) in rows {
+        let mut key = Key::default();
+        let (_rx, _) = park(&mut key, 1, "v", base, 0, t0);
+        key.view.held_until = Some(t0 + ms(300));
+        let actions = key.step(Event::Lined, t0, LIMITS);
+        assert!(actions.iter().any(|a| matches!(a, Action::Wake)));
+        assert!(key.view.held_until.is_none(), "released");
+        let tick = key.step(Event::Tick, t0, LIMITS);
+        assert_eq!(acquire_for(&tick), None, "{answer:?}: the wait's turn");
+        let spinner = key.step(
+            Event::Attempt {
+                probe_ms: 100,
+                owner: anyone(),
+            },
+            t0 + ms(1),
+            LIMITS,
+        );
+        assert_eq!(admission(&spinner), Some(Admission::Absorb), "{answer:?}");
+        let now = t0 + ms(at);
+        match answer {
+            Some(Some(lease)) => {
+                let learned = Event::Learned {
+                    acquired: true,
+                    ms: lease as i64,
+                    behind_ms: 0,
+                };
+                key.step(learned, now, LIMITS);
+                assert!(key.view.ours);
+            }
+            Some(None) => {
+                key.step(Event::Unprobed, now, LIMITS);
+            }
+            None => {}
+        }
+        let tick = key.step(Event::Tick, now, LIMITS);
+        match sleep {
+            None => assert_eq!(acquire_for(&tick), Some(1), "{answer:?}"),
+            Some(s) => {
+                assert_eq!(acquire_for(&tick), None, "{answer:?}");
+                assert_eq!(sleep_until(&tick), Some(t0 + ms(s)), "{answer:?}");
+            }
+        }
+    }
+}
