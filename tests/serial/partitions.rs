@@ -161,7 +161,8 @@ where
     println!(
         "partitions {name} seed {seed}: acquisitions per worker {acquired:?}; errors per worker \
          {errors:?}; faults {:?}; overlaps {}; lost {} (+{} past validity); fencing refusals of \
-         valid holders {} (late refused {}); old tokens {}; token order {}; starved {}; not live {}; \
+         valid holders {} (late refused {}); old tokens {}; token order {}; starved {} (+{} near \
+         faults); not live {}; \
          took {:?}; load {}",
         records.fault_counts,
         v.overlaps.len(),
@@ -172,16 +173,16 @@ where
         v.old_token_accepted.len(),
         v.token_order.len(),
         v.starved.len(),
+        v.starved_in_faults.len(),
         v.unlive.len(),
         began.elapsed(),
         load_average()
     );
-    // Starved WAITs are reported, not failed yet: on the quorum, fencing
-    // waits take no turns across instances (docs/faults.md, "Partitions").
-    for s in v.starved.iter().take(3) {
+    // Starved WAITs near a fault are reported; away from faults they fail.
+    for s in v.starved.iter().chain(&v.starved_in_faults).take(3) {
         println!("partitions {name}: {s}");
     }
-    if !v.clean() || !v.unlive.is_empty() {
+    if !v.clean() || !v.live() {
         let logs: Vec<String> = net
             .lgs
             .iter()

@@ -282,9 +282,12 @@ async fn run_seed(seed: u64) -> Outcome {
             logs.join("\n")
         )
     };
-    if !v.clean() {
+    for s in v.starved.iter().chain(&v.starved_in_faults).take(3) {
+        println!("quorum_recovery: {s}");
+    }
+    if !v.clean() || !v.starved.is_empty() {
         panic!(
-            "SAFETY failure with QUORUM_RECOVERY_SEED={seed}:\n{}\n\n{}",
+            "SAFETY or liveness failure with QUORUM_RECOVERY_SEED={seed}:\n{}\n\n{}",
             v.first(6),
             timeline()
         );

@@ -780,7 +780,16 @@ async fn under_faults(kind: Kind, plan: Plan, secs: u64, target: u64) {
         Err(panic) => std::panic::resume_unwind(panic),
     };
 
-    let records = workload.journal.with(std::mem::take);
+    let mut records = workload.journal.with(std::mem::take);
+    // The fault loop's timeline (lines "t+<ms> …", from the same start),
+    // for the checker's liveness rule: a starved run near a fault is the
+    // fault's doing.
+    records
+        .faults
+        .extend(faults.timeline.iter().filter_map(|line| {
+            let ms: u64 = line.strip_prefix("t+")?.split(' ').next()?.parse().ok()?;
+            Some((Duration::from_millis(ms), line.clone()))
+        }));
     let verdict = history::judge(&records);
     let max_token = records.sections.iter().filter_map(|s| s.token).max();
     // Holders whose write came after their lease (not a lock failure: the
@@ -820,16 +829,31 @@ async fn under_faults(kind: Kind, plan: Plan, secs: u64, target: u64) {
     );
     let timeline = faults.timeline.join("\n");
     println!("fault timeline:\n{timeline}");
-    // Liveness is reported, not failed: fencing waits on the quorum take
-    // no turns across instances yet (docs/faults.md, "Partitions").
-    if !verdict.starved.is_empty() {
+    // Starved runs near a fault are reported; away from faults they fail.
+    let starved: Vec<&String> = verdict
+        .starved
+        .iter()
+        .chain(&verdict.starved_in_faults)
+        .collect();
+    if !starved.is_empty() {
         println!(
-            "{name}: liveness: {} starved WAIT runs (>= {:?}):\n{}",
+            "{name}: liveness: {} starved WAIT runs away from faults, {} near them (>= {:?}):\n{}",
             verdict.starved.len(),
+            verdict.starved_in_faults.len(),
             history::STARVED_SPAN,
-            verdict.starved[..verdict.starved.len().min(5)].join("\n")
+            starved[..starved.len().min(5)]
+                .iter()
+                .map(|s| s.as_str())
+                .collect::<Vec<_>>()
+                .join("\n")
         );
     }
+    assert!(
+        verdict.starved.is_empty(),
+        "WAITs starved away from faults (seed {}):\n{}\nfault timeline:\n{timeline}",
+        plan.seed,
+        verdict.starved.join("\n")
+    );
     assert!(
         verdict.clean(),
         "safety violation(s) (seed {}):\n{}\nfault timeline:\n{timeline}",

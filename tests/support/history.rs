@@ -4,7 +4,8 @@
 //! history: mutual exclusion within validity, no lost update on the
 //! protected data, strictly increasing fencing tokens, no old token
 //! accepted by the fenced store, and liveness: no `WAIT` that times out
-//! while others take the lock again and again ([`STARVED_AFTER`]), and,
+//! while others take the lock again and again ([`STARVED_AFTER`]; during
+//! faults reported apart, [`FAULT_SHADOW`]), and,
 //! once the last fault healed ([`Records::healed`]), every worker still
 //! trying acquires within [`Records::live_within`].
 //! A section is valid from the reply that granted it until the earlier of
@@ -179,6 +180,14 @@ pub const STARVED_AFTER: usize = 3;
 /// box's second.
 pub const STARVED_SPAN: Duration = Duration::from_secs(2);
 
+/// A starved run with a fault injected (or healed) within it, or less than
+/// this before it, is the fault's doing and is reported apart
+/// ([`Verdict::starved_in_faults`]), not failed: while a lockgate is
+/// stopped or a master sits out, turns are not promised, and an
+/// instance's place in a key's queue lapses in `queue_ttl_ms` (2 s by
+/// default); after that, and before any fault, waits take turns again.
+pub const FAULT_SHADOW: Duration = Duration::from_secs(3);
+
 /// Everything recorded in one run.
 #[derive(Debug, Default, Clone)]
 pub struct Records {
@@ -272,8 +281,12 @@ pub struct Verdict {
     pub exposed: u64,
     /// Which `DEL` exposed which section, for the report.
     pub exposures: Vec<String>,
-    /// `WAIT`s that ran out while others took the lock again and again.
+    /// `WAIT`s that ran out while others took the lock again and again,
+    /// with no fault near (see [`FAULT_SHADOW`]): a liveness failure.
     pub starved: Vec<String>,
+    /// The same, during faults or within [`FAULT_SHADOW`] after one:
+    /// reported, not failed.
+    pub starved_in_faults: Vec<String>,
     /// Workers not granted the lock within the bound after the heal.
     pub unlive: Vec<String>,
 }
@@ -542,10 +555,18 @@ fn liveness(r: &Records, v: &mut Verdict) {
             }
             if let Some((&other, &n)) = by_client.iter().max_by_key(|(_, &n)| n) {
                 if n >= STARVED_AFTER {
-                    v.starved.push(format!(
+                    let faults: Vec<String> = (r.faults.iter())
+                        .filter(|(t, _)| *t + FAULT_SHADOW >= from && *t <= to)
+                        .map(|(t, what)| format!("t+{:.1} {what}", ms(*t)))
+                        .collect();
+                    let list = match faults.is_empty() {
+                        true => &mut v.starved,
+                        false => &mut v.starved_in_faults,
+                    };
+                    list.push(format!(
                         "STARVED: client {client}'s WAITs ran out from t+{:.1} to t+{:.1} while \
                          client {other} was granted the lock {n} times (grants by client \
-                         meanwhile: {by_client:?})",
+                         meanwhile: {by_client:?}; faults: {faults:?})",
                         ms(from),
                         ms(to)
                     ));
