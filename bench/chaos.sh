@@ -68,7 +68,7 @@ for load in $LOADS; do
       result=ok
       QUORUM_CHAOS_SEED=$seed PARTITION_SEED=$seed \
         cargo test --quiet --test serial "$filter" -- --nocapture >"$logf" 2>&1 || result=FAILED
-      verdict=$(grep -hE '^(quorum_chaos seed|partitions )' "$logf" | grep -oE 'overlaps [0-9]+|lost updates [0-9]+|liveness: [0-9]+ starved|starved [0-9]+|not live [0-9]+' | tr '\n' ' ' || true)
+      verdict=$(grep -hE '^(quorum_chaos seed|partitions )' "$logf" | grep -oE 'overlaps [0-9]+|lost updates [0-9]+|liveness: [0-9]+ starved|[0-9]+ during them|starved [0-9]+ \(\+[0-9]+ near faults\)|not live [0-9]+' | tr '\n' ' ' || true)
       avg=$(cut -d' ' -f1-3 /proc/loadavg)
       printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$t" "$load" "$seed" "$result" "$avg" "$verdict" >>"$TABLE"
       printf '%-10s %-5s seed %-4s %-6s load %s  %s\n' "$t" "$load" "$seed" "$result" "$avg" "$verdict"

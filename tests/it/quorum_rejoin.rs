@@ -5,7 +5,8 @@
 //! and acquisitions come back by themselves once a majority is past its
 //! rejoin delay; a master restarted moments before lockgate starts sits
 //! out like one that restarts while lockgate runs. Deterministic: no
-//! randomness.
+//! randomness. The tokens across the restarts are judged by the shared
+//! checker (`support::history`).
 
 use crate::support;
 
@@ -13,6 +14,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use lockgate::lock::quorum::{MasterState, SitOut};
+use support::history::{self, Journal, Kind, Release, Section};
 use support::quorum::{quorum_config, Cluster};
 use support::resp::{call, direct};
 use support::{until_uptime, Lockgate, RawClient, RedisServer};
@@ -25,17 +27,16 @@ fn sitting_out(s: &MasterState) -> bool {
 
 /// `LOCKGATE LOCK key 5000` that must acquire within `wait_ms`, asked
 /// again every 20 ms while lockgate answers that the quorum is
-/// unavailable (as a client retries): the token.
-async fn acquire_within(c: &mut RawClient, key: &str, wait_ms: u64) -> i64 {
+/// unavailable (as a client retries): the token and the validity, ms.
+async fn acquire_within(c: &mut RawClient, key: &str, wait_ms: u64) -> (i64, u64) {
     let deadline = Instant::now() + Duration::from_millis(wait_ms);
     loop {
         let reply = call(c, &["LOCKGATE", "LOCK", key, "5000"]).await;
         let parts: Vec<&str> = reply.split("\r\n").collect();
         match parts.as_slice() {
             ["*2", t, v, ""] if t.starts_with(':') && v.starts_with(':') => {
-                return t[1..]
-                    .parse()
-                    .unwrap_or_else(|_| panic!("token in {reply:?}"))
+                let n = |x: &str| x[1..].parse().unwrap_or_else(|_| panic!("{reply:?}"));
+                return (n(t), n(v) as u64);
             }
             _ if reply.starts_with("-ERR lockgate: lock quorum unavailable: ")
                 && Instant::now() < deadline =>
@@ -50,10 +51,82 @@ async fn acquire_within(c: &mut RawClient, key: &str, wait_ms: u64) -> i64 {
 /// Acquires (waiting up to `wait_ms`) and releases `key`; returns the
 /// token.
 async fn lock_unlock_within(c: &mut RawClient, key: &str, wait_ms: u64) -> i64 {
-    let token = acquire_within(c, key, wait_ms).await;
+    let (token, _) = acquire_within(c, key, wait_ms).await;
     let unlocked = call(c, &["LOCKGATE", "UNLOCK", key, &token.to_string()]).await;
     assert_eq!(unlocked, ":1\r\n", "LOCKGATE UNLOCK {key} {token}");
     token
+}
+
+/// Each key's grants and releases, in the shared checker's journal (one
+/// journal per key: the checker judges one lock).
+#[derive(Default)]
+struct Grants {
+    keys: std::collections::BTreeMap<&'static str, Journal>,
+}
+
+impl Grants {
+    /// [`lock_unlock_within`], recorded: the token.
+    async fn lock_unlock_within(
+        &mut self,
+        c: &mut RawClient,
+        key: &'static str,
+        wait_ms: u64,
+    ) -> i64 {
+        let j = self.keys.entry(key).or_insert_with(Journal::new);
+        let sent = j.t(Instant::now());
+        let (token, validity) = acquire_within(c, key, wait_ms).await;
+        let start = j.t(Instant::now());
+        let released = j.t(Instant::now());
+        let unlocked = call(c, &["LOCKGATE", "UNLOCK", key, &token.to_string()]).await;
+        let answered = j.t(Instant::now());
+        j.with(|r| {
+            let id = r.sections.len() as u64 + 1;
+            r.sections.push(Section {
+                id,
+                client: 0,
+                kind: Kind::Fence,
+                lg: 0,
+                token: Some(token),
+                sent,
+                start,
+                valid_until: sent + Duration::from_millis(validity),
+                released: Some(released),
+                paused: false,
+                write_done: None,
+                exposed: None,
+            });
+            r.releases.push(Release {
+                t: released,
+                section: id,
+                acquiring_conn: true,
+                conn_opened: None,
+                answered,
+                late: false,
+                result: unlocked.clone(),
+            });
+        });
+        assert_eq!(unlocked, ":1\r\n", "LOCKGATE UNLOCK {key} {token}");
+        token
+    }
+
+    async fn lock_unlock(&mut self, c: &mut RawClient, key: &'static str) -> i64 {
+        self.lock_unlock_within(c, key, 0).await
+    }
+
+    /// The checker's verdict on every key: tokens in grant order, no
+    /// overlap (one client, one at a time).
+    fn judge(&self) {
+        for (key, j) in &self.keys {
+            let records = j.with(|r| r.clone());
+            let v = history::judge(&records);
+            assert!(
+                v.clean() && records.sections.len() >= 2,
+                "{key}: {} grants: {}",
+                records.sections.len(),
+                v.first(6)
+            );
+        }
+    }
 }
 
 /// Acquires and releases `key` at once; returns the token.
@@ -105,6 +178,7 @@ async fn fencing_tokens_keep_increasing_across_any_restart_of_the_masters() {
     const REJOIN: u64 = 1_500;
     let mut cl = Cluster::start(5, |c| c.locks.quorum.rejoin_delay_ms = REJOIN).await;
     let mut c = cl.client().await;
+    let mut grants = Grants::default();
     for i in 0..5 {
         let addr = cl.masters[i].addr();
         assert_eq!(
@@ -113,13 +187,12 @@ async fn fencing_tokens_keep_increasing_across_any_restart_of_the_masters() {
         );
     }
     let before = clock_us(&cl.masters[0].addr()).await;
-    let mut idle = vec![lock_unlock(&mut c, "fence:idle").await];
+    let first = grants.lock_unlock(&mut c, "fence:idle").await;
     assert!(
-        idle[0] > before,
-        "a token ({}) below the voters' clock ({before} µs)",
-        idle[0]
+        first > before,
+        "a token ({first}) below the voters' clock ({before} µs)",
     );
-    let mut busy = vec![lock_unlock(&mut c, "fence:busy").await];
+    grants.lock_unlock(&mut c, "fence:busy").await;
     let restarts_before = cl
         .quorum()
         .rejoin
@@ -155,41 +228,45 @@ async fn fencing_tokens_keep_increasing_across_any_restart_of_the_masters() {
         }
         if round == 0 {
             // Three up: the others acquire meanwhile.
-            busy.push(lock_unlock(&mut c, "fence:busy").await);
+            grants.lock_unlock(&mut c, "fence:busy").await;
         }
     }
     // Rounds 1 and 2 went down while earlier pairs still sat out: a
     // majority may have had no data at once. Acquisitions come back.
-    busy.push(lock_unlock_within(&mut c, "fence:busy", back_within).await);
+    grants
+        .lock_unlock_within(&mut c, "fence:busy", back_within)
+        .await;
     recoveries.push(("rolling restart", majority_lost.elapsed()));
-    idle.push(lock_unlock(&mut c, "fence:idle").await);
+    grants.lock_unlock(&mut c, "fence:idle").await;
 
     // All five at once.
     let all_at_once = Instant::now();
     restart_empty(&mut cl, &[0, 1, 2, 3, 4]);
-    busy.push(lock_unlock_within(&mut c, "fence:busy", back_within).await);
+    grants
+        .lock_unlock_within(&mut c, "fence:busy", back_within)
+        .await;
     recoveries.push(("all five at once", all_at_once.elapsed()));
 
     // lockgate restarts, then all five again: the new lockgate sees young
     // masters, which sit out the rest of their delay.
     cl.restart_lockgate(&[0, 1, 2, 3, 4]).await;
     let mut c = cl.client().await;
-    busy.push(lock_unlock_within(&mut c, "fence:busy", back_within).await);
+    grants
+        .lock_unlock_within(&mut c, "fence:busy", back_within)
+        .await;
     let both = Instant::now();
     restart_empty(&mut cl, &[0, 1, 2, 3, 4]);
     cl.restart_lockgate(&[0, 1, 2, 3, 4]).await;
     let mut c = cl.client().await;
-    busy.push(lock_unlock_within(&mut c, "fence:busy", back_within).await);
+    grants
+        .lock_unlock_within(&mut c, "fence:busy", back_within)
+        .await;
     recoveries.push(("all five, then lockgate", both.elapsed()));
-    idle.push(lock_unlock(&mut c, "fence:idle").await);
+    grants.lock_unlock(&mut c, "fence:idle").await;
     println!("quorum_rejoin: acquisitions back after {recoveries:?} (rejoin delay {REJOIN} ms)");
 
-    for (key, tokens) in [("fence:idle", &idle), ("fence:busy", &busy)] {
-        assert!(
-            tokens.windows(2).all(|w| w[0] < w[1]),
-            "tokens of {key}, each must exceed all before: {tokens:?}"
-        );
-    }
+    // Each key's tokens exceed every token granted before (the checker).
+    grants.judge();
     for (what, took) in &recoveries {
         assert!(
             *took >= Duration::from_millis(REJOIN),
