@@ -18,9 +18,9 @@
 #      noscript scripts/noscript-tests.sh      (the integration tests with
 #               every server refusing scripts, but for those that need
 #               them by design; under 2 minutes)
-#      fuzz     scripts/fuzz.sh --seconds 20    (every fuzz target of fuzz/
-#               for 20 s on its seed corpus; installs cargo-fuzz when
-#               missing; see docs/fuzzing.md)
+#      fuzz     scripts/fuzz.sh --seconds 20 --light (every fuzz target
+#               of fuzz/ for 20 s on its seed corpus, built at opt-level
+#               1; installs cargo-fuzz when missing; see docs/fuzzing.md)
 #      demo     scripts/demo.sh --smoke         (release build, real Redis)
 #      cluster-demo scripts/demo.sh --cluster --smoke (the same in front of
 #               a local 3-primary Redis Cluster)
@@ -108,7 +108,7 @@ step test cargo test --all-targets --no-fail-fast
 step doctest cargo test --doc
 step doc env RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --document-private-items --quiet
 step noscript scripts/noscript-tests.sh
-step fuzz scripts/fuzz.sh --seconds 20
+step fuzz scripts/fuzz.sh --seconds 20 --light
 step demo scripts/demo.sh --smoke
 step cluster-demo scripts/demo.sh --cluster --smoke
 step storm-demo scripts/demo.sh --storm --smoke
