@@ -105,8 +105,28 @@ impl LockService {
     /// lock freed for that attempt is not taken out of its turn. Bounded:
     /// a parked attempt is served or answered within `park_ms`, a
     /// spinner's place is kept only between its attempts.
-    pub(crate) fn fence_defers(&self, key: &[u8], place: Option<&Place<'_>>) -> bool {
+    fn fence_defers(&self, key: &[u8], place: Option<&Place<'_>>) -> bool {
         place.is_some_and(|p| self.storm.waits_since_before(key, p.since()))
+    }
+
+    /// Waits while the first in line defers (see
+    /// [`LockService::fence_defers`]), for a release or a step at a time:
+    /// `Ok` to ask the store now, `Err` with the reply once `deadline`
+    /// passed meanwhile.
+    pub(crate) async fn fence_turn(
+        &self,
+        key: &[u8],
+        place: Option<&Place<'_>>,
+        deadline: Instant,
+    ) -> Result<(), LocalReply> {
+        while self.fence_defers(key, place) {
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(self.fence_ran_out(place));
+            }
+            until_freed(place, WAIT_STEP.min(deadline - now)).await;
+        }
+        Ok(())
     }
 }
 
@@ -144,13 +164,8 @@ impl LockService {
         let (bound, life) = self.fairness_for(&key);
         let (bound, life) = (bound.to_string(), life.to_string());
         loop {
-            if self.fence_defers(&key, place.as_ref()) {
-                let now = Instant::now();
-                if now >= deadline {
-                    return self.fence_ran_out(place.as_ref());
-                }
-                until_freed(place.as_ref(), WAIT_STEP.min(deadline - now)).await;
-                continue;
+            if let Err(ran_out) = self.fence_turn(&key, place.as_ref(), deadline).await {
+                return ran_out;
             }
             ProxyMetrics::inc(&self.metrics.attempts);
             let started = Instant::now();

@@ -46,13 +46,8 @@ impl LockService {
         // More than (N + clock_faults) / 2: a plain majority by default.
         let majority = q.votes_needed();
         loop {
-            if self.fence_defers(&key, place.as_ref()) {
-                let now = Instant::now();
-                if now >= deadline {
-                    return self.fence_ran_out(place.as_ref());
-                }
-                until_freed(place.as_ref(), WAIT_STEP.min(deadline - now)).await;
-                continue;
+            if let Err(ran_out) = self.fence_turn(&key, place.as_ref(), deadline).await {
+                return ran_out;
             }
             ProxyMetrics::inc(&self.metrics.attempts);
             let eligible = q.eligible();

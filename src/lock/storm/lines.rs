@@ -193,14 +193,8 @@ impl Lines {
 }
 
 impl Place<'_> {
-    /// Waits to be first in line, without going first against other
-    /// attempts on the key (see [`super::Storm::fence_first`]): the first
-    /// in line asks at its own pace, as every waiter did before lines.
-    pub async fn first_quietly(&self) -> MutexGuard<'_, ()> {
-        self.line.turn.lock().await
-    }
-
-    /// Waits to be first in line.
+    /// Waits to be first in line; then served against other attempts on
+    /// the key in arrival order (see [`super::Storm::fence_first`]).
     pub async fn first(&self) -> MutexGuard<'_, ()> {
         let turn = self.line.turn.lock().await;
         *crate::sync::lock(&self.line.head_since) = Some((self.id, self.joined));
