@@ -430,8 +430,8 @@ impl Storm {
             .any(|a| matches!(a, Action::Cut))
     }
 
-    /// The lock on `key` was released: wake its parked attempts, or, with
-    /// none parked, the first fencing wait in its line.
+    /// The lock on `key` was released: wake its parked attempts, or the
+    /// first fencing wait in its line when it came before all of them.
     pub fn released(&self, key: &[u8]) {
         // Served in arrival order: the release is the first fencing wait's
         // when it came before every attempt waiting here, else theirs. A
@@ -531,13 +531,9 @@ impl Storm {
         if self.lines.is_empty() {
             return false;
         }
-        let Some(head) = self.lines.head_since(key) else {
-            return false;
-        };
-        let parked = self
-            .state(key, false)
-            .and_then(|s| sync::lock(&s.inner).oldest_waiting());
-        parked.is_none_or(|p| head <= p)
+        self.lines
+            .head_since(key)
+            .is_some_and(|head| !self.waits_since_before(key, head))
     }
 
     /// Whether an attempt waits on `key` here (parked, or a spinner's
