@@ -7,12 +7,17 @@
 //! in `report` mode every late write is applied and counted. Seeded: a
 //! failing run prints its seed, which replays its schedule of pauses.
 
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use crate::guarded_writes::{counts, guarded, orders};
 use crate::support;
 
 use lockgate::config::{GuardMode, UnlockedWriters};
+use support::history::{
+    judge, Attempt, GuardedWrite, Guarding, Journal, Kind, Outcome, Release, Section, Verdict,
+};
 use support::locks::*;
 use support::quorum;
 use support::rng::Rng;
@@ -21,10 +26,17 @@ use support::RawClient;
 /// The lease the holders get (ms): sections take a few ms, so only the
 /// paused ones outlive it, even on a loaded machine.
 const LEASE_MS: u64 = 1_000;
+/// What a holder takes off its lease for its validity (ms): above
+/// lockgate's own drift on the quorum (1 % of the lease + 2 ms), so a
+/// section the checker holds valid is one lockgate still counts held.
+const DRIFT_MS: u64 = 50;
 /// How long a paused holder sleeps inside its section (ms).
 const PAUSE_MS: u64 = 1_600;
 const HOLDERS: usize = 4;
 const ROUNDS: usize = 5;
+/// Every acquisition within this (the checker's liveness bound); a
+/// holder gives up a second past it, so a stuck one fails the verdict.
+const ACQUIRE_WITHIN: Duration = support::WAIT;
 
 /// What one holder saw: its writes applied and refused, and the sections
 /// it was paused in.
@@ -35,57 +47,168 @@ struct Seen {
     paused: u64,
 }
 
-impl Seen {
-    /// Sends the write `args` on `c` and notes whether it was applied or
-    /// refused (anything else fails the test).
-    async fn write(&mut self, c: &mut RawClient, args: &[&str]) {
-        let reply = c.call(args).await;
-        if reply.starts_with("-ERR lockgate: write refused") {
-            self.refused += 1;
-        } else {
+/// One holder's connection and what it records in the run's journal.
+struct Holder {
+    c: RawClient,
+    /// When its connection opened (the pooled rule compares it).
+    opened: Duration,
+    h: usize,
+    j: Arc<Journal>,
+    ids: Arc<AtomicU64>,
+    seen: Seen,
+}
+
+impl Holder {
+    /// The legacy spin: `SETNX` every 5 ms until it answers 1, each
+    /// attempt recorded; the granted section (its validity counted from
+    /// the granting `SETNX`'s send, the lease lockgate gives a bare
+    /// `SETNX`), or `None` if it gave up past [`ACQUIRE_WITHIN`].
+    async fn acquire(&mut self) -> Option<Section> {
+        let give_up = Instant::now() + ACQUIRE_WITHIN + Duration::from_secs(1);
+        let me = format!("h{}", self.h);
+        loop {
+            let sent = self.j.t(Instant::now());
+            let reply = self.c.call(&["SETNX", "lock:order:1", &me]).await;
+            let answered = self.j.t(Instant::now());
+            let outcome = match reply.as_str() {
+                ":1\r\n" => Outcome::Granted,
+                ":0\r\n" => Outcome::NotAcquired,
+                other => Outcome::Failed(other.to_string()),
+            };
+            let granted = outcome == Outcome::Granted;
+            self.j.with(|r| {
+                r.attempts.push(Attempt {
+                    client: self.h,
+                    lg: 0,
+                    sent,
+                    answered,
+                    wait: None,
+                    outcome,
+                })
+            });
+            if granted {
+                return Some(Section {
+                    id: self.ids.fetch_add(1, Ordering::Relaxed),
+                    client: self.h,
+                    kind: Kind::Legacy,
+                    lg: 0,
+                    token: None,
+                    sent,
+                    start: answered,
+                    valid_until: sent + Duration::from_millis(LEASE_MS - DRIFT_MS),
+                    released: None,
+                    paused: false,
+                    write_done: None,
+                    exposed: None,
+                });
+            }
+            if Instant::now() > give_up {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// Sends the write `args` in section `s`, recorded with `tag` (what it
+    /// appends to the data's history, if it does), and notes whether it
+    /// was applied or refused (anything else fails the test).
+    async fn write(&mut self, s: &Section, args: &[&str], tag: Option<&str>) {
+        let sent = self.j.t(Instant::now());
+        let reply = self.c.call(args).await;
+        let answered = self.j.t(Instant::now());
+        let accepted = !reply.starts_with("-ERR lockgate: write refused");
+        if accepted {
             assert!(
                 reply.starts_with(':') || reply == "+OK\r\n",
                 "{args:?}: {reply}"
             );
-            self.applied += 1;
+            self.seen.applied += 1;
+        } else {
+            self.seen.refused += 1;
         }
+        self.j.with(|r| {
+            r.guarded.push(GuardedWrite {
+                section: Some(s.id),
+                client: self.h,
+                sent,
+                answered,
+                accepted,
+                tag: tag.map(str::to_string),
+            })
+        });
+    }
+
+    /// The release (`DEL` on its own connection), recorded with the
+    /// section.
+    async fn release(&mut self, mut s: Section) {
+        let t = self.j.t(Instant::now());
+        let result = self.c.call(&["DEL", "lock:order:1"]).await;
+        let answered = self.j.t(Instant::now());
+        s.released = Some(t);
+        self.j.with(|r| {
+            r.releases.push(Release {
+                t,
+                section: s.id,
+                acquiring_conn: true,
+                conn_opened: Some(self.opened),
+                answered,
+                late: t > s.valid_until,
+                result: result.trim_end().to_string(),
+            });
+            r.sections.push(s);
+        });
     }
 }
 
 /// One holder: `ROUNDS` sections on `lock:order:1`, each writing
 /// `h:k:begin` and, after a pause if the schedule says so, `h:k:end` to
-/// the history and the order itself, then releasing. On a slow machine a
+/// the history and the order itself, then releasing; every attempt,
+/// section, write and release recorded in `j`. On a slow machine a
 /// section that was not paused may outlive its lease too: its writes are
 /// then refused like a paused one's, and counted the same.
-async fn holder(addr: std::net::SocketAddr, h: usize, pauses: Vec<bool>) -> Seen {
-    let mut c = RawClient::connect(addr).await;
-    let mut seen = Seen::default();
+async fn holder(
+    addr: std::net::SocketAddr,
+    h: usize,
+    pauses: Vec<bool>,
+    j: Arc<Journal>,
+    ids: Arc<AtomicU64>,
+) -> Seen {
+    let opened = j.t(Instant::now());
+    let c = RawClient::connect(addr).await;
+    let mut me = Holder {
+        c,
+        opened,
+        h,
+        j,
+        ids,
+        seen: Seen::default(),
+    };
     for (k, pause) in pauses.into_iter().enumerate() {
-        // The legacy spin: SETNX until it answers 1.
-        let deadline = std::time::Instant::now() + support::WAIT;
-        while c.call(&["SETNX", "lock:order:1", &format!("h{h}")]).await != ":1\r\n" {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "holder {h} never acquired"
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        let Some(mut s) = me.acquire().await else {
+            // Not live: the checker says so (a run past its bound).
+            break;
+        };
         let lease = LEASE_MS.to_string();
-        c.call(&["PEXPIRE", "lock:order:1", &lease]).await;
+        me.c.call(&["PEXPIRE", "lock:order:1", &lease]).await;
         let begin = format!("h{h}:{k}:begin");
-        seen.write(&mut c, &["RPUSH", "order:1:history", &begin])
+        me.write(&s, &["RPUSH", "order:1:history", &begin], Some(&begin))
             .await;
         if pause {
-            seen.paused += 1;
+            me.seen.paused += 1;
+            s.paused = true;
+            me.j.fault(
+                "pause",
+                format!("h{h} paused {PAUSE_MS} ms in section {}", s.id),
+            );
             tokio::time::sleep(Duration::from_millis(PAUSE_MS)).await;
         }
         let end = format!("h{h}:{k}:end");
-        seen.write(&mut c, &["RPUSH", "order:1:history", &end])
+        me.write(&s, &["RPUSH", "order:1:history", &end], Some(&end))
             .await;
-        seen.write(&mut c, &["SET", "order:1", &end]).await;
-        c.call(&["DEL", "lock:order:1"]).await;
+        me.write(&s, &["SET", "order:1", &end], None).await;
+        me.release(s).await;
     }
-    seen
+    me.seen
 }
 
 /// Where the locks live for a run.
@@ -98,14 +221,60 @@ enum Store {
     Quorum,
 }
 
-/// Runs the workload for `seed` in `mode` with the locks on `store`;
-/// returns the history, the holders' sightings summed, and the guard's
-/// counters.
-async fn workload(seed: u64, mode: GuardMode, store: Store) -> (Vec<String>, Seen, [u64; 5]) {
+/// One run: the holders' sightings summed, the guard's counters, the
+/// history the run recorded and the checker's verdict on it.
+struct Run {
+    seen: Seen,
+    counted: [u64; 5],
+    records: support::history::Records,
+    v: Verdict,
+}
+
+impl Run {
+    /// Prints the figures, and fails the test on any failure the checker
+    /// found (safety or liveness).
+    fn judged(&self, seed: u64, mode: GuardMode, store: Store) {
+        let r = &self.records;
+        let v = &self.v;
+        let applied = r.guarded.iter().filter(|w| w.accepted).count();
+        println!(
+            "guarded_faults seed {seed:#x} {mode:?} {store:?}: acquisitions {} of {} attempts; \
+             paused {}; overlaps {}; exposed {}; guarded writes {} applied, {} refused; late \
+             refused {}, applied {} (interleaved {}); unjudged {}; stale accepted {}; valid refused {}; \
+             data failures {}; not live {}; guard counters {:?}",
+            r.sections.len(),
+            r.attempts.len(),
+            self.seen.paused,
+            v.overlaps.len(),
+            v.exposed,
+            applied,
+            r.guarded.len() - applied,
+            v.guard_refused_late,
+            v.guard_late_applied,
+            v.guard_interleaved_late,
+            v.guard_unjudged,
+            v.guard_accepted_stale.len(),
+            v.guard_refused_holder.len(),
+            v.guard_data.len(),
+            v.unlive.len(),
+            self.counted
+        );
+        assert!(
+            v.clean() && v.live(),
+            "seed {seed:#x} {mode:?} {store:?}:\n{}\n\ndata: {:?}",
+            v.first(6),
+            r.data
+        );
+    }
+}
+
+/// Runs the workload for `seed` in `mode` with the locks on `store`, and
+/// judges it.
+async fn workload(seed: u64, mode: GuardMode, store: Store) -> Run {
     match store {
         Store::Primary => {
             let (_redis, lg, mut r) = guarded(mode, UnlockedWriters::Allow, LEASE_MS).await;
-            run(seed, &lg, &mut r).await
+            run(seed, mode, &lg, &mut r).await
         }
         Store::Quorum => {
             let q = quorum::Cluster::start(3, |c| {
@@ -118,18 +287,15 @@ async fn workload(seed: u64, mode: GuardMode, store: Store) -> (Vec<String>, See
                 !q.lg.ctx.locks.guard_table.get().is_empty()
             );
             let mut r = RawClient::connect(q.primary.addr()).await;
-            run(seed, &q.lg, &mut r).await
+            run(seed, mode, &q.lg, &mut r).await
         }
     }
 }
 
 /// The workload for `seed` through `lg`, the data read with `r` (on the
-/// primary).
-async fn run(
-    seed: u64,
-    lg: &support::Lockgate,
-    r: &mut RawClient,
-) -> (Vec<String>, Seen, [u64; 5]) {
+/// primary): every lock operation and guarded write recorded, the data's
+/// history read at the end, all of it judged by the checker.
+async fn run(seed: u64, mode: GuardMode, lg: &support::Lockgate, r: &mut RawClient) -> Run {
     let mut rng = Rng::new(seed);
     // At least one pause, at most one per holder.
     let schedule: Vec<Vec<bool>> = (0..HOLDERS)
@@ -138,9 +304,11 @@ async fn run(
             (0..ROUNDS).map(|k| k == at || (h == 0 && k == 1)).collect()
         })
         .collect();
+    let j = Arc::new(Journal::new());
+    let ids = Arc::new(AtomicU64::new(1));
     let addr = lg.addr;
     let tasks: Vec<_> = (schedule.into_iter().enumerate())
-        .map(|(h, pauses)| tokio::spawn(holder(addr, h, pauses)))
+        .map(|(h, pauses)| tokio::spawn(holder(addr, h, pauses, j.clone(), ids.clone())))
         .collect();
     let mut seen = Seen::default();
     for t in tasks {
@@ -151,27 +319,25 @@ async fn run(
     }
     // The history as Redis holds it: `h<holder>:<round>:<begin|end>`.
     let raw = r.call(&["LRANGE", "order:1:history", "0", "-1"]).await;
-    let history = raw
+    let data = raw
         .split("\r\n")
         .filter(|l| l.starts_with('h'))
         .map(str::to_string)
         .collect();
-    (history, seen, counts(lg))
-}
-
-/// The `end` entries of `history` written by a holder whose section was
-/// not the last one to begin: someone else's write came between.
-fn interleaved(history: &[String]) -> Vec<String> {
-    let mut out = Vec::new();
-    for (i, e) in history.iter().enumerate() {
-        if let Some(section) = e.strip_suffix(":end") {
-            let before = i.checked_sub(1).map(|j| history[j].as_str());
-            if before != Some(&format!("{section}:begin")) {
-                out.push(e.clone());
-            }
-        }
+    let mut records = j.with(std::mem::take);
+    records.guarding = Some(match mode {
+        GuardMode::Refuse => Guarding::Refuse,
+        GuardMode::Report => Guarding::Report,
+    });
+    records.data = Some(data);
+    records.acquire_within = Some(ACQUIRE_WITHIN);
+    let v = judge(&records);
+    Run {
+        seen,
+        counted: counts(lg),
+        records,
+        v,
     }
-    out
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -181,18 +347,16 @@ async fn refuse_mode_keeps_every_late_write_out_of_the_data() {
         (0x5eed_0002, Store::Primary),
         (0x5eed_0005, Store::Quorum),
     ] {
-        let (history, seen, counted) = workload(seed, GuardMode::Refuse, store).await;
-        let [applied, refused, late, unlocked, unchecked] = counted;
-        // The data's history: every section's writes together, never
-        // another holder's between them.
-        assert!(
-            interleaved(&history).is_empty(),
-            "seed {seed:#x} {store:?}: {history:?}"
-        );
+        let run = workload(seed, GuardMode::Refuse, store).await;
+        // The checker: no two valid sections overlap, no late write in
+        // the data nor a valid holder's refused or lost, every
+        // acquisition within its bound.
+        run.judged(seed, GuardMode::Refuse, store);
+        let (seen, [applied, refused, late, unlocked, unchecked]) = (&run.seen, run.counted);
         // Every paused holder woke past its lease: its two last writes
-        // refused (at least).
+        // refused (at least), some of them after another's grant.
         assert!(
-            seen.paused >= 1 && seen.refused >= 2 * seen.paused,
+            seen.paused >= 1 && seen.refused >= 2 * seen.paused && run.v.guard_refused_late >= 1,
             "seed {seed:#x} {store:?}: {seen:?}"
         );
         // Each write counted once, as the holders saw it; all of them.
@@ -217,20 +381,25 @@ async fn report_mode_applies_and_counts_every_late_write() {
         (0x5eed_0004, Store::Primary),
         (0x5eed_0006, Store::Quorum),
     ] {
-        let (history, seen, counted) = workload(seed, GuardMode::Report, store).await;
-        let [applied, refused, late, _, _] = counted;
+        let run = workload(seed, GuardMode::Report, store).await;
+        // The checker: no overlap, nothing refused, every write in the
+        // data, every acquisition within its bound.
+        run.judged(seed, GuardMode::Report, store);
+        let (seen, [applied, refused, late, _, _]) = (&run.seen, run.counted);
         assert_eq!((refused, seen.refused), (0, 0), "seed {seed:#x} {store:?}");
         // Every write applied; each paused section's two late writes
-        // counted late (at least); and the history shows what refuse
-        // mode would have kept out.
+        // counted late (at least); and every write the checker saw
+        // applied after another holder's grant (what refuse mode would
+        // have kept out) counted late by lockgate.
         assert_eq!(applied + late, seen.applied, "seed {seed:#x} {store:?}");
         assert!(
             late >= 2 * seen.paused,
             "seed {seed:#x} {store:?}: {late} late, {seen:?}"
         );
         assert!(
-            interleaved(&history).len() as u64 <= late,
-            "seed {seed:#x} {store:?}: {history:?}"
+            run.v.guard_late_applied >= 1 && run.v.guard_late_applied <= late,
+            "seed {seed:#x} {store:?}: checker {} late, lockgate {late}",
+            run.v.guard_late_applied
         );
     }
 }

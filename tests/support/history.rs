@@ -7,7 +7,17 @@
 //! while others take the lock again and again ([`STARVED_AFTER`]; during
 //! faults reported apart, [`FAULT_SHADOW`]), and,
 //! once the last fault healed ([`Records::healed`]), every worker still
-//! trying acquires within [`Records::live_within`].
+//! trying acquires within [`Records::live_within`]; where a test bounds
+//! every acquisition ([`Records::acquire_within`]), each worker's run of
+//! attempts ends in a grant within it. Two rules model the faults and the
+//! guards: no grant asked and answered while the test had left fewer than
+//! a majority of the lock masters able to grant it
+//! ([`Records::no_majority`]), and guarded writes ([`GuardedWrite`],
+//! `[[locks.guards]]`) are judged against who validly held the lock when
+//! they were sent: a write accepted from a holder that had lost the lock
+//! to a later grant (refuse mode; counted in report mode), a write
+//! refused within its holder's validity, or an accepted write missing
+//! from the data ([`Records::data`]) is a failure.
 //! A section is valid from the reply that granted it until the earlier of
 //! its release and acquire-sent + lease − drift (or the validity lockgate
 //! answered, for the fencing API); only valid sections are held to
@@ -188,6 +198,36 @@ pub const STARVED_SPAN: Duration = Duration::from_secs(2);
 /// default); after that, and before any fault, waits take turns again.
 pub const FAULT_SHADOW: Duration = Duration::from_secs(3);
 
+/// What lockgate does with a guarded write from a holder that lost the
+/// lock (`[[locks.guards]]`, docs/guarded-writes.md): the checker fails
+/// such a write accepted in [`Guarding::Refuse`] and counts it in
+/// [`Guarding::Report`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Guarding {
+    /// `mode = "report"`: late writes applied and counted, none refused.
+    Report,
+    /// `mode = "refuse"`: late writes refused.
+    Refuse,
+}
+
+/// One write to the data a lock protects, as its writer saw it.
+#[derive(Debug, Clone)]
+pub struct GuardedWrite {
+    /// The section its writer was in (`None`: it held no lock).
+    pub section: Option<u64>,
+    /// The worker.
+    pub client: usize,
+    /// When it was sent.
+    pub sent: Duration,
+    /// When it was answered.
+    pub answered: Duration,
+    /// Applied (`false`: refused by the guard).
+    pub accepted: bool,
+    /// What it appended to the data's history ([`Records::data`]), if it
+    /// did: unique across the run.
+    pub tag: Option<String>,
+}
+
 /// Everything recorded in one run.
 #[derive(Debug, Default, Clone)]
 pub struct Records {
@@ -214,6 +254,22 @@ pub struct Records {
     pub faults: Vec<(Duration, String)>,
     /// Faults by kind.
     pub fault_counts: BTreeMap<&'static str, u64>,
+    /// Every run of one worker's attempts (from its first attempt to the
+    /// grant that ends it, or to its last answer) must take at most this
+    /// long, once outside [`Records::no_majority`]; `None`: not judged.
+    pub acquire_within: Option<Duration>,
+    /// `(from, to, why)`: spans in which the test left fewer than a
+    /// majority of the lock masters able to grant the lock (killed, hung,
+    /// sitting out, holding another's lease): no grant may be asked and
+    /// answered within one.
+    pub no_majority: Vec<(Duration, Duration, String)>,
+    /// How the guard treats late writes; `None`: no guarded writes.
+    pub guarding: Option<Guarding>,
+    /// Every write to the guarded data.
+    pub guarded: Vec<GuardedWrite>,
+    /// The guarded data's history as Redis holds it at the end (the tags
+    /// of the writes applied, in order); `None`: not read.
+    pub data: Option<Vec<String>>,
 }
 
 /// The shared journal, timed from one epoch.
@@ -287,8 +343,34 @@ pub struct Verdict {
     /// The same, during faults or within [`FAULT_SHADOW`] after one:
     /// reported, not failed.
     pub starved_in_faults: Vec<String>,
-    /// Workers not granted the lock within the bound after the heal.
+    /// Workers not granted the lock within the bound after the heal, or
+    /// runs of attempts longer than [`Records::acquire_within`].
     pub unlive: Vec<String>,
+    /// Grants asked and answered while no majority could grant them.
+    pub granted_without_majority: Vec<String>,
+    /// Guarded writes refused although sent and answered within their
+    /// holder's validity (in report mode: any refused).
+    pub guard_refused_holder: Vec<String>,
+    /// Guarded writes accepted in refuse mode from a holder that had lost
+    /// the lock to a later grant, or from a writer holding none while a
+    /// section was valid.
+    pub guard_accepted_stale: Vec<String>,
+    /// The same in report mode: applied, as promised, and counted here
+    /// (lockgate must have counted at least these `reported_late`).
+    pub guard_late_applied: u64,
+    /// Guarded writes refused from a holder that had lost the lock to a
+    /// later grant: the guard at work.
+    pub guard_refused_late: u64,
+    /// Guarded writes past their holder's validity with nobody granted
+    /// since (the lease may still run in Redis): either answer is right.
+    pub guard_unjudged: u64,
+    /// The data disagrees with the writes: an accepted write missing or
+    /// twice, a refused one present, one nobody recorded, or another's
+    /// write between two of a section's writes within its validity.
+    pub guard_data: Vec<String>,
+    /// Late writes (report mode) between two of a valid section's writes
+    /// in the data: what refuse mode keeps out, reported.
+    pub guard_interleaved_late: u64,
 }
 
 impl Verdict {
@@ -305,6 +387,10 @@ impl Verdict {
             && self.fence_refused_valid.is_empty()
             && self.old_token_accepted.is_empty()
             && self.token_order.is_empty()
+            && self.granted_without_majority.is_empty()
+            && self.guard_refused_holder.is_empty()
+            && self.guard_accepted_stale.is_empty()
+            && self.guard_data.is_empty()
     }
 
     /// The first `n` failures, of every kind, for a failing test's message.
@@ -316,6 +402,10 @@ impl Verdict {
             .chain(&self.fence_refused_valid)
             .chain(&self.old_token_accepted)
             .chain(&self.token_order)
+            .chain(&self.granted_without_majority)
+            .chain(&self.guard_refused_holder)
+            .chain(&self.guard_accepted_stale)
+            .chain(&self.guard_data)
             .chain(&self.starved)
             .chain(&self.unlive)
             .take(n)
@@ -520,8 +610,157 @@ pub fn judge(r: &Records) -> Verdict {
             ));
         }
     }
+    for s in &r.sections {
+        for (from, to, why) in &r.no_majority {
+            if s.sent >= *from && s.start <= *to {
+                v.granted_without_majority.push(format!(
+                    "GRANTED WITHOUT A MAJORITY ({why}, t+{:.1}..t+{:.1}):\n  {}",
+                    from.as_secs_f64() * 1e3,
+                    to.as_secs_f64() * 1e3,
+                    s.show()
+                ));
+            }
+        }
+    }
+    guarded(r, &mut v);
     liveness(r, &mut v);
     v
+}
+
+/// The guarded writes: each judged against who validly held the lock when
+/// it was sent, then the data against the writes.
+fn guarded(r: &Records, v: &mut Verdict) {
+    let Some(mode) = r.guarding else { return };
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let by_id: BTreeMap<u64, &Section> = r.sections.iter().map(|s| (s.id, s)).collect();
+    let show = |w: &GuardedWrite| {
+        format!(
+            "write {:?} by client {} in section {:?}, sent t+{:.1} answered t+{:.1}, {}",
+            w.tag,
+            w.client,
+            w.section,
+            ms(w.sent),
+            ms(w.answered),
+            if w.accepted { "applied" } else { "refused" }
+        )
+    };
+    // Whether `w` was sent and answered within its section's validity.
+    let within = |w: &GuardedWrite| {
+        let s = w.section.and_then(|id| by_id.get(&id))?;
+        let (a, b) = s.window();
+        Some((s, w.sent >= a && w.answered <= b))
+    };
+    for w in &r.guarded {
+        let judged = within(w);
+        // The lock was lost once another acquisition, asked after this
+        // section's grant (so applied after it), was granted before the
+        // write was sent; a writer holding none writes under another's
+        // valid section.
+        // (After its own release a writer holds nothing: not judged.)
+        let stale = match judged {
+            Some((s, _)) if s.released.is_some_and(|rel| w.sent >= rel) => None,
+            Some((s, _)) => r
+                .sections
+                .iter()
+                .find(|o| o.id != s.id && o.sent >= s.start && o.start <= w.sent)
+                .map(|o| o.show()),
+            None => r
+                .sections
+                .iter()
+                .find(|o| {
+                    let (a, b) = o.window();
+                    o.client != w.client && a <= w.sent && w.answered <= b
+                })
+                .map(|o| o.show()),
+        };
+        let holder = judged.is_some_and(|(_, ok)| ok);
+        if !w.accepted && (holder || mode == Guarding::Report) {
+            let s = judged.map_or(String::new(), |(s, _)| s.show());
+            v.guard_refused_holder.push(format!(
+                "GUARDED WRITE of a valid holder refused ({mode:?} mode):\n  {}\n  {s}",
+                show(w)
+            ));
+        } else if let (true, Some(other)) = (w.accepted, &stale) {
+            match mode {
+                Guarding::Refuse => {
+                    let s = judged.map_or("no section".into(), |(s, _)| s.show());
+                    v.guard_accepted_stale.push(format!(
+                        "GUARDED WRITE accepted from a holder that had lost the lock:\n  {}\n  \
+                         its section: {s}\n  granted since: {other}",
+                        show(w)
+                    ))
+                }
+                Guarding::Report => v.guard_late_applied += 1,
+            }
+        } else if !w.accepted && stale.is_some() {
+            v.guard_refused_late += 1;
+        } else if !holder && w.section.is_some() {
+            v.guard_unjudged += 1;
+        }
+    }
+    let Some(data) = &r.data else { return };
+    let by_tag: BTreeMap<&str, &GuardedWrite> = (r.guarded.iter())
+        .filter_map(|w| Some((w.tag.as_deref()?, w)))
+        .collect();
+    let mut seen: BTreeMap<&str, usize> = BTreeMap::new();
+    for (i, t) in data.iter().enumerate() {
+        match by_tag.get(t.as_str()) {
+            None => v
+                .guard_data
+                .push(format!("GUARDED DATA holds {t:?}, which nobody wrote")),
+            Some(w) if !w.accepted => v.guard_data.push(format!(
+                "GUARDED DATA holds a refused write (position {i}): {}",
+                show(w)
+            )),
+            Some(_) => *seen.entry(t).or_default() += 1,
+        }
+    }
+    for (t, w) in &by_tag {
+        match (w.accepted, seen.get(t).copied().unwrap_or(0)) {
+            (true, 0) => v
+                .guard_data
+                .push(format!("GUARDED WRITE LOST from the data: {}", show(w))),
+            (true, n) if n > 1 => v
+                .guard_data
+                .push(format!("GUARDED WRITE {n} times in the data: {}", show(w))),
+            _ => {}
+        }
+    }
+    // Between two of a section's writes made within its validity, nobody
+    // else's may land: they were applied while it validly held the lock.
+    let mut spans: BTreeMap<u64, (usize, usize)> = BTreeMap::new();
+    for (i, t) in data.iter().enumerate() {
+        let Some(w) = by_tag.get(t.as_str()) else {
+            continue;
+        };
+        if let (Some(id), Some((_, true))) = (w.section, within(w)) {
+            let e = spans.entry(id).or_insert((i, i));
+            e.1 = i;
+        }
+    }
+    for (id, (a, b)) in spans {
+        for t in data.iter().take(b).skip(a + 1) {
+            let Some(w) = by_tag.get(t.as_str()) else {
+                continue;
+            };
+            if w.section == Some(id) || !w.accepted {
+                // Its own, or a refused write already reported above.
+                continue;
+            }
+            let late = !within(w).is_some_and(|(_, ok)| ok);
+            if mode == Guarding::Report && late {
+                v.guard_interleaved_late += 1;
+            } else {
+                v.guard_data.push(format!(
+                    "GUARDED DATA: {} landed between section {id}'s writes {:?} and {:?}, \
+                     made within its validity",
+                    show(w),
+                    data[a],
+                    data[b]
+                ));
+            }
+        }
+    }
 }
 
 /// The liveness checks: starved `WAIT`s, and every worker granted within
@@ -574,6 +813,9 @@ fn liveness(r: &Records, v: &mut Verdict) {
             }
         }
     }
+    if let Some(bound) = r.acquire_within {
+        acquire_runs(r, bound, v);
+    }
     let Some(healed) = r.healed else { return };
     let deadline = healed + r.live_within;
     let mut clients: Vec<(usize, usize)> = r
@@ -612,5 +854,269 @@ fn liveness(r: &Records, v: &mut Verdict) {
                     .collect::<Vec<_>>()
             )),
         }
+    }
+}
+
+/// Each worker's runs of attempts, from the first after a grant to the
+/// next grant (or the last answer, if none came), counted from when the
+/// run left every [`Records::no_majority`] span: longer than `bound` is
+/// not live.
+fn acquire_runs(r: &Records, bound: Duration, v: &mut Verdict) {
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let mut by_client: BTreeMap<usize, Vec<&Attempt>> = BTreeMap::new();
+    for a in &r.attempts {
+        by_client.entry(a.client).or_default().push(a);
+    }
+    for (client, mut list) in by_client {
+        list.sort_by_key(|a| a.sent);
+        let mut runs: Vec<(Duration, Duration, bool, usize)> = Vec::new();
+        let mut open: Option<(Duration, Duration, usize)> = None;
+        for a in list {
+            let (from, _, n) = open.take().unwrap_or((a.sent, a.answered, 0));
+            match a.outcome {
+                Outcome::Granted => runs.push((from, a.answered, true, n + 1)),
+                _ => open = Some((from, a.answered, n + 1)),
+            }
+        }
+        if let Some((from, to, n)) = open {
+            runs.push((from, to, false, n));
+        }
+        for (from, to, granted, n) in runs {
+            // Out of every no-majority span it started in.
+            let mut from = from;
+            while let Some((_, end, _)) =
+                (r.no_majority.iter()).find(|(a, b, _)| *a <= from && from < *b)
+            {
+                from = *end;
+            }
+            if to > from && to - from > bound {
+                v.unlive.push(format!(
+                    "NOT LIVE: client {client}'s run of {n} attempts from t+{:.1} {} t+{:.1} \
+                     (bound {bound:?})",
+                    ms(from),
+                    if granted {
+                        "was granted at"
+                    } else {
+                        "ended ungranted at"
+                    },
+                    ms(to)
+                ));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    fn section(id: u64, sent: u64, start: u64, valid: u64, released: u64) -> Section {
+        Section {
+            id,
+            client: id as usize,
+            kind: Kind::Legacy,
+            lg: 0,
+            token: None,
+            sent: ms(sent),
+            start: ms(start),
+            valid_until: ms(valid),
+            released: Some(ms(released)),
+            paused: false,
+            write_done: None,
+            exposed: None,
+        }
+    }
+
+    fn write(section: u64, sent: u64, accepted: bool, tag: &str) -> GuardedWrite {
+        GuardedWrite {
+            section: Some(section),
+            client: section as usize,
+            sent: ms(sent),
+            answered: ms(sent + 2),
+            accepted,
+            tag: Some(tag.to_string()),
+        }
+    }
+
+    /// Section 1 is paused past its validity (t+850) and writes `a1` at
+    /// t+1150, after section 2 (asked t+1100) took the lock; 2 writes `b0`
+    /// and `b1` within its validity. Whatever the writes' answers, the
+    /// data holds the accepted ones in `order`.
+    fn guarded_run(mode: Guarding, ws: Vec<GuardedWrite>, order: &[&str]) -> Verdict {
+        judge(&Records {
+            sections: vec![
+                section(1, 0, 1, 850, 2_000),
+                section(2, 1_100, 1_101, 1_950, 1_300),
+            ],
+            guarding: Some(mode),
+            guarded: ws,
+            data: Some(order.iter().map(|t| t.to_string()).collect()),
+            ..Records::default()
+        })
+    }
+
+    /// A guarded write is judged against who validly held the lock when
+    /// it was sent: a late write accepted in refuse mode, a valid
+    /// holder's write refused (or any refusal in report mode), and data
+    /// that lost or gained a write are failures; a late write applied in
+    /// report mode is counted, and one past its validity with nobody
+    /// granted since is left alone.
+    #[test]
+    fn guarded_writes_are_judged_against_the_valid_holder() {
+        use Guarding::{Refuse, Report};
+        let ws = |a1: bool, b1: bool| {
+            vec![
+                write(1, 10, true, "a0"),
+                write(2, 1_110, true, "b0"),
+                write(1, 1_150, a1, "a1"),
+                write(2, 1_200, b1, "b1"),
+            ]
+        };
+        // (mode, a1 accepted, b1 accepted, the data) → (failures of each
+        // kind: refused holder, accepted stale, data; late applied,
+        // interleaved late).
+        type Row<'a> = (Guarding, bool, bool, &'a [&'a str], [usize; 5]);
+        let table: &[Row] = &[
+            (Refuse, false, true, &["a0", "b0", "b1"], [0, 0, 0, 0, 0]),
+            (
+                Refuse,
+                true,
+                true,
+                &["a0", "b0", "a1", "b1"],
+                [0, 1, 1, 0, 0],
+            ),
+            (
+                Refuse,
+                true,
+                true,
+                &["a0", "b0", "b1", "a1"],
+                [0, 1, 0, 0, 0],
+            ),
+            (Refuse, false, false, &["a0", "b0"], [1, 0, 0, 0, 0]),
+            (Refuse, false, true, &["a0", "b0"], [0, 0, 1, 0, 0]),
+            (
+                Refuse,
+                false,
+                true,
+                &["a0", "b0", "a1", "b1"],
+                [0, 0, 1, 0, 0],
+            ),
+            (
+                Refuse,
+                false,
+                true,
+                &["a0", "b0", "b1", "x"],
+                [0, 0, 1, 0, 0],
+            ),
+            (
+                Report,
+                true,
+                true,
+                &["a0", "b0", "a1", "b1"],
+                [0, 0, 0, 1, 1],
+            ),
+            (Report, false, true, &["a0", "b0", "b1"], [1, 0, 0, 0, 0]),
+        ];
+        for (i, &(mode, a1, b1, data, want)) in table.iter().enumerate() {
+            let v = guarded_run(mode, ws(a1, b1), data);
+            let got = [
+                v.guard_refused_holder.len(),
+                v.guard_accepted_stale.len(),
+                v.guard_data.len(),
+                v.guard_late_applied as usize,
+                v.guard_interleaved_late as usize,
+            ];
+            assert_eq!(got, want, "row {i}: {}", v.first(4));
+            assert_eq!(v.clean(), want[..3] == [0, 0, 0], "row {i}");
+        }
+        // Past its validity (t+850) with nobody granted yet (2 asks at
+        // t+1100): the lease may still run in Redis, either answer right.
+        for accepted in [true, false] {
+            let mut w = ws(false, true);
+            w.push(write(1, 900, accepted, "late"));
+            let data: &[&str] = match accepted {
+                true => &["a0", "late", "b0", "b1"],
+                false => &["a0", "b0", "b1"],
+            };
+            let v = guarded_run(Refuse, w, data);
+            assert!(v.clean(), "{}", v.first(4));
+            assert_eq!(v.guard_unjudged, 1, "the late write");
+            assert_eq!(v.guard_refused_late, 1, "a1, refused");
+        }
+        // A writer holding no lock, applied while section 2 was valid.
+        let mut w = ws(false, true);
+        w.push(GuardedWrite {
+            section: None,
+            client: 9,
+            ..write(0, 1_120, true, "n")
+        });
+        let v = guarded_run(Refuse, w, &["a0", "b0", "n", "b1"]);
+        assert_eq!(v.guard_accepted_stale.len(), 1, "{}", v.first(4));
+        assert_eq!(v.guard_data.len(), 1, "{}", v.first(4));
+    }
+
+    /// A grant asked and answered while the test left no majority able to
+    /// grant is a failure; one asked before the span began, or answered
+    /// after it ended, is not.
+    #[test]
+    fn no_grant_without_a_majority() {
+        let run = |sent: u64, start: u64| {
+            judge(&Records {
+                sections: vec![section(1, sent, start, sent + 850, start + 10)],
+                no_majority: vec![(ms(100), ms(500), "3 of 5 killed".into())],
+                ..Records::default()
+            })
+        };
+        for (sent, start, failed) in [(150, 160, 1), (90, 120, 0), (490, 495, 1), (490, 510, 0)] {
+            let v = run(sent, start);
+            assert_eq!(v.granted_without_majority.len(), failed, "{sent} {start}");
+            assert_eq!(v.clean(), failed == 0);
+        }
+    }
+
+    /// Each run of attempts must end in a grant within the bound, counted
+    /// from when it left the no-majority spans it started in.
+    #[test]
+    fn every_run_of_attempts_ends_in_a_grant_within_the_bound() {
+        let attempt = |sent: u64, outcome: Outcome| Attempt {
+            client: 0,
+            lg: 0,
+            sent: ms(sent),
+            answered: ms(sent + 5),
+            wait: None,
+            outcome,
+        };
+        let no = || Outcome::NotAcquired;
+        let run = |bound: u64, attempts: Vec<Attempt>, spans: &[(u64, u64)]| {
+            judge(&Records {
+                attempts,
+                acquire_within: Some(ms(bound)),
+                no_majority: (spans.iter())
+                    .map(|&(a, b)| (ms(a), ms(b), "down".into()))
+                    .collect(),
+                ..Records::default()
+            })
+            .unlive
+            .len()
+        };
+        let granted_late = || {
+            vec![
+                attempt(0, no()),
+                attempt(300, Outcome::Failed("-ERR".into())),
+                attempt(600, Outcome::Granted),
+                attempt(700, Outcome::Granted),
+            ]
+        };
+        assert_eq!(run(1_000, granted_late(), &[]), 0);
+        assert_eq!(run(500, granted_late(), &[]), 1);
+        assert_eq!(run(500, granted_late(), &[(0, 400)]), 0);
+        let never = vec![attempt(0, no()), attempt(2_000, no())];
+        assert_eq!(run(1_000, never.clone(), &[]), 1);
+        assert_eq!(run(1_000, never.clone(), &[(0, 3_000)]), 0);
+        assert_eq!(run(3_000, never, &[]), 0);
     }
 }
