@@ -175,6 +175,12 @@ counters! {
         /// connection closes with the session.
         clients_gone: Counter "clients_gone",
             "Sessions ended at once because the client reset or a write to it failed, with replies owed";
+        /// Clients found gone before their pipeline went to Redis: their
+        /// FIN was in when lockgate first read them (accepted from the
+        /// listen queue after they closed), the first command went alone,
+        /// and its reply's write was reset; the rest was never sent.
+        clients_gone_unserved: Counter "clients_gone_unserved",
+            "Clients found gone after their first command: accepted after they closed, the rest of their pipeline never sent to Redis";
         /// TLS handshakes completed on the TLS listener.
         tls_handshakes: Counter "tls_handshakes",
             "TLS handshakes completed on the TLS listener";

@@ -28,6 +28,9 @@ pub struct Activity {
     close_notify: Notify,
     /// The reader found the client's connection reset or broken.
     gone: AtomicBool,
+    /// The reader waits for the writer's next write ([`Activity::watch_write`]).
+    want_write: AtomicBool,
+    write_notify: Notify,
 }
 
 /// What the reader does when its idle timer fires.
@@ -49,6 +52,8 @@ impl Activity {
             close_ready: AtomicBool::new(false),
             close_notify: Notify::new(),
             gone: AtomicBool::new(false),
+            want_write: AtomicBool::new(false),
+            write_notify: Notify::new(),
         }
     }
 
@@ -85,6 +90,25 @@ impl Activity {
     pub fn wrote(&self) {
         let ms = self.epoch.elapsed().as_millis() as u64;
         self.last_write_ms.store(ms, Ordering::Relaxed);
+        // A plain load first: set only while a departed-looking client's
+        // first command is answered (see `reader`), so once per session.
+        if self.want_write.load(Ordering::Relaxed) && self.want_write.swap(false, Ordering::AcqRel)
+        {
+            self.write_notify.notify_one();
+        }
+    }
+
+    /// From now, the writer's next write is told to
+    /// [`Activity::until_written`]; called before the command whose reply
+    /// is waited for is sent, so a reply written at once is not missed.
+    pub fn watch_write(&self) {
+        self.want_write.store(true, Ordering::Release);
+    }
+
+    /// Waits for the first write after [`Activity::watch_write`].
+    pub async fn until_written(&self) {
+        // notify_one leaves a permit when no one waits yet.
+        self.write_notify.notified().await;
     }
 
     /// Whether the idle timer is suspended (replies owed, subscribed,

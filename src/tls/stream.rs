@@ -181,6 +181,32 @@ impl ReadPart<'_> {
             ReadPart::Shared(_) | ReadPart::Cluster(_) => std::future::pending().await,
         }
     }
+
+    /// Whether the peer's FIN has reached this socket already, as the
+    /// runtime last saw it (no system call): a hint, since a FIN that came
+    /// after the runtime's last look is not seen. False for TLS (its own
+    /// close is inside the stream) and for upstream halves.
+    pub fn read_closed(&self) -> bool {
+        let ReadPart::Plain(r) = self else {
+            return false;
+        };
+        use std::future::Future;
+        let ready = std::pin::pin!(r.as_ref().ready(Interest::READABLE));
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        matches!(ready.poll(&mut cx), Poll::Ready(Ok(r)) if r.is_read_closed())
+    }
+
+    /// Whether an error is pending on the socket now (the peer's reset
+    /// after a write reached a closed socket), asked of the kernel
+    /// (`SO_ERROR`, one system call): on loopback the reset is in by the
+    /// time the write that caused it returns. False for TLS and upstream
+    /// halves.
+    pub fn failed_now(&self) -> bool {
+        match self {
+            ReadPart::Plain(r) => !matches!(r.as_ref().take_error(), Ok(None)),
+            _ => false,
+        }
+    }
 }
 
 /// Ready once an error is pending on `socket`.

@@ -36,6 +36,8 @@ pub struct Dispatch {
     /// The same context as the carrier's, read while it changes.
     ctx: Arc<ServerContext>,
     carrier: Carrier,
+    /// Route one command per batch ([`Dispatch::one_at_a_time`]).
+    one: bool,
 }
 
 /// What carries a decision out: the session's state besides the parser
@@ -141,7 +143,15 @@ impl Dispatch {
                 ahead: None,
                 tx_frees: TxFrees::Nothing,
             },
+            one: false,
         }
+    }
+
+    /// While `on`, [`Dispatch::batch`] stops after one command: the rest
+    /// of the buffer waits for the next batch (a client that may have
+    /// gone, see `reader`).
+    pub fn one_at_a_time(&mut self, on: bool) {
+        self.one = on;
     }
 
     /// Bytes the request being parsed needs before it can be routed.
@@ -165,6 +175,9 @@ impl Dispatch {
         // `Batch::ones`); recorded before anything else is.
         let mut plain = 0u32;
         loop {
+            if self.one && commands > 0 {
+                break;
+            }
             let pos = out.used;
             let rest = &buf[pos..];
             match self.parser.parse(rest) {
