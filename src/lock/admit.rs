@@ -12,7 +12,7 @@ use bytes::Bytes;
 use tokio::sync::oneshot;
 
 use super::hotkeys::Event;
-use super::lease::ConnLocks;
+use super::lease::{ConnLocks, Standing};
 use super::ops::{LockOp, Shape};
 use super::storm::{shaped, Acquirer, Admission, Ask};
 use super::{Go, LockService, Park};
@@ -81,13 +81,26 @@ impl LockService {
         // connection: see `LockService::hurry`).
         let rules = self.rules();
         let (spinning, shared, conn_id) = {
-            let c = sync::lock(conn);
-            let shared = c
-                .shared_until
-                .is_some_and(|t| t > std::time::Instant::now());
+            let mut c = sync::lock(conn);
+            let now = std::time::Instant::now();
             let window = Duration::from_millis(rules.spin_window_ms());
-            let spinning = !shared && c.spinning(key, window);
-            (spinning, shared, c.id)
+            // An attempt on a key its own connection holds is another
+            // caller's (a LIFO pool lends the winner's connection to the
+            // next thread first) or a re-entrant one: either way that
+            // connection is not parked for a while, else the next thread
+            // holds a pooled connection for park_ms while the holder may
+            // wait for one to release (tests/serial/shared_fairness.rs: a
+            // pool of 4 for 6 workers on one Redis, 7 acquisitions in 6 s).
+            // (Not after a client script on the key since it acquired: a
+            // compare-and-delete `EVAL` may have released it.)
+            let holds = |a: &super::lease::Acquisition| {
+                a.standing == Standing::Held && a.after_script.is_none()
+            };
+            if c.get(key).is_some_and(holds) {
+                c.shared_until = Some(now + window);
+            }
+            let shared = c.shared_until.is_some_and(|t| t > now);
+            (c.spinning(key, window), shared, c.id)
         };
         // Whoever asks, the holder's own connection or one carrying the
         // holder and its rivals, an attempt on a key known held is
@@ -97,7 +110,12 @@ impl LockService {
         // transaction) is not answered yet: Redis runs that first (the
         // session fuzzer's SETNX, DEL, SETNX got 0 here and 1 from Redis),
         // and the caller saw to that (`tracked`).
-        let park_ms = if parkable && spinning { park_ms } else { 0 };
+        let keep = Duration::from_millis(park_ms.max(probe_ms));
+        let park_ms = if parkable && spinning && !shared {
+            park_ms
+        } else {
+            0
+        };
         match self.storm.admit(key, probe_ms, conn_id) {
             admission @ (Admission::Probe | Admission::Check) => Ok(Go {
                 park: (park_ms > 0).then_some(Park { park_ms, ..park }),
@@ -111,7 +129,27 @@ impl LockService {
                 // Recorded as lost, so an EXPIRE that follows cannot move
                 // the holder's lease.
                 let token = self.next_token();
-                let since_last = sync::lock(conn).lost(key.clone(), token);
+                let (since_last, first_try) = {
+                    let mut c = sync::lock(conn);
+                    (c.lost(key.clone(), token), c.first_try(key))
+                };
+                // A shared connection's callers never park, so without a
+                // place they never came before anyone: fencing waits and
+                // parked attempts took every release (one multiplexed
+                // connection's SETNX and SET NX workers, 0-2 acquisitions
+                // against 6-16 for the fencing ones, same file).
+                if let (true, true, Some(since)) = (shared, spinning, first_try) {
+                    let ask = Ask {
+                        key: key.clone(),
+                        value: park.value.clone(),
+                        shape: park.shape,
+                        lease_ms: park.lease_ms,
+                        conn: conn.clone(),
+                        conn_id,
+                        check: false,
+                    };
+                    self.storm.spun(ask, since, keep);
+                }
                 if park_ms > 0 {
                     if let Some(rx) = self.park(key.clone(), park, conn, acquirer()) {
                         self.hot.record(key, Event::Parked);

@@ -386,7 +386,11 @@ fn holding(conn: &ConnLocks, key: &[u8], release: bool) -> Option<(Bytes, Bytes)
         return None;
     }
     let (token, alt) = conn.attempt_tokens(key);
-    let token = if release { conn.token(key) } else { token };
+    let token = if release {
+        conn.release_token(key)
+    } else {
+        token
+    };
     (!token.is_empty()).then_some((token, alt))
 }
 

@@ -106,7 +106,7 @@ impl LockService {
     /// a parked attempt is served or answered within `park_ms`, a
     /// spinner's place is kept only between its attempts.
     fn fence_defers(&self, key: &[u8], place: Option<&Place<'_>>) -> bool {
-        place.is_some_and(|p| self.storm.waits_since_before(key, p.since()))
+        place.is_some_and(|p| self.storm.waits_since_before(key, p.since(), p.owner()))
     }
 
     /// Waits while the first in line defers (see

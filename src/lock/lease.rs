@@ -289,6 +289,24 @@ impl ConnLocks {
             .unwrap_or_default()
     }
 
+    /// The token a release of `key` by this connection carries: its
+    /// [`ConnLocks::token`], or empty (the instance rule) while the
+    /// connection is seen carrying several callers (`shared_until`). There
+    /// the record may be another caller's earlier acquisition, released
+    /// since through another connection: a LIFO pool lends connections in
+    /// turn, so the holder's `DEL` often travels on one that won an older
+    /// lease, and its stale token refused the release, leaving the lock
+    /// held for its whole lease (tests/serial/shared_fairness.rs: 2 s
+    /// gaps, waits of 2-5 s). Which caller sends what cannot be told on
+    /// such a connection; the instance rule is what any pooled connection
+    /// that never acquired the key gets.
+    pub fn release_token(&self, key: &[u8]) -> Bytes {
+        if self.shared_until.is_some_and(|t| t > Instant::now()) {
+            return Bytes::new();
+        }
+        self.token(key)
+    }
+
     /// The tokens by which this connection may hold `key`, for extensions:
     /// its acquisition or takeover and a newer attempt still unsettled
     /// (empty strings where there is none; both empty when the connection

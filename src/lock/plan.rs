@@ -240,7 +240,7 @@ impl LockService {
                 let owners: Vec<Bytes> = lock_keys.iter().map(|k| owner_key(k)).collect();
                 let queues: Vec<Bytes> = lock_keys.iter().map(|k| queue_key(k)).collect();
                 let places: Vec<Bytes> = lock_keys.iter().map(|k| places_key(k)).collect();
-                let tokens: Vec<Bytes> = lock_keys.iter().map(|k| conn.token(k)).collect();
+                let tokens: Vec<Bytes> = lock_keys.iter().map(|k| conn.release_token(k)).collect();
                 let alts: Vec<Bytes> = lock_keys.iter().map(|k| conn.attempt_tokens(k).1).collect();
                 let mut keys: Vec<&[u8]> = Vec::new();
                 for (((k, o), q), p) in lock_keys.iter().zip(&owners).zip(&queues).zip(&places) {

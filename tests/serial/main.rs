@@ -3,7 +3,7 @@
 //! process's memory and descriptors (`abusive_clients`, `clients_gone`:
 //! lockgate runs in the test's process), or drive storms, quorums and
 //! fleets hard enough that two at once on two cores would measure each
-//! other (`storm`, `storm_fairness`, `storm_shapes`, `quorum_safety`, and the quorum's
+//! other (`storm`, `storm_fairness`, `storm_shapes`, `shared_fairness`, `quorum_safety`, and the quorum's
 //! chaos and recovery, whose node timeouts of 200 ms are a loaded box's
 //! to miss: beside the heaviest tests of `tests/it/` they failed about one
 //! run in two). Everything else is in `tests/it/`, two at a time. `cargo
@@ -23,6 +23,7 @@ mod partitions;
 mod quorum_chaos;
 mod quorum_recovery;
 mod quorum_safety;
+mod shared_fairness;
 mod split_brain;
 mod storm;
 mod storm_fairness;

@@ -105,6 +105,24 @@ pub(super) enum Event {
         /// The connection.
         owner: ConnId,
     },
+    /// An attempt of connection `owner`, one seen carrying several callers
+    /// (a pool's or a multiplexed connection, which never parks), lost
+    /// again: it takes or keeps a place in the queue, ordered by `since`
+    /// (its run's first attempt) and kept for `keep` past this attempt,
+    /// so the connection's callers take their turn against parked
+    /// attempts and fencing waits although none of them parks.
+    Spun {
+        /// A fresh waiter id, used if it takes a new place.
+        id: u64,
+        /// The connection.
+        owner: ConnId,
+        /// The connection's first attempt of its run on the key.
+        since: std::time::Instant,
+        /// How long the place lasts without another attempt.
+        keep: Duration,
+        /// What the place stands for (never acquired for: not parked).
+        ask: Ask,
+    },
     /// The wake-up channel was (re)subscribed: wake-ups may have been
     /// lost, so nothing is known to be ahead of this instance any more.
     Resubscribed,

@@ -165,6 +165,11 @@ impl Key {
         match event {
             Event::Attempt { probe_ms, owner } => {
                 self.last_attempt = Some(now);
+                // Places kept for connections that never park lapse here
+                // too: no driver need run to drop them.
+                if self.turn == Turn::Off {
+                    self.waiters.retain(|w| w.live() || w.deadline > now);
+                }
                 let admission = self.admit(probe_ms, owner, now);
                 if admission == Admission::Absorb {
                     out.push(Action::Count(Tally::Absorbed));
@@ -219,6 +224,13 @@ impl Key {
                 out.push(Action::Wake);
             }
             Event::Hurry { owner } => self.hurry(owner, now, &mut out),
+            Event::Spun {
+                id,
+                owner,
+                since,
+                keep,
+                ask,
+            } => self.spun(id, owner, since, now + keep, ask, limits, &mut out),
             Event::Resubscribed => {
                 // A head nobody listened for lost its place meanwhile.
                 self.view.placed_until = None;
@@ -250,7 +262,7 @@ impl Key {
     /// driver, no lease known to run.
     pub(super) fn idle(&self, now: Instant) -> bool {
         let over = self.view.held_until.is_none_or(|u| u <= now);
-        self.waiters.is_empty() && self.turn == Turn::Off && over
+        !self.waiting(now) && self.turn == Turn::Off && over
     }
 
     /// Nothing says the key is contended at `now`: no attempt parked or
@@ -262,7 +274,7 @@ impl Key {
     pub(super) fn quiet(&self, now: Instant) -> bool {
         let v = &self.view;
         let passed = |t: Option<Instant>| t.is_none_or(|t| t <= now);
-        self.waiters.is_empty()
+        !self.waiting(now)
             && self.turn == Turn::Off
             && passed(v.behind_until)
             && passed(v.backoff_until)
@@ -313,11 +325,26 @@ impl Key {
             .collect()
     }
 
-    /// Since when the front of the queue waits: a parked attempt, or a
-    /// place kept between a spinner's attempts (the queue is in the order
-    /// of first attempts).
-    pub(super) fn oldest_waiting(&self) -> Option<std::time::Instant> {
-        self.waiters.front().map(|w| w.since)
+    /// Since when the front of the queue waits at `now`, leaving out
+    /// connection `except`'s place: a parked attempt, or a place kept
+    /// between a spinner's attempts and not lapsed (the queue is in the
+    /// order of first attempts).
+    pub(super) fn oldest_waiting(
+        &self,
+        now: Instant,
+        except: Option<ConnId>,
+    ) -> Option<std::time::Instant> {
+        (self.waiters.iter())
+            .filter(|w| Some(w.owner) != except)
+            .find(|w| w.live() || w.deadline > now)
+            .map(|w| w.since)
+    }
+
+    /// Whether anything waits at `now`: a parked attempt or a kept place
+    /// not lapsed (a place kept for a connection that never parks lapses
+    /// without a driver to drop it).
+    fn waiting(&self, now: Instant) -> bool {
+        self.waiters.iter().any(|w| w.live() || w.deadline > now)
     }
 
     /// When the connection parked here longest first tried, if any is
@@ -516,6 +543,48 @@ impl Key {
             if w.unpark(Tally::Hurried, now + keep, out) {
                 out.push(Action::Cut);
             }
+        }
+    }
+
+    /// A shared connection's attempt lost again ([`Event::Spun`]): its
+    /// place is kept until `until` (taken at `since`'s rank if it had
+    /// none; a parked attempt of its own keeps its park). A full queue
+    /// takes no place, counted as a rejected park.
+    #[allow(clippy::too_many_arguments)]
+    fn spun(
+        &mut self,
+        id: u64,
+        owner: ConnId,
+        since: std::time::Instant,
+        until: Instant,
+        ask: Ask,
+        limits: Limits,
+        out: &mut Vec<Action>,
+    ) {
+        if let Some(place) = self.waiters.iter_mut().find(|w| w.owner == owner) {
+            if !place.live() {
+                place.deadline = place.deadline.max(until);
+            }
+            return;
+        }
+        if self.waiters.len() >= limits.max_waiters {
+            out.push(Action::Count(Tally::WaiterRejected));
+            return;
+        }
+        let at = self.waiters.partition_point(|w| w.since <= since);
+        let waiter = Waiter {
+            id,
+            owner,
+            since,
+            deadline: until,
+            reply: None,
+            ask,
+        };
+        self.waiters.insert(at, waiter);
+        // A driver waiting on a parked attempt behind it looks again (it
+        // does not acquire past a kept place at the front).
+        if self.turn != Turn::Off {
+            out.push(Action::Wake);
         }
     }
 

@@ -48,7 +48,7 @@ pub struct Line {
     /// The first in line (its place's number) and since when it waits (it
     /// is served against parked attempts on the key in arrival order, see
     /// [`super::Storm::fence_first`]).
-    head_since: std::sync::Mutex<Option<(u64, Instant)>>,
+    head_since: std::sync::Mutex<Option<(u64, Instant, ConnId)>>,
 }
 
 /// Since when a caller whose `WAIT` ran out had waited, kept until `until`
@@ -176,9 +176,15 @@ impl Lines {
 
     /// When the first in `key`'s line came, if anyone is first.
     pub fn head_since(&self, key: &[u8]) -> Option<Instant> {
+        self.head(key).map(|(since, _)| since)
+    }
+
+    /// When the first in `key`'s line came and its connection, if anyone
+    /// is first.
+    pub fn head(&self, key: &[u8]) -> Option<(Instant, ConnId)> {
         let line = self.lines.get(key)?;
         let head = *crate::sync::lock(&line.head_since);
-        head.map(|(_, since)| since)
+        head.map(|(_, since, owner)| (since, owner))
     }
 
     /// Keys with a line (for tests and status).
@@ -197,13 +203,18 @@ impl Place<'_> {
     /// the key in arrival order (see [`super::Storm::fence_first`]).
     pub async fn first(&self) -> MutexGuard<'_, ()> {
         let turn = self.line.turn.lock().await;
-        *crate::sync::lock(&self.line.head_since) = Some((self.id, self.joined));
+        *crate::sync::lock(&self.line.head_since) = Some((self.id, self.joined, self.owner));
         turn
     }
 
     /// Since when this caller waits (see the module's doc).
     pub fn since(&self) -> Instant {
         self.joined
+    }
+
+    /// The connection it came on.
+    pub fn owner(&self) -> ConnId {
+        self.owner
     }
 
     /// This caller's `WAIT` ran out: its connection's next `WAIT` on the
@@ -229,7 +240,7 @@ impl Drop for Place<'_> {
     fn drop(&mut self) {
         {
             let mut head = crate::sync::lock(&self.line.head_since);
-            if head.is_some_and(|(id, _)| id == self.id) {
+            if head.is_some_and(|(id, _, _)| id == self.id) {
                 *head = None;
             }
         }

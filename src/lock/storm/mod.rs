@@ -430,6 +430,26 @@ impl Storm {
             .any(|a| matches!(a, Action::Cut))
     }
 
+    /// An attempt of `ask.conn_id`, a connection seen carrying several
+    /// callers (which never parks), lost again on `ask.key`: its place in
+    /// the key's queue, from `since` (its run's first attempt), is kept
+    /// `keep` past now, so fencing waits and parked attempts that came
+    /// after it let it go first (see [`Event::Spun`]). Bounded: the place
+    /// lapses `keep` after the connection's last attempt.
+    pub fn spun(&self, ask: Ask, since: std::time::Instant, keep: std::time::Duration) {
+        let Some(state) = self.state(&ask.key, false) else {
+            return;
+        };
+        let event = Event::Spun {
+            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            owner: ask.conn_id,
+            since,
+            keep,
+            ask,
+        };
+        self.on(&state, event, Instant::now());
+    }
+
     /// The lock on `key` was released: wake its parked attempts, or the
     /// first fencing wait in its line when it came before all of them.
     pub fn released(&self, key: &[u8]) {
@@ -532,17 +552,25 @@ impl Storm {
             return false;
         }
         self.lines
-            .head_since(key)
-            .is_some_and(|head| !self.waits_since_before(key, head))
+            .head(key)
+            .is_some_and(|(since, owner)| !self.waits_since_before(key, since, owner))
     }
 
-    /// Whether an attempt waits on `key` here (parked, or a spinner's
-    /// place kept between its attempts) since before `since`: the first
-    /// fencing wait in line lets it go first (see
-    /// [`crate::lock::LockService::fence_defers`]).
-    pub(crate) fn waits_since_before(&self, key: &[u8], since: std::time::Instant) -> bool {
+    /// Whether an attempt of another connection than `own` waits on `key`
+    /// here (parked, or a spinner's place kept between its attempts) since
+    /// before `since`: the first fencing wait in line, on `own`, lets it go
+    /// first (see [`crate::lock::LockService::fence_defers`]). Its own
+    /// connection's place does not count: on a multiplexed connection that
+    /// spinner's next attempt waits behind this `WAIT`, so deferring to it
+    /// would only wait for the place to lapse.
+    pub(crate) fn waits_since_before(
+        &self,
+        key: &[u8],
+        since: std::time::Instant,
+        own: ConnId,
+    ) -> bool {
         self.state(key, false)
-            .and_then(|s| sync::lock(&s.inner).oldest_waiting())
+            .and_then(|s| sync::lock(&s.inner).oldest_waiting(Instant::now(), Some(own)))
             .is_some_and(|oldest| oldest < since)
     }
 

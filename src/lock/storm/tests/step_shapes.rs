@@ -236,3 +236,109 @@ fn a_recent_attempt_counts_as_waiting() {
     assert!(key.attempted_within(t0 + ms(99), ms(100)));
     assert!(!key.attempted_within(t0 + ms(100), ms(100)));
 }
+
+/// A shared connection's lost attempts ([`Event::Spun`]) take a place by
+/// their run's first attempt, among parked attempts, without parking; a
+/// later attempt of the same connection only extends it; it counts as
+/// waiting (a fencing wait that came later defers to it) until it lapses,
+/// and then drops without a driver, at the next attempt on the key. While
+/// it is at the front its owner's attempt asks Redis and the others are
+/// absorbed; a full queue takes no place (counted).
+#[test]
+fn a_shared_connections_spin_keeps_a_place_that_lapses() {
+    let t0 = Instant::now();
+    let base = std::time::Instant::now();
+    let shared = conn();
+    let owner = crate::sync::lock(&shared).id;
+    let later = conn();
+    let spun = |key: &mut Key, id: u64, since: std::time::Instant, at: Instant| {
+        key.step(
+            Event::Spun {
+                id,
+                owner,
+                since,
+                keep: ms(100),
+                ask: ask("lock:a", "v", &shared),
+            },
+            at,
+            LIMITS,
+        )
+    };
+    // A parked attempt that came after the shared connection's first.
+    let mut key = Key::default();
+    let (tx, _rx) = oneshot::channel();
+    key.step(
+        Event::Park {
+            id: 1,
+            since: base + ms(10),
+            reply: tx,
+            ask: ask("lock:a", "late", &later),
+            timing: TIMING,
+        },
+        t0,
+        LIMITS,
+    );
+    let first = spun(&mut key, 2, base, t0 + ms(1));
+    assert!(tallies(&first).is_empty());
+    assert_eq!(key.waiters.len(), 2);
+    assert_eq!((key.waiters[0].id, key.waiters[0].live()), (2, false));
+    assert_eq!(
+        key.oldest_waiting(t0 + ms(1), None),
+        Some(base),
+        "it came first"
+    );
+    assert_eq!(
+        key.oldest_waiting(t0 + ms(1), Some(owner)),
+        Some(base + ms(10)),
+        "its own connection's place left out"
+    );
+    // Again 60 ms later: the same place, kept 100 ms from then.
+    spun(&mut key, 3, base + ms(60), t0 + ms(60));
+    assert_eq!(key.waiters.len(), 2);
+    assert_eq!(key.waiters[0].since, base, "first attempt unchanged");
+    assert_eq!(key.waiters[0].deadline, t0 + ms(160));
+    // Its owner asks Redis; the parked one's connection waits behind it.
+    let lone = |key: &mut Key, who, at| {
+        admission(&key.step(
+            Event::Attempt {
+                probe_ms: 100,
+                owner: who,
+            },
+            at,
+            LIMITS,
+        ))
+    };
+    assert_eq!(lone(&mut key, owner, t0 + ms(61)), Some(Admission::Probe));
+    key.view.probing = None;
+    let behind = crate::sync::lock(&later).id;
+    assert_eq!(lone(&mut key, behind, t0 + ms(62)), Some(Admission::Absorb));
+    // Lapsed: it no longer counts, and the next attempt drops it.
+    assert_eq!(key.oldest_waiting(t0 + ms(160), None), Some(base + ms(10)));
+    key.turn = Turn::Off;
+    key.waiters.retain(|w| !w.live());
+    assert!(!key.idle(t0 + ms(159)), "kept");
+    assert!(key.idle(t0 + ms(160)), "lapsed: nothing waits");
+    lone(&mut key, behind, t0 + ms(161));
+    assert!(key.waiters.is_empty(), "dropped at the next attempt");
+    // A full queue takes no place.
+    let mut full = Key::default();
+    let mut kept = Vec::new();
+    for i in 0..LIMITS.max_waiters {
+        let (tx, rx) = oneshot::channel();
+        kept.push(rx);
+        full.step(
+            Event::Park {
+                id: 10 + i as u64,
+                since: base,
+                reply: tx,
+                ask: ask("lock:a", "w", &conn()),
+                timing: TIMING,
+            },
+            t0,
+            LIMITS,
+        );
+    }
+    let refused = spun(&mut full, 99, base, t0 + ms(1));
+    assert_eq!(tallies(&refused), vec![Tally::WaiterRejected]);
+    assert!(full.waiters.iter().all(|w| w.id != 99));
+}
