@@ -30,6 +30,9 @@ pub struct Activity {
     gone: AtomicBool,
     /// The reader waits for the writer's next write ([`Activity::watch_write`]).
     want_write: AtomicBool,
+    /// The session's first command went alone and the rest of the client's
+    /// pipeline waits for its reply's write ([`Activity::first_alone`]).
+    alone: AtomicBool,
     write_notify: Notify,
 }
 
@@ -53,6 +56,7 @@ impl Activity {
             close_notify: Notify::new(),
             gone: AtomicBool::new(false),
             want_write: AtomicBool::new(false),
+            alone: AtomicBool::new(false),
             write_notify: Notify::new(),
         }
     }
@@ -103,6 +107,18 @@ impl Activity {
     /// is waited for is sent, so a reply written at once is not missed.
     pub fn watch_write(&self) {
         self.want_write.store(true, Ordering::Release);
+    }
+
+    /// While `on`, the client's first command went alone and the rest of
+    /// its pipeline is held back: a session that ends meanwhile because
+    /// the client is gone never sent the rest (`clients_gone_unserved`).
+    pub fn first_alone(&self, on: bool) {
+        self.alone.store(on, Ordering::Release);
+    }
+
+    /// Whether [`Activity::first_alone`] is on.
+    pub fn is_first_alone(&self) -> bool {
+        self.alone.load(Ordering::Acquire)
     }
 
     /// Waits for the first write after [`Activity::watch_write`].

@@ -361,12 +361,18 @@ async fn serve(
     // or a write that failed): the session ends now, and with it the
     // upstream connection, so Redis frees the connection and what it holds
     // for it.
-    if matches!(
+    let gone = matches!(
         write_end,
         WriterEnd::ClientGone | WriterEnd::Failed(SessionError::ClientIo(_))
-    ) {
+    );
+    if gone {
         ProxyMetrics::inc(&ctx.metrics.clients_gone);
         tracing::debug!("client gone with replies owed; session ended");
+    }
+    // Its first command went alone and the client was gone by its reply:
+    // the rest of its pipeline never went to Redis.
+    if (gone || matches!(read_end, ReaderEnd::Gone)) && activity.is_first_alone() {
+        ProxyMetrics::inc(&ctx.metrics.clients_gone_unserved);
     }
     match write_end {
         WriterEnd::UpstreamClosed { owed: true } => {

@@ -250,6 +250,7 @@ pub async fn read_loop(
         let probe = std::mem::take(&mut fresh) && client.read_closed();
         if probe {
             dispatch.one_at_a_time(true);
+            activity.first_alone(true);
             activity.watch_write();
         }
         let routed = dispatch.batch(buf);
@@ -313,11 +314,13 @@ pub async fn read_loop(
                 () = tokio::time::sleep(FIRST_REPLY) => false,
             };
             if gone {
-                ProxyMetrics::inc(&ctx.metrics.clients_gone_unserved);
+                // Counted where the session ends (also when the writer
+                // found it gone first, ending the session before this).
                 tracing::debug!("client gone before its pipeline was sent");
                 activity.client_gone();
                 return ReaderEnd::Gone;
             }
+            activity.first_alone(false);
         }
         if let Some(mut hold) = routed {
             // Work lockgate does itself ends the batch: what follows it
