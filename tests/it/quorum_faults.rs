@@ -2,7 +2,12 @@
 //! masters: killed (SIGKILL) minorities and majorities, masters restarted
 //! empty that must sit out `rejoin_delay` before they count again, and a
 //! hung master (SIGSTOP) that must never stall a client beyond
-//! `node_timeout_ms`. Every outcome is checked on each master directly.
+//! `node_timeout_ms`. Every outcome is checked on each master directly, and
+//! every lock command is recorded ([`support::recorder`]) and the whole
+//! history judged by the one checker: no grant asked and answered while
+//! the test had left fewer than a majority able to grant, never two valid
+//! holders, every run of attempts granted within `ACQUIRE_WITHIN` outside
+//! those spans.
 
 use crate::support;
 
@@ -15,7 +20,11 @@ use lockgate::lock::quorum::{MasterState, SitOut};
 use support::locks::{bulk, owner};
 use support::process::Paused;
 use support::quorum::{percentile, Cluster, NIL};
-use support::resp::call;
+use support::recorder::Recorder;
+
+/// Outside a no-majority span, every run of attempts is granted within
+/// this (a loaded box's slack over a node timeout of 50 ms).
+const ACQUIRE_WITHIN: Duration = Duration::from_secs(2);
 
 /// Lockgate's watcher first records each master's connection on one of its
 /// 50 ms ticks; a master that drops before that tick is taken for a first
@@ -76,6 +85,7 @@ async fn killed_masters_and_rejoin() {
     let mut cl = Cluster::start(5, |c| c.locks.quorum.rejoin_delay_ms = 300).await;
     let_the_watcher_see_the_masters().await;
     let mut c = cl.client().await;
+    let mut rec = Recorder::new(ACQUIRE_WITHIN);
     let failures = |cl: &Cluster| {
         cl.lg
             .ctx
@@ -89,29 +99,31 @@ async fn killed_masters_and_rejoin() {
     kill(&mut cl, 3).await;
     kill(&mut cl, 4).await;
     let running = [0, 1, 2];
-    assert_eq!(call(&mut c, &["SETNX", "lock:k1", "a"]).await, ":1\r\n");
+    assert_eq!(rec.call(&mut c, &["SETNX", "lock:k1", "a"]).await, ":1\r\n");
     held_on(&cl, "lock:k1", "a", &[0, 1, 2], &running).await;
-    assert_eq!(call(&mut c, &["SETNX", "lock:k1", "b"]).await, ":0\r\n");
-    assert_eq!(call(&mut c, &["DEL", "lock:k1"]).await, ":1\r\n");
+    assert_eq!(rec.call(&mut c, &["SETNX", "lock:k1", "b"]).await, ":0\r\n");
+    assert_eq!(rec.call(&mut c, &["DEL", "lock:k1"]).await, ":1\r\n");
     held_on(&cl, "lock:k1", "a", &[], &running).await;
     assert_eq!(
-        call(&mut c, &["SET", "lock:k2", "b", "NX", "PX", "5000"]).await,
+        rec.call(&mut c, &["SET", "lock:k2", "b", "NX", "PX", "5000"])
+            .await,
         "+OK\r\n"
     );
     assert_eq!(
-        call(&mut c, &["PEXPIRE", "lock:k2", "8000"]).await,
+        rec.call(&mut c, &["PEXPIRE", "lock:k2", "8000"]).await,
         ":1\r\n"
     );
-    assert_eq!(call(&mut c, &["GET", "lock:k2"]).await, bulk("b"));
-    assert_eq!(call(&mut c, &["DEL", "lock:k2"]).await, ":1\r\n");
+    assert_eq!(rec.call(&mut c, &["GET", "lock:k2"]).await, bulk("b"));
+    assert_eq!(rec.call(&mut c, &["DEL", "lock:k2"]).await, ":1\r\n");
     held_on(&cl, "lock:k2", "b", &[], &running).await;
 
     // A 3rd goes down. Asked before lockgate noticed: never `:1`. Either
     // lockgate already counts it down (unavailable), or the call reached
     // it as it died and too few answered (no quorum): which one depends on
     // when its connection dropped (seen on a loaded box).
+    rec.majority_lost("3 of 5 killed, then one sitting out");
     cl.masters[2].stop();
-    let early = call(&mut c, &["SETNX", "lock:k3", "x"]).await;
+    let early = rec.call(&mut c, &["SETNX", "lock:k3", "x"]).await;
     assert!(
         early.starts_with("-ERR lockgate: lock quorum unavailable: ")
             || early.starts_with("-ERR lockgate: no quorum (2 of 5 lock masters answered)"),
@@ -121,18 +133,22 @@ async fn killed_masters_and_rejoin() {
     let before = failures(&cl);
     let unavailable = "-ERR lockgate: lock quorum unavailable: 2 of 5 masters vote, 3 down\r\n";
     for _ in 0..5 {
-        assert_eq!(call(&mut c, &["SETNX", "lock:k3", "x"]).await, unavailable);
         assert_eq!(
-            call(&mut c, &["SET", "lock:k3", "x", "NX", "PX", "5000"]).await,
+            rec.call(&mut c, &["SETNX", "lock:k3", "x"]).await,
+            unavailable
+        );
+        assert_eq!(
+            rec.call(&mut c, &["SET", "lock:k3", "x", "NX", "PX", "5000"])
+                .await,
             unavailable
         );
     }
     assert_eq!(failures(&cl) - before, 10, "quorum_failures");
     // Reads and releases without a majority answering: "no quorum".
     let no_quorum = "-ERR lockgate: no quorum (2 of 5 lock masters answered)\r\n";
-    assert_eq!(call(&mut c, &["GET", "lock:k3"]).await, no_quorum);
-    assert_eq!(call(&mut c, &["PTTL", "lock:k3"]).await, no_quorum);
-    assert_eq!(call(&mut c, &["DEL", "lock:k3"]).await, no_quorum);
+    assert_eq!(rec.call(&mut c, &["GET", "lock:k3"]).await, no_quorum);
+    assert_eq!(rec.call(&mut c, &["PTTL", "lock:k3"]).await, no_quorum);
+    assert_eq!(rec.call(&mut c, &["DEL", "lock:k3"]).await, no_quorum);
     held_on(&cl, "lock:k3", "x", &[], &[0, 1]).await;
 
     // Master 2 restarts empty and sits out (the moments before lockgate
@@ -153,7 +169,7 @@ async fn killed_masters_and_rejoin() {
         "master 2: {s:?}"
     );
     // The error says who votes, who sits out, why and until when.
-    let sitting = call(&mut c, &["SETNX", "lock:k4", "y"]).await;
+    let sitting = rec.call(&mut c, &["SETNX", "lock:k4", "y"]).await;
     let shown = sitting
         .strip_prefix(
             "-ERR lockgate: lock quorum unavailable: 2 of 5 masters vote, 1 sit out (restarted, 0.",
@@ -170,14 +186,15 @@ async fn killed_masters_and_rejoin() {
     // restart (Redlock's liveness: a majority up acquires), and the three
     // up acquire.
     cl.wait_state(2, "Up", |s| *s == MasterState::Up).await;
+    rec.majority_back();
     assert!(
         sat_out_from.elapsed() + Duration::from_millis(5) >= left,
         "master 2 voted {:?} into a sit-out of {left:?}",
         sat_out_from.elapsed()
     );
-    assert_eq!(call(&mut c, &["SETNX", "lock:k5", "z"]).await, ":1\r\n");
+    assert_eq!(rec.call(&mut c, &["SETNX", "lock:k5", "z"]).await, ":1\r\n");
     held_on(&cl, "lock:k5", "z", &[0, 1, 2], &[0, 1, 2]).await;
-    assert_eq!(call(&mut c, &["DEL", "lock:k5"]).await, ":1\r\n");
+    assert_eq!(rec.call(&mut c, &["DEL", "lock:k5"]).await, ":1\r\n");
     held_on(&cl, "lock:k5", "z", &[], &[0, 1, 2]).await;
 
     // Masters 3 and 4 come back while 3 are up: acquisitions succeed with
@@ -194,15 +211,15 @@ async fn killed_masters_and_rejoin() {
             "master {i}: {s:?}"
         );
     }
-    assert_eq!(call(&mut c, &["SETNX", "lock:k6", "w"]).await, ":1\r\n");
+    assert_eq!(rec.call(&mut c, &["SETNX", "lock:k6", "w"]).await, ":1\r\n");
     held_on(&cl, "lock:k6", "w", &[0, 1, 2], &all).await;
-    assert_eq!(call(&mut c, &["DEL", "lock:k6"]).await, ":1\r\n");
+    assert_eq!(rec.call(&mut c, &["DEL", "lock:k6"]).await, ":1\r\n");
     held_on(&cl, "lock:k6", "w", &[], &all).await;
 
     // Then all five count again.
     cl.wait_state(3, "Up", |s| *s == MasterState::Up).await;
     cl.wait_state(4, "Up", |s| *s == MasterState::Up).await;
-    assert_eq!(call(&mut c, &["SETNX", "lock:k7", "v"]).await, ":1\r\n");
+    assert_eq!(rec.call(&mut c, &["SETNX", "lock:k7", "v"]).await, ":1\r\n");
     for i in all {
         until!(
             format!("lock:k7 on master {i}"),
@@ -210,8 +227,9 @@ async fn killed_masters_and_rejoin() {
         );
     }
     held_on(&cl, "lock:k7", "v", &all, &all).await;
-    assert_eq!(call(&mut c, &["DEL", "lock:k7"]).await, ":1\r\n");
+    assert_eq!(rec.call(&mut c, &["DEL", "lock:k7"]).await, ":1\r\n");
     held_on(&cl, "lock:k7", "v", &[], &all).await;
+    rec.judge("killed masters and rejoin", 5);
 }
 
 /// With `on_quorum_loss = "not_acquired"`, a majority down answers "not
@@ -224,11 +242,13 @@ async fn majority_down_is_not_acquired_when_configured() {
     })
     .await;
     let mut c = cl.client().await;
+    let mut rec = Recorder::new(ACQUIRE_WITHIN);
     kill(&mut cl, 0).await;
     kill(&mut cl, 1).await;
-    assert_eq!(call(&mut c, &["SETNX", "lock:n1", "a"]).await, ":1\r\n");
+    assert_eq!(rec.call(&mut c, &["SETNX", "lock:n1", "a"]).await, ":1\r\n");
     held_on(&cl, "lock:n1", "a", &[2, 3, 4], &[2, 3, 4]).await;
 
+    rec.majority_lost("3 of 5 killed");
     kill(&mut cl, 2).await;
     let before = cl
         .lg
@@ -238,13 +258,15 @@ async fn majority_down_is_not_acquired_when_configured() {
         .quorum_failures
         .load(Ordering::Relaxed);
     for _ in 0..5 {
-        assert_eq!(call(&mut c, &["SETNX", "lock:n2", "b"]).await, ":0\r\n");
+        assert_eq!(rec.call(&mut c, &["SETNX", "lock:n2", "b"]).await, ":0\r\n");
         assert_eq!(
-            call(&mut c, &["SET", "lock:n2", "b", "NX", "PX", "5000"]).await,
+            rec.call(&mut c, &["SET", "lock:n2", "b", "NX", "PX", "5000"])
+                .await,
             NIL
         );
         assert_eq!(
-            call(&mut c, &["SET", "lock:n2", "b", "NX", "GET"]).await,
+            rec.call(&mut c, &["SET", "lock:n2", "b", "NX", "GET"])
+                .await,
             NIL
         );
     }
@@ -260,11 +282,12 @@ async fn majority_down_is_not_acquired_when_configured() {
     );
     held_on(&cl, "lock:n2", "b", &[], &[3, 4]).await;
     assert_eq!(
-        call(&mut c, &["GET", "lock:n1"]).await,
+        rec.call(&mut c, &["GET", "lock:n1"]).await,
         "-ERR lockgate: no quorum (2 of 5 lock masters answered)\r\n"
     );
     // The lock taken before is still there on the two survivors.
     held_on(&cl, "lock:n1", "a", &[3, 4], &[3, 4]).await;
+    rec.judge("majority down, not acquired", 1);
 }
 
 /// One master of five hung (SIGSTOP): 50 sequential acquire + release
@@ -277,10 +300,14 @@ async fn majority_down_is_not_acquired_when_configured() {
 async fn a_hung_master_never_stalls_clients() {
     let cl = Cluster::start(5, |_| {}).await;
     let mut c = cl.client().await;
+    let mut rec = Recorder::new(ACQUIRE_WITHIN);
     let node_timeout = Duration::from_millis(cl.lg.ctx.config.quorum.node_timeout_ms);
     assert_eq!(node_timeout, Duration::from_millis(50));
-    assert_eq!(call(&mut c, &["SETNX", "lock:h", "warm"]).await, ":1\r\n");
-    assert_eq!(call(&mut c, &["DEL", "lock:h"]).await, ":1\r\n");
+    assert_eq!(
+        rec.call(&mut c, &["SETNX", "lock:h", "warm"]).await,
+        ":1\r\n"
+    );
+    assert_eq!(rec.call(&mut c, &["DEL", "lock:h"]).await, ":1\r\n");
 
     let paused = Paused::stop(cl.masters[4].pid()).await;
     let mut samples = Vec::with_capacity(100);
@@ -288,11 +315,11 @@ async fn a_hung_master_never_stalls_clients() {
     for i in 0..50 {
         let value = format!("v{i}");
         let t = Instant::now();
-        let got = call(&mut c, &["SETNX", "lock:h", &value]).await;
+        let got = rec.call(&mut c, &["SETNX", "lock:h", &value]).await;
         samples.push(t.elapsed());
         assert_eq!(got, ":1\r\n", "acquisition {i} with one master hung");
         let t = Instant::now();
-        let got = call(&mut c, &["DEL", "lock:h"]).await;
+        let got = rec.call(&mut c, &["DEL", "lock:h"]).await;
         samples.push(t.elapsed());
         releases.push(t.elapsed());
         assert_eq!(got, ":1\r\n", "release {i} with one master hung");
@@ -333,14 +360,17 @@ async fn a_hung_master_never_stalls_clients() {
     for i in 0..20 {
         let value = format!("w{i}");
         let t = Instant::now();
-        assert_eq!(call(&mut c, &["SETNX", "lock:h", &value]).await, ":1\r\n");
+        assert_eq!(
+            rec.call(&mut c, &["SETNX", "lock:h", &value]).await,
+            ":1\r\n"
+        );
         samples.push(t.elapsed());
         until!(
             format!("lock:h {value} on the resumed master"),
             cl.on_master(4, &["GET", "lock:h"]).await == bulk(&value)
         );
         let t = Instant::now();
-        assert_eq!(call(&mut c, &["DEL", "lock:h"]).await, ":1\r\n");
+        assert_eq!(rec.call(&mut c, &["DEL", "lock:h"]).await, ":1\r\n");
         samples.push(t.elapsed());
     }
     assert_eq!(
@@ -353,6 +383,7 @@ async fn a_hung_master_never_stalls_clients() {
     for i in 0..5 {
         assert_eq!(cl.on_master(i, &["DBSIZE"]).await, ":0\r\n", "master {i}");
     }
+    rec.judge("a hung master", 71);
 }
 
 /// From the moment a restarted master is reachable again until lockgate has
@@ -366,16 +397,19 @@ async fn a_restarted_master_never_counts_before_sitting_out() {
     kill(&mut cl, 1).await;
     kill(&mut cl, 2).await;
 
+    let mut rec = Recorder::new(ACQUIRE_WITHIN);
+    rec.majority_lost("2 of 3 killed, one restarting empty");
     let stop_spin = Arc::new(AtomicBool::new(false));
     let spinner = {
         let stop = stop_spin.clone();
         let mut s = cl.client().await;
+        let mut mine = rec.for_client(1);
         tokio::spawn(async move {
             let mut replies = Vec::new();
             while !stop.load(Ordering::Relaxed) {
-                replies.push(call(&mut s, &["SETNX", "lock:spin", "s"]).await);
+                replies.push(mine.call(&mut s, &["SETNX", "lock:spin", "s"]).await);
             }
-            replies
+            (replies, mine)
         })
     };
     let tracer = {
@@ -401,7 +435,8 @@ async fn a_restarted_master_never_counts_before_sitting_out() {
     restart(&mut cl, 2);
     let trace = tracer.await.expect("tracer");
     stop_spin.store(true, Ordering::Relaxed);
-    let spun = spinner.await.expect("spinner");
+    let (spun, spins) = spinner.await.expect("spinner");
+    rec.merge(spins);
     assert!(
         matches!(trace.last(), Some(MasterState::SittingOut(..))),
         "master 2 never sat out after its restart: {trace:?}"
@@ -420,6 +455,7 @@ async fn a_restarted_master_never_counts_before_sitting_out() {
         spun.len()
     );
     assert!(holders.is_empty(), "lock:spin held on masters {holders:?}");
+    rec.judge("a restarted master before it sits out", 0);
 }
 
 /// A majority answered but split: one master killed, one hung (late), and
@@ -448,16 +484,22 @@ async fn a_split_majority_is_not_acquired_not_a_lost_quorum() {
             "+OK\r\n"
         );
     }
+    let mut rec = Recorder::new(ACQUIRE_WITHIN);
+    rec.majority_lost("1 of 5 killed, 1 hung, 1 holding another's lease");
     let paused = Paused::stop(cl.masters[1].pid()).await;
     let (failures, contended) = (metric(&cl, "failures"), metric(&cl, "contended"));
 
-    assert_eq!(call(&mut c, &["SETNX", "lock:split", "a"]).await, ":0\r\n");
     assert_eq!(
-        call(&mut c, &["SET", "lock:split", "a", "NX", "PX", "5000"]).await,
+        rec.call(&mut c, &["SETNX", "lock:split", "a"]).await,
+        ":0\r\n"
+    );
+    assert_eq!(
+        rec.call(&mut c, &["SET", "lock:split", "a", "NX", "PX", "5000"])
+            .await,
         NIL
     );
     assert_eq!(
-        call(
+        rec.call(
             &mut c,
             &["LOCKGATE", "LOCK", "lock:fsplit", "1000", "WAIT", "150"]
         )
@@ -478,4 +520,5 @@ async fn a_split_majority_is_not_acquired_not_a_lost_quorum() {
         assert_eq!(cl.on_master(2, &["GET", key]).await, bulk("someone-else"));
     }
     drop(paused);
+    rec.judge("a split majority", 0);
 }

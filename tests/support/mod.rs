@@ -24,7 +24,8 @@
 //! - [`relay`]: a fault-injecting TCP relay (pass, blackhole, delay, cut,
 //!   half-close) to partition real processes.
 //! - [`history`]: what fault tests record (sections, releases, attempts,
-//!   faults, the heal) and the one checker that judges it.
+//!   faults, the heal) and the one checker that judges it;
+//!   [`recorder`]: a client that records its lock commands for it.
 //! - [`abusive`]: for the abusive-client tests: named upstream connections,
 //!   Redis's output buffers and client count, this process's memory and
 //!   descriptors.
@@ -49,6 +50,7 @@ pub mod passthrough;
 pub mod process;
 pub mod proxy;
 pub mod quorum;
+pub mod recorder;
 pub mod redis;
 pub mod relay;
 pub mod resilience;
