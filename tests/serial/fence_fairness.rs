@@ -29,6 +29,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lockgate::Config;
+use support::locks::{fairness_secs, fence_token, COMPARE_AND_DELETE};
 use support::rng::XorShift;
 use support::{eventually, Lockgate, RawClient, RedisServer};
 
@@ -46,36 +47,12 @@ enum Kind {
     Fence,
 }
 
-const RELEASE: &str =
-    "if redis.call('get',KEYS[1]) == ARGV[1] then return redis.call('del',KEYS[1]) else return 0 end";
-
 /// What one worker saw.
 #[derive(Debug, Default, Clone)]
 struct Worker {
     acquisitions: u64,
     timeouts: u64,
     longest_wait_ms: u64,
-}
-
-fn secs() -> u64 {
-    std::env::var("FAIRNESS_SECS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(6)
-}
-
-/// `*2 :token :validity` → the token; nil → `None`; anything else fails.
-fn token(reply: &str) -> Option<String> {
-    if reply == "$-1\r\n" || reply == "_\r\n" {
-        return None;
-    }
-    let mut lines = reply.split("\r\n");
-    assert_eq!(lines.next(), Some("*2"), "a LOCKGATE LOCK reply: {reply:?}");
-    let t = lines.next().and_then(|l| l.strip_prefix(':'));
-    Some(
-        t.unwrap_or_else(|| panic!("a token in {reply:?}"))
-            .to_string(),
-    )
 }
 
 async fn worker(
@@ -98,7 +75,7 @@ async fn worker(
                 let reply = c
                     .call_s(&["LOCKGATE", "LOCK", "lock:fair", ttl, "WAIT", &wait])
                     .await;
-                let Some(t) = token(&reply) else {
+                let Some(t) = fence_token(&reply) else {
                     seen.timeouts += 1;
                     continue;
                 };
@@ -126,7 +103,7 @@ async fn worker(
                     let v = value.clone();
                     vec![
                         "EVAL".into(),
-                        RELEASE.into(),
+                        COMPARE_AND_DELETE.into(),
                         "1".into(),
                         "lock:fair".into(),
                         v,
@@ -152,7 +129,7 @@ async fn worker(
     seen
 }
 
-/// Runs `kinds` (worker i through lockgate i % 2) for `secs()`.
+/// Runs `kinds` (worker i through lockgate i % 2) for `fairness_secs(6)`.
 async fn measure(quorum: bool, kinds: &[Kind]) -> Vec<Worker> {
     let primary = RedisServer::start();
     let masters: Vec<RedisServer> = match quorum {
@@ -182,7 +159,7 @@ async fn measure(quorum: bool, kinds: &[Kind]) -> Vec<Worker> {
             .await;
         }
     }
-    let until = Instant::now() + Duration::from_secs(secs());
+    let until = Instant::now() + Duration::from_secs(fairness_secs(6));
     let holder = Arc::new(AtomicU64::new(0));
     let runs: Vec<_> = (kinds.iter().enumerate())
         .map(|(i, &kind)| {

@@ -47,7 +47,7 @@ use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use lockgate::Config;
-use support::locks::m;
+use support::locks::{fairness_secs, fence_token, m, COMPARE_AND_DELETE};
 use support::resp::{cmd, frame_len};
 use support::rng::XorShift;
 use support::{eventually, Lockgate, RawClient, RedisServer};
@@ -71,9 +71,6 @@ const BOUND_MS: u64 = 6_000;
 const WAIT_OWN_MS: u64 = 1_000;
 /// Connections of each lockgate's pool (6 workers each).
 const POOL: usize = 4;
-
-const RELEASE: &str =
-    "if redis.call('get',KEYS[1]) == ARGV[1] then return redis.call('del',KEYS[1]) else return 0 end";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -199,26 +196,6 @@ struct Worker {
     longest_wait_ms: u64,
 }
 
-fn secs() -> u64 {
-    std::env::var("FAIRNESS_SECS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(6)
-}
-
-fn token(reply: &str) -> Option<String> {
-    if reply == "$-1\r\n" || reply == "_\r\n" {
-        return None;
-    }
-    let mut lines = reply.split("\r\n");
-    assert_eq!(lines.next(), Some("*2"), "a LOCKGATE LOCK reply: {reply:?}");
-    let t = lines.next().and_then(|l| l.strip_prefix(':'));
-    Some(
-        t.unwrap_or_else(|| panic!("a token in {reply:?}"))
-            .to_string(),
-    )
-}
-
 async fn worker(
     kind: Kind,
     link: Arc<Link>,
@@ -239,7 +216,7 @@ async fn worker(
                 let reply = link
                     .call(&["LOCKGATE", "LOCK", "lock:fair", ttl, "WAIT", &wait])
                     .await;
-                let Some(t) = token(&reply) else {
+                let Some(t) = fence_token(&reply) else {
                     seen.timeouts += 1;
                     if wait_ms == 0 {
                         // A try: it spins as the others do.
@@ -272,7 +249,7 @@ async fn worker(
                 } else {
                     vec![
                         "EVAL".into(),
-                        RELEASE.into(),
+                        COMPARE_AND_DELETE.into(),
                         "1".into(),
                         "lock:fair".into(),
                         value.clone(),
@@ -300,7 +277,7 @@ async fn worker(
 }
 
 /// Two lockgates (quorum: on 5 masters), 6 workers each (2 of each kind)
-/// sharing `shape` per lockgate, for `secs()`.
+/// sharing `shape` per lockgate, for `fairness_secs(6)`.
 async fn measure(quorum: bool, shape: Shape) -> Vec<(Kind, Worker)> {
     let primary = RedisServer::start();
     let masters: Vec<RedisServer> = match quorum {
@@ -344,7 +321,7 @@ async fn measure(quorum: bool, shape: Shape) -> Vec<(Kind, Worker)> {
             _ => Kind::Fence,
         })
         .collect();
-    let until = Instant::now() + Duration::from_secs(secs());
+    let until = Instant::now() + Duration::from_secs(fairness_secs(6));
     let holder = Arc::new(AtomicU64::new(0));
     let mut runs = Vec::new();
     for (i, &kind) in kinds.iter().enumerate() {
@@ -526,7 +503,7 @@ async fn deferral_and_kept_waits_have_bounds_and_a_way_back() {
         .await;
     let took = started.elapsed();
     assert!(
-        token(&reply).is_some(),
+        fence_token(&reply).is_some(),
         "the deferring WAIT was served: {reply:?}"
     );
     // The lease's rest, the spinner's park and kept place, a step, and a
@@ -552,7 +529,7 @@ async fn deferral_and_kept_waits_have_bounds_and_a_way_back() {
     }
     for c in conns[..3].iter_mut() {
         let r = c.read_s().await;
-        assert!(token(&r).is_none(), "ran out: {r:?}");
+        assert!(fence_token(&r).is_none(), "ran out: {r:?}");
     }
     assert_eq!(
         m(&storm.metrics.unkept) - unkept0,
@@ -565,7 +542,7 @@ async fn deferral_and_kept_waits_have_bounds_and_a_way_back() {
         let r = c
             .call_s(&["LOCKGATE", "LOCK", "lock:k", "2000", "WAIT", "3000"])
             .await;
-        let t = token(&r).unwrap_or_else(|| panic!("served: {r:?}"));
+        let t = fence_token(&r).unwrap_or_else(|| panic!("served: {r:?}"));
         assert_eq!(
             c.call_s(&["LOCKGATE", "UNLOCK", "lock:k", &t]).await,
             ":1\r\n"
@@ -584,7 +561,7 @@ async fn deferral_and_kept_waits_have_bounds_and_a_way_back() {
     let r = conns[4]
         .call_s(&["LOCKGATE", "LOCK", "lock:k", "500", "WAIT", "20"])
         .await;
-    assert!(token(&r).is_none(), "{r:?}");
+    assert!(fence_token(&r).is_none(), "{r:?}");
     assert_eq!(
         m(&storm.metrics.unkept),
         unkept1,

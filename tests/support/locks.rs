@@ -153,3 +153,30 @@ pub async fn assert_lease(r: &mut RawClient, key: &str, lo: i64, hi: i64) {
 pub async fn until_gone(r: &mut RawClient, key: &str) {
     crate::until!(format!("{key} to expire"), !exists(r, key).await);
 }
+
+/// The compare-and-delete release of `SET k uuid NX PX` lock libraries.
+pub const COMPARE_AND_DELETE: &str =
+    "if redis.call('get',KEYS[1]) == ARGV[1] then return redis.call('del',KEYS[1]) else return 0 end";
+
+/// `FAIRNESS_SECS` (else `default`): how long the fairness workloads run.
+pub fn fairness_secs(default: u64) -> u64 {
+    std::env::var("FAIRNESS_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
+/// A `LOCKGATE LOCK` reply: `*2 :token :validity` → the token; nil →
+/// `None`; anything else fails the test.
+pub fn fence_token(reply: &str) -> Option<String> {
+    if reply == "$-1\r\n" || reply == "_\r\n" {
+        return None;
+    }
+    let mut lines = reply.split("\r\n");
+    assert_eq!(lines.next(), Some("*2"), "a LOCKGATE LOCK reply: {reply:?}");
+    let t = lines.next().and_then(|l| l.strip_prefix(':'));
+    Some(
+        t.unwrap_or_else(|| panic!("a token in {reply:?}"))
+            .to_string(),
+    )
+}
