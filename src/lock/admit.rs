@@ -139,16 +139,8 @@ impl LockService {
                 // connection's SETNX and SET NX workers, 0-2 acquisitions
                 // against 6-16 for the fencing ones, same file).
                 if let (true, true, Some(since)) = (shared, spinning, first_try) {
-                    let ask = Ask {
-                        key: key.clone(),
-                        value: park.value.clone(),
-                        shape: park.shape,
-                        lease_ms: park.lease_ms,
-                        conn: conn.clone(),
-                        conn_id,
-                        check: false,
-                    };
-                    self.storm.spun(ask, since, keep);
+                    self.storm
+                        .spun(ask_for(key.clone(), &park, conn, conn_id), since, keep);
                 }
                 if park_ms > 0 {
                     if let Some(rx) = self.park(key.clone(), park, conn, acquirer()) {
@@ -224,15 +216,7 @@ impl LockService {
             }
             (c.first_try(&key)?, c.id, c.hurry.clone())
         };
-        let ask = Ask {
-            key,
-            value: park.value,
-            shape: park.shape,
-            lease_ms: park.lease_ms,
-            conn: conn.clone(),
-            conn_id,
-            check: false,
-        };
+        let ask = ask_for(key, &park, conn, conn_id);
         let rx = (self.storm).park(acquirer, ask.clone(), since, park.park_ms, park.probe_ms)?;
         sync::lock(conn).parked = Some(ask.key);
         hurry.arm();
@@ -258,6 +242,26 @@ impl LockService {
             let window = Duration::from_millis(self.rules().spin_window_ms());
             sync::lock(conn).shared_until = Some(std::time::Instant::now() + window);
         }
+    }
+}
+
+/// What the storm room keeps for `conn_id`'s attempt on `key` with
+/// `park`'s settings: a parked attempt's, or a shared connection's kept
+/// place's.
+fn ask_for(
+    key: Bytes,
+    park: &Park,
+    conn: &Arc<Mutex<ConnLocks>>,
+    conn_id: super::lease::ConnId,
+) -> Ask {
+    Ask {
+        key,
+        value: park.value.clone(),
+        shape: park.shape,
+        lease_ms: park.lease_ms,
+        conn: conn.clone(),
+        conn_id,
+        check: false,
     }
 }
 
