@@ -99,7 +99,7 @@ impl LockService {
             if c.get(key).is_some_and(holds) {
                 c.shared_until = Some(now + window);
             }
-            let shared = c.shared_until.is_some_and(|t| t > now);
+            let shared = c.shared_at(now);
             (c.spinning(key, window), shared, c.id)
         };
         // Whoever asks, the holder's own connection or one carrying the
@@ -209,9 +209,7 @@ impl LockService {
     ) -> Option<oneshot::Receiver<LocalReply>> {
         let (since, conn_id, hurry) = {
             let c = sync::lock(conn);
-            if c.shared_until
-                .is_some_and(|t| t > std::time::Instant::now())
-            {
+            if c.shared_at(std::time::Instant::now()) {
                 return None;
             }
             (c.first_try(&key)?, c.id, c.hurry.clone())

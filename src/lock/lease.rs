@@ -301,10 +301,16 @@ impl ConnLocks {
     /// such a connection; the instance rule is what any pooled connection
     /// that never acquired the key gets.
     pub fn release_token(&self, key: &[u8]) -> Bytes {
-        if self.shared_until.is_some_and(|t| t > Instant::now()) {
+        if self.shared_at(Instant::now()) {
             return Bytes::new();
         }
         self.token(key)
+    }
+
+    /// Whether the connection counts as carrying several callers at `now`
+    /// (`shared_until` not passed).
+    pub fn shared_at(&self, now: Instant) -> bool {
+        self.shared_until.is_some_and(|t| t > now)
     }
 
     /// The tokens by which this connection may hold `key`, for extensions:
