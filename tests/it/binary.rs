@@ -150,6 +150,11 @@ fn check_validates_the_cluster_section() {
             "upstream.cluster.max_redirects",
         ),
         (
+            "[upstream.cluster]\nseeds = [\"h:1\"]\nlock_reply_timeout_ms = 20\n",
+            &[][..],
+            "upstream.cluster.lock_reply_timeout_ms",
+        ),
+        (
             "[upstream.cluster]\nrefresh_interval_ms = 100\nrefresh_min_gap_ms = 200\n",
             &[][..],
             "upstream.cluster.refresh_min_gap_ms",

@@ -14,9 +14,11 @@
 //! and the recovery time are printed.
 //!
 //! The cut is [`Mode::Cut`] (every connection closed, new ones closed on
-//! accept). A blackholed node (accepted, never answered) is the documented
-//! "node that hangs" of docs/cluster.md: a session's commands for its slots
-//! wait, with no reply timeout of lockgate's, so it is not this test's.
+//! accept). A blackholed node ([`Mode::Blackhole`]: accepted, never
+//! answered) is the "node that hangs" of docs/cluster.md: the clients' own
+//! commands for its slots wait, with no reply timeout of lockgate's, but
+//! lock commands are answered within `upstream.cluster.lock_reply_timeout_ms`
+//! and the connect timeout.
 
 use crate::support;
 
@@ -25,7 +27,7 @@ use std::time::{Duration, Instant};
 use lockgate::config::UpstreamMode;
 use support::cluster::Cluster;
 use support::relay::{Mode, Relay};
-use support::resp::{call, direct};
+use support::resp::{call, cmd, direct};
 use support::{RawClient, WAIT};
 
 /// How long a command for the cut node may take to be refused: the
@@ -51,18 +53,34 @@ async fn a_node_cut_off_from_shared_connections_fails_its_slots_only_and_comes_b
     cut_off(UpstreamMode::Shared).await;
 }
 
-async fn cut_off(mode: UpstreamMode) {
-    let started = Instant::now();
+/// A 3-primary cluster whose third primary lockgate reaches through a
+/// relay (see the module doc), and lockgate in front of it.
+struct Relayed {
+    cluster: Cluster,
+    relay: Relay,
+    /// The third primary's own address.
+    node: String,
+    /// The address the cluster announces for it: the relay's.
+    through: String,
+    lg: support::Lockgate,
+    /// A key and a lock key on the relayed node.
+    key: String,
+    lock: String,
+    /// A key and a lock key on each other node.
+    others: Vec<(String, String)>,
+}
+
+async fn relayed(mode: UpstreamMode, tune: impl FnOnce(&mut lockgate::config::Config)) -> Relayed {
     let cluster = Cluster::start(3, 0);
-    let cut_node = cluster.nodes[2].addr();
-    let relay = Relay::to(&cut_node).await;
+    let node = cluster.nodes[2].addr();
+    let relay = Relay::to(&node).await;
     let (relay_port, bus_port) = (relay.addr.port(), cluster.nodes[2].port + 10_000);
     for (name, value) in [
         ("cluster-announce-bus-port", bus_port),
         ("cluster-announce-port", relay_port),
     ] {
         let set = ["CONFIG", "SET", name, &value.to_string()];
-        assert_eq!(direct(&cut_node, &set).await, "+OK\r\n");
+        assert_eq!(direct(&node, &set).await, "+OK\r\n");
     }
     // The nodes learn the announced port from the node's bus messages.
     for n in &cluster.nodes {
@@ -78,6 +96,7 @@ async fn cut_off(mode: UpstreamMode) {
             c.upstream.reconnect_interval_ms = 50;
             c.locks.retry.probe_interval_ms = 0;
             c.locks.retry.park_ms = 0;
+            tune(c);
         })
         .await;
     let map = cluster.map().await;
@@ -88,14 +107,38 @@ async fn cut_off(mode: UpstreamMode) {
             .find(|k| map.shard_of_key(k.as_bytes()).map(|s| s.primary.as_str()) == Some(node))
             .expect("a key on the node")
     };
-    let (cut_key, cut_lock) = (key_on(&through, "key"), key_on(&through, "lock"));
-    let others: Vec<(String, String)> = [0, 1]
+    let (key, lock) = (key_on(&through, "key"), key_on(&through, "lock"));
+    let others = [0, 1]
         .iter()
         .map(|&i| {
             let n = cluster.nodes[i].addr();
             (key_on(&n, "key"), key_on(&n, "lock"))
         })
         .collect();
+    Relayed {
+        cluster,
+        relay,
+        node,
+        through,
+        lg,
+        key,
+        lock,
+        others,
+    }
+}
+
+async fn cut_off(mode: UpstreamMode) {
+    let started = Instant::now();
+    let Relayed {
+        cluster: _cluster,
+        relay,
+        node: cut_node,
+        through,
+        lg,
+        key: cut_key,
+        lock: cut_lock,
+        others,
+    } = relayed(mode, |_| {}).await;
     let mut c = RawClient::connect(lg.addr).await;
     assert_eq!(call(&mut c, &["SET", &cut_key, "v0"]).await, "+OK\r\n");
     // Through the relay: the relay carries lockgate's connection.
@@ -233,4 +276,102 @@ async fn until_served(c: &mut RawClient, args: &[&str], ok: &str) -> (Duration, 
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+}
+
+/// A node blackholed (accepted, never answered): lock commands for its
+/// keys are answered `-ERR lockgate: upstream … unavailable` naming the
+/// node within `upstream.cluster.lock_reply_timeout_ms` (500 ms here) and
+/// the connect timeout, never held as long as the path is silent, on a
+/// session opened before the blackhole and on one opened during it; a
+/// plain command pipelined behind a lock command is answered with it, in
+/// order; the other nodes keep serving locks; after the heal the slots are
+/// served again without a restart, the lock held there still its holder's.
+/// Before `lock_reply_timeout_ms` (474e944) `SETNX` and `SET NX PX` went
+/// unanswered for as long as the blackhole lasted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blackholed_node_answers_lock_commands_in_bounded_time() {
+    blackholed(UpstreamMode::Dedicated).await;
+}
+
+/// The same over the nodes' shared connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blackholed_node_answers_lock_commands_in_bounded_time_when_shared() {
+    blackholed(UpstreamMode::Shared).await;
+}
+
+async fn blackholed(mode: UpstreamMode) {
+    let r = relayed(mode, |c| c.upstream.cluster.lock_reply_timeout_ms = 500).await;
+    let mut before = RawClient::connect(r.lg.addr).await;
+    assert_eq!(call(&mut before, &["SET", &r.key, "v0"]).await, "+OK\r\n");
+    let mut holder = RawClient::connect(r.lg.addr).await;
+    let take = ["SET", &r.lock, "h", "NX", "PX", "60000"];
+    assert_eq!(call(&mut holder, &take).await, "+OK\r\n");
+
+    r.relay.set(Mode::Blackhole);
+    let is_error = |reply: &str| reply.starts_with("-ERR lockgate: ") && reply.contains(&r.through);
+    // A lock command and a plain command pipelined on a connection opened
+    // before: both answered, in order. (The lock is free, in the held
+    // one's slot, so the attempt goes to the node. A lock command behind
+    // a plain one waits for it, as on a node that hangs.)
+    let asked = Instant::now();
+    let free = format!("lock:{{{}}}", r.lock);
+    let pipeline = [cmd(&["SETNX", &free, "b"]), cmd(&["GET", &r.key])].concat();
+    before.send(&pipeline).await;
+    let replies = tokio::time::timeout(ERROR_BOUND, async {
+        [before.read_s().await, before.read_s().await]
+    })
+    .await
+    .unwrap_or_else(|_| panic!("a pipelined SETNX + GET unanswered after {ERROR_BOUND:?}"));
+    let mut latencies = vec![asked.elapsed()];
+    assert!(replies.iter().all(|r| is_error(r)), "{replies:?}");
+    // Every lock shape, on that session and on one opened now.
+    let mut during = RawClient::connect(r.lg.addr).await;
+    for (who, c) in [("before", &mut before), ("during", &mut during)] {
+        for attempt in [
+            vec!["SETNX", r.lock.as_str(), "o"],
+            vec!["SET", r.lock.as_str(), "o", "NX", "PX", "5000"],
+            vec!["LOCKGATE", "LOCK", r.lock.as_str(), "5000"],
+        ] {
+            let asked = Instant::now();
+            let reply = tokio::time::timeout(ERROR_BOUND, call(c, &attempt))
+                .await
+                .unwrap_or_else(|_| panic!("{attempt:?} ({who}) unanswered after {ERROR_BOUND:?}"));
+            latencies.push(asked.elapsed());
+            assert!(is_error(&reply), "{attempt:?} ({who}): {reply:?}");
+        }
+    }
+    // The other nodes serve locks meanwhile.
+    for (key, lock) in &r.others {
+        assert_eq!(call(&mut during, &["SET", key, "live"]).await, "+OK\r\n");
+        assert_eq!(call(&mut during, &["SETNX", lock, "x"]).await, ":1\r\n");
+        assert_eq!(call(&mut before, &["SETNX", lock, "y"]).await, ":0\r\n");
+        assert_eq!(call(&mut during, &["DEL", lock]).await, ":1\r\n");
+    }
+    let text = lockgate::exposition::render(&r.lg.ctx).expect("metrics");
+    let timeouts = support::ops::Metrics::parse(&text)
+        .value("lockgate_cluster_lock_reply_timeouts_total", &[]);
+    assert!(timeouts >= 1.0, "no lock reply timeout counted");
+
+    r.relay.heal();
+    let (recovered, errors) = until_served(&mut before, &["GET", &r.key], "$2\r\nv0\r\n").await;
+    let (_, _) = until_served(&mut during, &["GET", &r.key], "$2\r\nv0\r\n").await;
+    // What was sent into the blackhole may arrive now (as after a slow
+    // path): the holder's lease refuses it, so the lock is still the
+    // holder's, released by it, then granted.
+    assert_eq!(direct(&r.node, &["GET", &r.lock]).await, "$1\r\nh\r\n");
+    assert_eq!(call(&mut during, &["SETNX", &r.lock, "o"]).await, ":0\r\n");
+    assert_eq!(call(&mut holder, &["DEL", &r.lock]).await, ":1\r\n");
+    assert_eq!(call(&mut during, &["SETNX", &r.lock, "o"]).await, ":1\r\n");
+    latencies.sort();
+    println!(
+        "cluster node blackholed ({mode:?}): lock commands answered with errors after \
+         {:.0}–{:.0} ms ({} asked, lock_reply_timeout_ms 500, connect_timeout_ms 500); \
+         {timeouts} connections given up; after the heal served again after {} ms \
+         ({errors} errors first)",
+        latencies[0].as_secs_f64() * 1000.0,
+        latencies[latencies.len() - 1].as_secs_f64() * 1000.0,
+        latencies.len(),
+        recovered.as_millis(),
+    );
+    r.lg.stop().await;
 }

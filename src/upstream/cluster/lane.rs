@@ -15,7 +15,10 @@
 //! `upstream.reconnect_interval_ms` has passed since the last attempt,
 //! the last attempt's error for one that arrives sooner, as a session's
 //! own connection reconnects; a shared lane also tries again by itself,
-//! backing off to 1 s, so a node's state is known without traffic.
+//! backing off to 1 s, so a node's state is known without traffic. A
+//! connection that goes `upstream.cluster.lock_reply_timeout_ms` without a
+//! byte while a lock command waits on it is given up the same way
+//! ([`super::stall`]).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -31,6 +34,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
+use super::stall::{lock_call_waits, Watch};
 use super::Common;
 use crate::cluster::redirect::redirect;
 use crate::metrics::ProxyMetrics;
@@ -252,6 +256,11 @@ struct InFlight {
 }
 
 impl InFlight {
+    /// The commands whose replies are still owed, oldest first.
+    fn owed(&self) -> impl Iterator<Item = &Bytes> {
+        self.job.commands.iter().skip(self.read)
+    }
+
     /// The reply owed for every command not answered yet: `error`.
     fn fail(mut self, error: &Bytes) {
         for i in self.read..self.job.commands.len() {
@@ -390,6 +399,8 @@ async fn serve(
     stop: &CancellationToken,
 ) -> Option<String> {
     let fifo = Mutex::new(VecDeque::<InFlight>::new());
+    // Bytes of reply read so far: what the stall watch calls progress.
+    let progress = AtomicU64::new(0);
     let (mut r, mut w) = stream.split();
     let writes = async {
         let mut jobs = held;
@@ -433,7 +444,9 @@ async fn serve(
             buf.reserve(common.read_chunk);
             match r.read_buf(&mut buf).await {
                 Ok(0) => return "closed by the server".to_string(),
-                Ok(_) => {}
+                Ok(n) => {
+                    progress.fetch_add(n as u64, Ordering::Relaxed);
+                }
                 Err(e) => return format!("read failed: {e}"),
             }
             let mut fifo = sync::lock(&fifo);
@@ -469,10 +482,29 @@ async fn serve(
             }
         }
     };
+    let watch = async {
+        let Some(limit) = common.lock_reply_timeout else {
+            return std::future::pending::<String>().await;
+        };
+        let tick = (limit / 4).max(std::time::Duration::from_millis(10));
+        let mut watch = Watch::new(Instant::now());
+        loop {
+            tokio::time::sleep(tick).await;
+            let fifo = sync::lock(&fifo);
+            let read = progress.load(Ordering::Relaxed);
+            if watch.step(Instant::now(), read, !fifo.is_empty(), limit)
+                && lock_call_waits(fifo.iter().flat_map(InFlight::owed))
+            {
+                ProxyMetrics::inc(&common.metrics.lock_reply_timeouts);
+                return format!("a lock command unanswered for {} ms", limit.as_millis());
+            }
+        }
+    };
     let why = tokio::select! {
         _ = stop.cancelled() => None,
         why = writes => why,
         why = reads => Some(why),
+        why = watch => Some(why),
     };
     let error = error_line(&format!(
         "upstream {addr} unavailable (connection lost: {})",

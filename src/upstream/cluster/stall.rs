@@ -1,0 +1,163 @@
+//! When a node's connection is taken for lost although it is open: a lock
+//! command waits on it and no byte of reply has come for
+//! `upstream.cluster.lock_reply_timeout_ms`. A node behind a blackholed
+//! path accepts and never answers, and TCP says nothing for minutes; a
+//! lock command must not wait that long (docs/faults.md, "Partitions"),
+//! so the lane gives the connection up, answers every reply owed on it
+//! as it does when a connection dies, and opens another.
+//!
+//! Only a lock command starts the clock: the clients' own commands wait
+//! as they would on a connection to that node, and a blocking command at
+//! the front of a session's own connection (`BLPOP`, `WAIT`, `XREAD
+//! BLOCK`) is allowed its wait, whatever is pipelined behind it.
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+
+use crate::router::{needs_own_connection, OwnReason};
+use crate::upstream::shared::framing_parser;
+
+/// A connection's progress as its watch last saw it: the rule
+/// ([`Watch::step`]) is a pure function of what is seen and `now`.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Watch {
+    /// Bytes of reply read when last seen to change.
+    read: u64,
+    /// Since when nothing was read while replies were owed (or the last
+    /// look, while none were).
+    since: Instant,
+}
+
+impl Watch {
+    /// A watch started at `now`.
+    pub(super) fn new(now: Instant) -> Watch {
+        Watch {
+            read: 0,
+            since: now,
+        }
+    }
+
+    /// Looks at the connection at `now`: `read` bytes of reply read so
+    /// far, `owed` whether any reply is owed. True once it has been
+    /// `limit` without a byte while replies were owed all along. A look
+    /// with nothing owed restarts the clock, so the stall is measured from
+    /// at most one look before the first owed command was written.
+    pub(super) fn step(&mut self, now: Instant, read: u64, owed: bool, limit: Duration) -> bool {
+        if read != self.read || !owed {
+            *self = Watch { read, since: now };
+            return false;
+        }
+        now.saturating_duration_since(self.since) >= limit
+    }
+}
+
+/// Whether a stalled connection's owed commands (oldest first) include
+/// lockgate's own lock call and are not led by a command that blocks by
+/// design (see the module doc). Parses the commands; runs only on a stall.
+pub(super) fn lock_call_waits<'a>(owed: impl Iterator<Item = &'a Bytes>) -> bool {
+    let mut parser = framing_parser();
+    for (i, command) in owed.enumerate() {
+        let Ok(Some(_)) = parser.parse(command) else {
+            continue;
+        };
+        let args: smallvec::SmallVec<[&[u8]; 8]> =
+            (0..parser.argc()).map(|a| parser.arg(command, a)).collect();
+        let blocks = matches!(
+            needs_own_connection(&args),
+            Some(OwnReason::Blocking | OwnReason::Wait)
+        );
+        if i == 0 && blocks {
+            // Nothing behind a blocking command is answered before it.
+            return false;
+        }
+        if is_lock_call(&args) {
+            return true;
+        }
+    }
+    false
+}
+
+/// Whether `args` (name first) is a call of one of lockgate's own lock
+/// scripts, or the `SCRIPT LOAD` of one that a session sends before its
+/// first call on a connection (part of the lock command it serves).
+fn is_lock_call(args: &[&[u8]]) -> bool {
+    let (Some(verb), Some(first)) = (args.first(), args.get(1)) else {
+        return false;
+    };
+    if verb.eq_ignore_ascii_case(b"SCRIPT") {
+        return first.eq_ignore_ascii_case(b"LOAD")
+            && args
+                .get(2)
+                .is_some_and(|body| crate::lock::evalsha::is_own_call(false, body));
+    }
+    let by_sha = verb.eq_ignore_ascii_case(b"EVALSHA");
+    (by_sha || verb.eq_ignore_ascii_case(b"EVAL"))
+        && crate::lock::evalsha::is_own_call(by_sha, first)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lock::evalsha::BODIES;
+    use crate::protocol::encode::command;
+
+    #[test]
+    fn a_stall_is_time_without_a_byte_while_replies_are_owed() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let limit = ms(100);
+        // (at, bytes read, owed, stalled)
+        let table = [
+            (0, 0, false, false),
+            (50, 0, true, false),
+            // Nothing owed at 0: the clock starts at the look before.
+            (100, 0, true, true),
+            // A byte read: the clock starts again.
+            (150, 10, true, false),
+            (240, 10, true, false),
+            (250, 10, true, true),
+            (300, 10, true, true),
+            // Nothing owed: no stall, whatever was read.
+            (400, 10, false, false),
+            (450, 10, true, false),
+            (550, 10, true, true),
+        ];
+        let mut watch = Watch::new(t0);
+        for (at, read, owed, want) in table {
+            let got = watch.step(t0 + ms(at), read, owed, limit);
+            assert_eq!(got, want, "at {at} ms, {read} bytes, owed {owed}");
+        }
+    }
+
+    #[test]
+    fn only_a_lock_call_not_behind_a_blocking_command_counts() {
+        let lock = command(&[b"EVAL", BODIES[0].as_bytes(), b"1", b"lock:a"]);
+        let client_script = command(&[b"EVALSHA", &[b'0'; 40], b"0"]);
+        let load = command(&[b"SCRIPT", b"LOAD", BODIES[0].as_bytes()]);
+        let client_load = command(&[b"SCRIPT", b"LOAD", b"return 1"]);
+        let get = command(&[b"GET", b"k"]);
+        let blpop = command(&[b"BLPOP", b"q", b"0"]);
+        let xread = command(&[b"XREAD", b"BLOCK", b"0", b"STREAMS", b"s", b"$"]);
+        let wait = command(&[b"WAIT", b"1", b"0"]);
+        let table: [(&[&Bytes], bool); 11] = [
+            (&[], false),
+            (&[&get], false),
+            (&[&client_script], false),
+            (&[&lock], true),
+            (&[&load], true),
+            (&[&client_load], false),
+            (&[&get, &get, &lock], true),
+            // A blocking command's wait is its own, and what is behind it
+            // waits for it.
+            (&[&blpop, &lock], false),
+            (&[&xread, &lock], false),
+            (&[&wait, &lock], false),
+            // Only at the front: one further back is answered by now.
+            (&[&get, &blpop, &lock], true),
+        ];
+        for (owed, want) in table {
+            assert_eq!(lock_call_waits(owed.iter().copied()), want, "{owed:?}");
+        }
+    }
+}
