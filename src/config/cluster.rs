@@ -8,10 +8,6 @@ use super::{invalid, positive, ConfigError};
 /// Most redirections one command follows, at most (`max_redirects`).
 pub const MAX_REDIRECTS: u32 = 16;
 
-/// Smallest `lock_reply_timeout_ms` other than 0 (off): below a scheduler
-/// hiccup on a loaded host, healthy connections would be taken for lost.
-pub const MIN_LOCK_REPLY_TIMEOUT_MS: u64 = 50;
-
 /// A Redis Cluster behind lockgate (`[upstream.cluster]`).
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
@@ -31,16 +27,6 @@ pub struct ClusterConfig {
     /// Most redirections (`MOVED`, `ASK`) one command follows before its
     /// client is answered with the last one as an error (1 to 16).
     pub max_redirects: u32,
-    /// Longest a node's connection may go without a byte of reply while a
-    /// lock command (lockgate's own script call for `SETNX`, `SET … NX`,
-    /// a release) waits on it, in milliseconds; past it the connection is
-    /// taken for lost: every reply owed on it is answered `-ERR lockgate:
-    /// upstream … unavailable (connection lost: …)` and it is opened
-    /// again. A node that accepts and never answers (a blackholed path)
-    /// would otherwise hold lock commands for as long as it lasts
-    /// (docs/faults.md, "Partitions"). 0: no bound, as on a plain
-    /// connection; otherwise at least 50.
-    pub lock_reply_timeout_ms: u64,
 }
 
 impl Default for ClusterConfig {
@@ -50,7 +36,6 @@ impl Default for ClusterConfig {
             refresh_interval_ms: 5_000,
             refresh_min_gap_ms: 100,
             max_redirects: 5,
-            lock_reply_timeout_ms: 2_000,
         }
     }
 }
@@ -93,18 +78,6 @@ impl ClusterConfig {
                 &format!("must be 1 to {MAX_REDIRECTS}"),
             ));
         }
-        if (1..MIN_LOCK_REPLY_TIMEOUT_MS).contains(&self.lock_reply_timeout_ms) {
-            return Err(invalid(
-                "upstream.cluster.lock_reply_timeout_ms",
-                &format!("must be 0 (no bound) or at least {MIN_LOCK_REPLY_TIMEOUT_MS}"),
-            ));
-        }
         Ok(())
-    }
-
-    /// `lock_reply_timeout_ms` as a duration; `None` when off.
-    pub fn lock_reply_timeout(&self) -> Option<std::time::Duration> {
-        (self.lock_reply_timeout_ms > 0)
-            .then(|| std::time::Duration::from_millis(self.lock_reply_timeout_ms))
     }
 }

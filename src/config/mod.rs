@@ -128,6 +128,18 @@ pub struct UpstreamConfig {
     /// left (docs/operations.md, "Abusive clients"). 0: no bound. Unused in
     /// shared mode and in front of a cluster.
     pub max_connecting: usize,
+    /// Longest a connection lockgate pipelines many commands on (a
+    /// cluster node's, a shared one to the primary with `proxy.upstream =
+    /// "shared"`) may go without a byte of reply while a lock command
+    /// (lockgate's own script call for a `SETNX`, `SET … NX`, a release, or
+    /// the `SCRIPT LOAD` before one) waits on it, in milliseconds; past it
+    /// the connection is given up: every reply owed on it is answered
+    /// `-ERR lockgate: upstream … unavailable (… a lock command unanswered
+    /// for N ms)` and it is opened again. A server behind a blackholed path
+    /// accepts and never answers: without it lock commands would wait as
+    /// long as the path is silent (docs/faults.md, "Partitions"). 0: no
+    /// bound; otherwise at least [`MIN_LOCK_REPLY_TIMEOUT_MS`].
+    pub lock_reply_timeout_ms: u64,
     /// ACL user for lockgate's own connections to the primary (lease
     /// renewal, release on disconnect). Client connections always use the
     /// client's own `AUTH`. Empty: no user (the `default` user).
@@ -147,6 +159,14 @@ pub struct UpstreamConfig {
     pub cluster: ClusterConfig,
 }
 
+impl UpstreamConfig {
+    /// `lock_reply_timeout_ms` as a duration; `None` when off.
+    pub fn lock_reply_timeout(&self) -> Option<std::time::Duration> {
+        (self.lock_reply_timeout_ms > 0)
+            .then(|| std::time::Duration::from_millis(self.lock_reply_timeout_ms))
+    }
+}
+
 impl Default for UpstreamConfig {
     fn default() -> Self {
         UpstreamConfig {
@@ -154,6 +174,7 @@ impl Default for UpstreamConfig {
             connect_timeout_ms: 1_000,
             reconnect_interval_ms: 100,
             max_connecting: 128,
+            lock_reply_timeout_ms: 2_000,
             username: String::new(),
             password: String::new(),
             tls: ClientTlsConfig::default(),
@@ -272,6 +293,12 @@ impl Config {
             "upstream.connect_timeout_ms",
             self.upstream.connect_timeout_ms,
         )?;
+        if (1..MIN_LOCK_REPLY_TIMEOUT_MS).contains(&self.upstream.lock_reply_timeout_ms) {
+            return Err(invalid(
+                "upstream.lock_reply_timeout_ms",
+                &format!("must be 0 (no bound) or at least {MIN_LOCK_REPLY_TIMEOUT_MS}"),
+            ));
+        }
         if self.upstream.max_connecting > MAX_CONNECTING {
             return Err(invalid(
                 "upstream.max_connecting",
@@ -462,6 +489,11 @@ pub const MAX_TRANSACTION_CONNECTIONS: usize = 1024;
 /// Most `upstream.max_connecting` (a semaphore's permits; more than any
 /// listen queue holds).
 pub const MAX_CONNECTING: usize = 65_536;
+
+/// Smallest `upstream.lock_reply_timeout_ms` other than 0 (off): below a
+/// scheduler hiccup on a loaded host, healthy connections would be given
+/// up.
+pub const MIN_LOCK_REPLY_TIMEOUT_MS: u64 = 50;
 
 /// Most `locks.transaction_retries`.
 pub const MAX_TRANSACTION_RETRIES: u32 = 1000;

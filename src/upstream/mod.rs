@@ -13,6 +13,7 @@ pub mod cluster;
 pub mod node;
 pub mod primary;
 pub mod shared;
+pub(crate) mod stall;
 pub use primary::Primary;
 
 use std::io;

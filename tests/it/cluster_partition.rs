@@ -17,7 +17,7 @@
 //! accept). A blackholed node ([`Mode::Blackhole`]: accepted, never
 //! answered) is the "node that hangs" of docs/cluster.md: the clients' own
 //! commands for its slots wait, with no reply timeout of lockgate's, but
-//! lock commands are answered within `upstream.cluster.lock_reply_timeout_ms`
+//! lock commands are answered within `upstream.lock_reply_timeout_ms`
 //! and the connect timeout.
 
 use crate::support;
@@ -280,7 +280,7 @@ async fn until_served(c: &mut RawClient, args: &[&str], ok: &str) -> (Duration, 
 
 /// A node blackholed (accepted, never answered): lock commands for its
 /// keys are answered `-ERR lockgate: upstream … unavailable` naming the
-/// node within `upstream.cluster.lock_reply_timeout_ms` (500 ms here) and
+/// node within `upstream.lock_reply_timeout_ms` (500 ms here) and
 /// the connect timeout, never held as long as the path is silent, on a
 /// session opened before the blackhole and on one opened during it; a
 /// plain command pipelined behind a lock command is answered with it, in
@@ -300,7 +300,7 @@ async fn a_blackholed_node_answers_lock_commands_in_bounded_time_when_shared() {
 }
 
 async fn blackholed(mode: UpstreamMode) {
-    let r = relayed(mode, |c| c.upstream.cluster.lock_reply_timeout_ms = 500).await;
+    let r = relayed(mode, |c| c.upstream.lock_reply_timeout_ms = 500).await;
     let mut before = RawClient::connect(r.lg.addr).await;
     assert_eq!(call(&mut before, &["SET", &r.key, "v0"]).await, "+OK\r\n");
     let mut holder = RawClient::connect(r.lg.addr).await;

@@ -148,3 +148,102 @@ async fn a_blackholed_primary_gives_bounded_errors_and_comes_back_without_a_rest
     assert!(granted.starts_with("*2\r\n"), "{granted}");
     lg.stop().await;
 }
+
+/// The primary blackholed under `proxy.upstream = "shared"`: lock commands
+/// on the shared connections (`SETNX`, `SET NX PX`, a holder's `DEL`) are
+/// answered `-ERR lockgate: upstream … unavailable` within
+/// `upstream.lock_reply_timeout_ms` (500 ms here) and the connect timeout,
+/// on a session opened before the blackhole and on one opened during it,
+/// a `GET` pipelined behind a `SETNX` answered after it, in order; the
+/// shared connection given up is counted; after the heal the same sessions
+/// are served again without a restart and the lock is still its holder's
+/// (what was sent into the blackhole and arrives late takes nothing).
+/// Before `lock_reply_timeout_ms` (474e944) they waited as long as the
+/// path was silent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blackholed_primary_answers_lock_commands_on_shared_connections_in_bounded_time() {
+    let redis = RedisServer::start();
+    let path = Relay::to(&redis.addr()).await;
+    let mut config = config(&path.host_port());
+    config.proxy.upstream = lockgate::config::UpstreamMode::Shared;
+    config.upstream.lock_reply_timeout_ms = 500;
+    config.locks.retry.probe_interval_ms = 0;
+    config.locks.retry.park_ms = 0;
+    let lg = Lockgate::start_with(config).await;
+    let mut before = RawClient::connect(lg.addr).await;
+    assert_eq!(before.call_s(&["SET", "k", "v"]).await, "+OK\r\n");
+    let mut holder = RawClient::connect(lg.addr).await;
+    let take = ["SET", "lock:held", "h", "NX", "PX", "60000"];
+    assert_eq!(holder.call_s(&take).await, "+OK\r\n");
+
+    path.set(Mode::Blackhole);
+    let is_error = |r: &str| r.starts_with("-ERR lockgate: upstream ") && r.contains("unavailable");
+    let asked = Instant::now();
+    let pipeline = [
+        support::resp::cmd(&["SETNX", "lock:free", "b"]),
+        support::resp::cmd(&["GET", "k"]),
+    ]
+    .concat();
+    before.send(&pipeline).await;
+    let replies = tokio::time::timeout(BOUND, async {
+        [before.read_s().await, before.read_s().await]
+    })
+    .await
+    .unwrap_or_else(|_| panic!("a pipelined SETNX + GET unanswered after {BOUND:?}"));
+    let mut latencies = vec![asked.elapsed()];
+    assert!(replies.iter().all(|r| is_error(r)), "{replies:?}");
+    let mut during = RawClient::connect(lg.addr).await;
+    for (who, c) in [("before", &mut before), ("during", &mut during)] {
+        for attempt in [
+            vec!["SETNX", "lock:free", "o"],
+            vec!["SET", "lock:free", "o", "NX", "PX", "5000"],
+        ] {
+            let asked = Instant::now();
+            let reply = tokio::time::timeout(BOUND, c.call_s(&attempt))
+                .await
+                .unwrap_or_else(|_| panic!("{attempt:?} ({who}) unanswered after {BOUND:?}"));
+            latencies.push(asked.elapsed());
+            assert!(is_error(&reply), "{attempt:?} ({who}): {reply:?}");
+        }
+    }
+    let released = tokio::time::timeout(BOUND, holder.call_s(&["DEL", "lock:held"]))
+        .await
+        .unwrap_or_else(|_| panic!("the holder's DEL unanswered after {BOUND:?}"));
+    assert!(is_error(&released), "the holder's DEL: {released:?}");
+    let text = lockgate::exposition::render(&lg.ctx).expect("metrics");
+    let given_up = support::ops::Metrics::parse(&text)
+        .value("lockgate_shared_upstream_lock_reply_timeouts_total", &[]);
+    assert!(given_up >= 1.0, "no shared connection given up counted");
+
+    path.heal();
+    let healed = Instant::now();
+    for c in [&mut before, &mut during] {
+        until!(
+            "served after the heal",
+            c.call_s(&["GET", "k"]).await == "$1\r\nv\r\n"
+        );
+    }
+    let served_after = healed.elapsed();
+    // The holder's release sent into the blackhole may have reached Redis
+    // late: the lock is the holder's or free, never another's.
+    let now = support::resp::direct(&redis.addr(), &["GET", "lock:held"]).await;
+    assert!(now == "$1\r\nh\r\n" || now == "$-1\r\n", "{now:?}");
+    let _ = holder.call_s(&["DEL", "lock:held"]).await;
+    assert_eq!(during.call_s(&["SETNX", "lock:held", "o"]).await, ":1\r\n");
+    latencies.sort();
+    println!(
+        "primary blackholed (shared): lock commands answered with errors after {:.0}–{:.0} ms \
+         ({} asked, lock_reply_timeout_ms 500, connect_timeout_ms 500), {given_up} shared \
+         connections given up; served again {} ms after the heal",
+        latencies[0].as_secs_f64() * 1000.0,
+        latencies[latencies.len() - 1].as_secs_f64() * 1000.0,
+        latencies.len(),
+        served_after.as_millis()
+    );
+    lg.stop().await;
+}
+
+/// How long a lock command on a blackholed path may take to be answered:
+/// the lock reply timeout, the connect timeout (500 ms each here) and a
+/// loaded box's margin.
+const BOUND: Duration = Duration::from_secs(5);

@@ -16,9 +16,9 @@
 //! the last attempt's error for one that arrives sooner, as a session's
 //! own connection reconnects; a shared lane also tries again by itself,
 //! backing off to 1 s, so a node's state is known without traffic. A
-//! connection that goes `upstream.cluster.lock_reply_timeout_ms` without a
+//! connection that goes `upstream.lock_reply_timeout_ms` without a
 //! byte while a lock command waits on it is given up the same way
-//! ([`super::stall`]).
+//! ([`crate::upstream::stall`]).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -34,13 +34,13 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use super::stall::{lock_call_waits, Watch};
 use super::Common;
 use crate::cluster::redirect::redirect;
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
 use crate::protocol::reply::{FrameKind, ReplyScanner};
 use crate::sync;
+use crate::upstream::stall::{lock_call_waits, Watch};
 
 /// Most jobs taken off the queue for one write.
 const JOBS_PER_WRITE: usize = 256;
@@ -493,7 +493,7 @@ async fn serve(
             let fifo = sync::lock(&fifo);
             let read = progress.load(Ordering::Relaxed);
             if watch.step(Instant::now(), read, !fifo.is_empty(), limit)
-                && lock_call_waits(fifo.iter().flat_map(InFlight::owed))
+                && lock_call_waits(fifo.iter().flat_map(InFlight::owed).map(|c| (&c[..], 0)))
             {
                 ProxyMetrics::inc(&common.metrics.lock_reply_timeouts);
                 return format!("a lock command unanswered for {} ms", limit.as_millis());

@@ -26,7 +26,6 @@
 mod lane;
 mod merge;
 mod pin;
-mod stall;
 mod stream;
 
 pub use stream::{ClusterRead, ClusterStream, ClusterWrite};
@@ -76,9 +75,9 @@ counters! {
         /// Connections to the nodes lost.
         node_lost: Counter "cluster_node_connections_lost", "Connections to cluster nodes lost";
         /// Connections to the nodes given up because a lock command went
-        /// unanswered past `upstream.cluster.lock_reply_timeout_ms`
+        /// unanswered past `upstream.lock_reply_timeout_ms`
         /// (counted in `node_lost` too).
-        lock_reply_timeouts: Counter "cluster_lock_reply_timeouts", "Connections to cluster nodes given up because a lock command went unanswered past upstream.cluster.lock_reply_timeout_ms";
+        lock_reply_timeouts: Counter "cluster_lock_reply_timeouts", "Connections to cluster nodes given up because a lock command went unanswered past upstream.lock_reply_timeout_ms";
         /// Replies answered upstream-unavailable for a node down or lost.
         error_replies: Counter "cluster_error_replies", "Replies answered upstream-unavailable because a cluster node was down or its connection lost";
         /// Malformed or unowed replies from a node (its connection is dropped).
@@ -149,7 +148,7 @@ pub(crate) struct Common {
     /// closed.
     pub(crate) reply_stall: Duration,
     pub(crate) max_redirects: u32,
-    /// `upstream.cluster.lock_reply_timeout_ms` (`None`: no bound).
+    /// `upstream.lock_reply_timeout_ms` (`None`: no bound).
     pub(crate) lock_reply_timeout: Option<Duration>,
     refresh_interval: Duration,
     refresh_gap: Duration,
@@ -525,7 +524,7 @@ impl ClusterPool {
             reply_half: config.proxy.shared_session_reply_bytes / 2,
             reply_stall: Duration::from_millis(config.proxy.shared_reply_stall_ms),
             max_redirects: c.max_redirects,
-            lock_reply_timeout: c.lock_reply_timeout(),
+            lock_reply_timeout: config.upstream.lock_reply_timeout(),
             refresh_interval: Duration::from_millis(c.refresh_interval_ms),
             refresh_gap: Duration::from_millis(c.refresh_min_gap_ms),
             refresh: Notify::new(),

@@ -10,10 +10,12 @@
 //! as a dedicated connection's client would be), and it is opened again
 //! with back-off; batches that arrive meanwhile are answered the same way,
 //! or bring the next attempt forward as a session's own connection would
-//! reconnect ([`run`]).
+//! reconnect ([`run`]). A connection that goes
+//! `upstream.lock_reply_timeout_ms` without a byte while a lock command
+//! waits on it is given up the same way ([`crate::upstream::stall`]).
 
 use std::collections::VecDeque;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -30,6 +32,7 @@ use crate::protocol::reply::{simple_frames, FrameKind, ReplyScanner};
 use crate::sync;
 use crate::tls::Stream;
 use crate::upstream::primary::Current;
+use crate::upstream::stall::{lock_call_waits, Watch};
 use crate::upstream::UpstreamError;
 
 /// Most batches taken off the queue for one write.
@@ -42,6 +45,17 @@ const MAX_BACKOFF: Duration = Duration::from_secs(1);
 struct Owed {
     inbox: Arc<Inbox>,
     left: u64,
+    /// The batch's commands and how many replies it gets in all: what the
+    /// stall watch reads ([`crate::upstream::stall`]).
+    commands: Bytes,
+    replies: u64,
+}
+
+impl Owed {
+    /// The batch's commands and how many of them are answered already.
+    fn unanswered(&self) -> (&[u8], u64) {
+        (&self.commands[..], self.replies - self.left)
+    }
 }
 
 /// Runs one shared connection until `stop`: connects, serves, reconnects.
@@ -151,6 +165,10 @@ async fn serve(
     let generation = current.generation;
     let addr = current.addr.as_deref().unwrap_or("(none)");
     let fifo = Mutex::new(VecDeque::<Owed>::new());
+    // Bytes of reply read so far, and whether reads wait for a slow
+    // session: what the stall watch calls progress.
+    let progress = AtomicU64::new(0);
+    let held_for_room = AtomicBool::new(false);
     let mut splitter = Splitter::new();
     let (mut r, mut w) = stream.split();
     let writes = async {
@@ -172,6 +190,8 @@ async fn serve(
                         fifo.push_back(Owed {
                             inbox: b.inbox,
                             left: b.replies,
+                            commands: b.bytes,
+                            replies: b.replies,
                         });
                     }
                 }
@@ -193,7 +213,9 @@ async fn serve(
             buf.reserve(common.read_chunk);
             match r.read_buf(&mut buf).await {
                 Ok(0) => return "closed by the server".to_string(),
-                Ok(_) => {}
+                Ok(n) => {
+                    progress.fetch_add(n as u64, Ordering::Relaxed);
+                }
                 Err(e) => return format!("read failed: {e}"),
             }
             let split = splitter.split(&mut buf, &mut sync::lock(&fifo), &mut full);
@@ -202,7 +224,31 @@ async fn serve(
                 return why.to_string();
             }
             for inbox in full.drain(..) {
+                held_for_room.store(true, Ordering::Relaxed);
                 wait_for_room(common, &inbox).await;
+                held_for_room.store(false, Ordering::Relaxed);
+            }
+        }
+    };
+    // A lock command unanswered too long gives the connection up (see
+    // `crate::upstream::stall`); a read held for a slow session's room is
+    // not the server's silence.
+    let watch = async {
+        let Some(limit) = common.lock_reply_timeout else {
+            return std::future::pending::<String>().await;
+        };
+        let tick = (limit / 4).max(Duration::from_millis(10));
+        let mut watch = Watch::new(Instant::now());
+        loop {
+            tokio::time::sleep(tick).await;
+            let fifo = sync::lock(&fifo);
+            let owed = !fifo.is_empty() && !held_for_room.load(Ordering::Relaxed);
+            let read = progress.load(Ordering::Relaxed);
+            if watch.step(Instant::now(), read, owed, limit)
+                && lock_call_waits(fifo.iter().map(Owed::unanswered))
+            {
+                ProxyMetrics::inc(&common.metrics.shared_lock_reply_timeouts);
+                return format!("a lock command unanswered for {} ms", limit.as_millis());
             }
         }
     };
@@ -210,6 +256,7 @@ async fn serve(
         _ = stop.cancelled() => None,
         why = writes => Some(why),
         why = reads => Some(why),
+        why = watch => Some(why),
         _ = common.primary.changed_from(generation) => Some("the primary changed".to_string()),
     };
     let err = UpstreamError::Io {
@@ -348,6 +395,8 @@ mod tests {
         Owed {
             inbox: inbox.clone(),
             left: n,
+            commands: Bytes::new(),
+            replies: n,
         }
     }
 

@@ -73,6 +73,10 @@ counters! {
         shared_error_replies: Counter "shared_upstream_error_replies", "Replies answered upstream-unavailable for a lost or down shared connection";
         /// Malformed or unowed replies on a shared connection (it is dropped).
         shared_bad_replies: Counter "shared_upstream_bad_replies", "Malformed or unowed replies on a shared connection";
+        /// Shared connections given up because a lock command went
+        /// unanswered past `upstream.lock_reply_timeout_ms` (counted in
+        /// `shared_lost` too).
+        shared_lock_reply_timeouts: Counter "shared_upstream_lock_reply_timeouts", "Shared upstream connections given up because a lock command went unanswered past upstream.lock_reply_timeout_ms";
         /// Batches of commands sent over shared connections.
         shared_batches: Counter "shared_upstream_batches", "Batches of session commands sent over shared connections";
         /// Writes to shared connections (batches per write: how much they coalesce).
@@ -186,6 +190,8 @@ struct Common {
     reply_limit: usize,
     /// `proxy.shared_reply_stall_ms`.
     reply_stall: Duration,
+    /// `upstream.lock_reply_timeout_ms` (`None`: no bound).
+    lock_reply_timeout: Option<Duration>,
     metrics: Arc<UpstreamConnMetrics>,
     warn: RateLimit,
     /// Warm connections for sessions that move.
@@ -290,6 +296,7 @@ impl Common {
             read_chunk: 4096,
             reply_limit: 1 << 20,
             reply_stall: Duration::from_millis(100),
+            lock_reply_timeout: None,
             metrics: Arc::default(),
             warn: RateLimit::new(Duration::from_secs(10)),
             spares: Spares::new(0),
@@ -336,6 +343,7 @@ impl SharedPool {
             reply_limit: usize::try_from(config.proxy.shared_session_reply_bytes)
                 .unwrap_or(usize::MAX),
             reply_stall: Duration::from_millis(config.proxy.shared_reply_stall_ms),
+            lock_reply_timeout: config.upstream.lock_reply_timeout(),
             metrics,
             warn: RateLimit::new(Duration::from_secs(10)),
             spares: Spares::new(config.proxy.shared_spare_connections),

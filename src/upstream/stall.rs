@@ -1,10 +1,11 @@
-//! When a node's connection is taken for lost although it is open: a lock
-//! command waits on it and no byte of reply has come for
-//! `upstream.cluster.lock_reply_timeout_ms`. A node behind a blackholed
-//! path accepts and never answers, and TCP says nothing for minutes; a
-//! lock command must not wait that long (docs/faults.md, "Partitions"),
-//! so the lane gives the connection up, answers every reply owed on it
-//! as it does when a connection dies, and opens another.
+//! When a pipelined connection lockgate carries many commands on (a
+//! cluster node's lane, a shared connection to the primary) is taken for
+//! lost although it is open: a lock command waits on it and no byte of
+//! reply has come for `upstream.lock_reply_timeout_ms`. A server behind a
+//! blackholed path accepts and never answers, and TCP says nothing for
+//! minutes; a lock command must not wait that long (docs/faults.md,
+//! "Partitions"), so the connection is given up, every reply owed on it
+//! answered as when a connection dies, and another opened.
 //!
 //! Only a lock command starts the clock: the clients' own commands wait
 //! as they would on a connection to that node, and a blocking command at
@@ -13,15 +14,13 @@
 
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-
 use crate::router::{needs_own_connection, OwnReason};
 use crate::upstream::shared::framing_parser;
 
 /// A connection's progress as its watch last saw it: the rule
 /// ([`Watch::step`]) is a pure function of what is seen and `now`.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct Watch {
+pub(crate) struct Watch {
     /// Bytes of reply read when last seen to change.
     read: u64,
     /// Since when nothing was read while replies were owed (or the last
@@ -31,7 +30,7 @@ pub(super) struct Watch {
 
 impl Watch {
     /// A watch started at `now`.
-    pub(super) fn new(now: Instant) -> Watch {
+    pub(crate) fn new(now: Instant) -> Watch {
         Watch {
             read: 0,
             since: now,
@@ -43,7 +42,7 @@ impl Watch {
     /// `limit` without a byte while replies were owed all along. A look
     /// with nothing owed restarts the clock, so the stall is measured from
     /// at most one look before the first owed command was written.
-    pub(super) fn step(&mut self, now: Instant, read: u64, owed: bool, limit: Duration) -> bool {
+    pub(crate) fn step(&mut self, now: Instant, read: u64, owed: bool, limit: Duration) -> bool {
         if read != self.read || !owed {
             *self = Watch { read, since: now };
             return false;
@@ -52,27 +51,42 @@ impl Watch {
     }
 }
 
-/// Whether a stalled connection's owed commands (oldest first) include
-/// lockgate's own lock call and are not led by a command that blocks by
-/// design (see the module doc). Parses the commands; runs only on a stall.
-pub(super) fn lock_call_waits<'a>(owed: impl Iterator<Item = &'a Bytes>) -> bool {
+/// Whether a stalled connection's owed commands include lockgate's own
+/// lock call and are not led by a command that blocks by design (see the
+/// module doc). `owed`: buffers of whole commands, oldest first (one
+/// command each, or a batch of several), each with how many commands at
+/// its start are answered already. Parses them; runs only on a stall.
+pub(crate) fn lock_call_waits<'a>(owed: impl Iterator<Item = (&'a [u8], u64)>) -> bool {
     let mut parser = framing_parser();
-    for (i, command) in owed.enumerate() {
-        let Ok(Some(_)) = parser.parse(command) else {
-            continue;
-        };
-        let args: smallvec::SmallVec<[&[u8]; 8]> =
-            (0..parser.argc()).map(|a| parser.arg(command, a)).collect();
-        let blocks = matches!(
-            needs_own_connection(&args),
-            Some(OwnReason::Blocking | OwnReason::Wait)
-        );
-        if i == 0 && blocks {
-            // Nothing behind a blocking command is answered before it.
-            return false;
-        }
-        if is_lock_call(&args) {
-            return true;
+    let mut front = true;
+    for (mut buf, mut answered) in owed {
+        while let Ok(Some(request)) = parser.parse(buf) {
+            let rest = buf.get(request.len.max(1)..);
+            if answered > 0 {
+                answered -= 1;
+                match rest {
+                    Some(rest) => buf = rest,
+                    None => break,
+                }
+                continue;
+            }
+            let args: smallvec::SmallVec<[&[u8]; 8]> =
+                (0..parser.argc()).map(|a| parser.arg(buf, a)).collect();
+            let blocks = matches!(
+                needs_own_connection(&args),
+                Some(OwnReason::Blocking | OwnReason::Wait)
+            );
+            if std::mem::replace(&mut front, false) && blocks {
+                // Nothing behind a blocking command is answered before it.
+                return false;
+            }
+            if is_lock_call(&args) {
+                return true;
+            }
+            match rest {
+                Some(rest) => buf = rest,
+                None => break,
+            }
         }
     }
     false
@@ -101,6 +115,7 @@ mod tests {
     use super::*;
     use crate::lock::evalsha::BODIES;
     use crate::protocol::encode::command;
+    use bytes::Bytes;
 
     #[test]
     fn a_stall_is_time_without_a_byte_while_replies_are_owed() {
@@ -157,7 +172,15 @@ mod tests {
             (&[&get, &blpop, &lock], true),
         ];
         for (owed, want) in table {
-            assert_eq!(lock_call_waits(owed.iter().copied()), want, "{owed:?}");
+            let one_each = owed.iter().map(|c| (&c[..], 0));
+            assert_eq!(lock_call_waits(one_each), want, "{owed:?}");
+            // The same commands in one batch, and behind answered ones.
+            let batch = owed.iter().map(|c| &c[..]).collect::<Vec<_>>().concat();
+            let batched = lock_call_waits(std::iter::once((&batch[..], 0)));
+            assert_eq!(batched, want, "batched {owed:?}");
+            let behind = [&lock[..], &blpop[..], &batch[..]].concat();
+            let after_answered = lock_call_waits(std::iter::once((&behind[..], 2)));
+            assert_eq!(after_answered, want, "behind two answered {owed:?}");
         }
     }
 }
