@@ -142,6 +142,11 @@ counters! {
         /// Upstream connections lost while replies were owed.
         upstream_dropped: Counter "upstream_dropped",
             "Upstream connections lost with replies owed";
+        /// Sessions ended because their own connection to the primary sent
+        /// nothing for `upstream.lock_reply_timeout_ms` while a lock
+        /// command's reply was owed.
+        lock_reply_timeouts: Counter "upstream_lock_reply_timeouts",
+            "Sessions ended because the primary sent nothing for upstream.lock_reply_timeout_ms while a lock command's reply was owed";
         /// Malformed replies from the primary.
         upstream_bad_replies: Counter "upstream_bad_replies", "Malformed replies from the primary";
         /// Replies from the primary that matched no pending command.

@@ -218,8 +218,8 @@ async fn serve(
     };
     // Counted while it lives (a shared-mode stream counts its own when the
     // session moves to a dedicated connection).
-    let _dedicated = (!matches!(upstream, Stream::Shared(_) | Stream::Cluster(_)))
-        .then(|| DedicatedGuard::new(&ctx.upstream_conns));
+    let own_connection = !matches!(upstream, Stream::Shared(_) | Stream::Cluster(_));
+    let _dedicated = own_connection.then(|| DedicatedGuard::new(&ctx.upstream_conns));
     let (mut client_r, mut client_w) = client.split();
     let (mut up_r, mut up_w) = upstream.split();
     let (tx, rx) = mpsc::channel(ctx.config.proxy.max_inflight_batches);
@@ -254,6 +254,18 @@ async fn serve(
             write_timeout: ctx.config.proxy.write_timeout(),
             max_output: ctx.config.proxy.max_client_output_bytes as usize,
             opening,
+            // Twice the bound on shared and cluster connections, whose
+            // lanes give a silent connection up at the bound itself and
+            // answer in place: this is their sessions' backstop (a session
+            // moved to a connection of its own, a lock command behind a
+            // command the lane does not watch).
+            lock_reply_timeout: (ctx.config.upstream.lock_reply_timeout()).map(|bound| {
+                if own_connection {
+                    bound
+                } else {
+                    bound * 2
+                }
+            }),
         };
         let end = writer::write_loop(setup, &mut client_w, &mut up_r, rx).await;
         reader_stop.stop();
@@ -382,6 +394,16 @@ async fn serve(
                 tracing::warn!(
                     suppressed = more,
                     "upstream closed the connection with replies owed; closing the client"
+                );
+            }
+        }
+        WriterEnd::LockReplyTimeout => {
+            ctx.metrics.error(ErrorSource::Upstream);
+            if let Some(more) = ctx.upstream_warn.check() {
+                tracing::warn!(
+                    suppressed = more,
+                    "upstream sent nothing while a lock command's reply was owed \
+                     (upstream.lock_reply_timeout_ms); closing the client"
                 );
             }
         }

@@ -28,6 +28,7 @@ use crate::lock::{LockPending, ReplyOutcome};
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
 use crate::protocol::reply::{simple_frames, FrameKind};
+use crate::upstream::stall::Watch;
 use client::Client;
 use replies::{FrameClass, Replies};
 
@@ -38,6 +39,10 @@ pub enum WriterEnd {
     Drained,
     /// A `Close` entry was reached (after a protocol error).
     Closed,
+    /// Redis sent nothing for `upstream.lock_reply_timeout_ms` while a lock
+    /// command's reply was owed (a blackholed path, a hung server): the
+    /// session ends, as when Redis drops the connection with replies owed.
+    LockReplyTimeout,
     /// Redis closed the connection; `owed` tells whether replies were missing.
     UpstreamClosed {
         /// Replies were still owed to the client.
@@ -95,6 +100,11 @@ pub struct Setup<'a, L> {
     /// The session's permit of `upstream.max_connecting`, given back at
     /// Redis's first bytes or its bound ([`super::opening`]).
     pub opening: Option<Opening>,
+    /// How long Redis may send nothing while a lock command's reply is
+    /// owed before the session ends (`upstream.lock_reply_timeout_ms`;
+    /// twice that on shared and cluster connections, whose lanes answer in
+    /// place at the bound, see `crate::upstream::stall`); `None`: no bound.
+    pub lock_reply_timeout: Option<Duration>,
 }
 
 /// Copies replies to the client until the session is over (see [`WriterEnd`]).
@@ -119,6 +129,7 @@ where
         write_timeout,
         max_output,
         mut opening,
+        lock_reply_timeout,
     } = setup;
     let client = &mut Client {
         stream: client,
@@ -142,6 +153,15 @@ where
     // for the outcome of a lock command.
     let mut gone = false;
     let mut deadline = Instant::now();
+    // The stall watch (see `Setup::lock_reply_timeout`): bytes read from
+    // Redis, looked at every quarter of the bound while replies are owed,
+    // armed afresh each time they start to be.
+    let mut read_bytes = 0u64;
+    let mut stall = lock_reply_timeout.map(|limit| {
+        let mut tick = tokio::time::interval((limit / 4).max(Duration::from_millis(10)));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        (limit, tick, None::<Watch>)
+    });
     loop {
         // Nothing after a deferred reply may be written before it.
         let closing = st.deferred.is_none() && st.settle();
@@ -221,6 +241,14 @@ where
             }
         }
         let release_at = opening.as_ref().map(|o| o.release_at(st.owes_upstream()));
+        let watching = match &mut stall {
+            Some((_, _, armed)) if st.queue.is_empty() => {
+                *armed = None;
+                false
+            }
+            Some(_) => true,
+            None => false,
+        };
         tokio::select! {
             biased;
             ready = async { st.deferred.as_mut()?.await.ok() }, if st.deferred.is_some() => {
@@ -280,12 +308,28 @@ where
                         Some(end) => return end,
                         None => continue,
                     },
-                    Ok(_) => {
+                    Ok(n) => {
+                        read_bytes += n as u64;
                         if let Some(end) = forward_or_end(client, &mut buf, &mut st, &mut rx).await {
                             return end;
                         }
                     }
                     Err(e) => return WriterEnd::Failed(SessionError::UpstreamIo(e)),
+                }
+            }
+            _ = async {
+                if let Some((_, tick, _)) = &mut stall {
+                    tick.tick().await;
+                }
+            }, if watching => {
+                if let Some((limit, _, armed)) = &mut stall {
+                    let now = std::time::Instant::now();
+                    let watch = armed.get_or_insert_with(|| Watch::new(now));
+                    let owed = st.awaits_lock_reply();
+                    if watch.step(now, read_bytes, owed, *limit) {
+                        ProxyMetrics::inc(&metrics.lock_reply_timeouts);
+                        return WriterEnd::LockReplyTimeout;
+                    }
                 }
             }
             // The permit's bound, or nothing owed: given back (looked at

@@ -247,3 +247,80 @@ async fn a_blackholed_primary_answers_lock_commands_on_shared_connections_in_bou
 /// the lock reply timeout, the connect timeout (500 ms each here) and a
 /// loaded box's margin.
 const BOUND: Duration = Duration::from_secs(5);
+
+/// The primary blackholed, sessions on connections of their own (the
+/// default): a session whose lock command Redis leaves unanswered for
+/// `upstream.lock_reply_timeout_ms` (500 ms here) is closed, as when Redis
+/// drops a connection with replies owed (nothing in their place could keep
+/// the order: a `GET` pipelined behind the `SETNX` goes with it), on a
+/// session opened before the blackhole and on one opened during it, and
+/// counted; a session with no lock command owed stays open; after the heal
+/// new sessions are served and the lock is still its holder's or free,
+/// never another's. Before `lock_reply_timeout_ms` (474e944) the sessions
+/// waited as long as the path was silent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blackholed_primary_closes_sessions_whose_lock_command_it_leaves_unanswered() {
+    let redis = RedisServer::start();
+    let path = Relay::to(&redis.addr()).await;
+    let mut config = config(&path.host_port());
+    config.upstream.lock_reply_timeout_ms = 500;
+    config.locks.retry.probe_interval_ms = 0;
+    config.locks.retry.park_ms = 0;
+    let lg = Lockgate::start_with(config).await;
+    let mut before = RawClient::connect(lg.addr).await;
+    assert_eq!(before.call_s(&["SET", "k", "v"]).await, "+OK\r\n");
+    let mut holder = RawClient::connect(lg.addr).await;
+    let take = ["SET", "lock:held", "h", "NX", "PX", "60000"];
+    assert_eq!(holder.call_s(&take).await, "+OK\r\n");
+    let mut idle = RawClient::connect(lg.addr).await;
+    assert_eq!(idle.call_s(&["PING"]).await, "+PONG\r\n");
+
+    path.set(Mode::Blackhole);
+    let mut during = RawClient::connect(lg.addr).await;
+    let mut latencies = Vec::new();
+    for (who, c, pipeline) in [
+        (
+            "before",
+            &mut before,
+            [
+                support::resp::cmd(&["SETNX", "lock:free", "b"]),
+                support::resp::cmd(&["GET", "k"]),
+            ]
+            .concat(),
+        ),
+        (
+            "during",
+            &mut during,
+            support::resp::cmd(&["SET", "lock:free", "o", "NX", "PX", "5000"]),
+        ),
+    ] {
+        let asked = Instant::now();
+        c.send(&pipeline).await;
+        assert!(
+            c.closed_within(BOUND).await,
+            "the session opened {who} the blackhole still open after {BOUND:?}"
+        );
+        latencies.push(asked.elapsed());
+        assert!(c.buffered().is_empty(), "{who}: {:?}", c.buffered());
+    }
+    let text = lockgate::exposition::render(&lg.ctx).expect("metrics");
+    let closed = support::ops::Metrics::parse(&text)
+        .value("lockgate_upstream_lock_reply_timeouts_total", &[]);
+    assert_eq!(closed, 2.0, "sessions closed for a lock reply, counted");
+
+    path.heal();
+    // The session with nothing owed was left alone.
+    assert_eq!(idle.call_s(&["GET", "k"]).await, "$1\r\nv\r\n");
+    let mut after = RawClient::connect(lg.addr).await;
+    assert_eq!(after.call_s(&["GET", "k"]).await, "$1\r\nv\r\n");
+    assert_eq!(after.call_s(&["SETNX", "lock:held", "o"]).await, ":0\r\n");
+    assert_eq!(holder.call_s(&["DEL", "lock:held"]).await, ":1\r\n");
+    assert_eq!(after.call_s(&["SETNX", "lock:held", "o"]).await, ":1\r\n");
+    println!(
+        "primary blackholed (dedicated): sessions with a lock command owed closed after {:.0} ms \
+         (opened before) and {:.0} ms (opened during), lock_reply_timeout_ms 500",
+        latencies[0].as_secs_f64() * 1000.0,
+        latencies[1].as_secs_f64() * 1000.0,
+    );
+    lg.stop().await;
+}

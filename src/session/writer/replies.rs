@@ -246,6 +246,29 @@ impl Replies {
         self.queue.iter().any(|p| matches!(p, Pending::Lock(_)))
     }
 
+    /// Whether Redis owes a lock script's reply with nothing but its own
+    /// silence before it: no blocking command ahead of it (its wait is
+    /// the client's), no reply lockgate is working out ahead of it (Redis
+    /// may have answered, read and held behind), not subscribed or raw.
+    /// What the writer's stall watch asks (`upstream.lock_reply_timeout_ms`).
+    pub(super) fn awaits_lock_reply(&self) -> bool {
+        if self.raw || self.deferred.is_some() || self.subs != [0; 3] {
+            return false;
+        }
+        for entry in &self.queue {
+            match entry {
+                Pending::Lock(_) => return true,
+                Pending::Blocking
+                | Pending::Deferred(_)
+                | Pending::Silent(_)
+                | Pending::EnterRaw
+                | Pending::Sub { .. } => return false,
+                _ => {}
+            }
+        }
+        false
+    }
+
     /// True while Redis owes a reply that a client's half-close must wait
     /// for: one ahead of the first blocking command, or one half read.
     /// Redis drops what it has not yet sent when it sees the close, so the

@@ -79,6 +79,7 @@ fn setup<'a>(
         write_timeout: None,
         max_output: 0,
         opening: None,
+        lock_reply_timeout: None,
     }
 }
 
