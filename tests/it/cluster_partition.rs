@@ -71,7 +71,17 @@ struct Relayed {
 }
 
 async fn relayed(mode: UpstreamMode, tune: impl FnOnce(&mut lockgate::config::Config)) -> Relayed {
-    let cluster = Cluster::start(3, 0);
+    relayed_with(0, mode, tune).await
+}
+
+/// [`relayed`], each primary with `replicas` replicas (the third node is
+/// a primary: `redis-cli --cluster create` makes the first three so).
+async fn relayed_with(
+    replicas: usize,
+    mode: UpstreamMode,
+    tune: impl FnOnce(&mut lockgate::config::Config),
+) -> Relayed {
+    let cluster = Cluster::start(3, replicas);
     let node = cluster.nodes[2].addr();
     let relay = Relay::to(&node).await;
     let (relay_port, bus_port) = (relay.addr.port(), cluster.nodes[2].port + 10_000);
@@ -372,6 +382,107 @@ async fn blackholed(mode: UpstreamMode) {
         latencies[latencies.len() - 1].as_secs_f64() * 1000.0,
         latencies.len(),
         recovered.as_millis(),
+    );
+    r.lg.stop().await;
+}
+
+/// A shard failed over while lockgate is cut from its old primary (the
+/// relay blackholes lockgate's path only; the cluster's bus and the
+/// replication link are direct, so `CLUSTER FAILOVER` on the replica runs
+/// as usual): before the failover the shard's lock commands are answered
+/// with errors in bounded time; lockgate follows the new map (read from
+/// the nodes it still reaches) and serves the slots on the promoted
+/// replica without a restart; acquisitions there are held back for
+/// `locks.failover_delay_ms`, then granted; the lock taken before the cut,
+/// replicated with its owner record, is still its holder's: refused to
+/// others, released by its holder. After the heal the old primary, now a
+/// replica, is not written through lockgate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_failed_over_while_cut_off_is_followed_and_its_locks_kept() {
+    let r = relayed_with(1, UpstreamMode::Dedicated, |c| {
+        c.upstream.lock_reply_timeout_ms = 500;
+        c.upstream.cluster.refresh_interval_ms = 200;
+        c.locks.failover_delay_ms = Some(4_000);
+    })
+    .await;
+    let pool = r.lg.ctx.cluster.clone().expect("a cluster pool");
+    let mut holder = RawClient::connect(r.lg.addr).await;
+    let take = ["SET", &r.lock, "h", "NX", "PX", "60000"];
+    assert_eq!(call(&mut holder, &take).await, "+OK\r\n");
+    let mut c = RawClient::connect(r.lg.addr).await;
+    assert_eq!(call(&mut c, &["SET", &r.key, "v0"]).await, "+OK\r\n");
+    // The replica of the relayed primary, as the map names it.
+    let shard = || {
+        pool.map()
+            .and_then(|m| m.shard_of_key(r.lock.as_bytes()).cloned())
+            .filter(|s| !s.replicas.is_empty())
+    };
+    until!("the shard's replica in the map", shard().is_some());
+    let replica = shard().expect("a shard").replicas[0].clone();
+    let mut at_replica = RawClient::connect(&replica).await;
+    // Reads on a replica of a cluster need `READONLY`.
+    assert_eq!(call(&mut at_replica, &["READONLY"]).await, "+OK\r\n");
+    until!("the replica's link up and the lock replicated", {
+        let info = call(&mut at_replica, &["INFO", "replication"]).await;
+        info.contains("master_link_status:up")
+            && call(&mut at_replica, &["GET", &r.lock]).await == "$1\r\nh\r\n"
+    });
+
+    r.relay.set(Mode::Blackhole);
+    let asked = Instant::now();
+    let reply = tokio::time::timeout(ERROR_BOUND, call(&mut c, &["SETNX", &r.lock, "o"]))
+        .await
+        .unwrap_or_else(|_| panic!("SETNX on the cut shard unanswered after {ERROR_BOUND:?}"));
+    let refused_in = asked.elapsed();
+    assert!(reply.starts_with('-'), "SETNX on the cut shard: {reply:?}");
+
+    assert_eq!(
+        call(&mut at_replica, &["CLUSTER", "FAILOVER"]).await,
+        "+OK\r\n"
+    );
+    let failed_over = Instant::now();
+    until!("lockgate to follow the failover", {
+        pool.map()
+            .and_then(|m| m.shard_of_key(r.lock.as_bytes()).map(|s| s.primary.clone()))
+            == Some(replica.clone())
+    });
+    let followed_in = failed_over.elapsed();
+    // The slots are served on the promoted replica, on the same session.
+    let (served_in, errors) = until_served(&mut c, &["GET", &r.key], "$2\r\nv0\r\n").await;
+    // Held back for the failover delay: not acquired, never granted over
+    // the holder; then the holder's lock is still its own.
+    assert_eq!(call(&mut c, &["SETNX", &r.lock, "o"]).await, ":0\r\n");
+    let free = format!("lock:{{{}}}", r.lock);
+    assert_eq!(
+        call(&mut c, &["SETNX", &free, "o"]).await,
+        ":0\r\n",
+        "held back"
+    );
+    until!("the failover delay to end", {
+        call(&mut c, &["SETNX", &free, "o"]).await == ":1\r\n"
+    });
+    let held_for = failed_over.elapsed();
+    assert_eq!(call(&mut c, &["SETNX", &r.lock, "o"]).await, ":0\r\n");
+    assert_eq!(call(&mut holder, &["DEL", &r.lock]).await, ":1\r\n");
+    assert_eq!(call(&mut c, &["SETNX", &r.lock, "o"]).await, ":1\r\n");
+    assert_eq!(direct(&replica, &["GET", &r.lock]).await, "$1\r\no\r\n");
+
+    r.relay.heal();
+    assert_eq!(call(&mut c, &["SET", &r.key, "v1"]).await, "+OK\r\n");
+    assert_eq!(direct(&replica, &["GET", &r.key]).await, "$2\r\nv1\r\n");
+    let mut at_old = RawClient::connect(&r.node).await;
+    assert_eq!(call(&mut at_old, &["READONLY"]).await, "+OK\r\n");
+    until!("the old primary to replicate from the new one", {
+        call(&mut at_old, &["GET", &r.key]).await == "$2\r\nv1\r\n"
+    });
+    println!(
+        "shard failed over while cut off: SETNX refused after {} ms; the map followed {} ms \
+         after CLUSTER FAILOVER, the slots served after {} ms more ({errors} errors first), \
+         acquisitions held back until {} ms after it (failover_delay_ms 4000)",
+        refused_in.as_millis(),
+        followed_in.as_millis(),
+        served_in.as_millis(),
+        held_for.as_millis()
     );
     r.lg.stop().await;
 }
