@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 
 use lockgate::config::UpstreamMode;
 use support::cluster::Cluster;
+use support::recorder::Recorder;
 use support::relay::{Mode, Relay};
 use support::resp::{call, cmd, direct};
 use support::{RawClient, WAIT};
@@ -157,14 +158,21 @@ async fn cut_off(mode: UpstreamMode) {
         "lockgate does not reach {cut_node} through the relay"
     );
     assert_eq!(direct(&cut_node, &["GET", &cut_key]).await, "$2\r\nv0\r\n");
+    // Every lock command is recorded, one recorder per session, and the
+    // checker judges each key's history at the end.
+    let mut rec = Recorder::new(WAIT);
+    let (mut rec_holder, mut rec_other) = (rec.for_client(1), rec.for_client(2));
     let mut holder = RawClient::connect(lg.addr).await;
     assert_eq!(
-        call(&mut holder, &["SET", &cut_lock, "h", "NX", "PX", "60000"]).await,
+        rec_holder
+            .call(&mut holder, &["SET", &cut_lock, "h", "NX", "PX", "60000"])
+            .await,
         "+OK\r\n"
     );
     assert_eq!(lockgate::http::not_ready(&lg.ctx), None);
 
     relay.set(Mode::Cut);
+    rec.cannot_grant(&cut_lock, "its node cut off");
     let cut = Instant::now();
     // Commands for the cut node: a clear error naming it, in bounded time,
     // again and again (the session stays usable).
@@ -188,7 +196,7 @@ async fn cut_off(mode: UpstreamMode) {
         vec!["SET", cut_lock.as_str(), "o", "NX", "PX", "5000"],
         vec!["LOCKGATE", "LOCK", cut_lock.as_str(), "5000"],
     ] {
-        let reply = tokio::time::timeout(ERROR_BOUND, call(&mut other, &attempt))
+        let reply = tokio::time::timeout(ERROR_BOUND, rec_other.call(&mut other, &attempt))
             .await
             .unwrap_or_else(|_| panic!("{attempt:?} unanswered after {ERROR_BOUND:?}"));
         assert!(
@@ -202,17 +210,21 @@ async fn cut_off(mode: UpstreamMode) {
         assert_eq!(call(&mut c, &["SET", key, "live"]).await, "+OK\r\n");
         assert_eq!(call(&mut c, &["GET", key]).await, "$4\r\nlive\r\n");
         let mut l = RawClient::connect(lg.addr).await;
+        let mut rec_l = rec.for_client(3 + n);
         assert_eq!(
-            call(&mut l, &["SETNX", lock, "x"]).await,
+            rec_l.call(&mut l, &["SETNX", lock, "x"]).await,
             ":1\r\n",
             "node {n}"
         );
-        assert_eq!(call(&mut other, &["SETNX", lock, "y"]).await, ":0\r\n");
-        let fenced = call(
-            &mut other,
-            &["LOCKGATE", "LOCK", &format!("{lock}:f"), "2000"],
-        )
-        .await;
+        rec.merge(rec_l);
+        let refused = rec_other.call(&mut other, &["SETNX", lock, "y"]).await;
+        assert_eq!(refused, ":0\r\n");
+        let fenced = rec_other
+            .call(
+                &mut other,
+                &["LOCKGATE", "LOCK", &format!("{lock}:f"), "2000"],
+            )
+            .await;
         assert!(
             fenced.starts_with("*2\r\n:"),
             "fencing on node {n}: {fenced}"
@@ -230,6 +242,7 @@ async fn cut_off(mode: UpstreamMode) {
     assert_eq!(direct(&cut_node, &["GET", &cut_lock]).await, "$1\r\nh\r\n");
 
     relay.heal();
+    rec.can_grant(&cut_lock);
     let healed = Instant::now();
     let (recovered, errors_c) = until_served(&mut c, &["GET", &cut_key], "$2\r\nv0\r\n").await;
     assert_eq!(call(&mut c, &["SET", &cut_key, "v1"]).await, "+OK\r\n");
@@ -240,9 +253,14 @@ async fn cut_off(mode: UpstreamMode) {
     assert_eq!(call(&mut fresh, &["GET", &cut_key]).await, "$2\r\nv1\r\n");
     // The holder's lock was kept: still refused to others, released by
     // its holder, then granted.
-    assert_eq!(call(&mut other, &["SETNX", &cut_lock, "o"]).await, ":0\r\n");
-    assert_eq!(call(&mut holder, &["DEL", &cut_lock]).await, ":1\r\n");
-    assert_eq!(call(&mut other, &["SETNX", &cut_lock, "o"]).await, ":1\r\n");
+    let take = ["SETNX", cut_lock.as_str(), "o"];
+    assert_eq!(rec_other.call(&mut other, &take).await, ":0\r\n");
+    let release = ["DEL", cut_lock.as_str()];
+    assert_eq!(rec_holder.call(&mut holder, &release).await, ":1\r\n");
+    assert_eq!(rec_other.call(&mut other, &take).await, ":1\r\n");
+    rec.merge(rec_holder);
+    rec.merge(rec_other);
+    rec.judge(&format!("cluster node cut off ({mode:?})"), 5);
     until!(
         "/readyz to be ready again",
         lockgate::http::not_ready(&lg.ctx).is_none()
@@ -311,20 +329,26 @@ async fn a_blackholed_node_answers_lock_commands_in_bounded_time_when_shared() {
 
 async fn blackholed(mode: UpstreamMode) {
     let r = relayed(mode, |c| c.upstream.lock_reply_timeout_ms = 500).await;
+    let mut rec = Recorder::new(WAIT);
+    let mut rec_holder = rec.for_client(1);
+    let (mut rec_before, mut rec_during) = (rec.for_client(2), rec.for_client(3));
     let mut before = RawClient::connect(r.lg.addr).await;
     assert_eq!(call(&mut before, &["SET", &r.key, "v0"]).await, "+OK\r\n");
     let mut holder = RawClient::connect(r.lg.addr).await;
     let take = ["SET", &r.lock, "h", "NX", "PX", "60000"];
-    assert_eq!(call(&mut holder, &take).await, "+OK\r\n");
+    assert_eq!(rec_holder.call(&mut holder, &take).await, "+OK\r\n");
 
     r.relay.set(Mode::Blackhole);
+    let free = format!("lock:{{{}}}", r.lock);
+    for key in [&r.lock, &free] {
+        rec.cannot_grant(key, "its node blackholed");
+    }
     let is_error = |reply: &str| reply.starts_with("-ERR lockgate: ") && reply.contains(&r.through);
     // A lock command and a plain command pipelined on a connection opened
     // before: both answered, in order. (The lock is free, in the held
     // one's slot, so the attempt goes to the node. A lock command behind
     // a plain one waits for it, as on a node that hangs.)
     let asked = Instant::now();
-    let free = format!("lock:{{{}}}", r.lock);
     let pipeline = [cmd(&["SETNX", &free, "b"]), cmd(&["GET", &r.key])].concat();
     before.send(&pipeline).await;
     let replies = tokio::time::timeout(ERROR_BOUND, async {
@@ -336,14 +360,17 @@ async fn blackholed(mode: UpstreamMode) {
     assert!(replies.iter().all(|r| is_error(r)), "{replies:?}");
     // Every lock shape, on that session and on one opened now.
     let mut during = RawClient::connect(r.lg.addr).await;
-    for (who, c) in [("before", &mut before), ("during", &mut during)] {
+    for (who, c, rec) in [
+        ("before", &mut before, &mut rec_before),
+        ("during", &mut during, &mut rec_during),
+    ] {
         for attempt in [
             vec!["SETNX", r.lock.as_str(), "o"],
             vec!["SET", r.lock.as_str(), "o", "NX", "PX", "5000"],
             vec!["LOCKGATE", "LOCK", r.lock.as_str(), "5000"],
         ] {
             let asked = Instant::now();
-            let reply = tokio::time::timeout(ERROR_BOUND, call(c, &attempt))
+            let reply = tokio::time::timeout(ERROR_BOUND, rec.call(c, &attempt))
                 .await
                 .unwrap_or_else(|_| panic!("{attempt:?} ({who}) unanswered after {ERROR_BOUND:?}"));
             latencies.push(asked.elapsed());
@@ -353,9 +380,10 @@ async fn blackholed(mode: UpstreamMode) {
     // The other nodes serve locks meanwhile.
     for (key, lock) in &r.others {
         assert_eq!(call(&mut during, &["SET", key, "live"]).await, "+OK\r\n");
-        assert_eq!(call(&mut during, &["SETNX", lock, "x"]).await, ":1\r\n");
-        assert_eq!(call(&mut before, &["SETNX", lock, "y"]).await, ":0\r\n");
-        assert_eq!(call(&mut during, &["DEL", lock]).await, ":1\r\n");
+        let (take, release) = (["SETNX", lock, "x"], ["DEL", lock]);
+        assert_eq!(rec_during.call(&mut during, &take).await, ":1\r\n");
+        assert_eq!(rec_before.call(&mut before, &take).await, ":0\r\n");
+        assert_eq!(rec_during.call(&mut during, &release).await, ":1\r\n");
     }
     let text = lockgate::exposition::render(&r.lg.ctx).expect("metrics");
     let timeouts = support::ops::Metrics::parse(&text)
@@ -363,15 +391,23 @@ async fn blackholed(mode: UpstreamMode) {
     assert!(timeouts >= 1.0, "no lock reply timeout counted");
 
     r.relay.heal();
+    for key in [&r.lock, &free] {
+        rec.can_grant(key);
+    }
     let (recovered, errors) = until_served(&mut before, &["GET", &r.key], "$2\r\nv0\r\n").await;
     let (_, _) = until_served(&mut during, &["GET", &r.key], "$2\r\nv0\r\n").await;
     // What was sent into the blackhole may arrive now (as after a slow
     // path): the holder's lease refuses it, so the lock is still the
     // holder's, released by it, then granted.
     assert_eq!(direct(&r.node, &["GET", &r.lock]).await, "$1\r\nh\r\n");
-    assert_eq!(call(&mut during, &["SETNX", &r.lock, "o"]).await, ":0\r\n");
-    assert_eq!(call(&mut holder, &["DEL", &r.lock]).await, ":1\r\n");
-    assert_eq!(call(&mut during, &["SETNX", &r.lock, "o"]).await, ":1\r\n");
+    let (take, release) = (["SETNX", r.lock.as_str(), "o"], ["DEL", r.lock.as_str()]);
+    assert_eq!(rec_during.call(&mut during, &take).await, ":0\r\n");
+    assert_eq!(rec_holder.call(&mut holder, &release).await, ":1\r\n");
+    assert_eq!(rec_during.call(&mut during, &take).await, ":1\r\n");
+    for other in [rec_holder, rec_before, rec_during] {
+        rec.merge(other);
+    }
+    rec.judge(&format!("cluster node blackholed ({mode:?})"), 4);
     latencies.sort();
     println!(
         "cluster node blackholed ({mode:?}): lock commands answered with errors after \
@@ -406,9 +442,11 @@ async fn a_shard_failed_over_while_cut_off_is_followed_and_its_locks_kept() {
     })
     .await;
     let pool = r.lg.ctx.cluster.clone().expect("a cluster pool");
+    let mut rec = Recorder::new(WAIT);
+    let (mut rec_holder, mut rec_c) = (rec.for_client(1), rec.for_client(2));
     let mut holder = RawClient::connect(r.lg.addr).await;
     let take = ["SET", &r.lock, "h", "NX", "PX", "60000"];
-    assert_eq!(call(&mut holder, &take).await, "+OK\r\n");
+    assert_eq!(rec_holder.call(&mut holder, &take).await, "+OK\r\n");
     let mut c = RawClient::connect(r.lg.addr).await;
     assert_eq!(call(&mut c, &["SET", &r.key, "v0"]).await, "+OK\r\n");
     // The replica of the relayed primary, as the map names it.
@@ -429,8 +467,13 @@ async fn a_shard_failed_over_while_cut_off_is_followed_and_its_locks_kept() {
     });
 
     r.relay.set(Mode::Blackhole);
+    rec.cannot_grant(
+        &r.lock,
+        "its primary blackholed, then held back after the failover",
+    );
     let asked = Instant::now();
-    let reply = tokio::time::timeout(ERROR_BOUND, call(&mut c, &["SETNX", &r.lock, "o"]))
+    let attempt = ["SETNX", r.lock.as_str(), "o"];
+    let reply = tokio::time::timeout(ERROR_BOUND, rec_c.call(&mut c, &attempt))
         .await
         .unwrap_or_else(|_| panic!("SETNX on the cut shard unanswered after {ERROR_BOUND:?}"));
     let refused_in = asked.elapsed();
@@ -446,25 +489,32 @@ async fn a_shard_failed_over_while_cut_off_is_followed_and_its_locks_kept() {
             .and_then(|m| m.shard_of_key(r.lock.as_bytes()).map(|s| s.primary.clone()))
             == Some(replica.clone())
     });
-    let followed_in = failed_over.elapsed();
+    let followed_at = Instant::now();
+    let followed_in = followed_at - failed_over;
     // The slots are served on the promoted replica, on the same session.
     let (served_in, errors) = until_served(&mut c, &["GET", &r.key], "$2\r\nv0\r\n").await;
     // Held back for the failover delay: not acquired, never granted over
     // the holder; then the holder's lock is still its own.
-    assert_eq!(call(&mut c, &["SETNX", &r.lock, "o"]).await, ":0\r\n");
+    assert_eq!(rec_c.call(&mut c, &attempt).await, ":0\r\n");
     let free = format!("lock:{{{}}}", r.lock);
-    assert_eq!(
-        call(&mut c, &["SETNX", &free, "o"]).await,
-        ":0\r\n",
-        "held back"
-    );
+    // The hold: from when lockgate saw the promotion, 4 s (less a margin
+    // for seeing it before the test did).
+    let hold = (followed_at, followed_at + Duration::from_millis(3_800));
+    rec.cannot_grant_between(&free, hold.0, hold.1, "the failover hold");
+    let free_take = ["SETNX", free.as_str(), "o"];
+    assert_eq!(rec_c.call(&mut c, &free_take).await, ":0\r\n", "held back");
     until!("the failover delay to end", {
-        call(&mut c, &["SETNX", &free, "o"]).await == ":1\r\n"
+        rec_c.call(&mut c, &free_take).await == ":1\r\n"
     });
+    rec.can_grant(&r.lock);
     let held_for = failed_over.elapsed();
-    assert_eq!(call(&mut c, &["SETNX", &r.lock, "o"]).await, ":0\r\n");
-    assert_eq!(call(&mut holder, &["DEL", &r.lock]).await, ":1\r\n");
-    assert_eq!(call(&mut c, &["SETNX", &r.lock, "o"]).await, ":1\r\n");
+    assert_eq!(rec_c.call(&mut c, &attempt).await, ":0\r\n");
+    let release = ["DEL", r.lock.as_str()];
+    assert_eq!(rec_holder.call(&mut holder, &release).await, ":1\r\n");
+    assert_eq!(rec_c.call(&mut c, &attempt).await, ":1\r\n");
+    rec.merge(rec_holder);
+    rec.merge(rec_c);
+    rec.judge("shard failed over while cut off", 3);
     assert_eq!(direct(&replica, &["GET", &r.lock]).await, "$1\r\no\r\n");
 
     r.relay.heal();

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use lockgate::config::LockOverride;
 use lockgate::Config;
+use support::recorder::Recorder;
 use support::relay::{Mode, Relay};
 use support::{Lockgate, RawClient, RedisServer};
 
@@ -21,11 +22,18 @@ fn config(primary: &str) -> Config {
     c
 }
 
-/// Tries `SET key v NX` through `c` until it is granted; how long it took.
-async fn take(c: &mut RawClient, key: &str, v: &str, within: Duration) -> Duration {
+/// Tries `SET key v NX` through `c` until it is granted (recorded in
+/// `rec`); how long it took.
+async fn take(
+    rec: &mut Recorder,
+    c: &mut RawClient,
+    key: &str,
+    v: &str,
+    within: Duration,
+) -> Duration {
     let start = Instant::now();
     loop {
-        if c.call_s(&["SET", key, v, "NX"]).await == "+OK\r\n" {
+        if rec.call(c, &["SET", key, v, "NX"]).await == "+OK\r\n" {
             return start.elapsed();
         }
         assert!(
@@ -55,17 +63,34 @@ async fn a_lockgate_cut_from_its_clients_frees_or_bounds_their_locks() {
     }];
     let lg = Lockgate::start_with(c).await;
     let mut rival = RawClient::connect(lg.addr).await;
+    // Every lock command recorded and judged by the checker at the end.
+    let mut rec = Recorder::new(Duration::from_secs(8));
+    let (mut rec_a, mut rec_b) = (rec.for_client(1), rec.for_client(2));
+    let lease = Duration::from_millis(600);
 
     // Cut: the close reaches lockgate, which releases at once.
     let cut = Relay::start(lg.addr).await;
     let mut a = RawClient::connect(cut.addr).await;
-    assert_eq!(a.call_s(&["SET", "lock:eph:1", "a", "NX"]).await, "+OK\r\n");
+    let took = rec_a.call(&mut a, &["SET", "lock:eph:1", "a", "NX"]).await;
+    assert_eq!(took, "+OK\r\n");
+    rec_a.leased("lock:eph:1", lease);
     assert_eq!(
-        rival.call_s(&["SET", "lock:eph:1", "r", "NX"]).await,
+        rec.call(&mut rival, &["SET", "lock:eph:1", "r", "NX"])
+            .await,
         "$-1\r\n"
     );
     cut.set(Mode::Cut);
-    let freed = take(&mut rival, "lock:eph:1", "r", Duration::from_secs(5)).await;
+    // The holder's section ends with its connection (release on
+    // disconnect), as far as it can know.
+    rec_a.ended("lock:eph:1");
+    let freed = take(
+        &mut rec,
+        &mut rival,
+        "lock:eph:1",
+        "r",
+        Duration::from_secs(5),
+    )
+    .await;
     println!("cut holder: lock free {freed:?} after the cut");
     assert!(
         freed < Duration::from_secs(2),
@@ -75,10 +100,21 @@ async fn a_lockgate_cut_from_its_clients_frees_or_bounds_their_locks() {
     // Silent: lockgate sees nothing; the watchdog renews until max_hold_ms.
     let silent = Relay::start(lg.addr).await;
     let mut b = RawClient::connect(silent.addr).await;
-    assert_eq!(b.call_s(&["SET", "lock:eph:2", "b", "NX"]).await, "+OK\r\n");
+    let took = rec_b.call(&mut b, &["SET", "lock:eph:2", "b", "NX"]).await;
+    assert_eq!(took, "+OK\r\n");
+    // What the holder may rely on: the lease (the watchdog's renewals are
+    // lockgate's, bounded below).
+    rec_b.leased("lock:eph:2", lease);
     let held_at = Instant::now();
     silent.set(Mode::Blackhole);
-    let freed = take(&mut rival, "lock:eph:2", "r", Duration::from_secs(8)).await;
+    let freed = take(
+        &mut rec,
+        &mut rival,
+        "lock:eph:2",
+        "r",
+        Duration::from_secs(8),
+    )
+    .await;
     let since = held_at.elapsed();
     println!("silent holder: lock free {since:?} after it was taken");
     assert!(
@@ -91,7 +127,10 @@ async fn a_lockgate_cut_from_its_clients_frees_or_bounds_their_locks() {
     );
     // Healed: the old holder's late release takes nothing.
     silent.heal();
-    assert_eq!(b.call_s(&["DEL", "lock:eph:2"]).await, ":0\r\n");
+    assert_eq!(rec_b.call(&mut b, &["DEL", "lock:eph:2"]).await, ":0\r\n");
+    rec.merge(rec_a);
+    rec.merge(rec_b);
+    rec.judge("a lockgate cut from its clients", 4);
     let mut direct = RawClient::connect(redis.addr()).await;
     assert_eq!(
         support::locks::get(&mut direct, "lock:eph:2")
@@ -170,13 +209,19 @@ async fn a_blackholed_primary_answers_lock_commands_on_shared_connections_in_bou
     config.locks.retry.probe_interval_ms = 0;
     config.locks.retry.park_ms = 0;
     let lg = Lockgate::start_with(config).await;
+    let mut rec = Recorder::new(Duration::from_secs(10));
+    let mut rec_holder = rec.for_client(1);
+    let (mut rec_before, mut rec_during) = (rec.for_client(2), rec.for_client(3));
     let mut before = RawClient::connect(lg.addr).await;
     assert_eq!(before.call_s(&["SET", "k", "v"]).await, "+OK\r\n");
     let mut holder = RawClient::connect(lg.addr).await;
     let take = ["SET", "lock:held", "h", "NX", "PX", "60000"];
-    assert_eq!(holder.call_s(&take).await, "+OK\r\n");
+    assert_eq!(rec_holder.call(&mut holder, &take).await, "+OK\r\n");
 
     path.set(Mode::Blackhole);
+    for key in ["lock:held", "lock:free"] {
+        rec.cannot_grant(key, "the primary blackholed");
+    }
     let is_error = |r: &str| r.starts_with("-ERR lockgate: upstream ") && r.contains("unavailable");
     let asked = Instant::now();
     let pipeline = [
@@ -193,20 +238,23 @@ async fn a_blackholed_primary_answers_lock_commands_on_shared_connections_in_bou
     let mut latencies = vec![asked.elapsed()];
     assert!(replies.iter().all(|r| is_error(r)), "{replies:?}");
     let mut during = RawClient::connect(lg.addr).await;
-    for (who, c) in [("before", &mut before), ("during", &mut during)] {
+    for (who, c, rec) in [
+        ("before", &mut before, &mut rec_before),
+        ("during", &mut during, &mut rec_during),
+    ] {
         for attempt in [
             vec!["SETNX", "lock:free", "o"],
             vec!["SET", "lock:free", "o", "NX", "PX", "5000"],
         ] {
             let asked = Instant::now();
-            let reply = tokio::time::timeout(BOUND, c.call_s(&attempt))
+            let reply = tokio::time::timeout(BOUND, rec.call(c, &attempt))
                 .await
                 .unwrap_or_else(|_| panic!("{attempt:?} ({who}) unanswered after {BOUND:?}"));
             latencies.push(asked.elapsed());
             assert!(is_error(&reply), "{attempt:?} ({who}): {reply:?}");
         }
     }
-    let released = tokio::time::timeout(BOUND, holder.call_s(&["DEL", "lock:held"]))
+    let released = tokio::time::timeout(BOUND, rec_holder.call(&mut holder, &["DEL", "lock:held"]))
         .await
         .unwrap_or_else(|_| panic!("the holder's DEL unanswered after {BOUND:?}"));
     assert!(is_error(&released), "the holder's DEL: {released:?}");
@@ -228,8 +276,18 @@ async fn a_blackholed_primary_answers_lock_commands_on_shared_connections_in_bou
     // late: the lock is the holder's or free, never another's.
     let now = support::resp::direct(&redis.addr(), &["GET", "lock:held"]).await;
     assert!(now == "$1\r\nh\r\n" || now == "$-1\r\n", "{now:?}");
+    for key in ["lock:held", "lock:free"] {
+        rec.can_grant(key);
+    }
     let _ = holder.call_s(&["DEL", "lock:held"]).await;
-    assert_eq!(during.call_s(&["SETNX", "lock:held", "o"]).await, ":1\r\n");
+    let granted = rec_during
+        .call(&mut during, &["SETNX", "lock:held", "o"])
+        .await;
+    assert_eq!(granted, ":1\r\n");
+    for other in [rec_holder, rec_before, rec_during] {
+        rec.merge(other);
+    }
+    rec.judge("primary blackholed (shared)", 2);
     latencies.sort();
     println!(
         "primary blackholed (shared): lock commands answered with errors after {:.0}–{:.0} ms \

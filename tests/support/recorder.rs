@@ -1,9 +1,13 @@
 //! A recording client for the fault tests that send their lock commands one
-//! at a time (the quorum's master faults, `tests/it/quorum_faults.rs`):
-//! every acquisition (`SETNX`, `SET … NX`, `LOCKGATE LOCK`) is recorded as
-//! an attempt and, when granted, as a section held until its `DEL`; the
-//! test declares the spans in which it left fewer than a majority of the
-//! masters able to grant; and [`Recorder::judge`] hands each lock key's
+//! at a time (the quorum's master faults, `tests/it/quorum_faults.rs`; the
+//! partitions around one lockgate and a cluster node cut off,
+//! `tests/it/partitions.rs`, `tests/it/cluster_partition.rs`): every
+//! acquisition (`SETNX`, `SET … NX`, `LOCKGATE LOCK`) is recorded as an
+//! attempt and, when granted, as a section held until its `DEL` (or its
+//! end as the test knows it, [`Recorder::ended`]); the test declares the
+//! spans in which it left fewer than a majority of the masters able to
+//! grant, or nothing able to grant one key (its node cut off, a failover's
+//! hold); and [`Recorder::judge`] hands each lock key's
 //! history to the one checker ([`super::history::judge`]): never a grant
 //! asked and answered without a majority, never two valid holders, every
 //! run of attempts granted within the bound outside those spans.
@@ -29,6 +33,10 @@ pub struct Recorder {
     no_majority: Vec<(Duration, Duration, String)>,
     /// A no-majority span begun and not ended yet.
     lost_since: Option<(Duration, String)>,
+    /// `(from, to, why)` declared by the test for one key only (its
+    /// cluster node cut off, say), and those begun and not ended yet.
+    key_spans: BTreeMap<String, Vec<(Duration, Duration, String)>>,
+    key_lost: BTreeMap<String, (Duration, String)>,
     /// Every run of attempts must be granted within this, outside the
     /// spans.
     acquire_within: Duration,
@@ -47,6 +55,8 @@ impl Recorder {
             open: BTreeMap::new(),
             no_majority: Vec::new(),
             lost_since: None,
+            key_spans: BTreeMap::new(),
+            key_lost: BTreeMap::new(),
             acquire_within,
             client: 0,
             next_id: 1,
@@ -72,6 +82,55 @@ impl Recorder {
     pub fn majority_lost(&mut self, why: &str) {
         if self.lost_since.is_none() {
             self.lost_since = Some((self.t(), why.to_string()));
+        }
+    }
+
+    /// From now, nothing can grant `key` (`why`: its node cut off, say):
+    /// as [`Recorder::majority_lost`], for that key only.
+    pub fn cannot_grant(&mut self, key: &str, why: &str) {
+        let t = self.t();
+        (self.key_lost)
+            .entry(key.to_string())
+            .or_insert_with(|| (t, why.to_string()));
+    }
+
+    /// Nothing can grant `key` from `from` to `to` (`why`): a span the test
+    /// knows in advance (a hold of a known length).
+    pub fn cannot_grant_between(&mut self, key: &str, from: Instant, to: Instant, why: &str) {
+        let at = |i: Instant| i.saturating_duration_since(self.epoch);
+        let span = (at(from), at(to), why.to_string());
+        self.key_spans
+            .entry(key.to_string())
+            .or_default()
+            .push(span);
+    }
+
+    /// From now, `key` can be granted again.
+    pub fn can_grant(&mut self, key: &str) {
+        let t = self.t();
+        if let Some((from, why)) = self.key_lost.remove(key) {
+            let spans = self.key_spans.entry(key.to_string()).or_default();
+            spans.push((from, t, why));
+        }
+    }
+
+    /// `key`'s section, if one is open, ended now without a `DEL` seen
+    /// here: lockgate released it (`release_on_disconnect`), or its
+    /// holder left; a later grant is judged against this end.
+    pub fn ended(&mut self, key: &str) {
+        let t = self.t();
+        if let Some(mut s) = self.open.remove(key) {
+            s.released = Some(t.min(s.valid_until));
+            self.records(key).sections.push(s);
+        }
+    }
+
+    /// `key`'s open section was granted with this lease (a lock override's),
+    /// not the default one a bare `SETNX` or `SET … NX` gets.
+    pub fn leased(&mut self, key: &str, lease: Duration) {
+        if let Some(s) = self.open.get_mut(key) {
+            let drift = lease / 100 + Duration::from_millis(2);
+            s.valid_until = s.sent + lease.saturating_sub(drift);
         }
     }
 
@@ -194,9 +253,13 @@ impl Recorder {
             keys,
             open,
             no_majority,
+            key_spans,
             grants,
             ..
         } = other;
+        for (key, spans) in key_spans {
+            self.key_spans.entry(key).or_default().extend(spans);
+        }
         for (key, r) in keys {
             let mine = self.records(&key);
             mine.attempts.extend(r.attempts);
@@ -215,6 +278,10 @@ impl Recorder {
     /// `min_grants` grants in all. Returns the number of grants.
     pub fn judge(mut self, what: &str, min_grants: usize) -> usize {
         self.majority_back();
+        let lost: Vec<String> = self.key_lost.keys().cloned().collect();
+        for key in lost {
+            self.can_grant(&key);
+        }
         let open = std::mem::take(&mut self.open);
         for (key, s) in open {
             self.records(&key).sections.push(s);
@@ -223,6 +290,8 @@ impl Recorder {
         let mut attempts = 0;
         for (key, r) in self.keys.iter_mut() {
             r.no_majority = spans.clone();
+            r.no_majority
+                .extend(self.key_spans.get(key).into_iter().flatten().cloned());
             r.acquire_within = Some(within);
             attempts += r.attempts.len();
             let v = judge(r);
@@ -233,10 +302,12 @@ impl Recorder {
             );
         }
         println!(
-            "{what}: {} keys, {attempts} attempts, {} grants, {} no-majority spans: checked",
+            "{what}: {} keys, {attempts} attempts, {} grants, {} no-majority spans, {} spans \
+             of single keys: checked",
             self.keys.len(),
             self.grants,
-            spans.len()
+            spans.len(),
+            self.key_spans.values().map(Vec::len).sum::<usize>()
         );
         assert!(
             self.grants >= min_grants,
