@@ -7,7 +7,9 @@
 //! call bounded. Which Redis is the primary now, its switches and the
 //! failover hold are [`Primary`] ([`primary`]). With `proxy.upstream =
 //! "shared"`, sessions' plain commands share a few connections
-//! ([`shared`]).
+//! ([`shared`]). When a connection that carries lock commands has gone
+//! silent too long is [`stall`]'s rule, shared by the cluster's lanes, the
+//! shared connections and the sessions' own.
 
 pub mod cluster;
 pub mod node;

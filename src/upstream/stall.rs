@@ -51,6 +51,27 @@ impl Watch {
     }
 }
 
+/// Looks at a connection every quarter of `limit` (at least 10 ms apart)
+/// until `look` says it has stalled with a lock command waiting (given
+/// the watch, `now` and `limit`); then the reason the connection is given
+/// up for. Never ends when `limit` is `None` (no bound).
+pub(crate) async fn watch(
+    limit: Option<Duration>,
+    mut look: impl FnMut(&mut Watch, Instant, Duration) -> bool,
+) -> String {
+    let Some(limit) = limit else {
+        return std::future::pending().await;
+    };
+    let tick = (limit / 4).max(Duration::from_millis(10));
+    let mut watch = Watch::new(Instant::now());
+    loop {
+        tokio::time::sleep(tick).await;
+        if look(&mut watch, Instant::now(), limit) {
+            return format!("a lock command unanswered for {} ms", limit.as_millis());
+        }
+    }
+}
+
 /// Whether a stalled connection's owed commands include lockgate's own
 /// lock call and are not led by a command that blocks by design (see the
 /// module doc). `owed`: buffers of whole commands, oldest first (one

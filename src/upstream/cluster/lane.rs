@@ -40,7 +40,7 @@ use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
 use crate::protocol::reply::{FrameKind, ReplyScanner};
 use crate::sync;
-use crate::upstream::stall::{lock_call_waits, Watch};
+use crate::upstream::stall::{self, lock_call_waits};
 
 /// Most jobs taken off the queue for one write.
 const JOBS_PER_WRITE: usize = 256;
@@ -482,24 +482,16 @@ async fn serve(
             }
         }
     };
-    let watch = async {
-        let Some(limit) = common.lock_reply_timeout else {
-            return std::future::pending::<String>().await;
-        };
-        let tick = (limit / 4).max(std::time::Duration::from_millis(10));
-        let mut watch = Watch::new(Instant::now());
-        loop {
-            tokio::time::sleep(tick).await;
-            let fifo = sync::lock(&fifo);
-            let read = progress.load(Ordering::Relaxed);
-            if watch.step(Instant::now(), read, !fifo.is_empty(), limit)
-                && lock_call_waits(fifo.iter().flat_map(InFlight::owed).map(|c| (&c[..], 0)))
-            {
-                ProxyMetrics::inc(&common.metrics.lock_reply_timeouts);
-                return format!("a lock command unanswered for {} ms", limit.as_millis());
-            }
+    let watch = stall::watch(common.lock_reply_timeout, |watch, now, limit| {
+        let fifo = sync::lock(&fifo);
+        let read = progress.load(Ordering::Relaxed);
+        let stalled = watch.step(now, read, !fifo.is_empty(), limit)
+            && lock_call_waits(fifo.iter().flat_map(InFlight::owed).map(|c| (&c[..], 0)));
+        if stalled {
+            ProxyMetrics::inc(&common.metrics.lock_reply_timeouts);
         }
-    };
+        stalled
+    });
     let why = tokio::select! {
         _ = stop.cancelled() => None,
         why = writes => why,

@@ -32,7 +32,7 @@ use crate::protocol::reply::{simple_frames, FrameKind, ReplyScanner};
 use crate::sync;
 use crate::tls::Stream;
 use crate::upstream::primary::Current;
-use crate::upstream::stall::{lock_call_waits, Watch};
+use crate::upstream::stall::{self, lock_call_waits};
 use crate::upstream::UpstreamError;
 
 /// Most batches taken off the queue for one write.
@@ -233,25 +233,17 @@ async fn serve(
     // A lock command unanswered too long gives the connection up (see
     // `crate::upstream::stall`); a read held for a slow session's room is
     // not the server's silence.
-    let watch = async {
-        let Some(limit) = common.lock_reply_timeout else {
-            return std::future::pending::<String>().await;
-        };
-        let tick = (limit / 4).max(Duration::from_millis(10));
-        let mut watch = Watch::new(Instant::now());
-        loop {
-            tokio::time::sleep(tick).await;
-            let fifo = sync::lock(&fifo);
-            let owed = !fifo.is_empty() && !held_for_room.load(Ordering::Relaxed);
-            let read = progress.load(Ordering::Relaxed);
-            if watch.step(Instant::now(), read, owed, limit)
-                && lock_call_waits(fifo.iter().map(Owed::unanswered))
-            {
-                ProxyMetrics::inc(&common.metrics.shared_lock_reply_timeouts);
-                return format!("a lock command unanswered for {} ms", limit.as_millis());
-            }
+    let watch = stall::watch(common.lock_reply_timeout, |watch, now, limit| {
+        let fifo = sync::lock(&fifo);
+        let owed = !fifo.is_empty() && !held_for_room.load(Ordering::Relaxed);
+        let read = progress.load(Ordering::Relaxed);
+        let stalled = watch.step(now, read, owed, limit)
+            && lock_call_waits(fifo.iter().map(Owed::unanswered));
+        if stalled {
+            ProxyMetrics::inc(&common.metrics.shared_lock_reply_timeouts);
         }
-    };
+        stalled
+    });
     let why = tokio::select! {
         _ = stop.cancelled() => None,
         why = writes => Some(why),
