@@ -15,7 +15,9 @@
 #   - the lock quorum (its masters run the lock scripts) and the queue
 #     between instances (kept by the scripts);
 #   - a test timed for the scripts' speed, and an ACL test that needs a
-#     server with scripts to deny them.
+#     server with scripts to deny them;
+#   - a silent primary's lock commands on the client's connection (without
+#     scripts they run on lockgate's own, bounded by its call timeout).
 # Under 2 minutes.
 set -euo pipefail
 
@@ -74,6 +76,13 @@ SKIP=(
 	guarded_writes::
 	# Needs scripts present to deny them by ACL.
 	locks_scriptless::an_acl_without_scripts_is_found_at_the_first_refusal
+	# A silent primary leaves a lock command unanswered on the client's
+	# connection (given up, or the session closed, by
+	# upstream.lock_reply_timeout_ms): without scripts the lock commands
+	# run as lockgate's own transactions on its own connection, bounded by
+	# their call timeout, and only the plain commands go on the client's.
+	partitions::a_blackholed_primary_answers_lock_commands_on_shared_connections_in_bounded_time
+	partitions::a_blackholed_primary_closes_sessions_whose_lock_command_it_leaves_unanswered
 )
 
 args=()
