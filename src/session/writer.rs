@@ -224,7 +224,11 @@ where
         let read_upstream = !upstream_eof && (!st.blocked || buf.len() < chunk * 4);
         // Replies read ahead while a write waited come before anything
         // Redis sends now, and so does the end of Redis's side seen then.
+        let before = buf.len();
         if read_upstream && client.take_ahead(&mut buf) {
+            // Redis's bytes too, read while a write to the client waited:
+            // progress for the stall watch.
+            read_bytes += buf.len().saturating_sub(before) as u64;
             if let Some(end) = forward_or_end(client, &mut buf, &mut st, &mut rx).await {
                 return end;
             }
