@@ -3,7 +3,7 @@
 //! table). Each of `--instances` lightweight instances is a task with one
 //! spinning client, and follows the cross-instance protocol as lockgate's
 //! storm room does, with lockgate's own Lua scripts
-//! (`lockgate::lock::script::{ACQUIRE, RELEASE}`) against a real Redis:
+//! (`lockgate::script::{ACQUIRE, RELEASE}`) against a real Redis:
 //!
 //! - it attempts (`ACQUIRE`); acquired, it holds the lock `--hold-ms`,
 //!   releases it (`RELEASE`, which wakes the queue's head) and attempts
@@ -32,7 +32,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
-use lockgate::lock::script;
+use lockgate::script;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;

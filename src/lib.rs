@@ -31,6 +31,8 @@
 //! - [`session`]: one client: reader, dispatcher, writer, deferred jobs.
 //! - [`protocol`]: RESP framing, pure, no I/O.
 //! - [`command`]: the command table (reply flow, lock relevance, names).
+//! - [`script`]: lockgate's own Lua, one registry: names, bodies, SHA1s,
+//!   `ARGV` slots, and which script calls are lockgate's.
 //! - [`router`]: pure `(command, session view, lock room) → Fate`, once.
 //! - [`lock`]: the lock room (never sees sockets) and the store it hides.
 //! - [`admin`]: `LOCKGATE …` over RESP; [`views`]: its read-only views.
@@ -120,6 +122,7 @@ pub mod loops;
 pub mod metrics;
 pub mod protocol;
 pub mod router;
+pub mod script;
 pub(crate) mod sentinel;
 pub(crate) mod server;
 pub(crate) mod session;

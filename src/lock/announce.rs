@@ -1,12 +1,12 @@
 //! Wake-ups between lockgate instances. Instances whose attempts on a
 //! lock key failed wait in the key's queue in the store that holds the
-//! lock (see [`super::script::ACQUIRE`]); a release, through whichever
+//! lock (see [`crate::script::ACQUIRE`]); a release, through whichever
 //! instance, wakes the queue's head alone with `PUBLISH
 //! lockgate:wake:<prefix> key` (the release scripts do it themselves, on
 //! that store). Every instance subscribes to its own channel there, so a
 //! release costs the store one message to one subscriber, however many
 //! instances wait. An instance woken for a key it no longer waits on
-//! passes the turn ([`super::script::PASS`]: it leaves the queue and the
+//! passes the turn ([`crate::script::PASS`]: it leaves the queue and the
 //! next head is woken); one whose callers tried moments ago without
 //! parking (a multiplexed connection's) passes it only if none tries
 //! within the window ([`super::storm::Announced::Unless`]). A wake-up is lost only while the subscription is
@@ -19,9 +19,10 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::evalsha::{Call, Script};
+use super::evalsha::Call;
 use super::storm::{Announced, Storm};
 use super::{owner_key, places_key, queue_key, WAKE_PREFIX};
+use crate::script::Script;
 use crate::upstream::node::{handshake, messages, Node, NodeConfig};
 
 /// Longest pause between two subscription attempts.

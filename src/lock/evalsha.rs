@@ -22,122 +22,12 @@
 //! while a RESP2 connection is subscribed.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
 
 use bytes::{BufMut, Bytes, BytesMut};
 
-use super::script;
 use crate::protocol::encode::{self, LocalReply};
+use crate::script::Script;
 use crate::upstream::node::Request;
-
-/// The scripts a lock command runs as on a client's connection.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Script {
-    /// [`script::ACQUIRE`].
-    Acquire,
-    /// [`script::RELEASE`].
-    Release,
-    /// [`script::RELEASE_HANDOFF`].
-    ReleaseHandoff,
-    /// [`script::EXTEND`].
-    Extend,
-    /// [`script::TAKEOVER`].
-    Takeover,
-    /// [`script::PASS`].
-    Pass,
-    /// [`script::RELEASE_FAST`].
-    ReleaseFast,
-    /// [`script::EXTEND_FAST`].
-    ExtendFast,
-    /// [`script::GUARD`].
-    Guard,
-    /// [`script::GUARD_TX`].
-    GuardTx,
-}
-
-/// Every [`Script`], in the order of their bits in [`Loaded`].
-const ALL: [Script; 10] = [
-    Script::Acquire,
-    Script::Release,
-    Script::ReleaseHandoff,
-    Script::Extend,
-    Script::Takeover,
-    Script::Pass,
-    Script::ReleaseFast,
-    Script::ExtendFast,
-    Script::Guard,
-    Script::GuardTx,
-];
-
-/// Every script's Lua body, in [`Script::all`]'s order: what the quorum's
-/// masters load as each connection opens
-/// ([`crate::upstream::node::NodeConfig::scripts`]).
-pub static BODIES: [&str; ALL.len()] = {
-    let mut bodies = [""; ALL.len()];
-    let mut i = 0;
-    while i < ALL.len() {
-        bodies[i] = ALL[i].body();
-        i += 1;
-    }
-    bodies
-};
-
-impl Script {
-    /// Every script lockgate runs.
-    pub fn all() -> [Script; 10] {
-        ALL
-    }
-
-    /// The Lua body.
-    pub const fn body(self) -> &'static str {
-        match self {
-            Script::Acquire => script::ACQUIRE,
-            Script::Release => script::RELEASE,
-            Script::ReleaseHandoff => script::RELEASE_HANDOFF,
-            Script::Extend => script::EXTEND,
-            Script::Takeover => script::TAKEOVER,
-            Script::Pass => script::PASS,
-            Script::ReleaseFast => script::RELEASE_FAST,
-            Script::ExtendFast => script::EXTEND_FAST,
-            Script::Guard => script::GUARD,
-            Script::GuardTx => script::GUARD_TX,
-        }
-    }
-
-    /// The body's SHA1 in lowercase hex, as Redis names it (computed once).
-    pub fn sha(self) -> &'static str {
-        static SHAS: OnceLock<[String; 10]> = OnceLock::new();
-        let shas =
-            SHAS.get_or_init(|| ALL.map(|s| sha1_smol::Sha1::from(s.body()).digest().to_string()));
-        &shas[self as usize]
-    }
-
-    fn bit(self) -> u16 {
-        1 << (self as u8)
-    }
-}
-
-/// Whether a script call is one lockgate itself writes into a session's
-/// stream for a lock command: `EVALSHA` (`by_sha`) of one of its scripts'
-/// SHA1s, or `EVAL` of one of [`BODIES`], [`script::ERROR`] or the
-/// failover hold's (`failover::HELD_SCRIPTS`). Such calls are
-/// short, so in `proxy.upstream = "shared"` they stay on the shared
-/// connection where a client's own script moves its session
-/// (`crate::router::needs_own_connection`). `first`: the argument after
-/// the command's name. Pure; the lengths are compared first, so a
-/// client's script costs a few length checks.
-pub fn is_own_call(by_sha: bool, first: &[u8]) -> bool {
-    if by_sha {
-        return first.len() == 40
-            && ALL
-                .iter()
-                .any(|s| s.sha().as_bytes().eq_ignore_ascii_case(first));
-    }
-    (BODIES.iter())
-        .chain([&script::ERROR])
-        .chain(super::failover::HELD_SCRIPTS.iter())
-        .any(|body| body.len() == first.len() && body.as_bytes() == first)
-}
 
 /// A call of a lock script: which one, and its `numkeys keys… argv…`
 /// already in RESP, so that it can go up as `EVALSHA` or, when Redis lost
@@ -226,6 +116,7 @@ impl Call {
 /// cache [`Epoch`] (a newer epoch: Redis may have lost them all).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Loaded {
+    /// One bit per [`Script::index`] (16 scripts: `script::COUNT`).
     bits: u16,
     epoch: u64,
     off: bool,
@@ -252,8 +143,9 @@ impl Loaded {
             self.bits = 0;
             self.epoch = epoch;
         }
-        let first = self.bits & script.bit() == 0;
-        self.bits |= script.bit();
+        let bit = 1u16 << script.index();
+        let first = self.bits & bit == 0;
+        self.bits |= bit;
         first
     }
 }
@@ -294,7 +186,7 @@ pub fn eval_on(script: &str, key: &[u8], extra: &[&[u8]], argv: &[&[u8]]) -> Byt
 }
 
 /// [`eval_on`] for a script that wakes the key's queue
-/// ([`super::script::RELEASE_TOKEN`], [`super::script::FENCE_UNLOCK`]):
+/// ([`crate::script::RELEASE_TOKEN`], [`crate::script::FENCE_UNLOCK`]):
 /// KEYS lock, owner record, queue, places.
 pub fn eval_queued(script: &str, key: &[u8], argv: &[&[u8]]) -> Bytes {
     let (queue, places) = (super::queue_key(key), super::places_key(key));
@@ -350,22 +242,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn shas_are_redis_names_of_the_bodies() {
-        let sha = sha1_smol::Sha1::from(script::ACQUIRE).digest().to_string();
-        assert_eq!(Script::Acquire.sha(), sha);
-        assert_eq!(Script::Takeover.sha().len(), 40);
-        assert_ne!(Script::Release.sha(), Script::ReleaseHandoff.sha());
-        // What the masters load is every script, each once.
-        assert_eq!(BODIES, Script::all().map(Script::body));
-    }
-
-    #[test]
     fn evalsha_and_eval_carry_the_same_arguments() {
         let call = Call::new(Script::Extend, &[b"lock:a", b"o"], &[b"1", b""]);
         let sha = Script::Extend.sha();
         let want = encode::command(&[b"EVALSHA", sha.as_bytes(), b"2", b"lock:a", b"o", b"1", b""]);
         assert_eq!(call.evalsha(), want);
-        let body = script::EXTEND.as_bytes();
+        let body = crate::script::EXTEND.as_bytes();
         let want = encode::command(&[b"EVAL", body, b"2", b"lock:a", b"o", b"1", b""]);
         assert_eq!(call.eval(), want);
         assert_eq!(call.eval_in(0), want);
@@ -376,29 +258,6 @@ mod tests {
             .eval_in(3)
             .windows(24)
             .any(|w| w == b"redis.call('SELECT', 3)\n"));
-    }
-
-    #[test]
-    fn own_calls_are_told_by_sha_and_by_body() {
-        for s in Script::all() {
-            assert!(is_own_call(true, s.sha().as_bytes()), "{s:?}");
-            assert!(
-                is_own_call(true, s.sha().to_uppercase().as_bytes()),
-                "{s:?}"
-            );
-            assert!(is_own_call(false, s.body().as_bytes()), "{s:?}");
-            // A body is no SHA, a SHA no body.
-            assert!(!is_own_call(true, s.body().as_bytes()), "{s:?}");
-            assert!(!is_own_call(false, s.sha().as_bytes()), "{s:?}");
-        }
-        assert!(is_own_call(false, script::ERROR.as_bytes()));
-        assert!(is_own_call(false, b"return 0"));
-        let client = sha1_smol::Sha1::from("return 1").digest().to_string();
-        assert!(!is_own_call(true, client.as_bytes()));
-        assert!(!is_own_call(false, b"return 1"));
-        let mut almost = script::ACQUIRE.as_bytes().to_vec();
-        almost[0] ^= 1;
-        assert!(!is_own_call(false, &almost));
     }
 
     #[test]

@@ -36,10 +36,6 @@ impl LockService {
     }
 }
 
-/// The scripts [`held_answer`] sends in a transaction: "not acquired" as
-/// `SETNX` (0) and as `SET … NX` (nil) answer it.
-pub const HELD_SCRIPTS: [&str; 2] = ["return 0", "return false"];
-
 /// What an acquisition held after a switch gets: `Ok` a local "not
 /// acquired" in the command's shape, or `Err` a command to send upstream in
 /// its place inside `MULTI` (Redis must queue it and answer it in `EXEC`).
@@ -51,17 +47,17 @@ pub fn held_answer(shape: Shape, in_multi: bool) -> Result<LocalReply, Bytes> {
         (_, false) => Ok(super::storm::shaped(shape, false)),
         (Shape::SetNx, true) => Err(encode::command(&[
             b"EVAL",
-            HELD_SCRIPTS[0].as_bytes(),
+            crate::script::HELD[0].as_bytes(),
             b"0",
         ])),
         (Shape::Set, true) => Err(encode::command(&[
             b"EVAL",
-            HELD_SCRIPTS[1].as_bytes(),
+            crate::script::HELD[1].as_bytes(),
             b"0",
         ])),
         (Shape::SetGet, true) => Err(encode::command(&[
             b"EVAL",
-            super::script::ERROR.as_bytes(),
+            crate::script::ERROR.as_bytes(),
             b"0",
             HELD.as_bytes(),
         ])),

@@ -1,7 +1,7 @@
 //! The uncontended lock cycle at a few Redis commands' cost: a lock
 //! operation that nothing says is contended runs as a small script with
-//! few arguments and an integer reply ([`super::script::RELEASE_FAST`],
-//! [`super::script::EXTEND_FAST`]; a `SETNX` runs [`super::script::ACQUIRE`] asking for
+//! few arguments and an integer reply ([`crate::script::RELEASE_FAST`],
+//! [`crate::script::EXTEND_FAST`]; a `SETNX` runs [`crate::script::ACQUIRE`] asking for
 //! its compact reply, which takes its short way when the key has no
 //! queue) instead of the general ones, whose queue, fairness and facts it
 //! does not need.
@@ -27,11 +27,12 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 
-use super::evalsha::{Call, Rerun, Script};
+use super::evalsha::{Call, Rerun};
 use super::lease::{ConnLocks, Standing};
 use super::ops::{LockOp, Shape, Ttl};
 use super::{owner_key, places_key, queue_key, LockPending, LockService, Planned};
 use super::{Attempt, ReplyOutcome};
+use crate::script::Script;
 
 /// What the primary's server offers lock operations besides scripts, as
 /// lockgate's own connection to it saw when it last opened (`COMMAND INFO
@@ -68,12 +69,12 @@ impl crate::upstream::node::Observer for Natives {
 /// read as that script answers ([`read`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fast {
-    /// [`super::script::ACQUIRE`]'s compact reply, for a `SETNX`.
+    /// [`crate::script::ACQUIRE`]'s compact reply, for a `SETNX`.
     Acquire {
         /// The lease given, ms.
         lease_ms: i64,
     },
-    /// [`super::script::RELEASE_FAST`].
+    /// [`crate::script::RELEASE_FAST`].
     Release,
     /// `MSETEX` of a `SETNX` ([`LockService::native`]): `1`, acquired with
     /// this lease (ms); anything else runs the general script.
@@ -81,7 +82,7 @@ pub enum Fast {
         /// The lease given, ms.
         lease_ms: i64,
     },
-    /// [`super::script::EXTEND_FAST`], the lease the command gives in ms (`<= 0`:
+    /// [`crate::script::EXTEND_FAST`], the lease the command gives in ms (`<= 0`:
     /// the key goes).
     Extend {
         /// The lease the command sets, ms.
@@ -395,7 +396,7 @@ fn holding(conn: &ConnLocks, key: &[u8], release: bool) -> Option<(Bytes, Bytes)
 }
 
 /// The client's reply and the facts the general script would have given
-/// (see [`super::script`]) for `frame`, a fast script's whole reply. An
+/// (see [`crate::script`]) for `frame`, a fast script's whole reply. An
 /// error (Redis's own: `OOM`, `NOSCRIPT`, a key of another type) passes to
 /// the client as it is, with no facts, as the general script's would.
 pub fn read(fast: Fast, frame: &Bytes) -> (Bytes, Vec<i64>) {

@@ -11,9 +11,10 @@ use bytes::Bytes;
 use super::lease::ConnId;
 use super::storm::lines::Place;
 use super::txn::OnPrimary;
-use super::{script, LockService};
+use super::LockService;
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
+use crate::script;
 
 /// Drift allowance of a lease, as Redlock computes validity.
 const CLOCK_DRIFT_FACTOR: f64 = 0.01;

@@ -78,7 +78,6 @@ pub use plan::Queueing;
 pub mod quorum;
 mod reply;
 pub use reply::ReplyOutcome;
-pub mod script;
 pub(crate) mod split;
 mod store;
 pub use admit::Early;

@@ -12,8 +12,9 @@ use super::ops::{LockOp, Ttl};
 use super::quorum::Quorum;
 use super::storm::{Acquirer, Ask, Tried};
 use super::txn::OnPrimary;
-use super::{script, split_reply, LockService, Park};
+use super::{split_reply, LockService, Park};
 use crate::protocol::encode::{self, LocalReply};
+use crate::script;
 use crate::sync;
 
 impl LockService {

@@ -15,9 +15,10 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use super::conns::{acquisition_id, Client, ACQUISITION_HEX};
-use super::{script, LockService};
+use super::LockService;
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
+use crate::script;
 
 /// Longest wait for one read or release in the store.
 const CALL_TIMEOUT: Duration = Duration::from_secs(1);

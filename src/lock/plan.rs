@@ -4,16 +4,15 @@
 
 use bytes::Bytes;
 
-use super::evalsha::{Call, Script};
+use super::evalsha::Call;
 use super::hotkeys::Event;
 use super::lease::{self, ConnLocks, Standing};
 use super::ops::{LockOp, Ttl};
-use super::script::argv::{AcquireArgv, ExtendArgv, ReleaseArgv, ReleaseHandoffArgv, TakeoverArgv};
 use super::storm::HandedOver;
-use super::{
-    owner_key, places_key, queue_key, script, Database, LockPending, LockService, Planned,
-};
+use super::{owner_key, places_key, queue_key, Database, LockPending, LockService, Planned};
 use crate::metrics::ProxyMetrics;
+use crate::script::argv::{AcquireArgv, ExtendArgv, ReleaseArgv, ReleaseHandoffArgv, TakeoverArgv};
+use crate::script::{self, Script};
 
 /// Whether Redis runs a planned command at once or queues it in a
 /// `MULTI`: a queued command's reply must be the bare client reply (its

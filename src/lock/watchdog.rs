@@ -11,8 +11,9 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::lease::{ConnLocks, Standing};
-use super::{script, LockService};
+use super::LockService;
 use crate::metrics::ProxyMetrics;
+use crate::script;
 use crate::sync;
 
 /// Longest wait for one renewal or release on lockgate's own connection.

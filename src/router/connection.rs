@@ -87,7 +87,7 @@ impl OwnReason {
 /// share (a session on a shared connection is in database 0); `XREAD` and
 /// `XREADGROUP` only with `BLOCK`. `EVAL`/`EVALSHA` of lockgate's own lock
 /// scripts (which it writes into the session's stream for lock commands,
-/// told by body or SHA1: `lock::evalsha::is_own_call`) share: they are
+/// told by body or SHA1: `crate::script::is_own_call`) share: they are
 /// short, and moving them would take every lock user off the shared
 /// connections.
 pub fn needs_own_connection(args: &[&[u8]]) -> Option<OwnReason> {
@@ -127,9 +127,7 @@ pub fn needs_own_connection(args: &[&[u8]]) -> Option<OwnReason> {
         b"QUIT" => OwnReason::Quit,
         b"SHUTDOWN" => OwnReason::Kill,
         verb @ (b"EVAL" | b"EVALSHA") => match args.get(1) {
-            Some(first) if crate::lock::evalsha::is_own_call(verb == b"EVALSHA", first) => {
-                return None
-            }
+            Some(first) if crate::script::is_own_call(verb == b"EVALSHA", first) => return None,
             _ => OwnReason::Script,
         },
         b"EVAL_RO" | b"EVALSHA_RO" | b"FCALL" | b"FCALL_RO" => OwnReason::Script,
@@ -303,7 +301,7 @@ mod tests {
     /// or by body, in any case of the name.
     #[test]
     fn lockgate_own_lock_scripts_may_share() {
-        use crate::lock::evalsha::Script;
+        use crate::script::Script;
         for s in Script::all() {
             let (sha, body) = (s.sha().as_bytes(), s.body().as_bytes());
             for args in [
@@ -331,7 +329,7 @@ mod tests {
         }
         let refusal: [&[u8]; 4] = [
             b"EVAL",
-            crate::lock::script::ERROR.as_bytes(),
+            crate::script::ERROR.as_bytes(),
             b"0",
             b"ERR lockgate: refused",
         ];

@@ -124,18 +124,17 @@ fn is_lock_call(args: &[&[u8]]) -> bool {
         return first.eq_ignore_ascii_case(b"LOAD")
             && args
                 .get(2)
-                .is_some_and(|body| crate::lock::evalsha::is_own_call(false, body));
+                .is_some_and(|body| crate::script::is_own_call(false, body));
     }
     let by_sha = verb.eq_ignore_ascii_case(b"EVALSHA");
-    (by_sha || verb.eq_ignore_ascii_case(b"EVAL"))
-        && crate::lock::evalsha::is_own_call(by_sha, first)
+    (by_sha || verb.eq_ignore_ascii_case(b"EVAL")) && crate::script::is_own_call(by_sha, first)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lock::evalsha::BODIES;
     use crate::protocol::encode::command;
+    use crate::script::BODIES;
     use bytes::Bytes;
 
     #[test]

@@ -19,7 +19,7 @@
 //! key is copied from the lockgate side to the direct side after the step,
 //! so later steps compare meaningfully. To tell a deliberate refusal from a
 //! wrong one the test keeps its own model of who holds each lock through
-//! lockgate ([`Model`]): the owner-check rule of `src/lock/script.rs`, fed
+//! lockgate ([`Model`]): the owner-check rule of `src/script/lua.rs`, fed
 //! with lockgate's replies and the owner records read from Redis.
 //!
 //! Timing: no lease may run out in the middle of a step (that would make
@@ -663,7 +663,7 @@ struct Model {
     tried: HashMap<(usize, String), Instant>,
 }
 
-/// The owner check of `src/lock/script.rs` (`allows`), ownership
+/// The owner check of `src/script/lua.rs` (`allows`), ownership
 /// `instance`: a connection that acquired acts only on that acquisition;
 /// one that never did, on this instance's acquisitions and on keys without
 /// owner record.

@@ -11,13 +11,14 @@ use bytes::Bytes;
 
 use super::record;
 use super::{GuardedLock, LockService};
-use crate::lock::evalsha::{Call, Script};
+use crate::lock::evalsha::Call;
 use crate::lock::lease::{ConnLocks, Standing};
 use crate::lock::{owner_key, LockPending};
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
+use crate::script::Script;
 
-/// How a guarded write came out for one lock, as [`crate::lock::script::GUARD`]
+/// How a guarded write came out for one lock, as [`crate::script::GUARD`]
 /// reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stood {
@@ -80,7 +81,7 @@ impl LockService {
 
     /// The script call that runs a transaction's `commands` (each its
     /// arguments, name first) as one step once `locks` are checked, for
-    /// the connection `conn` ([`crate::lock::script::GUARD_TX`]).
+    /// the connection `conn` ([`crate::script::GUARD_TX`]).
     pub(crate) fn guard_tx_call(
         &self,
         locks: Vec<GuardedLock>,
@@ -273,7 +274,7 @@ pub const MAX_SCRIPTS: usize = 256;
 
 /// The client's script `body` behind the lock check: its shebang line
 /// first if it has one, then the check
-/// ([`crate::lock::script::GUARD_SCRIPT_HEAD`]), then the body inside a
+/// ([`crate::script::GUARD_SCRIPT_HEAD`]), then the body inside a
 /// function, whose reply is returned as `{reply, 1, standings…}`.
 pub fn wrapped(body: &[u8]) -> Bytes {
     let (shebang, rest) = match body.starts_with(b"#!") {
@@ -288,9 +289,9 @@ pub fn wrapped(body: &[u8]) -> Bytes {
     if !shebang.is_empty() && !shebang.ends_with(b"\n") {
         out.push(b'\n');
     }
-    out.extend_from_slice(crate::lock::script::GUARD_SCRIPT_HEAD.as_bytes());
+    out.extend_from_slice(crate::script::GUARD_SCRIPT_HEAD.as_bytes());
     out.extend_from_slice(rest);
-    out.extend_from_slice(crate::lock::script::GUARD_SCRIPT_TAIL.as_bytes());
+    out.extend_from_slice(crate::script::GUARD_SCRIPT_TAIL.as_bytes());
     Bytes::from(out)
 }
 

@@ -6,7 +6,7 @@
 //! lease from writing after the next holder took over. lockgate sees both
 //! the lock commands and the writes, and the data lives in the same Redis:
 //! a write (by Redis's own `COMMAND` flags, [`table`]) to a key matching a
-//! guard's data pattern ([`pattern`]) goes up as [`crate::lock::script::GUARD`]
+//! guard's data pattern ([`pattern`]) goes up as [`crate::script::GUARD`]
 //! instead of itself: the script reads the lock's owner record, applies
 //! the owner rule every release applies (this connection's acquisition,
 //! or by the pooled rule one this instance made since the connection
@@ -309,7 +309,7 @@ pub enum Guarded {
     NoScript,
     /// The `EXEC` of a transaction with guarded writes: Redis's queue is
     /// discarded and the transaction runs as one script that checks every
-    /// lock first ([`crate::lock::script::GUARD_TX`]): applied whole or
+    /// lock first ([`crate::script::GUARD_TX`]): applied whole or
     /// refused whole.
     Exec,
 }

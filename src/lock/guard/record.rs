@@ -5,7 +5,7 @@
 //! the acquisition's validity (the lease less the time the vote took and
 //! the clock drift), so it never outlives the lock on the masters. Guarded
 //! writes check it instead of the owner record
-//! ([`crate::lock::script::GUARD`], same rule). It follows the lock: an
+//! ([`crate::script::GUARD`], same rule). It follows the lock: an
 //! owner-checked release deletes it (if still its own), an extension moves
 //! its expiry, a takeover gives it the new token.
 //!

@@ -9,9 +9,10 @@ use bytes::Bytes;
 
 use super::{integer, Quorum};
 use crate::lock::fence::{first_in_line, until_freed, Waiting, WAIT_STEP};
-use crate::lock::{script, LockService};
+use crate::lock::LockService;
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
+use crate::script;
 
 impl LockService {
     /// `LOCKGATE LOCK` on the quorum: take the lock on a majority under an

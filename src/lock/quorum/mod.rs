@@ -26,7 +26,6 @@ pub mod scripts;
 
 pub use master::{Master, MasterState, SitOut};
 
-use super::evalsha;
 use super::eviction::{Eviction, Memory, Role};
 use super::metrics::RejoinMetrics;
 use crate::config::{Config, QuorumConfig, QuorumLoss};
@@ -82,7 +81,7 @@ impl Quorum {
         let noscript_reruns = Arc::new(AtomicU64::new(0));
         let node = |addr: &str, memory: &Arc<Memory>| {
             let node = NodeConfig {
-                scripts: &evalsha::BODIES,
+                scripts: &crate::script::BODIES,
                 noscript_reruns: Some(noscript_reruns.clone()),
                 observer: Some(memory.clone()),
                 ..NodeConfig::for_addr(config, addr, connector.clone())

@@ -12,9 +12,10 @@ use bytes::Bytes;
 use super::{integer, majority_identical, majority_integer, now_unix_ms, Quorum};
 use crate::lock::lease::{ConnLocks, Standing};
 use crate::lock::ops::{LockOp, Shape, Ttl};
-use crate::lock::{script, split_reply, LockPending, LockService};
+use crate::lock::{split_reply, LockPending, LockService};
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
+use crate::script;
 use crate::sync;
 use crate::upstream::node::Request;
 

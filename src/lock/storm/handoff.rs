@@ -1,6 +1,6 @@
 //! Handoffs that ride on a release. When a connection of this instance
 //! releases a lock that attempts are parked on, its release script also
-//! acquires the lock for the oldest parked attempt ([`crate::lock::script::RELEASE_HANDOFF`]):
+//! acquires the lock for the oldest parked attempt ([`crate::script::RELEASE_HANDOFF`]):
 //! one round trip to Redis, and no moment when the lock is free for a
 //! spinner elsewhere to grab out of turn. The attempt is claimed while the
 //! release is on its way ([`Storm::claim`]), so the driver neither times it

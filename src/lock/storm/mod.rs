@@ -10,7 +10,7 @@
 //! "acquired". Behind another instance in the store's queue, this one does
 //! not probe: it waits for its wake-up, renewing its place once per
 //! `scale × queue_ttl_ms / 3`, scale its rank up to 64 (see
-//! [`crate::lock::script::ACQUIRE`]).
+//! [`crate::script::ACQUIRE`]).
 //!
 //! Answering "not acquired" early is always safe for mutual exclusion;
 //! every "acquired" is a real acquisition on Redis (or the quorum).
@@ -512,7 +512,7 @@ impl Storm {
     /// attempt within `probe_interval_ms` but none parked (a
     /// multiplexed connection's callers spin without ever parking: their
     /// next attempt takes the turn, if it comes within that window), or
-    /// nothing (the caller passes the turn on, [`super::script::PASS`],
+    /// nothing (the caller passes the turn on, [`crate::script::PASS`],
     /// counted).
     pub fn announced(&self, key: &[u8]) -> Announced {
         ProxyMetrics::inc(&self.metrics.wakeups);

@@ -16,77 +16,7 @@ use bytes::Bytes;
 
 use super::resp::{self, as_bulk, as_int, as_simple, cmd, err, facts, int, is_err, NIL, OK};
 use crate::lock::ops::set_options;
-use crate::lock::script;
-
-/// Which script a call is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    /// [`script::ACQUIRE`].
-    Acquire,
-    /// [`script::RELEASE`].
-    Release,
-    /// [`script::RELEASE_HANDOFF`].
-    ReleaseHandoff,
-    /// [`script::EXTEND`].
-    Extend,
-    /// [`script::TAKEOVER`].
-    Takeover,
-    /// [`script::PASS`].
-    Pass,
-    /// [`script::RELEASE_FAST`].
-    ReleaseFast,
-    /// [`script::EXTEND_FAST`].
-    ExtendFast,
-    /// [`script::RENEW`].
-    Renew,
-    /// [`script::RELEASE_TOKEN`].
-    ReleaseToken,
-    /// [`script::FENCE_LOCK`].
-    FenceLock,
-    /// [`script::FENCE_UNLOCK`].
-    FenceUnlock,
-    /// [`script::FENCE_EXTEND`].
-    FenceExtend,
-    /// [`script::ERROR`].
-    Error,
-}
-
-/// Every script carried out without Lua, with its body.
-const BODIES: [(Kind, &str); 14] = [
-    (Kind::Acquire, script::ACQUIRE),
-    (Kind::Release, script::RELEASE),
-    (Kind::ReleaseHandoff, script::RELEASE_HANDOFF),
-    (Kind::Extend, script::EXTEND),
-    (Kind::Takeover, script::TAKEOVER),
-    (Kind::Pass, script::PASS),
-    (Kind::ReleaseFast, script::RELEASE_FAST),
-    (Kind::ExtendFast, script::EXTEND_FAST),
-    (Kind::Renew, script::RENEW),
-    (Kind::ReleaseToken, script::RELEASE_TOKEN),
-    (Kind::FenceLock, script::FENCE_LOCK),
-    (Kind::FenceUnlock, script::FENCE_UNLOCK),
-    (Kind::FenceExtend, script::FENCE_EXTEND),
-    (Kind::Error, script::ERROR),
-];
-
-/// The script `first` names: its body (`EVAL`) or its SHA1 (`EVALSHA`).
-pub fn kind_of(by_sha: bool, first: &[u8]) -> Option<Kind> {
-    static SHAS: std::sync::OnceLock<Vec<(String, Kind)>> = std::sync::OnceLock::new();
-    if by_sha {
-        let shas = SHAS.get_or_init(|| {
-            BODIES
-                .iter()
-                .map(|(k, b)| (sha1_smol::Sha1::from(b).digest().to_string(), *k))
-                .collect()
-        });
-        let sha = std::str::from_utf8(first).ok()?.to_ascii_lowercase();
-        return shas.iter().find(|(s, _)| *s == sha).map(|(_, k)| *k);
-    }
-    BODIES
-        .iter()
-        .find(|(_, b)| b.as_bytes() == first)
-        .map(|(k, _)| *k)
-}
+use crate::script::Script;
 
 /// What a transaction's reads decided.
 #[derive(Debug, PartialEq, Eq)]
@@ -107,7 +37,7 @@ pub enum Decision {
 #[derive(Debug, Clone)]
 pub struct Job {
     /// The script.
-    pub kind: Kind,
+    pub kind: Script,
     /// `KEYS`.
     pub keys: Vec<Bytes>,
     /// `ARGV`.
@@ -127,14 +57,14 @@ impl Job {
     /// counter) whose reads decide.
     pub fn watch(&self) -> Vec<Bytes> {
         match self.kind {
-            Kind::Pass | Kind::Error => Vec::new(),
-            Kind::Release => {
+            Script::Pass | Script::Error | Script::Guard | Script::GuardTx => Vec::new(),
+            Script::Release => {
                 let n = self.n();
                 (0..n)
                     .flat_map(|i| [self.keys[4 * i].clone(), self.keys[4 * i + 1].clone()])
                     .collect()
             }
-            Kind::FenceLock => self.keys.iter().take(3).cloned().collect(),
+            Script::FenceLock => self.keys.iter().take(3).cloned().collect(),
             _ => self.keys.iter().take(2).cloned().collect(),
         }
     }
@@ -152,41 +82,41 @@ impl Job {
     pub fn reads(&self) -> Vec<Bytes> {
         let (lock, owner) = (self.k(0), self.k(1));
         match self.kind {
-            Kind::Acquire => {
+            Script::Acquire => {
                 let mut r = vec![cmd(&[b"EXISTS", lock]), cmd(&[b"PTTL", lock])];
                 if self.a(5) == b"setget" {
                     r.push(cmd(&[b"GET", lock]));
                 }
                 r
             }
-            Kind::Release => (0..self.n())
+            Script::Release => (0..self.n())
                 .map(|i| cmd(&[b"GET", &self.keys[4 * i + 1]]))
                 .collect(),
-            Kind::ReleaseHandoff => vec![cmd(&[b"GET", owner]), cmd(&[b"TYPE", lock])],
-            Kind::Extend | Kind::ExtendFast => {
+            Script::ReleaseHandoff => vec![cmd(&[b"GET", owner]), cmd(&[b"TYPE", lock])],
+            Script::Extend | Script::ExtendFast => {
                 vec![cmd(&[b"GET", owner]), cmd(&[b"EXISTS", lock])]
             }
-            Kind::Takeover => vec![
+            Script::Takeover => vec![
                 cmd(&[b"PTTL", lock]),
                 cmd(&[b"PEXPIRETIME", lock]),
                 cmd(&[b"TYPE", lock]),
             ],
-            Kind::ReleaseFast => vec![cmd(&[b"GET", owner])],
-            Kind::Renew => vec![
+            Script::ReleaseFast => vec![cmd(&[b"GET", owner])],
+            Script::Renew => vec![
                 cmd(&[b"GET", owner]),
                 cmd(&[b"GET", lock]),
                 cmd(&[b"PTTL", lock]),
                 cmd(&[b"PEXPIRETIME", lock]),
             ],
-            Kind::ReleaseToken => vec![cmd(&[b"GET", owner]), cmd(&[b"GET", lock])],
-            Kind::FenceLock => vec![
+            Script::ReleaseToken => vec![cmd(&[b"GET", owner]), cmd(&[b"GET", lock])],
+            Script::FenceLock => vec![
                 cmd(&[b"EXISTS", lock]),
                 cmd(&[b"PTTL", lock]),
                 cmd(&[b"GET", self.k(2)]),
                 cmd(&[b"TIME"]),
             ],
-            Kind::FenceUnlock | Kind::FenceExtend => vec![cmd(&[b"GET", lock])],
-            Kind::Pass | Kind::Error => Vec::new(),
+            Script::FenceUnlock | Script::FenceExtend => vec![cmd(&[b"GET", lock])],
+            Script::Pass | Script::Error | Script::Guard | Script::GuardTx => Vec::new(),
         }
     }
 
@@ -194,25 +124,33 @@ impl Job {
     pub fn decide(&self, reads: &[Bytes]) -> Decision {
         // A read the script makes with `redis.call` fails the script.
         if let Some(e) = reads.iter().find(|r| is_err(r)) {
-            if !(self.kind == Kind::Acquire && self.a(5) == b"setget") {
+            if !(self.kind == Script::Acquire && self.a(5) == b"setget") {
                 return Decision::Answer(e.clone());
             }
         }
         match self.kind {
-            Kind::Acquire => self.acquire(reads),
-            Kind::Release => self.release(reads),
-            Kind::ReleaseHandoff => self.handoff(reads),
-            Kind::Extend => self.extend(reads),
-            Kind::Takeover => self.takeover(reads),
-            Kind::ReleaseFast => self.release_fast(reads),
-            Kind::ExtendFast => self.extend_fast(reads),
-            Kind::Renew => self.renew(reads),
-            Kind::ReleaseToken => self.release_token(reads),
-            Kind::FenceLock => self.fence_lock(reads),
-            Kind::FenceUnlock => self.fence_unlock(reads),
-            Kind::FenceExtend => self.fence_extend(reads),
-            Kind::Pass => Decision::Answer(int(0)),
-            Kind::Error => Decision::Answer(Bytes::from([&b"-"[..], self.a(0), b"\r\n"].concat())),
+            Script::Acquire => self.acquire(reads),
+            Script::Release => self.release(reads),
+            Script::ReleaseHandoff => self.handoff(reads),
+            Script::Extend => self.extend(reads),
+            Script::Takeover => self.takeover(reads),
+            Script::ReleaseFast => self.release_fast(reads),
+            Script::ExtendFast => self.extend_fast(reads),
+            Script::Renew => self.renew(reads),
+            Script::ReleaseToken => self.release_token(reads),
+            Script::FenceLock => self.fence_lock(reads),
+            Script::FenceUnlock => self.fence_unlock(reads),
+            Script::FenceExtend => self.fence_extend(reads),
+            Script::Pass => Decision::Answer(int(0)),
+            // Never planned on a server that refuses scripts
+            // (`crate::lock::guard::Uncheckable::Scriptless`); said, should
+            // one come, rather than written unchecked.
+            Script::Guard | Script::GuardTx => Decision::Answer(err(
+                "ERR lockgate: a guarded write cannot be checked on a server that refuses scripts",
+            )),
+            Script::Error => {
+                Decision::Answer(Bytes::from([&b"-"[..], self.a(0), b"\r\n"].concat()))
+            }
         }
     }
 
@@ -226,7 +164,7 @@ impl Job {
         let m = |i: usize| memo.get(i).copied().unwrap_or(0);
         let n_at = |i: usize| done.get(i).and_then(|r| as_int(r)).unwrap_or(0);
         match self.kind {
-            Kind::Acquire => {
+            Script::Acquire => {
                 if is_err(&first) {
                     return first;
                 }
@@ -246,7 +184,7 @@ impl Job {
                     _ => facts(reply, &[1, pttl, 0, 0, 0, 0]),
                 }
             }
-            Kind::Release => {
+            Script::Release => {
                 // memo: per lock key written, 1 with its owner record, 0
                 // without; then denied, lapsed, stale, plain keys (1/0).
                 let written = memo.len().saturating_sub(4);
@@ -272,7 +210,7 @@ impl Job {
                     _ => int(total),
                 }
             }
-            Kind::ReleaseHandoff => {
+            Script::ReleaseHandoff => {
                 // memo: handed over (1) or deleted (0), owner record, lapsed, stale.
                 let (handed, owner, lapsed, stale) = (m(0), m(1), m(2), m(3));
                 let d = match handed {
@@ -285,7 +223,7 @@ impl Job {
                     _ => int(d),
                 }
             }
-            Kind::Extend => {
+            Script::Extend => {
                 if is_err(&first) {
                     return first;
                 }
@@ -295,7 +233,7 @@ impl Job {
                     _ => first,
                 }
             }
-            Kind::Takeover => {
+            Script::Takeover => {
                 if is_err(&first) || m(0) == 0 {
                     return first;
                 }
@@ -305,11 +243,13 @@ impl Job {
                     _ => first,
                 }
             }
-            Kind::ReleaseFast => int(n_at(0) - 1),
-            Kind::ExtendFast => first,
-            Kind::Renew | Kind::ReleaseToken | Kind::FenceUnlock | Kind::FenceExtend => int(m(0)),
-            Kind::FenceLock => resp::array(&[int(m(0)), int(0)]),
-            Kind::Pass | Kind::Error => int(0),
+            Script::ReleaseFast => int(n_at(0) - 1),
+            Script::ExtendFast => first,
+            Script::Renew | Script::ReleaseToken | Script::FenceUnlock | Script::FenceExtend => {
+                int(m(0))
+            }
+            Script::FenceLock => resp::array(&[int(m(0)), int(0)]),
+            Script::Pass | Script::Error | Script::Guard | Script::GuardTx => int(0),
         }
     }
 

@@ -1,7 +1,7 @@
 //! Locks on a server that refuses scripts (`EVAL`, `EVALSHA`, `FUNCTION`
 //! and `FCALL` renamed away, or denied by an ACL), as some managed
 //! services do. Every lock operation lockgate carries out is one of its
-//! scripts ([`crate::lock::script`]); on such a server each is carried out
+//! scripts ([`crate::script`]); on such a server each is carried out
 //! instead as an optimistic transaction ([`emulate`]) on a connection of
 //! lockgate's own ([`pool`]): `WATCH` the lock key and its owner record,
 //! read, decide, then `MULTI` … `EXEC`, which Redis applies only if no
@@ -28,6 +28,7 @@ use bytes::Bytes;
 use crate::metrics::counters;
 use crate::metrics::ProxyMetrics;
 use crate::metrics::RateLimit;
+use crate::script::Script;
 use crate::upstream::cluster::ClusterPool;
 use crate::upstream::node::{Node, NodeConfig, NodeError, Request};
 
@@ -248,7 +249,10 @@ fn job_of(command: &[u8], db: u64) -> Option<(Job, u64)> {
         db = std::str::from_utf8(&rest[..close]).ok()?.parse().ok()?;
         first = rest.get(close + 2..)?;
     }
-    let kind = emulate::kind_of(by_sha, first)?;
+    // Guarded writes are never planned without scripts (their checks
+    // need Lua's atomicity): their bodies are not carried out here.
+    let kind =
+        Script::of(by_sha, first).filter(|s| !matches!(s, Script::Guard | Script::GuardTx))?;
     let n: usize = std::str::from_utf8(args.get(2)?).ok()?.parse().ok()?;
     let rest = args.get(3..)?;
     let keys = rest

@@ -4,15 +4,16 @@ use bytes::Bytes;
 
 use super::emulate::*;
 use super::*;
-use crate::lock::evalsha::{Call, Script};
-use crate::lock::script;
+use crate::lock::evalsha::Call;
+
 use crate::lock::txn::resp::{cmd, int};
+use crate::script::{self, Script};
 
 fn b(s: &str) -> Bytes {
     Bytes::copy_from_slice(s.as_bytes())
 }
 
-fn job(kind: Kind, keys: &[&str], argv: &[&str]) -> Job {
+fn job(kind: Script, keys: &[&str], argv: &[&str]) -> Job {
     Job {
         kind,
         keys: keys.iter().map(|k| b(k)).collect(),
@@ -72,7 +73,7 @@ fn every_script_is_known_by_body_and_by_sha() {
         assert_eq!(by_body.argv, vec![b("1")]);
     }
     let renew = crate::lock::eval_on(script::RENEW, b"lock:a", &[], &[b"t", b"10", b""]);
-    assert_eq!(job_of(&renew, 0).map(|(j, _)| j.kind), Some(Kind::Renew));
+    assert_eq!(job_of(&renew, 0).map(|(j, _)| j.kind), Some(Script::Renew));
     assert!(job_of(&cmd(&[b"EVAL", b"return 1", b"0"]), 0).is_none());
     assert!(job_of(&cmd(&[b"GET", b"k"]), 0).is_none());
 }
@@ -81,7 +82,7 @@ const ACQUIRE_ARGV: [&str; 9] = ["1", "v", "a:1", "PX", "5000", "setnx", "a:", "
 
 #[test]
 fn an_acquisition_writes_the_lock_and_its_owner_record_or_reports_the_holder() {
-    let j = job(Kind::Acquire, &["lock:a", "o", "q", "p"], &ACQUIRE_ARGV);
+    let j = job(Script::Acquire, &["lock:a", "o", "q", "p"], &ACQUIRE_ARGV);
     assert_eq!(j.watch(), vec![b("lock:a"), b("o")]);
     let free = [int(0), int(-2)];
     let Decision::Write { commands, .. } = j.decide(&free) else {
@@ -109,13 +110,13 @@ fn an_acquisition_writes_the_lock_and_its_owner_record_or_reports_the_holder() {
     // A bad lease is Redis's own error, before anything is written.
     let mut bad = ACQUIRE_ARGV;
     bad[4] = "0";
-    let j = job(Kind::Acquire, &["lock:a", "o"], &bad);
+    let j = job(Script::Acquire, &["lock:a", "o"], &bad);
     assert_eq!(
         j.decide(&free),
         Decision::Answer(b("-ERR invalid expire time in 'set' command\r\n"))
     );
     bad[4] = "x";
-    let j = job(Kind::Acquire, &["lock:a", "o"], &bad);
+    let j = job(Script::Acquire, &["lock:a", "o"], &bad);
     assert_eq!(
         j.decide(&free),
         Decision::Answer(b("-ERR value is not an integer or out of range\r\n"))
@@ -129,7 +130,7 @@ fn a_release_deletes_what_its_owner_check_allows() {
         "lock:a", "oa", "qa", "pa", "lock:b", "ob", "qb", "pb", "plain",
     ];
     let argv = ["1", "2", "DEL", "instance", "a:", "1", "a:1", "a:2", "", ""];
-    let j = job(Kind::Release, &keys, &argv);
+    let j = job(Script::Release, &keys, &argv);
     let reads = [b("$3\r\na:1\r\n"), b("$3\r\nb:7\r\n")];
     let Decision::Write { commands, memo } = j.decide(&reads) else {
         panic!("the first key and the plain one are deleted");
@@ -147,7 +148,7 @@ fn a_release_deletes_what_its_owner_check_allows() {
     // The same key twice: the second is this connection's no more.
     let keys = ["lock:a", "oa", "qa", "pa", "lock:a", "oa", "qa", "pa"];
     let argv = ["0", "2", "DEL", "instance", "a:", "1", "a:1", "a:1", "", ""];
-    let j = job(Kind::Release, &keys, &argv);
+    let j = job(Script::Release, &keys, &argv);
     let reads = [b("$3\r\na:1\r\n"), b("$3\r\na:1\r\n")];
     let Decision::Write { commands, memo } = j.decide(&reads) else {
         panic!("written");
@@ -207,7 +208,7 @@ fn a_takeover_keeps_or_restores_the_lease_and_moves_the_owner_record() {
     // GETSET on a lock with 500 ms left, expiring at 1000: the lock gets
     // its deadline back and the owner record the same one.
     let j = job(
-        Kind::Takeover,
+        Script::Takeover,
         &["lock:a", "o"],
         &["1", "a:3", "30000", "GETSET", "v"],
     );
@@ -228,7 +229,7 @@ fn a_takeover_keeps_or_restores_the_lease_and_moves_the_owner_record() {
 
 #[test]
 fn the_watchdog_renews_only_its_own_lock_and_never_shortens_it() {
-    let j = job(Kind::Renew, &["lock:a", "o"], &["a:1", "3000", "v"]);
+    let j = job(Script::Renew, &["lock:a", "o"], &["a:1", "3000", "v"]);
     let read = |owner: &str, value: &str, pttl: i64| {
         [
             b(owner),

@@ -24,11 +24,12 @@ use crate::lock::evalsha::{self, Loaded, Rerun};
 use crate::lock::guard::{self, Guarded, GuardedLock, Uncheckable};
 use crate::lock::lease::{ConnLocks, Hurry};
 use crate::lock::ops::LockOp;
-use crate::lock::{script, Attempt, Forget, LockPending, Refusal, Seat};
+use crate::lock::{Attempt, Forget, LockPending, Refusal, Seat};
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::{self, LocalReply};
 use crate::protocol::request::{RequestKind, RequestParser};
 use crate::router::{self, CommandArgs, Decision, Expect, Fate, Queued, Route, SessionView};
+use crate::script;
 
 /// One session's dispatcher (see the module doc).
 pub struct Dispatch {

@@ -12,11 +12,6 @@
 //!
 //! Owner records (`lockgate:owner:{key}`) hold the acquisition token
 //! `instance_id:seq` and carry the lock's lease.
-//!
-//! [`argv`]: the ARGV of the scripts a lock operation plans, as structs
-//! whose fields are the slots, checked against the Lua by a test.
-
-pub mod argv;
 
 /// The owner check every release and extension makes, as a Lua function
 /// the scripts start with: `allows(owner, tok, alt, prefix, any, born)`

@@ -268,7 +268,7 @@ mod tests {
 
     #[test]
     fn every_script_reads_exactly_the_slots_its_argv_writes() {
-        use crate::lock::script::{ACQUIRE, EXTEND, RELEASE, RELEASE_HANDOFF, TAKEOVER};
+        use crate::script::{ACQUIRE, EXTEND, RELEASE, RELEASE_HANDOFF, TAKEOVER};
         // Fixed-size ARGV: every slot read, nothing beyond.
         for (name, body, slots) in [
             ("ACQUIRE", ACQUIRE, AcquireArgv::SLOTS),
