@@ -30,7 +30,8 @@
 //! - [`loops`]: `--threads N`, one event loop per thread.
 //! - [`session`]: one client: reader, dispatcher, writer, deferred jobs.
 //! - [`protocol`]: RESP framing, pure, no I/O.
-//! - [`command`]: the command table (reply flow, lock relevance, names).
+//! - [`command`]: the command table (reply flow, lock relevance, names) and
+//!   which commands need a connection of their own ([`command::connection`]).
 //! - [`script`]: lockgate's own Lua, one registry: names, bodies, SHA1s,
 //!   `ARGV` slots, and which script calls are lockgate's.
 //! - [`router`]: pure `(command, session view, lock room) → Fate`, once.

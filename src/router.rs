@@ -12,9 +12,7 @@ use crate::lock::Forget;
 use crate::lock::LockService;
 use crate::protocol::request::RequestParser;
 
-pub mod connection;
 mod quorum;
-pub use connection::{needs_own_connection, pause_of, paused, OwnReason, Pause};
 use quorum::quorum_route;
 
 /// How many replies Redis will send for a forwarded command, as far as the

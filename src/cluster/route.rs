@@ -10,8 +10,8 @@ use super::fanout::{fanout, Fanout};
 use super::keys::{slot_of, KeyTable, KeysError};
 use super::slot::SLOTS;
 use super::split::{split, Split, CROSSSLOT};
+use crate::command::connection::{needs_own_connection, OwnReason};
 use crate::protocol::encode::LocalReply;
-use crate::router::{needs_own_connection, OwnReason};
 
 /// Where a command goes.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -14,7 +14,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::router::{needs_own_connection, OwnReason};
+use crate::command::connection::{needs_own_connection, OwnReason};
 use crate::upstream::shared::framing_parser;
 
 /// A connection's progress as its watch last saw it: the rule

@@ -6,7 +6,7 @@
 //! A session gets a [`SharedStream`] where it would get a socket of its
 //! own, and uses it the same way (split, write whole commands, read
 //! replies). The stream's write side looks at each command it is given
-//! ([`crate::router::needs_own_connection`]): plain ones go, in batches,
+//! ([`crate::command::connection::needs_own_connection`]): plain ones go, in batches,
 //! to the session's shared connection (a [`lane`]), which writes many
 //! sessions' batches at once and hands each reply back to the session
 //! owed it, in order (an [`inbox`] per session). At the first command that
@@ -43,10 +43,10 @@ use bytes::Bytes;
 use tokio::sync::mpsc;
 use tokio_util::sync::{CancellationToken, PollSender};
 
+use crate::command::connection::{OwnReason, Pause};
 use crate::config::Config;
 use crate::metrics::{counters, RateLimit};
 use crate::protocol::encode;
-use crate::router::{OwnReason, Pause};
 use crate::tls::Stream;
 use crate::upstream::primary::Current;
 use crate::upstream::{Connector, Primary, UpstreamError};
@@ -256,7 +256,7 @@ impl PauseHint {
     fn in_force(&self) -> bool {
         let until = self.until_ms.load(Ordering::Relaxed);
         // Read the clock only while a pause was seen.
-        until != 0 && crate::router::paused(until, self.now_ms())
+        until != 0 && crate::command::connection::paused(until, self.now_ms())
     }
 }
 

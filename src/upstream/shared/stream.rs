@@ -24,10 +24,10 @@ use tokio_util::task::AbortOnDropHandle;
 
 use super::inbox::{Inbox, Take};
 use super::{Batch, Common, DedicatedGuard};
+use crate::command::connection::{needs_own_connection, OwnReason};
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
 use crate::protocol::request::{RequestKind, RequestLimits, RequestParser};
-use crate::router::{needs_own_connection, OwnReason};
 use crate::tls::Stream;
 use crate::upstream::UpstreamError;
 
@@ -337,7 +337,7 @@ pub(super) fn observe_pauses(common: &Common, parser: &mut RequestParser, bytes:
             let args: SmallVec<[&[u8]; 4]> = (0..parser.argc().min(3))
                 .map(|i| parser.arg(rest, i))
                 .collect();
-            if let Some(pause) = crate::router::pause_of(&args) {
+            if let Some(pause) = crate::command::connection::pause_of(&args) {
                 common.pause.saw(pause);
             }
         }

@@ -1,5 +1,6 @@
 //! Which commands need a connection of their own, for
-//! `proxy.upstream = "shared"` (see `crate::upstream::shared`): a command
+//! `proxy.upstream = "shared"` (see `crate::upstream::shared`) and the
+//! cluster lanes (`crate::cluster::route`): a command
 //! whose effect or reply depends on state Redis keeps per connection, or
 //! that holds its connection, cannot travel over a connection that other
 //! clients share. Pure: the arguments in, the reason out; the shared

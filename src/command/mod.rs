@@ -2,6 +2,7 @@
 //! Names are matched case-insensitively without allocating; everything not
 //! listed is [`CommandKind::Other`] and is forwarded untouched.
 
+pub mod connection;
 mod names;
 
 /// What a command does to the connection's reply stream.
