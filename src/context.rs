@@ -9,7 +9,9 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::UpstreamMode;
-use crate::config::{AdminConfig, Config, LimitsConfig, ProxyConfig, QuorumConfig, UpstreamConfig};
+use crate::config::{
+    AdminConfig, Config, ConfigError, LimitsConfig, ProxyConfig, QuorumConfig, UpstreamConfig,
+};
 use crate::lock::announce;
 use crate::lock::eviction::{self, Eviction, Memory, Role};
 use crate::lock::fast::Natives;
@@ -26,6 +28,16 @@ use crate::upstream::node::{Node, NodeConfig, Observers};
 use crate::upstream::shared::{SharedPool, UpstreamConnMetrics};
 use crate::upstream::{Connector, Primary, UpstreamError};
 
+/// The whole check of a configuration, before any port is bound (start-up,
+/// `lockgate --check`, a reload): every value ([`Config::validate`]), the
+/// guards as the lock room compiles them ([`crate::lock::guard::validate`])
+/// and the TLS files as [`crate::tls::load`] reads them. Here, above the
+/// rooms that own those checks, so that `config` imports none of them.
+pub fn validate(config: &Config) -> Result<(), ConfigError> {
+    config.validate()?;
+    crate::lock::guard::validate(config)?;
+    crate::tls::load(config).map(|_| ())
+}
 /// Interval between two repeats of the same warning.
 const WARN_INTERVAL: Duration = Duration::from_secs(10);
 
@@ -352,7 +364,7 @@ impl ServerContext {
         };
         let new = Config::from_file(&hook.path).map_err(|e| e.to_string())?;
         let new = (hook.effective)(new);
-        new.validate().map_err(|e| e.to_string())?;
+        validate(&new).map_err(|e| e.to_string())?;
         let old = self.in_force();
         // The TLS sections apply to new handshakes and connections; only
         // the TLS listener's address needs a restart.

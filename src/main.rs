@@ -84,7 +84,7 @@ fn load(cli: &Cli) -> Result<Config, lockgate::config::ConfigError> {
         None => Config::default(),
     };
     let config = overrides(cli, config);
-    config.validate()?;
+    lockgate::context::validate(&config)?;
     Ok(config)
 }
 

@@ -283,7 +283,12 @@ impl Config {
         toml::to_string(self).unwrap_or_else(|e| format!("# cannot render: {e}"))
     }
 
-    /// Checks every value; run before any port is bound.
+    /// Checks every value that the configuration alone can tell, run
+    /// before any port is bound. What needs the parts that use a value,
+    /// the guards' patterns (the lock room compiles them) and the TLS
+    /// files (read by `crate::tls`), is checked by
+    /// `crate::context::validate`, which runs this first: the one check
+    /// `lockgate --check`, start-up and a reload make.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.proxy.validate()?;
         if self.upstream.addr.trim().is_empty() || !self.upstream.addr.contains(':') {
@@ -431,7 +436,6 @@ impl Config {
                 ));
             }
         }
-        self.validate_guards()?;
         if self.limits.max_request_bytes < self.limits.max_bulk_bytes {
             return Err(invalid(
                 "limits.max_request_bytes",
@@ -441,28 +445,8 @@ impl Config {
         self.validate_tls()
     }
 
-    /// `[[locks.guards]]`: each compiles ([`crate::lock::guard::Guards`]);
-    /// in front of a cluster each data pattern carries its lock's hash tag.
-    fn validate_guards(&self) -> Result<(), ConfigError> {
-        if self.locks.guards.is_empty() {
-            return Ok(());
-        }
-        let patterns = crate::lock::keys::KeyPatterns::new(&self.locks.keys);
-        let guards = crate::lock::guard::Guards::compile(&self.locks.guards, &patterns)
-            .map_err(|e| invalid("locks.guards", &e.0))?;
-        // With the quorum the locks are not on the cluster: the guard
-        // records are, in the lock key's slot.
-        if self.upstream.cluster.enabled() {
-            guards
-                .check_slots()
-                .map_err(|e| invalid("locks.guards", &e.0))?;
-        }
-        Ok(())
-    }
-
-    /// The TLS sections: addresses and timeouts, then the files themselves
-    /// (readable, PEM, the key matching its certificate), each error naming
-    /// its key.
+    /// The TLS sections' addresses and timeouts (the files themselves are
+    /// read by `crate::tls::load`, from `crate::context::validate`).
     fn validate_tls(&self) -> Result<(), ConfigError> {
         let t = &self.proxy.tls;
         if !t.listen.is_empty() {
@@ -471,12 +455,12 @@ impl Config {
                 return Err(invalid("proxy.tls.listen", "must differ from proxy.listen"));
             }
         }
-        positive("proxy.tls.handshake_timeout_ms", t.handshake_timeout_ms)?;
-        crate::tls::load(self).map(|_| ())
+        positive("proxy.tls.handshake_timeout_ms", t.handshake_timeout_ms)
     }
 }
 
-fn invalid(key: &'static str, reason: &str) -> ConfigError {
+/// A value refused: `key` names it, `reason` says why.
+pub fn invalid(key: &'static str, reason: &str) -> ConfigError {
     ConfigError::Invalid {
         key,
         reason: reason.to_string(),

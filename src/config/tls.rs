@@ -2,7 +2,8 @@
 //! `[upstream.tls]` (TLS to the primary, also for lockgate's own
 //! connections) and `[locks.quorum.tls]` (TLS to the lock masters; absent:
 //! the upstream's). The files are read and checked by
-//! [`crate::tls::load`], which [`super::Config::validate`] runs.
+//! `crate::tls::load`, which `crate::context::validate` runs after
+//! [`super::Config::validate`].
 
 use serde::{Deserialize, Serialize};
 

@@ -383,3 +383,30 @@ pub fn server_name(side: &ClientSide, addr: &str) -> Result<ServerName<'static>,
     let host = host.trim_start_matches('[').trim_end_matches(']');
     ServerName::try_from(host.to_string()).map_err(|e| format!("server name `{host}`: {e}"))
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::config::{ClientTlsConfig, Config, ConfigError};
+
+    /// A TLS file that cannot be read is refused before anything starts,
+    /// naming its key (the Sentinel's own section here).
+    #[test]
+    fn a_missing_file_names_its_key() {
+        let mut c = Config::default();
+        c.upstream.sentinel.addrs = vec!["127.0.0.1:26379".to_string()];
+        c.upstream.sentinel.master_name = "m".to_string();
+        assert!(super::load(&c).is_ok());
+        c.upstream.sentinel.tls = Some(ClientTlsConfig {
+            enabled: true,
+            ca_file: "/nonexistent/ca.pem".to_string(),
+            ..Default::default()
+        });
+        assert!(c.validate().is_ok(), "the files are not config's to read");
+        match super::load(&c) {
+            Err(ConfigError::Invalid { key, .. }) => {
+                assert_eq!(key, "upstream.sentinel.tls.ca_file")
+            }
+            other => panic!("{:?}", other.map(|_| ())),
+        }
+    }
+}

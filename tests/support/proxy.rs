@@ -67,7 +67,7 @@ impl Lockgate {
         {
             config.proxy.upstream = lockgate::config::UpstreamMode::Shared;
         }
-        config.validate().expect("valid test config");
+        lockgate::context::validate(&config).expect("valid test config");
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let admin_listener = match with_admin {

@@ -36,10 +36,30 @@ use bytes::Bytes;
 
 use super::keys::KeyPatterns;
 use super::LockService;
-use crate::config::{GuardConfig, GuardMode, UnlockedWriters};
+use crate::config::{invalid, Config, ConfigError, GuardConfig, GuardMode, UnlockedWriters};
 use crate::metrics::ProxyMetrics;
 use pattern::{Pattern, PatternError};
 
+/// `[[locks.guards]]` of `config`, checked as the lock room will compile
+/// them: each compiles ([`Guards::compile`]); in front of a cluster each
+/// data pattern carries its lock's hash tag. Part of
+/// `crate::context::validate`.
+pub fn validate(config: &Config) -> Result<(), ConfigError> {
+    if config.locks.guards.is_empty() {
+        return Ok(());
+    }
+    let patterns = KeyPatterns::new(&config.locks.keys);
+    let guards = Guards::compile(&config.locks.guards, &patterns)
+        .map_err(|e| invalid("locks.guards", &e.0))?;
+    // With the quorum the locks are not on the cluster: the guard
+    // records are, in the lock key's slot.
+    if config.upstream.cluster.enabled() {
+        guards
+            .check_slots()
+            .map_err(|e| invalid("locks.guards", &e.0))?;
+    }
+    Ok(())
+}
 /// One compiled guard.
 #[derive(Debug, Clone)]
 pub struct Guard {
