@@ -17,11 +17,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::protocol::encode;
+use crate::upstream::backoff::{self, Backoff};
 use crate::upstream::node::{connect_authenticated, handshake, messages, request, NodeConfig};
 use crate::upstream::{Connector, Primary};
-
-/// Longest pause between two subscription attempts to one sentinel.
-const MAX_BACKOFF: Duration = Duration::from_secs(2);
 
 /// Why an exchange with a sentinel or a candidate primary failed: always
 /// the upstream's side (logged, never shown to a client).
@@ -229,7 +227,7 @@ async fn role(f: &Follower, addr: &str) -> Result<String, SentinelError> {
 /// Subscribes to `+switch-master` on one sentinel, reconnecting with
 /// back-off; a message for our master wakes the checker.
 async fn subscribe_loop(f: &Follower, sentinel: &NodeConfig, primary: &Primary, wake: &Notify) {
-    let mut backoff = Duration::from_millis(10);
+    let mut backoff = Backoff::new(backoff::OWN_FIRST);
     loop {
         if let Err(e) = subscribed(f, sentinel, primary, wake, &mut backoff).await {
             primary
@@ -238,8 +236,7 @@ async fn subscribe_loop(f: &Follower, sentinel: &NodeConfig, primary: &Primary, 
                 .fetch_add(1, Ordering::Relaxed);
             tracing::debug!(sentinel = %sentinel.addr, error = %e, "sentinel subscription interrupted");
         }
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(MAX_BACKOFF);
+        tokio::time::sleep(backoff.next()).await;
     }
 }
 
@@ -248,7 +245,7 @@ async fn subscribed(
     sentinel: &NodeConfig,
     primary: &Primary,
     wake: &Notify,
-    backoff: &mut Duration,
+    backoff: &mut Backoff,
 ) -> Result<(), String> {
     let stream = connect_authenticated(sentinel).await?;
     messages(

@@ -23,10 +23,8 @@ use super::evalsha::Call;
 use super::storm::{Announced, Storm};
 use super::{owner_key, places_key, queue_key, WAKE_PREFIX};
 use crate::script::Script;
+use crate::upstream::backoff::{self, Backoff};
 use crate::upstream::node::{handshake, messages, Node, NodeConfig};
-
-/// Longest pause between two subscription attempts.
-const MAX_BACKOFF: Duration = Duration::from_secs(2);
 
 /// Where wake-ups come from and turns are passed: one lock store.
 pub struct Store {
@@ -49,7 +47,7 @@ pub fn spawn(store: Store, storm: Arc<Storm>, stop: CancellationToken) {
 }
 
 async fn listen(store: Store, storm: Arc<Storm>) {
-    let mut backoff = Duration::from_millis(10);
+    let mut backoff = Backoff::new(backoff::OWN_FIRST);
     loop {
         let (now, generation) = store.config.resolve().await;
         tokio::select! {
@@ -57,10 +55,9 @@ async fn listen(store: Store, storm: Arc<Storm>) {
                 tracing::debug!(node = %now.addr, error = %e, "wake-ups interrupted");
             },
             // The primary changed: subscribe on the new one.
-            _ = store.config.replaced(generation) => backoff = Duration::ZERO,
+            _ = store.config.replaced(generation) => backoff.at_once(),
         }
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).clamp(Duration::from_millis(10), MAX_BACKOFF);
+        tokio::time::sleep(backoff.next()).await;
     }
 }
 
@@ -68,7 +65,7 @@ async fn subscribed(
     node: &NodeConfig,
     store: &Store,
     storm: &Arc<Storm>,
-    backoff: &mut Duration,
+    backoff: &mut Backoff,
 ) -> Result<(), String> {
     let stream = handshake(node).await?;
     let channel = format!("{WAKE_PREFIX}{}", store.prefix);

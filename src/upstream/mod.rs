@@ -11,6 +11,7 @@
 //! silent too long is [`stall`]'s rule, shared by the cluster's lanes, the
 //! shared connections and the sessions' own.
 
+pub mod backoff;
 pub mod cluster;
 pub mod node;
 pub mod primary;

@@ -25,6 +25,7 @@ use tokio_util::sync::CancellationToken;
 use crate::protocol::reply::ReplyScanner;
 use crate::sync;
 use crate::tls::Stream;
+use crate::upstream::backoff::{self, Backoff};
 use crate::upstream::{Connector, Primary};
 
 pub(crate) mod open;
@@ -38,9 +39,6 @@ pub(crate) use subscribe::messages;
 
 /// `CLIENT SETNAME` of lockgate's own connections.
 pub const INTERNAL_NAME: &str = "lockgate-internal";
-
-/// Longest pause between two connection attempts to a node.
-const MAX_BACKOFF: Duration = Duration::from_secs(2);
 
 /// Why a call to a node failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -334,12 +332,12 @@ async fn connection_loop(
     mut calls: mpsc::Receiver<Call>,
     state: Arc<NodeState>,
 ) {
-    let mut backoff = Duration::from_millis(10);
+    let mut backoff = Backoff::new(backoff::OWN_FIRST);
     loop {
         let (now, generation) = config.resolve().await;
         match open(&now).await {
             Ok(opened) => {
-                backoff = Duration::from_millis(10);
+                backoff.reset();
                 // All known before the connection counts, so nobody sees
                 // it without them (a master's policy decides its vote).
                 let connection = state.connects.load(Ordering::Relaxed) + 1;
@@ -354,7 +352,7 @@ async fn connection_loop(
                 state.up.store(true, Ordering::Relaxed);
                 tokio::select! {
                     _ = serve(stream, &mut calls, config.noscript_reruns.as_deref(), &state.silent) => {}
-                    _ = config.replaced(generation) => backoff = Duration::ZERO,
+                    _ = config.replaced(generation) => backoff.at_once(),
                 }
                 state.up.store(false, Ordering::Relaxed);
                 tracing::debug!(node = %now.addr, "lock node connection lost");
@@ -365,8 +363,7 @@ async fn connection_loop(
         while let Ok(call) = calls.try_recv() {
             drop(call);
         }
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).clamp(Duration::from_millis(10), MAX_BACKOFF);
+        tokio::time::sleep(backoff.next()).await;
     }
 }
 

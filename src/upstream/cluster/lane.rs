@@ -40,14 +40,11 @@ use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
 use crate::protocol::reply::{FrameKind, ReplyScanner};
 use crate::sync;
+use crate::upstream::backoff::Backoff;
 use crate::upstream::stall::{self, lock_call_waits};
 
 /// Most jobs taken off the queue for one write.
 const JOBS_PER_WRITE: usize = 256;
-
-/// Longest wait between two connection attempts of a shared lane to a
-/// node that is down.
-const MAX_BACKOFF: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// One reply, several in a row, or where one will come from.
 #[derive(Debug)]
@@ -303,11 +300,11 @@ pub(super) async fn run(
     let interval = common.reconnect_interval;
     let mut held: Vec<Job> = Vec::new();
     // A shared lane tries again at once after a loss, and then while the
-    // node stays down (backing off to `MAX_BACKOFF`), without waiting for
+    // node stays down (backing off to `backoff::MAX`), without waiting for
     // a command: whether the node is up is what `/readyz` and `LOCKGATE
     // NODES` say, and it comes back on its own.
     let mut again = false;
-    let mut backoff = interval;
+    let mut backoff = Backoff::new(interval);
     loop {
         if held.is_empty() && !again {
             // Connect only once there is something to send.
@@ -326,7 +323,7 @@ pub(super) async fn run(
         };
         let error = match connected {
             Ok(stream) => {
-                backoff = interval;
+                backoff.reset();
                 if shared {
                     common.node_state(&addr, true);
                 }
@@ -364,9 +361,8 @@ pub(super) async fn run(
             answer(&common, job, &error);
         }
         let tried = Instant::now();
-        let retry = tokio::time::sleep(backoff);
+        let retry = tokio::time::sleep(backoff.next());
         tokio::pin!(retry);
-        backoff = (backoff * 2).min(MAX_BACKOFF.max(interval));
         loop {
             tokio::select! {
                 _ = stop.cancelled() => return,

@@ -2,13 +2,12 @@
 //! channel, then each message's payload handed over as it comes (the
 //! lock room's wake-ups between instances, Sentinel's `+switch-master`).
 
-use std::time::Duration;
-
 use tokio::io::AsyncWriteExt;
 
 use super::FrameReader;
 use crate::protocol::encode;
 use crate::tls::Stream;
+use crate::upstream::backoff::Backoff;
 
 /// Subscribes `stream` to `channel` and hands each message's payload to
 /// `on` until the connection fails (the error says why); `subscribed` runs
@@ -18,7 +17,7 @@ use crate::tls::Stream;
 pub(crate) async fn messages(
     mut stream: Stream,
     channel: &[u8],
-    backoff: &mut Duration,
+    backoff: &mut Backoff,
     subscribed: impl FnOnce(),
     mut on: impl FnMut(&[u8]),
 ) -> Result<(), String> {
@@ -27,7 +26,7 @@ pub(crate) async fn messages(
         .await
         .map_err(|e| e.to_string())?;
     stream.flush().await.map_err(|e| e.to_string())?;
-    *backoff = Duration::from_millis(10);
+    backoff.reset();
     let mut frames = FrameReader::new();
     let mut subscribed = Some(subscribed);
     loop {

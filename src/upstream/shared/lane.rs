@@ -17,7 +17,7 @@
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -31,15 +31,13 @@ use crate::protocol::encode::LocalReply;
 use crate::protocol::reply::{simple_frames, FrameKind, ReplyScanner};
 use crate::sync;
 use crate::tls::Stream;
+use crate::upstream::backoff::Backoff;
 use crate::upstream::primary::Current;
 use crate::upstream::stall::{self, lock_call_waits};
 use crate::upstream::UpstreamError;
 
 /// Most batches taken off the queue for one write.
 const BATCHES_PER_WRITE: usize = 256;
-
-/// Longest wait between two connection attempts.
-const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
 /// Replies owed to one session by the connection, in write order.
 struct Owed {
@@ -61,7 +59,7 @@ impl Owed {
 /// Runs one shared connection until `stop`: connects, serves, reconnects.
 ///
 /// While the connection is down, attempts back off from
-/// `upstream.reconnect_interval_ms` to [`MAX_BACKOFF`] while nobody needs
+/// `upstream.reconnect_interval_ms` to [`crate::upstream::backoff::MAX`] while nobody needs
 /// it, and a batch that needs it is served as a session's own connection
 /// would serve it: a new session's first batch is held and brings the
 /// attempt at once (a new dedicated session connects at once), another
@@ -76,7 +74,7 @@ pub(super) async fn run(
     stop: CancellationToken,
 ) {
     let first = common.reconnect_interval;
-    let mut backoff = first;
+    let mut backoff = Backoff::new(first);
     let mut held: Vec<Batch> = Vec::new();
     loop {
         let current = common.primary.current();
@@ -86,7 +84,7 @@ pub(super) async fn run(
         };
         let err = match connected {
             Ok(stream) => {
-                backoff = first;
+                backoff.reset();
                 ProxyMetrics::inc(&common.metrics.shared_connects);
                 ProxyMetrics::inc(&common.metrics.shared_open);
                 let held = std::mem::take(&mut held);
@@ -116,15 +114,14 @@ pub(super) async fn run(
         // arrives after the count meets the rules below.
         ProxyMetrics::inc(&common.metrics.shared_connect_errors);
         let tried = Instant::now();
-        let wake = tokio::time::sleep(backoff);
+        let wake = tokio::time::sleep(backoff.next());
         tokio::pin!(wake);
-        backoff = (backoff * 2).min(MAX_BACKOFF.max(first));
         loop {
             tokio::select! {
                 _ = stop.cancelled() => return,
                 _ = &mut wake => break,
                 _ = common.primary.changed_from(current.generation) => {
-                    backoff = first;
+                    backoff.reset();
                     break;
                 }
                 batch = rx.recv() => match batch {

@@ -22,7 +22,6 @@ use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
-use std::time::Duration;
 
 use tokio::io::{AsyncRead, ReadBuf};
 use tokio::sync::Notify;
@@ -32,9 +31,7 @@ use super::{Common, UpstreamConnMetrics};
 use crate::metrics::ProxyMetrics;
 use crate::sync;
 use crate::tls::Stream;
-
-/// Longest wait between two failed attempts to open a spare.
-const MAX_BACKOFF: Duration = Duration::from_secs(1);
+use crate::upstream::backoff::Backoff;
 
 /// The spares ready now (see the module doc).
 #[derive(Debug)]
@@ -175,7 +172,7 @@ fn closed(conn: &mut Stream, cx: &mut Context<'_>) -> Poll<()> {
 pub(super) async fn run(common: Arc<Common>, stop: CancellationToken) {
     let spares = &common.spares;
     let first = common.reconnect_interval;
-    let mut backoff = first;
+    let mut backoff = Backoff::new(first);
     // Spares follow demand: opened at the start, for a new primary and
     // after a move took one; one Redis closed while idle is not reopened
     // until then.
@@ -201,7 +198,7 @@ pub(super) async fn run(common: Arc<Common>, stop: CancellationToken) {
         };
         match opened {
             Ok(spare) => {
-                backoff = first;
+                backoff.reset();
                 spares.put(current.generation, spare, &common.metrics);
             }
             Err(err) => {
@@ -210,10 +207,9 @@ pub(super) async fn run(common: Arc<Common>, stop: CancellationToken) {
                 }
                 tokio::select! {
                     _ = stop.cancelled() => break,
-                    _ = tokio::time::sleep(backoff) => {}
+                    _ = tokio::time::sleep(backoff.next()) => {}
                     _ = common.primary.changed_from(current.generation) => {}
                 }
-                backoff = (backoff * 2).min(MAX_BACKOFF.max(first));
             }
         }
     }
