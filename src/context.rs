@@ -22,10 +22,11 @@ use crate::metrics::{Counter, ProxyMetrics, RateLimit};
 use crate::protocol::request::RequestLimits;
 use crate::sentinel;
 use crate::sync;
-use crate::tls::{Side, Stream, TlsStore};
+use crate::tls::{Side, TlsStore};
 use crate::upstream::cluster::ClusterPool;
 use crate::upstream::node::{Node, NodeConfig, Observers};
 use crate::upstream::shared::{SharedPool, UpstreamConnMetrics};
+use crate::upstream::stream::SessionStream;
 use crate::upstream::{Connector, Primary, UpstreamError};
 
 /// The whole check of a configuration, before any port is bound (start-up,
@@ -472,14 +473,14 @@ impl ServerContext {
     /// ([`Primary::changed_from`]). In shared mode a stream over a shared
     /// connection, at once (a shared connection that is down answers each
     /// command upstream-unavailable).
-    pub async fn connect_upstream(&self) -> Result<(Stream, u64), UpstreamError> {
+    pub async fn connect_upstream(&self) -> Result<(SessionStream, u64), UpstreamError> {
         if let Some(pool) = &self.cluster {
             let dedicated = self.config.proxy.upstream == UpstreamMode::Dedicated;
-            return Ok((Stream::Cluster(Box::new(pool.session(dedicated))), 0));
+            return Ok((SessionStream::Cluster(Box::new(pool.session(dedicated))), 0));
         }
         if let Some(pool) = &self.shared {
             let generation = self.primary_addr.current().generation;
-            return Ok((Stream::Shared(Box::new(pool.session())), generation));
+            return Ok((SessionStream::Shared(Box::new(pool.session())), generation));
         }
         let timeout = Duration::from_millis(self.config.upstream.connect_timeout_ms);
         let current = self.primary_addr.current();
@@ -496,6 +497,6 @@ impl ServerContext {
                 tracing::warn!(error = %e, suppressed = more, "cannot reach the primary");
             }
         }
-        result.map(|stream| (stream, current.generation))
+        result.map(|stream| (SessionStream::Direct(stream), current.generation))
     }
 }

@@ -45,7 +45,8 @@
 //!   where each command goes (pure).
 //! - [`upstream`]: `Connector`, one shared connection per Redis, the primary,
 //!   the sessions' shared connections (`proxy.upstream = "shared"`), and
-//!   the connections to a cluster's nodes (`[upstream.cluster]`).
+//!   the connections to a cluster's nodes (`[upstream.cluster]`); a
+//!   session's upstream is one of these three ([`upstream::stream`]).
 //! - [`tls`]: rustls configurations, reloads, plain-or-TLS streams.
 //! - [`metrics`]: the proxy's counters, `counters!`, warning rate limits.
 //! - [`sync`]: the one policy for a poisoned std lock.

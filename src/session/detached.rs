@@ -16,6 +16,7 @@ use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
 use crate::protocol::request::{RequestKind, RequestParser};
 use crate::tls::Stream;
+use crate::upstream::stream::SessionStream;
 use crate::upstream::UpstreamError;
 
 /// Serves a client while the primary is unreachable: every command gets the
@@ -29,7 +30,7 @@ pub(super) async fn serve(
     buf: &mut BytesMut,
     mut err: UpstreamError,
     shutdown: &CancellationToken,
-) -> Option<(Stream, u64)> {
+) -> Option<(SessionStream, u64)> {
     let interval = Duration::from_millis(ctx.config.upstream.reconnect_interval_ms);
     let mut next_try = Instant::now() + interval;
     let mut parser = RequestParser::new(ctx.limits());

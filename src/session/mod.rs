@@ -218,7 +218,7 @@ async fn serve(
     };
     // Counted while it lives (a shared-mode stream counts its own when the
     // session moves to a dedicated connection).
-    let own_connection = !matches!(upstream, Stream::Shared(_) | Stream::Cluster(_));
+    let own_connection = upstream.is_direct();
     let _dedicated = own_connection.then(|| DedicatedGuard::new(&ctx.upstream_conns));
     let (mut client_r, mut client_w) = client.split();
     let (mut up_r, mut up_w) = upstream.split();

@@ -19,7 +19,8 @@ use crate::context::ServerContext;
 use crate::lock::lease::ConnLocks;
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
-use crate::tls::stream::{ReadPart, WritePart};
+use crate::tls::ReadPart;
+use crate::upstream::stream::SessionWrite;
 
 /// How long the rest of a pipeline waits for its first command's reply
 /// when the client's FIN was already in at the session's first read.
@@ -131,7 +132,7 @@ pub async fn read_loop(
     ctx: &Arc<ServerContext>,
     buf: &mut BytesMut,
     client: &mut ReadPart<'_>,
-    upstream: &mut WritePart<'_>,
+    upstream: &mut SessionWrite<'_>,
     links: Links<'_>,
 ) -> ReaderEnd {
     let Links {

@@ -25,7 +25,7 @@ use crate::config::{ClientTlsConfig, ClientTlsKeys, Config, ConfigError};
 use crate::config::{QUORUM_TLS_KEYS, UPSTREAM_TLS_KEYS};
 use crate::error::ErrorSource;
 use crate::metrics::{ProxyMetrics, RateLimit};
-pub use stream::Stream;
+pub use stream::{ReadPart, Stream, WritePart};
 
 /// Why a TLS handshake with a client failed.
 #[derive(Debug, thiserror::Error)]

@@ -17,9 +17,6 @@ use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 use tokio::net::tcp;
 use tokio::net::TcpStream;
 
-use crate::upstream::cluster::{ClusterRead, ClusterStream, ClusterWrite};
-use crate::upstream::shared::{SharedRead, SharedStream, SharedWrite};
-
 /// TLS over TCP, as a server (clients of the TLS listener) or as a client
 /// (to Redis).
 pub type TlsStream = tokio_rustls::TlsStream<TcpStream>;
@@ -31,14 +28,6 @@ pub enum Stream {
     Plain(TcpStream),
     /// TLS over TCP (boxed: a TLS session is large).
     Tls(Box<TlsStream>),
-    /// A session's upstream in `proxy.upstream = "shared"` mode: commands
-    /// over a shared connection until the session moves to its own (see
-    /// [`crate::upstream::shared`]). Never a client's.
-    Shared(Box<SharedStream>),
-    /// A session's upstream in front of a Redis Cluster: commands routed
-    /// by slot to the nodes (see [`crate::upstream::cluster`]). Never a
-    /// client's.
-    Cluster(Box<ClusterStream>),
 }
 
 /// The reading half of a [`Stream`].
@@ -48,10 +37,6 @@ pub enum ReadPart<'a> {
     Plain(tcp::ReadHalf<'a>),
     /// TLS's half.
     Tls(TlsHalf<'a>),
-    /// A shared-mode upstream's replies.
-    Shared(&'a mut SharedRead),
-    /// A cluster upstream's replies.
-    Cluster(&'a mut ClusterRead),
 }
 
 /// The writing half of a [`Stream`].
@@ -61,10 +46,6 @@ pub enum WritePart<'a> {
     Plain(tcp::WriteHalf<'a>),
     /// TLS's half.
     Tls(TlsHalf<'a>),
-    /// A shared-mode upstream's commands.
-    Shared(&'a mut SharedWrite),
-    /// A cluster upstream's commands.
-    Cluster(&'a mut ClusterWrite),
 }
 
 /// One half of a TLS stream. Both halves share the session (reading may
@@ -147,14 +128,6 @@ impl Stream {
                 let half = TlsHalf(Arc::new(Mutex::new(&mut **s)));
                 (ReadPart::Tls(half.clone()), WritePart::Tls(half))
             }
-            Stream::Shared(s) => (
-                ReadPart::Shared(&mut s.read),
-                WritePart::Shared(&mut s.write),
-            ),
-            Stream::Cluster(s) => (
-                ReadPart::Cluster(&mut s.read),
-                WritePart::Cluster(&mut s.write),
-            ),
         }
     }
 }
@@ -177,15 +150,13 @@ impl ReadPart<'_> {
                 Some(socket) => error_on(&socket).await,
                 None => std::future::pending().await,
             },
-            // Never a client's: no socket of its own to watch.
-            ReadPart::Shared(_) | ReadPart::Cluster(_) => std::future::pending().await,
         }
     }
 
     /// Whether the peer's FIN has reached this socket already, as the
     /// runtime last saw it (no system call): a hint, since a FIN that came
     /// after the runtime's last look is not seen. False for TLS (its own
-    /// close is inside the stream) and for upstream halves.
+    /// close is inside the stream).
     pub fn read_closed(&self) -> bool {
         let ReadPart::Plain(r) = self else {
             return false;
@@ -199,12 +170,11 @@ impl ReadPart<'_> {
     /// Whether an error is pending on the socket now (the peer's reset
     /// after a write reached a closed socket), asked of the kernel
     /// (`SO_ERROR`, one system call): on loopback the reset is in by the
-    /// time the write that caused it returns. False for TLS and upstream
-    /// halves.
+    /// time the write that caused it returns. False for TLS.
     pub fn failed_now(&self) -> bool {
         match self {
             ReadPart::Plain(r) => !matches!(r.as_ref().take_error(), Ok(None)),
-            _ => false,
+            ReadPart::Tls(_) => false,
         }
     }
 }
@@ -237,8 +207,6 @@ impl AsyncRead for Stream {
         match self.get_mut() {
             Stream::Plain(s) => Pin::new(s).poll_read(cx, buf),
             Stream::Tls(s) => eof_is_eof(Pin::new(&mut **s).poll_read(cx, buf)),
-            Stream::Shared(s) => Pin::new(&mut s.read).poll_read(cx, buf),
-            Stream::Cluster(s) => Pin::new(&mut s.read).poll_read(cx, buf),
         }
     }
 }
@@ -252,14 +220,12 @@ impl AsyncRead for ReadPart<'_> {
         match self.get_mut() {
             ReadPart::Plain(s) => Pin::new(s).poll_read(cx, buf),
             ReadPart::Tls(s) => eof_is_eof(Pin::new(s).poll_read(cx, buf)),
-            ReadPart::Shared(s) => Pin::new(&mut **s).poll_read(cx, buf),
-            ReadPart::Cluster(s) => Pin::new(&mut **s).poll_read(cx, buf),
         }
     }
 }
 
 macro_rules! delegate_write {
-    ($ty:ty, $plain:path, $tls:path, $shared:path, $get:ident, $cluster:path, $cget:ident) => {
+    ($ty:ty, $plain:path, $tls:path) => {
         impl AsyncWrite for $ty {
             fn poll_write(
                 self: Pin<&mut Self>,
@@ -269,8 +235,6 @@ macro_rules! delegate_write {
                 match self.get_mut() {
                     $plain(s) => Pin::new(s).poll_write(cx, buf),
                     $tls(s) => Pin::new(s).poll_write(cx, buf),
-                    $shared(s) => Pin::new($get(s)).poll_write(cx, buf),
-                    $cluster(s) => Pin::new($cget(s)).poll_write(cx, buf),
                 }
             }
 
@@ -282,8 +246,6 @@ macro_rules! delegate_write {
                 match self.get_mut() {
                     $plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
                     $tls(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-                    $shared(s) => Pin::new($get(s)).poll_write_vectored(cx, bufs),
-                    $cluster(s) => Pin::new($cget(s)).poll_write_vectored(cx, bufs),
                 }
             }
 
@@ -291,7 +253,6 @@ macro_rules! delegate_write {
                 match self {
                     $plain(s) => s.is_write_vectored(),
                     $tls(s) => s.is_write_vectored(),
-                    $shared(_) | $cluster(_) => false,
                 }
             }
 
@@ -299,8 +260,6 @@ macro_rules! delegate_write {
                 match self.get_mut() {
                     $plain(s) => Pin::new(s).poll_flush(cx),
                     $tls(s) => Pin::new(s).poll_flush(cx),
-                    $shared(s) => Pin::new($get(s)).poll_flush(cx),
-                    $cluster(s) => Pin::new($cget(s)).poll_flush(cx),
                 }
             }
 
@@ -308,45 +267,11 @@ macro_rules! delegate_write {
                 match self.get_mut() {
                     $plain(s) => Pin::new(s).poll_shutdown(cx),
                     $tls(s) => Pin::new(s).poll_shutdown(cx),
-                    $shared(s) => Pin::new($get(s)).poll_shutdown(cx),
-                    $cluster(s) => Pin::new($cget(s)).poll_shutdown(cx),
                 }
             }
         }
     };
 }
 
-delegate_write!(
-    Stream,
-    Stream::Plain,
-    Stream::Tls,
-    Stream::Shared,
-    shared_write,
-    Stream::Cluster,
-    cluster_write
-);
-delegate_write!(
-    WritePart<'_>,
-    WritePart::Plain,
-    WritePart::Tls,
-    WritePart::Shared,
-    deref_write,
-    WritePart::Cluster,
-    deref_cluster_write
-);
-
-fn shared_write(s: &mut Box<SharedStream>) -> &mut SharedWrite {
-    &mut s.write
-}
-
-fn deref_write<'a>(s: &'a mut &mut SharedWrite) -> &'a mut SharedWrite {
-    s
-}
-
-fn cluster_write(s: &mut Box<ClusterStream>) -> &mut ClusterWrite {
-    &mut s.write
-}
-
-fn deref_cluster_write<'a>(s: &'a mut &mut ClusterWrite) -> &'a mut ClusterWrite {
-    s
-}
+delegate_write!(Stream, Stream::Plain, Stream::Tls);
+delegate_write!(WritePart<'_>, WritePart::Plain, WritePart::Tls);

@@ -17,6 +17,7 @@ pub mod node;
 pub mod primary;
 pub mod shared;
 pub(crate) mod stall;
+pub mod stream;
 pub use primary::Primary;
 
 use std::io;
