@@ -142,6 +142,9 @@ use tokio_util::sync::CancellationToken;
 
 pub use config::Config;
 pub use context::ServerContext;
+/// Reading a cluster's slot map from its seeds, for the tests and tools
+/// that check it against a real cluster ([`upstream::cluster::topology`]).
+pub use upstream::cluster::topology;
 
 /// Serves clients on `listener` with `config` (already validated) until
 /// `shutdown` completes, then drains within `proxy.shutdown_grace_ms`.

@@ -1,7 +1,7 @@
 //! Redis Cluster behind lockgate, the pure parts: [`slot`] computes a
 //! key's hash slot as Redis does; [`map`] reads which node serves each
 //! slot from a node's `CLUSTER SHARDS` or `CLUSTER SLOTS` reply;
-//! [`topology`] asks the nodes for it and says when to ask again;
+//! [`topology`] says when to ask the nodes for it again;
 //! [`redirect`] reads `MOVED` and `ASK`; [`keys`] finds a command's keys
 //! from the server's own key specifications; [`route`] says where one
 //! command goes; [`split`] splits a multi-key command per slot and merges
@@ -10,8 +10,9 @@
 //! subscriptions to see when it leaves subscribed mode; [`fanout`]
 //! spreads and merges keyspace-wide commands; [`facade`] answers a
 //! cluster-aware client as a cluster of one node, lockgate; [`auth`]
-//! checks a client's `AUTH` against lockgate's own credentials. The
-//! connections to the nodes and the sessions' streams over them are
+//! checks a client's `AUTH` against lockgate's own credentials. Nothing
+//! here opens a connection: reading the map from the nodes, the
+//! connections to them and the sessions' streams over them are
 //! `crate::upstream::cluster`
 //! (docs/cluster.md).
 

@@ -7,13 +7,13 @@
 //! 1. Only keys matching `locks.keys` are ever changed ([`keys`]).
 //! 2. A lock key acquired through lockgate never exists without a lease:
 //!    acquisition is one `SET NX` with a TTL and its owner record, in one
-//!    Lua call ([`script::ACQUIRE`]); `PERSIST` on a lock key is refused;
+//!    Lua call ([`crate::script::ACQUIRE`]); `PERSIST` on a lock key is refused;
 //!    the EXPIRE family and takeovers keep a lease.
 //! 3. A release or extension by a connection that acquired the key acts
 //!    only on that exact acquisition (its token); one by a connection that
 //!    never acquired it acts only on acquisitions made through this
 //!    instance; a key without owner record is plain data and is deleted as
-//!    before ([`script::RELEASE`], [`script::EXTEND`]).
+//!    before ([`crate::script::RELEASE`], [`crate::script::EXTEND`]).
 //! 4. Replies keep exactly the shape of the client's command.
 //!
 //! # Layout
@@ -26,7 +26,7 @@
 //!   attempts.
 //! - [`keys`] (patterns), [`ops`] (commands → ops), `plan` (ops → script
 //!   calls, facts → records), [`fast`] (the uncontended cycle as small
-//!   scripts), [`script`] (the Lua, and its typed ARGV),
+//!   scripts), [`crate::script`] (the Lua, and its typed ARGV),
 //!   [`evalsha`] (scripts by SHA1 on clients' connections, a `NOSCRIPT` run
 //!   again as `EVAL`), [`txn`] (the scripts as `WATCH`/`MULTI`/`EXEC`
 //!   transactions, on a server that refuses scripts), `reply` (the outcome of a lock script's reply, as a
@@ -102,7 +102,7 @@ use metrics::LockMetrics;
 /// of its own: see [`tagged`]).
 pub const OWNER_PREFIX: &[u8] = b"lockgate:owner:{";
 
-/// Prefix of a key's cross-instance queue (see [`script::ACQUIRE`]):
+/// Prefix of a key's cross-instance queue (see [`crate::script::ACQUIRE`]):
 /// `lockgate:queue:{key}`, in the owner record's hash slot.
 pub const QUEUE_PREFIX: &[u8] = b"lockgate:queue:{";
 
@@ -483,7 +483,7 @@ impl LockService {
 
     /// How long an attempt on `key` that the store found behind another
     /// instance waits for its wake-up before asking again, ms: `scale`
-    /// (the [`script::ACQUIRE_BEHIND_FACT`], its place's rank, 1 to 64)
+    /// (the [`crate::script::ACQUIRE_BEHIND_FACT`], its place's rank, 1 to 64)
     /// renewal intervals; 0 when not behind.
     pub(crate) fn behind_ms(&self, key: &[u8], scale: i64) -> u64 {
         match scale {

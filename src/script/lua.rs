@@ -187,7 +187,7 @@ end
 /// lease when not acquired), the master's clock with info `"2"` (the
 /// quorum's acquisitions; `TIME`, µs since the epoch, fact
 /// [`ACQUIRE_CLOCK_FACT`], read in the same atomic step as the `SET NX` it
-/// vouches for, see [`super::quorum::clock`]; 0 otherwise), yielded (1: not tried,
+/// vouches for, see [`crate::lock::quorum::clock`]; 0 otherwise), yielded (1: not tried,
 /// the queue's head goes first, see `q_yield`, fact
 /// [`ACQUIRE_YIELD_FACT`]), behind (not acquired and another instance is
 /// first in the key's queue: this one's place's scale, 1 to 64, fact
@@ -722,7 +722,7 @@ return 1
 /// record, counter, queue, places. ARGV: ttl ms, instance token, instance
 /// prefix, fairness bound ms, a place's life ms (`0`: no queue). Reply:
 /// `{1, 0, counter, clock, 0}` taken, `{0, pttl, 0, clock, yielded}` not;
-/// `clock` is the master's `TIME` in µs (see [`super::quorum::clock`]).
+/// `clock` is the master's `TIME` in µs (see [`crate::lock::quorum::clock`]).
 pub const QFENCE_ACQUIRE: &str = concat!(
     r#"
 local function clock()

@@ -601,8 +601,8 @@ impl Job {
     }
 }
 
-/// What the watchdog's check ([`RENEW`](script::RENEW),
-/// [`RELEASE_TOKEN`](script::RELEASE_TOKEN)) found.
+/// What the watchdog's check ([`RENEW`](crate::script::RENEW),
+/// [`RELEASE_TOKEN`](crate::script::RELEASE_TOKEN)) found.
 enum Held {
     /// The owner record and the lock are this acquisition's.
     Yes,
@@ -637,7 +637,7 @@ fn time_us(reply: &Bytes) -> Option<i64> {
     secs.checked_mul(1_000_000)?.checked_add(micros)
 }
 
-/// The owner check of the scripts (`allows` in [`script`]'s
+/// The owner check of the scripts (`allows` in [`crate::script`]'s
 /// `owner_check!`): (allowed, lapsed, stale).
 pub fn allows(
     owner: Option<&[u8]>,

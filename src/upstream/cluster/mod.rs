@@ -15,7 +15,7 @@
 //! their replies merged into one ([`merge`]).
 //!
 //! Which node serves a slot is a hint with bounded staleness: the slot
-//! map read from the nodes ([`crate::cluster::topology`]) at start, every
+//! map read from the nodes ([`topology`]) at start, every
 //! `upstream.cluster.refresh_interval_ms`, and soon after a node
 //! redirected a command (`MOVED`) or was lost, never twice within
 //! `upstream.cluster.refresh_min_gap_ms`. A node's `MOVED` and `ASK` are
@@ -27,6 +27,7 @@ mod lane;
 mod merge;
 mod pin;
 mod stream;
+pub mod topology;
 
 pub use stream::{ClusterRead, ClusterStream, ClusterWrite};
 
@@ -44,7 +45,7 @@ use crate::cluster::facade::Facade;
 use crate::cluster::keys::KeyTable;
 use crate::cluster::map::SlotMap;
 use crate::cluster::redirect::Redirect;
-use crate::cluster::topology::{fetch_from, refresh_due};
+use crate::cluster::topology::refresh_due;
 use crate::config::Config;
 use crate::metrics::{counters, ProxyMetrics, RateLimit};
 use crate::protocol::encode;
@@ -53,6 +54,7 @@ use crate::tls::Stream;
 use crate::upstream::node::{connect_authenticated, request, NodeConfig, NodeError, Request};
 use crate::upstream::Connector;
 use lane::{Job, Part};
+use topology::fetch_from;
 
 /// The name lockgate's connections to the nodes give themselves
 /// (`CLIENT LIST`): shared ones and a session's own.
