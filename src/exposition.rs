@@ -264,7 +264,7 @@ fn eviction_families(ctx: &ServerContext, e: &mut DescriptorEncoder) -> std::fmt
         None => nodes.push((
             "primary",
             primary_addr,
-            crate::views::primary_policy(ctx),
+            crate::admin::views::primary_policy(ctx),
             ProxyMetrics::get(&ctx.primary_memory.evicted),
         )),
         Some(q) => nodes.extend(q.masters.iter().map(|m| {

@@ -13,14 +13,16 @@
 //! about 40 KiB).
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 
-use crate::context::ServerContext;
+use tokio_util::sync::CancellationToken;
+
 use crate::lock::metrics::{wait_bound_ms, WAIT_BOUNDS};
 use crate::lock::quorum::MasterState;
+use crate::lock::LockService;
 use crate::metrics::ProxyMetrics;
 use crate::sync;
 
@@ -192,11 +194,11 @@ impl History {
     }
 }
 
-/// The counters of `ctx` now.
-pub fn read(ctx: &ServerContext) -> Totals {
-    let l = &ctx.locks.metrics;
+/// The counters now, of the lock room and the proxy.
+pub fn read(locks: &LockService, metrics: &ProxyMetrics) -> Totals {
+    let l = &locks.metrics;
     let mut masters = [0u32; 3];
-    if let Some(q) = ctx.locks.quorum() {
+    if let Some(q) = locks.quorum() {
         for m in &q.masters {
             let i = match m.state() {
                 MasterState::Up => 0,
@@ -209,27 +211,26 @@ pub fn read(ctx: &ServerContext) -> Totals {
     Totals {
         attempts: ProxyMetrics::get(&l.attempts),
         sent: ProxyMetrics::get(&l.attempts_sent),
-        absorbed: ProxyMetrics::get(&ctx.locks.storm.metrics.absorbed),
+        absorbed: ProxyMetrics::get(&locks.storm.metrics.absorbed),
         acquired: ProxyMetrics::get(&l.acquired),
-        commands: ProxyMetrics::get(&ctx.metrics.commands_total),
+        commands: ProxyMetrics::get(&metrics.commands_total),
         waits: l.wait_buckets.snapshot(),
-        connections: ProxyMetrics::get(&ctx.metrics.connections_active),
-        oldest_wait_ms: ctx.locks.storm.oldest_wait().as_millis() as u64,
+        connections: ProxyMetrics::get(&metrics.connections_active),
+        oldest_wait_ms: locks.storm.oldest_wait().as_millis() as u64,
         masters,
     }
 }
 
-/// Samples `ctx` into its history every interval until lockgate stops.
-pub async fn run(ctx: Arc<ServerContext>) {
-    let history = &ctx.history;
-    history.record(unix_ms(), read(&ctx));
+/// Samples `read` into `history` every interval until `stop`.
+pub async fn run(history: &History, read: impl Fn() -> Totals, stop: &CancellationToken) {
+    history.record(unix_ms(), read());
     let mut tick = tokio::time::interval(history.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
     loop {
         tokio::select! {
-            _ = ctx.stop.cancelled() => return,
-            _ = tick.tick() => history.record(unix_ms(), read(&ctx)),
+            _ = stop.cancelled() => return,
+            _ = tick.tick() => history.record(unix_ms(), read()),
         }
     }
 }

@@ -276,7 +276,7 @@ async fn status(
             }
             row
         }).collect::<Vec<_>>(),
-        "primary": crate::views::primary_json(&ctx),
+        "primary": crate::admin::views::primary_json(&ctx),
         "cluster_nodes": ctx.cluster.iter().flat_map(|c| c.nodes(ctx.locks.failover_delay())).map(|n| serde_json::json!({
             "addr": n.addr,
             "slots": n.slots,

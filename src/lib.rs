@@ -36,7 +36,8 @@
 //!   `ARGV` slots, and which script calls are lockgate's.
 //! - [`router`]: pure `(command, session view, lock room) → Fate`, once.
 //! - [`lock`]: the lock room (never sees sockets) and the store it hides.
-//! - [`admin`]: `LOCKGATE …` over RESP; [`views`]: its read-only views.
+//! - [`admin`]: `LOCKGATE …` over RESP, and its read-only views
+//!   ([`admin::views`]).
 //! - [`http`]: `/metrics`, `/healthz`, `/readyz`, the status page;
 //!   [`history`]: its last minutes, sampled.
 //! - [`exposition`]: Prometheus text from every room's counters.
@@ -132,7 +133,6 @@ pub mod shutdown;
 pub mod sync;
 pub(crate) mod tls;
 pub(crate) mod upstream;
-pub(crate) mod views;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -198,7 +198,11 @@ pub async fn run_loops(
 ) {
     if let Some(admin) = admin {
         tokio::spawn(http::serve(admin, ctx.clone(), ctx.stop.clone()));
-        tokio::spawn(history::run(ctx.clone()));
+        let c = ctx.clone();
+        tokio::spawn(async move {
+            let read = || history::read(&c.locks, &c.metrics);
+            history::run(&c.history, read, &c.stop).await
+        });
     }
     if let (Some(cluster), Ok(addr)) = (&ctx.cluster, listener.local_addr()) {
         // Cluster-aware clients are told to come here.

@@ -1,5 +1,5 @@
 //! What an on-call person does to locks through `LOCKGATE` (see
-//! `crate::views` for the replies): see who holds each contended or held
+//! `crate::admin::views` for the replies): see who holds each contended or held
 //! lock and who waits ([`LockService::lock_rows`],
 //! [`LockService::waiter_rows`]), and free one acquisition that is stuck
 //! ([`LockService::release_acquisition`]).

@@ -1,8 +1,10 @@
 //! `LOCKGATE …` commands over RESP, answered by lockgate itself: the
 //! operators' counters (`STATS`, `UNMATCHED [n]`), their views
-//! ([`crate::views`]), `HELP`, and the fencing-token API for new code
+//! ([`crate::admin::views`]), `HELP`, and the fencing-token API for new code
 //! (`LOCK key ttl-ms [WAIT ms]`, `UNLOCK key token`, `EXTEND key token
-//! ttl-ms`). Replies are records of named fields (see [`crate::views`]).
+//! ttl-ms`). Replies are records of named fields (see [`crate::admin::views`]).
+
+pub mod views;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,7 +20,6 @@ use crate::lock::FenceCall;
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
 use crate::router::CommandArgs;
-use crate::views;
 use tracing::Instrument;
 
 /// Default number of rows of list answers.

@@ -11,7 +11,7 @@
 
 use bytes::Bytes;
 
-use crate::admin::AdminReply;
+use super::AdminReply;
 use crate::context::ServerContext;
 use crate::lock::conns::Client;
 use crate::lock::operator::LockRow;
@@ -82,7 +82,7 @@ pub fn hotkeys(ctx: &ServerContext, n: usize) -> LocalReply {
 /// once they are in.
 pub fn locks(ctx: &ServerContext, pattern: &[u8], count: &[u8]) -> AdminReply {
     let pattern = Bytes::copy_from_slice(if pattern.is_empty() { b"*" } else { pattern });
-    let max = match crate::admin::rows_or(count, DEFAULT_LOCK_ROWS) {
+    let max = match super::rows_or(count, DEFAULT_LOCK_ROWS) {
         Ok(n) => n.min(MAX_LOCK_ROWS),
         Err(e) => return AdminReply::Now(e),
     };
