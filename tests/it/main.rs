@@ -33,6 +33,7 @@ mod faults;
 mod fencing;
 mod guarded_faults;
 mod guarded_writes;
+mod layers;
 mod legacy_behaviour;
 mod lock_safety;
 mod locks;
