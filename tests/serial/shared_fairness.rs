@@ -363,10 +363,19 @@ async fn measure(quorum: bool, shape: Shape) -> Vec<(Kind, Worker)> {
 /// between them, from its run's first attempt), and which of that
 /// connection's callers sends the next attempt is the client's doing. So:
 /// the lock goes round (at least 8 acquisitions per worker's second of
-/// hold, in all), each lockgate and each way to lock takes a share (a
-/// third of the most at least), every worker acquires, and no wait
-/// exceeds `bound_ms`.
-fn check(what: &str, out: &[(Kind, Worker)], bound_ms: u64) {
+/// hold, in all), each lockgate takes a share (a third of the other's at
+/// least) and each way to lock one of at least `1 / kind_divisor` of the
+/// most's, every worker acquires, and no wait exceeds `bound_ms`.
+///
+/// `kind_divisor`: 3, but 4
+/// where all twelve callers share one connection per lockgate
+/// ([`Shape::Mux`]): there the three ways share that connection's turns,
+/// and a fencing wait, woken by a handoff, takes 2-3x a spinner's share,
+/// which asks again at its own pace (13 runs on one Redis at 4a47029 and
+/// after it, no fault: the least way 0.33-0.42 of the most; a third failed
+/// two of them). A way starved as at bf846c8 (0-8 against 51-71) fails
+/// either.
+fn check(what: &str, out: &[(Kind, Worker)], bound_ms: u64, kind_divisor: u64) {
     let total: u64 = out.iter().map(|(_, w)| w.acquisitions).sum();
     assert!(
         total >= out.len() as u64 * 8,
@@ -389,8 +398,8 @@ fn check(what: &str, out: &[(Kind, Worker)], bound_ms: u64) {
         .collect();
     let most = kinds.iter().copied().max().unwrap_or(0);
     assert!(
-        kinds.iter().all(|&n| n * 3 >= most),
-        "{what}: shares of SETNX, SET NX, LOCKGATE LOCK {kinds:?}: {out:?}"
+        kinds.iter().all(|&n| n * kind_divisor >= most),
+        "{what}: shares of SETNX, SET NX, LOCKGATE LOCK {kinds:?} (each at least 1/{kind_divisor} of the most): {out:?}"
     );
     for (i, (k, w)) in out.iter().enumerate() {
         assert!(
@@ -409,28 +418,28 @@ fn check(what: &str, out: &[(Kind, Worker)], bound_ms: u64) {
 async fn three_ways_on_a_lifo_pool_on_one_redis() {
     let _serial = SERIAL.lock().await;
     let out = measure(false, Shape::Pool).await;
-    check("one Redis, LIFO pool", &out, BOUND_MS);
+    check("one Redis, LIFO pool", &out, BOUND_MS, 3);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_ways_on_a_lifo_pool_on_the_quorum() {
     let _serial = SERIAL.lock().await;
     let out = measure(true, Shape::Pool).await;
-    check("the quorum, LIFO pool", &out, BOUND_MS);
+    check("the quorum, LIFO pool", &out, BOUND_MS, 3);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_ways_on_one_multiplexed_connection_on_one_redis() {
     let _serial = SERIAL.lock().await;
     let out = measure(false, Shape::Mux).await;
-    check("one Redis, multiplexed", &out, BOUND_MS);
+    check("one Redis, multiplexed", &out, BOUND_MS, 4);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_ways_on_one_multiplexed_connection_on_the_quorum() {
     let _serial = SERIAL.lock().await;
     let out = measure(true, Shape::Mux).await;
-    check("the quorum, multiplexed", &out, BOUND_MS);
+    check("the quorum, multiplexed", &out, BOUND_MS, 4);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -441,6 +450,7 @@ async fn multiplexed_spinners_beside_fencing_waits_on_one_redis() {
         "one Redis, spinners multiplexed, waits on their own",
         &out,
         BOUND_MS,
+        3,
     );
 }
 
@@ -452,6 +462,7 @@ async fn multiplexed_spinners_beside_fencing_waits_on_the_quorum() {
         "the quorum, spinners multiplexed, waits on their own",
         &out,
         BOUND_MS,
+        3,
     );
 }
 
