@@ -27,7 +27,7 @@ use crate::lock::evalsha::Rerun;
 use crate::lock::{LockPending, ReplyOutcome};
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
-use crate::protocol::reply::{simple_frames, FrameKind};
+use crate::protocol::reply::{simple_frames, FrameEnd, FrameKind};
 use crate::upstream::stall::Watch;
 use client::Client;
 use replies::{FrameClass, Replies};
@@ -377,6 +377,71 @@ fn upstream_closed(
     Some(WriterEnd::UpstreamClosed { owed })
 }
 
+/// Where a captured frame goes (`captured`, read whole while the front of
+/// the queue needed it: a confirmation, a message, a reply set aside or
+/// fed to lockgate, a `RESET`'s, a lock script's): into the client's
+/// output, to the lock room, or nowhere.
+fn place_captured<L: LockReplies>(
+    locks: &L,
+    st: &mut Replies,
+    rx: &mut mpsc::Receiver<Entries>,
+    captured: Vec<u8>,
+    end: &FrameEnd,
+) {
+    let aside = matches!(st.queue.front(), Some(Pending::Swallow | Pending::Feed(_)));
+    if st.frame == FrameClass::Confirm {
+        st.confirmed(&captured);
+        st.out.extend_from_slice(&captured);
+    } else if st.frame == FrameClass::Message {
+        // Published while a lock reply was awaited: the client's.
+        st.out.extend_from_slice(&captured);
+    } else if aside && end.kind == FrameKind::Reply {
+        if let Some(Pending::Feed(feed)) = st.queue.pop_front() {
+            let _ = feed.0.send(captured.into());
+        }
+    } else if aside {
+        st.out.extend_from_slice(&captured);
+    } else if st.queue.front() == Some(&Pending::Barrier) {
+        if end.is(b"+RESET\r\n") {
+            st.queue.pop_front();
+            st.raw = false;
+            st.resp3 = false;
+            st.subs = [0; 3];
+        } else {
+            st.out.extend_from_slice(&captured);
+        }
+    } else if end.kind == FrameKind::Reply {
+        if let Some(Pending::Lock(entry)) = st.queue.pop_front() {
+            let (pending, rerun, freeing) = *entry;
+            // Whatever the client sent since is behind this reply
+            // (entries go to the writer before their commands go
+            // upstream): a failed attempt must not wait in front
+            // of it.
+            while let Ok(entries) = rx.try_recv() {
+                st.accept(entries);
+            }
+            let behind = !st.queue.is_empty();
+            let outcome = locks.on_reply(pending, rerun, captured.into(), behind);
+            // Learned: the connection's attempts may be answered
+            // from the view again.
+            drop(freeing);
+            match outcome {
+                // A failed attempt waits for a handoff instead, or
+                // a lost script for its rerun.
+                ReplyOutcome::Parked(rx) | ReplyOutcome::Rerun(rx) => {
+                    st.deferred = Some(rx);
+                    st.blocked = true;
+                }
+                ReplyOutcome::Reply(reply) => st.out.extend_from_slice(&reply),
+                ReplyOutcome::Local(reply) => reply.encode(st.resp3, &mut st.out),
+            }
+        }
+    } else {
+        // A push frame ahead of the lock reply: pass it on as is.
+        st.out.extend_from_slice(&captured);
+    }
+}
+
 /// [`forward`], as the write loop's end if it ends there: `Closed` at a
 /// `Close` entry, `Failed` on an error, `None` to go on.
 async fn forward_or_end<W: AsyncWrite + Unpin, R: AsyncRead + Unpin, L: LockReplies>(
@@ -474,60 +539,7 @@ async fn forward<W: AsyncWrite + Unpin, R: AsyncRead + Unpin, L: LockReplies>(
         }
         let Some(end) = end else { break };
         if let Some(captured) = st.capture.take() {
-            let aside = matches!(st.queue.front(), Some(Pending::Swallow | Pending::Feed(_)));
-            if st.frame == FrameClass::Confirm {
-                st.confirmed(&captured);
-                st.out.extend_from_slice(&captured);
-            } else if st.frame == FrameClass::Message {
-                // Published while a lock reply was awaited: the client's.
-                st.out.extend_from_slice(&captured);
-            } else if aside && end.kind == FrameKind::Reply {
-                if let Some(Pending::Feed(feed)) = st.queue.pop_front() {
-                    let _ = feed.0.send(captured.into());
-                }
-            } else if aside {
-                st.out.extend_from_slice(&captured);
-            } else if st.queue.front() == Some(&Pending::Barrier) {
-                if end.is(b"+RESET\r\n") {
-                    st.queue.pop_front();
-                    st.raw = false;
-                    st.resp3 = false;
-                    st.subs = [0; 3];
-                } else {
-                    st.out.extend_from_slice(&captured);
-                }
-            } else if end.kind == FrameKind::Reply {
-                if let Some(Pending::Lock(entry)) = st.queue.pop_front() {
-                    let (pending, rerun, freeing) = *entry;
-                    // Whatever the client sent since is behind this reply
-                    // (entries go to the writer before their commands go
-                    // upstream): a failed attempt must not wait in front
-                    // of it.
-                    while let Ok(entries) = rx.try_recv() {
-                        st.accept(entries);
-                    }
-                    let behind = !st.queue.is_empty();
-                    let outcome = client
-                        .locks
-                        .on_reply(pending, rerun, captured.into(), behind);
-                    // Learned: the connection's attempts may be answered
-                    // from the view again.
-                    drop(freeing);
-                    match outcome {
-                        // A failed attempt waits for a handoff instead, or
-                        // a lost script for its rerun.
-                        ReplyOutcome::Parked(rx) | ReplyOutcome::Rerun(rx) => {
-                            st.deferred = Some(rx);
-                            st.blocked = true;
-                        }
-                        ReplyOutcome::Reply(reply) => st.out.extend_from_slice(&reply),
-                        ReplyOutcome::Local(reply) => reply.encode(st.resp3, &mut st.out),
-                    }
-                }
-            } else {
-                // A push frame ahead of the lock reply: pass it on as is.
-                st.out.extend_from_slice(&captured);
-            }
+            place_captured(client.locks, st, rx, captured, &end);
             let closing = st.deferred.is_none() && st.settle();
             client.flush_out(&mut st.out).await?;
             if closing {

@@ -23,6 +23,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::io;
+use std::ops::ControlFlow;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
@@ -157,6 +158,100 @@ impl std::fmt::Debug for ClusterRead {
     }
 }
 
+impl ClusterRead {
+    /// The next of a gathering's replies ([`Slot::Batch`]: a pipeline
+    /// spread over several nodes), in the order of the commands, into
+    /// `buf`: `Continue` to read on, `Break` with what `poll_read` returns.
+    fn poll_batch(
+        &mut self,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+        start: usize,
+    ) -> ControlFlow<Poll<io::Result<()>>> {
+        let Some(batch) = &mut self.batch else {
+            return ControlFlow::Continue(());
+        };
+        if batch.next == 0 {
+            // A gathering's replies are handed on once all are in:
+            // the session then writes them to its client at once,
+            // not one node's share at a time.
+            let mut out = false;
+            for (j, rx) in batch.jobs.iter_mut().enumerate() {
+                let Some(r) = rx else { continue };
+                match Pin::new(r).poll(cx) {
+                    Poll::Ready(Ok(parts)) => {
+                        self.unread.take(&parts);
+                        batch.parts[j] = parts.into();
+                    }
+                    Poll::Ready(Err(_)) => {}
+                    Poll::Pending => {
+                        out = true;
+                        continue;
+                    }
+                }
+                *rx = None;
+            }
+            if out {
+                if buf.filled().len() > start {
+                    return ControlFlow::Break(Poll::Ready(Ok(())));
+                }
+                return ControlFlow::Break(Poll::Pending);
+            }
+        }
+        let Some(&j) = batch.order.get(batch.next) else {
+            self.batch = None;
+            return ControlFlow::Continue(());
+        };
+        let j = usize::from(j);
+        if let Some(Part::Run(run)) = batch.parts[j].front_mut() {
+            // This command's reply, copied out of its run.
+            let end = run.ends[run.next] as usize;
+            let n = (end - run.pos).min(buf.remaining());
+            if n == 0 {
+                return ControlFlow::Break(Poll::Ready(Ok(())));
+            }
+            buf.put_slice(&run.bytes[run.pos..run.pos + n]);
+            run.pos += n;
+            if run.pos < end {
+                return ControlFlow::Break(Poll::Ready(Ok(())));
+            }
+            run.next += 1;
+            batch.next += 1;
+            if run.next == run.ends.len() {
+                batch.parts[j].pop_front();
+            }
+            return ControlFlow::Continue(());
+        }
+        if batch.parts[j].is_empty() {
+            if let Some(rx) = &mut batch.jobs[j] {
+                match Pin::new(rx).poll(cx) {
+                    Poll::Ready(Ok(parts)) => {
+                        self.unread.take(&parts);
+                        batch.parts[j] = parts.into();
+                    }
+                    Poll::Ready(Err(_)) => {}
+                    Poll::Pending if buf.filled().len() > start => {
+                        return ControlFlow::Break(Poll::Ready(Ok(())))
+                    }
+                    Poll::Pending => return ControlFlow::Break(Poll::Pending),
+                }
+                batch.jobs[j] = None;
+                return ControlFlow::Continue(());
+            }
+        }
+        batch.next += 1;
+        match batch.parts[j].pop_front() {
+            Some(Part::Reply(b)) => self.current = b,
+            // Taken above.
+            Some(Part::Run(_)) => {}
+            Some(Part::Later(rx)) => self.waiting = Some(rx),
+            // Its lane ended before answering.
+            None => self.current = merge::gone(),
+        }
+        ControlFlow::Continue(())
+    }
+}
+
 impl AsyncRead for ClusterRead {
     fn poll_read(
         self: Pin<&mut Self>,
@@ -223,85 +318,11 @@ impl AsyncRead for ClusterRead {
                 }
                 None => {}
             }
-            if let Some(batch) = &mut this.batch {
-                if batch.next == 0 {
-                    // A gathering's replies are handed on once all are in:
-                    // the session then writes them to its client at once,
-                    // not one node's share at a time.
-                    let mut out = false;
-                    for (j, rx) in batch.jobs.iter_mut().enumerate() {
-                        let Some(r) = rx else { continue };
-                        match Pin::new(r).poll(cx) {
-                            Poll::Ready(Ok(parts)) => {
-                                this.unread.take(&parts);
-                                batch.parts[j] = parts.into();
-                            }
-                            Poll::Ready(Err(_)) => {}
-                            Poll::Pending => {
-                                out = true;
-                                continue;
-                            }
-                        }
-                        *rx = None;
-                    }
-                    if out {
-                        if buf.filled().len() > start {
-                            return Poll::Ready(Ok(()));
-                        }
-                        return pending();
-                    }
+            if this.batch.is_some() {
+                match this.poll_batch(cx, buf, start) {
+                    ControlFlow::Continue(()) => continue,
+                    ControlFlow::Break(polled) => return polled,
                 }
-                let Some(&j) = batch.order.get(batch.next) else {
-                    this.batch = None;
-                    continue;
-                };
-                let j = usize::from(j);
-                if let Some(Part::Run(run)) = batch.parts[j].front_mut() {
-                    // This command's reply, copied out of its run.
-                    let end = run.ends[run.next] as usize;
-                    let n = (end - run.pos).min(buf.remaining());
-                    if n == 0 {
-                        return Poll::Ready(Ok(()));
-                    }
-                    buf.put_slice(&run.bytes[run.pos..run.pos + n]);
-                    run.pos += n;
-                    if run.pos < end {
-                        return Poll::Ready(Ok(()));
-                    }
-                    run.next += 1;
-                    batch.next += 1;
-                    if run.next == run.ends.len() {
-                        batch.parts[j].pop_front();
-                    }
-                    continue;
-                }
-                if batch.parts[j].is_empty() {
-                    if let Some(rx) = &mut batch.jobs[j] {
-                        match Pin::new(rx).poll(cx) {
-                            Poll::Ready(Ok(parts)) => {
-                                this.unread.take(&parts);
-                                batch.parts[j] = parts.into();
-                            }
-                            Poll::Ready(Err(_)) => {}
-                            Poll::Pending if buf.filled().len() > start => {
-                                return Poll::Ready(Ok(()))
-                            }
-                            Poll::Pending => return pending(),
-                        }
-                        batch.jobs[j] = None;
-                        continue;
-                    }
-                }
-                batch.next += 1;
-                match batch.parts[j].pop_front() {
-                    Some(Part::Reply(b)) => this.current = b,
-                    // Taken above.
-                    Some(Part::Run(_)) => {}
-                    Some(Part::Later(rx)) => this.waiting = Some(rx),
-                    // Its lane ended before answering.
-                    None => this.current = merge::gone(),
-                }
-                continue;
             }
             if let Some(rx) = &mut this.pin {
                 match Pin::new(rx).poll(cx) {
@@ -577,69 +598,82 @@ impl ClusterWrite {
     /// but for reading the map in force).
     fn decide(&self, args: &[&[u8]]) -> Decided {
         let dest = route(args, &self.keys, &self.facade);
-        let mut d = Decided {
+        let d = Decided {
             action: Action::Hold,
             tx: self.tx,
             tx_node: self.tx_node.clone(),
         };
-        let node = |slot| self.node_of(slot);
         if self.tx.in_multi {
-            let event = match &dest {
-                Dest::Tx(TxCommand::Exec) | Dest::Tx(TxCommand::Discard) => {
-                    let exec = dest == Dest::Tx(TxCommand::Exec);
-                    let (tx, verdict) = self.tx.step(Event::End, exec);
-                    d.tx = tx;
-                    d.tx_node = None;
-                    d.action = match (verdict, &self.tx_node) {
-                        (Verdict::Abort, _) => Action::Abort,
-                        (_, Some(bound)) => Action::Run(Lane::Own(bound.clone(), false)),
-                        (_, None) => match node(None) {
-                            Ok(any) => Action::Release(any),
-                            Err(e) => Action::Reply(e),
-                        },
-                    };
-                    return d;
-                }
-                Dest::Quit => {
-                    d.action = Action::Quit;
-                    return d;
-                }
-                Dest::Node(s) | Dest::Own(s) | Dest::Subscribe(s) => Ok(*s),
-                Dest::Split(_) => Err(()),
-                Dest::Local(LocalReply::Error(e)) if e.starts_with(b"CROSSSLOT") => Err(()),
-                Dest::Local(LocalReply::Error(e)) => {
-                    // Refused as it is queued: `EXEC` aborts, as Redis does.
-                    d.tx.failed = true;
-                    d.action = Action::Reply(self.encoded(&LocalReply::Error(e.clone())));
-                    return d;
-                }
-                // Queued on the node as sent (it answers them at `EXEC`).
-                _ => Ok(None),
-            };
-            let (tx, verdict) = self.tx.step(Event::Queue(event), false);
-            d.tx = tx;
-            d.action = match verdict {
-                Verdict::CrossSlot => {
-                    Action::Reply(self.encoded(&LocalReply::Error(CROSSSLOT.into())))
-                }
-                Verdict::Abort => Action::Abort,
-                Verdict::Go(slot) => match (&self.tx_node, slot) {
-                    (Some(bound), _) => Action::Run(Lane::Own(bound.clone(), false)),
-                    (None, None) => Action::Hold,
-                    (None, Some(s)) => match node(Some(s)) {
-                        Ok(n) => {
-                            d.tx_node = Some(n.clone());
-                            Action::Release(n)
-                        }
-                        Err(e) => {
-                            d.tx.failed = true;
-                            Action::Reply(e)
-                        }
-                    },
-                },
-            };
-            return d;
+            return self.decide_in_multi(&dest, d);
         }
+        self.decide_outside_multi(dest, d)
+    }
+
+    /// [`Self::decide`] inside `MULTI`: the transaction's state machine
+    /// (`crate::cluster::tx`) says whether the command is queued on the
+    /// node the transaction is bound to, held until a key binds it, or
+    /// aborts it.
+    fn decide_in_multi(&self, dest: &Dest, mut d: Decided) -> Decided {
+        let node = |slot| self.node_of(slot);
+        let event = match &dest {
+            Dest::Tx(TxCommand::Exec) | Dest::Tx(TxCommand::Discard) => {
+                let exec = *dest == Dest::Tx(TxCommand::Exec);
+                let (tx, verdict) = self.tx.step(Event::End, exec);
+                d.tx = tx;
+                d.tx_node = None;
+                d.action = match (verdict, &self.tx_node) {
+                    (Verdict::Abort, _) => Action::Abort,
+                    (_, Some(bound)) => Action::Run(Lane::Own(bound.clone(), false)),
+                    (_, None) => match node(None) {
+                        Ok(any) => Action::Release(any),
+                        Err(e) => Action::Reply(e),
+                    },
+                };
+                return d;
+            }
+            Dest::Quit => {
+                d.action = Action::Quit;
+                return d;
+            }
+            Dest::Node(s) | Dest::Own(s) | Dest::Subscribe(s) => Ok(*s),
+            Dest::Split(_) => Err(()),
+            Dest::Local(LocalReply::Error(e)) if e.starts_with(b"CROSSSLOT") => Err(()),
+            Dest::Local(LocalReply::Error(e)) => {
+                // Refused as it is queued: `EXEC` aborts, as Redis does.
+                d.tx.failed = true;
+                d.action = Action::Reply(self.encoded(&LocalReply::Error(e.clone())));
+                return d;
+            }
+            // Queued on the node as sent (it answers them at `EXEC`).
+            _ => Ok(None),
+        };
+        let (tx, verdict) = self.tx.step(Event::Queue(event), false);
+        d.tx = tx;
+        d.action = match verdict {
+            Verdict::CrossSlot => Action::Reply(self.encoded(&LocalReply::Error(CROSSSLOT.into()))),
+            Verdict::Abort => Action::Abort,
+            Verdict::Go(slot) => match (&self.tx_node, slot) {
+                (Some(bound), _) => Action::Run(Lane::Own(bound.clone(), false)),
+                (None, None) => Action::Hold,
+                (None, Some(s)) => match node(Some(s)) {
+                    Ok(n) => {
+                        d.tx_node = Some(n.clone());
+                        Action::Release(n)
+                    }
+                    Err(e) => {
+                        d.tx.failed = true;
+                        Action::Reply(e)
+                    }
+                },
+            },
+        };
+        d
+    }
+
+    /// [`Self::decide`] outside `MULTI`: the lane (shared or own) of the
+    /// node that serves the command's slot, or what is done here instead.
+    fn decide_outside_multi(&self, dest: Dest, mut d: Decided) -> Decided {
+        let node = |slot| self.node_of(slot);
         d.action = match dest {
             Dest::Tx(TxCommand::Multi) => {
                 let (tx, _) = self.tx.step(Event::Multi, false);
