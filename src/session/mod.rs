@@ -361,7 +361,19 @@ async fn serve(
     if matches!(read_end, ReaderEnd::Protocol | ReaderEnd::PartialRequest) {
         linger::linger(&mut client_r, &mut client_w, shutdown).await;
     }
-    match &read_end {
+    account(ctx, &read_end, write_end, &activity);
+}
+
+/// Counts and logs how a session ended: the reader's and the writer's
+/// ends, a client gone with replies owed, its first command's pipeline
+/// never sent.
+fn account(
+    ctx: &ServerContext,
+    read_end: &ReaderEnd,
+    write_end: WriterEnd,
+    activity: &activity::Activity,
+) {
+    match read_end {
         ReaderEnd::Failed(e) => {
             ctx.metrics.error(e.source_kind());
             tracing::debug!(error = %e, "reader ended");
