@@ -32,12 +32,14 @@ use crate::upstream::{Connector, Primary, UpstreamError};
 /// The whole check of a configuration, before any port is bound (start-up,
 /// `lockgate --check`, a reload): every value ([`Config::validate`]), the
 /// guards as the lock room compiles them ([`crate::lock::guard::validate`])
-/// and the TLS files as [`crate::tls::load`] reads them. Here, above the
-/// rooms that own those checks, so that `config` imports none of them.
-pub fn validate(config: &Config) -> Result<(), ConfigError> {
+/// and the TLS files as [`crate::tls::load`] reads them, which it returns
+/// (a reload puts them in force without reading the files twice). Here,
+/// above the rooms that own those checks, so that `config` imports none
+/// of them.
+pub fn validate(config: &Config) -> Result<crate::tls::Loaded, ConfigError> {
     config.validate()?;
     crate::lock::guard::validate(config)?;
-    crate::tls::load(config).map(|_| ())
+    crate::tls::load(config)
 }
 /// Interval between two repeats of the same warning.
 const WARN_INTERVAL: Duration = Duration::from_secs(10);
@@ -365,11 +367,10 @@ impl ServerContext {
         };
         let new = Config::from_file(&hook.path).map_err(|e| e.to_string())?;
         let new = (hook.effective)(new);
-        validate(&new).map_err(|e| e.to_string())?;
-        let old = self.in_force();
         // The TLS sections apply to new handshakes and connections; only
         // the TLS listener's address needs a restart.
-        let tls_in_force = crate::tls::load(&new).map_err(|e| e.to_string())?;
+        let tls_in_force = validate(&new).map_err(|e| e.to_string())?;
+        let old = self.in_force();
         let mut new_proxy = new.proxy.clone();
         new_proxy.tls.listen = old.proxy.tls.listen.clone();
         let proxy = ProxyConfig {
