@@ -61,7 +61,7 @@ pub mod writer;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
-use std::pin::pin;
+use std::pin::{pin, Pin};
 use std::sync::{Arc, Mutex};
 use std::task::Poll;
 use std::time::Duration;
@@ -245,28 +245,7 @@ async fn serve(
     };
     let writer = async {
         let locks = SessionLocks { ctx, conn: &conn };
-        let setup = writer::Setup {
-            chunk: ctx.config.proxy.read_chunk_bytes,
-            grace: Duration::from_millis(ctx.config.proxy.shutdown_grace_ms),
-            metrics: &ctx.metrics,
-            locks: &locks,
-            activity: &activity,
-            write_timeout: ctx.config.proxy.write_timeout(),
-            max_output: ctx.config.proxy.max_client_output_bytes as usize,
-            opening,
-            // Twice the bound on shared and cluster connections, whose
-            // lanes give a silent connection up at the bound itself and
-            // answer in place: this is their sessions' backstop (a session
-            // moved to a connection of its own, a lock command behind a
-            // command the lane does not watch).
-            lock_reply_timeout: (ctx.config.upstream.lock_reply_timeout()).map(|bound| {
-                if own_connection {
-                    bound
-                } else {
-                    bound * 2
-                }
-            }),
-        };
+        let setup = writer_setup(ctx, &locks, &activity, opening, own_connection);
         let end = writer::write_loop(setup, &mut client_w, &mut up_r, rx).await;
         reader_stop.stop();
         writer_done.cancel();
@@ -287,70 +266,15 @@ async fn serve(
     // In a block, so the branches (and their borrows of the sockets) are
     // gone before the lingering close below.
     let ends = {
-        let (mut reader, mut writer, mut runner) = (pin!(reader), pin!(writer), pin!(runner));
-        let (mut watchdog, mut primary_changed) = (pin!(watchdog), pin!(primary_changed));
-        let mut shutdown_seen = pin!(shutdown_seen);
-        // One poll loop over the six branches, each polled only when its own
-        // waker fired (see `branches`): the reader, the writer and the job
-        // runner all run to their end; the watchdog ending (its lock lost) or
-        // the primary being replaced (Sentinel) closes the session. After a
-        // failover the client reconnects, as after a failover of a Redis it
-        // talked to directly (SELECT, subscriptions and MULTI cannot silently
-        // move); shutdown sets the reader's stop flag.
-        let (mut read_end, mut write_end, mut ran, mut stopping) = (None, None, false, false);
-        std::future::poll_fn(|cx| {
-            let woken = branches.woken(cx);
-            if woken & branch::bit(branch::SHUTDOWN) != 0
-                && !stopping
-                && shutdown_seen
-                    .as_mut()
-                    .poll(&mut branches.context(branch::SHUTDOWN))
-                    .is_ready()
-            {
-                stopping = true;
-                reader_stop.stop();
-            }
-            if woken & branch::bit(branch::READER) != 0 && read_end.is_none() {
-                let cx = &mut branches.context(branch::READER);
-                if let Poll::Ready(end) = reader.as_mut().poll(cx) {
-                    read_end = Some(end);
-                }
-            }
-            if woken & branch::bit(branch::WRITER) != 0 && write_end.is_none() {
-                let cx = &mut branches.context(branch::WRITER);
-                if let Poll::Ready(end) = writer.as_mut().poll(cx) {
-                    write_end = Some(end);
-                }
-            }
-            if woken & branch::bit(branch::RUNNER) != 0 && !ran {
-                ran = runner
-                    .as_mut()
-                    .poll(&mut branches.context(branch::RUNNER))
-                    .is_ready();
-            }
-            if ran && read_end.is_some() && write_end.is_some() {
-                return Poll::Ready(read_end.take().zip(write_end.take()));
-            }
-            if woken & branch::bit(branch::WATCHDOG) != 0
-                && watchdog
-                    .as_mut()
-                    .poll(&mut branches.context(branch::WATCHDOG))
-                    .is_ready()
-            {
-                return Poll::Ready(None);
-            }
-            if woken & branch::bit(branch::PRIMARY) != 0
-                && primary_changed
-                    .as_mut()
-                    .poll(&mut branches.context(branch::PRIMARY))
-                    .is_ready()
-            {
-                ProxyMetrics::inc(&ctx.primary_addr.metrics.sessions_closed);
-                return Poll::Ready(None);
-            }
-            Poll::Pending
-        })
-        .await
+        let parts = Parts {
+            reader: pin!(reader),
+            writer: pin!(writer),
+            runner: pin!(runner),
+            watchdog: pin!(watchdog),
+            primary_changed: pin!(primary_changed),
+            shutdown_seen: pin!(shutdown_seen),
+        };
+        run_branches(ctx, &branches, &reader_stop, parts).await
     };
     let Some((read_end, write_end)) = ends else {
         return;
@@ -362,6 +286,124 @@ async fn serve(
         linger::linger(&mut client_r, &mut client_w, shutdown).await;
     }
     account(ctx, &read_end, write_end, &activity);
+}
+
+/// A session's six branches (see [`branch`]), pinned where `serve` made
+/// them.
+struct Parts<'p, R, W, N, D, P, S> {
+    reader: Pin<&'p mut R>,
+    writer: Pin<&'p mut W>,
+    runner: Pin<&'p mut N>,
+    watchdog: Pin<&'p mut D>,
+    primary_changed: Pin<&'p mut P>,
+    shutdown_seen: Pin<&'p mut S>,
+}
+
+/// One poll loop over the six branches, each polled only when its own
+/// waker fired (see `branches`): the reader, the writer and the job runner
+/// all run to their end (`Some` of the halves' ends); the watchdog ending
+/// (its lock lost) or the primary being replaced (Sentinel) closes the
+/// session (`None`). After a failover the client reconnects, as after a
+/// failover of a Redis it talked to directly (SELECT, subscriptions and
+/// MULTI cannot silently move); shutdown sets the reader's stop flag.
+async fn run_branches<R, W, N, D, P, S>(
+    ctx: &ServerContext,
+    branches: &branches::Branches,
+    reader_stop: &branches::Stop,
+    mut parts: Parts<'_, R, W, N, D, P, S>,
+) -> Option<(ReaderEnd, WriterEnd)>
+where
+    R: Future<Output = ReaderEnd>,
+    W: Future<Output = WriterEnd>,
+    N: Future,
+    D: Future,
+    P: Future,
+    S: Future,
+{
+    let (mut read_end, mut write_end, mut ran, mut stopping) = (None, None, false, false);
+    std::future::poll_fn(|cx| {
+        let woken = branches.woken(cx);
+        let polled = |i: usize| woken & branch::bit(i) != 0;
+        if polled(branch::SHUTDOWN)
+            && !stopping
+            && (parts.shutdown_seen.as_mut())
+                .poll(&mut branches.context(branch::SHUTDOWN))
+                .is_ready()
+        {
+            stopping = true;
+            reader_stop.stop();
+        }
+        if polled(branch::READER) && read_end.is_none() {
+            let cx = &mut branches.context(branch::READER);
+            if let Poll::Ready(end) = parts.reader.as_mut().poll(cx) {
+                read_end = Some(end);
+            }
+        }
+        if polled(branch::WRITER) && write_end.is_none() {
+            let cx = &mut branches.context(branch::WRITER);
+            if let Poll::Ready(end) = parts.writer.as_mut().poll(cx) {
+                write_end = Some(end);
+            }
+        }
+        if polled(branch::RUNNER) && !ran {
+            ran = (parts.runner.as_mut())
+                .poll(&mut branches.context(branch::RUNNER))
+                .is_ready();
+        }
+        if ran && read_end.is_some() && write_end.is_some() {
+            return Poll::Ready(read_end.take().zip(write_end.take()));
+        }
+        if polled(branch::WATCHDOG)
+            && (parts.watchdog.as_mut())
+                .poll(&mut branches.context(branch::WATCHDOG))
+                .is_ready()
+        {
+            return Poll::Ready(None);
+        }
+        if polled(branch::PRIMARY)
+            && (parts.primary_changed.as_mut())
+                .poll(&mut branches.context(branch::PRIMARY))
+                .is_ready()
+        {
+            ProxyMetrics::inc(&ctx.primary_addr.metrics.sessions_closed);
+            return Poll::Ready(None);
+        }
+        Poll::Pending
+    })
+    .await
+}
+
+/// What the writer half works with, from the configuration.
+fn writer_setup<'a>(
+    ctx: &'a ServerContext,
+    locks: &'a SessionLocks<'a>,
+    activity: &'a activity::Activity,
+    opening: Option<opening::Opening>,
+    own_connection: bool,
+) -> writer::Setup<'a, SessionLocks<'a>> {
+    let proxy = &ctx.config.proxy;
+    writer::Setup {
+        chunk: proxy.read_chunk_bytes,
+        grace: Duration::from_millis(proxy.shutdown_grace_ms),
+        metrics: &ctx.metrics,
+        locks,
+        activity,
+        write_timeout: proxy.write_timeout(),
+        max_output: proxy.max_client_output_bytes as usize,
+        opening,
+        // Twice the bound on shared and cluster connections, whose lanes
+        // give a silent connection up at the bound itself and answer in
+        // place: this is their sessions' backstop (a session moved to a
+        // connection of its own, a lock command behind a command the lane
+        // does not watch).
+        lock_reply_timeout: (ctx.config.upstream.lock_reply_timeout()).map(|bound| {
+            if own_connection {
+                bound
+            } else {
+                bound * 2
+            }
+        }),
+    }
 }
 
 /// Counts and logs how a session ended: the reader's and the writer's

@@ -5,10 +5,10 @@
 use std::sync::{Arc, Mutex};
 
 use super::activity::{Activity, IdleCheck};
-use super::branches::Stop;
+use super::branches::{Stop, Stopped};
 use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use super::dispatch::Dispatch;
@@ -16,7 +16,7 @@ use super::jobs::Jobs;
 use super::pending::{Entries, Pending};
 use super::SessionError;
 use crate::context::ServerContext;
-use crate::lock::lease::ConnLocks;
+use crate::lock::lease::{ConnLocks, Hurry};
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
 use crate::tls::ReadPart;
@@ -142,102 +142,29 @@ pub async fn read_loop(
         stop,
         activity,
     } = links;
-    let jobs = &jobs;
-    let chunk = ctx.config.proxy.read_chunk_bytes;
     let mut dispatch = Dispatch::new(ctx.clone(), conn.clone(), jobs.clone());
-    let hurry = crate::sync::lock(conn).hurry.clone();
-    // A plain load at every await (see `Stop`): a cancellation token's wait
-    // took two locks per poll, about four polls per read batch.
-    let mut cancelled = stop.stopped();
-    let mut timers = Timers::new(ctx);
+    let mut r = Reader {
+        ctx,
+        client,
+        upstream,
+        tx,
+        conn,
+        activity,
+        hurry: crate::sync::lock(conn).hurry.clone(),
+        // A plain load at every await (see `Stop`): a cancellation token's
+        // wait took two locks per poll, about four polls per read batch.
+        cancelled: stop.stopped(),
+        timers: Timers::new(ctx),
+        chunk: ctx.config.proxy.read_chunk_bytes,
+    };
     // Until the session's first batch is routed (see `probe`).
     let mut fresh = true;
     loop {
         if buf.is_empty() || buf.len() < dispatch.needed() {
-            // Bytes left over are the start of a request still incomplete:
-            // its clock starts when the reader first waits for the rest
-            // (lockgate's own waits since the read do not count against it).
-            if buf.is_empty() {
-                timers.partial_since = None;
-            } else if timers.partial_since.is_none() && timers.partial.is_some() {
-                timers.partial_since = Some(Instant::now());
-            }
-            let want = dispatch.needed().saturating_sub(buf.len()).max(chunk);
-            buf.reserve(want);
-            let timer = timers.next();
-            // The read goes first: a read that is ready ends the select
-            // before the stop check. A stop is still seen within tokio's
-            // cooperative budget: after 128 ready reads in one poll the
-            // read yields Pending once. The client timers come last: bytes
-            // that are there win over a deadline.
-            let wake = tokio::select! {
-                biased;
-                read = client.read_buf(buf) => Wake::Read(read),
-                _ = &mut cancelled => return ReaderEnd::Cancelled,
-                // In a block, so the timer is made only when one is set.
-                _ = async {
-                    if let Some(at) = timer {
-                        tokio::time::sleep_until(at).await;
-                    }
-                }, if timer.is_some() => Wake::Timer,
-            };
-            let read = match wake {
-                Wake::Read(read) => read,
-                Wake::Timer => match expired(ctx, &mut timers, activity, &tx, dispatch.raw()).await
-                {
-                    Some(end) => return end,
-                    None => continue,
-                },
-            };
-            match read {
-                Ok(0) => {
-                    // Pass the half-close on: Redis answers what it has read,
-                    // frees the connection (unblocking a BLPOP without popping,
-                    // as if the client had gone), and closes. Not before the
-                    // replies owed ahead of a blocking command are in: Redis
-                    // drops what it has not sent yet when it sees the close.
-                    if tx
-                        .send(smallvec::smallvec![Pending::ClientEof])
-                        .await
-                        .is_err()
-                    {
-                        return ReaderEnd::Cancelled;
-                    }
-                    // Cancelled meanwhile (shutdown, or the writer ended):
-                    // the close goes on at once, as it did before this
-                    // wait, or the writer would wait for Redis's close
-                    // until the grace period ran out. A FIN alone may be a
-                    // half-close of a client that still reads, so the
-                    // replies owed are still written; a reset after it
-                    // says the client is gone, and the session ends now
-                    // (Redis may be slow to answer, and until it does the
-                    // writer has nothing to write that could fail).
-                    let waited = tokio::select! {
-                        biased;
-                        _ = &mut cancelled => ReaderEnd::Cancelled,
-                        () = activity.until_close_may_pass() => ReaderEnd::Eof,
-                        () = client.reset() => ReaderEnd::Gone,
-                    };
-                    if let ReaderEnd::Gone = waited {
-                        tracing::debug!("client reset after its half-close");
-                        activity.client_gone();
-                        return waited;
-                    }
-                    let _ = upstream.shutdown().await;
-                    return waited;
-                }
-                Ok(n) => {
-                    timers.read();
-                    ProxyMetrics::add(&ctx.metrics.client_bytes_in, n as u64);
-                }
-                Err(e) => {
-                    tracing::debug!(error = %e, "reading the client failed");
-                    activity.client_gone();
-                    return ReaderEnd::Gone;
-                }
-            }
-            if buf.len() < dispatch.needed() {
-                continue;
+            match r.fill(buf, &dispatch).await {
+                Fill::Ready => {}
+                Fill::More => continue,
+                Fill::End(end) => return end,
             }
         }
         // More from the client: what of its own waits in front of it (an
@@ -245,33 +172,179 @@ pub async fn read_loop(
         // up no other caller's command (pooled and multiplexed
         // connections). Before routing: an attempt this batch parks waits
         // for what comes after it.
-        if hurry.take() {
-            ctx.locks.hurry(conn);
-        }
-        let probe = std::mem::take(&mut fresh) && client.read_closed();
+        r.hurry_up();
+        let probe = std::mem::take(&mut fresh) && r.client.read_closed();
         if probe {
             dispatch.one_at_a_time(true);
-            activity.first_alone(true);
-            activity.watch_write();
+            r.activity.first_alone(true);
+            r.activity.watch_write();
         }
         let routed = dispatch.batch(buf);
         let (batch, failed) = (routed.batch, routed.failed);
         if routed.used > 0 {
-            timers.partial_since = None;
+            r.timers.partial_since = None;
         }
         let forward = routed.pieces.assemble(buf.split_to(routed.used).freeze());
-        let routed = routed.hold;
-        if !batch.entries.is_empty() {
+        if let Some(end) = r.pass_on(batch.entries, forward).await {
+            return end;
+        }
+        if failed {
+            return ReaderEnd::Protocol;
+        }
+        if probe {
+            dispatch.one_at_a_time(false);
+            if let Some(end) = r.first_reply().await {
+                return end;
+            }
+            r.activity.first_alone(false);
+        }
+        if let Some(hold) = routed.hold {
+            if let Some(end) = r.until_done(hold, buf).await {
+                return end;
+            }
+        }
+    }
+}
+
+/// What the reader's loop works with between batches.
+struct Reader<'s, 'c, 'u> {
+    ctx: &'s Arc<ServerContext>,
+    client: &'s mut ReadPart<'c>,
+    upstream: &'s mut SessionWrite<'u>,
+    tx: mpsc::Sender<Entries>,
+    conn: &'s Arc<Mutex<ConnLocks>>,
+    activity: &'s Activity,
+    hurry: Arc<Hurry>,
+    cancelled: Stopped<'s>,
+    timers: Timers,
+    chunk: usize,
+}
+
+/// What [`Reader::fill`] found.
+enum Fill {
+    /// Enough bytes for the dispatcher.
+    Ready,
+    /// Not yet (a timer moved on, or a request is still incomplete).
+    More,
+    /// The reader ends.
+    End(ReaderEnd),
+}
+
+impl Reader<'_, '_, '_> {
+    /// A command that came answers the connection's own waits in front of
+    /// it (see `read_loop`).
+    fn hurry_up(&self) {
+        if self.hurry.take() {
+            self.ctx.locks.hurry(self.conn);
+        }
+    }
+
+    /// Waits for client bytes (or a client timer) while `buf` holds less
+    /// than the dispatcher needs.
+    async fn fill(&mut self, buf: &mut BytesMut, dispatch: &Dispatch) -> Fill {
+        // Bytes left over are the start of a request still incomplete: its
+        // clock starts when the reader first waits for the rest (lockgate's
+        // own waits since the read do not count against it).
+        if buf.is_empty() {
+            self.timers.partial_since = None;
+        } else if self.timers.partial_since.is_none() && self.timers.partial.is_some() {
+            self.timers.partial_since = Some(Instant::now());
+        }
+        let want = dispatch.needed().saturating_sub(buf.len()).max(self.chunk);
+        buf.reserve(want);
+        let timer = self.timers.next();
+        // The read goes first: a read that is ready ends the select before
+        // the stop check. A stop is still seen within tokio's cooperative
+        // budget: after 128 ready reads in one poll the read yields Pending
+        // once. The client timers come last: bytes that are there win over
+        // a deadline.
+        let wake = tokio::select! {
+            biased;
+            read = self.client.read_buf(buf) => Wake::Read(read),
+            _ = &mut self.cancelled => return Fill::End(ReaderEnd::Cancelled),
+            // In a block, so the timer is made only when one is set.
+            _ = async {
+                if let Some(at) = timer {
+                    tokio::time::sleep_until(at).await;
+                }
+            }, if timer.is_some() => Wake::Timer,
+        };
+        let read = match wake {
+            Wake::Read(read) => read,
+            Wake::Timer => {
+                let (ctx, activity, tx) = (self.ctx, self.activity, &self.tx);
+                return match expired(ctx, &mut self.timers, activity, tx, dispatch.raw()).await {
+                    Some(end) => Fill::End(end),
+                    None => Fill::More,
+                };
+            }
+        };
+        match read {
+            Ok(0) => return Fill::End(self.half_closed().await),
+            Ok(n) => {
+                self.timers.read();
+                ProxyMetrics::add(&self.ctx.metrics.client_bytes_in, n as u64);
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "reading the client failed");
+                self.activity.client_gone();
+                return Fill::End(ReaderEnd::Gone);
+            }
+        }
+        match buf.len() < dispatch.needed() {
+            true => Fill::More,
+            false => Fill::Ready,
+        }
+    }
+
+    /// The client's FIN came.
+    async fn half_closed(&mut self) -> ReaderEnd {
+        // Pass the half-close on: Redis answers what it has read, frees the
+        // connection (unblocking a BLPOP without popping, as if the client
+        // had gone), and closes. Not before the replies owed ahead of a
+        // blocking command are in: Redis drops what it has not sent yet
+        // when it sees the close.
+        let eof = smallvec::smallvec![Pending::ClientEof];
+        if self.tx.send(eof).await.is_err() {
+            return ReaderEnd::Cancelled;
+        }
+        // Cancelled meanwhile (shutdown, or the writer ended): the close
+        // goes on at once, as it did before this wait, or the writer would
+        // wait for Redis's close until the grace period ran out. A FIN
+        // alone may be a half-close of a client that still reads, so the
+        // replies owed are still written; a reset after it says the client
+        // is gone, and the session ends now (Redis may be slow to answer,
+        // and until it does the writer has nothing to write that could
+        // fail).
+        let waited = tokio::select! {
+            biased;
+            _ = &mut self.cancelled => ReaderEnd::Cancelled,
+            () = self.activity.until_close_may_pass() => ReaderEnd::Eof,
+            () = self.client.reset() => ReaderEnd::Gone,
+        };
+        if let ReaderEnd::Gone = waited {
+            tracing::debug!("client reset after its half-close");
+            self.activity.client_gone();
+            return waited;
+        }
+        let _ = self.upstream.shutdown().await;
+        waited
+    }
+
+    /// Tells the writer half what to expect of a routed batch, then
+    /// forwards the client's own bytes of it in one write.
+    async fn pass_on(&mut self, entries: Entries, forward: bytes::Bytes) -> Option<ReaderEnd> {
+        if !entries.is_empty() {
             // The channel almost always has room: try without building the
             // waiting future first.
-            let sent = match tx.try_send(batch.entries) {
+            let sent = match self.tx.try_send(entries) {
                 Ok(()) => Ok(()),
-                Err(mpsc::error::TrySendError::Closed(_)) => return ReaderEnd::Cancelled,
+                Err(mpsc::error::TrySendError::Closed(_)) => return Some(ReaderEnd::Cancelled),
                 Err(mpsc::error::TrySendError::Full(entries)) => {
                     let sent = tokio::select! {
                         biased;
-                        _ = &mut cancelled => return ReaderEnd::Cancelled,
-                        sent = tx.send(entries) => sent,
+                        _ = &mut self.cancelled => return Some(ReaderEnd::Cancelled),
+                        sent = self.tx.send(entries) => sent,
                     };
                     // The writer ran meanwhile and may have parked a failed
                     // attempt before these entries reached it: they are
@@ -279,89 +352,89 @@ pub async fn read_loop(
                     // attempt parks at routing only on a connection with
                     // nothing else on its way, and then the channel is
                     // not full.)
-                    if hurry.take() {
-                        ctx.locks.hurry(conn);
-                    }
+                    self.hurry_up();
                     sent
                 }
             };
             if sent.is_err() {
-                return ReaderEnd::Cancelled;
+                return Some(ReaderEnd::Cancelled);
             }
         }
         if !forward.is_empty() {
+            let upstream = &mut *self.upstream;
             let written = tokio::select! {
                 biased;
-                _ = &mut cancelled => return ReaderEnd::Cancelled,
+                _ = &mut self.cancelled => return Some(ReaderEnd::Cancelled),
                 written = async {
                     upstream.write_all(&forward).await?;
                     upstream.flush().await
                 } => written,
             };
             if let Err(e) = written {
-                return ReaderEnd::Failed(SessionError::UpstreamIo(e));
+                return Some(ReaderEnd::Failed(SessionError::UpstreamIo(e)));
             }
         }
-        if failed {
-            return ReaderEnd::Protocol;
+        None
+    }
+
+    /// The session's first batch went alone (see [`FIRST_REPLY`]): waits
+    /// for its reply to be written, and says whether the client is gone.
+    async fn first_reply(&mut self) -> Option<ReaderEnd> {
+        let gone = tokio::select! {
+            biased;
+            _ = &mut self.cancelled => return Some(ReaderEnd::Cancelled),
+            () = self.client.reset() => true,
+            () = self.activity.until_written() => self.client.failed_now(),
+            () = tokio::time::sleep(FIRST_REPLY) => false,
+        };
+        if !gone {
+            return None;
         }
-        if probe {
-            dispatch.one_at_a_time(false);
-            let gone = tokio::select! {
+        // Counted where the session ends (also when the writer found it
+        // gone first, ending the session before this).
+        tracing::debug!("client gone before its pipeline was sent");
+        self.activity.client_gone();
+        Some(ReaderEnd::Gone)
+    }
+
+    /// Work lockgate does itself ends the batch: what follows it waits
+    /// until it is done (or the session ends). A legacy attempt may wait
+    /// for a handoff in it (the quorum's, or a server's without scripts):
+    /// while nothing else was read behind it, a read is watched for too,
+    /// and what comes answers that attempt at once.
+    async fn until_done(
+        &mut self,
+        mut hold: oneshot::Receiver<()>,
+        buf: &mut BytesMut,
+    ) -> Option<ReaderEnd> {
+        if buf.is_empty() {
+            buf.reserve(self.chunk);
+            let read = tokio::select! {
                 biased;
-                _ = &mut cancelled => return ReaderEnd::Cancelled,
-                () = client.reset() => true,
-                () = activity.until_written() => client.failed_now(),
-                () = tokio::time::sleep(FIRST_REPLY) => false,
+                _ = &mut self.cancelled => return Some(ReaderEnd::Cancelled),
+                _ = &mut hold => return None,
+                read = self.client.read_buf(buf) => read,
             };
-            if gone {
-                // Counted where the session ends (also when the writer
-                // found it gone first, ending the session before this).
-                tracing::debug!("client gone before its pipeline was sent");
-                activity.client_gone();
-                return ReaderEnd::Gone;
-            }
-            activity.first_alone(false);
-        }
-        if let Some(mut hold) = routed {
-            // Work lockgate does itself ends the batch: what follows it
-            // waits until it is done (or the session ends). A legacy
-            // attempt may wait for a handoff in it (the quorum's, or a
-            // server's without scripts): while nothing else was read
-            // behind it, a read is watched for too, and what comes
-            // answers that attempt at once.
-            if buf.is_empty() {
-                buf.reserve(chunk);
-                let read = tokio::select! {
-                    biased;
-                    _ = &mut cancelled => return ReaderEnd::Cancelled,
-                    _ = &mut hold => None,
-                    read = client.read_buf(buf) => Some(read),
-                };
-                match read {
-                    None => continue,
-                    Some(Ok(n)) if n > 0 => {
-                        timers.read();
-                        ProxyMetrics::add(&ctx.metrics.client_bytes_in, n as u64);
-                        if hurry.take() {
-                            ctx.locks.hurry(conn);
-                        }
-                    }
-                    // Its end is seen by the next read, once the work is
-                    // done, as it would have been.
-                    Some(Ok(_)) => {}
-                    Some(Err(e)) => {
-                        tracing::debug!(error = %e, "reading the client failed");
-                        activity.client_gone();
-                        return ReaderEnd::Gone;
-                    }
+            match read {
+                Ok(n) if n > 0 => {
+                    self.timers.read();
+                    ProxyMetrics::add(&self.ctx.metrics.client_bytes_in, n as u64);
+                    self.hurry_up();
+                }
+                // Its end is seen by the next read, once the work is done,
+                // as it would have been.
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::debug!(error = %e, "reading the client failed");
+                    self.activity.client_gone();
+                    return Some(ReaderEnd::Gone);
                 }
             }
-            tokio::select! {
-                biased;
-                _ = &mut cancelled => return ReaderEnd::Cancelled,
-                _ = hold => {}
-            }
+        }
+        tokio::select! {
+            biased;
+            _ = &mut self.cancelled => Some(ReaderEnd::Cancelled),
+            _ = hold => None,
         }
     }
 }

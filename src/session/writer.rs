@@ -21,7 +21,7 @@ use tokio::time::Instant;
 
 use super::activity::Activity;
 use super::opening::Opening;
-use super::pending::{Deferred, Entries, Pending};
+use super::pending::{Entries, Pending};
 use super::SessionError;
 use crate::lock::evalsha::Rerun;
 use crate::lock::{LockPending, ReplyOutcome};
@@ -120,48 +120,31 @@ where
     R: AsyncRead + Unpin,
     L: LockReplies,
 {
-    let Setup {
-        chunk,
-        grace,
-        metrics,
-        locks,
-        activity,
-        write_timeout,
-        max_output,
-        mut opening,
-        lock_reply_timeout,
-    } = setup;
+    let (chunk, metrics, activity) = (setup.chunk, setup.metrics, setup.activity);
+    let mut opening = setup.opening;
     let client = &mut Client {
         stream: client,
         upstream,
         metrics,
-        locks,
+        locks: setup.locks,
         activity,
-        write_timeout,
-        max_output,
+        write_timeout: setup.write_timeout,
+        max_output: setup.max_output,
         ahead: BytesMut::new(),
         upstream_end: None,
         discard: false,
     };
     let mut st = Replies::new();
     let mut buf = BytesMut::with_capacity(chunk);
-    let mut reader_done = false;
-    // Redis closed after a client's half-close: what it sent is all there
-    // is, but replies lockgate makes itself may still be owed before it.
-    let mut upstream_eof = false;
-    // The client is gone, and the writer reads on, writing nothing, only
-    // for the outcome of a lock command.
-    let mut gone = false;
-    let mut deadline = Instant::now();
-    // The stall watch (see `Setup::lock_reply_timeout`): bytes read from
-    // Redis, looked at every quarter of the bound while replies are owed,
-    // armed afresh each time they start to be.
+    let mut run = Run {
+        reader_done: false,
+        upstream_eof: false,
+        gone: false,
+        deadline: Instant::now(),
+    };
+    // Bytes read from Redis: the stall watch's progress.
     let mut read_bytes = 0u64;
-    let mut stall = lock_reply_timeout.map(|limit| {
-        let mut tick = tokio::time::interval((limit / 4).max(Duration::from_millis(10)));
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        (limit, tick, None::<Watch>)
-    });
+    let mut stall = setup.lock_reply_timeout.map(Stall::new);
     loop {
         // Nothing after a deferred reply may be written before it.
         let closing = st.deferred.is_none() && st.settle();
@@ -171,57 +154,16 @@ where
         if closing {
             return WriterEnd::Closed;
         }
-        if st.deferred.is_none()
-            && st.scanner.at_boundary()
-            && st.capture.is_none()
-            && matches!(
-                st.queue.front(),
-                Some(Pending::Deferred(_) | Pending::Silent(_))
-            )
-        {
-            // Every reply before it is in: gated work may start.
-            match st.queue.pop_front() {
-                Some(Pending::Deferred(Deferred(rx, gate))) => {
-                    gate.map(|g| g.send(()));
-                    st.deferred = Some(rx);
-                    st.deferred_silent = false;
-                }
-                Some(Pending::Silent(Deferred(rx, gate))) => {
-                    gate.map(|g| g.send(()));
-                    st.deferred = Some(rx);
-                    st.deferred_silent = true;
-                }
-                _ => {}
-            }
-        }
-        st.blocked = st.deferred.is_some();
-        if upstream_eof && st.deferred.is_none() {
-            return WriterEnd::Drained;
-        }
-        // Waiting for a reply (a blocking command), subscribed or in
-        // MONITOR: never idle, as on Redis.
-        activity.set_exempt(
-            st.raw
-                || st.subs != [0; 3]
-                || st.deferred.is_some()
-                || !st.queue.is_empty()
-                || !st.scanner.at_boundary(),
-        );
-        if st.await_eof && !st.owes_upstream() {
-            activity.close_may_pass();
-        }
-        if gone && !st.owes_lock_outcome() {
-            return WriterEnd::ClientGone;
-        }
-        if reader_done && !st.await_eof && !st.owes_client() {
-            return WriterEnd::Drained;
+        st.start_deferred();
+        if let Some(end) = run.end(&st, activity) {
+            return end;
         }
         if buf.capacity() - buf.len() < chunk / 4 {
             buf.reserve(chunk);
         }
         // While a deferred reply is awaited, later replies wait in `buf`;
         // stop reading Redis once that holds a few chunks (back-pressure).
-        let read_upstream = !upstream_eof && (!st.blocked || buf.len() < chunk * 4);
+        let read_upstream = !run.upstream_eof && (!st.blocked || buf.len() < chunk * 4);
         // Replies read ahead while a write waited come before anything
         // Redis sends now, and so does the end of Redis's side seen then.
         let before = buf.len();
@@ -236,7 +178,7 @@ where
         }
         if read_upstream {
             match client.upstream_end.take() {
-                Some(Ok(())) => match upstream_closed(&mut st, &mut rx, &mut upstream_eof) {
+                Some(Ok(())) => match upstream_closed(&mut st, &mut rx, &mut run.upstream_eof) {
                     Some(end) => return end,
                     None => continue,
                 },
@@ -245,60 +187,24 @@ where
             }
         }
         let release_at = opening.as_ref().map(|o| o.release_at(st.owes_upstream()));
-        let watching = match &mut stall {
-            Some((_, _, armed)) if st.queue.is_empty() => {
-                *armed = None;
-                false
-            }
-            Some(_) => true,
-            None => false,
-        };
+        let watching = (stall.as_mut()).is_some_and(|s| s.watching(!st.queue.is_empty()));
+        let (reader_done, deadline) = (run.reader_done, run.deadline);
+        // Each branch is the loop's last statement: falling out of one is
+        // going round again.
         tokio::select! {
             biased;
             ready = async { st.deferred.as_mut()?.await.ok() }, if st.deferred.is_some() => {
-                st.deferred = None;
-                st.blocked = false;
-                if !std::mem::take(&mut st.deferred_silent) {
-                    ready
-                        .unwrap_or_else(|| LocalReply::err("lockgate: internal error (reply lost)"))
-                        .encode(st.resp3, &mut st.out);
-                }
-                // Replies of lockgate's own right behind it go next, before
-                // any buffered reply from Redis is matched.
-                if st.settle() {
-                    return match client.flush_out(&mut st.out).await {
-                        Ok(()) => WriterEnd::Closed,
-                        Err(e) => WriterEnd::Failed(e),
-                    };
-                }
-                if st.queue.front().is_some_and(|p| matches!(p, Pending::Deferred(_) | Pending::Silent(_))) {
-                    continue;
-                }
-                if !buf.is_empty() {
-                    if let Some(end) = forward_or_end(client, &mut buf, &mut st, &mut rx).await {
-                        return end;
-                    }
+                if let Some(end) = deferred_done(client, &mut buf, &mut st, &mut rx, ready).await {
+                    return end;
                 }
             }
             msg = rx.recv(), if !reader_done => match msg {
                 Some(entries) => st.accept(entries),
                 None => {
-                    reader_done = true;
-                    deadline = Instant::now() + grace;
-                    // The reader sets the flag before it ends, and every
-                    // entry it sent is in by now.
-                    if activity.is_client_gone() {
-                        if !st.owes_client() {
-                            return WriterEnd::Drained;
-                        }
-                        // A lock command's outcome on its way is still
-                        // read (it decides what is released at the close,
-                        // with `release_on_disconnect`); nothing else is
-                        // waited for.
-                        if !st.owes_lock_outcome() {
-                            return WriterEnd::ClientGone;
-                        }
-                        gone = true;
+                    if let Some(end) = run.reader_ended(&st, activity, setup.grace) {
+                        return end;
+                    }
+                    if run.gone {
                         client.discard = true;
                     }
                 }
@@ -308,10 +214,11 @@ where
                 // listen queue.
                 opening = None;
                 match read {
-                    Ok(0) => match upstream_closed(&mut st, &mut rx, &mut upstream_eof) {
-                        Some(end) => return end,
-                        None => continue,
-                    },
+                    Ok(0) => {
+                        if let Some(end) = upstream_closed(&mut st, &mut rx, &mut run.upstream_eof) {
+                            return end;
+                        }
+                    }
                     Ok(n) => {
                         read_bytes += n as u64;
                         if let Some(end) = forward_or_end(client, &mut buf, &mut st, &mut rx).await {
@@ -322,18 +229,14 @@ where
                 }
             }
             _ = async {
-                if let Some((_, tick, _)) = &mut stall {
-                    tick.tick().await;
+                if let Some(s) = &mut stall {
+                    s.tick.tick().await;
                 }
             }, if watching => {
-                if let Some((limit, _, armed)) = &mut stall {
-                    let now = std::time::Instant::now();
-                    let watch = armed.get_or_insert_with(|| Watch::new(now));
-                    let owed = st.awaits_lock_reply();
-                    if watch.step(now, read_bytes, owed, *limit) {
-                        ProxyMetrics::inc(&metrics.lock_reply_timeouts);
-                        return WriterEnd::LockReplyTimeout;
-                    }
+                let owed = st.awaits_lock_reply();
+                if stall.as_mut().is_some_and(|s| s.stalled(read_bytes, owed)) {
+                    ProxyMetrics::inc(&metrics.lock_reply_timeouts);
+                    return WriterEnd::LockReplyTimeout;
                 }
             }
             // The permit's bound, or nothing owed: given back (looked at
@@ -348,13 +251,159 @@ where
             // Sleep looks up the runtime, on every reply.
             _ = async { tokio::time::sleep_until(deadline).await }, if reader_done => {
                 ProxyMetrics::inc(&metrics.drain_timeouts);
-                return match gone {
+                return match run.gone {
                     true => WriterEnd::ClientGone,
                     false => WriterEnd::DrainTimeout,
                 };
             }
         }
     }
+}
+
+/// The stall watch (see [`Setup::lock_reply_timeout`]): the bytes read
+/// from Redis, looked at every quarter of the bound while replies are
+/// owed, armed afresh each time they start to be.
+struct Stall {
+    limit: Duration,
+    tick: tokio::time::Interval,
+    armed: Option<Watch>,
+}
+
+impl Stall {
+    fn new(limit: Duration) -> Stall {
+        let mut tick = tokio::time::interval((limit / 4).max(Duration::from_millis(10)));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        Stall {
+            limit,
+            tick,
+            armed: None,
+        }
+    }
+
+    /// Whether to look at all: only while replies are owed (`owed_any`);
+    /// with none, disarmed.
+    fn watching(&mut self, owed_any: bool) -> bool {
+        if !owed_any {
+            self.armed = None;
+        }
+        owed_any
+    }
+
+    /// One look: Redis sent nothing (`read_bytes` did not move) for the
+    /// bound while a lock command's reply was owed (`owed`).
+    fn stalled(&mut self, read_bytes: u64, owed: bool) -> bool {
+        let now = std::time::Instant::now();
+        let watch = self.armed.get_or_insert_with(|| Watch::new(now));
+        watch.step(now, read_bytes, owed, self.limit)
+    }
+}
+
+/// Where the writer's loop stands besides its replies.
+struct Run {
+    /// The reader half ended (every entry it sent is in).
+    reader_done: bool,
+    /// Redis closed after a client's half-close: what it sent is all there
+    /// is, but replies lockgate makes itself may still be owed before it.
+    upstream_eof: bool,
+    /// The client is gone, and the writer reads on, writing nothing, only
+    /// for the outcome of a lock command.
+    gone: bool,
+    /// Once the reader ended: until when owed replies may come.
+    deadline: Instant,
+}
+
+impl Run {
+    /// Whether the loop ends now; also tells `activity` whether the client
+    /// is exempt from the idle timeout and whether its close may pass.
+    fn end(&self, st: &Replies, activity: &Activity) -> Option<WriterEnd> {
+        if self.upstream_eof && st.deferred.is_none() {
+            return Some(WriterEnd::Drained);
+        }
+        // Waiting for a reply (a blocking command), subscribed or in
+        // MONITOR: never idle, as on Redis.
+        activity.set_exempt(
+            st.raw
+                || st.subs != [0; 3]
+                || st.deferred.is_some()
+                || !st.queue.is_empty()
+                || !st.scanner.at_boundary(),
+        );
+        if st.await_eof && !st.owes_upstream() {
+            activity.close_may_pass();
+        }
+        if self.gone && !st.owes_lock_outcome() {
+            return Some(WriterEnd::ClientGone);
+        }
+        if self.reader_done && !st.await_eof && !st.owes_client() {
+            return Some(WriterEnd::Drained);
+        }
+        None
+    }
+
+    /// The reader half ended: owed replies have `grace` from now, and a
+    /// client found gone is owed nothing but a lock command's outcome.
+    fn reader_ended(
+        &mut self,
+        st: &Replies,
+        activity: &Activity,
+        grace: Duration,
+    ) -> Option<WriterEnd> {
+        self.reader_done = true;
+        self.deadline = Instant::now() + grace;
+        // The reader sets the flag before it ends, and every entry it sent
+        // is in by now.
+        if activity.is_client_gone() {
+            if !st.owes_client() {
+                return Some(WriterEnd::Drained);
+            }
+            // A lock command's outcome on its way is still read (it
+            // decides what is released at the close, with
+            // `release_on_disconnect`); nothing else is waited for.
+            if !st.owes_lock_outcome() {
+                return Some(WriterEnd::ClientGone);
+            }
+            self.gone = true;
+        }
+        None
+    }
+}
+
+/// The deferred reply at the front came (`None`: its sender was dropped):
+/// written, then lockgate's own replies right behind it, then what of
+/// Redis's waited in `buf`.
+async fn deferred_done<W, R, L>(
+    client: &mut Client<'_, '_, W, R, L>,
+    buf: &mut BytesMut,
+    st: &mut Replies,
+    rx: &mut mpsc::Receiver<Entries>,
+    ready: Option<LocalReply>,
+) -> Option<WriterEnd>
+where
+    W: AsyncWrite + Unpin,
+    R: AsyncRead + Unpin,
+    L: LockReplies,
+{
+    st.deferred = None;
+    st.blocked = false;
+    if !std::mem::take(&mut st.deferred_silent) {
+        ready
+            .unwrap_or_else(|| LocalReply::err("lockgate: internal error (reply lost)"))
+            .encode(st.resp3, &mut st.out);
+    }
+    // Replies of lockgate's own right behind it go next, before any
+    // buffered reply from Redis is matched.
+    if st.settle() {
+        return Some(match client.flush_out(&mut st.out).await {
+            Ok(()) => WriterEnd::Closed,
+            Err(e) => WriterEnd::Failed(e),
+        });
+    }
+    let next_deferred =
+        (st.queue.front()).is_some_and(|p| matches!(p, Pending::Deferred(_) | Pending::Silent(_)));
+    if next_deferred || buf.is_empty() {
+        return None;
+    }
+    forward_or_end(client, buf, st, rx).await
 }
 
 /// How the writer ends when Redis closed its side: `None` when the client

@@ -11,6 +11,7 @@ use std::sync::atomic::Ordering;
 
 use lockgate::config::UpstreamMode;
 use lockgate::Config;
+use support::locks::fence_token;
 use support::passthrough::wait_blocked_clients;
 use support::{cmd, encode, show, Lockgate, RawClient, RedisServer};
 
@@ -366,6 +367,64 @@ async fn lock_keys_keep_their_protection_in_shared_mode() {
     assert_eq!(m.moved_script.load(Ordering::Relaxed), 0);
     assert_eq!(a.call_raw(&["EVAL", "return 7", "0"]).await, b":7\r\n");
     assert_eq!(m.moved_script.load(Ordering::Relaxed), 1);
+    lg.stop().await;
+}
+
+/// Fencing locks in shared mode: `LOCKGATE LOCK` (a try, then a `WAIT`
+/// served by the release), `EXTEND` and `UNLOCK` run as lockgate's own
+/// scripts on the shared connection, as a plain `SETNX` does: no session
+/// moves to a connection of its own (a `WAIT` is lockgate's, not Redis's
+/// blocking command) and Redis sees no connection but the shared one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencing_locks_stay_on_the_shared_connection() {
+    let redis = RedisServer::start();
+    let lg = shared(&redis, 1).await;
+    let mut a = RawClient::connect(lg.addr).await;
+    let mut b = RawClient::connect(lg.addr).await;
+    let lock = ["LOCKGATE", "LOCK", "lock:fence", "5000"];
+    let first = a.call_s(&lock).await;
+    let t1 = fence_token(&first).expect("a token");
+    // Held: a try is refused at once.
+    assert_eq!(fence_token(&b.call_s(&lock).await), None, "held by a");
+    let extended = a
+        .call_s(&["LOCKGATE", "EXTEND", "lock:fence", &t1, "5000"])
+        .await;
+    assert_eq!(extended, ":1\r\n");
+    // b waits; a's release hands the lock to it, with a greater token.
+    let waiting = tokio::spawn(async move {
+        let r = b
+            .call_s(&["LOCKGATE", "LOCK", "lock:fence", "5000", "WAIT", "10000"])
+            .await;
+        (b, r)
+    });
+    crate::until!("b's WAIT is in line", {
+        lg.ctx.locks.storm.lines.waits(b"lock:fence")
+    });
+    let unlocked = a.call_s(&["LOCKGATE", "UNLOCK", "lock:fence", &t1]).await;
+    assert_eq!(unlocked, ":1\r\n");
+    let (_b, second) = tokio::time::timeout(std::time::Duration::from_secs(10), waiting)
+        .await
+        .expect("b is served within its WAIT")
+        .expect("b's task");
+    let t2 = fence_token(&second).expect("b's token");
+    assert!(
+        t2.parse::<i64>().unwrap() > t1.parse::<i64>().unwrap(),
+        "tokens grow: {t1} then {t2}"
+    );
+    let m = &lg.ctx.upstream_conns;
+    assert_eq!(m.dedicated_open.load(Ordering::Relaxed), 0);
+    assert_eq!(m.moved_blocking.load(Ordering::Relaxed), 0);
+    assert_eq!(m.moved_script.load(Ordering::Relaxed), 0);
+    let lockgates: Vec<String> = (client_list(&redis).await.into_iter())
+        .filter(|l| !l.contains("cmd=client|list"))
+        .filter(|l| !field(l, "name").starts_with("lockgate-internal"))
+        .collect();
+    assert!(
+        lockgates
+            .iter()
+            .all(|l| field(l, "name") == "lockgate-shared" || is_spare(l)),
+        "only the shared connection ran commands: {lockgates:#?}"
+    );
     lg.stop().await;
 }
 

@@ -252,9 +252,12 @@ async fn run_seed(seed: u64) -> Outcome {
         }
     }
     let acquired: Vec<u64> = reports.iter().map(|r| r.acquired).collect();
+    let failed: Vec<u64> = (reports.iter())
+        .map(|r| r.errors.values().sum::<u64>())
+        .collect();
     println!(
-        "quorum_recovery: seed {seed}: acquired per worker {acquired:?}; first grant after the \
-         last restart {:?} (bound {bound:?}); tokens {}..{} ({} grants); overlaps {}, lost \
+        "quorum_recovery: seed {seed}: acquired per worker {acquired:?}, errors per worker \
+         {failed:?}; first grant after the last restart {:?} (bound {bound:?}); tokens {}..{} ({} grants); overlaps {}, lost \
          updates {}, token order {}; errors {errors:?}; took {:?}",
         outcome.recovered,
         tokens.iter().min().unwrap_or(&0),
@@ -303,12 +306,39 @@ async fn run_seed(seed: u64) -> Outcome {
         assert!(
             r.is_some_and(|d| d <= turn_bound),
             "QUORUM_RECOVERY_SEED={seed}: worker {w} ({:?}) did not acquire within {turn_bound:?} of \
-             the last restart (first grant after it: {r:?}); errors {errors:?}\n{}",
+             the last restart (first grant after it: {r:?}); errors {errors:?}; its attempts after \
+             it: {}\n{}",
             kinds[w],
+            attempts_since(&records, w, since),
             timeline()
         );
     }
     outcome
+}
+
+/// What worker `w` was told after `since`: its attempts counted by
+/// outcome, with the last few, so a failure says whether it was refused,
+/// errored or never answered.
+fn attempts_since(records: &chaos::checks::Records, w: usize, since: Duration) -> String {
+    use support::history::Outcome;
+    let mine: Vec<_> = (records.attempts.iter())
+        .filter(|a| a.client == w && a.sent >= since)
+        .collect();
+    let (mut not, mut failed) = (0, BTreeMap::<String, u64>::new());
+    for a in &mine {
+        match &a.outcome {
+            Outcome::NotAcquired => not += 1,
+            Outcome::Failed(e) => *failed.entry(e.chars().take(80).collect()).or_default() += 1,
+            Outcome::Granted => {}
+        }
+    }
+    let last: Vec<String> = (mine.iter().rev().take(4).rev())
+        .map(|a| format!("t+{:?}..{:?} {:?}", a.sent, a.answered, a.outcome))
+        .collect();
+    format!(
+        "{} ({not} not acquired, failed {failed:?}; last {last:?})",
+        mine.len()
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

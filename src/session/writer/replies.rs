@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 
 use bytes::BytesMut;
 
-use super::super::pending::{Entries, Pending};
+use super::super::pending::{Deferred, Entries, Pending};
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
 use crate::protocol::reply::{FrameEnd, FrameKind, ReplyScanner};
@@ -125,6 +125,35 @@ impl Replies {
             subs: [0; 3],
             frame: FrameClass::Other,
         }
+    }
+
+    /// Starts the deferred reply at the front once every reply before it
+    /// is in (its gated work may start then), and says whether later
+    /// frames wait behind one.
+    pub(super) fn start_deferred(&mut self) {
+        if self.deferred.is_none()
+            && self.scanner.at_boundary()
+            && self.capture.is_none()
+            && matches!(
+                self.queue.front(),
+                Some(Pending::Deferred(_) | Pending::Silent(_))
+            )
+        {
+            match self.queue.pop_front() {
+                Some(Pending::Deferred(Deferred(rx, gate))) => {
+                    gate.map(|g| g.send(()));
+                    self.deferred = Some(rx);
+                    self.deferred_silent = false;
+                }
+                Some(Pending::Silent(Deferred(rx, gate))) => {
+                    gate.map(|g| g.send(()));
+                    self.deferred = Some(rx);
+                    self.deferred_silent = true;
+                }
+                _ => {}
+            }
+        }
+        self.blocked = self.deferred.is_some();
     }
 
     /// Takes a batch of entries from the reader half.
