@@ -13,6 +13,7 @@
 
 pub mod backoff;
 pub mod cluster;
+pub(crate) mod link;
 pub mod node;
 pub mod primary;
 pub mod shared;

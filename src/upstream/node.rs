@@ -18,7 +18,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
@@ -26,6 +25,7 @@ use crate::protocol::reply::ReplyScanner;
 use crate::sync;
 use crate::tls::Stream;
 use crate::upstream::backoff::{self, Backoff};
+use crate::upstream::link;
 use crate::upstream::{Connector, Primary};
 
 pub(crate) mod open;
@@ -374,95 +374,121 @@ async fn serve(
     reruns: Option<&AtomicU64>,
     silent: &AtomicBool,
 ) {
-    let (mut rd, mut wr) = stream.split();
-    // Each call written waits here for its reply, with its fallback.
-    let waiting: Mutex<VecDeque<(oneshot::Sender<Bytes>, Option<Bytes>)>> =
-        Mutex::new(VecDeque::new());
-    // Fallbacks to write after a `-NOSCRIPT`: at most one per call waiting,
-    // so bounded by `max_queued` and the calls in flight.
-    let (rerun_tx, mut rerun_rx) = mpsc::unbounded_channel::<Call>();
-    let writer = async {
-        let mut out = BytesMut::new();
-        // Reused across batches: no allocation per batch.
-        let mut batch = Vec::new();
-        loop {
-            let first = tokio::select! {
-                biased;
-                Some(rerun) = rerun_rx.recv() => rerun,
-                call = calls.recv() => match call {
-                    Some(call) => call,
-                    None => return,
-                },
-            };
-            batch.push(first);
-            while let Ok(more) = calls.try_recv() {
-                batch.push(more);
-                if batch.len() >= 256 {
-                    break;
-                }
-            }
-            {
-                let mut w = sync::lock(&waiting);
-                for call in batch.drain(..) {
-                    out.extend_from_slice(&call.request.command);
-                    w.push_back((call.reply, call.request.fallback));
-                }
-            }
-            if wr.write_all(&out).await.is_err() || wr.flush().await.is_err() {
-                return;
-            }
-            out.clear();
-        }
+    let lane = NodeLane { reruns, silent };
+    let limits = link::Limits {
+        per_write: CALLS_PER_WRITE,
+        read_chunk: 16 * 1024,
+        // Every call is bounded by its caller's timeout instead.
+        lock_reply_timeout: None,
     };
-    let reader = async {
-        let mut buf = BytesMut::with_capacity(16 * 1024);
-        let mut scanner = ReplyScanner::new();
-        // `pos`: scanned so far; the current frame starts at 0.
-        let mut pos = 0;
+    let mut reader = Scan {
+        scanner: ReplyScanner::new(),
+        pos: 0,
+    };
+    let stop = CancellationToken::new();
+    let never = std::future::pending::<String>();
+    let halves = stream.split();
+    link::serve(
+        &lane,
+        &mut reader,
+        halves,
+        calls,
+        Vec::new(),
+        limits,
+        &stop,
+        never,
+    )
+    .await;
+}
+
+/// Most calls taken off the queue for one write.
+const CALLS_PER_WRITE: usize = 256;
+
+/// A node's connection, as [`link::serve`] runs it: each call written
+/// waits for its reply, with its fallback.
+struct NodeLane<'a> {
+    reruns: Option<&'a AtomicU64>,
+    silent: &'a AtomicBool,
+}
+
+/// The reading side: `pos`, scanned so far; the current frame starts at
+/// the buffer's start.
+struct Scan {
+    scanner: ReplyScanner,
+    pos: usize,
+}
+
+/// A call written, waiting for its reply.
+struct Waiting {
+    reply: oneshot::Sender<Bytes>,
+    fallback: Option<Bytes>,
+}
+
+impl link::Lane for NodeLane<'_> {
+    type Job = Call;
+    type Owed = Waiting;
+    type Reader = Scan;
+
+    fn queue(&self, call: Call, out: &mut BytesMut, fifo: &mut VecDeque<Waiting>) {
+        out.extend_from_slice(&call.request.command);
+        fifo.push_back(Waiting {
+            reply: call.reply,
+            fallback: call.request.fallback,
+        });
+    }
+
+    fn split(
+        &self,
+        s: &mut Scan,
+        buf: &mut BytesMut,
+        fifo: &mut VecDeque<Waiting>,
+        again: &mut Vec<Call>,
+    ) -> Result<(), String> {
+        let mut start = 0;
         loop {
-            match rd.read_buf(&mut buf).await {
-                Ok(0) | Err(_) => return,
-                Ok(_) => {}
-            }
-            let mut start = 0;
-            loop {
-                let Ok((used, end)) = scanner.advance(&buf[pos..]) else {
-                    return;
-                };
-                pos += used;
-                match end {
-                    Some(end) if end.kind == crate::protocol::reply::FrameKind::Reply => {
-                        let frame = &buf[start..pos];
-                        start = pos;
-                        let Some((tx, fallback)) = sync::lock(&waiting).pop_front() else {
-                            continue;
-                        };
-                        match fallback {
-                            Some(command) if frame.starts_with(b"-NOSCRIPT") => {
-                                if let Some(n) = reruns {
-                                    n.fetch_add(1, Ordering::Relaxed);
-                                }
-                                let request = Request::from(command);
-                                let _ = rerun_tx.send(Call { request, reply: tx });
+            let Ok((used, end)) = s.scanner.advance(&buf[s.pos..]) else {
+                return Err("a malformed reply".to_string());
+            };
+            s.pos += used;
+            match end {
+                Some(end) if end.kind == crate::protocol::reply::FrameKind::Reply => {
+                    let frame = &buf[start..s.pos];
+                    start = s.pos;
+                    let Some(waiting) = fifo.pop_front() else {
+                        continue;
+                    };
+                    match waiting.fallback {
+                        Some(command) if frame.starts_with(b"-NOSCRIPT") => {
+                            if let Some(n) = self.reruns {
+                                n.fetch_add(1, Ordering::Relaxed);
                             }
-                            _ => {
-                                silent.store(false, Ordering::Relaxed);
-                                let _ = tx.send(Bytes::copy_from_slice(frame));
-                            }
+                            let request = Request::from(command);
+                            let reply = waiting.reply;
+                            again.push(Call { request, reply });
+                        }
+                        _ => {
+                            self.silent.store(false, Ordering::Relaxed);
+                            let _ = waiting.reply.send(Bytes::copy_from_slice(frame));
                         }
                     }
-                    Some(_) => start = pos,
-                    None => break,
                 }
+                Some(_) => start = s.pos,
+                None => break,
             }
-            // Keep only the unfinished frame's bytes; the scanner keeps its
-            // place inside it.
-            let _ = buf.split_to(start);
-            pos -= start;
         }
-    };
-    tokio::select! {
-        _ = writer => {}
-        _ = reader => {}
+        // Keep only the unfinished frame's bytes; the scanner keeps its
+        // place inside it.
+        let _ = buf.split_to(start);
+        s.pos -= start;
+        Ok(())
+    }
+
+    fn lock_call_waits(&self, _: &VecDeque<Waiting>) -> bool {
+        // No stall watch here (see `serve`).
+        false
+    }
+
+    fn lost(&self, _: &Scan, _: VecDeque<Waiting>, _: Option<&str>) {
+        // Dropped: each caller sees its reply's sender gone at once.
     }
 }

@@ -22,7 +22,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
@@ -30,7 +30,6 @@ use futures_util::task::AtomicWaker;
 
 use bytes::{Buf, Bytes, BytesMut};
 use smallvec::SmallVec;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
@@ -39,9 +38,9 @@ use crate::cluster::redirect::redirect;
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
 use crate::protocol::reply::{FrameKind, ReplyScanner};
-use crate::sync;
 use crate::upstream::backoff::Backoff;
-use crate::upstream::stall::{self, lock_call_waits};
+use crate::upstream::link;
+use crate::upstream::stall::lock_call_waits;
 
 /// Most jobs taken off the queue for one write.
 const JOBS_PER_WRITE: usize = 256;
@@ -394,119 +393,121 @@ async fn serve(
     held: Vec<Job>,
     stop: &CancellationToken,
 ) -> Option<String> {
-    let fifo = Mutex::new(VecDeque::<InFlight>::new());
-    // Bytes of reply read so far: what the stall watch calls progress.
-    let progress = AtomicU64::new(0);
-    let (mut r, mut w) = stream.split();
-    let writes = async {
-        let mut jobs = held;
-        jobs.reserve(JOBS_PER_WRITE);
-        let mut out = BytesMut::new();
-        loop {
-            if jobs.is_empty() && rx.recv_many(&mut jobs, JOBS_PER_WRITE).await == 0 {
-                return None;
-            }
-            {
-                let mut fifo = sync::lock(&fifo);
-                for job in jobs.drain(..) {
-                    for command in &job.commands {
-                        out.extend_from_slice(command);
-                    }
-                    fifo.push_back(InFlight {
-                        job,
-                        read: 0,
-                        parts: Vec::new(),
-                    });
-                }
-            }
-            let written = async {
-                w.write_all(&out).await?;
-                w.flush().await
-            };
-            if let Err(e) = written.await {
-                return Some(format!("write failed: {e}"));
-            }
-            out.clear();
-        }
+    let lane = NodeLane {
+        common,
+        addr,
+        resp3,
     };
-    let reads = async {
-        let mut buf = BytesMut::with_capacity(common.read_chunk);
-        let mut scanner = ReplyScanner::new();
-        let mut scanned = 0usize;
-        // The front job's replies read and not handed on: they start at
-        // `buf`'s start, each ends where `run` says.
-        let mut run: SmallVec<[u32; 16]> = SmallVec::new();
-        loop {
-            buf.reserve(common.read_chunk);
-            match r.read_buf(&mut buf).await {
-                Ok(0) => return "closed by the server".to_string(),
-                Ok(n) => {
-                    progress.fetch_add(n as u64, Ordering::Relaxed);
-                }
-                Err(e) => return format!("read failed: {e}"),
-            }
-            let mut fifo = sync::lock(&fifo);
-            loop {
-                let (used, end) = match scanner.advance(&buf[scanned..]) {
-                    Ok(step) => step,
-                    Err(_) => return "a malformed reply".to_string(),
-                };
-                scanned += used;
-                let Some(end) = end else { break };
-                if end.kind != FrameKind::Reply {
-                    return "a push or attribute frame".to_string();
-                }
-                let delivered = deliver(
-                    common,
-                    (addr, resp3),
-                    &mut fifo,
-                    (&mut buf, &mut run),
-                    scanned,
-                );
-                match delivered {
-                    Ok(taken) => scanned -= taken,
-                    Err(why) => {
-                        ProxyMetrics::inc(&common.metrics.bad_replies);
-                        return why.to_string();
-                    }
-                }
-            }
-            // What this read completed goes on now; the rest of the job's
-            // replies follow in another run.
-            if let Some(front) = fifo.front_mut() {
-                scanned -= front.take_run(&mut buf, &mut run);
-            }
-        }
+    let limits = link::Limits {
+        per_write: JOBS_PER_WRITE,
+        read_chunk: common.read_chunk,
+        lock_reply_timeout: common.lock_reply_timeout,
     };
-    let watch = stall::watch(common.lock_reply_timeout, |watch, now, limit| {
-        let fifo = sync::lock(&fifo);
-        let read = progress.load(Ordering::Relaxed);
-        let stalled = watch.step(now, read, !fifo.is_empty(), limit)
-            && lock_call_waits(fifo.iter().flat_map(InFlight::owed).map(|c| (&c[..], 0)));
-        if stalled {
-            ProxyMetrics::inc(&common.metrics.lock_reply_timeouts);
-        }
-        stalled
-    });
-    let why = tokio::select! {
-        _ = stop.cancelled() => None,
-        why = writes => why,
-        why = reads => Some(why),
-        why = watch => Some(why),
+    let mut reader = Reader {
+        scanner: ReplyScanner::new(),
+        scanned: 0,
+        run: SmallVec::new(),
     };
-    let error = error_line(&format!(
-        "upstream {addr} unavailable (connection lost: {})",
-        why.as_deref().unwrap_or("shutting down")
-    ));
-    let owed: Vec<InFlight> = sync::lock(&fifo).drain(..).collect();
-    for flight in owed {
-        ProxyMetrics::add(
-            &common.metrics.error_replies,
-            (flight.job.commands.len() - flight.read) as u64,
-        );
-        flight.fail(&error);
+    let halves = stream.split();
+    let never = std::future::pending::<String>();
+    link::serve(&lane, &mut reader, halves, rx, held, limits, stop, never).await
+}
+
+/// A cluster node's lane, as [`link::serve`] runs it.
+struct NodeLane<'a> {
+    common: &'a Arc<Common>,
+    addr: &'a str,
+    resp3: bool,
+}
+
+/// The reading side of a node's lane.
+struct Reader {
+    scanner: ReplyScanner,
+    /// Bytes at `buf`'s start scanned so far.
+    scanned: usize,
+    /// The front job's replies read and not handed on: they start at
+    /// `buf`'s start, each ends where `run` says.
+    run: SmallVec<[u32; 16]>,
+}
+
+impl link::Lane for NodeLane<'_> {
+    type Job = Job;
+    type Owed = InFlight;
+    type Reader = Reader;
+
+    fn queue(&self, job: Job, out: &mut BytesMut, fifo: &mut VecDeque<InFlight>) {
+        for command in &job.commands {
+            out.extend_from_slice(command);
+        }
+        fifo.push_back(InFlight {
+            job,
+            read: 0,
+            parts: Vec::new(),
+        });
     }
-    why
+
+    fn split(
+        &self,
+        reader: &mut Reader,
+        buf: &mut BytesMut,
+        fifo: &mut VecDeque<InFlight>,
+        _: &mut Vec<Job>,
+    ) -> Result<(), String> {
+        loop {
+            let (used, end) = match reader.scanner.advance(&buf[reader.scanned..]) {
+                Ok(step) => step,
+                Err(_) => return Err("a malformed reply".to_string()),
+            };
+            reader.scanned += used;
+            let Some(end) = end else { break };
+            if end.kind != FrameKind::Reply {
+                return Err("a push or attribute frame".to_string());
+            }
+            let to = (self.addr, self.resp3);
+            match deliver(
+                self.common,
+                to,
+                fifo,
+                (buf, &mut reader.run),
+                reader.scanned,
+            ) {
+                Ok(taken) => reader.scanned -= taken,
+                Err(why) => {
+                    ProxyMetrics::inc(&self.common.metrics.bad_replies);
+                    return Err(why.to_string());
+                }
+            }
+        }
+        // What this read completed goes on now; the rest of the job's
+        // replies follow in another run.
+        if let Some(front) = fifo.front_mut() {
+            reader.scanned -= front.take_run(buf, &mut reader.run);
+        }
+        Ok(())
+    }
+
+    fn lock_call_waits(&self, fifo: &VecDeque<InFlight>) -> bool {
+        lock_call_waits(fifo.iter().flat_map(InFlight::owed).map(|c| (&c[..], 0)))
+    }
+
+    fn stalled(&self) {
+        ProxyMetrics::inc(&self.common.metrics.lock_reply_timeouts);
+    }
+
+    fn lost(&self, _: &Reader, owed: VecDeque<InFlight>, why: Option<&str>) {
+        let error = error_line(&format!(
+            "upstream {} unavailable (connection lost: {})",
+            self.addr,
+            why.unwrap_or("shutting down")
+        ));
+        for flight in owed {
+            ProxyMetrics::add(
+                &self.common.metrics.error_replies,
+                (flight.job.commands.len() - flight.read) as u64,
+            );
+            flight.fail(&error);
+        }
+    }
 }
 
 impl InFlight {

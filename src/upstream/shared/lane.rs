@@ -15,12 +15,11 @@
 //! waits on it is given up the same way ([`crate::upstream::stall`]).
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -29,11 +28,11 @@ use super::{Batch, Common};
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
 use crate::protocol::reply::{simple_frames, FrameKind, ReplyScanner};
-use crate::sync;
 use crate::tls::Stream;
 use crate::upstream::backoff::Backoff;
+use crate::upstream::link;
 use crate::upstream::primary::Current;
-use crate::upstream::stall::{self, lock_call_waits};
+use crate::upstream::stall::lock_call_waits;
 use crate::upstream::UpstreamError;
 
 /// Most batches taken off the queue for one write.
@@ -149,8 +148,9 @@ fn answer(common: &Common, inbox: Arc<Inbox>, n: u64, error: &Bytes) {
     inbox.answer_owed(n, error);
 }
 
-/// Serves one connection until it fails (`Some(reason)`) or `stop`
-/// (`None`). Replies still owed when it fails are answered in place.
+/// Serves one connection until it fails (`Some(reason)`), `stop` or the
+/// pool closing (`None`). Replies still owed when it ends are answered in
+/// place.
 async fn serve(
     common: &Common,
     mut stream: Stream,
@@ -159,114 +159,115 @@ async fn serve(
     current: &Current,
     stop: &CancellationToken,
 ) -> Option<UpstreamError> {
-    let generation = current.generation;
-    let addr = current.addr.as_deref().unwrap_or("(none)");
-    let fifo = Mutex::new(VecDeque::<Owed>::new());
-    // Bytes of reply read so far, and whether reads wait for a slow
-    // session: what the stall watch calls progress.
-    let progress = AtomicU64::new(0);
-    let held_for_room = AtomicBool::new(false);
-    let mut splitter = Splitter::new();
-    let (mut r, mut w) = stream.split();
-    let writes = async {
-        // Batches held while connecting go first.
-        let mut batches = held;
-        batches.reserve(BATCHES_PER_WRITE);
-        let mut out = BytesMut::new();
-        loop {
-            if batches.is_empty() && rx.recv_many(&mut batches, BATCHES_PER_WRITE).await == 0 {
-                return "the pool closed".to_string();
-            }
-            ProxyMetrics::add(&common.metrics.shared_batches, batches.len() as u64);
-            ProxyMetrics::inc(&common.metrics.shared_writes);
-            {
-                let mut fifo = sync::lock(&fifo);
-                for b in batches.drain(..) {
-                    out.extend_from_slice(&b.bytes);
-                    if b.replies > 0 {
-                        fifo.push_back(Owed {
-                            inbox: b.inbox,
-                            left: b.replies,
-                            commands: b.bytes,
-                            replies: b.replies,
-                        });
-                    }
-                }
-            }
-            let written = async {
-                w.write_all(&out).await?;
-                w.flush().await
-            };
-            if let Err(e) = written.await {
-                return format!("write failed: {e}");
-            }
-            out.clear();
-        }
+    let lane = Shared {
+        common,
+        addr: current.addr.as_deref().unwrap_or("(none)"),
     };
-    let reads = async {
-        let mut buf = BytesMut::with_capacity(common.read_chunk);
-        let mut full = Vec::new();
-        loop {
-            buf.reserve(common.read_chunk);
-            match r.read_buf(&mut buf).await {
-                Ok(0) => return "closed by the server".to_string(),
-                Ok(n) => {
-                    progress.fetch_add(n as u64, Ordering::Relaxed);
-                }
-                Err(e) => return format!("read failed: {e}"),
-            }
-            let split = splitter.split(&mut buf, &mut sync::lock(&fifo), &mut full);
-            if let Err(why) = split {
-                ProxyMetrics::inc(&common.metrics.shared_bad_replies);
-                return why.to_string();
-            }
-            for inbox in full.drain(..) {
-                held_for_room.store(true, Ordering::Relaxed);
-                wait_for_room(common, &inbox).await;
-                held_for_room.store(false, Ordering::Relaxed);
-            }
-        }
+    let limits = link::Limits {
+        per_write: BATCHES_PER_WRITE,
+        read_chunk: common.read_chunk,
+        lock_reply_timeout: common.lock_reply_timeout,
     };
-    // A lock command unanswered too long gives the connection up (see
-    // `crate::upstream::stall`); a read held for a slow session's room is
-    // not the server's silence.
-    let watch = stall::watch(common.lock_reply_timeout, |watch, now, limit| {
-        let fifo = sync::lock(&fifo);
-        let owed = !fifo.is_empty() && !held_for_room.load(Ordering::Relaxed);
-        let read = progress.load(Ordering::Relaxed);
-        let stalled = watch.step(now, read, owed, limit)
-            && lock_call_waits(fifo.iter().map(Owed::unanswered));
-        if stalled {
-            ProxyMetrics::inc(&common.metrics.shared_lock_reply_timeouts);
-        }
-        stalled
-    });
-    let why = tokio::select! {
-        _ = stop.cancelled() => None,
-        why = writes => Some(why),
-        why = reads => Some(why),
-        why = watch => Some(why),
-        _ = common.primary.changed_from(generation) => Some("the primary changed".to_string()),
+    let changed = async {
+        common.primary.changed_from(current.generation).await;
+        "the primary changed".to_string()
     };
-    let err = UpstreamError::Io {
-        addr: addr.to_string(),
-        reason: format!(
-            "shared connection lost: {}",
-            why.as_deref().unwrap_or("shutting down")
-        ),
+    let mut reader = Reader {
+        splitter: Splitter::new(),
+        full: Vec::new(),
     };
-    let error = error_line(&err);
-    let mut fifo = sync::lock(&fifo);
-    for (i, owed) in fifo.drain(..).enumerate() {
-        if i == 0 && !splitter.scanner.at_boundary() {
-            // Part of a reply went to the session already: no error can
-            // stand in its place.
-            owed.inbox.fail(err.to_string());
-        } else {
-            answer(common, owed.inbox, owed.left, &error);
+    let halves = stream.split();
+    let why = link::serve(&lane, &mut reader, halves, rx, held, limits, stop, changed).await;
+    why.map(|why| lane.error(Some(&why)))
+}
+
+/// A shared connection to the primary, as [`link::serve`] runs it.
+struct Shared<'a> {
+    common: &'a Common,
+    addr: &'a str,
+}
+
+/// The reading side of a shared connection.
+struct Reader {
+    splitter: Splitter,
+    /// Sessions the last split left holding more than their limit.
+    full: Vec<Arc<Inbox>>,
+}
+
+impl Shared<'_> {
+    /// What the connection's end (`why`; `None`: shutting down) is, as
+    /// sessions read it.
+    fn error(&self, why: Option<&str>) -> UpstreamError {
+        UpstreamError::Io {
+            addr: self.addr.to_string(),
+            reason: format!("shared connection lost: {}", why.unwrap_or("shutting down")),
         }
     }
-    why.map(|_| err)
+}
+
+impl link::Lane for Shared<'_> {
+    type Job = Batch;
+    type Owed = Owed;
+    type Reader = Reader;
+
+    fn queue(&self, b: Batch, out: &mut BytesMut, fifo: &mut VecDeque<Owed>) {
+        out.extend_from_slice(&b.bytes);
+        if b.replies > 0 {
+            fifo.push_back(Owed {
+                inbox: b.inbox,
+                left: b.replies,
+                commands: b.bytes,
+                replies: b.replies,
+            });
+        }
+    }
+
+    fn wrote(&self, jobs: usize) {
+        ProxyMetrics::add(&self.common.metrics.shared_batches, jobs as u64);
+        ProxyMetrics::inc(&self.common.metrics.shared_writes);
+    }
+
+    fn split(
+        &self,
+        reader: &mut Reader,
+        buf: &mut BytesMut,
+        fifo: &mut VecDeque<Owed>,
+        _: &mut Vec<Batch>,
+    ) -> Result<(), String> {
+        let split = reader.splitter.split(buf, fifo, &mut reader.full);
+        split.map_err(|why| {
+            ProxyMetrics::inc(&self.common.metrics.shared_bad_replies);
+            why.to_string()
+        })
+    }
+
+    async fn room(&self, reader: &mut Reader) {
+        for inbox in reader.full.drain(..) {
+            wait_for_room(self.common, &inbox).await;
+        }
+    }
+
+    fn lock_call_waits(&self, fifo: &VecDeque<Owed>) -> bool {
+        lock_call_waits(fifo.iter().map(Owed::unanswered))
+    }
+
+    fn stalled(&self) {
+        ProxyMetrics::inc(&self.common.metrics.shared_lock_reply_timeouts);
+    }
+
+    fn lost(&self, reader: &Reader, owed: VecDeque<Owed>, why: Option<&str>) {
+        let err = self.error(why);
+        let error = error_line(&err);
+        for (i, owed) in owed.into_iter().enumerate() {
+            if i == 0 && !reader.splitter.scanner.at_boundary() {
+                // Part of a reply went to the session already: no error
+                // can stand in its place.
+                owed.inbox.fail(err.to_string());
+            } else {
+                answer(self.common, owed.inbox, owed.left, &error);
+            }
+        }
+    }
 }
 
 /// Waits until a session that holds more replies than its limit
