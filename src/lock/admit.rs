@@ -93,8 +93,10 @@ impl LockService {
             // pool of 4 for 6 workers on one Redis, 7 acquisitions in 6 s).
             // (Not after a client script on the key since it acquired: a
             // compare-and-delete `EVAL` may have released it.)
+            // (Nor once the lease it held the key by ran out: see
+            // `Acquisition::lapsed`.)
             let holds = |a: &super::lease::Acquisition| {
-                a.standing == Standing::Held && a.after_script.is_none()
+                a.standing == Standing::Held && a.after_script.is_none() && a.lapsed(now).is_none()
             };
             if c.get(key).is_some_and(holds) {
                 c.shared_until = Some(now + window);

@@ -99,6 +99,36 @@ pub struct Acquisition {
     /// the connection's attempts after the script count as a new run of
     /// attempts (see [`ConnLocks::scripted`]).
     pub after_script: Option<Instant>,
+    /// Until when an extension through this connection moved the lease
+    /// (`EXPIRE` family, `LOCKGATE EXTEND`), as this instance's clock
+    /// reads the remaining time it was given: see [`Acquisition::lapsed`].
+    pub extended_until: Option<Instant>,
+}
+
+impl Acquisition {
+    /// When the lease this connection holds the key by ran out, if it
+    /// has by this instance's clock (`since + lease_ms`, or the last
+    /// extension's end, whichever is later); `None` while it may still
+    /// run, for a lease of unknown length and for a record not held.
+    ///
+    /// A hint with bounded staleness, never the truth (the owner record
+    /// decides who holds the lock): a holder whose release never reached
+    /// Redis (an error in an outage) stays `Held` here, and its attempts
+    /// after the lease ran out are a loser's spin, not a holder's
+    /// re-entrant ones. Before, such a connection's attempts were taken
+    /// for another caller's on a pooled holder connection, never parked
+    /// and never placed, and lost every turn to parked spinners for as
+    /// long as the key stayed contended (tests/serial/quorum_recovery.rs,
+    /// seeds 4 and 9: a `SETNX` worker granted nothing for 6 s while the
+    /// lock went round 190 times).
+    pub fn lapsed(&self, now: Instant) -> Option<Instant> {
+        if self.standing != Standing::Held || self.lease_ms == 0 {
+            return None;
+        }
+        let ends = self.since + std::time::Duration::from_millis(self.lease_ms);
+        let ends = self.extended_until.map_or(ends, |e| e.max(ends));
+        (now >= ends).then_some(ends)
+    }
 }
 
 /// The number a token ends with (`instance_id:seq`); 0 if none.
@@ -385,21 +415,38 @@ impl ConnLocks {
 
     /// Whether this connection's previous attempt on `key` lost (or came
     /// after a script of its own on the key it held, see
-    /// [`ConnLocks::scripted`]) less than `window` ago: it spins.
+    /// [`ConnLocks::scripted`], or after the lease it held the key by ran
+    /// out, see [`Acquisition::lapsed`]) less than `window` ago: it spins.
     pub fn spinning(&self, key: &[u8], window: std::time::Duration) -> bool {
         self.map.get(key).is_some_and(|a| {
             let lost = match a.standing {
                 Standing::Lost => true,
-                Standing::Held => a.after_script.is_some_and(|t| a.last_try > t),
+                Standing::Held => {
+                    a.after_script.is_some_and(|t| a.last_try > t)
+                        || a.lapsed(Instant::now()).is_some_and(|t| a.last_try > t)
+                }
                 Standing::Trying => false,
             };
             lost && a.last_try.elapsed() < window
         })
     }
 
-    /// When this connection's current run of attempts on `key` began.
+    /// When this connection's current run of attempts on `key` began: for
+    /// a holding whose lease ran out, when it ran out.
     pub fn first_try(&self, key: &[u8]) -> Option<std::time::Instant> {
-        self.map.get(key).map(|a| a.first_try)
+        let a = self.map.get(key)?;
+        Some(a.lapsed(Instant::now()).unwrap_or(a.first_try))
+    }
+
+    /// An extension through this connection gave the lease it holds
+    /// `key` by `pttl_ms` more from now (see [`Acquisition::lapsed`]).
+    pub fn extended(&mut self, key: &[u8], pttl_ms: i64) {
+        if let Some(a) = self.map.get_mut(key) {
+            if a.standing == Standing::Held && pttl_ms > 0 {
+                let until = Instant::now() + std::time::Duration::from_millis(pttl_ms as u64);
+                a.extended_until = Some(until);
+            }
+        }
     }
 
     /// The record for `key`.
@@ -474,6 +521,7 @@ impl ConnLocks {
                 unsettled,
                 takeover: false,
                 after_script: None,
+                extended_until: None,
             },
         );
     }

@@ -490,6 +490,7 @@ impl LockService {
                     // The holder moved its lease: lockgate's view follows
                     // (a lease shortened to 1 s frees the lock in 1 s).
                     self.storm.extended(&key, pttl);
+                    conn.extended(&key, pttl);
                 }
                 // The holding lapsed: the attempts made before the
                 // extension are over, as after a release. One pipelined

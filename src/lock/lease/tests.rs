@@ -2,6 +2,8 @@
 
 use super::*;
 
+use std::time::Duration;
+
 #[test]
 fn tokens_grow_and_carry_the_instance() {
     let t = Tokens::new("host:6380");
@@ -183,4 +185,91 @@ fn a_holder_that_ran_a_script_on_its_lock_spins_from_its_second_attempt_after_it
     assert!(d.spinning(&k, window));
     d.scripted(&k);
     assert_eq!(d.get(&k).and_then(|a| a.after_script), None);
+}
+
+/// `Acquisition::lapsed` as a table of `now`: a holding's lease runs out
+/// at `since + lease_ms`, or at its last extension's end if later; a
+/// lease of unknown length and a record not held never lapse.
+#[test]
+fn a_holding_lapses_when_its_lease_runs_out_by_this_clock() {
+    let t0 = Instant::now();
+    let ms = Duration::from_millis;
+    let record = |standing, lease_ms, extended: Option<u64>| Acquisition {
+        token: Bytes::from_static(b"t:1"),
+        standing,
+        since: t0,
+        lease_ms,
+        value: Bytes::new(),
+        first_try: t0,
+        last_try: t0,
+        retry: None,
+        unsettled: Vec::new(),
+        takeover: false,
+        after_script: None,
+        extended_until: extended.map(|e| t0 + ms(e)),
+    };
+    let rows: [(Standing, u64, Option<u64>, u64, Option<u64>); 8] = [
+        // standing, lease, extended to, now, lapsed at (ms after t0)
+        (Standing::Held, 1000, None, 999, None),
+        (Standing::Held, 1000, None, 1000, Some(1000)),
+        (Standing::Held, 1000, None, 5000, Some(1000)),
+        (Standing::Held, 1000, Some(3000), 2000, None),
+        (Standing::Held, 1000, Some(3000), 3000, Some(3000)),
+        // An extension that shortened the lease does not end it sooner.
+        (Standing::Held, 1000, Some(500), 800, None),
+        (Standing::Held, 0, None, 60_000, None),
+        (Standing::Lost, 1000, None, 5000, None),
+    ];
+    for (standing, lease, extended, now, want) in rows {
+        let a = record(standing, lease, extended);
+        let got = a.lapsed(t0 + ms(now));
+        assert_eq!(
+            got,
+            want.map(|w| t0 + ms(w)),
+            "{standing:?} lease {lease} extended {extended:?} at {now}"
+        );
+    }
+}
+
+/// A connection whose release never reached Redis stays the holder on
+/// record; once its lease ran out, its next attempts are a loser's spin
+/// (it parks and takes its place in line from when the lease ran out),
+/// where before they counted as a holder's re-entrant ones for good. An
+/// extension through it keeps it the holder.
+#[test]
+fn a_holder_whose_lease_ran_out_spins_like_a_loser() {
+    let mut c = ConnLocks::new(4);
+    let key = Bytes::from_static(b"lock:k");
+    c.attempt(
+        key.clone(),
+        Bytes::from_static(b"t:1"),
+        Bytes::new(),
+        Standing::Held,
+        1000,
+    );
+    let window = Duration::from_millis(100);
+    // Its own attempt while the lease runs: a holder's.
+    assert!(c.lost(key.clone(), Bytes::from_static(b"t:2")).is_some());
+    assert!(!c.spinning(&key, window));
+    // The lease ran out 1 s ago (the record's clock moved back by 2 s).
+    let back = Duration::from_secs(2);
+    let a = c.map.get_mut(&key).expect("the record");
+    a.since -= back;
+    a.first_try -= back * 2;
+    let lapsed_at = a.since + Duration::from_millis(1000);
+    c.lost(key.clone(), Bytes::from_static(b"t:3"));
+    assert!(
+        c.spinning(&key, window),
+        "a loser's spin once the lease ran out"
+    );
+    assert_eq!(
+        c.first_try(&key),
+        Some(lapsed_at),
+        "its run began at the lapse"
+    );
+    assert_eq!(c.get(&key).map(|a| a.standing), Some(Standing::Held));
+    // An extension through it: the holder's again.
+    c.extended(&key, 5000);
+    c.lost(key.clone(), Bytes::from_static(b"t:4"));
+    assert!(!c.spinning(&key, window));
 }
