@@ -46,8 +46,9 @@
 //!   where each command goes (pure).
 //! - [`upstream`]: `Connector`, one shared connection per Redis, the primary,
 //!   the sessions' shared connections (`proxy.upstream = "shared"`), and
-//!   the connections to a cluster's nodes (`[upstream.cluster]`); a
-//!   session's upstream is one of these three ([`upstream::stream`]).
+//!   the connections to a cluster's nodes (`[upstream.cluster]`), all
+//!   pipelined by one loop (`upstream::link`); a session's upstream is one
+//!   of these three ([`upstream::stream`]).
 //! - [`tls`]: rustls configurations, reloads, plain-or-TLS streams.
 //! - [`metrics`]: the proxy's counters, `counters!`, warning rate limits.
 //! - [`sync`]: the one policy for a poisoned std lock.

@@ -7,9 +7,13 @@
 //! call bounded. Which Redis is the primary now, its switches and the
 //! failover hold are [`Primary`] ([`primary`]). With `proxy.upstream =
 //! "shared"`, sessions' plain commands share a few connections
-//! ([`shared`]). When a connection that carries lock commands has gone
-//! silent too long is [`stall`]'s rule, shared by the cluster's lanes, the
-//! shared connections and the sessions' own.
+//! ([`shared`]). Every one of these pipelined connections (lockgate's
+//! own, the shared ones, a cluster node's lanes) is served by one loop,
+//! [`link`]: batched writes, one FIFO of owed replies, the owed answered
+//! when it ends; each kind says only what a job is and where its replies
+//! go. When a connection that carries lock commands has gone silent too
+//! long is [`stall`]'s rule, shared by the cluster's lanes, the shared
+//! connections and the sessions' own.
 
 pub mod backoff;
 pub mod cluster;
