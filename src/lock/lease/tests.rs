@@ -208,8 +208,9 @@ fn a_holding_lapses_when_its_lease_runs_out_by_this_clock() {
         after_script: None,
         extended_until: extended.map(|e| t0 + ms(e)),
     };
-    let rows: [(Standing, u64, Option<u64>, u64, Option<u64>); 8] = [
-        // standing, lease, extended to, now, lapsed at (ms after t0)
+    // standing, lease, extended to, now, lapsed at (ms after t0)
+    type Row = (Standing, u64, Option<u64>, u64, Option<u64>);
+    let rows: [Row; 8] = [
         (Standing::Held, 1000, None, 999, None),
         (Standing::Held, 1000, None, 1000, Some(1000)),
         (Standing::Held, 1000, None, 5000, Some(1000)),
