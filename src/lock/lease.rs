@@ -100,8 +100,9 @@ pub struct Acquisition {
     /// attempts (see [`ConnLocks::scripted`]).
     pub after_script: Option<Instant>,
     /// Until when an extension through this connection moved the lease
-    /// (`EXPIRE` family, `LOCKGATE EXTEND`), as this instance's clock
-    /// reads the remaining time it was given: see [`Acquisition::lapsed`].
+    /// (`EXPIRE` family, `LOCKGATE EXTEND`, a watchdog renewal), as this
+    /// instance's clock reads the remaining time it was given: see
+    /// [`Acquisition::lapsed`].
     pub extended_until: Option<Instant>,
 }
 

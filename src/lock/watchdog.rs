@@ -48,6 +48,9 @@ pub async fn run(service: &LockService, conn: &Mutex<ConnLocks>) {
             match primary.call(cmd, CALL_TIMEOUT).await {
                 Ok(reply) if reply.as_ref() == b":1\r\n" => {
                     ProxyMetrics::inc(&service.metrics.watchdog_renewals);
+                    // The record's lease moves with it: a renewed holding
+                    // has not lapsed (`Acquisition::lapsed`).
+                    sync::lock(conn).extended(&key, lease_ms as i64);
                 }
                 Ok(_) => {
                     sync::lock(conn).settle(&key, &token, Standing::Lost, None);

@@ -136,6 +136,19 @@ async fn watchdog_renews_while_the_connection_lives() {
     let renewals = m(&lg.ctx.locks.metrics.watchdog_renewals);
     // Every lease/3 over 1.2 s: about 12; at least one per lease.
     assert!(renewals >= 4, "watchdog_renewals = {renewals}");
+    // Long past its first lease, the renewed holder is still the holder
+    // to lockgate: its re-entrant attempts, one right after the other,
+    // are answered as Redis answers them and never parked (a holding
+    // whose lease ran out by lockgate's clock would spin like a loser's).
+    for _ in 0..2 {
+        let again = holder.call_raw(&["SETNX", "lock:wd:1", "me"]).await;
+        assert_eq!(again, b":0\r\n");
+    }
+    assert_eq!(
+        m(&lg.ctx.locks.storm.metrics.parked),
+        0,
+        "the holder parked"
+    );
 
     drop(holder);
     let closed = Instant::now();
