@@ -271,7 +271,7 @@ struct Stall {
 
 impl Stall {
     fn new(limit: Duration) -> Stall {
-        let mut tick = tokio::time::interval((limit / 4).max(Duration::from_millis(10)));
+        let mut tick = tokio::time::interval(crate::upstream::stall::look_every(limit));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         Stall {
             limit,

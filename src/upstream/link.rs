@@ -191,16 +191,13 @@ where
         }
         stalled
     });
-    // `reads` borrows `reader` until the select is over.
-    let why = {
-        let reads = reads;
-        tokio::select! {
-            _ = stop.cancelled() => None,
-            why = writes => why,
-            why = reads => Some(why),
-            why = watch => Some(why),
-            why = ends => Some(why),
-        }
+    // The select consumes the loops: `reader` is free again after it.
+    let why = tokio::select! {
+        _ = stop.cancelled() => None,
+        why = writes => why,
+        why = reads => Some(why),
+        why = watch => Some(why),
+        why = ends => Some(why),
     };
     let owed = std::mem::take(&mut *sync::lock(&fifo));
     lane.lost(reader, owed, why.as_deref());

@@ -385,6 +385,7 @@ async fn serve(
         scanner: ReplyScanner::new(),
         pos: 0,
     };
+    // Shutdown ends the whole task (`Node::spawn`), this loop with it.
     let stop = CancellationToken::new();
     let never = std::future::pending::<String>();
     let halves = stream.split();

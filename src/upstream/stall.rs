@@ -51,6 +51,12 @@ impl Watch {
     }
 }
 
+/// How often a watch with bound `limit` looks: every quarter of it, at
+/// least 10 ms apart (a stall is seen at most a quarter late).
+pub(crate) fn look_every(limit: Duration) -> Duration {
+    (limit / 4).max(Duration::from_millis(10))
+}
+
 /// Looks at a connection every quarter of `limit` (at least 10 ms apart)
 /// until `look` says it has stalled with a lock command waiting (given
 /// the watch, `now` and `limit`); then the reason the connection is given
@@ -62,7 +68,7 @@ pub(crate) async fn watch(
     let Some(limit) = limit else {
         return std::future::pending().await;
     };
-    let tick = (limit / 4).max(Duration::from_millis(10));
+    let tick = look_every(limit);
     let mut watch = Watch::new(Instant::now());
     loop {
         tokio::time::sleep(tick).await;
