@@ -130,6 +130,18 @@ impl Acquisition {
         let ends = self.extended_until.map_or(ends, |e| e.max(ends));
         (now >= ends).then_some(ends)
     }
+
+    /// The connection tries for the key again now: the first attempt
+    /// after its holding lapsed begins a new run of attempts (a loser's
+    /// place in line counts from there, not from before it acquired, nor
+    /// from the lapse itself, when it was not asking yet).
+    fn tried(&mut self) {
+        let now = Instant::now();
+        if self.lapsed(now).is_some_and(|t| self.last_try <= t) {
+            self.first_try = now;
+        }
+        self.last_try = now;
+    }
 }
 
 /// The number a token ends with (`instance_id:seq`); 0 if none.
@@ -387,7 +399,7 @@ impl ConnLocks {
                 a.standing = Standing::Lost;
             }
             let gap = a.last_try.elapsed();
-            a.last_try = Instant::now();
+            a.tried();
             return Some(gap);
         }
         self.attempt(key, token, Bytes::new(), Standing::Lost, 0);
@@ -432,11 +444,10 @@ impl ConnLocks {
         })
     }
 
-    /// When this connection's current run of attempts on `key` began: for
-    /// a holding whose lease ran out, when it ran out.
+    /// When this connection's current run of attempts on `key` began (for
+    /// a holding that lapsed, at its first attempt after that).
     pub fn first_try(&self, key: &[u8]) -> Option<std::time::Instant> {
-        let a = self.map.get(key)?;
-        Some(a.lapsed(Instant::now()).unwrap_or(a.first_try))
+        self.map.get(key).map(|a| a.first_try)
     }
 
     /// An extension through this connection gave the lease it holds
@@ -483,7 +494,7 @@ impl ConnLocks {
                         a.unsettled.remove(0);
                     }
                 }
-                a.last_try = Instant::now();
+                a.tried();
                 return;
             }
         }

@@ -226,3 +226,64 @@ async fn a_closed_spinners_place_does_not_hold_newcomers_back() {
     );
     lg.stop().await;
 }
+
+/// A holder whose release never reached Redis (here: it never sent one)
+/// and whose lease ran out is a loser like any other once it asks again:
+/// its attempts park and take their place in line from its first attempt
+/// after the lapse, behind a spinner that was waiting before it. Before,
+/// lockgate took that connection for the holder for good: its attempts
+/// were answered at once and never parked, so while anyone else waited it
+/// could not be served (tests/serial/quorum_recovery.rs, seeds 4 and 9).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_whose_lease_ran_out_waits_its_turn_as_a_loser() {
+    let (_redis, lg, mut r) = setup_with("lapse", 300, |c| {
+        c.locks.retry.park_ms = 5_000;
+        c.locks.retry.probe_interval_ms = 10_000;
+    })
+    .await;
+    let mut stale = RawClient::connect(lg.addr).await;
+    let mut holder = RawClient::connect(lg.addr).await;
+    let mut waiter = RawClient::connect(lg.addr).await;
+    assert_eq!(stale.call(&["SETNX", "lock:lapse", "s"]).await, ":1\r\n");
+    // Its lease runs out on Redis; lockgate is told nothing.
+    crate::until!(
+        "the stale lease to run out",
+        r.call(&["EXISTS", "lock:lapse"]).await == ":0\r\n"
+    );
+    assert_eq!(holder.call(&["SETNX", "lock:lapse", "h"]).await, ":1\r\n");
+    assert_eq!(holder.call(&["EXPIRE", "lock:lapse", "30"]).await, ":1\r\n");
+    let storm = lg.ctx.locks.storm.clone();
+    // The waiter spins first: its second attempt parks.
+    assert_eq!(waiter.call(&["SETNX", "lock:lapse", "w"]).await, ":0\r\n");
+    let waiting = tokio::spawn(async move {
+        let reply = waiter.call(&["SETNX", "lock:lapse", "w"]).await;
+        (waiter, reply)
+    });
+    eventually("the waiter to park", || storm.waiting(b"lock:lapse") == 1).await;
+    // Then the stale holder spins: its second attempt parks behind it.
+    assert_eq!(stale.call(&["SETNX", "lock:lapse", "s"]).await, ":0\r\n");
+    let stale_waits = tokio::spawn(async move {
+        let reply = stale.call(&["SETNX", "lock:lapse", "s"]).await;
+        (stale, reply)
+    });
+    eventually("the stale holder to park", || {
+        storm.waiting(b"lock:lapse") == 2
+    })
+    .await;
+    let within = Duration::from_secs(5);
+    assert_eq!(holder.call(&["DEL", "lock:lapse"]).await, ":1\r\n");
+    let (mut waiter, reply) = tokio::time::timeout(within, waiting)
+        .await
+        .expect("the waiter answered")
+        .expect("waiter task");
+    assert_eq!(reply, ":1\r\n", "the first in line acquired");
+    assert_eq!(get(&mut r, "lock:lapse").await.as_deref(), Some("w"));
+    assert_eq!(waiter.call(&["DEL", "lock:lapse"]).await, ":1\r\n");
+    let (_stale, reply) = tokio::time::timeout(within, stale_waits)
+        .await
+        .expect("the stale holder answered")
+        .expect("stale task");
+    assert_eq!(reply, ":1\r\n", "the stale holder acquired in its turn");
+    assert_eq!(get(&mut r, "lock:lapse").await.as_deref(), Some("s"));
+    lg.stop().await;
+}
