@@ -21,6 +21,8 @@
 # Exit status: 0 when every test that passes directly also passes through
 # lockgate, apart from the named EXCEPTIONS below (each must also fail through
 # HAProxy: they are what any proxy changes, not lockgate's doing); 1 otherwise.
+# A test lost through lockgate has its unit run once more through a fresh
+# lockgate; lost again, it fails the run; passed, it is named at the end.
 # What is missing is installed on a fresh Debian machine (as root, apt-get):
 # tcl, dpkg-dev, haproxy, redis-server/redis-tools; lockgate is built with
 # `cargo build --release`. Every process started is stopped on exit.
@@ -29,7 +31,7 @@ set -euo pipefail
 # shellcheck source=scripts/common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-usage() { sed -n '2,26s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"; }
+usage() { sed -n '2,28s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"; }
 
 FETCH_ONLY=0
 while [ $# -gt 0 ]; do
@@ -403,6 +405,35 @@ for target in haproxy lockgate; do
 		>"$WORKDIR/$target.lost"
 done
 
+# A second run for the units of what was lost through lockgate, on a fresh
+# server and lockgate: a few of the suite's tests are timing-sensitive (a
+# unit aborted or a test lost through HAProxy, a plain byte copier, in
+# earlier runs here), and one lost once by the extra hop is not lockgate
+# changing a command. A test lost again is lost; one that passes the second
+# time is named at the end as lost once, so it is seen, not hidden.
+: >"$WORKDIR/lockgate.flaky"
+if [ -s "$WORKDIR/lockgate.lost" ]; then
+	mapfile -t RERUN < <(sed 's/: .*//' "$WORKDIR/lockgate.lost" | sort -u)
+	log "[lockgate] lost $(wc -l <"$WORKDIR/lockgate.lost"); running ${RERUN[*]} again"
+	mv "$WORKDIR/lockgate" "$WORKDIR/lockgate.first"
+	mv "$WORKDIR/lockgate.results" "$WORKDIR/lockgate.results.first"
+	start_target lockgate
+	BASEPORT="${BASE[lockgate]}"
+	: >"$WORKDIR/lockgate.results"
+	for unit in "${RERUN[@]}"; do
+		run_unit lockgate "$unit"
+	done
+	stop_all
+	mv "$WORKDIR/lockgate" "$WORKDIR/lockgate.rerun"
+	mv "$WORKDIR/lockgate.first" "$WORKDIR/lockgate"
+	mv "$WORKDIR/lockgate.results" "$WORKDIR/lockgate.rerun.results"
+	mv "$WORKDIR/lockgate.results.first" "$WORKDIR/lockgate.results"
+	comm -23 <(keys lockgate.rerun ok) <(keys lockgate.rerun err) |
+		comm -12 "$WORKDIR/lockgate.lost" - >"$WORKDIR/lockgate.flaky"
+	comm -23 "$WORKDIR/lockgate.lost" "$WORKDIR/lockgate.flaky" >"$WORKDIR/lockgate.lost.again"
+	mv "$WORKDIR/lockgate.lost.again" "$WORKDIR/lockgate.lost"
+fi
+
 printf '\nRedis %s test suite (%s units), external mode\n' "$(redis_version)" "${#UNITS[@]}"
 for target in "${TARGETS[@]}"; do
 	printf '\n%-9s passed %4d   failed %3d\n' "$target" \
@@ -443,7 +474,12 @@ printf '\nredis-suite: %d pass directly, %d through haproxy, %d through lockgate
 	"$(($(wc -l <"$WORKDIR/baseline") - $(wc -l <"$WORKDIR/lockgate.lost")))"
 if [ "$fail" -eq 0 ]; then
 	printf ' lockgate lost none (%d excepted); %ds\n' "${#EXCEPTIONS[@]}" "$((SECONDS - START))"
+	sed 's/^/    lost once through lockgate, passed when its unit ran again: /' \
+		"$WORKDIR/lockgate.flaky"
 else
 	printf ' FAILED: %d lost through lockgate; %ds\n' "$regressions" "$((SECONDS - START))"
+	# Named again last: CI shows the end of the output, and the per-target
+	# lists above scroll away.
+	sed 's/^/    lost through lockgate: /' "$WORKDIR/regressions"
 	exit 1
 fi
