@@ -227,7 +227,7 @@ impl Job {
     }
 
     /// Hands the replies on, and counts the job answered.
-    fn finish(self, parts: Vec<Part>) {
+    pub(super) fn finish(self, parts: Vec<Part>) {
         if let Some(unread) = &self.unread {
             unread.add(&parts);
         }

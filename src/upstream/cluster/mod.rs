@@ -181,6 +181,40 @@ impl std::fmt::Debug for Common {
 }
 
 impl Common {
+    /// The shared state of `config`'s cluster upstream, with no map read
+    /// and no lane started yet ([`ClusterPool::start`] starts the map's
+    /// reader; the stream's tests set a map and lanes of their own).
+    fn new(config: &Config, connector: Connector, stop: &CancellationToken) -> Common {
+        let c = &config.upstream.cluster;
+        Common {
+            map: RwLock::new((None, Instant::now())),
+            generation: AtomicU64::new(0),
+            keys: RwLock::new(Arc::new(KeyTable::default())),
+            facade: RwLock::new(Facade::new("lockgate", "127.0.0.1", 6379)),
+            lanes: Mutex::new(HashMap::new()),
+            version: RwLock::new(String::new()),
+            node: NodeConfig::for_addr(config, &config.upstream.addr, connector),
+            seeds: c.seeds.clone(),
+            lanes_per_node: config.proxy.shared_upstream_connections.max(1),
+            queue: config.proxy.shared_upstream_queue_batches.max(1),
+            reconnect_interval: Duration::from_millis(config.upstream.reconnect_interval_ms),
+            read_chunk: config.proxy.read_chunk_bytes,
+            reply_half: config.proxy.shared_session_reply_bytes / 2,
+            reply_stall: Duration::from_millis(config.proxy.shared_reply_stall_ms),
+            max_redirects: c.max_redirects,
+            lock_reply_timeout: config.upstream.lock_reply_timeout(),
+            refresh_interval: Duration::from_millis(c.refresh_interval_ms),
+            refresh_gap: Duration::from_millis(c.refresh_min_gap_ms),
+            refresh: Notify::new(),
+            promoted: Mutex::new(Vec::new()),
+            down: Mutex::new(std::collections::HashSet::new()),
+            names: Mutex::new(std::collections::HashSet::new()),
+            metrics: Arc::default(),
+            warn: RateLimit::new(Duration::from_secs(10)),
+            stop: stop.clone(),
+        }
+    }
+
     /// A connection to the node `addr`, authenticated as lockgate's own
     /// (`upstream.username`/`password`), named, speaking RESP3 when
     /// `resp3` (after `HELLO 3`).
@@ -509,34 +543,7 @@ impl ClusterPool {
         connector: Connector,
         stop: &CancellationToken,
     ) -> Arc<ClusterPool> {
-        let c = &config.upstream.cluster;
-        let common = Arc::new(Common {
-            map: RwLock::new((None, Instant::now())),
-            generation: AtomicU64::new(0),
-            keys: RwLock::new(Arc::new(KeyTable::default())),
-            facade: RwLock::new(Facade::new("lockgate", "127.0.0.1", 6379)),
-            lanes: Mutex::new(HashMap::new()),
-            version: RwLock::new(String::new()),
-            node: NodeConfig::for_addr(config, &config.upstream.addr, connector),
-            seeds: c.seeds.clone(),
-            lanes_per_node: config.proxy.shared_upstream_connections.max(1),
-            queue: config.proxy.shared_upstream_queue_batches.max(1),
-            reconnect_interval: Duration::from_millis(config.upstream.reconnect_interval_ms),
-            read_chunk: config.proxy.read_chunk_bytes,
-            reply_half: config.proxy.shared_session_reply_bytes / 2,
-            reply_stall: Duration::from_millis(config.proxy.shared_reply_stall_ms),
-            max_redirects: c.max_redirects,
-            lock_reply_timeout: config.upstream.lock_reply_timeout(),
-            refresh_interval: Duration::from_millis(c.refresh_interval_ms),
-            refresh_gap: Duration::from_millis(c.refresh_min_gap_ms),
-            refresh: Notify::new(),
-            promoted: Mutex::new(Vec::new()),
-            down: Mutex::new(std::collections::HashSet::new()),
-            names: Mutex::new(std::collections::HashSet::new()),
-            metrics: Arc::default(),
-            warn: RateLimit::new(Duration::from_secs(10)),
-            stop: stop.clone(),
-        });
+        let common = Arc::new(Common::new(config, connector, stop));
         tokio::spawn(refresher(common.clone()));
         Arc::new(ClusterPool {
             common,
@@ -741,13 +748,13 @@ async fn refresher(common: Arc<Common>) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::protocol::encode::LocalReply;
 
     /// A map from `(first slot, last slot, primary, replicas)` rows, read
     /// back from a `CLUSTER SLOTS` reply as a node would give it.
-    fn map(rows: &[(u16, u16, &str, &[&str])]) -> SlotMap {
+    pub(crate) fn map(rows: &[(u16, u16, &str, &[&str])]) -> SlotMap {
         let node = |addr: &str| {
             let (host, port) = addr.rsplit_once(':').expect("HOST:PORT");
             LocalReply::Array(vec![

@@ -1269,3 +1269,6 @@ impl AsyncWrite for ClusterWrite {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
