@@ -23,6 +23,8 @@ pub mod primary;
 pub mod shared;
 pub(crate) mod stall;
 pub mod stream;
+#[cfg(test)]
+pub(crate) mod testing;
 pub use primary::Primary;
 
 use std::io;

@@ -396,3 +396,6 @@ impl AsyncWrite for SharedWrite {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -9,7 +9,6 @@
 //! places.
 
 use std::sync::Mutex;
-use std::time::Duration;
 
 use redis_protocol::resp2::types::Resp2Frame;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -20,6 +19,7 @@ use super::*;
 use crate::cluster::slot::key_slot;
 use crate::config::Config;
 use crate::tls::{Side, TlsStore};
+use crate::upstream::testing::{command, read_all, WAIT};
 use crate::upstream::Connector;
 
 /// What the lanes were sent: per job answered, its node and its
@@ -44,9 +44,6 @@ const NODES: [(&str, u16, u16); 3] = [
     ("b:1", 5461, 10922),
     ("c:1", 10923, 16383),
 ];
-
-/// How long a test waits for what must come (a loaded box: generous).
-const WAIT: Duration = Duration::from_secs(10);
 
 /// A command's key (its second argument), or its name.
 fn key_of(command: &[u8]) -> String {
@@ -135,22 +132,6 @@ fn stream(log: &Log, gated: Option<&'static str>) -> (ClusterStream, Option<Arc<
         }
     }
     (ClusterStream::new(Arc::new(common), 0, false), gate)
-}
-
-/// `command args…` in RESP.
-fn command(args: &[&str]) -> Vec<u8> {
-    let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
-    encode::command(&args).to_vec()
-}
-
-/// Reads exactly `want`'s length and checks it is `want`.
-async fn read_all(read: &mut ClusterRead, want: &str) {
-    let mut got = vec![0u8; want.len()];
-    tokio::time::timeout(WAIT, read.read_exact(&mut got))
-        .await
-        .expect("the replies come")
-        .expect("read");
-    assert_eq!(String::from_utf8_lossy(&got), want);
 }
 
 /// Waits until the lanes have answered `n` jobs.
