@@ -306,15 +306,15 @@ impl SharedWrite {
         self.pending.advance(len);
         ProxyMetrics::inc(&self.common.metrics.wait_refused);
         let mut reply = BytesMut::new();
-        LocalReply::err(
-            "lockgate: WAIT and WAITAOF cannot wait for writes sent over a shared upstream \
-             connection (proxy.upstream = \"shared\"); use proxy.upstream = \"dedicated\"",
-        )
-        .encode(false, &mut reply);
+        LocalReply::err(WAIT_REFUSED).encode(false, &mut reply);
         self.inbox.local(reply.freeze());
         Ok(())
     }
 }
+
+/// The error a `WAIT`/`WAITAOF` after shared writes is answered with.
+const WAIT_REFUSED: &str = "lockgate: WAIT and WAITAOF cannot wait for writes sent over a shared \
+     upstream connection (proxy.upstream = \"shared\"); use proxy.upstream = \"dedicated\"";
 
 /// Follows the `CLIENT PAUSE`/`UNPAUSE` among commands a moved session
 /// sent to its dedicated connection (a session moves at any `CLIENT`

@@ -76,11 +76,7 @@ async fn a_wait_after_shared_writes_is_refused_in_its_place() {
     let (flushed, ()) = tokio::join!(s.write.flush(), answer);
     flushed.expect("flushed");
     let mut refusal = BytesMut::new();
-    LocalReply::err(
-        "lockgate: WAIT and WAITAOF cannot wait for writes sent over a shared upstream \
-         connection (proxy.upstream = \"shared\"); use proxy.upstream = \"dedicated\"",
-    )
-    .encode(false, &mut refusal);
+    LocalReply::err(WAIT_REFUSED).encode(false, &mut refusal);
     let want = format!("+OK\r\n{}$1\r\n1\r\n", String::from_utf8_lossy(&refusal));
     read_all(&mut s.read, &want).await;
 }
