@@ -51,16 +51,25 @@ fn is_spare(line: &str) -> bool {
 }
 
 /// Waits until lockgate has `n` spares ready and Redis lists `n` of them;
-/// their ids.
+/// their ids. The shared connections must be open and named first: a
+/// shared connection opened but not yet through its `CLIENT SETNAME` is
+/// unnamed and idle as a spare is, and was once counted as one while a
+/// spare was still in Redis's accept queue (a clean-clone CI here).
 async fn spares_ready(lg: &Lockgate, redis: &RedisServer, n: usize) -> Vec<String> {
     let gauge = &lg.ctx.upstream_conns.spare_open;
+    let shared_open = &lg.ctx.upstream_conns.shared_open;
     let mut ids: Vec<String>;
     crate::until!(format!("{n} spares (have {})", ids.len()), {
-        ids = (client_list(redis).await.iter())
+        let lines = client_list(redis).await;
+        let named = (lines.iter())
+            .filter(|l| l.contains("name=lockgate-shared"))
+            .count() as u64;
+        ids = (lines.iter())
             .filter(|l| is_spare(l))
             .map(|l| field(l, "id").to_string())
             .collect();
-        ids.len() == n && gauge.load(Ordering::Relaxed) == n as u64
+        let shared = shared_open.load(Ordering::Relaxed);
+        shared > 0 && named == shared && ids.len() == n && gauge.load(Ordering::Relaxed) == n as u64
     });
     ids
 }
