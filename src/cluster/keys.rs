@@ -10,6 +10,7 @@
 use redis_protocol::resp2::types::OwnedFrame;
 
 use super::slot::key_slot;
+use crate::command::folded;
 
 /// Why a command's keys could not be found.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -74,14 +75,22 @@ struct Entry {
     /// Its arity: the exact number of arguments (name included), or at
     /// least minus this when negative.
     arity: i64,
+    /// Its one key is its first argument (`GET`, `SET`, most commands):
+    /// routed without walking the specification.
+    one_key: bool,
 }
 
-/// Every command's key specifications, by lowercase name (`name` or
-/// `name|subcommand`). Looked up once per command routed: hashed with
-/// aHash, not SipHash (the names are the server's own, not a client's
-/// choice; `perf` at `-P 16`: the look-up was most of the router's 5 %).
+/// Every command's key specifications, by name (`name` or
+/// `name|subcommand`). Looked up once per command routed: a name of up to
+/// 15 bytes (all of Redis's commands) by its folded form
+/// ([`crate::command::names::key`], one `u128`), any other by its
+/// lowercase bytes; hashed with aHash, not SipHash (the names are the
+/// server's own, not a client's choice). Callgrind, `SET -P 16` in front
+/// of a cluster: lowercasing the name and hashing its bytes was 182
+/// instructions per command routed.
 #[derive(Debug, Clone, Default)]
 pub struct KeyTable {
+    folded: ahash::AHashMap<u128, Entry>,
     commands: ahash::AHashMap<Vec<u8>, Entry>,
 }
 
@@ -121,24 +130,34 @@ impl KeyTable {
                 }
             }
         }
+        entry.one_key = !entry.unreadable
+            && matches!(&entry.specs[..], [Spec {
+                begin: Begin::Index(1),
+                find: Find::Range { lastkey: 0, keystep: 1, limit: 0 },
+                incomplete: false,
+                ..
+            }]);
         if let Some(OwnedFrame::Array(subs)) = parts.get(9) {
             entry.container = !subs.is_empty();
             for sub in subs {
                 self.add(sub.clone())?;
             }
         }
-        self.commands.insert(name.into_bytes(), entry);
+        match folded(name.as_bytes()) {
+            0 => self.commands.insert(name.into_bytes(), entry),
+            key => self.folded.insert(key, entry),
+        };
         Ok(())
     }
 
     /// The number of commands and subcommands described.
     pub fn len(&self) -> usize {
-        self.commands.len()
+        self.folded.len() + self.commands.len()
     }
 
     /// True when nothing is described.
     pub fn is_empty(&self) -> bool {
-        self.commands.is_empty()
+        self.folded.is_empty() && self.commands.is_empty()
     }
 
     /// The keys of the command `args` (its name first), in the order the
@@ -159,9 +178,19 @@ impl KeyTable {
     /// when they span slots, `Err(Some(_))` when they cannot be found.
     /// What a router asks per command: no list is built.
     pub fn routing_slot(&self, args: &[&[u8]]) -> Result<Option<u16>, Option<KeysError>> {
+        let entry = self.resolved(args).map_err(Some)?;
+        if entry.one_key {
+            // What `each_key` finds for its one spec, without the walk
+            // (callgrind, `SET -P 16`: the walk was about 200 instructions
+            // per command routed).
+            return match args.get(1) {
+                Some(key) => Ok(Some(key_slot(key))),
+                None => Err(Some(KeysError::Syntax)),
+            };
+        }
         let mut slot = None;
         let mut cross = false;
-        self.each_key(args, true, |k| {
+        each_key(entry, args, true, |k| {
             let s = key_slot(k);
             match slot {
                 None => slot = Some(s),
@@ -208,7 +237,7 @@ impl KeyTable {
                 .map(|s| s.to_ascii_lowercase())
                 .unwrap_or_default(),
         );
-        self.commands.get(&full).ok_or_else(unknown)
+        self.entry(&full).ok_or_else(unknown)
     }
 
     fn find<'a>(&self, args: &[&'a [u8]], not_keys: bool) -> Result<Vec<&'a [u8]>, KeysError> {
@@ -217,18 +246,12 @@ impl KeyTable {
         Ok(keys)
     }
 
-    /// The entry of a name, looked up without allocating for names of up
-    /// to 32 bytes (all of Redis's).
+    /// The entry of a name, any case, looked up without allocating for
+    /// names of up to 15 bytes.
     fn entry(&self, name: &[u8]) -> Option<&Entry> {
-        let mut buf = [0u8; 32];
-        match buf.get_mut(..name.len()) {
-            Some(lower) => {
-                for (l, c) in lower.iter_mut().zip(name) {
-                    *l = c.to_ascii_lowercase();
-                }
-                self.commands.get(&lower[..])
-            }
-            None => self.commands.get(&name.to_ascii_lowercase()[..]),
+        match folded(name) {
+            0 => self.commands.get(&name.to_ascii_lowercase()[..]),
+            key => self.folded.get(&key),
         }
     }
 
@@ -236,32 +259,42 @@ impl KeyTable {
         &self,
         args: &[&'a [u8]],
         not_keys: bool,
-        mut f: impl FnMut(&'a [u8]),
+        f: impl FnMut(&'a [u8]),
     ) -> Result<(), KeysError> {
-        let entry = self.resolved(args)?;
-        if entry.unreadable {
+        each_key(self.resolved(args)?, args, not_keys, f)
+    }
+}
+
+/// Calls `f` with each key of the command `args` that `entry` describes
+/// (and its `not_key` arguments when `not_keys`).
+fn each_key<'a>(
+    entry: &Entry,
+    args: &[&'a [u8]],
+    not_keys: bool,
+    mut f: impl FnMut(&'a [u8]),
+) -> Result<(), KeysError> {
+    if entry.unreadable {
+        return Err(KeysError::Incomplete);
+    }
+    let argc = args.len() as i64;
+    for spec in entry.specs.iter().filter(|s| not_keys || !s.not_key) {
+        if spec.incomplete {
             return Err(KeysError::Incomplete);
         }
-        let argc = args.len() as i64;
-        for spec in entry.specs.iter().filter(|s| not_keys || !s.not_key) {
-            if spec.incomplete {
-                return Err(KeysError::Incomplete);
-            }
-            let Some(first) = begin(&spec.begin, args) else {
-                continue;
-            };
-            let (first, last, step) = range(&spec.find, first, args)?;
-            if last >= argc || last < first || first >= argc {
-                return Err(KeysError::Syntax);
-            }
-            let mut i = first;
-            while i <= last {
-                f(args[i as usize]);
-                i += step.max(1);
-            }
+        let Some(first) = begin(&spec.begin, args) else {
+            continue;
+        };
+        let (first, last, step) = range(&spec.find, first, args)?;
+        if last >= argc || last < first || first >= argc {
+            return Err(KeysError::Syntax);
         }
-        Ok(())
+        let mut i = first;
+        while i <= last {
+            f(args[i as usize]);
+            i += step.max(1);
+        }
     }
+    Ok(())
 }
 
 /// Where a spec's keys begin (`None`: its keyword is absent: no keys).

@@ -231,6 +231,14 @@ pub fn classify(name: &[u8], arg1: &[u8], arg2: &[u8]) -> CommandKind {
     classify_key(names::key(name), arg1, arg2)
 }
 
+/// A command name folded to one integer, alike for names equal but for
+/// ASCII case; 0 for an empty name or one over 15 bytes. A table of
+/// commands keyed by it is looked up without lowercasing or hashing the
+/// bytes (see [`crate::cluster::keys::KeyTable`]).
+pub fn folded(name: &[u8]) -> u128 {
+    names::key(name)
+}
+
 /// [`classify`] and [`label_index`] at once, the name folded once: what
 /// every request passing through needs.
 pub fn lookup(name: &[u8], arg1: &[u8], arg2: &[u8]) -> (CommandKind, usize) {

@@ -6,9 +6,11 @@
 //! checked on headers; [`reply`] is a resumable frame scanner for RESP2 and
 //! RESP3 replies (its property test against `redis-protocol` is
 //! `reply_props`; [`reply::simple_frames`] counts a run of plain replies in
-//! one pass for the writer).
+//! one pass for the writer); [`frames`] carries the commands the
+//! dispatcher framed to an upstream that would frame them again.
 
 pub mod encode;
+pub mod frames;
 pub mod reply;
 pub mod request;
 

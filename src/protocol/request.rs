@@ -102,6 +102,16 @@ impl RequestParser {
         }
     }
 
+    /// Where the last complete request's arguments are in the buffer that
+    /// was passed to `parse`: `None` for an inline request, whose words
+    /// live in the parser's own space.
+    pub fn arg_ranges(&self) -> Option<&[Range<usize>]> {
+        match self.source {
+            ArgSource::Buffer => Some(&self.args),
+            ArgSource::Scratch => None,
+        }
+    }
+
     /// Parses the request at the front of `buf`.
     pub fn parse(&mut self, buf: &[u8]) -> Result<Option<Request>, ProtocolError> {
         self.args.clear();

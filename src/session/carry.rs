@@ -10,6 +10,7 @@ use crate::admin;
 use crate::lock::lease::Hurry;
 use crate::lock::Early;
 use crate::protocol::encode::LocalReply;
+use crate::protocol::frames::Frames;
 use bytes::{Bytes, BytesMut};
 use std::ops::Range;
 use std::sync::Arc;
@@ -83,6 +84,9 @@ pub(super) struct Routed {
     pub(super) last: bool,
     pub(super) batch: Batch,
     pub(super) pieces: Pieces,
+    /// The plain commands at the front of what goes upstream, as parsed
+    /// (see [`super::dispatch::Dispatch::keep_frames`]).
+    pub(super) frames: Frames,
     /// Bytes consumed from the front of the read buffer.
     pub(super) used: usize,
     /// A malformed request ended the batch (its error and a close are the
@@ -102,6 +106,7 @@ impl Routed {
             last: false,
             batch: Batch::default(),
             pieces: Pieces::default(),
+            frames: Frames::default(),
             used: 0,
             failed: false,
             hold: None,

@@ -143,6 +143,7 @@ pub async fn read_loop(
         activity,
     } = links;
     let mut dispatch = Dispatch::new(ctx.clone(), conn.clone(), jobs.clone());
+    dispatch.keep_frames(upstream.wants_frames());
     let mut r = Reader {
         ctx,
         client,
@@ -185,6 +186,9 @@ pub async fn read_loop(
             r.timers.partial_since = None;
         }
         let forward = routed.pieces.assemble(buf.split_to(routed.used).freeze());
+        if !routed.frames.is_empty() {
+            r.upstream.frames(routed.frames);
+        }
         if let Some(end) = r.pass_on(batch.entries, forward).await {
             return end;
         }

@@ -17,6 +17,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::cluster::{ClusterRead, ClusterStream, ClusterWrite};
 use super::shared::{SharedRead, SharedStream, SharedWrite};
+use crate::protocol::frames::Frames;
 use crate::tls::{self, ReadPart, WritePart};
 
 /// A session's upstream.
@@ -76,6 +77,25 @@ impl SessionStream {
                 SessionRead::Cluster(&mut s.read),
                 SessionWrite::Cluster(&mut s.write),
             ),
+        }
+    }
+}
+
+impl SessionWrite<'_> {
+    /// Whether this upstream frames the commands written to it again
+    /// (shared connections, a cluster) and so takes [`Self::frames`].
+    pub fn wants_frames(&self) -> bool {
+        !matches!(self, SessionWrite::Direct(_))
+    }
+
+    /// What the dispatcher found of the commands at the front of the next
+    /// write (see [`crate::protocol::frames`]); written bytes that do not
+    /// line up with them are framed again, as without.
+    pub fn frames(&mut self, frames: Frames) {
+        match self {
+            SessionWrite::Direct(_) => {}
+            SessionWrite::Shared(s) => s.frames(frames),
+            SessionWrite::Cluster(s) => s.frames(frames),
         }
     }
 }

@@ -187,6 +187,27 @@ async fn keys_as_on(addr: &str) {
             .collect();
         assert_eq!(ours, theirs, "{args:?} on {addr}");
     }
+    // The router's slot, found for one-key commands without walking the
+    // specs, is the slot of the keys the walk finds; names in any case.
+    let mut routed: Vec<Vec<&[u8]>> = commands
+        .iter()
+        .map(|args| args.iter().map(|a| a.as_bytes()).collect())
+        .collect();
+    routed.push(vec![b"get", b"k"]);
+    routed.push(vec![b"sEt", b"{k}x", b"v"]);
+    routed.push(vec![b"GET"]);
+    routed.push(vec![b"INCR", b"counter"]);
+    for args in &routed {
+        let walked = match table.routing_args(args) {
+            Ok(keys) => slot_of(&keys).map_err(|CrossSlot| None),
+            Err(e) => Err(Some(e)),
+        };
+        assert_eq!(table.routing_slot(args), walked, "{args:?} on {addr}");
+    }
+    assert_eq!(
+        table.routing_slot(&[b"sEt", b"{k}x", b"v"]),
+        Ok(Some(key_slot(b"k")))
+    );
     // SORT's BY and GET name keys the specs cannot give.
     let sort: Vec<&[u8]> = vec![b"SORT", b"k", b"BY", b"w_*"];
     assert_eq!(table.keys(&sort), Err(KeysError::Incomplete));

@@ -39,6 +39,8 @@ pub struct Dispatch {
     carrier: Carrier,
     /// Route one command per batch ([`Dispatch::one_at_a_time`]).
     one: bool,
+    /// Hand the upstream what the parse found ([`Dispatch::keep_frames`]).
+    frames: bool,
 }
 
 /// What carries a decision out: the session's state besides the parser
@@ -145,7 +147,16 @@ impl Dispatch {
                 tx_frees: TxFrees::Nothing,
             },
             one: false,
+            frames: false,
         }
+    }
+
+    /// While `on`, each batch's [`Routed::frames`] describes its plain
+    /// commands at the front of what goes upstream, for an upstream that
+    /// would frame them again (shared connections, a cluster); a session's
+    /// own connection needs none, and then nothing is recorded.
+    pub fn keep_frames(&mut self, on: bool) {
+        self.frames = on;
     }
 
     /// While `on`, [`Dispatch::batch`] stops after one command: the rest
@@ -175,6 +186,9 @@ impl Dispatch {
         // Plain forwards not yet recorded: one entry per run (see
         // `Batch::ones`); recorded before anything else is.
         let mut plain = 0u32;
+        // Frames describe the front of what goes upstream: recorded until
+        // the first command that is not forwarded as it is.
+        let mut framing = self.frames;
         loop {
             if self.one && commands > 0 {
                 break;
@@ -187,6 +201,7 @@ impl Dispatch {
                     out.used += req.len;
                     let whole = pos..pos + req.len;
                     if req.kind == RequestKind::Empty {
+                        framing = false;
                         out.pieces.client(whole);
                         continue;
                     }
@@ -198,12 +213,19 @@ impl Dispatch {
                     let decision =
                         match router::decide(kind, args, view, &ctx.locks, &ctx.config.admin) {
                             Fate::Plain => {
+                                if framing {
+                                    framing = match self.parser.arg_ranges() {
+                                        Some(args) => out.frames.push(req.len, args),
+                                        None => false,
+                                    };
+                                }
                                 out.pieces.client(whole);
                                 plain += 1;
                                 continue;
                             }
                             Fate::Routed(decision) => decision,
                         };
+                    framing = false;
                     out.batch.ones(std::mem::take(&mut plain));
                     // Only a command the client waits on (nothing pipelined
                     // behind it) may be parked: parking a pipelined attempt

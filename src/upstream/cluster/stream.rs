@@ -45,6 +45,7 @@ use crate::cluster::split::{Split, CROSSSLOT};
 use crate::cluster::tx::{Event, TxSlot, Verdict};
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::{self, LocalReply};
+use crate::protocol::frames::Frames;
 use crate::protocol::request::{RequestKind, RequestParser};
 use crate::tls::Stream;
 use crate::upstream::shared::framing_parser;
@@ -95,6 +96,8 @@ impl ClusterStream {
                 out: Some(out),
                 pending: BytesMut::new(),
                 parser: framing_parser(),
+                hints: Frames::default(),
+                next: None,
                 gathered: None,
                 outbox: VecDeque::new(),
                 generation: u64::MAX,
@@ -497,6 +500,11 @@ pub struct ClusterWrite {
     out: Option<mpsc::UnboundedSender<Slot>>,
     pending: BytesMut,
     parser: RequestParser,
+    /// The commands at the front of `pending` as the dispatcher framed
+    /// them: `parser` frames only what comes after.
+    hints: Frames,
+    /// Frames for the next write ([`ClusterWrite::frames`]).
+    next: Option<Frames>,
     gathered: Option<Gathered>,
     /// Jobs made but not yet sent (room on their lane), in order.
     outbox: VecDeque<(Lane, Job)>,
@@ -547,6 +555,39 @@ impl ClusterWrite {
     /// `reply` in the session's protocol.
     fn encoded(&self, reply: &LocalReply) -> Bytes {
         merge::encode_as(reply, self.resp3)
+    }
+
+    /// The command of `len` bytes at the front of `pending`, taken off.
+    fn take_front(&mut self, len: usize) -> Bytes {
+        self.hints.pop(len);
+        self.pending.split_to(len).freeze()
+    }
+
+    /// The command of `len` bytes at the front of `pending`, dropped.
+    fn skip_front(&mut self, len: usize) {
+        self.hints.pop(len);
+        self.pending.advance(len);
+    }
+
+    /// What the dispatcher framed of the next write (see
+    /// [`crate::protocol::frames`]).
+    pub(crate) fn frames(&mut self, frames: Frames) {
+        self.next = Some(frames);
+    }
+
+    /// Takes the frames of the next write, `written`, if they line up:
+    /// everything before it in `pending` is framed too.
+    fn take_frames(&mut self, written: usize) {
+        let Some(frames) = self.next.take() else {
+            return;
+        };
+        if self.hints.bytes() != self.pending.len() || frames.bytes() > written {
+            return;
+        }
+        match self.hints.is_empty() {
+            true => self.hints = frames,
+            false => self.hints.append(&frames),
+        }
     }
 
     /// Takes the map in force if it changed since the last command.
@@ -936,6 +977,9 @@ impl ClusterWrite {
                     continue;
                 }
                 State::Pinned(write) => {
+                    // Written as they come: the pinned connection frames
+                    // them itself.
+                    self.hints.clear();
                     if !ready!(write.poll_send(cx, &mut self.pending, &mut self.parser))? {
                         return Poll::Ready(Ok(()));
                     }
@@ -945,6 +989,7 @@ impl ClusterWrite {
                 }
                 State::Quit => {
                     self.pending.clear();
+                self.hints.clear();
                     return Poll::Ready(Ok(()));
                 }
                 State::Failed => return Poll::Ready(Err(io::ErrorKind::NotConnected.into())),
@@ -954,29 +999,36 @@ impl ClusterWrite {
                 ready!(self.poll_room(cx))?;
             }
             self.follow_map();
-            let request = match self.parser.parse(&self.pending) {
-                Ok(Some(request)) => request,
-                Ok(None) => return self.poll_flush_gathered(cx),
-                Err(e) => {
-                    return Poll::Ready(Err(io::Error::new(
-                        io::ErrorKind::InvalidData,
-                        e.to_string(),
-                    )))
+            let (len, decided) = match self.hints.front() {
+                // Framed by the dispatcher already.
+                Some(f) => {
+                    let args: SmallVec<[&[u8]; 8]> =
+                        (0..f.argc()).map(|i| f.arg(&self.pending, i)).collect();
+                    (f.len, self.decide(&args))
+                }
+                None => {
+                    let request = match self.parser.parse(&self.pending) {
+                        Ok(Some(request)) => request,
+                        Ok(None) => return self.poll_flush_gathered(cx),
+                        Err(e) => {
+                            return Poll::Ready(Err(io::Error::new(
+                                io::ErrorKind::InvalidData,
+                                e.to_string(),
+                            )))
+                        }
+                    };
+                    if request.kind == RequestKind::Empty {
+                        // No reply, nothing done: Redis ignores it too.
+                        self.skip_front(request.len);
+                        continue;
+                    }
+                    let rest = &self.pending[..];
+                    let args: SmallVec<[&[u8]; 8]> = (0..self.parser.argc())
+                        .map(|i| self.parser.arg(rest, i))
+                        .collect();
+                    (request.len, self.decide(&args))
                 }
             };
-            if request.kind == RequestKind::Empty {
-                // No reply, nothing done: Redis ignores it too.
-                self.pending.advance(request.len);
-                continue;
-            }
-            let decided = {
-                let rest = &self.pending[..];
-                let args: SmallVec<[&[u8]; 8]> = (0..self.parser.argc())
-                    .map(|i| self.parser.arg(rest, i))
-                    .collect();
-                self.decide(&args)
-            };
-            let len = request.len;
             if let Action::Run(lane) = decided.action {
                 // One kind of lane per gathering, and a bounded one.
                 if let Some(g) = &self.gathered {
@@ -994,7 +1046,7 @@ impl ClusterWrite {
                         continue;
                     }
                 }
-                let command = self.pending.split_to(len).freeze();
+                let command = self.take_front(len);
                 let g = self.gathered.get_or_insert_with(|| Gathered {
                     own: lane.own(),
                     lanes: SmallVec::new(),
@@ -1032,35 +1084,36 @@ impl ClusterWrite {
         match action {
             Action::Run(_) => {}
             Action::Reply(bytes) => {
-                self.pending.advance(len);
+                self.skip_front(len);
                 self.push(Slot::Ready(bytes));
             }
             Action::Quit => {
                 self.pending.clear();
+                self.hints.clear();
                 self.push(Slot::Ready(Bytes::from_static(b"+OK\r\n")));
                 self.out = None;
                 self.state = State::Quit;
             }
             Action::StartHold => {
-                let command = self.pending.split_to(len).freeze();
+                let command = self.take_front(len);
                 self.held = Some(Held {
                     commands: smallvec![command],
                 });
                 self.push(Slot::Ready(Bytes::from_static(b"+OK\r\n")));
             }
             Action::Hold => {
-                let command = self.pending.split_to(len).freeze();
+                let command = self.take_front(len);
                 if let Some(held) = &mut self.held {
                     held.commands.push(command);
                 }
                 self.push(Slot::Ready(Bytes::from_static(b"+QUEUED\r\n")));
             }
             Action::Release(node) => {
-                let command = self.pending.split_to(len).freeze();
+                let command = self.take_front(len);
                 self.release(node, command);
             }
             Action::Abort => {
-                self.pending.advance(len);
+                self.skip_front(len);
                 let discard = encode::command(&[b"DISCARD"]);
                 // A held transaction never reached a node: dropped.
                 if self.held.take().is_none() {
@@ -1076,8 +1129,7 @@ impl ClusterWrite {
                 ));
             }
             Action::Split(split) => {
-                let command_bytes = self.pending.split_to(len);
-                drop(command_bytes);
+                self.skip_front(len);
                 let Some(map) = self.map.clone() else {
                     self.push(Slot::Ready(self.encoded(&merge::no_map())));
                     return Ok(());
@@ -1092,7 +1144,7 @@ impl ClusterWrite {
                 }
             }
             Action::Fanout(how) => {
-                let command = self.pending.split_to(len).freeze();
+                let command = self.take_front(len);
                 let Some(map) = self.map.clone() else {
                     self.push(Slot::Ready(self.encoded(&merge::no_map())));
                     return Ok(());
@@ -1106,7 +1158,7 @@ impl ClusterWrite {
                 self.spawn_merge(merge::fanout_reply(how, parts, self.resp3));
             }
             Action::Scan => {
-                let command = self.pending.split_to(len).freeze();
+                let command = self.take_front(len);
                 let Some(map) = self.map.clone() else {
                     self.push(Slot::Ready(self.encoded(&merge::no_map())));
                     return Ok(());
@@ -1130,7 +1182,7 @@ impl ClusterWrite {
                 }
             }
             Action::Hello(version) => {
-                self.pending.advance(len);
+                self.skip_front(len);
                 if let Some(v) = version {
                     let resp3 = v == 3;
                     if resp3 != self.resp3 {
@@ -1144,12 +1196,12 @@ impl ClusterWrite {
                 self.push(Slot::Ready(reply));
             }
             Action::ClientName(Some(name)) => {
-                self.pending.advance(len);
+                self.skip_front(len);
                 self.name = Some(name);
                 self.push(Slot::Ready(Bytes::from_static(b"+OK\r\n")));
             }
             Action::ClientName(None) => {
-                self.pending.advance(len);
+                self.skip_front(len);
                 let reply = match &self.name {
                     Some(name) => LocalReply::Bulk(name.clone()),
                     None => LocalReply::Null,
@@ -1242,6 +1294,7 @@ impl AsyncWrite for ClusterWrite {
         let this = self.get_mut();
         ready!(this.poll_drain(cx))?;
         // Taken whole; sent by the flush that follows (or the next write).
+        this.take_frames(buf.len());
         this.pending.extend_from_slice(buf);
         Poll::Ready(Ok(buf.len()))
     }

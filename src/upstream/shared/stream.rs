@@ -24,6 +24,7 @@ use tokio_util::task::AbortOnDropHandle;
 
 use super::inbox::{Inbox, Take};
 use super::{Batch, Common, DedicatedGuard};
+use crate::protocol::frames::Frames;
 use crate::command::connection::{needs_own_connection, OwnReason};
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
@@ -159,6 +160,12 @@ impl std::fmt::Debug for SharedWrite {
 }
 
 impl SharedWrite {
+    /// What the dispatcher framed of the next write (see
+    /// [`crate::protocol::frames`]).
+    pub(crate) fn frames(&mut self, frames: Frames) {
+        let _ = frames;
+    }
+
     /// Sends what `pending` holds as far as it can: Ready once only the
     /// start of an unfinished command (shared) or nothing (dedicated) is
     /// left.
