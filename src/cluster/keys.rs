@@ -131,12 +131,19 @@ impl KeyTable {
             }
         }
         entry.one_key = !entry.unreadable
-            && matches!(&entry.specs[..], [Spec {
-                begin: Begin::Index(1),
-                find: Find::Range { lastkey: 0, keystep: 1, limit: 0 },
-                incomplete: false,
-                ..
-            }]);
+            && matches!(
+                &entry.specs[..],
+                [Spec {
+                    begin: Begin::Index(1),
+                    find: Find::Range {
+                        lastkey: 0,
+                        keystep: 1,
+                        limit: 0
+                    },
+                    incomplete: false,
+                    ..
+                }]
+            );
         if let Some(OwnedFrame::Array(subs)) = parts.get(9) {
             entry.container = !subs.is_empty();
             for sub in subs {

@@ -24,3 +24,19 @@ pub(crate) async fn read_all<R: AsyncRead + Unpin>(read: &mut R, want: &str) {
         .expect("read");
     assert_eq!(String::from_utf8_lossy(&got), want);
 }
+
+/// `commands` in RESP, one after another, and the frames the dispatcher
+/// would hand on with them (see [`crate::protocol::frames`]).
+pub(crate) fn framed(commands: &[&[&str]]) -> (Vec<u8>, crate::protocol::frames::Frames) {
+    let mut bytes = Vec::new();
+    let mut frames = crate::protocol::frames::Frames::default();
+    let mut parser = crate::upstream::shared::framing_parser();
+    for args in commands {
+        let one = command(args);
+        let request = parser.parse(&one).expect("parsed").expect("whole");
+        let ranges = parser.arg_ranges().expect("a multibulk");
+        assert!(frames.push(request.len, ranges), "framed");
+        bytes.extend(one);
+    }
+    (bytes, frames)
+}

@@ -308,3 +308,41 @@ fn a_raw_connection_keeps_its_transaction_on_redis() {
         "{seen:?}"
     );
 }
+
+/// The frames handed upstream describe the plain commands at the front of
+/// what goes there, and stop at the first command lockgate rewrites; none
+/// are kept unless asked for.
+#[test]
+fn frames_describe_the_plain_commands_in_front() {
+    let mut f = fixture(Config::default());
+    let encode_all = |lines: &[&str]| {
+        let mut buf = Vec::new();
+        for line in lines {
+            let args: Vec<&[u8]> = line.split(' ').map(str::as_bytes).collect();
+            buf.extend_from_slice(&encode::command(&args));
+        }
+        buf
+    };
+    let buf = encode_all(&["GET a", "SET b 1", "SETNX lock:a 1", "GET c"]);
+    assert!(f.dispatch.batch(&buf).frames.is_empty(), "not asked for");
+    f.dispatch.keep_frames(true);
+    let mut routed = f.dispatch.batch(&buf);
+    let up = routed
+        .pieces
+        .assemble(Bytes::copy_from_slice(&buf[..routed.used]));
+    let plain = encode_all(&["GET a", "SET b 1"]);
+    assert_eq!(routed.frames.bytes(), plain.len(), "the two plain ones");
+    let mut names = Vec::new();
+    let mut at = 0;
+    while let Some(frame) = routed.frames.front() {
+        let args: Vec<&[u8]> = (0..frame.argc()).map(|i| frame.arg(&up[at..], i)).collect();
+        names.push(args.join(&b' '));
+        at += frame.len;
+        routed.frames.pop(frame.len);
+    }
+    assert_eq!(names, [b"GET a".to_vec(), b"SET b 1".to_vec()]);
+    // An inline command is not framed, nor anything after it.
+    let mut inline = b"GET a\r\n".to_vec();
+    inline.extend(encode_all(&["GET b"]));
+    assert!(f.dispatch.batch(&inline).frames.is_empty(), "inline");
+}

@@ -989,7 +989,7 @@ impl ClusterWrite {
                 }
                 State::Quit => {
                     self.pending.clear();
-                self.hints.clear();
+                    self.hints.clear();
                     return Poll::Ready(Ok(()));
                 }
                 State::Failed => return Poll::Ready(Err(io::ErrorKind::NotConnected.into())),

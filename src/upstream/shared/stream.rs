@@ -24,10 +24,10 @@ use tokio_util::task::AbortOnDropHandle;
 
 use super::inbox::{Inbox, Take};
 use super::{Batch, Common, DedicatedGuard};
-use crate::protocol::frames::Frames;
 use crate::command::connection::{needs_own_connection, OwnReason};
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
+use crate::protocol::frames::Frames;
 use crate::protocol::request::{RequestKind, RequestLimits, RequestParser};
 use crate::tls::Stream;
 use crate::upstream::UpstreamError;
@@ -56,6 +56,8 @@ impl SharedStream {
                 pending: BytesMut::new(),
                 parser: framing_parser(),
                 scanned: 0,
+                hints: Frames::default(),
+                next: None,
                 replies: 0,
                 sent_shared: false,
                 waiting_for_room: false,
@@ -140,6 +142,11 @@ pub struct SharedWrite {
     parser: RequestParser,
     /// Bytes at the front of `pending` framed as commands that may share.
     scanned: usize,
+    /// The commands in `pending` after `scanned` as the dispatcher framed
+    /// them: `parser` frames only what comes after.
+    hints: Frames,
+    /// Frames for the next write ([`SharedWrite::frames`]).
+    next: Option<Frames>,
     /// Replies those commands get.
     replies: u64,
     /// Commands went over the shared connection (`WAIT` cannot follow).
@@ -163,7 +170,22 @@ impl SharedWrite {
     /// What the dispatcher framed of the next write (see
     /// [`crate::protocol::frames`]).
     pub(crate) fn frames(&mut self, frames: Frames) {
-        let _ = frames;
+        self.next = Some(frames);
+    }
+
+    /// Takes the frames of the next write, `written`, if they line up:
+    /// everything after `scanned` in `pending` is framed too.
+    fn take_frames(&mut self, written: usize) {
+        let Some(frames) = self.next.take() else {
+            return;
+        };
+        if self.scanned + self.hints.bytes() != self.pending.len() || frames.bytes() > written {
+            return;
+        }
+        match self.hints.is_empty() {
+            true => self.hints = frames,
+            false => self.hints.append(&frames),
+        }
     }
 
     /// Sends what `pending` holds as far as it can: Ready once only the
@@ -208,6 +230,8 @@ impl SharedWrite {
                     Err(e) => self.move_failed(e.to_string())?,
                 },
                 State::Dedicated(write) => {
+                    // Written as they come.
+                    self.hints.clear();
                     while !self.pending.is_empty() {
                         let n = ready!(Pin::new(&mut *write).poll_write(cx, &self.pending))?;
                         if n == 0 {
@@ -248,6 +272,17 @@ impl SharedWrite {
     fn frame(&mut self) -> io::Result<Option<OwnReason>> {
         while self.scanned < self.pending.len() {
             let rest = &self.pending[self.scanned..];
+            if let Some(f) = self.hints.front() {
+                // Framed by the dispatcher already.
+                let args: SmallVec<[&[u8]; 8]> = (0..f.argc()).map(|i| f.arg(rest, i)).collect();
+                if let Some(reason) = self.may_share(&args) {
+                    return Ok(Some(reason));
+                }
+                self.replies += 1;
+                self.scanned += f.len;
+                self.hints.pop(f.len);
+                continue;
+            }
             let request = match self.parser.parse(rest) {
                 Ok(Some(request)) => request,
                 Ok(None) => return Ok(None),
@@ -257,17 +292,23 @@ impl SharedWrite {
                 let args: SmallVec<[&[u8]; 8]> = (0..self.parser.argc())
                     .map(|i| self.parser.arg(rest, i))
                     .collect();
-                if let Some(reason) = needs_own_connection(&args) {
+                if let Some(reason) = self.may_share(&args) {
                     return Ok(Some(reason));
-                }
-                if self.common.pause.in_force() {
-                    return Ok(Some(OwnReason::Paused));
                 }
                 self.replies += 1;
             }
             self.scanned += request.len;
         }
         Ok(None)
+    }
+
+    /// Why the command `args` cannot go over the shared connection, if it
+    /// cannot.
+    fn may_share(&self, args: &[&[u8]]) -> Option<OwnReason> {
+        if let Some(reason) = needs_own_connection(args) {
+            return Some(reason);
+        }
+        self.common.pause.in_force().then_some(OwnReason::Paused)
     }
 
     /// Sends the framed commands to the shared connection, once the
@@ -310,6 +351,7 @@ impl SharedWrite {
             Ok(Some(request)) => request.len,
             _ => return Err(io::ErrorKind::InvalidData.into()),
         };
+        self.hints.pop(len);
         self.pending.advance(len);
         ProxyMetrics::inc(&self.common.metrics.wait_refused);
         let mut reply = BytesMut::new();
@@ -375,6 +417,7 @@ impl AsyncWrite for SharedWrite {
             return Poll::Ready(Ok(n));
         }
         // Taken whole; sent by the flush that follows (or the next write).
+        this.take_frames(buf.len());
         this.pending.extend_from_slice(buf);
         Poll::Ready(Ok(buf.len()))
     }

@@ -19,7 +19,7 @@ use super::*;
 use crate::cluster::slot::key_slot;
 use crate::config::Config;
 use crate::tls::{Side, TlsStore};
-use crate::upstream::testing::{command, read_all, WAIT};
+use crate::upstream::testing::{command, framed, read_all, WAIT};
 use crate::upstream::Connector;
 
 /// What the lanes were sent: per job answered, its node and its
@@ -243,4 +243,64 @@ async fn a_job_its_lane_dropped_unanswered_is_answered_in_its_place() {
     assert!(gone.starts_with("-ERR "), "{gone}");
     let want = [reply("a:1", &a), gone, reply("c:1", &c)].concat();
     read_all(&mut s.read, &want).await;
+}
+
+#[tokio::test]
+async fn commands_framed_by_the_dispatcher_go_as_unframed_ones_do() {
+    let log = Log::default();
+    let (mut s, _) = stream(&log, None);
+    let keys: Vec<String> = (0..2)
+        .flat_map(|i| NODES.iter().map(move |(n, ..)| key_on(n, i)))
+        .collect();
+    let mut commands: Vec<Vec<&str>> = keys.iter().map(|k| vec!["SET", k, "v"]).collect();
+    // lockgate's own answer after them.
+    commands.push(vec!["READONLY"]);
+    let commands: Vec<&[&str]> = commands.iter().map(|c| &c[..]).collect();
+    let (bytes, frames) = framed(&commands);
+    s.write.frames(frames);
+    s.write.write_all(&bytes).await.expect("written");
+    s.write.flush().await.expect("flushed");
+    assert!(s.write.hints.is_empty(), "every frame used");
+    let mut want: Vec<String> = keys.iter().map(|k| reply(node_of(k), k)).collect();
+    want.push("+OK\r\n".into());
+    read_all(&mut s.read, &want.concat()).await;
+    let mut jobs = log.seen();
+    jobs.sort();
+    let expected: Vec<(&str, Vec<String>)> = (NODES.iter())
+        .map(|(n, ..)| (*n, vec![key_on(n, 0), key_on(n, 1)]))
+        .collect();
+    assert_eq!(jobs, expected, "one job per node, its commands in order");
+}
+
+#[tokio::test]
+async fn frames_are_followed_only_where_their_bytes_are() {
+    let log = Log::default();
+    let (mut s, _) = stream(&log, None);
+    let (a, b) = (key_on("a:1", 0), key_on("b:1", 0));
+    // A frame that says the key of `SET b a` is where `a` is: followed,
+    // it routes to a's node (what shows the frame is used, not a second
+    // parse). The dispatcher's frames never lie; this one is the test's.
+    let bytes = command(&["SET", &b, &a]);
+    let mut parser = crate::upstream::shared::framing_parser();
+    let request = parser.parse(&bytes).expect("parsed").expect("whole");
+    let r = parser.arg_ranges().expect("a multibulk").to_vec();
+    let mut lying = Frames::default();
+    assert!(lying.push(request.len, &[r[0].clone(), r[2].clone(), r[1].clone()]));
+    s.write.frames(lying);
+    s.write.write_all(&bytes).await.expect("written");
+    s.write.flush().await.expect("flushed");
+    read_all(&mut s.read, &reply("a:1", &b)).await;
+    // Half a command written unframed: the frames of the next write do
+    // not line up with `pending` and are dropped; it is framed again.
+    let whole = command(&["GET", &b]);
+    let (head, tail) = whole.split_at(5);
+    s.write.write_all(head).await.expect("written");
+    s.write.flush().await.expect("flushed");
+    let (mut rest, frames) = framed(&[&["GET", &a]]);
+    rest.splice(0..0, tail.iter().copied());
+    s.write.frames(frames);
+    s.write.write_all(&rest).await.expect("written");
+    s.write.flush().await.expect("flushed");
+    assert!(s.write.hints.is_empty(), "no frame kept");
+    read_all(&mut s.read, &[reply("b:1", &b), reply("a:1", &a)].concat()).await;
 }

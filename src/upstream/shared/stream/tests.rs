@@ -12,7 +12,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 
 use super::*;
-use crate::upstream::testing::{command, read_all, WAIT};
+use crate::upstream::testing::{command, framed, read_all, WAIT};
 
 /// A stream whose shared connection is the returned queue.
 fn stream() -> (SharedStream, mpsc::Receiver<Batch>) {
@@ -96,4 +96,39 @@ async fn the_shared_connections_gone_fails_the_session() {
         .await
         .expect("the read side ends");
     assert!(read.is_err(), "the read side fails too: {read:?}");
+}
+
+#[tokio::test]
+async fn commands_framed_by_the_dispatcher_go_as_unframed_ones_do() {
+    let (mut s, mut rx) = stream();
+    let (bytes, frames) = framed(&[&["SET", "a", "1"], &["WAIT", "1", "0"], &["GET", "a"]]);
+    s.write.frames(frames);
+    s.write.write_all(&bytes).await.expect("written");
+    let answer = async {
+        let set = batch(&mut rx).await;
+        assert_eq!(set.replies, 1, "the SET alone");
+        set.inbox.deliver(Bytes::from_static(b"+OK\r\n"), 1);
+        let get = batch(&mut rx).await;
+        assert_eq!(get.replies, 1, "the GET after the refusal");
+        assert_eq!(&get.bytes[..], &command(&["GET", "a"])[..]);
+        get.inbox.deliver(Bytes::from_static(b"$1\r\n1\r\n"), 1);
+    };
+    let (flushed, ()) = tokio::join!(s.write.flush(), answer);
+    flushed.expect("flushed");
+    assert!(s.write.hints.is_empty(), "every frame used");
+    let mut refusal = BytesMut::new();
+    LocalReply::err(WAIT_REFUSED).encode(false, &mut refusal);
+    let want = format!("+OK\r\n{}$1\r\n1\r\n", String::from_utf8_lossy(&refusal));
+    read_all(&mut s.read, &want).await;
+    // Frames that do not line up (more bytes than written) are dropped.
+    let (_, long) = framed(&[&["GET", "a"], &["GET", "b"]]);
+    s.write.frames(long);
+    s.write
+        .write_all(&command(&["GET", "a"]))
+        .await
+        .expect("written");
+    s.write.flush().await.expect("flushed");
+    assert!(s.write.hints.is_empty(), "no frame kept");
+    let get = batch(&mut rx).await;
+    assert_eq!(get.replies, 1);
 }
