@@ -144,7 +144,7 @@ mod tests {
         let buf = b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n*1\r\n$4\r\nPING\r\n";
         let mut f = Frames::default();
         assert!(f.push(20, &[8..11, 17..18]));
-        assert!(f.push(14, &[8..12]));
+        assert!(f.push(14, std::slice::from_ref(&(8..12))));
         assert_eq!(f.bytes(), 34);
         let front = f.front().unwrap();
         assert_eq!((front.len, front.argc()), (20, 2));
@@ -156,7 +156,7 @@ mod tests {
         assert_eq!(front.arg(&buf[20..], 0), b"PING");
         assert_eq!(f.bytes(), 14);
         let mut more = Frames::default();
-        assert!(more.push(14, &[8..12]));
+        assert!(more.push(14, std::slice::from_ref(&(8..12))));
         f.append(&more);
         assert_eq!(f.bytes(), 28);
         // A length that is not the front's: every frame dropped.
