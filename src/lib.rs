@@ -65,7 +65,10 @@
 //! [`router::decide`] its fate, once: [`router::Fate::Plain`] for the
 //! common case, else a route with the session view after it → the reader
 //! sends the batch's [`session::pending::Pending`] entries to the writer
-//! half, then the client's own bytes to Redis (one write per read batch)
+//! half, then the client's own bytes to Redis (one write per read batch;
+//! in front of shared connections or a cluster, with the
+//! [`protocol::frames`] the dispatcher's parse found, so the stream frames
+//! and routes the plain commands without parsing them again)
 //! → Redis replies →
 //! [`session::writer`] finds frame ends with [`protocol::reply`], matches
 //! them to entries, and copies the bytes to the client, with lockgate's own

@@ -83,7 +83,7 @@ struct Entry {
 /// Every command's key specifications, by name (`name` or
 /// `name|subcommand`). Looked up once per command routed: a name of up to
 /// 15 bytes (all of Redis's commands) by its folded form
-/// ([`crate::command::names::key`], one `u128`), any other by its
+/// ([`crate::command::folded`], one `u128`), any other by its
 /// lowercase bytes; hashed with aHash, not SipHash (the names are the
 /// server's own, not a client's choice). Callgrind, `SET -P 16` in front
 /// of a cluster: lowercasing the name and hashing its bytes was 182

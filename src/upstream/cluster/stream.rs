@@ -1,7 +1,8 @@
 //! The stream a session gets in front of a cluster, written and read as
 //! its own socket would be. The write side ([`ClusterWrite`]) frames what
 //! it is given (whole commands; the start of an unfinished one waits for
-//! the rest), asks [`route`] where each goes, and sends runs of commands
+//! the rest; the commands the dispatcher framed already, handed on as
+//! [`Frames`], are not parsed again), asks [`route`] where each goes, and sends runs of commands
 //! for one node as one [`Job`]: to the node's shared lane, or to a lane of
 //! the session's own to it (blocking commands, scripts, transactions, and
 //! everything with `proxy.upstream = "dedicated"`). Before a command goes

@@ -1,7 +1,8 @@
 //! The stream a session gets in shared mode: written and read as its own
 //! socket would be. The write side ([`SharedWrite`]) frames what it is
 //! given (whole commands; the start of an unfinished one waits for the
-//! rest), sends plain commands to the session's shared connection, and at
+//! rest; the commands the dispatcher framed already, handed on as
+//! [`Frames`], are not parsed again), sends plain commands to the session's shared connection, and at
 //! the first command that needs a connection of its own moves the session
 //! to a dedicated one: it stops sending, waits until nothing is owed on
 //! the shared connection (not at all when nothing is), takes a warm spare
