@@ -191,7 +191,8 @@ impl Owed {
         self.n.fetch_add(1, Ordering::AcqRel);
     }
 
-    fn done(&self) {
+    /// One job answered (or taken back unsent).
+    pub(crate) fn done(&self) {
         if self.n.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.waker.wake();
         }

@@ -304,3 +304,55 @@ async fn frames_are_followed_only_where_their_bytes_are() {
     assert!(s.write.hints.is_empty(), "no frame kept");
     read_all(&mut s.read, &[reply("b:1", &b), reply("a:1", &a)].concat()).await;
 }
+
+#[tokio::test]
+async fn a_full_lane_queue_holds_the_jobs_back_in_their_order() {
+    let log = Log::default();
+    let (mut s, _) = stream(&log, None);
+    // b's lane queues one job and takes the next only when the test lets
+    // it: the second and third flushes find its queue full and wait.
+    let (tx, mut rx) = mpsc::channel::<Job>(1);
+    let gate = Arc::new(Semaphore::new(0));
+    let (held, jobs) = (gate.clone(), log.clone());
+    tokio::spawn(async move {
+        loop {
+            held.acquire().await.expect("open").forget();
+            let Some(job) = rx.recv().await else { return };
+            let keys: Vec<String> = job.commands.iter().map(|c| key_of(c)).collect();
+            let parts = (keys.iter())
+                .map(|k| Part::Reply(Bytes::from(reply("b:1", k))))
+                .collect();
+            job.finish(parts);
+            jobs.jobs.lock().expect("the log").push(("b:1", keys));
+            jobs.answered.notify_waiters();
+        }
+    });
+    let common = s.write.common.clone();
+    crate::sync::lock(&common.lanes).insert((Arc::from("b:1"), false), vec![tx]);
+    let keys: Vec<String> = (0..3).map(|i| key_on("b:1", i)).collect();
+    let writes = async {
+        for k in &keys {
+            s.write
+                .write_all(&command(&["GET", k]))
+                .await
+                .expect("written");
+            s.write.flush().await.expect("flushed");
+        }
+    };
+    let answer = async {
+        for n in 1..=3 {
+            gate.add_permits(1);
+            answered(&log, n).await;
+        }
+    };
+    tokio::time::timeout(WAIT, async { tokio::join!(writes, answer) })
+        .await
+        .expect("every flush goes out as room comes");
+    let want: String = keys.iter().map(|k| reply("b:1", k)).collect();
+    read_all(&mut s.read, &want).await;
+    let sent: Vec<Vec<String>> = log.seen().into_iter().map(|(_, k)| k).collect();
+    assert_eq!(
+        sent,
+        keys.iter().map(|k| vec![k.clone()]).collect::<Vec<_>>()
+    );
+}
