@@ -37,7 +37,7 @@ use super::Common;
 use crate::cluster::redirect::redirect;
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
-use crate::protocol::reply::{FrameKind, ReplyScanner};
+use crate::protocol::reply::{simple_frames, FrameKind, ReplyScanner};
 use crate::upstream::backoff::Backoff;
 use crate::upstream::link;
 use crate::upstream::stall::lock_call_waits;
@@ -455,14 +455,26 @@ impl link::Lane for NodeLane<'_> {
         _: &mut Vec<Job>,
     ) -> Result<(), String> {
         loop {
-            let (used, end) = match reader.scanner.advance(&buf[reader.scanned..]) {
-                Ok(step) => step,
-                Err(_) => return Err("a malformed reply".to_string()),
+            // A plain reply (a line, a bulk string) whole at a frame's
+            // start is taken in one pass, without the scanner's
+            // bookkeeping (callgrind, `SET -P 16`: the scanner was about
+            // 140 instructions per reply); anything else is scanned.
+            let simple = match reader.scanner.at_boundary() {
+                true => simple_frames(&buf[reader.scanned..], 1).0,
+                false => 0,
             };
-            reader.scanned += used;
-            let Some(end) = end else { break };
-            if end.kind != FrameKind::Reply {
-                return Err("a push or attribute frame".to_string());
+            if simple > 0 {
+                reader.scanned += simple;
+            } else {
+                let (used, end) = match reader.scanner.advance(&buf[reader.scanned..]) {
+                    Ok(step) => step,
+                    Err(_) => return Err("a malformed reply".to_string()),
+                };
+                reader.scanned += used;
+                let Some(end) = end else { break };
+                if end.kind != FrameKind::Reply {
+                    return Err("a push or attribute frame".to_string());
+                }
             }
             let to = (self.addr, self.resp3);
             match deliver(
