@@ -85,7 +85,17 @@ fn reply(node: &str, key: &str) -> String {
 /// (each command `+node:key`), once `gate` (when given) hands out a
 /// permit for it.
 fn play(node: &'static str, log: Log, gate: Option<Arc<Semaphore>>) -> mpsc::Sender<Job> {
-    let (tx, mut rx) = mpsc::channel::<Job>(16);
+    play_queue(node, log, gate, 16)
+}
+
+/// [`play`] with a queue of `capacity` jobs.
+fn play_queue(
+    node: &'static str,
+    log: Log,
+    gate: Option<Arc<Semaphore>>,
+    capacity: usize,
+) -> mpsc::Sender<Job> {
+    let (tx, mut rx) = mpsc::channel::<Job>(capacity);
     tokio::spawn(async move {
         while let Some(job) = rx.recv().await {
             if let Some(gate) = &gate {
@@ -134,6 +144,24 @@ fn stream(log: &Log, gated: Option<&'static str>) -> (ClusterStream, Option<Arc<
     (ClusterStream::new(Arc::new(common), 0, false), gate)
 }
 
+/// Two keys on each node, interleaved: a1 b1 c1 a2 b2 c2.
+fn interleaved_keys() -> Vec<String> {
+    (0..2)
+        .flat_map(|i| NODES.iter().map(move |(n, ..)| key_on(n, i)))
+        .collect()
+}
+
+/// The lanes were sent one job per node, with that node's
+/// [`interleaved_keys`] in their order.
+fn assert_one_job_per_node(log: &Log) {
+    let mut jobs = log.seen();
+    jobs.sort();
+    let expected: Vec<(&str, Vec<String>)> = (NODES.iter())
+        .map(|(n, ..)| (*n, vec![key_on(n, 0), key_on(n, 1)]))
+        .collect();
+    assert_eq!(jobs, expected, "one job per node, its commands in order");
+}
+
 /// Waits until the lanes have answered `n` jobs.
 async fn answered(log: &Log, n: usize) {
     tokio::time::timeout(WAIT, async {
@@ -153,10 +181,7 @@ async fn answered(log: &Log, n: usize) {
 async fn a_nodes_commands_go_as_one_job_per_flush_in_their_order() {
     let log = Log::default();
     let (mut s, _) = stream(&log, None);
-    // Two keys on each node, interleaved: a1 b1 c1 a2 b2 c2.
-    let keys: Vec<String> = (0..2)
-        .flat_map(|i| NODES.iter().map(move |(n, ..)| key_on(n, i)))
-        .collect();
+    let keys = interleaved_keys();
     let mut bytes = Vec::new();
     for k in &keys {
         bytes.extend(command(&["SET", k, "v"]));
@@ -165,12 +190,7 @@ async fn a_nodes_commands_go_as_one_job_per_flush_in_their_order() {
     s.write.flush().await.expect("flushed");
     let want: String = keys.iter().map(|k| reply(node_of(k), k)).collect();
     read_all(&mut s.read, &want).await;
-    let mut jobs = log.seen();
-    jobs.sort();
-    let expected: Vec<(&str, Vec<String>)> = (NODES.iter())
-        .map(|(n, ..)| (*n, vec![key_on(n, 0), key_on(n, 1)]))
-        .collect();
-    assert_eq!(jobs, expected, "one job per node, its commands in order");
+    assert_one_job_per_node(&log);
 }
 
 #[tokio::test]
@@ -249,9 +269,7 @@ async fn a_job_its_lane_dropped_unanswered_is_answered_in_its_place() {
 async fn commands_framed_by_the_dispatcher_go_as_unframed_ones_do() {
     let log = Log::default();
     let (mut s, _) = stream(&log, None);
-    let keys: Vec<String> = (0..2)
-        .flat_map(|i| NODES.iter().map(move |(n, ..)| key_on(n, i)))
-        .collect();
+    let keys = interleaved_keys();
     let mut commands: Vec<Vec<&str>> = keys.iter().map(|k| vec!["SET", k, "v"]).collect();
     // lockgate's own answer after them.
     commands.push(vec!["READONLY"]);
@@ -264,12 +282,7 @@ async fn commands_framed_by_the_dispatcher_go_as_unframed_ones_do() {
     let mut want: Vec<String> = keys.iter().map(|k| reply(node_of(k), k)).collect();
     want.push("+OK\r\n".into());
     read_all(&mut s.read, &want.concat()).await;
-    let mut jobs = log.seen();
-    jobs.sort();
-    let expected: Vec<(&str, Vec<String>)> = (NODES.iter())
-        .map(|(n, ..)| (*n, vec![key_on(n, 0), key_on(n, 1)]))
-        .collect();
-    assert_eq!(jobs, expected, "one job per node, its commands in order");
+    assert_one_job_per_node(&log);
 }
 
 #[tokio::test]
@@ -309,24 +322,10 @@ async fn frames_are_followed_only_where_their_bytes_are() {
 async fn a_full_lane_queue_holds_the_jobs_back_in_their_order() {
     let log = Log::default();
     let (mut s, _) = stream(&log, None);
-    // b's lane queues one job and takes the next only when the test lets
-    // it: the second and third flushes find its queue full and wait.
-    let (tx, mut rx) = mpsc::channel::<Job>(1);
+    // b's lane queues one job and answers each only when the test lets
+    // it: the later flushes find its queue full and wait.
     let gate = Arc::new(Semaphore::new(0));
-    let (held, jobs) = (gate.clone(), log.clone());
-    tokio::spawn(async move {
-        loop {
-            held.acquire().await.expect("open").forget();
-            let Some(job) = rx.recv().await else { return };
-            let keys: Vec<String> = job.commands.iter().map(|c| key_of(c)).collect();
-            let parts = (keys.iter())
-                .map(|k| Part::Reply(Bytes::from(reply("b:1", k))))
-                .collect();
-            job.finish(parts);
-            jobs.jobs.lock().expect("the log").push(("b:1", keys));
-            jobs.answered.notify_waiters();
-        }
-    });
+    let tx = play_queue("b:1", log.clone(), Some(gate.clone()), 1);
     let common = s.write.common.clone();
     crate::sync::lock(&common.lanes).insert((Arc::from("b:1"), false), vec![tx]);
     let keys: Vec<String> = (0..3).map(|i| key_on("b:1", i)).collect();
