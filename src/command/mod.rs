@@ -241,11 +241,17 @@ pub fn folded(name: &[u8]) -> u128 {
 
 /// [`classify`] and [`label_index`] at once, the name folded once: what
 /// every request passing through needs.
+// Inlined into the dispatcher's loop, where the compiler had put it by
+// itself until this round's changes elsewhere in the crate moved it out
+// of line (callgrind, dedicated `SET -P 16`: 1 345 instructions per
+// request before, 1 406 out of line, 1 356 inlined again).
+#[inline(always)]
 pub fn lookup(name: &[u8], arg1: &[u8], arg2: &[u8]) -> (CommandKind, usize) {
     let key = names::key(name);
     (classify_key(key, arg1, arg2), names::label_of(key))
 }
 
+#[inline(always)]
 fn classify_key(folded: u128, arg1: &[u8], arg2: &[u8]) -> CommandKind {
     use names::*;
     match folded {

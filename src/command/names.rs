@@ -109,6 +109,7 @@ names!(
 /// Index in [`LABELS`](super::LABELS) of the name folded to `key` (0, `other`, when it
 /// has no label of its own). In the order of [`LABELS`](super::LABELS); the test below
 /// holds the two together.
+#[inline(always)]
 pub fn label_of(folded: u128) -> usize {
     names!(
         INCR, DECR, HGET, HSET, HGETALL, LPUSH, RPUSH, LPOP, RPOP, SADD, ZADD, PUBLISH, PING, AUTH,
