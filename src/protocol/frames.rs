@@ -16,6 +16,8 @@
 
 use std::ops::Range;
 
+use smallvec::SmallVec;
+
 /// Arguments of a command written from the stack in one copy; a command
 /// with more is written word by word.
 const INLINE_ARGS: usize = 8;
@@ -45,6 +47,11 @@ impl Frame<'_> {
     /// Number of arguments, name included.
     pub fn argc(&self) -> usize {
         self.bounds.len() / 2
+    }
+
+    /// Every argument of the command at the front of `buf`, name first.
+    pub fn args<'b>(&self, buf: &'b [u8]) -> SmallVec<[&'b [u8]; 8]> {
+        (0..self.argc()).map(|i| self.arg(buf, i)).collect()
     }
 
     /// Argument `i` of the command at the front of `buf` (empty when out
@@ -132,6 +139,20 @@ impl Frames {
         }
     }
 
+    /// Takes `next`, the frames of a write of `written` bytes, after
+    /// these, if they line up: these describe exactly the `held` bytes
+    /// before the write, and `next` no more than the write. Frames that
+    /// do not line up are dropped (the bytes are parsed instead).
+    pub fn follow_with(&mut self, next: Frames, held: usize, written: usize) {
+        if self.bytes != held || next.bytes > written {
+            return;
+        }
+        match self.is_empty() {
+            true => *self = next,
+            false => self.append(&next),
+        }
+    }
+
     /// Appends `more`, which describe the bytes after these.
     pub fn append(&mut self, more: &Frames) {
         if self.is_empty() {
@@ -192,6 +213,25 @@ mod tests {
         assert_eq!(front.arg(&buf, 19), &[61u8][..]);
         f.pop(70);
         assert_eq!(f.front().unwrap().arg(&buf, 0), &[4u8][..]);
+    }
+
+    #[test]
+    fn frames_follow_only_bytes_they_line_up_with() {
+        let mut next = Frames::default();
+        assert!(next.push(14, std::slice::from_ref(&(8..12))));
+        let mut f = Frames::default();
+        // Nothing held, the write as long as the frames: taken.
+        f.follow_with(next.clone(), 0, 14);
+        assert_eq!(f.bytes(), 14);
+        // 14 held and framed, a longer write: taken after them.
+        f.follow_with(next.clone(), 14, 20);
+        assert_eq!(f.bytes(), 28);
+        // Unframed bytes held before the write: dropped.
+        f.follow_with(next.clone(), 30, 14);
+        assert_eq!(f.bytes(), 28);
+        // Frames longer than the write: dropped.
+        f.follow_with(next, 28, 10);
+        assert_eq!(f.bytes(), 28);
     }
 
     #[test]

@@ -191,8 +191,7 @@ impl Owed {
         self.n.fetch_add(1, Ordering::AcqRel);
     }
 
-    /// One job answered (or taken back unsent).
-    pub(crate) fn done(&self) {
+    fn done(&self) {
         if self.n.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.waker.wake();
         }
@@ -234,6 +233,15 @@ impl Job {
         }
         let _ = self.done.send(parts);
         if let Some(owed) = self.owed {
+            owed.done();
+        }
+    }
+
+    /// The job was not sent after all (its lane's queue full or gone): it
+    /// is no longer owed, or the count would hold the session's next
+    /// switch of lane kind for good.
+    pub(crate) fn unsent(&mut self) {
+        if let Some(owed) = self.owed.take() {
             owed.done();
         }
     }

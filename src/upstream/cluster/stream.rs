@@ -2,12 +2,12 @@
 //! its own socket would be. The write side ([`ClusterWrite`]) frames what
 //! it is given (whole commands; the start of an unfinished one waits for
 //! the rest; the commands the dispatcher framed already, handed on as
-//! [`Frames`], are not parsed again), asks [`route`] where each goes, and sends runs of commands
-//! for one node as one [`Job`]: to the node's shared lane, or to a lane of
-//! the session's own to it (blocking commands, scripts, transactions, and
-//! everything with `proxy.upstream = "dedicated"`). Before a command goes
-//! to the other kind of lane than the last one, it waits until nothing is
-//! owed on that kind ([`Owed`]): two connections never run one session's
+//! [`Frames`], are not parsed again), asks [`route`] where each goes, and
+//! sends runs of commands for one node as one [`Job`]: to the node's
+//! shared lane, or to a lane of the session's own to it (blocking
+//! commands, scripts, transactions, and everything with `proxy.upstream =
+//! "dedicated"`). Before a command goes to the other kind of lane than the
+//! last one, it waits until nothing is owed on that kind ([`Owed`]): two connections never run one session's
 //! commands out of order. The read side ([`ClusterRead`]) hands back each
 //! command's reply in the order of the commands, waiting for a slower node
 //! when it must.
@@ -579,15 +579,8 @@ impl ClusterWrite {
     /// Takes the frames of the next write, `written`, if they line up:
     /// everything before it in `pending` is framed too.
     fn take_frames(&mut self, written: usize) {
-        let Some(frames) = self.next.take() else {
-            return;
-        };
-        if self.hints.bytes() != self.pending.len() || frames.bytes() > written {
-            return;
-        }
-        match self.hints.is_empty() {
-            true => self.hints = frames,
-            false => self.hints.append(&frames),
+        if let Some(frames) = self.next.take() {
+            self.hints.follow_with(frames, self.pending.len(), written);
         }
     }
 
@@ -819,7 +812,10 @@ impl ClusterWrite {
             ready!(other.poll_none(cx));
         }
         let sender = self.sender(lane);
-        if sender.get_ref().is_some_and(|tx| tx.capacity() > 0) {
+        if sender
+            .get_ref()
+            .is_some_and(|tx| !tx.is_closed() && tx.capacity() > 0)
+        {
             // A reservation begun when the queue was full is dropped, so
             // that it holds no room it will not use (cheap when none is).
             sender.abort_send();
@@ -873,19 +869,20 @@ impl ClusterWrite {
             return;
         }
         let Some(tx) = sender.get_ref() else {
-            // Closed: dropped unsent, the job's part answers so.
+            // Closed: dropped unsent, the job's part answers so; it is not
+            // owed (a count left up would hold the next switch of lane
+            // kind for good).
+            job.unsent();
             return;
         };
         match tx.try_send(job) {
             Ok(()) => {}
             Err(mpsc::error::TrySendError::Full(mut job)) => {
-                if let Some(owed) = job.owed.take() {
-                    owed.done();
-                }
+                job.unsent();
                 self.outbox.push_front((lane.clone(), job));
             }
             // A lane gone: as above.
-            Err(mpsc::error::TrySendError::Closed(_)) => {}
+            Err(mpsc::error::TrySendError::Closed(mut job)) => job.unsent(),
         }
     }
 
@@ -1034,11 +1031,7 @@ impl ClusterWrite {
             self.follow_map();
             let (len, decided) = match self.hints.front() {
                 // Framed by the dispatcher already.
-                Some(f) => {
-                    let args: SmallVec<[&[u8]; 8]> =
-                        (0..f.argc()).map(|i| f.arg(&self.pending, i)).collect();
-                    (f.len, self.decide(&args))
-                }
+                Some(f) => (f.len, self.decide(&f.args(&self.pending))),
                 None => {
                     let request = match self.parser.parse(&self.pending) {
                         Ok(Some(request)) => request,

@@ -177,15 +177,9 @@ impl SharedWrite {
     /// Takes the frames of the next write, `written`, if they line up:
     /// everything after `scanned` in `pending` is framed too.
     fn take_frames(&mut self, written: usize) {
-        let Some(frames) = self.next.take() else {
-            return;
-        };
-        if self.scanned + self.hints.bytes() != self.pending.len() || frames.bytes() > written {
-            return;
-        }
-        match self.hints.is_empty() {
-            true => self.hints = frames,
-            false => self.hints.append(&frames),
+        if let Some(frames) = self.next.take() {
+            let after_scanned = self.pending.len() - self.scanned;
+            self.hints.follow_with(frames, after_scanned, written);
         }
     }
 
@@ -275,8 +269,7 @@ impl SharedWrite {
             let rest = &self.pending[self.scanned..];
             if let Some(f) = self.hints.front() {
                 // Framed by the dispatcher already.
-                let args: SmallVec<[&[u8]; 8]> = (0..f.argc()).map(|i| f.arg(rest, i)).collect();
-                if let Some(reason) = self.may_share(&args) {
+                if let Some(reason) = self.may_share(&f.args(rest)) {
                     return Ok(Some(reason));
                 }
                 self.replies += 1;

@@ -355,3 +355,16 @@ async fn a_full_lane_queue_holds_the_jobs_back_in_their_order() {
         keys.iter().map(|k| vec![k.clone()]).collect::<Vec<_>>()
     );
 }
+
+#[test]
+fn a_job_taken_back_unsent_is_no_longer_owed() {
+    let owed = Arc::new(Owed::default());
+    let (mut job, _rx) = Job::new(smallvec![Bytes::from(command(&["GET", "k"]))], true);
+    owed.add();
+    job.owed = Some(owed.clone());
+    let waker = futures_util::task::noop_waker();
+    let mut cx = Context::from_waker(&waker);
+    assert!(owed.poll_none(&mut cx).is_pending(), "owed while sent");
+    job.unsent();
+    assert!(owed.poll_none(&mut cx).is_ready(), "given back");
+}
