@@ -103,8 +103,9 @@ pub(crate) struct Job {
     /// Where the replies go, all at once.
     pub done: oneshot::Sender<Vec<Part>>,
     /// The session's count of jobs owed on this kind of lane, taken down
-    /// when this one is answered (see [`Owed`]).
-    pub owed: Option<Arc<Owed>>,
+    /// when this one is answered, or dropped unanswered however that
+    /// happens (see [`Owed`], [`Ticket`]).
+    pub owed: Option<Ticket>,
     /// The session's reply bytes waiting for it, grown by this job's when
     /// it is answered (see [`Unread`]; `None`: the replies go to a merge or
     /// to the lock room, not to a session's read side).
@@ -186,9 +187,10 @@ pub(crate) struct Owed {
 }
 
 impl Owed {
-    /// One more job sent.
-    pub(crate) fn add(&self) {
+    /// One more job sent: owed until the ticket is dropped.
+    pub(crate) fn add(self: &Arc<Self>) -> Ticket {
         self.n.fetch_add(1, Ordering::AcqRel);
+        Ticket(self.clone())
     }
 
     fn done(&self) {
@@ -207,6 +209,20 @@ impl Owed {
             0 => Poll::Ready(()),
             _ => Poll::Pending,
         }
+    }
+}
+
+/// One job counted in an [`Owed`]: dropping it gives the count back.
+/// A job can end unanswered in more ways than one (a lane's queue full,
+/// a lane gone with jobs in its queue, a session gone), and a count left
+/// up would hold the session's next switch of lane kind for good; tying
+/// the count to the job's life leaves no such way.
+#[derive(Debug)]
+pub(crate) struct Ticket(Arc<Owed>);
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        self.0.done();
     }
 }
 
@@ -232,18 +248,14 @@ impl Job {
             unread.add(&parts);
         }
         let _ = self.done.send(parts);
-        if let Some(owed) = self.owed {
-            owed.done();
-        }
+        // The ticket, dropped here, counts the job answered.
     }
 
     /// The job was not sent after all (its lane's queue full or gone): it
     /// is no longer owed, or the count would hold the session's next
     /// switch of lane kind for good.
     pub(crate) fn unsent(&mut self) {
-        if let Some(owed) = self.owed.take() {
-            owed.done();
-        }
+        self.owed = None;
     }
 
     /// The command at `i`.

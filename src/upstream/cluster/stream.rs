@@ -856,11 +856,10 @@ impl ClusterWrite {
     /// before anything this session sends after it.
     fn send(&mut self, lane: &Lane, mut job: Job, reserved: bool) {
         let owed = match lane.own() {
-            true => self.owed_own.clone(),
-            false => self.owed_shared.clone(),
+            true => &self.owed_own,
+            false => &self.owed_shared,
         };
-        owed.add();
-        job.owed = Some(owed);
+        job.owed = Some(owed.add());
         self.last_own = Some(lane.own());
         let sender = self.sender(lane);
         if reserved {

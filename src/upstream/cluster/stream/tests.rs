@@ -360,11 +360,32 @@ async fn a_full_lane_queue_holds_the_jobs_back_in_their_order() {
 fn a_job_taken_back_unsent_is_no_longer_owed() {
     let owed = Arc::new(Owed::default());
     let (mut job, _rx) = Job::new(smallvec![Bytes::from(command(&["GET", "k"]))], true);
-    owed.add();
-    job.owed = Some(owed.clone());
+    job.owed = Some(owed.add());
     let waker = futures_util::task::noop_waker();
     let mut cx = Context::from_waker(&waker);
     assert!(owed.poll_none(&mut cx).is_pending(), "owed while sent");
     job.unsent();
     assert!(owed.poll_none(&mut cx).is_ready(), "given back");
+}
+
+#[test]
+fn a_job_dropped_unanswered_is_no_longer_owed() {
+    // A lane that ends with jobs still in its queue drops them unanswered
+    // (the session's part answers that the lane is gone): their count must
+    // come down, or the session's next switch of lane kind waits for good.
+    let owed = Arc::new(Owed::default());
+    let (tx, rx) = mpsc::channel(4);
+    for key in ["a", "b"] {
+        let (mut job, _rx) = Job::new(smallvec![Bytes::from(command(&["GET", key]))], true);
+        job.owed = Some(owed.add());
+        tx.try_send(job).unwrap_or_else(|_| panic!("room"));
+    }
+    let waker = futures_util::task::noop_waker();
+    let mut cx = Context::from_waker(&waker);
+    assert!(owed.poll_none(&mut cx).is_pending(), "owed while queued");
+    drop(rx);
+    assert!(
+        owed.poll_none(&mut cx).is_ready(),
+        "given back with the queue"
+    );
 }
