@@ -27,6 +27,11 @@
 #      storm-demo scripts/demo.sh --storm --smoke (the incident's spin
 #               storm for 5 s through the demo; fails unless fewer than a
 #               tenth of the attempts reached Redis)
+#      gate     bench/gate.sh                   (the performance gate:
+#               instructions per request under callgrind and Redis
+#               commands per lock operation against
+#               bench/gate-baseline.txt; fails when one is worse than its
+#               tolerance; about a minute)
 #      deploy   scripts/deploy-test.sh         (the Kubernetes sidecar
 #               example against the API schemas and lockgate's
 #               configuration; the compose stack of images built here
@@ -57,7 +62,7 @@ case "${1:-}" in
 '') ;;
 --no-setup) SETUP=0 ;;
 -h | --help)
-	sed -n '2,36s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"
+	sed -n '2,/^# Exit status/s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"
 	exit 0
 	;;
 *) die "unknown argument: $1 (scripts/test.sh takes --no-setup or nothing)" ;;
@@ -112,6 +117,7 @@ step fuzz scripts/fuzz.sh --seconds 20 --light
 step demo scripts/demo.sh --smoke
 step cluster-demo scripts/demo.sh --cluster --smoke
 step storm-demo scripts/demo.sh --storm --smoke
+step gate bench/gate.sh
 step deploy scripts/deploy-test.sh
 step redis-py scripts/redis-py-locks.sh
 step suite scripts/redis-suite.sh
