@@ -23,6 +23,16 @@ Two kinds of figure, both counts, not times:
     setnx_acquire         SETNX on a fresh lock key, one connection, each
                           reply awaited (a legacy app's acquisition)
     release               DEL of a lock that connection holds
+    redis_cycle           Redis's own instructions (redis-server under
+                          callgrind) per SETNX + DEL cycle through lockgate,
+                          pipelined 100 deep on one connection; printed
+                          beside a bare cycle straight on Redis and the
+                          floor (SET NX PX + SET PX, GET + DEL of both:
+                          what a lock with a lease and an owner record in
+                          a key of its own costs with no check at all)
+    redis_cycle_expire    the same for SETNX + EXPIRE + DEL
+    valkey_cycle…         the same two on Valkey 9.1 (--valkey), where
+                          lockgate acquires with MSETEX, no script
     guarded_write         SET on a key a [[locks.guards]] entry covers
                           (report mode, unlocked writers allowed)
     quorum_acquire        SETNX on a fresh lock key, [locks.quorum] of 5
@@ -142,12 +152,19 @@ def wait_ping(procs, name, p, port, timeout_s=60):
     raise SystemExit(f"gate: {name} not answering PING on {port}:\n{procs.log_of(name)}")
 
 
-def start_redis(procs, name):
+def start_redis(procs, name, callgrind=False, server="redis-server"):
+    """A redis-server (or `server`) on a free port: its port, or (under
+    callgrind) it."""
     port = free_port()
-    p = procs.start(name, ["redis-server", "--port", str(port), "--bind", "127.0.0.1",
-                           "--save", "", "--appendonly", "no"])
-    wait_ping(procs, name, p, port)
-    return port
+    argv = [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+            "--appendonly", "no"]
+    out = None
+    if callgrind:
+        out = os.path.join(procs.tmp, name + ".cg")
+        argv = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"] + argv
+    p = procs.start(name, argv)
+    wait_ping(procs, name, p, port, timeout_s=120)
+    return Counted(name, p, port, out) if callgrind else port
 
 
 def start_lockgate(procs, args, name, upstream, config="", callgrind=True):
@@ -167,10 +184,12 @@ def start_lockgate(procs, args, name, upstream, config="", callgrind=True):
     p = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, cwd=procs.tmp, env=env)
     procs.procs.append((name, p))
     wait_ping(procs, name, p, port, timeout_s=120)
-    return Lockgate(name, p, port, out)
+    return Counted(name, p, port, out)
 
 
-class Lockgate:
+class Counted:
+    """A process under callgrind (or not: `out` None), counted by phase."""
+
     def __init__(self, name, proc, port, out):
         self.name, self.proc, self.port, self.out = name, proc, port, out
         self.dumps = 0
@@ -330,6 +349,55 @@ def storm(port, direct):
     return (commands(direct) - before) / got[0]
 
 
+def pipelined(port, cmds, depth=100):
+    """Sends cmds on one connection, `depth` at a time."""
+    c = redis.Redis(port=port, socket_timeout=60)
+
+    def go():
+        for s in range(0, len(cmds), depth):
+            p = c.pipeline(transaction=False)
+            for cmd in cmds[s:s + depth]:
+                p.execute_command(*cmd)
+            p.execute()
+
+    return go
+
+
+def measure_redis(procs, args, figures, notes, server="redis-server", name="redis"):
+    """The server's own instructions per lock cycle through lockgate (the
+    server under callgrind), with a bare cycle and the floor measured
+    alongside; the figures named `name`_cycle…"""
+    rd = start_redis(procs, f"{name}-counted", callgrind=True, server=server)
+    lg = start_lockgate(procs, args, "front", rd.port, callgrind=False)
+    n = N_CYCLES
+    pipelined(lg.port, [("SETNX", "lock:gate:warm", "v"), ("DEL", "lock:gate:warm")])()
+    log(f"{name} instructions: lock cycles through lockgate, a bare cycle, the floor")
+
+    def cycle(port, prefix, extra=()):
+        cmds = [("SETNX", f"{prefix}:{i}", "v") for i in range(n)]
+        for cmd in extra:
+            cmds += [(cmd[0], f"{prefix}:{i}", *cmd[1:]) for i in range(n)]
+        return pipelined(port, cmds + [("DEL", f"{prefix}:{i}") for i in range(n)])
+
+    bare = rd.phase(cycle(rd.port, "plain:gate:a"), n)
+    bare_expire = rd.phase(cycle(rd.port, "plain:gate:b", [("EXPIRE", 30)]), n)
+    floor = rd.phase(pipelined(rd.port, [c for i in range(n) for c in (
+        ("SET", f"plain:gate:f:{i}", "v", "NX", "PX", "30000"),
+        ("SET", f"plain:gate:o:{i}", "t", "PX", "30000"))]
+        + [c for i in range(n) for c in (
+            ("GET", f"plain:gate:o:{i}"), ("DEL", f"plain:gate:f:{i}", f"plain:gate:o:{i}"))]), n)
+    cyc = figures[f"{name}_cycle"] = rd.phase(cycle(lg.port, "lock:gate:c"), n)
+    exp = figures[f"{name}_cycle_expire"] = rd.phase(
+        cycle(lg.port, "lock:gate:e", [("EXPIRE", 30)]), n)
+    notes.append(f"{name} instructions per cycle: bare SETNX+DEL {bare:.0f}, with EXPIRE "
+                 f"{bare_expire:.0f}; the floor (SET NX PX + SET PX, GET + DEL of both, no "
+                 f"atomicity) {floor:.0f} = {floor / bare:.2f}x bare; through lockgate "
+                 f"{cyc:.0f} = {cyc / bare:.2f}x bare, with EXPIRE {exp:.0f} = "
+                 f"{exp / bare_expire:.2f}x its bare cycle")
+    procs.stop(lg.proc)
+    procs.stop(rd.proc)
+
+
 def measure_commands(procs, args, figures):
     r = start_redis(procs, "redis-cmds")
     direct = redis.Redis(port=r)
@@ -425,6 +493,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--lockgate", required=True, help="the lockgate binary (a release build)")
     ap.add_argument("--baseline", default=BASELINE)
+    ap.add_argument("--valkey", required=True,
+                    help="a valkey-server 9.1 (lockgate takes its native MSETEX there)")
     ap.add_argument("--update", action="store_true", help="rewrite the baseline's values")
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--keep", action="store_true",
@@ -438,10 +508,12 @@ def main():
     base, lines = read_baseline(args.baseline)
     tmp = tempfile.mkdtemp(prefix="lockgate-gate.")
     procs = Procs(tmp)
-    figures = {}
+    figures, notes = {}, []
     started = time.monotonic()
     try:
         measure_instructions(procs, args, figures)
+        measure_redis(procs, args, figures, notes)
+        measure_redis(procs, args, figures, notes, args.valkey, "valkey")
         measure_commands(procs, args, figures)
     finally:
         procs.stop_all()
@@ -450,7 +522,7 @@ def main():
         else:
             shutil.rmtree(tmp, ignore_errors=True)
     ok, report = compare(base, figures)
-    print("\n".join(report))
+    print("\n".join(report + notes))
     print(f"(gate: {time.monotonic() - started:.0f} s, load {os.getloadavg()[0]:.2f})")
     if args.update:
         write_baseline(args.baseline, lines, figures)

@@ -28,6 +28,7 @@ esac
 
 install_missing "redis-server redis-tools valgrind" redis-server redis-benchmark valgrind callgrind_control
 ensure_python
+ensure_valkey
 if [[ -z ${LOCKGATE_BIN:-} ]]; then
   log "cargo build --release"
   (cd "$REPO" && cargo build --release --quiet --bin lockgate) || die "cargo build --release failed"
@@ -45,4 +46,4 @@ else
   warn "not a whole git clone: the baseline's commit messages are not checked"
 fi
 
-exec python3 "$BENCH_DIR/gate.py" --lockgate "$LOCKGATE_BIN" "${UPDATE[@]}"
+exec python3 "$BENCH_DIR/gate.py" --lockgate "$LOCKGATE_BIN" --valkey "$(valkey_server)" "${UPDATE[@]}"
