@@ -158,6 +158,23 @@ counters! {
         /// them was dropped once Redis acknowledged it.
         view_forgets: Counter "lock_view_forgets",
             "Forwarded commands that changed lock keys or scripts behind lockgate (flushes, SWAPDB, RENAME, COPY, MOVE, SCRIPT FLUSH): its view of them dropped";
+        /// Owner-record reconciliations after a client's own script on
+        /// lock keys, done (whatever they found; `LockService::reconcile`).
+        script_reconciles: Counter "lock_script_reconciles",
+            "Owner-record reconciliations done after a client's own script on lock keys, whatever they found";
+        /// Owner records dropped after a client's own script deleted their
+        /// lock key (a lock library's release, see `LockService::reconcile`).
+        script_releases: Counter "lock_script_releases",
+            "Owner records dropped after a client's own script (a lock library's release) deleted their lock key";
+        /// Owner records whose expiry followed the lease a client's own
+        /// script gave their lock key (a lock library's extension).
+        script_extensions: Counter "lock_script_extensions",
+            "Owner records whose expiry followed the lease a client's own script (a lock library's extension) gave their lock key";
+        /// Reconciliations after a client's script that failed (the store
+        /// did not answer in time, or refused): the owner record keeps
+        /// its own expiry.
+        script_reconcile_failures: Counter "lock_script_reconcile_failures",
+            "Owner-record reconciliations after a client's script that failed (store down, timed out or refusing); the record keeps its own expiry";
     }
     other {
         /// Seconds from a connection's first attempt on a lock to acquiring it.

@@ -49,7 +49,9 @@
 //!   fencing-token API on one Redis), [`failover`] (the hold after a switch
 //!   of the primary), [`eviction`] (each store's `maxmemory-policy`),
 //!   `forget` (what a forwarded command changed behind the room's back:
-//!   [`Forget`], [`Database`]).
+//!   [`Forget`], [`Database`]), [`reconcile`] (owner records made true to
+//!   what a client's own script, a lock library's release or extension,
+//!   did to its keys).
 //! - [`metrics`] (the room's counters). lockgate's own shared, pipelined
 //!   connection to one Redis, which the room calls through, is
 //!   [`crate::upstream::node`].
@@ -74,6 +76,7 @@ pub(crate) mod on_behalf;
 pub mod operator;
 pub mod ops;
 mod plan;
+pub(crate) mod reconcile;
 pub use plan::Queueing;
 pub mod quorum;
 mod reply;
@@ -158,6 +161,10 @@ pub enum LockPending {
     Script {
         /// The lock keys among the script's keys.
         keys: Vec<Bytes>,
+        /// Where it ran: owner records are reconciled with what it did
+        /// only in database 0 ([`reconcile`]), where lockgate's own
+        /// connection reads them.
+        db: Database,
     },
     /// A command forwarded as it is that changed lock keys or Redis's
     /// script cache behind the lock room's back (a flush, a rename): its

@@ -507,7 +507,7 @@ impl LockService {
             // Its reply is read before (`LockService::on_reply`): `facts`
             // are the general script's.
             LockPending::Fast { then, .. } => return self.complete(*then, facts, conn),
-            LockPending::Script { keys } => {
+            LockPending::Script { keys, .. } => {
                 for key in &keys {
                     self.storm.released(key);
                     conn.scripted(key);

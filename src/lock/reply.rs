@@ -79,6 +79,17 @@ impl LockService {
             }
         }
         let Some(rerun) = rerun.filter(|_| evalsha::is_noscript(&frame)) else {
+            // A client's own script (a lock library's release or
+            // extension) ran: owner records follow what it did.
+            if let LockPending::Script {
+                keys,
+                db: crate::lock::Database::Zero,
+            } = &pending
+            {
+                if !super::forget::is_error(&frame) {
+                    self.reconcile(keys, conn);
+                }
+            }
             let acquirer = || -> Arc<dyn Acquirer> { self.clone() };
             return self.on_reply(pending, frame, conn, acquirer);
         };
@@ -379,6 +390,7 @@ mod tests {
         let conn = Arc::new(Mutex::new(locks.conn_locks()));
         let pending = LockPending::Script {
             keys: vec![Bytes::from_static(b"lock:a")],
+            db: crate::lock::Database::Zero,
         };
         let (reply, _) = outcome(&locks, pending, b"*2\r\n:1\r\n:5\r\n", &conn);
         assert_eq!(&reply[..], b"*2\r\n:1\r\n:5\r\n");

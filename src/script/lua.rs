@@ -576,6 +576,44 @@ return 1
 "#
 );
 
+/// After a client's own script on lock keys (a lock library's release,
+/// extension or reacquire, which knows nothing of owner records): the
+/// key's owner record made true to what the script did, in one atomic
+/// step. KEYS: lock, owner record, queue, places. ARGV: the token this
+/// instance holds the key by and the value it acquired it with (`''`:
+/// not held through the connection that ran the script; only the first
+/// rule applies).
+/// - The lock key is gone (the script released it): its owner record goes
+///   too, and if there was one, the queue's head is woken, as a release
+///   wakes it. Reply `-2` (`0` when there was no record). An acquisition writes both keys in one step,
+///   so an owner record without its lock key belongs to nobody.
+/// - The lock key is there with a lease, the owner record holds the token
+///   and the key still the value it was acquired with (the same
+///   acquisition): the owner record's expiry becomes the key's, so the
+///   record lasts exactly as long as the lease the script set. Reply `1`
+///   when it moved.
+/// - Otherwise nothing. Reply `0`.
+pub const RECONCILE: &str = concat!(
+    r#"
+local pttl = redis.call('PTTL', KEYS[1])
+if pttl == -2 then
+  if redis.call('DEL', KEYS[2]) == 0 then return 0 end
+  if redis.call('EXISTS', KEYS[3]) == 1 then
+"#,
+    queue!(),
+    r#"
+    q_wake(KEYS[3], KEYS[4], KEYS[1], q_now())
+  end
+  return -2
+end
+if ARGV[1] == '' or pttl < 0 then return 0 end
+if redis.call('GET', KEYS[2]) ~= ARGV[1] or redis.call('GET', KEYS[1]) ~= ARGV[2] then return 0 end
+if redis.call('PTTL', KEYS[2]) == pttl then return 0 end
+redis.call('PEXPIRE', KEYS[2], pttl)
+return 1
+"#
+);
+
 /// The release of one lock key by the connection that holds it (its own
 /// token, no attempt unsettled, see `LockService::fast_path`): [`RELEASE`]'s
 /// check and delete, with the queue's functions defined only when a queue

@@ -40,6 +40,7 @@ mod locks;
 mod locks_clients;
 mod locks_extend;
 mod locks_fast;
+mod locks_library;
 mod locks_native;
 mod locks_noscript;
 mod locks_release;

@@ -339,7 +339,8 @@ impl Carrier {
                 // room knows of them is dropped once it has run.
                 if let Some(keys) = script_keys(ctx, kind, args, expect) {
                     self.queued_frees(keys.iter());
-                    self.record_freeing(LockPending::Script { keys }, None, true, out);
+                    let db = crate::lock::Database::of(self.view.db);
+                    self.record_freeing(LockPending::Script { keys, db }, None, true, out);
                     return;
                 }
                 // A transaction whose commands may free lock keys: its
@@ -347,7 +348,10 @@ impl Carrier {
                 if kind == CommandKind::Exec && expect == Expect::One {
                     let pending = match std::mem::take(&mut self.tx_frees) {
                         TxFrees::Nothing => None,
-                        TxFrees::Keys(keys) => Some(LockPending::Script { keys }),
+                        TxFrees::Keys(keys) => Some(LockPending::Script {
+                            keys,
+                            db: crate::lock::Database::of(self.view.db),
+                        }),
                         TxFrees::Many => Some(LockPending::Forget(crate::lock::Forget::Database)),
                     };
                     if let Some(pending) = pending {

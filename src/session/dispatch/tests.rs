@@ -127,7 +127,7 @@ fn told(p: &Pending) -> String {
                     format!("acquire in {db:?}{park}{rerun}")
                 }
                 LockPending::Release { keys, .. } => format!("release {}", keys.len()),
-                LockPending::Script { keys } => format!("script on {}", keys.len()),
+                LockPending::Script { keys, .. } => format!("script on {}", keys.len()),
                 LockPending::Forget(what) => format!("forget {what:?}"),
                 other => format!("{other:?}"),
             };

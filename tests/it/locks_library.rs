@@ -1,0 +1,196 @@
+//! A lock library's own scripts on lock keys (redis-py's `Lock`,
+//! python-redis-lock, pottery, node-redlock release and extend with Lua
+//! that knows nothing of owner records): once one has run, the key's owner
+//! record follows what it did (`lock::reconcile`). A key the script
+//! deleted takes its owner record with it; a key its holder's script
+//! extended carries its owner record along, so the owner check keeps
+//! guarding it for the whole lease the library asked. In the three
+//! connection shapes apps have: one connection per thread, a LIFO pool
+//! (the script on another connection than the acquisition), one
+//! multiplexed connection.
+
+use crate::support;
+
+use support::locks::{exists, m, pttl, COMPARE_AND_DELETE};
+use support::resp::cmd;
+use support::{Lockgate, RawClient, RedisServer};
+
+/// redis-py's `Lock.LUA_EXTEND_SCRIPT` (8.x): `ARGV[3] == "0"` adds
+/// `ARGV[2]` ms to the lease left, else sets it.
+const EXTEND: &str = r#"
+local token = redis.call('get', KEYS[1])
+if not token or token ~= ARGV[1] then
+    return 0
+end
+local expiration = redis.call('pttl', KEYS[1])
+if not expiration then
+    expiration = 0
+end
+if expiration < 0 then
+    return 0
+end
+local newttl = ARGV[2]
+if ARGV[3] == "0" then
+    newttl = ARGV[2] + expiration
+end
+if tonumber(newttl) <= 0 then
+    return 1
+end
+redis.call('pexpire', KEYS[1], newttl)
+return 1
+"#;
+
+/// Sends `commands` in one write and reads one reply for each: tasks
+/// sharing one connection, as ioredis and Lettuce send them.
+async fn pipeline(c: &mut RawClient, commands: &[&[&str]]) -> Vec<Vec<u8>> {
+    let bytes: Vec<u8> = commands.iter().flat_map(|a| cmd(a)).collect();
+    c.send(&bytes).await;
+    let mut replies = Vec::new();
+    for _ in commands {
+        replies.push(c.read_raw().await);
+    }
+    replies
+}
+
+fn owner(key: &str) -> String {
+    format!("lockgate:owner:{{{key}}}")
+}
+
+async fn acquire(c: &mut RawClient, key: &str, token: &str, px: &str) {
+    assert_eq!(
+        c.call_raw(&["SET", key, token, "NX", "PX", px]).await,
+        b"+OK\r\n",
+        "{key} acquired"
+    );
+}
+
+#[tokio::test]
+async fn a_library_release_script_takes_the_owner_record_with_it() {
+    let redis = RedisServer::start();
+    let lg = Lockgate::start(&redis.addr()).await;
+    let mut direct = RawClient::connect(redis.addr()).await;
+    let metrics = &lg.ctx.locks.metrics;
+
+    // One connection per thread: acquired and released on it.
+    let mut own = RawClient::connect(lg.addr).await;
+    acquire(&mut own, "lock:lib:own", "t1", "30000").await;
+    assert!(exists(&mut direct, &owner("lock:lib:own")).await);
+    assert_eq!(
+        own.call_raw(&["EVAL", COMPARE_AND_DELETE, "1", "lock:lib:own", "t1"])
+            .await,
+        b":1\r\n"
+    );
+    crate::until!(
+        "the owner record to go with its key",
+        !exists(&mut direct, &owner("lock:lib:own")).await
+    );
+
+    // A LIFO pool: acquired on one connection, released by the library on
+    // another.
+    let mut a = RawClient::connect(lg.addr).await;
+    let mut b = RawClient::connect(lg.addr).await;
+    acquire(&mut a, "lock:lib:pool", "t2", "30000").await;
+    assert_eq!(
+        b.call_raw(&["EVAL", COMPARE_AND_DELETE, "1", "lock:lib:pool", "t2"])
+            .await,
+        b":1\r\n"
+    );
+    crate::until!(
+        "the pooled release's owner record to go",
+        !exists(&mut direct, &owner("lock:lib:pool")).await
+    );
+
+    // One multiplexed connection: two tasks' acquisitions and releases
+    // interleaved in one pipeline.
+    let mut mux = RawClient::connect(lg.addr).await;
+    let replies = pipeline(
+        &mut mux,
+        &[
+            &["SET", "lock:lib:m1", "t3", "NX", "PX", "30000"],
+            &["SET", "lock:lib:m2", "t4", "NX", "PX", "30000"],
+            &["EVAL", COMPARE_AND_DELETE, "1", "lock:lib:m1", "t3"],
+            &["EVAL", COMPARE_AND_DELETE, "1", "lock:lib:m2", "wrong"],
+        ],
+    )
+    .await;
+    let want: [&[u8]; 4] = [b"+OK\r\n", b"+OK\r\n", b":1\r\n", b":0\r\n"];
+    assert_eq!(replies, want.map(|r| r.to_vec()));
+    crate::until!(
+        "m1's owner record to go",
+        !exists(&mut direct, &owner("lock:lib:m1")).await
+    );
+    // m2's release was refused by the library's own check: still held,
+    // its record kept.
+    crate::until!("four reconciliations", m(&metrics.script_reconciles) >= 4);
+    assert!(exists(&mut direct, "lock:lib:m2").await);
+    assert!(exists(&mut direct, &owner("lock:lib:m2")).await);
+    assert_eq!(m(&metrics.script_releases), 3);
+    lg.stop().await;
+}
+
+#[tokio::test]
+async fn a_library_extension_carries_the_owner_record_along() {
+    let redis = RedisServer::start();
+    let lg = Lockgate::start(&redis.addr()).await;
+    let mut direct = RawClient::connect(redis.addr()).await;
+    let metrics = &lg.ctx.locks.metrics;
+
+    // One connection per thread: redis-py's `extend(30)` on a 1 s lease.
+    let mut own = RawClient::connect(lg.addr).await;
+    acquire(&mut own, "lock:lib:ext", "t1", "1000").await;
+    assert_eq!(
+        own.call_raw(&["EVAL", EXTEND, "1", "lock:lib:ext", "t1", "30000", "0"])
+            .await,
+        b":1\r\n"
+    );
+    crate::until!(
+        "the owner record to follow the new lease",
+        pttl(&mut direct, &owner("lock:lib:ext")).await > 20_000
+    );
+    assert_eq!(m(&metrics.script_extensions), 1);
+    // redis-py's `reacquire()` (the lease set, here shorter): followed too.
+    assert_eq!(
+        own.call_raw(&["EVAL", EXTEND, "1", "lock:lib:ext", "t1", "5000", "1"])
+            .await,
+        b":1\r\n"
+    );
+    crate::until!(
+        "the owner record to follow the shorter lease",
+        pttl(&mut direct, &owner("lock:lib:ext")).await <= 5000
+    );
+
+    // One multiplexed connection: the same, pipelined with other traffic.
+    let mut mux = RawClient::connect(lg.addr).await;
+    let replies = pipeline(
+        &mut mux,
+        &[
+            &["SET", "lock:lib:mx", "t2", "NX", "PX", "1000"],
+            &["SET", "plain:x", "1"],
+            &["EVAL", EXTEND, "1", "lock:lib:mx", "t2", "30000", "0"],
+        ],
+    )
+    .await;
+    assert_eq!(replies[2], b":1\r\n");
+    crate::until!(
+        "the multiplexed owner record to follow",
+        pttl(&mut direct, &owner("lock:lib:mx")).await > 20_000
+    );
+
+    // A LIFO pool: extended by the library on another connection than the
+    // acquisition's. That connection holds no record of it, so which
+    // acquisition the key now belongs to is not known here: the owner
+    // record keeps its own expiry (docs/locks.md, "Lock libraries").
+    let mut a = RawClient::connect(lg.addr).await;
+    let mut b = RawClient::connect(lg.addr).await;
+    acquire(&mut a, "lock:lib:px", "t3", "1000").await;
+    let before = m(&metrics.script_reconciles);
+    assert_eq!(
+        b.call_raw(&["EVAL", EXTEND, "1", "lock:lib:px", "t3", "30000", "0"])
+            .await,
+        b":1\r\n"
+    );
+    crate::until!("the reconciliation", m(&metrics.script_reconciles) > before);
+    assert!(pttl(&mut direct, &owner("lock:lib:px")).await <= 1000);
+    assert!(pttl(&mut direct, "lock:lib:px").await > 20_000);
+    lg.stop().await;
+}
