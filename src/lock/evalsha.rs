@@ -116,8 +116,8 @@ impl Call {
 /// cache [`Epoch`] (a newer epoch: Redis may have lost them all).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Loaded {
-    /// One bit per [`Script::index`] (16 scripts: `script::COUNT`).
-    bits: u16,
+    /// One bit per [`Script::index`] (17 scripts: `script::COUNT`).
+    bits: u32,
     epoch: u64,
     off: bool,
 }
@@ -143,7 +143,7 @@ impl Loaded {
             self.bits = 0;
             self.epoch = epoch;
         }
-        let bit = 1u16 << script.index();
+        let bit = 1u32 << script.index();
         let first = self.bits & bit == 0;
         self.bits |= bit;
         first

@@ -51,10 +51,12 @@ pub enum Script {
     FenceExtend,
     /// [`lua::ERROR`].
     Error,
+    /// [`lua::RECONCILE`].
+    Reconcile,
 }
 
 /// How many [`Script`]s there are.
-pub const COUNT: usize = 16;
+pub const COUNT: usize = 17;
 
 /// Every [`Script`], in the order of [`Script::index`].
 pub const ALL: [Script; COUNT] = [
@@ -74,6 +76,7 @@ pub const ALL: [Script; COUNT] = [
     Script::FenceUnlock,
     Script::FenceExtend,
     Script::Error,
+    Script::Reconcile,
 ];
 
 /// Every script's Lua body, in [`ALL`]'s order: what the quorum's masters
@@ -125,6 +128,7 @@ impl Script {
             Script::FenceUnlock => lua::FENCE_UNLOCK,
             Script::FenceExtend => lua::FENCE_EXTEND,
             Script::Error => lua::ERROR,
+            Script::Reconcile => lua::RECONCILE,
         }
     }
 

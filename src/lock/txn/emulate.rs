@@ -57,7 +57,9 @@ impl Job {
     /// counter) whose reads decide.
     pub fn watch(&self) -> Vec<Bytes> {
         match self.kind {
-            Script::Pass | Script::Error | Script::Guard | Script::GuardTx => Vec::new(),
+            Script::Pass | Script::Error | Script::Guard | Script::GuardTx | Script::Reconcile => {
+                Vec::new()
+            }
             Script::Release => {
                 let n = self.n();
                 (0..n)
@@ -116,7 +118,9 @@ impl Job {
                 cmd(&[b"TIME"]),
             ],
             Script::FenceUnlock | Script::FenceExtend => vec![cmd(&[b"GET", lock])],
-            Script::Pass | Script::Error | Script::Guard | Script::GuardTx => Vec::new(),
+            Script::Pass | Script::Error | Script::Guard | Script::GuardTx | Script::Reconcile => {
+                Vec::new()
+            }
         }
     }
 
@@ -147,6 +151,11 @@ impl Job {
             // one come, rather than written unchecked.
             Script::Guard | Script::GuardTx => Decision::Answer(err(
                 "ERR lockgate: a guarded write cannot be checked on a server that refuses scripts",
+            )),
+            // Never sent to a server that refuses scripts: no client
+            // script runs there to reconcile (`crate::lock::reconcile`).
+            Script::Reconcile => Decision::Answer(err(
+                "ERR lockgate: no client script runs on a server that refuses scripts",
             )),
             Script::Error => {
                 Decision::Answer(Bytes::from([&b"-"[..], self.a(0), b"\r\n"].concat()))
@@ -249,7 +258,9 @@ impl Job {
                 int(m(0))
             }
             Script::FenceLock => resp::array(&[int(m(0)), int(0)]),
-            Script::Pass | Script::Error | Script::Guard | Script::GuardTx => int(0),
+            Script::Pass | Script::Error | Script::Guard | Script::GuardTx | Script::Reconcile => {
+                int(0)
+            }
         }
     }
 

@@ -251,8 +251,8 @@ fn job_of(command: &[u8], db: u64) -> Option<(Job, u64)> {
     }
     // Guarded writes are never planned without scripts (their checks
     // need Lua's atomicity): their bodies are not carried out here.
-    let kind =
-        Script::of(by_sha, first).filter(|s| !matches!(s, Script::Guard | Script::GuardTx))?;
+    let kind = Script::of(by_sha, first)
+        .filter(|s| !matches!(s, Script::Guard | Script::GuardTx | Script::Reconcile))?;
     let n: usize = std::str::from_utf8(args.get(2)?).ok()?.parse().ok()?;
     let rest = args.get(3..)?;
     let keys = rest
