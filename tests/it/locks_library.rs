@@ -194,3 +194,44 @@ async fn a_library_extension_carries_the_owner_record_along() {
     assert!(pttl(&mut direct, "lock:lib:px").await > 20_000);
     lg.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_front_of_a_cluster_each_owner_record_follows_on_its_node() {
+    use support::cluster::Cluster;
+    let cluster = Cluster::start(3, 0);
+    let lg = cluster.lockgate(|_| {}).await;
+    let map = cluster.map().await;
+    let mut c = RawClient::connect(lg.addr).await;
+    // Keys on different shards: each reconciliation goes to the node that
+    // serves the key (and its owner record, in the same slot).
+    let keys: Vec<String> = (0..6).map(|i| format!("lock:lib:c{i}")).collect();
+    for key in &keys {
+        acquire(&mut c, key, "t", "1000").await;
+        assert_eq!(
+            c.call_raw(&["EVAL", EXTEND, "1", key, "t", "30000", "0"])
+                .await,
+            b":1\r\n"
+        );
+    }
+    let mut nodes = std::collections::BTreeSet::new();
+    for key in &keys {
+        let node = &map.shard_of_key(key.as_bytes()).expect("served").primary;
+        nodes.insert(node.clone());
+        let mut n = RawClient::connect(node).await;
+        crate::until!(
+            format!("{key}'s owner record to follow on its node"),
+            pttl(&mut n, &owner(key)).await > 20_000
+        );
+        assert_eq!(
+            c.call_raw(&["EVAL", COMPARE_AND_DELETE, "1", key, "t"])
+                .await,
+            b":1\r\n"
+        );
+        crate::until!(
+            format!("{key}'s owner record to go on its node"),
+            !exists(&mut n, &owner(key)).await
+        );
+    }
+    assert!(nodes.len() >= 2, "the keys spread over shards: {nodes:?}");
+    lg.stop().await;
+}
