@@ -358,18 +358,19 @@ COMPARE_AND_DELETE = ("if redis.call('get', KEYS[1]) == ARGV[1] then "
                       "return redis.call('del', KEYS[1]) else return 0 end")
 
 
+def pipeline(c, cmds, depth=100):
+    """Sends cmds on the client c's connection, `depth` at a time."""
+    for s in range(0, len(cmds), depth):
+        p = c.pipeline(transaction=False)
+        for cmd in cmds[s:s + depth]:
+            p.execute_command(*cmd)
+        p.execute()
+
+
 def pipelined(port, cmds, depth=100):
-    """Sends cmds on one connection, `depth` at a time."""
+    """Sends cmds on one connection to port, `depth` at a time (when called)."""
     c = redis.Redis(port=port, socket_timeout=60)
-
-    def go():
-        for s in range(0, len(cmds), depth):
-            p = c.pipeline(transaction=False)
-            for cmd in cmds[s:s + depth]:
-                p.execute_command(*cmd)
-            p.execute()
-
-    return go
+    return lambda: pipeline(c, cmds, depth)
 
 
 def measure_redis(procs, args, figures, notes, server="redis-server", name="redis"):

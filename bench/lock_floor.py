@@ -77,19 +77,11 @@ def keys(run, i):
     return f"lock:{run}:{i}", f"owner:{run}:{i}", f"queue:{run}:{i}"
 
 
-def pipeline(c, cmds, depth=100):
-    for s in range(0, len(cmds), depth):
-        p = c.pipeline(transaction=False)
-        for cmd in cmds[s:s + depth]:
-            p.execute_command(*cmd)
-        p.execute()
-
-
 def rows(c, conn, n, shas):
     """(name, fn(run)) for every row."""
 
     def bare(run):
-        pipeline(c, [("SETNX", keys(run, i)[0], "1") for i in range(n)]
+        gate.pipeline(c, [("SETNX", keys(run, i)[0], "1") for i in range(n)]
                  + [("DEL", keys(run, i)[0]) for i in range(n)])
 
     def floor(run):
@@ -100,7 +92,7 @@ def rows(c, conn, n, shas):
         for i in range(n):
             k, o, _ = keys(run, i)
             cmds += [("GET", o), ("DEL", k, o)]
-        pipeline(c, cmds)
+        gate.pipeline(c, cmds)
 
     def per_op(run):
         acq, rel = [], []
@@ -110,7 +102,7 @@ def rows(c, conn, n, shas):
             acq.append(("EVALSHA", shas[0], 4, k, o, q, q + ":p", "3", "1", f"tok{i}", "PX",
                         "30000", "setnx", "inst:", "500", "2000", "1"))
             rel.append(("EVALSHA", shas[1], 4, k, o, q, q + ":p", f"tok{i}", "DEL"))
-        pipeline(c, acq + rel)
+        gate.pipeline(c, acq + rel)
 
     def scripts(b):
         def go(run):
@@ -125,7 +117,7 @@ def rows(c, conn, n, shas):
                 ks = [k for i in range(s, min(s + b, n)) for k in keys(run, i)]
                 cmds.append(("EVALSHA", shas[3], len(ks), *ks,
                              *[f"tok{i}" for i in range(s, min(s + b, n))]))
-            pipeline(c, cmds, 10)
+            gate.pipeline(c, cmds, 10)
         return go
 
     def txns(b):
