@@ -84,9 +84,8 @@ impl LockService {
                         Some(a) if !a.value.is_empty() => (a.token.clone(), a.value.clone()),
                         _ => (Bytes::new(), Bytes::new()),
                     };
-                    let keys: [&[u8]; 4] =
-                        [key, &owner_key(key), &queue_key(key), &places_key(key)];
-                    Call::new(Script::Reconcile, &keys, &[&token, &value]).request()
+                    let all: [&[u8]; 4] = [key, &owner_key(key), &queue_key(key), &places_key(key)];
+                    Call::new(Script::Reconcile, &all, &[&token, &value]).request()
                 })
                 .collect()
         };

@@ -585,8 +585,9 @@ return 1
 /// rule applies).
 /// - The lock key is gone (the script released it): its owner record goes
 ///   too, and if there was one, the queue's head is woken, as a release
-///   wakes it. Reply `-2` (`0` when there was no record). An acquisition writes both keys in one step,
-///   so an owner record without its lock key belongs to nobody.
+///   wakes it. Reply `-2` (`0` when there was no record). An acquisition
+///   writes both keys in one step, so an owner record without its lock
+///   key belongs to nobody.
 /// - The lock key is there with a lease, the owner record holds the token
 ///   and the key still the value it was acquired with (the same
 ///   acquisition): the owner record's expiry becomes the key's, so the
