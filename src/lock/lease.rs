@@ -606,6 +606,38 @@ impl ConnLocks {
         }
     }
 
+    /// A client script released `key`, which this connection held by
+    /// `token` (lockgate read so in Redis after the script, see
+    /// `lock::reconcile`): the holding is over. Unlike a release of its
+    /// own, the record stays, as a lost one: the connection's next attempt
+    /// goes on with its run (as after [`ConnLocks::scripted`]), and a
+    /// place it keeps in the key's queue is still found and left when it
+    /// closes (`LockService::connection_closed`). Found removed, a shared
+    /// connection's kept place outlived it and held a new connection's
+    /// attempt back (redis-py's `test_competing_locks`, then
+    /// `test_timeout`, answered "not acquired" on a free key). An attempt
+    /// already on its way (the reconciliation runs in the background)
+    /// becomes the record's, to be settled by its reply. Returns the
+    /// holding that ended, if the record still carried it.
+    pub fn script_released(&mut self, key: &[u8], token: &[u8]) -> Option<Acquisition> {
+        let a = self.map.get_mut(key)?;
+        if a.token != token || a.standing != Standing::Held {
+            return None;
+        }
+        let ended = a.clone();
+        a.takeover = false;
+        match a.retry.take() {
+            Some(retry) => {
+                a.token = retry.token;
+                a.value = retry.value;
+                a.lease_ms = retry.lease_ms;
+                a.standing = Standing::Trying;
+            }
+            None => a.standing = Standing::Lost,
+        }
+        Some(ended)
+    }
+
     /// A release planned when tokens below `upto` had been issued has been
     /// answered: the attempts on `key` made before it are over (released
     /// or refused); one pipelined after it stays, as the connection's next

@@ -30,6 +30,7 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 
 use super::evalsha::Call;
+use super::hotkeys::Event;
 use super::lease::{ConnLocks, Standing};
 use super::{owner_key, places_key, queue_key, LockService};
 use crate::metrics::ProxyMetrics;
@@ -75,7 +76,7 @@ impl LockService {
         }
         // By SHA1, its body the fallback should Redis not have it yet
         // (`EVAL` of the body costs Redis four times the call).
-        let calls: Vec<Request> = {
+        let calls: Vec<(Bytes, Bytes, Request)> = {
             let c = sync::lock(conn);
             keys.iter()
                 .map(|key| {
@@ -85,14 +86,15 @@ impl LockService {
                         _ => (Bytes::new(), Bytes::new()),
                     };
                     let all: [&[u8]; 4] = [key, &owner_key(key), &queue_key(key), &places_key(key)];
-                    Call::new(Script::Reconcile, &all, &[&token, &value]).request()
+                    let call = Call::new(Script::Reconcile, &all, &[&token, &value]);
+                    (key.clone(), token, call.request())
                 })
                 .collect()
         };
-        let me = self.clone();
+        let (me, conn) = (self.clone(), conn.clone());
         tokio::spawn(async move {
             let store = me.store();
-            for call in calls {
+            for (key, token, call) in calls {
                 let reply = tokio::select! {
                     reply = store.primary.send(call, store.timeout()) => reply,
                     _ = store.stopped() => return,
@@ -102,13 +104,40 @@ impl LockService {
                     ProxyMetrics::inc(&me.metrics.script_reconciles);
                 }
                 match found {
-                    Some(Reconciled::Released) => ProxyMetrics::inc(&me.metrics.script_releases),
+                    Some(Reconciled::Released) => {
+                        ProxyMetrics::inc(&me.metrics.script_releases);
+                        me.script_released(&key, &token, &conn);
+                    }
                     Some(Reconciled::Extended) => ProxyMetrics::inc(&me.metrics.script_extensions),
                     Some(Reconciled::Unchanged) => {}
                     None => ProxyMetrics::inc(&me.metrics.script_reconcile_failures),
                 }
             }
         });
+    }
+}
+
+impl LockService {
+    /// A client's script released `key`, which the connection whose records
+    /// are `conn` held by `token` when the script was sent (empty: it held
+    /// none with a known value). If it still holds the key by that token,
+    /// the holding is over ([`ConnLocks::script_released`]) and counted
+    /// (`lock_hold_seconds`, the hot keys).
+    fn script_released(&self, key: &Bytes, token: &Bytes, conn: &Mutex<ConnLocks>) {
+        if token.is_empty() {
+            return;
+        }
+        let ended = sync::lock(conn).script_released(key, token);
+        if let Some(rec) = ended {
+            let held = rec.since.elapsed();
+            self.metrics.hold_seconds.observe(held.as_secs_f64());
+            self.hot.record(
+                key,
+                Event::Released {
+                    held_ms: held.as_millis() as u64,
+                },
+            );
+        }
     }
 }
 

@@ -56,6 +56,24 @@ fn owner(key: &str) -> String {
     format!("lockgate:owner:{{{key}}}")
 }
 
+/// Connections of this lockgate that hold `key` by its own records.
+fn held_here(lg: &Lockgate, key: &str) -> usize {
+    lg.ctx.locks.conns.holds(|k| k == key.as_bytes(), 8).len()
+}
+
+/// `lockgate_lock_hold_seconds_count` as `/metrics` shows it.
+fn hold_count(lg: &Lockgate) -> u64 {
+    let text = lockgate::exposition::render(&lg.ctx).expect("metrics render");
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("lockgate_lock_hold_seconds_count"))
+        .expect("a hold count line");
+    line.rsplit(' ')
+        .next()
+        .and_then(|v| v.parse().ok())
+        .expect("a count")
+}
+
 async fn acquire(c: &mut RawClient, key: &str, token: &str, px: &str) {
     assert_eq!(
         c.call_raw(&["SET", key, token, "NX", "PX", px]).await,
@@ -75,6 +93,8 @@ async fn a_library_release_script_takes_the_owner_record_with_it() {
     let mut own = RawClient::connect(lg.addr).await;
     acquire(&mut own, "lock:lib:own", "t1", "30000").await;
     assert!(exists(&mut direct, &owner("lock:lib:own")).await);
+    assert_eq!(held_here(&lg, "lock:lib:own"), 1, "held through lockgate");
+    let holds = hold_count(&lg);
     assert_eq!(
         own.call_raw(&["EVAL", COMPARE_AND_DELETE, "1", "lock:lib:own", "t1"])
             .await,
@@ -83,6 +103,28 @@ async fn a_library_release_script_takes_the_owner_record_with_it() {
     crate::until!(
         "the owner record to go with its key",
         !exists(&mut direct, &owner("lock:lib:own")).await
+    );
+    // The holding is over here too: no longer listed, its hold counted.
+    crate::until!(
+        "the connection's record of the holding to end",
+        held_here(&lg, "lock:lib:own") == 0
+    );
+    assert_eq!(hold_count(&lg), holds + 1, "lock_hold_seconds counted it");
+    let hot = lg.ctx.locks.hot.top(16);
+    let own_hot = hot.iter().find(|h| &h.key[..] == b"lock:lib:own");
+    assert!(own_hot.is_some_and(|h| h.hold_ms_last.is_some()));
+    // Acquired again on the same connection after the library's release:
+    // a fresh holding, not a spin of the last.
+    acquire(&mut own, "lock:lib:own", "t1b", "30000").await;
+    assert_eq!(held_here(&lg, "lock:lib:own"), 1);
+    assert_eq!(
+        own.call_raw(&["EVAL", COMPARE_AND_DELETE, "1", "lock:lib:own", "t1b"])
+            .await,
+        b":1\r\n"
+    );
+    crate::until!(
+        "the second holding to end",
+        held_here(&lg, "lock:lib:own") == 0
     );
 
     // A LIFO pool: acquired on one connection, released by the library on
@@ -121,10 +163,11 @@ async fn a_library_release_script_takes_the_owner_record_with_it() {
     );
     // m2's release was refused by the library's own check: still held,
     // its record kept.
-    crate::until!("four reconciliations", m(&metrics.script_reconciles) >= 4);
+    crate::until!("five reconciliations", m(&metrics.script_reconciles) >= 5);
     assert!(exists(&mut direct, "lock:lib:m2").await);
     assert!(exists(&mut direct, &owner("lock:lib:m2")).await);
-    assert_eq!(m(&metrics.script_releases), 3);
+    assert_eq!(m(&metrics.script_releases), 4);
+    assert_eq!(held_here(&lg, "lock:lib:m2"), 1, "m2 still held");
     lg.stop().await;
 }
 

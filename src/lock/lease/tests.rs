@@ -277,3 +277,35 @@ fn a_holder_whose_lease_ran_out_spins_like_a_loser() {
     c.lost(key.clone(), Bytes::from_static(b"t:4"));
     assert!(!c.spinning(&key, window));
 }
+
+/// A client script released the key: the holding it names ends, its record
+/// stays as a lost one (the connection's kept places are still found when
+/// it closes); an attempt already on its way takes the record over; a
+/// holding by another token, or none, is left alone.
+#[test]
+fn a_script_release_ends_the_holding_it_names_and_keeps_the_record() {
+    let k = |s: &'static str| Bytes::from(s);
+    let mut c = ConnLocks::new(4);
+    c.attempt(k("a"), k("t1"), k("v1"), Standing::Trying, 10);
+    c.settle(b"a", b"t1", Standing::Held, None);
+    assert!(c.script_released(b"a", b"t0").is_none(), "another token");
+    assert!(c.script_released(b"b", b"t1").is_none(), "no record");
+    let ended = c.script_released(b"a", b"t1").map(|e| e.token);
+    assert_eq!(ended.as_deref(), Some(&b"t1"[..]));
+    assert_eq!(c.get(b"a").map(|a| a.standing), Some(Standing::Lost));
+    assert!(c.script_released(b"a", b"t1").is_none(), "ended once");
+
+    // Held by t2, a re-entrant t3 on its way when the script's release is
+    // learned: t3 is the record's now, and its reply settles it.
+    c.attempt(k("a"), k("t2"), k("v2"), Standing::Trying, 10);
+    c.settle(b"a", b"t2", Standing::Held, None);
+    c.attempt(k("a"), k("t3"), k("v3"), Standing::Trying, 10);
+    assert!(c.get(b"a").is_some_and(|a| a.retry.is_some()));
+    assert!(c.script_released(b"a", b"t2").is_some());
+    let a = c
+        .get(b"a")
+        .map(|a| (a.token.clone(), a.value.clone(), a.standing));
+    assert_eq!(a, Some((k("t3"), k("v3"), Standing::Trying)));
+    c.settle(b"a", b"t3", Standing::Held, None);
+    assert_eq!(c.get(b"a").map(|a| a.standing), Some(Standing::Held));
+}
