@@ -19,6 +19,7 @@ use prometheus_client::registry::Registry;
 
 use crate::command;
 use crate::context::ServerContext;
+use crate::lock::hotkeys::{HotKey, Spread};
 use crate::lock::quorum::MasterState;
 use crate::metrics::{Kind, ProxyMetrics};
 
@@ -39,6 +40,44 @@ pub fn render(ctx: &Arc<ServerContext>) -> Result<String, std::fmt::Error> {
     let mut text = String::new();
     prometheus_client::encoding::text::encode(&mut text, &registry)?;
     Ok(text)
+}
+
+/// Each hot key's waits and holds, as histograms labelled by key: for
+/// every lock, a legacy `SETNX` or a library's `SET NX PX` alike, where
+/// `lock_wait_seconds` and `lock_hold_seconds` sum them all. Only the
+/// top-K keys (`admin.hot_keys`) have series, so the label set is bounded;
+/// each counts since its key entered the sketch (see `lock::hotkeys`).
+fn hot_histograms(hot: &[HotKey], e: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+    type Family = (&'static str, &'static str, fn(&HotKey) -> &Spread);
+    let families: [Family; 2] = [
+        (
+            "lock_key_wait_seconds",
+            "Time from a connection's first attempt on a hot lock key to acquiring it, by key (top-K keys, ms resolution)",
+            |h| &h.waits,
+        ),
+        (
+            "lock_key_hold_seconds",
+            "Time a hot lock key was held, acquisition to release, by key (top-K keys, ms resolution)",
+            |h| &h.holds,
+        ),
+    ];
+    for (name, help, spread) in families {
+        let mut fam = e.encode_descriptor(name, help, None, MetricType::Histogram)?;
+        for h in hot {
+            let key = String::from_utf8_lossy(&h.key).into_owned();
+            let labels = [("key", key.as_str())];
+            let s = spread(h);
+            let sum = s.sum_ms as f64 / 1000.0;
+            fam.encode_family(&labels)?
+                .encode_histogram::<prometheus_client::encoding::NoLabelSet>(
+                    sum,
+                    s.count(),
+                    &s.bounds(),
+                    None,
+                )?;
+        }
+    }
+    Ok(())
 }
 
 /// Reads the rooms' counters at scrape time.
@@ -133,6 +172,7 @@ impl Collector for Counters {
                 let labels = [("key", key.as_str())];
                 ConstCounter::new(h.count).encode(fam.encode_family(&labels)?)?;
             }
+            hot_histograms(&hot, &mut e)?;
         }
         eviction_families(ctx, &mut e)?;
         guard_families(ctx, &mut e)?;
@@ -324,6 +364,8 @@ mod tests {
         "lockgate_cluster_node_failover_hold_seconds",
         "lockgate_tasks_alive",
         "lockgate_hot_lock_attempts",
+        "lockgate_lock_key_wait_seconds",
+        "lockgate_lock_key_hold_seconds",
         "lockgate_upstream_maxmemory_policy",
         "lockgate_upstream_evicted_keys",
         "lockgate_guarded_writes",

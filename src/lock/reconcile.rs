@@ -18,6 +18,9 @@
 //! the acquisition (its token and value) only says which acquisition an
 //! extension may carry along; without one (the script ran on another
 //! connection of a pool) a deletion is still followed, an extension not.
+//! With one, a holding found over (its key gone, or held by an
+//! acquisition made since) ends there too: it leaves `LOCKGATE LOCKS`
+//! and its hold is counted (`lock_hold_seconds`, the hot keys' own).
 //!
 //! Deliberately not here: the quorum (a client script on lock keys runs on
 //! every master; a reconciliation would have to as well) and a server
@@ -43,6 +46,12 @@ use crate::upstream::node::Request;
 pub(crate) enum Reconciled {
     /// The key is gone and so is its owner record.
     Released,
+    /// The key is gone, its owner record was already: the holding the
+    /// call named is over.
+    Gone,
+    /// The key is held by another acquisition: the holding the call named
+    /// is over (the key was acquired again before the call ran).
+    Superseded,
     /// The owner record's expiry moved to the key's lease.
     Extended,
     /// Nothing to change.
@@ -55,10 +64,20 @@ impl Reconciled {
     pub(crate) fn of(frame: &[u8]) -> Option<Reconciled> {
         match frame {
             b":-2\r\n" => Some(Reconciled::Released),
+            b":-3\r\n" => Some(Reconciled::Gone),
+            b":-1\r\n" => Some(Reconciled::Superseded),
             b":1\r\n" => Some(Reconciled::Extended),
             b":0\r\n" => Some(Reconciled::Unchanged),
             _ => None,
         }
+    }
+
+    /// Whether the holding the call named (if it named one) is over.
+    fn ends_holding(self) -> bool {
+        matches!(
+            self,
+            Reconciled::Released | Reconciled::Gone | Reconciled::Superseded
+        )
     }
 }
 
@@ -103,13 +122,13 @@ impl LockService {
                 if found.is_some() {
                     ProxyMetrics::inc(&me.metrics.script_reconciles);
                 }
+                if found.is_some_and(Reconciled::ends_holding) {
+                    me.script_released(&key, &token, &conn);
+                }
                 match found {
-                    Some(Reconciled::Released) => {
-                        ProxyMetrics::inc(&me.metrics.script_releases);
-                        me.script_released(&key, &token, &conn);
-                    }
+                    Some(Reconciled::Released) => ProxyMetrics::inc(&me.metrics.script_releases),
                     Some(Reconciled::Extended) => ProxyMetrics::inc(&me.metrics.script_extensions),
-                    Some(Reconciled::Unchanged) => {}
+                    Some(_) => {}
                     None => ProxyMetrics::inc(&me.metrics.script_reconcile_failures),
                 }
             }
@@ -147,8 +166,10 @@ mod tests {
 
     #[test]
     fn replies_read_as_the_script_answers() {
-        let table: [(&[u8], Option<Reconciled>); 5] = [
+        let table: [(&[u8], Option<Reconciled>); 7] = [
             (b":-2\r\n", Some(Reconciled::Released)),
+            (b":-3\r\n", Some(Reconciled::Gone)),
+            (b":-1\r\n", Some(Reconciled::Superseded)),
             (b":1\r\n", Some(Reconciled::Extended)),
             (b":0\r\n", Some(Reconciled::Unchanged)),
             (b"-ERR no\r\n", None),

@@ -582,12 +582,17 @@ return 1
 /// step. KEYS: lock, owner record, queue, places. ARGV: the token this
 /// instance holds the key by and the value it acquired it with (`''`:
 /// not held through the connection that ran the script; only the first
-/// rule applies).
+/// rule applies, and never replies `-3` or `-1`).
 /// - The lock key is gone (the script released it): its owner record goes
 ///   too, and if there was one, the queue's head is woken, as a release
-///   wakes it. Reply `-2` (`0` when there was no record). An acquisition
-///   writes both keys in one step, so an owner record without its lock
-///   key belongs to nobody.
+///   wakes it. Reply `-2`; `-3` when there was no record left (the holding
+///   by the token is over all the same). An acquisition writes both keys
+///   in one step, so an owner record without its lock key belongs to
+///   nobody.
+/// - The lock key is there and its owner record holds another token: the
+///   holding by the token is over (released, then acquired again by
+///   somebody before this step ran: it runs behind the client's script,
+///   not with it). Nothing changes. Reply `-1`.
 /// - The lock key is there with a lease, the owner record holds the token
 ///   and the key still the value it was acquired with (the same
 ///   acquisition): the owner record's expiry becomes the key's, so the
@@ -598,7 +603,10 @@ pub const RECONCILE: &str = concat!(
     r#"
 local pttl = redis.call('PTTL', KEYS[1])
 if pttl == -2 then
-  if redis.call('DEL', KEYS[2]) == 0 then return 0 end
+  if redis.call('DEL', KEYS[2]) == 0 then
+    if ARGV[1] == '' then return 0 end
+    return -3
+  end
   if redis.call('EXISTS', KEYS[3]) == 1 then
 "#,
     queue!(),
@@ -607,8 +615,13 @@ if pttl == -2 then
   end
   return -2
 end
-if ARGV[1] == '' or pttl < 0 then return 0 end
-if redis.call('GET', KEYS[2]) ~= ARGV[1] or redis.call('GET', KEYS[1]) ~= ARGV[2] then return 0 end
+if ARGV[1] == '' then return 0 end
+local owner = redis.call('GET', KEYS[2])
+if owner ~= ARGV[1] then
+  if owner then return -1 end
+  return 0
+end
+if pttl < 0 or redis.call('GET', KEYS[1]) ~= ARGV[2] then return 0 end
 if redis.call('PTTL', KEYS[2]) == pttl then return 0 end
 redis.call('PEXPIRE', KEYS[2], pttl)
 return 1

@@ -49,6 +49,7 @@ mod locks_takeover;
 mod locks_view;
 mod locks_watchdog;
 mod ops;
+mod ops_keys;
 mod ops_reload;
 mod partitions;
 mod passthrough;

@@ -508,10 +508,23 @@ async fn top_k_reports_three_hot_keys_among_100k_with_bounded_series_and_memory(
         m.samples
             .iter()
             .filter(|s| {
-                s.name != "lockgate_hot_lock_attempts_total" && s.name != "lockgate_commands_total"
+                s.name != "lockgate_hot_lock_attempts_total"
+                    && s.name != "lockgate_commands_total"
+                    && !s.name.starts_with("lockgate_lock_key_")
             })
             .count()
     };
+    // Each hot key's wait and hold histograms: 16 buckets, a sum and a
+    // count each, for the same K keys and no other.
+    let per_key: Vec<_> = (after.samples.iter())
+        .filter(|s| s.name.starts_with("lockgate_lock_key_"))
+        .collect();
+    assert_eq!(per_key.len(), K * 2 * 18, "per-key histogram series");
+    let keys: std::collections::BTreeSet<_> =
+        per_key.iter().filter_map(|s| s.labels.get("key")).collect();
+    let hot_keys: std::collections::BTreeSet<_> =
+        series.iter().filter_map(|s| s.labels.get("key")).collect();
+    assert_eq!(keys, hot_keys);
     assert_eq!(
         other(&after),
         other(&before),
@@ -522,7 +535,8 @@ async fn top_k_reports_three_hot_keys_among_100k_with_bounded_series_and_memory(
         "command labels bounded by the table"
     );
     assert!(
-        after.samples.len() <= before.samples.len() + K + lockgate::command::LABELS.len(),
+        after.samples.len()
+            <= before.samples.len() + K * (1 + 2 * 18) + lockgate::command::LABELS.len(),
         "{} series after 100k keys, {} before",
         after.samples.len(),
         before.samples.len()

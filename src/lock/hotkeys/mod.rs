@@ -66,9 +66,9 @@ pub const SLOTS_PER_K: usize = 10;
 /// status page or for Prometheus label cardinality anyway.
 pub const MAX_CAPACITY: usize = 1 << 16;
 
-/// Buckets of the wait-time histogram: bucket 0 holds 0 ms, bucket `i` in
+/// Buckets of the wait- and hold-time histograms: bucket 0 holds 0 ms, bucket `i` in
 /// `1..=14` holds `[2^(i-1), 2^i - 1]` ms, bucket 15 holds 16384 ms and more.
-const WAIT_BUCKETS: usize = 16;
+pub const WAIT_BUCKETS: usize = 16;
 
 /// Something that happened on a lock key, as reported to [`HotKeys::record`].
 ///
@@ -138,6 +138,12 @@ pub struct HotKey {
     /// histogram: an upper bound at most about twice the true value (and
     /// never above the longest wait seen); `None` until a wait was seen.
     pub wait_p99_ms: Option<u64>,
+    /// Its waits to acquire since it was admitted (what `wait_p99_ms` is
+    /// read from): `/metrics`' `lock_key_wait_seconds{key}`.
+    pub waits: Spread,
+    /// How long it was held, each release since it was admitted:
+    /// `/metrics`' `lock_key_hold_seconds{key}`.
+    pub holds: Spread,
     /// Attempts per second since the key was admitted: `attempts` divided
     /// by the seconds since `first_seen`, with at least one second.
     pub rate_per_sec: f64,
@@ -145,6 +151,39 @@ pub struct HotKey {
     pub first_seen: Instant,
     /// When the last event on the key was recorded.
     pub last_seen: Instant,
+}
+
+/// One hot key's times (its waits, or its holds) as a histogram:
+/// [`WAIT_BUCKETS`] log2 buckets of whole milliseconds, `buckets[i]`
+/// counting those of `i` significant bits (under 1 ms, 1 ms, 2–3 ms, 4–7
+/// ms… the last one everything from 16.384 s up), and their sum.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Spread {
+    /// How many times fell in each bucket (not cumulative).
+    pub buckets: [u64; WAIT_BUCKETS],
+    /// Their sum, in whole milliseconds.
+    pub sum_ms: u64,
+}
+
+impl Spread {
+    /// How many times in all.
+    pub fn count(&self) -> u64 {
+        self.buckets.iter().sum()
+    }
+
+    /// Each bucket's upper bound in seconds with its own count, as a
+    /// Prometheus histogram lists them: a time of `ms` whole milliseconds
+    /// is under `2^i` ms in bucket `i`, the last one unbounded
+    /// (`f64::MAX`, encoded `+Inf`).
+    pub fn bounds(&self) -> Vec<(f64, u64)> {
+        let last = WAIT_BUCKETS - 1;
+        (self.buckets.iter().enumerate())
+            .map(|(i, &n)| match i {
+                i if i == last => (f64::MAX, n),
+                i => ((1u64 << i) as f64 / 1000.0, n),
+            })
+            .collect()
+    }
 }
 
 /// The top-K hottest lock keys in bounded memory: a Space-Saving sketch

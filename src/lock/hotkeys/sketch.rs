@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 
-use super::{Event, HotKey, WAIT_BUCKETS};
+use super::{Event, HotKey, Spread, WAIT_BUCKETS};
 
 /// The sketch behind the mutex.
 #[derive(Debug)]
@@ -97,7 +97,8 @@ pub(super) struct Slot {
     absorbed: u64,
     parked: u64,
     hold_ms_last: Option<u64>,
-    waits: WaitHistogram,
+    waits: MsHistogram,
+    holds: MsHistogram,
     first_seen: Instant,
     last_seen: Instant,
 }
@@ -114,7 +115,8 @@ impl Slot {
             absorbed: 0,
             parked: 0,
             hold_ms_last: None,
-            waits: WaitHistogram::default(),
+            waits: MsHistogram::default(),
+            holds: MsHistogram::default(),
             first_seen: now,
             last_seen: now,
         }
@@ -134,7 +136,10 @@ impl Slot {
             }
             Event::Acquired => self.acquired = self.acquired.saturating_add(1),
             Event::Parked => self.parked = self.parked.saturating_add(1),
-            Event::Released { held_ms } => self.hold_ms_last = Some(held_ms),
+            Event::Released { held_ms } => {
+                self.hold_ms_last = Some(held_ms);
+                self.holds.add(held_ms);
+            }
             Event::Waited { wait_ms } => self.waits.add(wait_ms),
         }
     }
@@ -152,21 +157,25 @@ impl Slot {
             absorbed: self.absorbed,
             parked: self.parked,
             hold_ms_last: self.hold_ms_last,
+            waits: self.waits.spread(),
+            holds: self.holds.spread(),
             first_seen: self.first_seen,
             last_seen: self.last_seen,
         }
     }
 }
 
-/// Wait times in 16 log2 buckets (see [`WAIT_BUCKETS`]) plus the longest:
-/// 72 bytes, enough for a p99 within a factor of two.
+/// Times (waits, holds) in 16 log2 buckets of whole milliseconds (see
+/// [`WAIT_BUCKETS`]), their sum and the longest: 80 bytes, enough for a
+/// p99 within a factor of two.
 #[derive(Debug, Clone, Default)]
-pub(super) struct WaitHistogram {
+pub(super) struct MsHistogram {
     pub(super) buckets: [u32; WAIT_BUCKETS],
+    sum_ms: u64,
     max_ms: u64,
 }
 
-impl WaitHistogram {
+impl MsHistogram {
     pub(super) fn bucket(ms: u64) -> usize {
         let bits = (u64::BITS - ms.leading_zeros()) as usize;
         bits.min(WAIT_BUCKETS - 1)
@@ -186,12 +195,22 @@ impl WaitHistogram {
         let i = Self::bucket(ms);
         if self.buckets[i] == u32::MAX {
             // Halve everything rather than saturate, so the shape (and the
-            // quantiles) survive.
+            // quantiles) survive; a scraper sees it as a counter reset.
             for b in &mut self.buckets {
                 *b /= 2;
             }
+            self.sum_ms /= 2;
         }
+        self.sum_ms = self.sum_ms.saturating_add(ms);
         self.buckets[i] += 1;
+    }
+
+    /// What `/metrics` shows of it.
+    fn spread(&self) -> Spread {
+        Spread {
+            buckets: self.buckets.map(u64::from),
+            sum_ms: self.sum_ms,
+        }
     }
 
     /// The `pct`-th percentile (nearest rank) as the upper bound of its

@@ -5,7 +5,7 @@ use super::*;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::sketch::WaitHistogram;
+use super::sketch::MsHistogram;
 
 const HOT: [&[u8]; 3] = [b"lock:hot:a", b"lock:hot:b", b"lock:hot:c"];
 
@@ -169,18 +169,18 @@ fn wait_p99_is_close_for_known_distributions() {
 
 #[test]
 fn histogram_buckets_and_halving() {
-    assert_eq!(WaitHistogram::bucket(0), 0);
-    assert_eq!(WaitHistogram::bucket(1), 1);
-    assert_eq!(WaitHistogram::bucket(3), 2);
-    assert_eq!(WaitHistogram::bucket(4), 3);
-    assert_eq!(WaitHistogram::bucket(16_383), 14);
-    assert_eq!(WaitHistogram::bucket(16_384), 15);
-    assert_eq!(WaitHistogram::bucket(u64::MAX), 15);
+    assert_eq!(MsHistogram::bucket(0), 0);
+    assert_eq!(MsHistogram::bucket(1), 1);
+    assert_eq!(MsHistogram::bucket(3), 2);
+    assert_eq!(MsHistogram::bucket(4), 3);
+    assert_eq!(MsHistogram::bucket(16_383), 14);
+    assert_eq!(MsHistogram::bucket(16_384), 15);
+    assert_eq!(MsHistogram::bucket(u64::MAX), 15);
     for i in 1..WAIT_BUCKETS - 1 {
-        assert_eq!(WaitHistogram::bucket(WaitHistogram::upper(i)), i);
-        assert_eq!(WaitHistogram::bucket(WaitHistogram::upper(i) + 1), i + 1);
+        assert_eq!(MsHistogram::bucket(MsHistogram::upper(i)), i);
+        assert_eq!(MsHistogram::bucket(MsHistogram::upper(i) + 1), i + 1);
     }
-    let mut h = WaitHistogram::default();
+    let mut h = MsHistogram::default();
     h.buckets[3] = u32::MAX;
     h.buckets[9] = 1_000;
     h.add(5);
