@@ -75,7 +75,7 @@ ensure_redis() {
 # is 8.x.
 python_ready() {
 	python3 - <<'PY' >/dev/null 2>&1
-import kubernetes_validate, pottery, prometheus_client, pytest, pytest_asyncio, pytest_timeout, redis, yaml
+import kubernetes_validate, pottery, prometheus_client, pytest, pytest_asyncio, pytest_timeout, redis, redis_lock, yaml
 assert int(redis.__version__.split(".")[0]) >= 8
 PY
 }

@@ -275,6 +275,7 @@ impl ServerContext {
             };
             announce::spawn(store, locks.storm.clone(), stop.clone());
         }
+        crate::lock::wake::spawn(locks.clone(), stop.clone());
         let runtimes = tokio::runtime::Handle::try_current().into_iter().collect();
         let mut ctx = ServerContext::assemble(&config, locks, tls, upstream, runtimes);
         if cluster.is_some() {

@@ -37,6 +37,9 @@ pub struct LocksConfig {
     pub quorum: QuorumConfig,
     /// Retry storms: how spinning acquisitions are absorbed and parked.
     pub retry: RetryConfig,
+    /// Lock libraries' waiters woken when their own wake-up was lost
+    /// (`[locks.wake]`, `lock::wake`).
+    pub wake: WakeConfig,
     /// After the primary changed (a Sentinel failover), how long
     /// acquisitions of lock keys on the primary are answered "not acquired"
     /// (ms): a lock granted on the old primary may not have reached the new
@@ -94,6 +97,37 @@ pub struct LocksConfig {
 
 /// Most `locks.guard_table_wait_ms`.
 pub const MAX_GUARD_TABLE_WAIT_MS: u64 = 60_000;
+
+/// Library waiters' wake-ups (`[locks.wake]`): a lock library whose
+/// waiters block on a list (python-redis-lock: `BLPOP lock-signal:<name>`)
+/// after a failed attempt sleeps until the holder's release pushes to it;
+/// a holder that crashed, or whose lease ran out, pushes nothing. lockgate
+/// watches such keys and pushes the wake-up itself once the lock is free.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct WakeConfig {
+    /// Lock keys watched at once for waiters blocked on their signal list;
+    /// one more is not watched (counted in `lock_wake_keys_full`). 0: off.
+    pub max_keys: usize,
+    /// How long a key stays watched after a waiter last blocked on its
+    /// list, ms, when the wait asked no shorter timeout (`BLPOP … 0` waits
+    /// for ever). At least 1000.
+    pub listen_max_ms: u64,
+    /// Life of the wake-up lockgate pushes, ms (python-redis-lock's
+    /// `signal_expire` default): a push nobody took lapses, as the
+    /// library's own does. At least 1.
+    pub signal_expire_ms: u64,
+}
+
+impl Default for WakeConfig {
+    fn default() -> Self {
+        WakeConfig {
+            max_keys: 1_024,
+            listen_max_ms: 300_000,
+            signal_expire_ms: 1_000,
+        }
+    }
+}
 
 /// Retry-storm control (`[locks.retry]`): while a lock is known held, spin
 /// loops cost Redis almost nothing and the lock is handed over in order.
@@ -256,6 +290,7 @@ impl Default for LocksConfig {
             overrides: Vec::new(),
             quorum: QuorumConfig::default(),
             retry: RetryConfig::default(),
+            wake: WakeConfig::default(),
             failover_delay_ms: None,
             require_noeviction: false,
             eviction_check_ms: 1_000,

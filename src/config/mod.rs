@@ -17,7 +17,7 @@ mod tls;
 pub use cluster::{ClusterConfig, MAX_REDIRECTS};
 pub use locks::{
     GuardConfig, GuardMode, LockOverride, LocksConfig, Ownership, QuorumConfig, QuorumLoss,
-    RetryConfig, UnlockedWriters, MAX_GUARDS,
+    RetryConfig, UnlockedWriters, WakeConfig, MAX_GUARDS,
 };
 pub use proxy::{
     ProxyConfig, UpstreamMode, MAX_SHARED_UPSTREAM_CONNECTIONS, MIN_CLIENT_TIMEOUT_MS,
@@ -394,6 +394,13 @@ impl Config {
             ));
         }
         positive("locks.retry.max_keys", self.locks.retry.max_keys as u64)?;
+        if self.locks.wake.listen_max_ms < 1_000 {
+            return Err(invalid("locks.wake.listen_max_ms", "must be at least 1000"));
+        }
+        positive(
+            "locks.wake.signal_expire_ms",
+            self.locks.wake.signal_expire_ms,
+        )?;
         // Below a few round trips the bound would take the lock from the
         // releasing instance at nearly every release: no handoff left.
         let preference = self.locks.retry.max_local_preference_ms;

@@ -606,6 +606,14 @@ impl ConnLocks {
         }
     }
 
+    /// The key of this connection's latest attempt, if it lost less than
+    /// `window` ago (and none since): a blocking pop it sends now is its
+    /// library's wait for that key (see `lock::wake`).
+    pub fn last_lost(&self, window: std::time::Duration) -> Option<Bytes> {
+        let (key, a) = self.map.iter().max_by_key(|(_, a)| a.last_try)?;
+        (a.standing == Standing::Lost && a.last_try.elapsed() < window).then(|| key.clone())
+    }
+
     /// A client script released `key`, which this connection held by
     /// `token` (lockgate read so in Redis after the script, see
     /// `lock::reconcile`): the holding is over. Unlike a release of its

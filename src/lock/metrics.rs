@@ -175,6 +175,14 @@ counters! {
         /// its own expiry.
         script_reconcile_failures: Counter "lock_script_reconcile_failures",
             "Owner-record reconciliations after a client's script that failed (store down, timed out or refusing); the record keeps its own expiry";
+        /// Wake-ups lockgate pushed to a lock library's signal list: the
+        /// key was free, its list empty, a waiter blocked on it (`wake`).
+        wake_pushes: Counter "lock_wake_pushes",
+            "Wake-ups pushed to a lock library's signal list whose lock was free and list empty (a lost wake-up)";
+        /// Keys not watched for library waiters because
+        /// `locks.wake.max_keys` were watched already.
+        wake_keys_full: Counter "lock_wake_keys_full",
+            "Lock keys not watched for library waiters: locks.wake.max_keys were already";
     }
     other {
         /// Seconds from a connection's first attempt on a lock to acquiring it.

@@ -51,7 +51,8 @@
 //!   `forget` (what a forwarded command changed behind the room's back:
 //!   [`Forget`], [`Database`]), [`reconcile`] (owner records made true to
 //!   what a client's own script, a lock library's release or extension,
-//!   did to its keys).
+//!   did to its keys), [`wake`] (a library's waiters, blocked on their
+//!   signal list, woken when their own wake-up was lost).
 //! - [`metrics`] (the room's counters). lockgate's own shared, pipelined
 //!   connection to one Redis, which the room calls through, is
 //!   [`crate::upstream::node`].
@@ -87,6 +88,7 @@ pub use admit::Early;
 pub use store::{Attempt, FenceCall, Later, Seat, Store};
 pub(crate) mod storm;
 pub mod txn;
+pub(crate) mod wake;
 pub(crate) mod watchdog;
 
 use std::time::Duration;
@@ -300,6 +302,9 @@ pub struct LockService {
     pub hot: hotkeys::HotKeys,
     /// This instance's client connections, for operators (see [`conns`]).
     pub conns: conns::Conns,
+    /// Lock keys watched for library waiters whose wake-up may be lost
+    /// (see [`wake`]).
+    pub(crate) wake: wake::Watched,
     lapse_warn: RateLimit,
     /// Rate-limits the warning that the server refuses lockgate's scripts.
     scripts_warn: RateLimit,
@@ -363,6 +368,7 @@ impl LockService {
             storm: std::sync::Arc::new(storm::Storm::new(&c.retry)),
             hot: hotkeys::HotKeys::new(config.admin.hot_keys),
             conns: conns::Conns::default(),
+            wake: wake::Watched::new(&c.wake),
             lapse_warn: RateLimit::new(WARN_INTERVAL),
             scripts_warn: RateLimit::new(WARN_INTERVAL),
             unmatched_warn: RateLimit::new(WARN_INTERVAL),

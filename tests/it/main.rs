@@ -47,6 +47,7 @@ mod locks_release;
 mod locks_scriptless;
 mod locks_takeover;
 mod locks_view;
+mod locks_wake;
 mod locks_watchdog;
 mod ops;
 mod ops_keys;

@@ -328,6 +328,11 @@ impl Carrier {
                 if matches!(expect, Expect::Subscription(..)) {
                     self.scripts.subscribed();
                 }
+                // A lock library's waiter blocking on its signal list.
+                if kind == CommandKind::Blocking && args.len() == 3 {
+                    let sent = [args.get(0), args.get(1), args.get(2)];
+                    self.ctx.locks.listening(&self.conn, &sent);
+                }
                 if let Some(name) = client_name(kind, args) {
                     // Shown to operators beside the locks it holds.
                     let id = crate::sync::lock(&self.conn).id;

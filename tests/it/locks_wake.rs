@@ -1,0 +1,95 @@
+//! A lock library's waiter whose wake-up is lost (`lock::wake`):
+//! python-redis-lock's waiter blocks on the lock's signal list until the
+//! holder's release pushes to it, and a holder that never releases (a
+//! crashed worker; its lease ran out) pushes nothing. Through lockgate the
+//! waiter still wakes, within `probe_interval_ms` of the lock being free;
+//! with the watch off it sleeps on, as it would on Redis.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use crate::support;
+
+use support::locks::m;
+use support::{run_limited_async, show, Lockgate, RedisServer};
+
+/// What `tests/py/redis_lock_wake.py` printed.
+struct Waited {
+    acquired: bool,
+    waited_s: f64,
+}
+
+/// Runs the python-redis-lock holder and waiter against `lg` on lock
+/// `name`, giving the waiter `wait_s` seconds.
+async fn holder_and_waiter(lg: SocketAddr, name: &str, wait_s: f64) -> Waited {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/py/redis_lock_wake.py");
+    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".to_string());
+    let mut command = Command::new(&python);
+    command
+        .arg(&script)
+        .arg(lg.ip().to_string())
+        .arg(lg.port().to_string())
+        .arg(name)
+        .arg(wait_s.to_string());
+    let limit = Duration::from_secs_f64(wait_s + 30.0);
+    let output = run_limited_async(command, None, limit).await;
+    let (out, err) = (show(&output.stdout), show(&output.stderr));
+    assert!(output.status.success(), "the script failed:\n{out}\n{err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).expect("one JSON line");
+    Waited {
+        acquired: v["acquired"].as_bool().expect("acquired"),
+        waited_s: v["waited_s"].as_f64().expect("waited_s"),
+    }
+}
+
+fn config(redis: &RedisServer, watch: bool) -> lockgate::Config {
+    let mut c = lockgate::Config::default();
+    c.upstream.addr = redis.addr();
+    // A lock taken without expiry lasts this long through lockgate.
+    c.locks.default_lease_ms = 1_000;
+    c.locks.retry.probe_interval_ms = 100;
+    if !watch {
+        c.locks.wake.max_keys = 0;
+    }
+    c
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_wake_up_never_comes_is_woken_once_the_lease_ran_out() {
+    let redis = RedisServer::start();
+    let lg = Lockgate::start_with(config(&redis, true)).await;
+    let w = holder_and_waiter(lg.addr, "wake:on", 20.0).await;
+    assert!(
+        w.acquired,
+        "the waiter never woke (waited {} s)",
+        w.waited_s
+    );
+    // The holder's lease (1 s) ran out, then one probe at most (0.1 s):
+    // well under the 20 s the waiter was given, on a loaded box.
+    assert!(
+        (0.8..8.0).contains(&w.waited_s),
+        "woken after {} s",
+        w.waited_s
+    );
+    eprintln!("woken after {:.3} s", w.waited_s);
+    let pushes = m(&lg.ctx.locks.metrics.wake_pushes);
+    assert!(pushes >= 1, "lock_wake_pushes = {pushes}");
+    lg.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_watch_off_the_waiter_sleeps_on() {
+    let redis = RedisServer::start();
+    let lg = Lockgate::start_with(config(&redis, false)).await;
+    // The lease ran out after 1 s; the waiter is still asleep at 3 s.
+    let w = holder_and_waiter(lg.addr, "wake:off", 3.0).await;
+    assert!(
+        !w.acquired,
+        "woken after {} s with nothing to wake it",
+        w.waited_s
+    );
+    assert_eq!(m(&lg.ctx.locks.metrics.wake_pushes), 0);
+    lg.stop().await;
+}
