@@ -17,13 +17,22 @@ use support::{run_limited_async, show, Lockgate, RedisServer};
 
 /// What `tests/py/redis_lock_wake.py` printed.
 struct Waited {
-    acquired: bool,
-    waited_s: f64,
+    /// Waiters that got the lock in time.
+    acquired: usize,
+    /// When each did, seconds after they began waiting.
+    waited_s: Vec<f64>,
 }
 
-/// Runs the python-redis-lock holder and waiter against `lg` on lock
-/// `name`, giving the waiter `wait_s` seconds.
-async fn holder_and_waiter(lg: SocketAddr, name: &str, wait_s: f64) -> Waited {
+/// Runs the python-redis-lock holder and `waiters` waiters against `lg`
+/// on lock `name`, in connection shape `shape` ("own" or "pool"), giving
+/// them `wait_s` seconds.
+async fn holder_and_waiters(
+    lg: SocketAddr,
+    name: &str,
+    wait_s: f64,
+    shape: &str,
+    waiters: usize,
+) -> Waited {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/py/redis_lock_wake.py");
     let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".to_string());
     let mut command = Command::new(&python);
@@ -32,15 +41,20 @@ async fn holder_and_waiter(lg: SocketAddr, name: &str, wait_s: f64) -> Waited {
         .arg(lg.ip().to_string())
         .arg(lg.port().to_string())
         .arg(name)
-        .arg(wait_s.to_string());
+        .arg(wait_s.to_string())
+        .arg(shape)
+        .arg(waiters.to_string());
     let limit = Duration::from_secs_f64(wait_s + 30.0);
     let output = run_limited_async(command, None, limit).await;
     let (out, err) = (show(&output.stdout), show(&output.stderr));
     assert!(output.status.success(), "the script failed:\n{out}\n{err}");
     let v: serde_json::Value = serde_json::from_str(out.trim()).expect("one JSON line");
+    let waited_s = (v["waited_s"].as_array().expect("waited_s").iter())
+        .map(|t| t.as_f64().expect("seconds"))
+        .collect();
     Waited {
-        acquired: v["acquired"].as_bool().expect("acquired"),
-        waited_s: v["waited_s"].as_f64().expect("waited_s"),
+        acquired: v["acquired"].as_u64().expect("acquired") as usize,
+        waited_s,
     }
 }
 
@@ -56,27 +70,31 @@ fn config(redis: &RedisServer, watch: bool) -> lockgate::Config {
     c
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_waiter_whose_wake_up_never_comes_is_woken_once_the_lease_ran_out() {
+/// The holder's lease (1 s) ran out, then one probe at most (0.1 s): the
+/// first waiter wakes then, well within the 20 s they were given on a
+/// loaded box, and each one's release wakes the next.
+async fn woken_in(shape: &str, waiters: usize) {
     let redis = RedisServer::start();
     let lg = Lockgate::start_with(config(&redis, true)).await;
-    let w = holder_and_waiter(lg.addr, "wake:on", 20.0).await;
-    assert!(
-        w.acquired,
-        "the waiter never woke (waited {} s)",
-        w.waited_s
-    );
-    // The holder's lease (1 s) ran out, then one probe at most (0.1 s):
-    // well under the 20 s the waiter was given, on a loaded box.
-    assert!(
-        (0.8..8.0).contains(&w.waited_s),
-        "woken after {} s",
-        w.waited_s
-    );
-    eprintln!("woken after {:.3} s", w.waited_s);
+    let name = format!("wake:{shape}");
+    let w = holder_and_waiters(lg.addr, &name, 20.0, shape, waiters).await;
+    assert_eq!(w.acquired, waiters, "woken: {:?}", w.waited_s);
+    eprintln!("{shape}: woken after {:?} s", w.waited_s);
+    let first = w.waited_s[0];
+    assert!((0.8..8.0).contains(&first), "first woken after {first} s");
     let pushes = m(&lg.ctx.locks.metrics.wake_pushes);
     assert!(pushes >= 1, "lock_wake_pushes = {pushes}");
     lg.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_wake_up_never_comes_is_woken_once_the_lease_ran_out() {
+    woken_in("own", 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_sharing_a_pool_are_woken_too() {
+    woken_in("pool", 3).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -84,10 +102,10 @@ async fn with_the_watch_off_the_waiter_sleeps_on() {
     let redis = RedisServer::start();
     let lg = Lockgate::start_with(config(&redis, false)).await;
     // The lease ran out after 1 s; the waiter is still asleep at 3 s.
-    let w = holder_and_waiter(lg.addr, "wake:off", 3.0).await;
-    assert!(
-        !w.acquired,
-        "woken after {} s with nothing to wake it",
+    let w = holder_and_waiters(lg.addr, "wake:off", 3.0, "own", 1).await;
+    assert_eq!(
+        w.acquired, 0,
+        "woken after {:?} s with nothing to wake it",
         w.waited_s
     );
     assert_eq!(m(&lg.ctx.locks.metrics.wake_pushes), 0);

@@ -41,6 +41,7 @@ mod locks_clients;
 mod locks_extend;
 mod locks_fast;
 mod locks_library;
+mod locks_library_storm;
 mod locks_native;
 mod locks_noscript;
 mod locks_release;

@@ -1,12 +1,16 @@
-"""python-redis-lock's waiter, through lockgate, when the holder's wake-up
+"""python-redis-lock's waiters, through lockgate, when the holder's wake-up
 never comes: the holder takes the lock without an expiry (lockgate gives it
-its default lease) and never releases it, as a crashed worker. The waiter
+its default lease) and never releases it, as a crashed worker. Each waiter
 blocks on the lock's signal list with no timeout (BLPOP ... 0), as the
-library does for a lock without expiry.
+library does for a lock without expiry; once it has the lock it releases
+it (its release pushes the next waiter's wake-up).
 
-Usage: redis_lock_wake.py HOST PORT NAME WAIT_S
-Prints one JSON line: {"acquired": bool, "waited_s": float}, where
-acquired says whether the waiter got the lock within WAIT_S seconds.
+Usage: redis_lock_wake.py HOST PORT NAME WAIT_S SHAPE WAITERS
+SHAPE: "own" (each waiter its own client, one connection per thread) or
+"pool" (the holder and every waiter share one client: redis-py's pool
+lends each command whichever connection was returned last).
+Prints one JSON line: {"acquired": n, "waited_s": [..]}: how many waiters
+got the lock within WAIT_S seconds, and when each did.
 """
 
 import json
@@ -17,27 +21,38 @@ import time
 import redis
 import redis_lock
 
-host, port, name, wait_s = sys.argv[1], int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
-holder_conn = redis.Redis(host=host, port=port)
-waiter_conn = redis.Redis(host=host, port=port)
+host, port, name = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+wait_s, shape, waiters = float(sys.argv[4]), sys.argv[5], int(sys.argv[6])
+shared = redis.Redis(host=host, port=port)
 
-holder = redis_lock.Lock(holder_conn, name, expire=None)
+
+def client():
+    return shared if shape == "pool" else redis.Redis(host=host, port=port)
+
+
+holder = redis_lock.Lock(client(), name, expire=None)
 assert holder.acquire(blocking=False), "the holder could not take a free lock"
 
-waiter = redis_lock.Lock(waiter_conn, name, expire=None)
-got = {}
+start = time.monotonic()
+waited = []
+done = threading.Lock()
 
 
 def wait():
-    start = time.monotonic()
-    got["acquired"] = waiter.acquire(blocking=True)
-    got["waited_s"] = time.monotonic() - start
+    lock = redis_lock.Lock(client(), name, expire=None)
+    if lock.acquire(blocking=True):
+        with done:
+            waited.append(time.monotonic() - start)
+        lock.release()
 
 
-t = threading.Thread(target=wait, daemon=True)
-t.start()
-t.join(wait_s)
-acquired = not t.is_alive() and got.get("acquired", False)
-print(json.dumps({"acquired": acquired, "waited_s": got.get("waited_s", wait_s)}))
+ts = [threading.Thread(target=wait, daemon=True) for _ in range(waiters)]
+for t in ts:
+    t.start()
+deadline = start + wait_s
+for t in ts:
+    t.join(max(deadline - time.monotonic(), 0))
+with done:
+    print(json.dumps({"acquired": len(waited), "waited_s": sorted(waited)}))
 sys.stdout.flush()
-# A waiter still blocked is left to the process's end (a daemon thread).
+# Waiters still blocked are left to the process's end (daemon threads).

@@ -1,0 +1,68 @@
+#!/usr/bin/env python3
+"""A lock library's retry storm, straight on Redis and through lockgate,
+alternating in one run: redis-py's `Lock` polling every millisecond from
+T threads (one connection each) on one key, each holding it 5 ms. For
+each side, Redis's own CPU seconds (INFO cpu, user + system) and the
+commands it processed (scripts' own calls included) per acquisition, and
+the ratio lockgate / direct; with the run's load average (2 shared cores:
+only ratios from one run count).
+
+    python3 bench/library_storm.py --lockgate target/release/lockgate \
+        [--threads 8,32] [--secs 3] [--rounds 3]
+"""
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gate  # noqa: E402  (the gate's process helpers)
+
+STORM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "py",
+                     "redis_py_storm.py")
+
+
+def storm(port, redis_port, key, threads, secs):
+    out = subprocess.run(
+        [sys.executable, STORM, "127.0.0.1", str(port), "127.0.0.1", str(redis_port),
+         key, str(threads), str(secs)],
+        check=True, capture_output=True, text=True, timeout=secs + 120).stdout
+    v = json.loads(out)
+    n = max(v["acquisitions"], 1)
+    return v["acquisitions"], v["cpu_s"] * 1e6 / n, v["calls"] / n
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lockgate", required=True)
+    ap.add_argument("--threads", default="8,32")
+    ap.add_argument("--secs", type=float, default=3.0)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    tmp = tempfile.mkdtemp(prefix="lockgate-library-storm.")
+    procs = gate.Procs(tmp)
+    try:
+        rport = gate.start_redis(procs, "redis")
+        lg = gate.start_lockgate(procs, args, "lockgate", rport, callgrind=False)
+        print("| threads | round | acquisitions direct / lockgate | Redis CPU µs per acquisition direct / lockgate | ratio | commands per acquisition direct / lockgate | ratio |")
+        print("|--:|--:|--:|--:|--:|--:|--:|")
+        for t in [int(x) for x in args.threads.split(",")]:
+            for r in range(args.rounds):
+                key = f"lock:bench:storm:{t}:{r}"
+                da, dcpu, dcmd = storm(rport, rport, key, t, args.secs)
+                la, lcpu, lcmd = storm(lg.port, rport, key, t, args.secs)
+                print(f"| {t} | {r + 1} | {da} / {la} | {dcpu:.0f} / {lcpu:.0f} | "
+                      f"{lcpu / dcpu:.2f} | {dcmd:.1f} / {lcmd:.1f} | {lcmd / dcmd:.2f} |",
+                      flush=True)
+        print(f"(load average {os.getloadavg()[0]:.2f})")
+    finally:
+        procs.stop_all()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

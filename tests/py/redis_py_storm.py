@@ -1,0 +1,62 @@
+"""A retry storm of redis-py's Lock: THREADS threads, each on its own
+connection, take one lock in turn with a blocking acquire that polls every
+SLEEP seconds, hold it HOLD seconds, release it, for SECS seconds.
+
+Usage: redis_py_storm.py HOST PORT REDIS_HOST REDIS_PORT KEY THREADS SECS
+Prints one JSON line: acquisitions, and what Redis itself ran meanwhile
+(INFO read straight on Redis before and after): the commands it
+processed and the CPU seconds it used.
+"""
+
+import json
+import sys
+import threading
+import time
+
+import redis
+
+host, port, rhost, rport, key = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5]
+threads, secs = int(sys.argv[6]), float(sys.argv[7])
+SLEEP, HOLD = 0.001, 0.005
+
+direct = redis.Redis(host=rhost, port=rport)
+
+
+def stats():
+    """Commands Redis processed (scripts' own calls inside them not
+    counted) and the CPU seconds it used, user and system."""
+    calls = direct.info("stats")["total_commands_processed"]
+    cpu = direct.info("cpu")
+    return calls, cpu["used_cpu_user"] + cpu["used_cpu_sys"]
+
+
+acquired = [0] * threads
+stop = time.monotonic() + secs
+start_line = threading.Barrier(threads + 1)
+
+
+def worker(i):
+    r = redis.Redis(host=host, port=port)
+    r.ping()
+    start_line.wait()
+    while time.monotonic() < stop:
+        lock = r.lock(key, timeout=10, sleep=SLEEP, blocking_timeout=5)
+        if lock.acquire():
+            time.sleep(HOLD)
+            lock.release()
+            acquired[i] += 1
+
+
+ts = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
+for t in ts:
+    t.start()
+start_line.wait()
+before = stats()
+for t in ts:
+    t.join()
+after = stats()
+print(json.dumps({
+    "acquisitions": sum(acquired),
+    "calls": after[0] - before[0],
+    "cpu_s": after[1] - before[1],
+}))
