@@ -385,6 +385,23 @@ async fn a_woken_instance_with_nothing_waiting_passes_its_turn_at_once() {
         "the try-lock's instance to be first in the queue",
         r.call_s(&["ZRANGE", queue, "0", "0"]).await == "*1\r\n$6\r\ntried:\r\n"
     );
+    // The survivor's place must come after it: places are ordered by the
+    // millisecond they were taken, a tie by name, and "survivor:" sorts
+    // before "tried:" (a survivor placed in the same millisecond was
+    // first, and woken instead: this test failed 2 runs in 4 on a fast
+    // box). So the survivor starts once Redis's clock has moved on.
+    let placed = r.call_s(&["ZSCORE", queue, "tried:"]).await;
+    let placed_ms: u64 = (placed.split("\r\n").nth(1))
+        .and_then(|v| v.parse().ok())
+        .expect("the try-lock's place");
+    until!("Redis's clock to pass the try-lock's millisecond", {
+        let time = r.call_s(&["TIME"]).await;
+        let parts: Vec<u64> = (time.split("\r\n"))
+            .filter_map(|l| l.parse().ok())
+            .collect();
+        parts.first().copied().unwrap_or(0) * 1000 + parts.get(1).copied().unwrap_or(0) / 1000
+            > placed_ms + 1
+    });
     let survivor = tokio::spawn(async move {
         let mut c = RawClient::connect(b).await;
         let deadline = Instant::now() + Duration::from_secs(20);
