@@ -465,14 +465,7 @@ impl LockService {
                 for key in &keys {
                     if let Some(rec) = conn.released(key, upto) {
                         if released > 0 && rec.standing == Standing::Held {
-                            let held = rec.since.elapsed();
-                            self.metrics.hold_seconds.observe(held.as_secs_f64());
-                            self.hot.record(
-                                key,
-                                Event::Released {
-                                    held_ms: held.as_millis() as u64,
-                                },
-                            );
+                            self.held(key, &rec);
                         }
                         if lapsed_left > 0 && rec.standing == Standing::Held {
                             lapsed_left -= 1;
@@ -518,6 +511,16 @@ impl LockService {
             LockPending::Forget(what) => self.forget(&what),
         }
         handed_over
+    }
+
+    /// A holding of `key` ended by its release (lockgate's own, or a
+    /// library's script): how long it lasted is counted in
+    /// `lock_hold_seconds` and in the key's own histogram.
+    pub(crate) fn held(&self, key: &[u8], rec: &super::lease::Acquisition) {
+        let held = rec.since.elapsed();
+        self.metrics.hold_seconds.observe(held.as_secs_f64());
+        let held_ms = held.as_millis() as u64;
+        self.hot.record(key, Event::Released { held_ms });
     }
 
     /// Settles a handoff a release made ([`LockService::complete`]): the

@@ -33,7 +33,6 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 
 use super::evalsha::Call;
-use super::hotkeys::Event;
 use super::lease::{ConnLocks, Standing};
 use super::{owner_key, places_key, queue_key, LockService};
 use crate::metrics::ProxyMetrics;
@@ -148,14 +147,7 @@ impl LockService {
         }
         let ended = sync::lock(conn).script_released(key, token);
         if let Some(rec) = ended {
-            let held = rec.since.elapsed();
-            self.metrics.hold_seconds.observe(held.as_secs_f64());
-            self.hot.record(
-                key,
-                Event::Released {
-                    held_ms: held.as_millis() as u64,
-                },
-            );
+            self.held(key, &rec);
         }
     }
 }

@@ -6,12 +6,10 @@
 use crate::support;
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::process::Command;
 use std::time::Duration;
 
 use support::locks::{m, pttl};
-use support::{run_limited_async, show, Lockgate, RawClient, RedisServer};
+use support::{Lockgate, RawClient, RedisServer};
 
 /// The compare-and-delete release every Redis lock tutorial uses.
 const RELEASE: &str = r#"if redis.call("get",KEYS[1]) == ARGV[1] then return redis.call("del",KEYS[1]) else return 0 end"#;
@@ -23,24 +21,16 @@ const SCRIPT_WAIT: Duration = Duration::from_secs(60);
 /// output unless it exits 0. A missing `python3` or redis-py is a failure,
 /// never a skip (set PYTHON to a Python 3 with redis-py 8).
 async fn run_redis_py(lg: SocketAddr, protocol: u8, prefix: &str) {
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/py/redis_py_lock.py");
-    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".to_string());
-    let mut command = Command::new(&python);
-    command
-        .arg(&script)
-        .arg(lg.ip().to_string())
-        .arg(lg.port().to_string())
-        .arg(protocol.to_string())
-        .arg(prefix);
-    let output = run_limited_async(command, None, SCRIPT_WAIT).await;
-    let (status, out, err) = (output.status, show(&output.stdout), show(&output.stderr));
-    assert!(
-        status.success(),
-        "redis-py lock script (protocol {protocol}) failed with {status}\nstdout:\n{out}\nstderr:\n{err}"
-    );
+    let args = [
+        lg.ip().to_string(),
+        lg.port().to_string(),
+        protocol.to_string(),
+        prefix.to_string(),
+    ];
+    let out = support::python("redis_py_lock.py", &args, SCRIPT_WAIT).await;
     assert!(
         out.contains("checks passed"),
-        "script said nothing about its checks:\n{out}\n{err}"
+        "script said nothing about its checks:\n{out}"
     );
 }
 

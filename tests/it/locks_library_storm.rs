@@ -7,37 +7,32 @@
 //! per acquisition against the same storm straight on Redis is a
 //! benchmark figure: `bench/library_storm.py`.)
 
-use std::path::PathBuf;
-use std::process::Command;
 use std::time::Duration;
 
 use crate::support;
 
 use support::locks::m;
-use support::{run_limited_async, show, Lockgate, RedisServer};
+use support::{python, Lockgate, RedisServer};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_py_lock_polls_are_absorbed() {
     let redis = RedisServer::start();
     let lg = Lockgate::start(&redis.addr()).await;
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/py/redis_py_storm.py");
-    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".to_string());
     let (rhost, rport) = redis
         .addr()
         .rsplit_once(':')
         .map(|(h, p)| (h.to_string(), p.to_string()))
         .expect("host:port");
-    let mut command = Command::new(&python);
-    command
-        .arg(&script)
-        .arg(lg.addr.ip().to_string())
-        .arg(lg.addr.port().to_string())
-        .arg(&rhost)
-        .arg(&rport)
-        .args(["lock:storm:py", "8", "2"]);
-    let output = run_limited_async(command, None, Duration::from_secs(60)).await;
-    let (out, err) = (show(&output.stdout), show(&output.stderr));
-    assert!(output.status.success(), "the storm failed:\n{out}\n{err}");
+    let args = [
+        lg.addr.ip().to_string(),
+        lg.addr.port().to_string(),
+        rhost,
+        rport,
+        "lock:storm:py".to_string(),
+        "8".to_string(),
+        "2".to_string(),
+    ];
+    let out = python("redis_py_storm.py", &args, Duration::from_secs(60)).await;
     let v: serde_json::Value = serde_json::from_str(out.trim()).expect("one JSON line");
     let acquisitions = v["acquisitions"].as_u64().expect("acquisitions");
     assert!(

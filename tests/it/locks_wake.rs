@@ -6,14 +6,12 @@
 //! with the watch off it sleeps on, as it would on Redis.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::process::Command;
 use std::time::Duration;
 
 use crate::support;
 
 use support::locks::m;
-use support::{run_limited_async, show, Lockgate, RedisServer};
+use support::{python, Lockgate, RedisServer};
 
 /// What `tests/py/redis_lock_wake.py` printed.
 struct Waited {
@@ -33,21 +31,16 @@ async fn holder_and_waiters(
     shape: &str,
     waiters: usize,
 ) -> Waited {
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/py/redis_lock_wake.py");
-    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".to_string());
-    let mut command = Command::new(&python);
-    command
-        .arg(&script)
-        .arg(lg.ip().to_string())
-        .arg(lg.port().to_string())
-        .arg(name)
-        .arg(wait_s.to_string())
-        .arg(shape)
-        .arg(waiters.to_string());
+    let args = [
+        lg.ip().to_string(),
+        lg.port().to_string(),
+        name.to_string(),
+        wait_s.to_string(),
+        shape.to_string(),
+        waiters.to_string(),
+    ];
     let limit = Duration::from_secs_f64(wait_s + 30.0);
-    let output = run_limited_async(command, None, limit).await;
-    let (out, err) = (show(&output.stdout), show(&output.stderr));
-    assert!(output.status.success(), "the script failed:\n{out}\n{err}");
+    let out = python("redis_lock_wake.py", &args, limit).await;
     let v: serde_json::Value = serde_json::from_str(out.trim()).expect("one JSON line");
     let waited_s = (v["waited_s"].as_array().expect("waited_s").iter())
         .map(|t| t.as_f64().expect("seconds"))

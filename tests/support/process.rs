@@ -88,6 +88,27 @@ pub async fn run_limited_async(
     .unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// Runs `tests/py/<script>` with `args` under `python3` (or `$PYTHON`),
+/// for at most `limit`, and returns what it printed; fails the test with
+/// its output unless it exits 0. A missing Python module is a failure,
+/// never a skip (`scripts/setup.sh` installs `tests/py/requirements.txt`).
+pub async fn python(script: &str, args: &[String], limit: Duration) -> String {
+    let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/py")
+        .join(script);
+    let interpreter = std::env::var("PYTHON").unwrap_or_else(|_| "python3".to_string());
+    let mut command = Command::new(&interpreter);
+    command.arg(&path).args(args);
+    let output = run_limited_async(command, None, limit).await;
+    let (out, err) = (super::show(&output.stdout), super::show(&output.stderr));
+    assert!(
+        output.status.success(),
+        "{script} failed with {}\nstdout:\n{out}\nstderr:\n{err}",
+        output.status
+    );
+    out
+}
+
 /// Sends `sig` (`-STOP`, `-CONT`, …) to `pid`.
 pub fn signal(pid: u32, sig: &str) {
     let status = std::process::Command::new("kill")
