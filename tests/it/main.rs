@@ -38,6 +38,7 @@ mod legacy_behaviour;
 mod lock_safety;
 mod locks;
 mod locks_clients;
+mod locks_cross;
 mod locks_extend;
 mod locks_fast;
 mod locks_library;
