@@ -100,9 +100,11 @@ pub const MAX_GUARD_TABLE_WAIT_MS: u64 = 60_000;
 
 /// Library waiters' wake-ups (`[locks.wake]`): a lock library whose
 /// waiters block on a list (python-redis-lock: `BLPOP lock-signal:<name>`)
-/// after a failed attempt sleeps until the holder's release pushes to it;
-/// a holder that crashed, or whose lease ran out, pushes nothing. lockgate
-/// watches such keys and pushes the wake-up itself once the lock is free.
+/// or listen on a channel (Redisson: `redisson_lock__channel:{<name>}`)
+/// after a failed attempt sleeps until the holder's release wakes it; a
+/// holder that crashed, or whose lease ran out, or a message lost, wakes
+/// nobody. lockgate watches such keys and sends the wake-up itself once
+/// the lock is free (`lock::wake`).
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct WakeConfig {

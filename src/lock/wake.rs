@@ -5,27 +5,39 @@
 //! holder's release script pushes to it. A holder that crashed, or whose
 //! lease ran out, pushes nothing: its waiters sleep out their timeout, and
 //! with none asked (`BLPOP … 0`, a lock taken without `expire`) for ever,
-//! though the lock is long free.
+//! though the lock is long free. Redisson's waiter is subscribed to its
+//! lock's channel (`redisson_lock__channel:{<name>}`) and waits for the
+//! unlock message up to the lease left (30 s under its watchdog): a
+//! message lost (published while its subscription was being made again)
+//! leaves it waiting that long.
 //!
-//! lockgate learns who listens where from what connections do, not from
-//! key names: a connection whose last attempt on a lock key lost, moments
-//! ago, and that then blocks on a list, waits for that key on that list
-//! ([`LockService::listening`]). Such a key is watched: every
-//! `probe_interval_ms` one `PTTL` (and one `EXISTS` of the list) on
-//! lockgate's own connection; once the lock key is gone and its list
-//! empty, lockgate pushes the wake-up the library's release would have
-//! pushed (`LPUSH <list> 1`, lapsing after `locks.wake.signal_expire_ms`),
-//! counted in `lock_wake_pushes`. A waiter whose wake-up was lost wakes
-//! within `probe_interval_ms` of the lock becoming free, then tries again
-//! as its library does. A push nobody took (no waiter blocked any more)
+//! Who listens where: a connection whose last attempt on a lock key lost,
+//! moments ago, and that then blocks on one list, waits for that key on
+//! that list ([`LockService::listening`]): learnt from what it does, not
+//! from key names. A subscription to a channel named as Redisson names a
+//! lock key's ([`LockService::subscribed_to`]) is where that key's waiters
+//! listen (Redisson subscribes on another connection than the one it
+//! locks on, so only the name ties them).
+//!
+//! Such a key is watched: every `probe_interval_ms` one `PTTL` of it and
+//! one look at where its waiters listen (`EXISTS` of the list, `PUBSUB
+//! NUMSUB` of the channel) on lockgate's own connection. A list is pushed
+//! the wake-up the release would have pushed (`LPUSH <list> 1`, lapsing
+//! after `locks.wake.signal_expire_ms`) once the key is gone and the list
+//! empty; a channel is sent Redisson's unlock message (`0`) once the key
+//! has been free a whole probe interval with subscribers (had the
+//! library's own message come, they would have taken it by then). Both
+//! counted in `lock_wake_pushes`. A push nobody took (no waiter any more)
 //! ends the watch; so does `locks.wake.listen_max_ms` after the last wait
 //! seen (or the wait's own timeout, if shorter).
 //!
 //! Bounded: at most `locks.wake.max_keys` keys watched (one more is not,
-//! counted in `lock_wake_keys_full`). A spurious push costs a waiter one
-//! more failed attempt, never a lock: who holds the key is still decided
-//! by the acquisition in Redis. Not on the quorum (the lock keys live on
-//! the masters, the lists on the primary).
+//! counted in `lock_wake_keys_full`); the cost is per watched key and
+//! interval, not per operation, and each instance watches only the keys
+//! its own clients wait for. A spurious push costs a waiter one more
+//! failed attempt, never a lock: who holds the key is still decided by the
+//! acquisition in Redis. Not on the quorum (the lock keys live on the
+//! masters, the lists and channels on the primary).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -40,17 +52,33 @@ use crate::config::WakeConfig;
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode;
 
+/// Where a watched key's waiters listen.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Target {
+    /// A list they block on (python-redis-lock's signal list): the
+    /// wake-up is an element pushed to it.
+    List(Bytes),
+    /// A channel they are subscribed to (Redisson's
+    /// `redisson_lock__channel:{<key>}`): the wake-up is a message, `0`,
+    /// Redisson's unlock message.
+    Channel(Bytes),
+}
+
 /// One watched lock key.
 #[derive(Debug, Clone)]
 struct Watch {
-    /// The list its waiters block on.
-    list: Bytes,
+    /// Where its waiters listen.
+    target: Target,
     /// Watched until then (the last wait seen, plus its timeout or
     /// `listen_max_ms`).
     until: Instant,
     /// lockgate pushed a wake-up at the last probe: if the key is still
     /// free and the list still holds it, nobody is waiting.
     pushed: bool,
+    /// The last probe found the key free (a channel's waiters are woken
+    /// only when it is still free a probe later: the library's own
+    /// message, when it came, had them take it by then).
+    free: bool,
 }
 
 /// The keys watched for waiters (see the module doc).
@@ -83,6 +111,23 @@ impl Probe {
             (_, false, _) => Probe::Push,
             (_, true, true) => Probe::Idle,
             (_, true, false) => Probe::Pending,
+        }
+    }
+}
+
+impl Probe {
+    /// The rule for a channel: from the lock key's `PTTL` reply, whether
+    /// anyone is subscribed to the channel, whether the last probe found
+    /// the key free, and whether lockgate published then. A message is
+    /// sent only for a key free for a whole probe interval with
+    /// subscribers (the library's own message was lost, or they would
+    /// have taken it), never twice in a row.
+    pub(crate) fn of_channel(pttl: i64, subscribers: bool, was_free: bool, pushed: bool) -> Probe {
+        match (pttl, subscribers, was_free, pushed) {
+            (p, _, _, _) if p != -2 => Probe::Held,
+            (_, false, _, _) | (_, _, _, true) => Probe::Idle,
+            (_, true, false, false) => Probe::Pending,
+            (_, true, true, false) => Probe::Push,
         }
     }
 }
@@ -140,10 +185,37 @@ impl LockService {
             true => most,
             false => asked.min(most),
         };
+        self.watch(key, Target::List(Bytes::copy_from_slice(list)), listen);
+    }
+
+    /// A connection subscribed to `channels`: one named as Redisson names
+    /// a lock's (`redisson_lock__channel:{<key>}`, of a lock key here) is
+    /// where that key's waiters listen, and the key is watched for
+    /// `listen_max_ms`.
+    pub(crate) fn subscribed_to<'a>(&self, channels: impl Iterator<Item = &'a [u8]>) {
+        if self.wake.config.max_keys == 0 || self.on_masters() {
+            return;
+        }
+        for channel in channels {
+            let Some(key) = redisson_lock_of(channel) else {
+                continue;
+            };
+            if self.is_lock_key(key) {
+                let most = Duration::from_millis(self.wake.config.listen_max_ms);
+                let target = Target::Channel(Bytes::copy_from_slice(channel));
+                self.watch(Bytes::copy_from_slice(key), target, most);
+            }
+        }
+    }
+
+    /// Watches `key`, whose waiters listen at `target`, for `listen`.
+    fn watch(&self, key: Bytes, target: Target, listen: Duration) {
+        let watched = &self.wake;
         let watch = Watch {
-            list: Bytes::copy_from_slice(list),
+            target,
             until: Instant::now() + listen,
             pushed: false,
+            free: false,
         };
         if let Some(mut w) = watched.table.get_mut(&key) {
             *w = watch;
@@ -167,32 +239,57 @@ impl LockService {
         let store = self.store();
         let timeout = store.timeout();
         for (key, watch) in due {
+            let (ask, wake) = match &watch.target {
+                Target::List(list) => (
+                    encode::command(&[b"EXISTS", list]),
+                    vec![
+                        encode::command(&[b"LPUSH", list, b"1"]),
+                        encode::command(&[
+                            b"PEXPIRE",
+                            list,
+                            self.wake.config.signal_expire_ms.to_string().as_bytes(),
+                        ]),
+                    ],
+                ),
+                Target::Channel(channel) => (
+                    encode::command(&[b"PUBSUB", b"NUMSUB", channel]),
+                    vec![encode::command(&[b"PUBLISH", channel, b"0"])],
+                ),
+            };
             let pttl = store
                 .primary
                 .send(encode::command(&[b"PTTL", &key]).into(), timeout);
-            let exists = store
-                .primary
-                .send(encode::command(&[b"EXISTS", &watch.list]).into(), timeout);
-            let (Ok(pttl), Ok(exists)) = tokio::join!(pttl, exists) else {
+            let asked = store.primary.send(ask.into(), timeout);
+            let (Ok(pttl), Ok(asked)) = tokio::join!(pttl, asked) else {
                 continue;
             };
-            let (Some(pttl), Some(exists)) = (integer(&pttl), integer(&exists)) else {
+            let Some(pttl) = integer(&pttl) else {
                 continue;
             };
-            let pushed = match Probe::of(pttl, exists == 1, watch.pushed) {
+            let probe = match &watch.target {
+                Target::List(_) => match integer(&asked) {
+                    Some(exists) => Probe::of(pttl, exists == 1, watch.pushed),
+                    None => continue,
+                },
+                Target::Channel(_) => match numsub(&asked) {
+                    Some(n) => Probe::of_channel(pttl, n > 0, watch.free, watch.pushed),
+                    None => continue,
+                },
+            };
+            let pushed = match probe {
                 Probe::Held | Probe::Pending => false,
                 Probe::Idle => {
                     self.wake.table.remove(&key);
                     continue;
                 }
                 Probe::Push => {
-                    let ms = self.wake.config.signal_expire_ms.to_string();
-                    let push = encode::command(&[b"LPUSH", &watch.list, b"1"]);
-                    let expire = encode::command(&[b"PEXPIRE", &watch.list, ms.as_bytes()]);
-                    let pushed = store.primary.send(push.into(), timeout);
-                    let lapses = store.primary.send(expire.into(), timeout);
-                    let (pushed, _) = tokio::join!(pushed, lapses);
-                    let ok = pushed.as_deref().ok().and_then(integer).is_some();
+                    let sent = wake
+                        .into_iter()
+                        .map(|c| store.primary.send(c.into(), timeout));
+                    let replies = in_order(sent).await;
+                    let ok = replies
+                        .first()
+                        .is_some_and(|r| r.as_deref().ok().and_then(integer).is_some());
                     if ok {
                         ProxyMetrics::inc(&self.metrics.wake_pushes);
                     }
@@ -201,9 +298,36 @@ impl LockService {
             };
             if let Some(mut w) = self.wake.table.get_mut(&key) {
                 w.pushed = pushed;
+                w.free = pttl == -2;
             }
         }
     }
+}
+
+/// Sends every reply's future at once and waits for them all, in order.
+async fn in_order(
+    sent: impl Iterator<Item = crate::lock::txn::Reply>,
+) -> Vec<Result<Bytes, crate::upstream::node::NodeError>> {
+    let sent: Vec<_> = sent.collect();
+    let mut out = Vec::with_capacity(sent.len());
+    for reply in sent {
+        out.push(reply.await);
+    }
+    out
+}
+
+/// The lock key a Redisson lock channel is named for
+/// (`redisson_lock__channel:{<key>}`).
+fn redisson_lock_of(channel: &[u8]) -> Option<&[u8]> {
+    let rest = channel.strip_prefix(b"redisson_lock__channel:{")?;
+    rest.strip_suffix(b"}")
+}
+
+/// `PUBSUB NUMSUB <channel>`'s count (`*2 $name :n`).
+fn numsub(frame: &[u8]) -> Option<i64> {
+    let last = frame.strip_suffix(b"\r\n")?;
+    let at = last.iter().rposition(|&b| b == b':')?;
+    std::str::from_utf8(&last[at + 1..]).ok()?.parse().ok()
 }
 
 /// A RESP integer reply's value.
@@ -255,6 +379,35 @@ mod tests {
                 "{pttl} {exists} {pushed}"
             );
         }
+    }
+
+    #[test]
+    fn the_channel_rule_as_a_table() {
+        // (PTTL, subscribers, free at the last probe, published then).
+        let table = [
+            ((5_000, true, false, false), Probe::Held),
+            ((5_000, true, true, true), Probe::Held),
+            ((-2, true, false, false), Probe::Pending),
+            ((-2, true, true, false), Probe::Push),
+            ((-2, true, true, true), Probe::Idle),
+            ((-2, false, true, false), Probe::Idle),
+        ];
+        for ((pttl, subs, free, pushed), want) in table {
+            let got = Probe::of_channel(pttl, subs, free, pushed);
+            assert_eq!(got, want, "{pttl} {subs} {free} {pushed}");
+        }
+    }
+
+    #[test]
+    fn redisson_channels_and_numsub_read_as_sent() {
+        assert_eq!(
+            redisson_lock_of(b"redisson_lock__channel:{lock:a}"),
+            Some(&b"lock:a"[..])
+        );
+        assert_eq!(redisson_lock_of(b"redisson_lock__channel:lock:a"), None);
+        assert_eq!(redisson_lock_of(b"news"), None);
+        assert_eq!(numsub(b"*2\r\n$1\r\nc\r\n:3\r\n"), Some(3));
+        assert_eq!(numsub(b"-ERR x\r\n"), None);
     }
 
     #[test]

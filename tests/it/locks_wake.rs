@@ -1,9 +1,11 @@
 //! A lock library's waiter whose wake-up is lost (`lock::wake`):
 //! python-redis-lock's waiter blocks on the lock's signal list until the
 //! holder's release pushes to it, and a holder that never releases (a
-//! crashed worker; its lease ran out) pushes nothing. Through lockgate the
-//! waiter still wakes, within `probe_interval_ms` of the lock being free;
-//! with the watch off it sleeps on, as it would on Redis.
+//! crashed worker; its lease ran out) pushes nothing; Redisson's waiter
+//! waits for its lock channel's message up to the lease left, and a
+//! message lost leaves it there. Through lockgate each still wakes, within
+//! one or two `probe_interval_ms` of the lock being free; with the watch
+//! off it sleeps on, as it would on Redis.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -102,5 +104,44 @@ async fn with_the_watch_off_the_waiter_sleeps_on() {
         w.waited_s
     );
     assert_eq!(m(&lg.ctx.locks.metrics.wake_pushes), 0);
+    lg.stop().await;
+}
+
+/// Redisson's wire (`tests/py/redisson_wake.py`): a waiter subscribed to
+/// `redisson_lock__channel:{<key>}` whose lock went without its unlock
+/// message, against a 30 s lease, given `wait_s`: when it acquired.
+async fn redisson_waiter(lg: SocketAddr, key: &str, wait_s: f64) -> f64 {
+    let args = [
+        lg.ip().to_string(),
+        lg.port().to_string(),
+        key.to_string(),
+        wait_s.to_string(),
+    ];
+    let out = python("redisson_wake.py", &args, Duration::from_secs(60)).await;
+    let v: serde_json::Value = serde_json::from_str(out.trim()).expect("one JSON line");
+    assert_eq!(v["acquired"], true, "{out}");
+    v["waited_s"].as_f64().expect("waited_s")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redisson_waiter_whose_unlock_message_was_lost_is_woken() {
+    let redis = RedisServer::start();
+    let lg = Lockgate::start_with(config(&redis, true)).await;
+    // Free for a whole probe interval with a subscriber: published within
+    // two intervals (0.2 s), not at the lease's end (30 s) nor at the
+    // waiter's budget (5 s).
+    let woken = redisson_waiter(lg.addr, "lock:redisson:on", 5.0).await;
+    eprintln!("redisson: woken after {woken:.3} s");
+    assert!(woken < 2.5, "woken after {woken} s");
+    assert!(m(&lg.ctx.locks.metrics.wake_pushes) >= 1);
+    lg.stop().await;
+
+    // With the watch off it waits out its budget.
+    let lg = Lockgate::start_with(config(&redis, false)).await;
+    let slept = redisson_waiter(lg.addr, "lock:redisson:off", 3.0).await;
+    assert!(
+        slept >= 2.9,
+        "woken after {slept} s with nothing to wake it"
+    );
     lg.stop().await;
 }

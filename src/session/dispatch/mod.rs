@@ -328,6 +328,11 @@ impl Carrier {
                 if matches!(expect, Expect::Subscription(..)) {
                     self.scripts.subscribed();
                 }
+                // A lock library's waiters subscribing to its lock's channel.
+                if kind == CommandKind::Subscribe(crate::command::SubKind::Subscribe) {
+                    let channels = (1..args.len()).map(|i| args.get(i));
+                    self.ctx.locks.subscribed_to(channels);
+                }
                 // A lock library's waiter blocking on its signal list.
                 if kind == CommandKind::Blocking && args.len() == 3 {
                     let sent = [args.get(0), args.get(1), args.get(2)];
