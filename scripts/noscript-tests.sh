@@ -36,8 +36,13 @@ SKIP=(
 	shared_upstream::a_busy_script_leaves_the_other_clients_busy_replies_and_script_kill
 	shared_upstream::lock_keys_keep_their_protection_in_shared_mode
 	cluster_map::keys_are_found_as_the_server_finds_them
-	# Owner records reconciled after a library's own script.
+	# Owner records reconciled after a library's own script; libraries'
+	# locks (their releases and Redisson's acquisition are scripts).
 	locks_library::
+	locks_library_storm::
+	locks_cross::
+	locks_wake::
+	ops_keys::
 	# Counts of lockgate's scripts, fast scripts, natives, reruns.
 	locks::setnx_is_one_eval_with_lease_and_owner_record
 	locks_fast::
