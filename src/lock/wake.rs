@@ -47,6 +47,7 @@ use dashmap::DashMap;
 use tokio_util::sync::CancellationToken;
 
 use super::keys::KeyHasher;
+use super::quorum::integer;
 use super::LockService;
 use crate::config::WakeConfig;
 use crate::metrics::ProxyMetrics;
@@ -228,6 +229,34 @@ impl LockService {
         watched.table.insert(key, watch);
     }
 
+    /// Sends the wake-up `target`'s waiters listen for (a list: `LPUSH 1`
+    /// lapsing after `signal_expire_ms`, sent together; a channel: `PUBLISH
+    /// 0`); whether Redis took it.
+    async fn push(&self, target: &Target) -> bool {
+        let store = self.store();
+        let timeout = store.timeout();
+        let sent = match target {
+            Target::List(list) => {
+                let ms = self.wake.config.signal_expire_ms.to_string();
+                let push = encode::command(&[b"LPUSH", list, b"1"]);
+                let lapse = encode::command(&[b"PEXPIRE", list, ms.as_bytes()]);
+                // Both queued before either is awaited (one round trip);
+                // awaited in order, so a lazy send (a cluster's) runs the
+                // push before its expiry.
+                let pushed = store.primary.send(push.into(), timeout);
+                let lapses = store.primary.send(lapse.into(), timeout);
+                let pushed = pushed.await;
+                let _ = lapses.await;
+                pushed
+            }
+            Target::Channel(channel) => {
+                let publish = encode::command(&[b"PUBLISH", channel, b"0"]);
+                store.primary.send(publish.into(), timeout).await
+            }
+        };
+        sent.as_deref().ok().and_then(integer).is_some()
+    }
+
     /// One round over the watched keys: each probed, a wake-up pushed
     /// where the rule says so, lapsed watches dropped.
     async fn probe_watched(&self) {
@@ -239,22 +268,9 @@ impl LockService {
         let store = self.store();
         let timeout = store.timeout();
         for (key, watch) in due {
-            let (ask, wake) = match &watch.target {
-                Target::List(list) => (
-                    encode::command(&[b"EXISTS", list]),
-                    vec![
-                        encode::command(&[b"LPUSH", list, b"1"]),
-                        encode::command(&[
-                            b"PEXPIRE",
-                            list,
-                            self.wake.config.signal_expire_ms.to_string().as_bytes(),
-                        ]),
-                    ],
-                ),
-                Target::Channel(channel) => (
-                    encode::command(&[b"PUBSUB", b"NUMSUB", channel]),
-                    vec![encode::command(&[b"PUBLISH", channel, b"0"])],
-                ),
+            let ask = match &watch.target {
+                Target::List(list) => encode::command(&[b"EXISTS", list]),
+                Target::Channel(channel) => encode::command(&[b"PUBSUB", b"NUMSUB", channel]),
             };
             let pttl = store
                 .primary
@@ -283,13 +299,7 @@ impl LockService {
                     continue;
                 }
                 Probe::Push => {
-                    let sent = wake
-                        .into_iter()
-                        .map(|c| store.primary.send(c.into(), timeout));
-                    let replies = in_order(sent).await;
-                    let ok = replies
-                        .first()
-                        .is_some_and(|r| r.as_deref().ok().and_then(integer).is_some());
+                    let ok = self.push(&watch.target).await;
                     if ok {
                         ProxyMetrics::inc(&self.metrics.wake_pushes);
                     }
@@ -304,18 +314,6 @@ impl LockService {
     }
 }
 
-/// Sends every reply's future at once and waits for them all, in order.
-async fn in_order(
-    sent: impl Iterator<Item = crate::lock::txn::Reply>,
-) -> Vec<Result<Bytes, crate::upstream::node::NodeError>> {
-    let sent: Vec<_> = sent.collect();
-    let mut out = Vec::with_capacity(sent.len());
-    for reply in sent {
-        out.push(reply.await);
-    }
-    out
-}
-
 /// The lock key a Redisson lock channel is named for
 /// (`redisson_lock__channel:{<key>}`).
 fn redisson_lock_of(channel: &[u8]) -> Option<&[u8]> {
@@ -328,12 +326,6 @@ fn numsub(frame: &[u8]) -> Option<i64> {
     let last = frame.strip_suffix(b"\r\n")?;
     let at = last.iter().rposition(|&b| b == b':')?;
     std::str::from_utf8(&last[at + 1..]).ok()?.parse().ok()
-}
-
-/// A RESP integer reply's value.
-fn integer(frame: &[u8]) -> Option<i64> {
-    let body = frame.strip_prefix(b":")?.strip_suffix(b"\r\n")?;
-    std::str::from_utf8(body).ok()?.parse().ok()
 }
 
 /// Starts the watch loop: a round every `probe_interval_ms` (at least
@@ -411,12 +403,9 @@ mod tests {
     }
 
     #[test]
-    fn timeouts_and_integers_read_as_redis_writes_them() {
+    fn timeouts_read_as_redis_reads_them() {
         assert_eq!(timeout_of(b"0"), Some(0.0));
         assert_eq!(timeout_of(b"1.5"), Some(1.5));
         assert_eq!(timeout_of(b"x"), None);
-        assert_eq!(integer(b":-2\r\n"), Some(-2));
-        assert_eq!(integer(b":1\r\n"), Some(1));
-        assert_eq!(integer(b"-ERR no\r\n"), None);
     }
 }
