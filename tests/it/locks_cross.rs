@@ -12,16 +12,9 @@ use crate::support;
 
 use support::{python, Lockgate, RawClient, RedisServer};
 
-/// Redisson's `tryLock` script as its documentation gives it: take the
-/// hash lock (or enter it again) with a lease, else answer its PTTL.
-const HASH_LOCK: &str = r#"
-if (redis.call('exists', KEYS[1]) == 0) or (redis.call('hexists', KEYS[1], ARGV[2]) == 1) then
-  redis.call('hincrby', KEYS[1], ARGV[2], 1)
-  redis.call('pexpire', KEYS[1], ARGV[1])
-  return nil
-end
-return redis.call('pttl', KEYS[1])
-"#;
+/// Redisson's `tryLock` script as its documentation gives it (shared with
+/// `tests/py/redisson_wake.py`).
+const HASH_LOCK: &str = include_str!("../py/redisson_try_lock.lua");
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_legacy_app_and_a_library_app_never_hold_one_lock_together() {

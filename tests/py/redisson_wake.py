@@ -16,14 +16,10 @@ import time
 
 import redis
 
-TRY_LOCK = """
-if (redis.call('exists', KEYS[1]) == 0) or (redis.call('hexists', KEYS[1], ARGV[2]) == 1) then
-  redis.call('hincrby', KEYS[1], ARGV[2], 1)
-  redis.call('pexpire', KEYS[1], ARGV[1])
-  return nil
-end
-return redis.call('pttl', KEYS[1])
-"""
+import os
+
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "redisson_try_lock.lua")) as f:
+    TRY_LOCK = f.read()
 
 host, port, key, wait_s = sys.argv[1], int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
 channel = "redisson_lock__channel:{%s}" % key
