@@ -182,6 +182,18 @@ pick_free_port() {
 	die "no free loopback port found"
 }
 
+# wait_ping PORT PID NAME — until PONG on 127.0.0.1:PORT, while PID lives
+# (15 s); dies naming NAME otherwise (and $WORKDIR, where logs are, if set).
+wait_ping() {
+	local port="$1" pid="$2" name="$3" i
+	for ((i = 0; i < 150; i++)); do
+		kill -0 "$pid" 2>/dev/null || die "$name exited during startup${WORKDIR:+ (see $WORKDIR)}"
+		[ "$(redis-cli -h 127.0.0.1 -p "$port" ping </dev/null 2>&1)" = PONG ] && return 0
+		sleep 0.1
+	done
+	die "$name did not answer PING on 127.0.0.1:$port within 15 s"
+}
+
 # stop_pid PID — SIGTERM, up to 8 s, then SIGKILL (only a process the
 # script started).
 stop_pid() {

@@ -32,6 +32,7 @@ SKIP=(
 	locks_clients::redis_py_lock_resp
 	locks_watchdog::lua_released_watchdog_lock_is_not_renewed
 	locks_watchdog::release_on_disconnect_spares_a_lock_taken_after_a_lua_release
+	locks_view::a_script_that_lists_keys_frees_what_its_view_held
 	passthrough_payloads::eval_evalsha_script_load_and_functions_match_redis
 	shared_upstream::a_busy_script_leaves_the_other_clients_busy_replies_and_script_kill
 	shared_upstream::lock_keys_keep_their_protection_in_shared_mode

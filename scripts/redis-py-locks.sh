@@ -155,17 +155,6 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 trap 'exit 129' HUP
 
-# wait_ping PORT PID NAME — until PONG on PORT, while PID lives (15 s).
-wait_ping() {
-	local port="$1" pid="$2" name="$3" i
-	for ((i = 0; i < 150; i++)); do
-		kill -0 "$pid" 2>/dev/null || die "$name exited during startup (see $WORKDIR)"
-		[ "$(redis-cli -h 127.0.0.1 -p "$port" ping </dev/null 2>&1)" = PONG ] && return 0
-		sleep 0.1
-	done
-	die "$name did not answer PING on 127.0.0.1:$port within 15 s"
-}
-
 # The tests' lock key; everything else is lockgate's default.
 cat >"$WORKDIR/lockgate.toml" <<'EOF'
 [locks]
@@ -225,58 +214,14 @@ done
 # --- the verdict --------------------------------------------------------------
 
 printf '%s\n' "${EXCEPTIONS[@]}" >"$WORKDIR/exceptions"
+RUNS=()
+for target in "${TARGETS[@]:1}"; do
+	for protocol in 2 3; do
+		RUNS+=("$target, RESP$protocol" "$WORKDIR/direct-$protocol.xml" "$WORKDIR/$target-$protocol.xml")
+	done
+done
 status=0
-python3 - "$WORKDIR" "${TARGETS[@]:1}" <<'PY' || status=$?
-import re
-import sys
-import xml.etree.ElementTree as ET
-
-workdir = sys.argv[1]
-
-
-def results(name):
-    """{test: (passed, failure message)} of one JUnit report."""
-    out = {}
-    for case in ET.parse(f"{workdir}/{name}.xml").iter("testcase"):
-        test = f"{case.get('classname')}::{case.get('name')}"
-        bad = case.find("failure")
-        if bad is None:
-            bad = case.find("error")
-        skipped = case.find("skipped") is not None
-        out[test] = (bad is None and not skipped, None if bad is None else bad.get("message", ""))
-    return out
-
-
-exceptions = {}
-for line in open(f"{workdir}/exceptions"):
-    test, message, why = line.rstrip("\n").split("|", 2)
-    exceptions[test] = (re.compile(message), why)
-
-failed = False
-for target, protocol in [(t, p) for t in sys.argv[2:] for p in ("2", "3")]:
-    direct, gated = results(f"direct-{protocol}"), results(f"{target}-{protocol}")
-    baseline = sorted(t for t, (ok, _) in direct.items() if ok)
-    if not baseline:
-        print(f"RESP{protocol}: no test passed directly", file=sys.stderr)
-        failed = True
-        continue
-    lost = [t for t in baseline if not gated.get(t, (False, "did not run"))[0]]
-    print(f"\n{target}, RESP{protocol}: {len(baseline)} pass directly, "
-          f"{len(baseline) - len(lost)} through {target}")
-    for test in lost:
-        message = gated.get(test, (False, "did not run"))[1] or ""
-        first = message.splitlines()[0] if message else ""
-        rule = exceptions.get(test)
-        if rule and rule[0].search(message):
-            print(f"    excepted ({rule[1]}): {test}: {first}")
-        else:
-            print(f"    LOST: {test}: {first}")
-            failed = True
-    for test in sorted(set(exceptions) - set(lost)):
-        print(f"warning: exception no longer needed (passes through lockgate or not directly): {test}",
-              file=sys.stderr)
-sys.exit(1 if failed else 0)
-PY
+python3 "$LOCKGATE_ROOT/scripts/junit_verdict.py" "$WORKDIR/exceptions" "${RUNS[@]}" || status=$?
 if [ "$status" -ne 0 ]; then
 	printf '\nredis-py-locks: FAILED: a test that passes directly lost through lockgate\n'
 	exit 1

@@ -274,17 +274,6 @@ trap 'exit 129' HUP
 
 rcli() { redis-cli -h 127.0.0.1 "$@" </dev/null 2>&1; }
 
-# wait_ping PORT PID NAME — until PONG on PORT, while PID lives (15 s).
-wait_ping() {
-	local port="$1" pid="$2" name="$3" i
-	for ((i = 0; i < 150; i++)); do
-		kill -0 "$pid" 2>/dev/null || die "$name exited during startup (see $WORKDIR)"
-		[ "$(rcli -p "$port" ping)" = PONG ] && return 0
-		sleep 0.1
-	done
-	die "$name did not answer PING on 127.0.0.1:$port within 15 s"
-}
-
 # start_target NAME — a fresh redis-server, and the proxy of NAME in front of
 # it; sets PORT to where the suite connects.
 start_target() {

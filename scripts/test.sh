@@ -44,6 +44,12 @@
 #               fails through lockgate, but for the named deliberate
 #               differences. Fetches the tests from redis-py's source
 #               distribution into target/redis-py-suite/; under a minute)
+#      libraries scripts/library-suites.sh     (python-redis-lock's and
+#               pottery's own tests, from their source distributions,
+#               directly and through lockgate with their keys lock keys;
+#               fails as redis-py's does. Installs socat and the suites'
+#               test dependencies (into target/library-suites/site) when
+#               missing; about 4 min)
 #      suite    scripts/redis-suite.sh          (Redis's own tcl test suite
 #               directly, through HAProxy and through lockgate; fails when a
 #               test that passes directly fails through lockgate. Fetches
@@ -120,6 +126,7 @@ step storm-demo scripts/demo.sh --storm --smoke
 step gate bench/gate.sh
 step deploy scripts/deploy-test.sh
 step redis-py scripts/redis-py-locks.sh
+step libraries scripts/library-suites.sh
 step suite scripts/redis-suite.sh
 
 printf '\n==> summary\n' >&2

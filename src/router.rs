@@ -515,6 +515,13 @@ fn route_on(
         CommandKind::Script if crate::lock::evalsha::is_flush(args.get(0), key) => {
             Route::ForwardForget(Forget::Scripts, Expect::One)
         }
+        // A client script that lists keys may change lock keys it does not
+        // name (python-redis-lock's `reset_all` deletes every `lock:*`):
+        // the whole view is dropped once it ran. With the quorum, lock keys
+        // live on the masters, which a client's script never reaches.
+        CommandKind::Eval if !quorum && locks.script_lists_keys(args.get(0), key) => {
+            Route::ForwardForget(Forget::Database, Expect::One)
+        }
         CommandKind::SetNx if args.len() == 3 => {
             if lock_key() {
                 lock_op(ops::parse_setnx(&args.all()))
@@ -901,12 +908,19 @@ mod tests {
         );
         assert_eq!(routed("MOVE lock:a 1", &v), forget(keys(&["lock:a"])));
         assert_eq!(routed("SCRIPT FLUSH ASYNC", &v), forget(Forget::Scripts));
+        // A client script that lists keys may delete lock keys it was not
+        // given (python-redis-lock's reset_all).
+        assert_eq!(
+            routed("EVAL return(redis.call('KEYS','lock:*')) 0", &v),
+            forget(Forget::Database)
+        );
         for line in [
             "RENAME a b",
             "COPY a b DB 1",
             "MOVE a 1",
             "SCRIPT LOAD x",
             "FUNCTION FLUSH",
+            "EVAL return(redis.call('GET','keys')) 0",
         ] {
             assert_eq!(routed(line, &v), Route::Forward(Expect::One), "{line}");
         }

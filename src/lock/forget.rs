@@ -8,10 +8,20 @@
 //! And which database a lock command ran in ([`Database`]): the contention
 //! table describes database 0 only, keyed by key alone.
 //!
+//! A client script may change lock keys it does not name among its keys:
+//! one that lists keys (`KEYS` or `SCAN` in its body, [`lists_keys`]) is
+//! taken to, and drops the whole view once it ran, as a flush does.
+//! python-redis-lock's `reset_all` deletes every `lock:*` so, and its
+//! waiters then retry at once. Its body is read when sent (`EVAL`) or loaded
+//! (`SCRIPT LOAD`, then `EVALSHA`: [`ListingScripts`] keeps which SHA1s list).
+//!
 //! Dropping is always safe: the view is a hint, and an attempt it does not
 //! answer goes to Redis. What changes lock keys without passing through this
 //! instance (other clients straight on Redis, other lockgate instances, a
 //! lease running out) stays bounded by `locks.retry.probe_interval_ms`.
+
+use std::collections::HashSet;
+use std::sync::Mutex;
 
 use bytes::Bytes;
 
@@ -74,7 +84,80 @@ pub fn is_error(frame: &[u8]) -> bool {
     matches!(frame.first(), Some(b'-' | b'!'))
 }
 
+/// Most SHA1s of key-listing scripts remembered: past it, an `EVALSHA` of
+/// another such script is not known to list keys (counted in
+/// `lock_listing_scripts_full`), and what it changes is noticed within
+/// `locks.retry.probe_interval_ms`, as any change behind lockgate's back.
+pub const MAX_LISTING_SCRIPTS: usize = 256;
+
+/// True when the Lua `body` calls `KEYS` or `SCAN` (`redis.call('keys', …)`,
+/// `redis.pcall("SCAN", …)`, any case, spaces allowed around the
+/// parenthesis): it may reach keys it was not given.
+pub fn lists_keys(body: &[u8]) -> bool {
+    let mut from = 0;
+    while let Some(at) = memchr::memmem::find(&body[from..], b"call") {
+        from += at + 4;
+        let rest = &body[from..];
+        let rest = &rest[rest.iter().take_while(|b| b.is_ascii_whitespace()).count()..];
+        let Some(rest) = rest.strip_prefix(b"(") else {
+            continue;
+        };
+        let rest = &rest[rest.iter().take_while(|b| b.is_ascii_whitespace()).count()..];
+        let Some((&quote, name)) = rest.split_first() else {
+            continue;
+        };
+        if quote != b'\'' && quote != b'"' {
+            continue;
+        }
+        let name = &name[..name.iter().position(|&b| b == quote).unwrap_or(name.len())];
+        if name.eq_ignore_ascii_case(b"keys") || name.eq_ignore_ascii_case(b"scan") {
+            return true;
+        }
+    }
+    false
+}
+
+/// The SHA1s (lower-case hex) of the key-listing scripts clients loaded
+/// with `SCRIPT LOAD` or sent with `EVAL`, so an `EVALSHA` of one is known
+/// to list keys. At most [`MAX_LISTING_SCRIPTS`].
+#[derive(Debug, Default)]
+pub struct ListingScripts(Mutex<HashSet<String>>);
+
+impl ListingScripts {
+    /// Remembers `body` if it lists keys; false when it does and the set
+    /// was full.
+    pub fn seen(&self, body: &[u8]) -> bool {
+        if !lists_keys(body) {
+            return true;
+        }
+        let sha = sha1_smol::Sha1::from(body).digest().to_string();
+        let mut set = crate::sync::lock(&self.0);
+        if set.len() >= MAX_LISTING_SCRIPTS && !set.contains(&sha) {
+            return false;
+        }
+        set.insert(sha);
+        true
+    }
+
+    /// True when the script `sha` (as sent, any case) was seen listing keys.
+    pub fn lists(&self, sha: &[u8]) -> bool {
+        let sha = String::from_utf8_lossy(sha).to_ascii_lowercase();
+        crate::sync::lock(&self.0).contains(&sha)
+    }
+}
+
 impl LockService {
+    /// True when the client script `args` (`EVAL body …` or
+    /// `EVALSHA sha …`, any case) lists keys: it may change lock keys it
+    /// does not name, so the router drops the whole view once it ran.
+    pub(crate) fn script_lists_keys(&self, name: &[u8], body_or_sha: &[u8]) -> bool {
+        if name.eq_ignore_ascii_case(b"EVAL") || name.eq_ignore_ascii_case(b"EVAL_RO") {
+            lists_keys(body_or_sha)
+        } else {
+            self.listing_scripts.lists(body_or_sha)
+        }
+    }
+
     /// Drops what the lock room knew that `what` changed: Redis
     /// acknowledged a forwarded command (or, where no reply can be matched
     /// to it, the command was sent). Attempts parked on a dropped key are
@@ -148,6 +231,51 @@ mod tests {
         assert_eq!(locks.script_epoch.now(), 2);
         locks.forget(&Forget::Database);
         assert_eq!(locks.script_epoch.now(), 2);
+    }
+
+    /// Which bodies list keys: `KEYS` or `SCAN` called, in any case and
+    /// spacing, with either quote; a key or value that merely contains the
+    /// word does not.
+    #[test]
+    fn scripts_that_list_keys() {
+        let table: &[(&str, bool)] = &[
+            ("return redis.call('KEYS', 'lock:*')", true),
+            ("local l = redis.call(\"keys\", ARGV[1])", true),
+            ("redis.pcall ( 'Scan', 0, 'match', 'lock:*')", true),
+            // python-redis-lock's reset_all, as its source has it.
+            ("local locks = redis.call('keys', 'lock:*')\nfor _, lock in pairs(locks) do redis.call('del', lock) end", true),
+            ("return redis.call('del', KEYS[1])", false),
+            ("return redis.call('get', 'keys')", false),
+            ("redis.call('set', KEYS[1], 'scan')", false),
+            ("return redis.call(ARGV[1], KEYS[1])", false),
+            ("-- redis.call", false),
+            ("call(", false),
+            ("", false),
+        ];
+        for (body, lists) in table {
+            assert_eq!(lists_keys(body.as_bytes()), *lists, "{body}");
+        }
+    }
+
+    /// `EVAL` is read from its body; `EVALSHA` is known once its body was
+    /// seen (any case of the SHA1), and the table of them is bounded.
+    #[test]
+    fn evalsha_of_a_listing_script_is_known_once_seen() {
+        let locks = LockService::new(&Config::default());
+        let body = b"return redis.call('keys', 'lock:*')";
+        let sha = sha1_smol::Sha1::from(&body[..]).digest().to_string();
+        assert!(locks.script_lists_keys(b"eval", body));
+        assert!(locks.script_lists_keys(b"EVAL_RO", body));
+        assert!(!locks.script_lists_keys(b"EVALSHA", sha.as_bytes()));
+        locks.script_seen(body, true);
+        assert!(locks.script_lists_keys(b"evalsha", sha.to_uppercase().as_bytes()));
+        assert!(locks.script_lists_keys(b"EVALSHA_RO", sha.as_bytes()));
+        assert!(!locks.script_lists_keys(b"EVAL", b"return 1"));
+        for n in 0..MAX_LISTING_SCRIPTS {
+            locks.script_seen(format!("return redis.call('keys', '{n}')").as_bytes(), true);
+        }
+        assert_eq!(ProxyMetrics::get(&locks.metrics.listing_scripts_full), 1);
+        assert!(locks.script_lists_keys(b"EVALSHA", sha.as_bytes()));
     }
 
     #[test]

@@ -154,10 +154,16 @@ counters! {
         /// Commands forwarded as they are that changed lock keys or the
         /// script cache behind the lock room's back (`FLUSHDB`, `FLUSHALL`,
         /// `SWAPDB`, `RENAME`/`RENAMENX`/`COPY`/`MOVE` of or onto lock keys,
-        /// `SCRIPT FLUSH`, a transaction with one): what lockgate knew of
+        /// `SCRIPT FLUSH`, a client script that lists keys, a transaction
+        /// with one): what lockgate knew of
         /// them was dropped once Redis acknowledged it.
         view_forgets: Counter "lock_view_forgets",
-            "Forwarded commands that changed lock keys or scripts behind lockgate (flushes, SWAPDB, RENAME, COPY, MOVE, SCRIPT FLUSH): its view of them dropped";
+            "Forwarded commands that changed lock keys or scripts behind lockgate (flushes, SWAPDB, RENAME, COPY, MOVE, SCRIPT FLUSH, a script listing keys): its view of them dropped";
+        /// Key-listing client scripts not remembered because
+        /// `forget::MAX_LISTING_SCRIPTS` were already: an `EVALSHA` of one
+        /// leaves the view as it was.
+        listing_scripts_full: Counter "lock_listing_scripts_full",
+            "Key-listing client scripts not remembered (the table of them was full): their EVALSHA leaves lockgate's view stale up to probe_interval_ms";
         /// Owner-record reconciliations after a client's own script on
         /// lock keys, done (whatever they found; `LockService::reconcile`).
         script_reconciles: Counter "lock_script_reconciles",

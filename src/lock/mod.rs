@@ -332,6 +332,9 @@ pub struct LockService {
     /// Client script bodies by SHA1, for guarded `EVALSHA`s (bounded by
     /// [`guard::MAX_SCRIPTS`]).
     guard_scripts: std::sync::Mutex<std::collections::HashMap<String, Bytes>>,
+    /// Which client scripts list keys, for their `EVALSHA`s (see
+    /// [`forget`]).
+    listing_scripts: forget::ListingScripts,
 }
 
 /// Interval between two repeats of the same lock warning.
@@ -381,6 +384,7 @@ impl LockService {
             guard_counts: std::sync::Mutex::new(std::collections::HashMap::new()),
             guard_warn: RateLimit::new(WARN_INTERVAL),
             guard_scripts: std::sync::Mutex::new(std::collections::HashMap::new()),
+            listing_scripts: forget::ListingScripts::default(),
         };
         service.reload(config);
         service

@@ -584,6 +584,9 @@ impl LockService {
     /// do: the client's own connection carries it.
     pub(crate) fn script_seen(&self, body: &[u8], load: bool) {
         self.remember_script(body);
+        if !self.listing_scripts.seen(body) {
+            crate::metrics::ProxyMetrics::inc(&self.metrics.listing_scripts_full);
+        }
         let Some(q) = &self.store.quorum else { return };
         q.remember_script(body);
         if load {

@@ -5,7 +5,8 @@
 //! gets Redis's answer, not one from what lockgate knew before; a lock in
 //! another database (`SELECT`) neither answers nor hands over attempts in
 //! database 0; `SCRIPT FLUSH` makes every connection load the lock scripts
-//! again once Redis ran it. Against real redis-servers.
+//! again once Redis ran it; a client script that lists keys drops the
+//! whole view. Against real redis-servers.
 //!
 //! The probe interval is a minute, longer than any test: a key known held
 //! is answered from the view for the whole test unless something drops it,
@@ -122,6 +123,53 @@ async fn a_lock_key_renamed_or_moved_away_is_free_at_once() {
         }
         lg.stop().await;
     }
+}
+
+/// A client script that lists keys (`KEYS` or `SCAN`) may delete lock
+/// keys it was not given (python-redis-lock's `reset_all`): once it ran,
+/// sent with `EVAL` or loaded and sent with `EVALSHA`, the next attempt on
+/// another connection gets Redis's answer. A script that names the key
+/// only among its arguments is not read: the view stays (noticed within
+/// the probe interval, as any change made behind lockgate's back).
+#[tokio::test]
+async fn a_script_that_lists_keys_frees_what_its_view_held() {
+    const RESET: &str = "local n = 0 for _, k in ipairs(redis.call('KEYS', 'lock:*')) do \
+                         n = n + redis.call('DEL', k) end return n";
+    const SCAN: &str = "local r = redis.pcall( \"scan\", 0, 'MATCH', 'lock:*', 'COUNT', 1000) \
+                        for _, k in ipairs(r[2]) do redis.call('del', k) end return #r[2]";
+    for (way, body) in [("EVAL", RESET), ("EVALSHA", SCAN)] {
+        let (_redis, lg, mut r) = start(50).await;
+        let (mut a, mut b) = (
+            RawClient::connect(lg.addr).await,
+            RawClient::connect(lg.addr).await,
+        );
+        held_in_view(&lg, &mut a, &mut b, "lock:x").await;
+        held_in_view(&lg, &mut a, &mut b, "lock:y").await;
+        let reply = if way == "EVAL" {
+            a.call(&["EVAL", body, "0"]).await
+        } else {
+            let loaded = a.call(&["SCRIPT", "LOAD", body]).await;
+            let sha = loaded.lines().nth(1).expect("a SHA1").to_string();
+            a.call(&["EVALSHA", &sha, "0"]).await
+        };
+        assert_eq!(reply, ":2\r\n", "{way}");
+        acquires(&mut b, &mut r, "lock:x", way).await;
+        acquires(&mut b, &mut r, "lock:y", way).await;
+        assert_eq!(forgets(&lg), 1, "{way}");
+        lg.stop().await;
+    }
+    let (_redis, lg, mut r) = start(50).await;
+    let (mut a, mut b) = (
+        RawClient::connect(lg.addr).await,
+        RawClient::connect(lg.addr).await,
+    );
+    held_in_view(&lg, &mut a, &mut b, "lock:x").await;
+    let by_name = "return redis.call('DEL', ARGV[1])";
+    assert_eq!(a.call(&["EVAL", by_name, "0", "lock:x"]).await, ":1\r\n");
+    assert!(!exists(&mut r, "lock:x").await);
+    assert_eq!(b.call(&["SET", "lock:x", "b", "NX"]).await, NIL, "the view stays");
+    assert_eq!(forgets(&lg), 0);
+    lg.stop().await;
 }
 
 /// A value arriving at a lock key (`RENAME`, `COPY … REPLACE`, `COPY …
