@@ -42,6 +42,7 @@ SKIP=(
 	locks_library::
 	locks_library_storm::
 	locks_cross::
+	locks_redlock::
 	locks_wake::
 	ops_keys::
 	# Counts of lockgate's scripts, fast scripts, natives, reruns.

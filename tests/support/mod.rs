@@ -64,7 +64,7 @@ use std::time::Duration;
 // The harness's core, at `support::`; not every test binary uses all of it.
 #[allow(unused_imports)]
 pub use self::{
-    process::{python, run_limited, run_limited_async, run_limited_with_input},
+    process::{node, python, run_limited, run_limited_async, run_limited_with_input},
     proxy::Lockgate,
     redis::{free_port, until_uptime, RedisServer},
     resp::{cmd, encode, frame_len, show, RawClient},

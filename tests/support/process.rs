@@ -93,11 +93,27 @@ pub async fn run_limited_async(
 /// its output unless it exits 0. A missing Python module is a failure,
 /// never a skip (`scripts/setup.sh` installs `tests/py/requirements.txt`).
 pub async fn python(script: &str, args: &[String], limit: Duration) -> String {
-    let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/py")
-        .join(script);
     let interpreter = std::env::var("PYTHON").unwrap_or_else(|_| "python3".to_string());
-    let mut command = Command::new(&interpreter);
+    driver(&interpreter, "tests/py", script, args, limit).await
+}
+
+/// Runs `tests/js/<script>` with `args` under `node`, as [`python`] does
+/// (`scripts/setup.sh` installs `tests/js`'s packages).
+pub async fn node(script: &str, args: &[String], limit: Duration) -> String {
+    driver("node", "tests/js", script, args, limit).await
+}
+
+async fn driver(
+    program: &str,
+    dir: &str,
+    script: &str,
+    args: &[String],
+    limit: Duration,
+) -> String {
+    let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join(dir)
+        .join(script);
+    let mut command = Command::new(program);
     command.arg(&path).args(args);
     let output = run_limited_async(command, None, limit).await;
     let (out, err) = (super::show(&output.stdout), super::show(&output.stderr));
