@@ -163,6 +163,10 @@ pub enum LockPending {
     Script {
         /// The lock keys among the script's keys.
         keys: Vec<Bytes>,
+        /// The values among the script's arguments that may be a lock's
+        /// (see [`reconcile::candidates`]): a lock key found holding one,
+        /// with no owner record, was acquired by the script.
+        values: Vec<Bytes>,
         /// Where it ran: owner records are reconciled with what it did
         /// only in database 0 ([`reconcile`]), where lockgate's own
         /// connection reads them.

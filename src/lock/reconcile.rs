@@ -22,6 +22,18 @@
 //! acquisition made since) ends there too: it leaves `LOCKGATE LOCKS`
 //! and its hold is counted (`lock_hold_seconds`, the hot keys' own).
 //!
+//! A script may also acquire (node-redlock's multi-key acquisition: `SET
+//! key value PX ms` for each of its keys, inside its script): a lock key
+//! found after it as a string with a lease, no owner record and a value
+//! the script was given among its arguments ([`candidates`]) was taken by
+//! it. The key gets an owner record with a token of this instance's, and
+//! the connection holds the key by it: it is listed in `LOCKGATE LOCKS`,
+//! its owner check guards it (another connection's `DEL` is refused as for
+//! any lock taken through lockgate), and its library's own release and
+//! extension scripts are followed from then on (`lock_script_adoptions`).
+//! Only values of 8 to 512 bytes count, so a short value that happens to
+//! equal an argument (`1`, a lease in ms) is not taken for a token.
+//!
 //! Deliberately not here: the quorum (a client script on lock keys runs on
 //! every master; a reconciliation would have to as well) and a server
 //! that refuses scripts (no client script runs there to reconcile).
@@ -53,6 +65,10 @@ pub(crate) enum Reconciled {
     Superseded,
     /// The owner record's expiry moved to the key's lease.
     Extended,
+    /// The script acquired the key with the value at this place among
+    /// those the call named (from 0); an owner record was made for it,
+    /// lapsing with the key's lease, whose milliseconds left follow.
+    Adopted(usize, u64),
     /// Nothing to change.
     Unchanged,
 }
@@ -67,7 +83,14 @@ impl Reconciled {
             b":-1\r\n" => Some(Reconciled::Superseded),
             b":1\r\n" => Some(Reconciled::Extended),
             b":0\r\n" => Some(Reconciled::Unchanged),
-            _ => None,
+            _ => {
+                let rest = frame.strip_prefix(b"*3\r\n:2\r\n:")?;
+                let (place, rest) = split_integer(rest)?;
+                let rest = rest.strip_prefix(b":")?;
+                let (pttl, rest) = split_integer(rest)?;
+                let place = usize::try_from(place).ok()?.checked_sub(1)?;
+                (rest.is_empty() && pttl >= 0).then_some(Reconciled::Adopted(place, pttl as u64))
+            }
         }
     }
 
@@ -80,39 +103,64 @@ impl Reconciled {
     }
 }
 
+/// An integer line `123\r\n` at the start of `bytes`, and what follows.
+fn split_integer(bytes: &[u8]) -> Option<(i64, &[u8])> {
+    let end = memchr::memmem::find(bytes, b"\r\n")?;
+    let n = std::str::from_utf8(&bytes[..end]).ok()?.parse().ok()?;
+    Some((n, &bytes[end + 2..]))
+}
+
+/// Most of a script's arguments offered as the value it may have
+/// acquired a lock key with.
+pub const MAX_CANDIDATES: usize = 4;
+
+/// The values among a client script's arguments (`args`: the whole
+/// `EVAL`/`EVALSHA`) that may be the value it acquired a lock key with:
+/// the first [`MAX_CANDIDATES`] of its `ARGV` of 8 to 512 bytes (a library's
+/// random token, Redisson's `uuid:thread`; not a count or a lease).
+pub(crate) fn candidates(args: &[&[u8]]) -> Vec<Bytes> {
+    let Some(n) = args
+        .get(2)
+        .and_then(|n| std::str::from_utf8(n).ok())
+        .and_then(|n| n.parse::<usize>().ok())
+    else {
+        return Vec::new();
+    };
+    args.iter()
+        .skip(3usize.saturating_add(n))
+        .filter(|v| (8..=512).contains(&v.len()))
+        .take(MAX_CANDIDATES)
+        .map(|v| Bytes::copy_from_slice(v))
+        .collect()
+}
+
 impl LockService {
     /// After a client's own script (or a transaction) on `keys`, which
     /// Redis ran without an error on the connection whose records are
     /// `conn`, in database 0: each key's owner record is reconciled with
     /// what it did (see the module doc), on lockgate's own connection, in
     /// the background; the client's reply does not wait for it.
-    pub(crate) fn reconcile(self: &Arc<Self>, keys: &[Bytes], conn: &Arc<Mutex<ConnLocks>>) {
+    pub(crate) fn reconcile(
+        self: &Arc<Self>,
+        keys: &[Bytes],
+        values: &[Bytes],
+        conn: &Arc<Mutex<ConnLocks>>,
+    ) {
         // "On masters": a client's command never reaches the masters, so
         // "a client script on lock keys" means one on the primary's data.
         if self.on_masters() || self.scriptless() {
             return;
         }
-        // By SHA1, its body the fallback should Redis not have it yet
-        // (`EVAL` of the body costs Redis four times the call).
-        let calls: Vec<(Bytes, Bytes, Request)> = {
-            let c = sync::lock(conn);
-            keys.iter()
-                .map(|key| {
-                    let held = c.get(key).filter(|a| a.standing == Standing::Held);
-                    let (token, value) = match held {
-                        Some(a) if !a.value.is_empty() => (a.token.clone(), a.value.clone()),
-                        _ => (Bytes::new(), Bytes::new()),
-                    };
-                    let all: [&[u8]; 4] = [key, &owner_key(key), &queue_key(key), &places_key(key)];
-                    let call = Call::new(Script::Reconcile, &all, &[&token, &value]);
-                    (key.clone(), token, call.request())
-                })
-                .collect()
-        };
-        let (me, conn) = (self.clone(), conn.clone());
+        let (me, conn, keys, values) = (self.clone(), conn.clone(), keys.to_vec(), values.to_vec());
         tokio::spawn(async move {
             let store = me.store();
-            for (key, token, call) in calls {
+            for key in keys {
+                // What the connection holds is read as each call is made,
+                // not when the script was sent: an acquisition by an
+                // earlier script, adopted in between, is this one's to
+                // follow.
+                let (call, token, adopt) = me.reconcile_call(&key, &values, &conn);
+                let sent = std::time::Instant::now();
                 let reply = tokio::select! {
                     reply = store.primary.send(call, store.timeout()) => reply,
                     _ = store.stopped() => return,
@@ -122,16 +170,66 @@ impl LockService {
                     ProxyMetrics::inc(&me.metrics.script_reconciles);
                 }
                 if found.is_some_and(Reconciled::ends_holding) {
-                    me.script_released(&key, &token, &conn);
+                    me.script_released(&key, &token, sent, &conn);
                 }
                 match found {
                     Some(Reconciled::Released) => ProxyMetrics::inc(&me.metrics.script_releases),
                     Some(Reconciled::Extended) => ProxyMetrics::inc(&me.metrics.script_extensions),
+                    Some(Reconciled::Adopted(place, pttl)) => {
+                        if let Some(value) = values.get(place) {
+                            sync::lock(&conn).attempt(
+                                key.clone(),
+                                adopt,
+                                value.clone(),
+                                Standing::Held,
+                                pttl,
+                            );
+                            ProxyMetrics::inc(&me.metrics.script_adoptions);
+                        }
+                    }
                     Some(_) => {}
                     None => ProxyMetrics::inc(&me.metrics.script_reconcile_failures),
                 }
             }
         });
+    }
+
+    /// The reconciliation of `key` for the connection whose records are
+    /// `conn`, as it holds the key now: the call, the token it holds the
+    /// key by (empty: none with a known value) and, when it holds none,
+    /// the new token an acquisition by the script among `values` is
+    /// adopted with. By SHA1, its body the fallback should Redis not have
+    /// it yet (`EVAL` of the body costs Redis four times the call).
+    fn reconcile_call(
+        &self,
+        key: &Bytes,
+        values: &[Bytes],
+        conn: &Mutex<ConnLocks>,
+    ) -> (Request, Bytes, Bytes) {
+        let held = {
+            let c = sync::lock(conn);
+            c.get(key)
+                .filter(|a| a.standing == Standing::Held && !a.value.is_empty())
+                .map(|a| (a.token.clone(), a.value.clone()))
+        };
+        let all: [&[u8]; 4] = [key, &owner_key(key), &queue_key(key), &places_key(key)];
+        match held {
+            Some((token, value)) => {
+                let call = Call::new(Script::Reconcile, &all, &[&token, &value]);
+                (call.request(), token, Bytes::new())
+            }
+            None if values.is_empty() => {
+                let call = Call::new(Script::Reconcile, &all, &[b"", b""]);
+                (call.request(), Bytes::new(), Bytes::new())
+            }
+            None => {
+                let adopt = self.tokens.next();
+                let mut args: Vec<&[u8]> = vec![b"", b"", &adopt];
+                args.extend(values.iter().map(|v| &v[..]));
+                let call = Call::new(Script::Reconcile, &all, &args);
+                (call.request(), Bytes::new(), adopt)
+            }
+        }
     }
 }
 
@@ -141,11 +239,27 @@ impl LockService {
     /// none with a known value). If it still holds the key by that token,
     /// the holding is over ([`ConnLocks::script_released`]) and counted
     /// (`lock_hold_seconds`, the hot keys).
-    fn script_released(&self, key: &Bytes, token: &Bytes, conn: &Mutex<ConnLocks>) {
-        if token.is_empty() {
-            return;
-        }
-        let ended = sync::lock(conn).script_released(key, token);
+    ///
+    /// With no token named, a holding made before the call was `sent`
+    /// ends as well: the key it holds is gone or another's (an acquisition
+    /// adopted after the call read the connection's records).
+    fn script_released(
+        &self,
+        key: &Bytes,
+        token: &Bytes,
+        sent: std::time::Instant,
+        conn: &Mutex<ConnLocks>,
+    ) {
+        let mut c = sync::lock(conn);
+        let token = match token.is_empty() {
+            false => token.clone(),
+            true => match c.get(key) {
+                Some(a) if a.standing == Standing::Held && a.since < sent => a.token.clone(),
+                _ => return,
+            },
+        };
+        let ended = c.script_released(key, &token);
+        drop(c);
         if let Some(rec) = ended {
             self.held(key, &rec);
         }
@@ -158,7 +272,15 @@ mod tests {
 
     #[test]
     fn replies_read_as_the_script_answers() {
-        let table: [(&[u8], Option<Reconciled>); 7] = [
+        let table: [(&[u8], Option<Reconciled>); 12] = [
+            (
+                b"*3\r\n:2\r\n:1\r\n:950\r\n",
+                Some(Reconciled::Adopted(0, 950)),
+            ),
+            (b"*3\r\n:2\r\n:4\r\n:0\r\n", Some(Reconciled::Adopted(3, 0))),
+            (b"*3\r\n:2\r\n:0\r\n:950\r\n", None),
+            (b"*3\r\n:2\r\n:1\r\n:-1\r\n", None),
+            (b"*3\r\n:2\r\n:1\r\n:9\r\nx", None),
             (b":-2\r\n", Some(Reconciled::Released)),
             (b":-3\r\n", Some(Reconciled::Gone)),
             (b":-1\r\n", Some(Reconciled::Superseded)),
@@ -169,6 +291,60 @@ mod tests {
         ];
         for (frame, want) in table {
             assert_eq!(Reconciled::of(frame), want, "{frame:?}");
+        }
+    }
+
+    /// A script's arguments after its keys, of 8 to 512 bytes, the first
+    /// four: what its acquisition's value may be.
+    #[test]
+    fn candidates_are_long_enough_arguments_after_the_keys() {
+        let long = "v".repeat(513);
+        let table: &[(&[&str], &[&str])] = &[
+            // node-redlock: KEYS, then value and lease.
+            (
+                &[
+                    "EVALSHA",
+                    "sha",
+                    "2",
+                    "lock:a",
+                    "lock:b",
+                    "0123456789abcdef",
+                    "1000",
+                ],
+                &["0123456789abcdef"],
+            ),
+            // Redisson: lease, then `uuid:thread`.
+            (
+                &[
+                    "EVAL",
+                    "body",
+                    "1",
+                    "lock:r",
+                    "30000",
+                    "8743c9c0-0795-4907:1",
+                ],
+                &["8743c9c0-0795-4907:1"],
+            ),
+            // A key is never a candidate, however long.
+            (&["EVAL", "body", "1", "lock:a-very-long-name"], &[]),
+            (
+                &[
+                    "EVAL", "body", "0", "12345678", &long, "a", "22222222", "33333333",
+                    "44444444", "55555555",
+                ],
+                &["12345678", "22222222", "33333333", "44444444"],
+            ),
+            (&["EVAL", "body", "x", "12345678"], &[]),
+            (&["EVAL"], &[]),
+        ];
+        for (args, want) in table {
+            let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
+            let got = candidates(&args);
+            let want: Vec<Bytes> = want
+                .iter()
+                .map(|w| Bytes::copy_from_slice(w.as_bytes()))
+                .collect();
+            assert_eq!(got, want, "{args:?}");
         }
     }
 }

@@ -83,11 +83,12 @@ impl LockService {
             // extension) ran: owner records follow what it did.
             if let LockPending::Script {
                 keys,
+                values,
                 db: crate::lock::Database::Zero,
             } = &pending
             {
                 if !super::forget::is_error(&frame) {
-                    self.reconcile(keys, conn);
+                    self.reconcile(keys, values, conn);
                 }
             }
             let acquirer = || -> Arc<dyn Acquirer> { self.clone() };
@@ -390,6 +391,7 @@ mod tests {
         let conn = Arc::new(Mutex::new(locks.conn_locks()));
         let pending = LockPending::Script {
             keys: vec![Bytes::from_static(b"lock:a")],
+            values: Vec::new(),
             db: crate::lock::Database::Zero,
         };
         let (reply, _) = outcome(&locks, pending, b"*2\r\n:1\r\n:5\r\n", &conn);

@@ -582,7 +582,9 @@ return 1
 /// step. KEYS: lock, owner record, queue, places. ARGV: the token this
 /// instance holds the key by and the value it acquired it with (`''`:
 /// not held through the connection that ran the script; only the first
-/// rule applies, and never replies `-3` or `-1`).
+/// and the adoption rule apply, and it never replies `-3` or `-1`); then,
+/// when not held, a new token and the values the script was given that
+/// may be a lock's.
 /// - The lock key is gone (the script released it): its owner record goes
 ///   too, and if there was one, the queue's head is woken, as a release
 ///   wakes it. Reply `-2`; `-3` when there was no record left (the holding
@@ -594,10 +596,17 @@ return 1
 ///   somebody before this step ran: it runs behind the client's script,
 ///   not with it). Nothing changes. Reply `-1`.
 /// - The lock key is there with a lease, the owner record holds the token
-///   and the key still the value it was acquired with (the same
-///   acquisition): the owner record's expiry becomes the key's, so the
+///   and the key still the value it was acquired with (a hash lock: still
+///   has that holder field; the same acquisition): the owner record's expiry becomes the key's, so the
 ///   record lasts exactly as long as the lease the script set. Reply `1`
 ///   when it moved.
+/// - Not held through the connection, the lock key has a lease and no
+///   owner record, and its value (a string) or one of its fields (a
+///   hash) is one the script was given (the script acquired it:
+///   node-redlock's multi-key acquisition, Redisson's hash lock with its
+///   holder field, any library's `SET … NX PX` inside a script): an
+///   owner record with the new token, lapsing with the key. Reply `{2, i,
+///   pttl}`, `i` the value's place among those given.
 /// - Otherwise nothing. Reply `0`.
 pub const RECONCILE: &str = concat!(
     r#"
@@ -615,13 +624,31 @@ if pttl == -2 then
   end
   return -2
 end
-if ARGV[1] == '' then return 0 end
+if ARGV[1] == '' then
+  if #ARGV < 4 or pttl < 0 or redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
+  local kind = redis.call('TYPE', KEYS[1]).ok
+  if kind ~= 'string' and kind ~= 'hash' then return 0 end
+  local value = kind == 'string' and redis.call('GET', KEYS[1])
+  for i = 4, #ARGV do
+    if ARGV[i] == value or (kind == 'hash' and redis.call('HEXISTS', KEYS[1], ARGV[i]) == 1) then
+      redis.call('SET', KEYS[2], ARGV[3], 'PX', pttl)
+      return {2, i - 3, pttl}
+    end
+  end
+  return 0
+end
 local owner = redis.call('GET', KEYS[2])
 if owner ~= ARGV[1] then
   if owner then return -1 end
   return 0
 end
-if pttl < 0 or redis.call('GET', KEYS[1]) ~= ARGV[2] then return 0 end
+if pttl < 0 then return 0 end
+local value = redis.pcall('GET', KEYS[1])
+if type(value) == 'table' then
+  if redis.call('HEXISTS', KEYS[1], ARGV[2]) == 0 then return 0 end
+elseif value ~= ARGV[2] then
+  return 0
+end
 if redis.call('PTTL', KEYS[2]) == pttl then return 0 end
 redis.call('PEXPIRE', KEYS[2], pttl)
 return 1

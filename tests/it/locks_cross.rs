@@ -4,7 +4,8 @@
 //! taken over alike, so they never hold the key together. A hash lock
 //! (Redisson's shape: `HINCRBY` of its holder field in a script) against
 //! a string lock clashes as on Redis: the same `WRONGTYPE` error, the same
-//! "not acquired".
+//! "not acquired". A hash lock taken by its script is held through
+//! lockgate (adopted once the script ran: `lock::reconcile`).
 
 use std::time::Duration;
 
@@ -65,5 +66,90 @@ async fn a_hash_lock_against_a_string_lock_clashes_as_on_redis() {
         assert_eq!(set, "$-1\r\n", "{side}");
         assert_eq!(c.call_s(&["TYPE", &hash]).await, "+hash\r\n", "{side}");
     }
+    lg.stop().await;
+}
+
+/// Redisson's unlock as its documentation describes it: one entry of the
+/// holder's count off, the lease renewed while entries remain, else the
+/// lock deleted and its channel told. KEYS: lock, channel; ARGV: the
+/// unlock message, lease ms, holder field.
+const HASH_UNLOCK: &str = "
+if (redis.call('hexists', KEYS[1], ARGV[3]) == 0) then return nil end
+local counter = redis.call('hincrby', KEYS[1], ARGV[3], -1)
+if (counter > 0) then redis.call('pexpire', KEYS[1], ARGV[2]) return 0 end
+redis.call('del', KEYS[1])
+redis.call('publish', KEYS[2], ARGV[1])
+return 1";
+
+/// A hash lock taken by its library's script (Redisson's shape: a holder
+/// field `uuid:thread` with its count) is held through lockgate: adopted
+/// with an owner record once its script ran, its holder named in
+/// `LOCKGATE LOCKS`, kept through a re-entry and a partial unlock, and
+/// over when the last unlock deletes it. A legacy `SETNX` meanwhile finds
+/// it taken, as on Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hash_lock_taken_by_its_script_is_held_through_lockgate() {
+    use support::ops::{base_config, call, Ops};
+    let redis = RedisServer::start();
+    let lg = Ops::start(base_config(&redis.addr())).await;
+    let (mut app, mut legacy, mut admin) =
+        (lg.client().await, lg.client().await, lg.client().await);
+    assert_eq!(
+        app.call_s(&["CLIENT", "SETNAME", "redisson-app"]).await,
+        "+OK\r\n"
+    );
+    let (key, channel) = ("lock:hash:held", "redisson_lock__channel:{lock:hash:held}");
+    let field = "8743c9c0-0795-4907-87fd-6c719a6b4586:1";
+    let adopted = || support::locks::m(&lg.ctx.locks.metrics.script_adoptions);
+    // Taken, then entered again.
+    for _ in 0..2 {
+        let reply = app
+            .call_s(&["EVAL", HASH_LOCK, "1", key, "30000", field])
+            .await;
+        assert_eq!(reply, "$-1\r\n");
+    }
+    crate::until!("the hash lock adopted", adopted() == 1);
+    let listed = call(&mut admin, &["LOCKGATE", "LOCKS", key]).await;
+    let row = listed
+        .items()
+        .iter()
+        .find(|r| r.field("key").text() == key)
+        .cloned();
+    let row = row.unwrap_or_else(|| panic!("no LOCKS row for {key}: {listed}"));
+    assert_eq!(row.field("holder").text(), "this instance", "{row}");
+    assert_eq!(row.field("client_name").text(), "redisson-app", "{row}");
+    assert!(
+        !row.to_string().contains(field),
+        "the holder field shown: {row}"
+    );
+    assert_eq!(legacy.call_s(&["SETNX", key, "legacy"]).await, ":0\r\n");
+    // One unlock of two entries keeps it; the second deletes it.
+    let unlock = ["EVAL", HASH_UNLOCK, "2", key, channel, "0", "30000", field];
+    let reconciles = || support::locks::m(&lg.ctx.locks.metrics.script_reconciles);
+    let before = reconciles();
+    assert_eq!(app.call_s(&unlock).await, ":0\r\n");
+    crate::until!("the partial unlock reconciled", reconciles() > before);
+    assert_eq!(
+        call(&mut admin, &["LOCKGATE", "LOCKS", key])
+            .await
+            .items()
+            .len(),
+        1
+    );
+    assert_eq!(app.call_s(&unlock).await, ":1\r\n");
+    crate::until!(
+        "the holding to end",
+        call(&mut admin, &["LOCKGATE", "LOCKS", "lock:hash:*"])
+            .await
+            .items()
+            .is_empty()
+    );
+    let owner = support::resp::direct(
+        &redis.addr(),
+        &["EXISTS", "lockgate:owner:{lock:hash:held}"],
+    )
+    .await;
+    assert_eq!(owner, ":0\r\n", "the owner record went with the key");
+    assert_eq!(adopted(), 1);
     lg.stop().await;
 }

@@ -50,3 +50,111 @@ async fn node_redlock_sees_through_lockgate_what_it_sees_on_redis() {
     }
     lg.stop().await;
 }
+
+/// A script of node-redlock's, as the installed package has it
+/// (`tests/js/node_modules/redlock`, `const NAME = \`…\`;`).
+fn redlock_script(name: &str) -> String {
+    let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/js/node_modules/redlock/dist/cjs/index.js");
+    let source = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e} (scripts/setup.sh installs tests/js)",
+            path.display()
+        )
+    });
+    let start = format!("const {name} = `");
+    let from = source
+        .find(&start)
+        .unwrap_or_else(|| panic!("no {name} in {}", path.display()))
+        + start.len();
+    let len = source[from..].find('`').expect("the script's end");
+    source[from..from + len].to_string()
+}
+
+/// node-redlock's acquisition is its own script (`SET key value PX ms` for
+/// each key): through lockgate the keys it took are adopted, given owner
+/// records and held by its connection, so `LOCKGATE LOCKS` names the holder,
+/// a `DEL` from a connection opened after it is refused as for any lock
+/// taken through lockgate, and the library's own release ends the holding. A key its
+/// script did not take (its value is not the script's) is not adopted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_redlocks_acquisition_is_held_through_lockgate() {
+    use support::ops::{base_config, call, Ops};
+    let (acquire, release) = (
+        redlock_script("ACQUIRE_SCRIPT"),
+        redlock_script("RELEASE_SCRIPT"),
+    );
+    let redis = RedisServer::start();
+    let lg = Ops::start(base_config(&redis.addr())).await;
+    let mut app = lg.client().await;
+    assert_eq!(
+        app.call_s(&["CLIENT", "SETNAME", "redlock-app"]).await,
+        "+OK\r\n"
+    );
+    let mut admin = lg.client().await;
+    let value = "0123456789abcdef0123456789abcdef";
+    let keys = ["lock:rl:h1", "lock:rl:h2"];
+    let reply = app
+        .call_s(&["EVAL", &acquire, "2", keys[0], keys[1], value, "20000"])
+        .await;
+    assert_eq!(reply, ":2\r\n");
+    let adopted = || support::locks::m(&lg.ctx.locks.metrics.script_adoptions);
+    crate::until!("both keys adopted", adopted() == 2);
+    for key in keys {
+        let rows = call(&mut admin, &["LOCKGATE", "LOCKS", key]).await;
+        let row = rows
+            .items()
+            .iter()
+            .find(|r| r.field("key").text() == key)
+            .cloned();
+        let row = row.unwrap_or_else(|| panic!("no LOCKS row for {key}: {rows}"));
+        assert_eq!(row.field("holder").text(), "this instance", "{row}");
+        assert_eq!(row.field("client_name").text(), "redlock-app", "{row}");
+        assert_eq!(row.field("acquisition").text().len(), 16, "{row}");
+        assert!(!row.to_string().contains(value), "the value shown: {row}");
+        let left = row.field("lease_left_ms").int();
+        assert!(left > 0 && left <= 20_000, "{row}");
+    }
+    // A connection opened after the acquisition may not release it (as
+    // for any lock taken through lockgate); the holder's library releases.
+    let mut late = lg.client().await;
+    assert_eq!(late.call_s(&["DEL", keys[0]]).await, ":0\r\n");
+    let released = app
+        .call_s(&["EVAL", &release, "2", keys[0], keys[1], value])
+        .await;
+    assert_eq!(released, ":2\r\n");
+    crate::until!(
+        "the holdings to end",
+        call(&mut admin, &["LOCKGATE", "LOCKS", "lock:rl:*"])
+            .await
+            .items()
+            .is_empty()
+    );
+    let owner =
+        support::resp::direct(&redis.addr(), &["EXISTS", "lockgate:owner:{lock:rl:h1}"]).await;
+    assert_eq!(owner, ":0\r\n", "the owner record went with the key");
+    // A key set with another value, then touched by the script (which
+    // finds it taken), is not the script's.
+    support::resp::direct(
+        &redis.addr(),
+        &["SET", "lock:rl:h3", "someone-elses-value", "PX", "20000"],
+    )
+    .await;
+    let reply = app
+        .call_s(&["EVAL", &acquire, "1", "lock:rl:h3", value, "20000"])
+        .await;
+    assert_eq!(reply, ":0\r\n");
+    let reconciles = || support::locks::m(&lg.ctx.locks.metrics.script_reconciles);
+    let before = reconciles();
+    assert_eq!(
+        app.call_s(&["EVAL", &release, "1", "lock:rl:h3", value])
+            .await,
+        ":0\r\n"
+    );
+    crate::until!("the release reconciled", reconciles() > before);
+    assert_eq!(adopted(), 2);
+    let owner =
+        support::resp::direct(&redis.addr(), &["EXISTS", "lockgate:owner:{lock:rl:h3}"]).await;
+    assert_eq!(owner, ":0\r\n");
+    lg.stop().await;
+}

@@ -350,7 +350,9 @@ impl Carrier {
                 if let Some(keys) = script_keys(ctx, kind, args, expect) {
                     self.queued_frees(keys.iter());
                     let db = crate::lock::Database::of(self.view.db);
-                    self.record_freeing(LockPending::Script { keys, db }, None, true, out);
+                    let values = crate::lock::reconcile::candidates(&args.all());
+                    let pending = LockPending::Script { keys, values, db };
+                    self.record_freeing(pending, None, true, out);
                     return;
                 }
                 // A transaction whose commands may free lock keys: its
@@ -360,6 +362,7 @@ impl Carrier {
                         TxFrees::Nothing => None,
                         TxFrees::Keys(keys) => Some(LockPending::Script {
                             keys,
+                            values: Vec::new(),
                             db: crate::lock::Database::of(self.view.db),
                         }),
                         TxFrees::Many => Some(LockPending::Forget(crate::lock::Forget::Database)),
