@@ -189,7 +189,7 @@ fn help() -> LocalReply {
         "LOCKS [<pattern> [<count>]]",
         "    Who holds each held or contended lock key, the most contended first (default 100): key, acquisition, holder, client_addr, client_name, held_ms, lease_left_ms, waiters, oldest_wait_ms.",
         "WAITERS <key>",
-        "    The attempts parked here on a key, in hand-on order: position, client_addr, client_name, waited_ms.",
+        "    The attempts parked here on a key, in hand-on order, then the connections blocked on its lock library's signal list: position, client_addr, client_name, waited_ms, waits.",
         "RELEASE <key> <acquisition>",
         "    Free a stuck lock, only if that acquisition (as LOCKS shows it) still holds it.",
         "MASTERS",

@@ -135,25 +135,36 @@ pub fn lock_row(r: LockRow) -> LocalReply {
 /// `WAITERS key`: the attempts parked on this instance for `key`, in the
 /// order the lock will be handed on, a record each: `position` (1 first),
 /// `client_addr`, `client_name`, `waited_ms` (since its connection first
-/// tried).
+/// tried), `waits` (`parked`); then the connections blocked on the key's
+/// lock-library signal list (python-redis-lock's `BLPOP`, see
+/// `lock::wake`), the longest waiting first, `position` null (the library
+/// decides who goes next) and `waits` `BLPOP <list>`.
 pub fn waiters(ctx: &ServerContext, key: &[u8]) -> LocalReply {
     if key.is_empty() {
         return LocalReply::err("lockgate: usage: LOCKGATE WAITERS key");
     }
-    let rows = ctx.locks.waiter_rows(key);
-    LocalReply::Array(
-        (rows.into_iter().enumerate())
-            .map(|(i, w)| {
-                let (addr, name) = client_fields(w.client.as_ref());
-                record(vec![
-                    ("position", int(i as u64 + 1)),
-                    ("client_addr", addr),
-                    ("client_name", name),
-                    ("waited_ms", int(w.waited_ms)),
-                ])
-            })
-            .collect(),
-    )
+    let parked = (ctx.locks.waiter_rows(key).into_iter().enumerate()).map(|(i, w)| {
+        let (addr, name) = client_fields(w.client.as_ref());
+        record(vec![
+            ("position", int(i as u64 + 1)),
+            ("client_addr", addr),
+            ("client_name", name),
+            ("waited_ms", int(w.waited_ms)),
+            ("waits", text("parked")),
+        ])
+    });
+    let blocked = ctx.locks.listener_rows(key).into_iter().map(|l| {
+        let (addr, name) = client_fields(Some(&l.client));
+        let waits = format!("BLPOP {}", String::from_utf8_lossy(&l.list));
+        record(vec![
+            ("position", LocalReply::Null),
+            ("client_addr", addr),
+            ("client_name", name),
+            ("waited_ms", int(l.waited_ms)),
+            ("waits", text(&waits)),
+        ])
+    });
+    LocalReply::Array(parked.chain(blocked).collect())
 }
 
 /// The primary's `maxmemory-policy` by name, as read from the primary in

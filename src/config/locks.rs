@@ -119,6 +119,10 @@ pub struct WakeConfig {
     /// `signal_expire` default): a push nobody took lapses, as the
     /// library's own does. At least 1.
     pub signal_expire_ms: u64,
+    /// Connections listed as blocked on one watched key's signal list
+    /// (`LOCKGATE WAITERS`); one more is not listed (counted in
+    /// `lock_wake_listeners_full`), though it is woken all the same.
+    pub max_listeners: usize,
 }
 
 impl Default for WakeConfig {
@@ -127,6 +131,7 @@ impl Default for WakeConfig {
             max_keys: 1_024,
             listen_max_ms: 300_000,
             signal_expire_ms: 1_000,
+            max_listeners: 64,
         }
     }
 }

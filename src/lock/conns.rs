@@ -94,6 +94,18 @@ impl Conns {
         self.map.get(&id).map(|e| e.client.clone())
     }
 
+    /// Who `id` is and when it first tried for `key` in its current run
+    /// of attempts, while its session lives and it has not tried for the
+    /// key since `since` nor holds it: it still waits as it did then.
+    pub fn listening(&self, id: ConnId, key: &[u8], since: Instant) -> Option<(Client, Instant)> {
+        let e = self.map.get(&id)?;
+        let locks = e.locks.upgrade()?;
+        let locks = sync::lock(&locks);
+        let a = locks.get(key)?;
+        (a.last_try <= since && a.standing != Standing::Held)
+            .then(|| (e.client.clone(), a.first_try))
+    }
+
     /// Connections registered now.
     pub fn len(&self) -> usize {
         self.map.len()

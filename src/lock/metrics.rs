@@ -194,6 +194,11 @@ counters! {
         /// `locks.wake.max_keys` were watched already.
         wake_keys_full: Counter "lock_wake_keys_full",
             "Lock keys not watched for library waiters: locks.wake.max_keys were already";
+        /// Connections not listed as waiting on a watched key because
+        /// `locks.wake.max_listeners` were already (they are woken all the
+        /// same).
+        wake_listeners_full: Counter "lock_wake_listeners_full",
+            "Connections blocked on a watched key's signal list not listed in LOCKGATE WAITERS: locks.wake.max_listeners were already";
     }
     other {
         /// Seconds from a connection's first attempt on a lock to acquiring it.

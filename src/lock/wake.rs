@@ -46,7 +46,9 @@ use bytes::Bytes;
 use dashmap::DashMap;
 use tokio_util::sync::CancellationToken;
 
+use super::conns::Client;
 use super::keys::KeyHasher;
+use super::lease::ConnId;
 use super::quorum::integer;
 use super::LockService;
 use crate::config::WakeConfig;
@@ -65,6 +67,17 @@ enum Target {
     Channel(Bytes),
 }
 
+/// A connection seen blocking on a watched key's list.
+#[derive(Debug, Clone)]
+struct Listener {
+    /// The connection.
+    conn: ConnId,
+    /// When it blocked.
+    since: Instant,
+    /// Its wait's end (its timeout, or `listen_max_ms`).
+    until: Instant,
+}
+
 /// One watched lock key.
 #[derive(Debug, Clone)]
 struct Watch {
@@ -80,6 +93,21 @@ struct Watch {
     /// only when it is still free a probe later: the library's own
     /// message, when it came, had them take it by then).
     free: bool,
+    /// The connections seen blocking on its list, at most
+    /// `locks.wake.max_listeners` (for `LOCKGATE WAITERS`).
+    listeners: Vec<Listener>,
+}
+
+/// A connection blocked on a watched key's signal list, as
+/// `LOCKGATE WAITERS` lists it.
+#[derive(Debug, Clone)]
+pub struct ListenerRow {
+    /// The connection.
+    pub client: Client,
+    /// The list it blocks on.
+    pub list: Bytes,
+    /// Since its connection first tried for the key, ms.
+    pub waited_ms: u64,
 }
 
 /// The keys watched for waiters (see the module doc).
@@ -177,7 +205,11 @@ impl LockService {
             return;
         };
         let window = Duration::from_millis(self.rules().spin_window_ms());
-        let Some(key) = crate::sync::lock(conn).last_lost(window) else {
+        let (key, id) = {
+            let c = crate::sync::lock(conn);
+            (c.last_lost(window), c.id)
+        };
+        let Some(key) = key else {
             return;
         };
         let most = Duration::from_millis(watched.config.listen_max_ms);
@@ -186,7 +218,61 @@ impl LockService {
             true => most,
             false => asked.min(most),
         };
-        self.watch(key, Target::List(Bytes::copy_from_slice(list)), listen);
+        self.watch(
+            key.clone(),
+            Target::List(Bytes::copy_from_slice(list)),
+            listen,
+        );
+        self.listener(&key, id, listen);
+    }
+
+    /// The connection `id` blocks on `key`'s list for `listen`: listed by
+    /// `LOCKGATE WAITERS` until then, until it tries for the key again or
+    /// closes ([`LockService::listener_rows`]).
+    fn listener(&self, key: &Bytes, id: ConnId, listen: Duration) {
+        let Some(mut w) = self.wake.table.get_mut(key) else {
+            return;
+        };
+        let now = Instant::now();
+        let listener = Listener {
+            conn: id,
+            since: now,
+            until: now + listen,
+        };
+        w.listeners.retain(|l| l.until > now);
+        if let Some(l) = w.listeners.iter_mut().find(|l| l.conn == id) {
+            *l = listener;
+        } else if w.listeners.len() < self.wake.config.max_listeners {
+            w.listeners.push(listener);
+        } else {
+            ProxyMetrics::inc(&self.metrics.wake_listeners_full);
+        }
+    }
+
+    /// The connections blocked on `key`'s signal list now, the longest
+    /// waiting first: seen blocking on it, their wait not over, open, and
+    /// not trying for the key since (a woken waiter tries at once).
+    pub fn listener_rows(&self, key: &[u8]) -> Vec<ListenerRow> {
+        let Some(w) = self.wake.table.get(key).map(|w| w.value().clone()) else {
+            return Vec::new();
+        };
+        let Target::List(list) = &w.target else {
+            return Vec::new();
+        };
+        let now = Instant::now();
+        let mut rows: Vec<ListenerRow> = (w.listeners.iter())
+            .filter(|l| l.until > now)
+            .filter_map(|l| {
+                let (client, first_try) = self.conns.listening(l.conn, key, l.since)?;
+                Some(ListenerRow {
+                    client,
+                    list: list.clone(),
+                    waited_ms: now.saturating_duration_since(first_try).as_millis() as u64,
+                })
+            })
+            .collect();
+        rows.sort_by(|a, b| b.waited_ms.cmp(&a.waited_ms));
+        rows
     }
 
     /// A connection subscribed to `channels`: one named as Redisson names
@@ -217,9 +303,11 @@ impl LockService {
             until: Instant::now() + listen,
             pushed: false,
             free: false,
+            listeners: Vec::new(),
         };
         if let Some(mut w) = watched.table.get_mut(&key) {
-            *w = watch;
+            let listeners = std::mem::take(&mut w.listeners);
+            *w = Watch { listeners, ..watch };
             return;
         }
         if watched.table.len() >= watched.config.max_keys {

@@ -145,3 +145,52 @@ async fn a_redisson_waiter_whose_unlock_message_was_lost_is_woken() {
     );
     lg.stop().await;
 }
+
+/// A connection blocked on a lock's signal list after losing it is listed
+/// by `LOCKGATE WAITERS` (`waits` `BLPOP <list>`, no position: its library
+/// decides), with its name and wait, until it tries for the key again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_blocked_on_the_signal_list_is_listed_until_it_tries_again() {
+    use support::ops::{base_config, call, Ops};
+    let redis = RedisServer::start();
+    let lg = Ops::start(base_config(&redis.addr())).await;
+    let (mut holder, mut waiter, mut admin) =
+        (lg.client().await, lg.client().await, lg.client().await);
+    assert_eq!(
+        waiter.call_s(&["CLIENT", "SETNAME", "waiter-1"]).await,
+        "+OK\r\n"
+    );
+    let (key, list) = ("lock:listed", "lock-signal:listed");
+    assert_eq!(
+        holder.call_s(&["SET", key, "h", "NX", "EX", "30"]).await,
+        "+OK\r\n"
+    );
+    assert_eq!(
+        waiter.call_s(&["SET", key, "w", "NX", "EX", "30"]).await,
+        "$-1\r\n"
+    );
+    waiter.send(&support::cmd(&["BLPOP", list, "0"])).await;
+    let listed = || async {
+        let mut admin = lg.client().await;
+        call(&mut admin, &["LOCKGATE", "WAITERS", key]).await
+    };
+    crate::until!("the waiter listed", !listed().await.items().is_empty());
+    let rows = call(&mut admin, &["LOCKGATE", "WAITERS", key]).await;
+    let row = rows.items()[0].clone();
+    assert_eq!(row.field("client_name").text(), "waiter-1", "{rows}");
+    assert_eq!(row.field("waits").text(), format!("BLPOP {list}"), "{rows}");
+    assert!(row.field("waited_ms").int() >= 0, "{rows}");
+    assert_eq!(row.field("position").to_string(), "nil", "{rows}");
+    // The holder releases as the library does (delete, then push): the
+    // waiter wakes and tries again, and is no longer listed.
+    assert_eq!(holder.call_s(&["DEL", key]).await, ":1\r\n");
+    assert_eq!(holder.call_s(&["LPUSH", list, "1"]).await, ":1\r\n");
+    let woken = waiter.read_s().await;
+    assert!(woken.contains(list), "{woken:?}");
+    assert_eq!(
+        waiter.call_s(&["SET", key, "w", "NX", "EX", "30"]).await,
+        "+OK\r\n"
+    );
+    assert!(listed().await.items().is_empty());
+    lg.stop().await;
+}
