@@ -271,7 +271,7 @@ impl LockService {
                 })
             })
             .collect();
-        rows.sort_by(|a, b| b.waited_ms.cmp(&a.waited_ms));
+        rows.sort_by_key(|r| std::cmp::Reverse(r.waited_ms));
         rows
     }
 
