@@ -61,7 +61,9 @@ pub(crate) enum Reconciled {
     /// call named is over.
     Gone,
     /// The key is held by another acquisition: the holding the call named
-    /// is over (the key was acquired again before the call ran).
+    /// is over (the key was acquired again before the call ran, or, a
+    /// shared hash lock, its holder field left while others hold it; its
+    /// owner record then went).
     Superseded,
     /// The owner record's expiry moved to the key's lease.
     Extended,

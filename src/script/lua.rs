@@ -595,6 +595,11 @@ return 1
 ///   holding by the token is over (released, then acquired again by
 ///   somebody before this step ran: it runs behind the client's script,
 ///   not with it). Nothing changes. Reply `-1`.
+/// - The lock key is a hash, its owner record holds the token, and the
+///   holder field it was adopted with is gone (a shared hash lock, such as
+///   Redisson's read lock, left by this holder while others still hold
+///   it): the holding is over and the owner record goes (the next
+///   holder's own script is adopted then). Reply `-1`.
 /// - The lock key is there with a lease, the owner record holds the token
 ///   and the key still the value it was acquired with (a hash lock: still
 ///   has that holder field; the same acquisition): the owner record's expiry becomes the key's, so the
@@ -645,7 +650,10 @@ end
 if pttl < 0 then return 0 end
 local value = redis.pcall('GET', KEYS[1])
 if type(value) == 'table' then
-  if redis.call('HEXISTS', KEYS[1], ARGV[2]) == 0 then return 0 end
+  if redis.call('HEXISTS', KEYS[1], ARGV[2]) == 0 then
+    redis.call('DEL', KEYS[2])
+    return -1
+  end
 elseif value ~= ARGV[2] then
   return 0
 end

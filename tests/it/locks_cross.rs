@@ -153,3 +153,91 @@ async fn a_hash_lock_taken_by_its_script_is_held_through_lockgate() {
     assert_eq!(adopted(), 1);
     lg.stop().await;
 }
+
+/// A shared hash lock (Redisson's read lock's shape: a `mode` field and a
+/// field per holder with its count): the first holder's script is
+/// adopted; when it leaves while another still holds the key, its holding
+/// ends and its owner record goes, and the remaining holder's next script
+/// is adopted for it; the last one leaving deletes the key and ends its
+/// holding.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_hash_lock_passes_from_holder_to_holder() {
+    use support::ops::{base_config, call, Ops};
+    const READ_LOCK: &str = "
+local mode = redis.call('hget', KEYS[1], 'mode')
+if mode == false or mode == 'read' then
+  redis.call('hset', KEYS[1], 'mode', 'read')
+  redis.call('hincrby', KEYS[1], ARGV[2], 1)
+  redis.call('pexpire', KEYS[1], ARGV[1])
+  return nil
+end
+return redis.call('pttl', KEYS[1])";
+    const READ_UNLOCK: &str = "
+if redis.call('hexists', KEYS[1], ARGV[1]) == 0 then return nil end
+if redis.call('hincrby', KEYS[1], ARGV[1], -1) == 0 then redis.call('hdel', KEYS[1], ARGV[1]) end
+if redis.call('hlen', KEYS[1]) == 1 then redis.call('del', KEYS[1]) return 1 end
+return 0";
+    let redis = RedisServer::start();
+    let lg = Ops::start(base_config(&redis.addr())).await;
+    let (mut a, mut b, mut admin) = (lg.client().await, lg.client().await, lg.client().await);
+    assert_eq!(
+        a.call_s(&["CLIENT", "SETNAME", "reader-a"]).await,
+        "+OK\r\n"
+    );
+    assert_eq!(
+        b.call_s(&["CLIENT", "SETNAME", "reader-b"]).await,
+        "+OK\r\n"
+    );
+    let key = "lock:shared:rw";
+    let (fa, fb) = ("11111111-aaaa:1", "22222222-bbbb:1");
+    let metric = |c: &std::sync::atomic::AtomicU64| support::locks::m(c);
+    let m = &lg.ctx.locks.metrics;
+    let lock = |field: &'static str| ["EVAL", READ_LOCK, "1", key, "30000", field];
+    let unlock = |field: &'static str| ["EVAL", READ_UNLOCK, "1", key, field];
+    assert_eq!(a.call_s(&lock(fa)).await, "$-1\r\n");
+    crate::until!("reader a adopted", metric(&m.script_adoptions) == 1);
+    let before = metric(&m.script_reconciles);
+    assert_eq!(b.call_s(&lock(fb)).await, "$-1\r\n");
+    crate::until!(
+        "reader b's lock reconciled",
+        metric(&m.script_reconciles) > before
+    );
+    assert_eq!(
+        metric(&m.script_adoptions),
+        1,
+        "b shares a's key, held by a's record"
+    );
+    assert_eq!(holder(&mut admin, key).await.as_deref(), Some("reader-a"));
+    // a leaves; b still holds the key.
+    assert_eq!(a.call_s(&unlock(fa)).await, ":0\r\n");
+    crate::until!(
+        "a's holding to end",
+        holder(&mut admin, key).await.as_deref() != Some("reader-a")
+    );
+    let owner = support::resp::direct(
+        &redis.addr(),
+        &["EXISTS", "lockgate:owner:{lock:shared:rw}"],
+    )
+    .await;
+    assert_eq!(owner, ":0\r\n", "a's owner record went with its holding");
+    // b enters again: adopted for b now.
+    assert_eq!(b.call_s(&lock(fb)).await, "$-1\r\n");
+    crate::until!("reader b adopted", metric(&m.script_adoptions) == 2);
+    assert_eq!(holder(&mut admin, key).await.as_deref(), Some("reader-b"));
+    assert_eq!(b.call_s(&unlock(fb)).await, ":0\r\n");
+    assert_eq!(b.call_s(&unlock(fb)).await, ":1\r\n");
+    crate::until!(
+        "b's holding to end",
+        holder(&mut admin, key).await.is_none()
+    );
+    lg.stop().await;
+}
+
+/// The client name of the connection `LOCKGATE LOCKS` names holding `key`
+/// (`None`: no row).
+async fn holder(admin: &mut RawClient, key: &str) -> Option<String> {
+    let rows = support::ops::call(admin, &["LOCKGATE", "LOCKS", key]).await;
+    rows.items()
+        .first()
+        .map(|r| r.field("client_name").text().to_string())
+}
