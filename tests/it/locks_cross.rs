@@ -162,7 +162,7 @@ async fn a_hash_lock_taken_by_its_script_is_held_through_lockgate() {
 /// holding.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shared_hash_lock_passes_from_holder_to_holder() {
-    use support::ops::{base_config, call, Ops};
+    use support::ops::{base_config, Ops};
     const READ_LOCK: &str = "
 local mode = redis.call('hget', KEYS[1], 'mode')
 if mode == false or mode == 'read' then
