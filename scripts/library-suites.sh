@@ -77,10 +77,12 @@ SITE_REQUIREMENTS=(process-tests==3.0.0 gevent==26.9.0 eventlet==0.41.3 pytest-x
 EXCEPTIONS=()
 # python-redis-lock's extend refuses a lock without a TTL (NotExpirable);
 # through lockgate no lock lives without a lease (locks.default_lease_ms).
-for d in True-decode_responses=True True-decode_responses=False \
-	False-decode_responses=True False-decode_responses=False; do
-	EXCEPTIONS+=("tests.test_redis_lock::test_extend_lock_without_expire_fail[decode_responses=$d]|DID NOT RAISE.*NotExpirable|a lock never lives without a lease (default_lease_ms), so the library's extend finds a TTL")
-done
+if [[ " ${SUITES[*]} " == *" python-redis-lock "* ]]; then
+	for d in True-decode_responses=True True-decode_responses=False \
+		False-decode_responses=True False-decode_responses=False; do
+		EXCEPTIONS+=("tests.test_redis_lock::test_extend_lock_without_expire_fail[decode_responses=$d]|DID NOT RAISE.*NotExpirable|a lock never lives without a lease (default_lease_ms), so the library's extend finds a TTL")
+	done
+fi
 
 cd "$LOCKGATE_ROOT"
 SUITE_DIR="$LOCKGATE_ROOT/target/library-suites"
@@ -139,68 +141,11 @@ done
 ensure_site
 [ "$FETCH_ONLY" -eq 1 ] && exit 0
 
-if [ -z "${LOCKGATE_BIN:-}" ]; then
-	ensure_cargo
-	log "cargo build --release"
-	cargo build --release -q || die "cargo build --release failed"
-	LOCKGATE_BIN="$(cargo_target_dir)/release/lockgate"
-fi
-[ -x "$LOCKGATE_BIN" ] || die "lockgate binary not found at $LOCKGATE_BIN"
-export LOCKGATE_BIN
+ensure_lockgate_bin
 
 # --- processes ----------------------------------------------------------------
 
-WORKDIR="$(mktemp -d "${TMPDIR:-/tmp}/lockgate-library-suites.XXXXXX")"
-PIDS=()
-
-# shellcheck disable=SC2317  # invoked by the EXIT trap
-cleanup() {
-	local rc=$?
-	trap - EXIT INT TERM HUP
-	stop_all
-	if [ "$rc" -ne 0 ] && [ -d "$WORKDIR" ]; then
-		log "logs kept in $WORKDIR"
-	else
-		rm -rf "$WORKDIR"
-	fi
-	exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-trap 'exit 129' HUP
-
-# configs SUITE KEYS — $WORKDIR/SUITE-lockgate.toml and -lockgate-1m.toml.
-configs() {
-	printf '[locks]\nkeys = [%s]\n' "$2" >"$WORKDIR/$1-lockgate.toml"
-	cat "$WORKDIR/$1-lockgate.toml" - >"$WORKDIR/$1-lockgate-1m.toml" <<-'EOF'
-		[locks.retry]
-		probe_interval_ms = 60000
-	EOF
-}
-
-# start_servers SUITE TARGET — a fresh redis-server, and lockgate in front of
-# it unless TARGET=direct; sets PORT to where the tests connect.
-start_servers() {
-	local dir="$WORKDIR/$1-$2" rport pport pid
-	mkdir -p "$dir"
-	rport="$(pick_free_port)"
-	redis-server --bind 127.0.0.1 --port "$rport" --save '' --appendonly no \
-		--dir "$dir" --logfile "$dir/redis.log" --daemonize no </dev/null &
-	pid=$!
-	PIDS+=("$pid")
-	wait_ping "$rport" "$pid" redis-server
-	PORT="$rport"
-	[ "$2" = direct ] && return 0
-	pport="$(pick_free_port)"
-	"$LOCKGATE_BIN" --config "$WORKDIR/$1-$2.toml" --listen "127.0.0.1:$pport" \
-		--upstream "127.0.0.1:$rport" --admin-listen "" \
-		</dev/null >"$dir/lockgate.log" 2>&1 &
-	pid=$!
-	PIDS+=("$pid")
-	wait_ping "$pport" "$pid" "lockgate ($2)"
-	PORT="$pport"
-}
+scratch_dir library-suites
 
 # pytest_run SUITE TARGET DIR ARGS... — pytest in DIR with ARGS, its JUnit
 # report in $WORKDIR/SUITE-TARGET.xml (pytest's exit status is not the
@@ -222,7 +167,7 @@ TARGETS=(direct lockgate lockgate-1m)
 
 run_python_redis_lock() {
 	local target dir
-	configs python-redis-lock '"lock:*"'
+	lock_configs python-redis-lock- '"lock:*"'
 	for target in "${TARGETS[@]}"; do
 		dir="$WORKDIR/python-redis-lock-$target/suite"
 		mkdir -p "$dir"
@@ -242,13 +187,17 @@ run_python_redis_lock() {
 
 run_pottery() {
 	local target dir
-	configs pottery '"redlock:*"'
+	lock_configs pottery- '"redlock:*"'
 	for target in "${TARGETS[@]}"; do
 		dir="$WORKDIR/pottery-$target/suite"
 		mkdir -p "$dir"
 		cp -r "${SOURCES[pottery]}/tests" "$dir/"
 		cp tests/suites/pottery_conftest.py "$dir/tests/conftest.py"
-		start_servers pottery "$target"
+		if [ "$target" = direct ]; then
+			start_behind "$WORKDIR/pottery-$target"
+		else
+			start_behind "$WORKDIR/pottery-$target" "$WORKDIR/pottery-$target.toml"
+		fi
 		SUITE_REDIS_URL="redis://127.0.0.1:$PORT/0" \
 			pytest_run pottery "$target" "$dir" -o asyncio_mode=auto \
 			tests/test_redlock.py tests/test_aioredlock.py

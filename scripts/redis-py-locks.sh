@@ -125,68 +125,21 @@ fetch_tests() {
 fetch_tests
 [ "$FETCH_ONLY" -eq 1 ] && exit 0
 
-if [ -z "${LOCKGATE_BIN:-}" ]; then
-	ensure_cargo
-	log "cargo build --release"
-	cargo build --release -q || die "cargo build --release failed"
-	LOCKGATE_BIN="$(cargo_target_dir)/release/lockgate"
-fi
-[ -x "$LOCKGATE_BIN" ] || die "lockgate binary not found at $LOCKGATE_BIN"
+ensure_lockgate_bin
 
 # --- processes ----------------------------------------------------------------
 
-WORKDIR="$(mktemp -d "${TMPDIR:-/tmp}/lockgate-redis-py.XXXXXX")"
-PIDS=()
-
-# shellcheck disable=SC2317  # invoked by the EXIT trap
-cleanup() {
-	local rc=$?
-	trap - EXIT INT TERM HUP
-	stop_all
-	if [ "$rc" -ne 0 ] && [ -d "$WORKDIR" ]; then
-		log "logs kept in $WORKDIR"
-	else
-		rm -rf "$WORKDIR"
-	fi
-	exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-trap 'exit 129' HUP
-
+scratch_dir redis-py
 # The tests' lock key; everything else is lockgate's default.
-cat >"$WORKDIR/lockgate.toml" <<'EOF'
-[locks]
-keys = ["foo"]
-EOF
-cat "$WORKDIR/lockgate.toml" - >"$WORKDIR/lockgate-1m.toml" <<'EOF'
-[locks.retry]
-probe_interval_ms = 60000
-EOF
+lock_configs "" '"foo"'
 
 # start_target NAME — a fresh redis-server, and lockgate with
 # $WORKDIR/NAME.toml in front of it unless NAME=direct; sets PORT to where
 # the tests connect.
 start_target() {
-	local name="$1" dir="$WORKDIR/$1" rport pport pid
-	mkdir -p "$dir"
-	rport="$(pick_free_port)"
-	redis-server --bind 127.0.0.1 --port "$rport" --save '' --appendonly no \
-		--dir "$dir" --logfile "$dir/redis.log" --daemonize no </dev/null &
-	pid=$!
-	PIDS+=("$pid")
-	wait_ping "$rport" "$pid" redis-server
-	PORT="$rport"
-	[ "$name" = direct ] && return 0
-	pport="$(pick_free_port)"
-	"$LOCKGATE_BIN" --config "$WORKDIR/$name.toml" --listen "127.0.0.1:$pport" \
-		--upstream "127.0.0.1:$rport" --admin-listen "" \
-		</dev/null >"$dir/lockgate.log" 2>&1 &
-	pid=$!
-	PIDS+=("$pid")
-	wait_ping "$pport" "$pid" "$name"
-	PORT="$pport"
+	local config="$WORKDIR/$1.toml"
+	[ "$1" != direct ] || config=""
+	start_behind "$WORKDIR/$1" "$config"
 }
 
 # run_tests TARGET PROTOCOL — the tests against $PORT; the JUnit report in

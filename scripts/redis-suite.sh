@@ -246,31 +246,18 @@ LOCKGATE_BIN="$(cargo_target_dir)/release/lockgate"
 
 # --- processes ----------------------------------------------------------------
 
-WORKDIR="$(mktemp -d "${TMPDIR:-/tmp}/lockgate-suite.XXXXXX")"
-PIDS=()
+scratch_dir suite
 
 RUNTEST_PID=""
-# shellcheck disable=SC2317  # invoked by the EXIT trap
-cleanup() {
-	local rc=$?
-	trap - EXIT INT TERM HUP
+# Called on exit (scratch_dir), before the processes are stopped.
+# shellcheck disable=SC2317
+before_exit() {
 	if [ -n "$RUNTEST_PID" ]; then
 		# runtest's test client runs in the same process group.
 		kill -TERM -- "-$RUNTEST_PID" 2>/dev/null || true
 		wait "$RUNTEST_PID" 2>/dev/null || true
 	fi
-	stop_all
-	if [ "$rc" -ne 0 ] && [ -d "$WORKDIR" ]; then
-		log "logs kept in $WORKDIR"
-	else
-		rm -rf "$WORKDIR"
-	fi
-	exit "$rc"
 }
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-trap 'exit 129' HUP
 
 rcli() { redis-cli -h 127.0.0.1 "$@" </dev/null 2>&1; }
 
