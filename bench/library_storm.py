@@ -43,6 +43,8 @@ def main():
     ap.add_argument("--secs", type=float, default=3.0)
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
+    # lockgate runs in a scratch directory: a relative path is this one's.
+    args.lockgate = os.path.abspath(args.lockgate)
     tmp = tempfile.mkdtemp(prefix="lockgate-library-storm.")
     procs = gate.Procs(tmp)
     try:
