@@ -265,14 +265,8 @@ rcli() { redis-cli -h 127.0.0.1 "$@" </dev/null 2>&1; }
 # it; sets PORT to where the suite connects.
 start_target() {
 	local name="$1" dir="$WORKDIR/$1" rport pport pid
-	mkdir -p "$dir"
-	rport="$(pick_free_port)"
-	redis-server --bind 127.0.0.1 --port "$rport" --save '' --appendonly no \
-		--dir "$dir" --logfile "$dir/redis.log" --daemonize no </dev/null &
-	pid=$!
-	PIDS+=("$pid")
-	wait_ping "$rport" "$pid" redis-server
-	PORT="$rport"
+	start_behind "$dir"
+	rport="$PORT"
 	case "$name" in
 	direct) return 0 ;;
 	haproxy)
