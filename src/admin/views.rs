@@ -143,26 +143,21 @@ pub fn waiters(ctx: &ServerContext, key: &[u8]) -> LocalReply {
     if key.is_empty() {
         return LocalReply::err("lockgate: usage: LOCKGATE WAITERS key");
     }
-    let parked = (ctx.locks.waiter_rows(key).into_iter().enumerate()).map(|(i, w)| {
-        let (addr, name) = client_fields(w.client.as_ref());
+    let row = |position: LocalReply, client: Option<&Client>, waited_ms: u64, waits: &str| {
+        let (addr, name) = client_fields(client);
         record(vec![
-            ("position", int(i as u64 + 1)),
+            ("position", position),
             ("client_addr", addr),
             ("client_name", name),
-            ("waited_ms", int(w.waited_ms)),
-            ("waits", text("parked")),
+            ("waited_ms", int(waited_ms)),
+            ("waits", text(waits)),
         ])
-    });
+    };
+    let parked = (ctx.locks.waiter_rows(key).into_iter().enumerate())
+        .map(|(i, w)| row(int(i as u64 + 1), w.client.as_ref(), w.waited_ms, "parked"));
     let blocked = ctx.locks.listener_rows(key).into_iter().map(|l| {
-        let (addr, name) = client_fields(Some(&l.client));
         let waits = format!("BLPOP {}", String::from_utf8_lossy(&l.list));
-        record(vec![
-            ("position", LocalReply::Null),
-            ("client_addr", addr),
-            ("client_name", name),
-            ("waited_ms", int(l.waited_ms)),
-            ("waits", text(&waits)),
-        ])
+        row(LocalReply::Null, Some(&l.client), l.waited_ms, &waits)
     });
     LocalReply::Array(parked.chain(blocked).collect())
 }

@@ -176,8 +176,8 @@ counters! {
         /// script gave their lock key (a lock library's extension).
         script_extensions: Counter "lock_script_extensions",
             "Owner records whose expiry followed the lease a client's own script (a lock library's extension) gave their lock key";
-        /// Lock keys a client's own script acquired (a string with a
-        /// lease, no owner record, a value the script was given), given an
+        /// Lock keys a client's own script acquired (a lease, no owner
+        /// record, a value or hash field the script was given), given an
         /// owner record and held by its connection (`LockService::reconcile`).
         script_adoptions: Counter "lock_script_adoptions",
             "Lock keys a client's own script acquired (node-redlock's multi-key acquisition), given an owner record and held by its connection";

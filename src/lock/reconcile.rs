@@ -23,13 +23,14 @@
 //! and its hold is counted (`lock_hold_seconds`, the hot keys' own).
 //!
 //! A script may also acquire (node-redlock's multi-key acquisition: `SET
-//! key value PX ms` for each of its keys, inside its script): a lock key
-//! found after it as a string with a lease, no owner record and a value
-//! the script was given among its arguments ([`candidates`]) was taken by
-//! it. The key gets an owner record with a token of this instance's, and
-//! the connection holds the key by it: it is listed in `LOCKGATE LOCKS`,
-//! its owner check guards it (another connection's `DEL` is refused as for
-//! any lock taken through lockgate), and its library's own release and
+//! key value PX ms` for each of its keys, inside its script; Redisson's
+//! hash lock: a holder field): a lock key found after it with a lease, no
+//! owner record and a value (a hash: a field) the script was given among
+//! its arguments ([`candidates`]) was taken by it. The key gets an owner
+//! record with a token of this instance's, and the connection holds the
+//! key by it: it is listed in `LOCKGATE LOCKS`, its owner check guards it
+//! (a `DEL` from a connection opened after it is refused, as for any lock
+//! taken through lockgate), and its library's own release and
 //! extension scripts are followed from then on (`lock_script_adoptions`).
 //! Only values of 8 to 512 bytes count, so a short value that happens to
 //! equal an argument (`1`, a lease in ms) is not taken for a token.
@@ -85,14 +86,16 @@ impl Reconciled {
             b":-1\r\n" => Some(Reconciled::Superseded),
             b":1\r\n" => Some(Reconciled::Extended),
             b":0\r\n" => Some(Reconciled::Unchanged),
-            _ => {
-                let rest = frame.strip_prefix(b"*3\r\n:2\r\n:")?;
-                let (place, rest) = split_integer(rest)?;
-                let rest = rest.strip_prefix(b":")?;
-                let (pttl, rest) = split_integer(rest)?;
-                let place = usize::try_from(place).ok()?.checked_sub(1)?;
-                (rest.is_empty() && pttl >= 0).then_some(Reconciled::Adopted(place, pttl as u64))
+            _ if frame.starts_with(b"*3\r\n") && frame.ends_with(b"\r\n") => {
+                match super::fence::integers(frame)[..] {
+                    [2, place, pttl] => Some(Reconciled::Adopted(
+                        usize::try_from(place).ok()?.checked_sub(1)?,
+                        u64::try_from(pttl).ok()?,
+                    )),
+                    _ => None,
+                }
             }
+            _ => None,
         }
     }
 
@@ -103,13 +106,6 @@ impl Reconciled {
             Reconciled::Released | Reconciled::Gone | Reconciled::Superseded
         )
     }
-}
-
-/// An integer line `123\r\n` at the start of `bytes`, and what follows.
-fn split_integer(bytes: &[u8]) -> Option<(i64, &[u8])> {
-    let end = memchr::memmem::find(bytes, b"\r\n")?;
-    let n = std::str::from_utf8(&bytes[..end]).ok()?.parse().ok()?;
-    Some((n, &bytes[end + 2..]))
 }
 
 /// Most of a script's arguments offered as the value it may have
