@@ -34,6 +34,12 @@
 #
 # LOCKGATE_BIN=PATH runs that lockgate binary instead of building one.
 #
+# A test that passes directly and fails through a lockgate is run there
+# again, alone, 3 times: the suites have tests on timing (sleeps against
+# leases, 6 workers on 2 shared cores) that fail now and then either way, and
+# one such failure once cost a CI run. It counts as passed only if every
+# rerun passes; the verdict names it ("failed once, passed 3 reruns").
+#
 # Exit status: 0 when every test that passes directly also passes through
 # both lockgates, apart from the exceptions named below (each must fail with
 # the message named, a deliberate difference of docs/behaviour.md); 1
@@ -44,7 +50,7 @@ LOG_TAG=library-suites
 # shellcheck source=scripts/common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-usage() { sed -n '2,39s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"; }
+usage() { sed -n '2,45s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"; }
 
 SUITES=(python-redis-lock pottery)
 FETCH_ONLY=0
@@ -147,69 +153,90 @@ ensure_lockgate_bin
 
 scratch_dir library-suites
 
-# pytest_run SUITE TARGET DIR ARGS... — pytest in DIR with ARGS, its JUnit
-# report in $WORKDIR/SUITE-TARGET.xml (pytest's exit status is not the
-# verdict); at most 10 minutes.
+# pytest_run REPORT DIR ARGS... — pytest in DIR with ARGS, its JUnit report
+# in $WORKDIR/REPORT.xml (pytest's exit status is not the verdict); at most
+# 10 minutes.
 pytest_run() {
-	local suite="$1" target="$2" dir="$3" t0=$SECONDS
-	shift 3
+	local report="$1" dir="$2" t0=$SECONDS
+	shift 2
 	(
 		cd "$dir"
 		exec timeout -k 5 600 python3 -m pytest -q -p no:cacheprovider -W ignore \
-			--junitxml="$WORKDIR/$suite-$target.xml" "$@"
-	) </dev/null >"$WORKDIR/$suite-$target.log" 2>&1 || true
-	[ -f "$WORKDIR/$suite-$target.xml" ] ||
-		die "pytest wrote no report for $suite ($target): see $WORKDIR/$suite-$target.log"
-	log "[$suite, $target] $(tail -n 1 "$WORKDIR/$suite-$target.log") ($((SECONDS - t0))s)"
+			--junitxml="$WORKDIR/$report.xml" "$@"
+	) </dev/null >"$WORKDIR/$report.log" 2>&1 || true
+	[ -f "$WORKDIR/$report.xml" ] || die "pytest wrote no report $report: see $WORKDIR/$report.log"
+	log "[$report] $(tail -n 1 "$WORKDIR/$report.log") ($((SECONDS - t0))s)"
 }
 
 TARGETS=(direct lockgate lockgate-1m)
 
+# run_python_redis_lock TARGET REPORT [NODE_ID...] — its suite (or only the
+# tests NODE_ID...) against TARGET, the report $WORKDIR/REPORT.xml.
 run_python_redis_lock() {
-	local target dir
-	lock_configs python-redis-lock- '"lock:*"'
-	for target in "${TARGETS[@]}"; do
-		dir="$WORKDIR/python-redis-lock-$target/suite"
+	local target="$1" report="$2" dir="$WORKDIR/python-redis-lock-$1/suite"
+	shift 2
+	if [ ! -d "$dir" ]; then
 		mkdir -p "$dir"
 		cp -r "${SOURCES[python-redis-lock]}/tests" "${SOURCES[python-redis-lock]}/pytest.ini" "$dir/"
 		[ "$target" = direct ] || cp tests/suites/python_redis_lock_conftest.py "$dir/tests/conftest.py"
-		# -p no:asyncio, no:timeout: the suite's pytest.ini turns warnings
-		# into errors, and those plugins (installed for redis-py's suite) warn
-		# at start-up about settings this suite does not make.
-		PYTHONPATH="$SITE" LOCKGATE_CONFIG="$WORKDIR/python-redis-lock-$target.toml" \
-			pytest_run python-redis-lock "$target" "$dir" -p no:asyncio -p no:timeout -n 6 \
-			--deselect tests/test_redis_lock.py::test_strict_check \
-			--deselect tests/test_redis_lock.py::test_borken_expires \
-			--deselect tests/test_redis_lock.py::test_expire_int_conversion \
-			tests/test_redis_lock.py
-	done
+	fi
+	[ $# -gt 0 ] || set -- tests/test_redis_lock.py
+	# -p no:asyncio, no:timeout: the suite's pytest.ini turns warnings
+	# into errors, and those plugins (installed for redis-py's suite) warn
+	# at start-up about settings this suite does not make.
+	PYTHONPATH="$SITE" LOCKGATE_CONFIG="$WORKDIR/python-redis-lock-$target.toml" \
+		pytest_run "$report" "$dir" -p no:asyncio -p no:timeout -n 6 \
+		--deselect tests/test_redis_lock.py::test_strict_check \
+		--deselect tests/test_redis_lock.py::test_borken_expires \
+		--deselect tests/test_redis_lock.py::test_expire_int_conversion \
+		"$@"
 }
 
+# run_pottery TARGET REPORT [NODE_ID...] — as run_python_redis_lock.
 run_pottery() {
-	local target dir
-	lock_configs pottery- '"redlock:*"'
-	for target in "${TARGETS[@]}"; do
-		dir="$WORKDIR/pottery-$target/suite"
+	local target="$1" report="$2" dir="$WORKDIR/pottery-$1/suite"
+	shift 2
+	if [ ! -d "$dir" ]; then
 		mkdir -p "$dir"
 		cp -r "${SOURCES[pottery]}/tests" "$dir/"
 		cp tests/suites/pottery_conftest.py "$dir/tests/conftest.py"
-		if [ "$target" = direct ]; then
-			start_behind "$WORKDIR/pottery-$target"
-		else
-			start_behind "$WORKDIR/pottery-$target" "$WORKDIR/pottery-$target.toml"
-		fi
-		SUITE_REDIS_URL="redis://127.0.0.1:$PORT/0" \
-			pytest_run pottery "$target" "$dir" -o asyncio_mode=auto \
-			tests/test_redlock.py tests/test_aioredlock.py
-		stop_all
-	done
+	fi
+	[ $# -gt 0 ] || set -- tests/test_redlock.py tests/test_aioredlock.py
+	if [ "$target" = direct ]; then
+		start_behind "$WORKDIR/pottery-$target"
+	else
+		start_behind "$WORKDIR/pottery-$target" "$WORKDIR/pottery-$target.toml"
+	fi
+	SUITE_REDIS_URL="redis://127.0.0.1:$PORT/0" \
+		pytest_run "$report" "$dir" -o asyncio_mode=auto "$@"
+	stop_all
 }
+
+lock_configs python-redis-lock- '"lock:*"'
+lock_configs pottery- '"redlock:*"'
+
+# A test lost through a lockgate is run again there, alone, this many
+# times; it counts as passed only if every rerun passes (junit_verdict.py).
+RERUNS=3
 
 RUNS=()
 for suite in "${SUITES[@]}"; do
-	"run_${suite//-/_}"
+	for target in "${TARGETS[@]}"; do
+		"run_${suite//-/_}" "$target" "$suite-$target"
+	done
 	for target in "${TARGETS[@]:1}"; do
-		RUNS+=("$suite, $target" "$WORKDIR/$suite-direct.xml" "$WORKDIR/$suite-$target.xml")
+		reports="$WORKDIR/$suite-$target.xml"
+		mapfile -t lost < <(python3 "$LOCKGATE_ROOT/scripts/junit_verdict.py" --lost \
+			<(printf '%s\n' "${EXCEPTIONS[@]}") "$WORKDIR/$suite-$target/suite" \
+			"$WORKDIR/$suite-direct.xml" "$WORKDIR/$suite-$target.xml")
+		if [ "${#lost[@]}" -gt 0 ]; then
+			log "[$suite, $target] lost ${#lost[@]}, each run again $RERUNS times: ${lost[*]}"
+			for k in $(seq 1 "$RERUNS"); do
+				"run_${suite//-/_}" "$target" "$suite-$target.rerun$k" "${lost[@]}"
+				reports+=",$WORKDIR/$suite-$target.rerun$k.xml"
+			done
+		fi
+		RUNS+=("$suite, $target" "$WORKDIR/$suite-direct.xml" "$reports")
 	done
 done
 
