@@ -1,7 +1,9 @@
 //! The router: a pure function from a parsed command and the session's view
 //! of its connection to a [`Route`]. It decides, it does nothing; the session
 //! carries the decision out. Commands on lock keys become lock operations
-//! for [`crate::lock`]; everything else is forwarded untouched.
+//! for [`crate::lock`]; everything else is forwarded untouched. A lock
+//! library's release script is a lock operation too ([`library`]); with
+//! the lock quorum some routes differ (`quorum`).
 
 use crate::command::{CommandKind, ReplyMode, SubKind};
 use crate::config::AdminConfig;
@@ -12,6 +14,7 @@ use crate::lock::Forget;
 use crate::lock::LockService;
 use crate::protocol::request::RequestParser;
 
+pub(crate) mod library;
 mod quorum;
 use quorum::quorum_route;
 
@@ -519,8 +522,15 @@ fn route_on(
         // name (python-redis-lock's `reset_all` deletes every `lock:*`):
         // the whole view is dropped once it ran. With the quorum, lock keys
         // live on the masters, which a client's script never reaches.
-        CommandKind::Eval if !quorum && locks.script_lists_keys(args.get(0), key) => {
-            Route::ForwardForget(Forget::Database, Expect::One)
+        CommandKind::Eval if !quorum => {
+            // A lock library's release script, carried out as a release.
+            if let Some(op) = library::release(args, locks) {
+                return Route::Lock(op);
+            }
+            match locks.script_lists_keys(args.get(0), key) {
+                true => Route::ForwardForget(Forget::Database, Expect::One),
+                false => Route::Forward(Expect::One),
+            }
         }
         CommandKind::SetNx if args.len() == 3 => {
             if lock_key() {
@@ -565,6 +575,7 @@ fn route_on(
                     .map(|k| bytes::Bytes::copy_from_slice(k))
                     .collect(),
                 unlink: kind == CommandKind::Unlink,
+                by_value: None,
             })
         }
         _ => Route::Forward(Expect::One),
@@ -787,6 +798,7 @@ mod tests {
                 lock_keys,
                 plain,
                 unlink: false,
+                by_value: None,
             }) => {
                 assert_eq!((lock_keys.len(), plain.len()), (1, 1))
             }

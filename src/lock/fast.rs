@@ -110,6 +110,9 @@ pub(crate) enum Before {
     Release {
         /// The connection's acquisition token.
         token: Bytes,
+        /// A release by value (a library's release script): the key's
+        /// value must be this too.
+        value: Option<Bytes>,
     },
     /// A relative extension (`EXPIRE`/`PEXPIRE k n`) by the holder.
     Extend {
@@ -153,11 +156,15 @@ impl LockService {
                 }
             }
             LockOp::Release {
-                lock_keys, plain, ..
-            } if !any && lock_keys.len() == 1 && plain.is_empty() => {
+                lock_keys,
+                plain,
+                by_value,
+                ..
+            } if (!any || by_value.is_some()) && lock_keys.len() == 1 && plain.is_empty() => {
                 let key = &lock_keys[0];
                 let (token, alt) = holding(conn, key, true)?;
-                alt.is_empty().then_some(Before::Release { token })
+                let value = by_value.clone();
+                alt.is_empty().then_some(Before::Release { token, value })
             }
             LockOp::Extend { key, command, args } if !any && args.len() == 1 => {
                 let unit: i64 = match *command {
@@ -195,13 +202,16 @@ impl LockService {
                 LockOp::Release {
                     lock_keys, unlink, ..
                 },
-                Before::Release { token },
+                Before::Release { token, value },
                 LockPending::Release { handoff: None, .. },
             ) => {
                 let key = &lock_keys[0];
                 let verb: &[u8] = if *unlink { b"UNLINK" } else { b"DEL" };
                 let keys: [&[u8]; 4] = [key, &owner_key(key), &queue_key(key), &places_key(key)];
-                let call = Call::new(Script::ReleaseFast, &keys, &[&token, verb]);
+                let call = match value {
+                    Some(value) => Call::new(Script::ReleaseFast, &keys, &[&token, verb, &value]),
+                    None => Call::new(Script::ReleaseFast, &keys, &[&token, verb]),
+                };
                 (call, Fast::Release)
             }
             (

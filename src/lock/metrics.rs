@@ -181,6 +181,12 @@ counters! {
         /// owner record and held by its connection (`LockService::reconcile`).
         script_adoptions: Counter "lock_script_adoptions",
             "Lock keys a client's own script acquired (node-redlock's multi-key acquisition), given an owner record and held by its connection";
+        /// A lock library's release script carried out by lockgate as a
+        /// release by value (`crate::router::library`): one call instead
+        /// of the script and a reconciliation, and a handoff to a parked
+        /// attempt in the same step.
+        library_releases: Counter "lock_library_releases",
+            "Lock libraries' release scripts (redis-py, pottery, node-redlock) carried out by lockgate as a release by value";
         /// Reconciliations after a client's script that failed (the store
         /// did not answer in time, or refused): the owner record keeps
         /// its own expiry.

@@ -57,6 +57,13 @@ pub enum LockOp {
         plain: Vec<Bytes>,
         /// `UNLINK` rather than `DEL`.
         unlink: bool,
+        /// A release by value, not by owner: a lock library's own release
+        /// script that lockgate carries out itself (one lock key, no plain
+        /// keys; see [`crate::router::library`]). The key is deleted, or
+        /// handed to a parked attempt, only while it still holds this
+        /// value, whoever's connection asks, as the library's script
+        /// would; the reply is the script's (1 released, 0 not).
+        by_value: Option<Bytes>,
     },
     /// `EXPIRE`/`PEXPIRE`/`EXPIREAT`/`PEXPIREAT k …`: owner-checked, the lock
     /// and owner record move together.

@@ -234,13 +234,30 @@ impl LockService {
                 lock_keys,
                 plain,
                 unlink,
+                by_value,
             } => {
                 let n = lock_keys.len().to_string();
                 let owners: Vec<Bytes> = lock_keys.iter().map(|k| owner_key(k)).collect();
                 let queues: Vec<Bytes> = lock_keys.iter().map(|k| queue_key(k)).collect();
                 let places: Vec<Bytes> = lock_keys.iter().map(|k| places_key(k)).collect();
-                let tokens: Vec<Bytes> = lock_keys.iter().map(|k| conn.release_token(k)).collect();
-                let alts: Vec<Bytes> = lock_keys.iter().map(|k| conn.attempt_tokens(k).1).collect();
+                // By value (a library's release script), the scripts check
+                // the key's value against the library's, not the owner
+                // record against this connection's token.
+                if by_value.is_some() {
+                    ProxyMetrics::inc(&self.metrics.library_releases);
+                }
+                let (ownership, tokens, alts): (&[u8], Vec<Bytes>, Vec<Bytes>) = match &by_value {
+                    Some(value) => (
+                        b"value",
+                        lock_keys.iter().map(|_| value.clone()).collect(),
+                        lock_keys.iter().map(|_| Bytes::new()).collect(),
+                    ),
+                    None => (
+                        ownership,
+                        lock_keys.iter().map(|k| conn.release_token(k)).collect(),
+                        lock_keys.iter().map(|k| conn.attempt_tokens(k).1).collect(),
+                    ),
+                };
                 let mut keys: Vec<&[u8]> = Vec::new();
                 for (((k, o), q), p) in lock_keys.iter().zip(&owners).zip(&queues).zip(&places) {
                     keys.push(k);

@@ -610,6 +610,7 @@ impl LockService {
                     lock_keys: keys,
                     plain: Vec::new(),
                     unlink: split.name == "UNLINK",
+                    by_value: None,
                 };
                 self.run(op, conn).await
             }

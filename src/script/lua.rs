@@ -339,7 +339,11 @@ pub const HANDOFF_BEHIND_FACT: usize = 7;
 /// it is: one message per release, however many instances wait. Inside
 /// `MULTI` (info `"0"`) too: this instance sees no facts there, and if its
 /// own attempts wait first in the queue the wake-up is how it learns.
-/// ARGV: info, n, command (`DEL`/`UNLINK`), ownership (`instance`/`any`),
+/// ARGV: info, n, command (`DEL`/`UNLINK`), ownership (`instance`/`any`,
+/// or `value`: a lock library's release script carried out here, which
+/// releases a key whose value is its token, its owner record unread, and
+/// fails with `WRONGTYPE` on a key that is not a string, as the library's
+/// script does),
 /// instance prefix (`id:`), the connection's birth (see `allows`), then n
 /// tokens (`''` = this connection never acquired that key), then n lists of
 /// unsettled attempts (`''`: none). A key with no owner record (set directly on Redis) is
@@ -356,15 +360,21 @@ pub const RELEASE: &str = concat!(
     r#"
 local n = tonumber(ARGV[2])
 local cmd, any, prefix, born = ARGV[3], ARGV[4] == 'any', ARGV[5], ARGV[6]
+local by_value = ARGV[4] == 'value'
 local total, released, denied, lapsed, stale, freed = 0, 0, 0, 0, 0, 0
 local seen = {}
 for i = 1, n do
   local key, rec, qk, sk = KEYS[4 * i - 3], KEYS[4 * i - 2], KEYS[4 * i - 1], KEYS[4 * i]
   local tok, alt = ARGV[6 + i], ARGV[6 + n + i]
-  if seen[key] then tok = '' end
+  if seen[key] and not by_value then tok = '' end
   seen[key] = true
   local owner = redis.call('GET', rec)
-  local allowed, lapse, young = allows(owner, tok, alt, prefix, any, born)
+  local allowed, lapse, young = false, 0, 0
+  if by_value then
+    allowed = redis.call('GET', key) == tok
+  else
+    allowed, lapse, young = allows(owner, tok, alt, prefix, any, born)
+  end
   lapsed = lapsed + lapse
   stale = stale + young
   if allowed then
@@ -411,7 +421,12 @@ pub const RELEASE_HANDOFF: &str = concat!(
     r#"
 local key, rec, qk, sk = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local owner = redis.call('GET', rec)
-local allowed, lapsed, stale = allows(owner, ARGV[5], ARGV[9], ARGV[4], ARGV[3] == 'any', ARGV[10])
+local allowed, lapsed, stale = false, 0, 0
+if ARGV[3] == 'value' then
+  allowed = redis.call('GET', key) == ARGV[5]
+else
+  allowed, lapsed, stale = allows(owner, ARGV[5], ARGV[9], ARGV[4], ARGV[3] == 'any', ARGV[10])
+end
 local d, handed, yielded, behind = 0, 0, 0, 0
 if allowed then
   local bound = tonumber(ARGV[11]) or 0
@@ -667,15 +682,25 @@ return 1
 /// token, no attempt unsettled, see `LockService::fast_path`): [`RELEASE`]'s
 /// check and delete, with the queue's functions defined only when a queue
 /// is there to wake (defining them costs every call). KEYS: lock, owner
-/// record, queue, places. ARGV: token, `DEL` or `UNLINK`. Reply: the
-/// number deleted, as the client's command (`0` when the owner record
-/// was gone: deleted behind lockgate's back); `-1` not this token's (the
-/// lease lapsed: the client's `0`); `{deleted, lapsed places dropped}`
-/// after a wake-up that dropped lapsed places.
+/// record, queue, places. ARGV: token, `DEL` or `UNLINK`, and for a
+/// release by value (a lock library's release script) the value: then the
+/// key's value is what is checked, as the library's script checks it.
+/// Reply: the number deleted, as the client's command (`0` when the owner
+/// record was gone: deleted behind lockgate's back); `-1` not this token's
+/// (the lease lapsed: the client's `0`) or, by value, not that value;
+/// `{deleted, lapsed places dropped}` after a wake-up that dropped lapsed
+/// places.
 pub const RELEASE_FAST: &str = concat!(
     r#"
-if redis.call('GET', KEYS[2]) ~= ARGV[1] then return -1 end
-local d = redis.call(ARGV[2], KEYS[1], KEYS[2]) - 1
+local d
+if ARGV[3] then
+  if redis.call('GET', KEYS[1]) ~= ARGV[3] then return -1 end
+  redis.call(ARGV[2], KEYS[1], KEYS[2])
+  d = 1
+else
+  if redis.call('GET', KEYS[2]) ~= ARGV[1] then return -1 end
+  d = redis.call(ARGV[2], KEYS[1], KEYS[2]) - 1
+end
 if d > 0 and redis.call('EXISTS', KEYS[3]) == 1 then
 "#,
     queue!(),

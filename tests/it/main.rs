@@ -42,6 +42,7 @@ mod locks_cross;
 mod locks_extend;
 mod locks_fast;
 mod locks_library;
+mod locks_library_release;
 mod locks_library_storm;
 mod locks_native;
 mod locks_noscript;

@@ -2,7 +2,13 @@
 connection, take one lock in turn with a blocking acquire that polls every
 SLEEP seconds, hold it HOLD seconds, release it, for SECS seconds.
 
-Usage: redis_py_storm.py HOST PORT REDIS_HOST REDIS_PORT KEY THREADS SECS
+Usage: redis_py_storm.py HOST PORT REDIS_HOST REDIS_PORT KEY THREADS SECS [pool]
+
+With "pool" the threads share one client whose LIFO pool
+(`BlockingConnectionPool`, which hands out the connection returned last) has
+half as many connections as there are threads, so a release goes out on
+whichever connection the pool hands the holder, often not the one it
+acquired on.
 Prints one JSON line: acquisitions, and what Redis itself ran meanwhile
 (INFO read straight on Redis before and after): the commands it
 processed and the CPU seconds it used.
@@ -17,6 +23,7 @@ import redis
 
 host, port, rhost, rport, key = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5]
 threads, secs = int(sys.argv[6]), float(sys.argv[7])
+pooled = len(sys.argv) > 8 and sys.argv[8] == "pool"
 SLEEP, HOLD = 0.001, 0.005
 
 direct = redis.Redis(host=rhost, port=rport)
@@ -35,8 +42,12 @@ stop = time.monotonic() + secs
 start_line = threading.Barrier(threads + 1)
 
 
+shared = redis.Redis(connection_pool=redis.BlockingConnectionPool(
+    host=host, port=port, max_connections=max(2, threads // 2), timeout=20))
+
+
 def worker(i):
-    r = redis.Redis(host=host, port=port)
+    r = shared if pooled else redis.Redis(host=host, port=port)
     r.ping()
     start_line.wait()
     while time.monotonic() < stop:

@@ -124,8 +124,29 @@ impl Job {
         }
     }
 
+    /// A release by value (a lock library's release script, which
+    /// lockgate carries out itself only where scripts run: see
+    /// `crate::router::library`).
+    fn by_value(&self) -> bool {
+        match self.kind {
+            Script::Release => self.a(3) == b"value",
+            Script::ReleaseHandoff => self.a(2) == b"value",
+            Script::ReleaseFast => self.argv.len() > 2,
+            _ => false,
+        }
+    }
+
     /// What the script decides from `reads` (one reply per [`Job::reads`]).
     pub fn decide(&self, reads: &[Bytes]) -> Decision {
+        // Never planned on a server that refuses scripts: the library's
+        // own script could not have run there either. Said, should one
+        // come (the server turned scriptless since), rather than checked
+        // by the owner record instead of the value.
+        if self.by_value() {
+            return Decision::Answer(err(
+                "ERR lockgate: a lock library's release script cannot run on a server that refuses scripts",
+            ));
+        }
         // A read the script makes with `redis.call` fails the script.
         if let Some(e) = reads.iter().find(|r| is_err(r)) {
             if !(self.kind == Script::Acquire && self.a(5) == b"setget") {

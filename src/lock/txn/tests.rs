@@ -268,3 +268,32 @@ fn the_watchdog_renews_only_its_own_lock_and_never_shortens_it() {
         }
     );
 }
+
+#[test]
+fn a_release_by_value_is_refused_not_checked_by_the_owner_record() {
+    // A lock library's release script, carried out by lockgate only where
+    // scripts run: should a server have turned scriptless since, the
+    // transaction says so rather than check the owner record instead.
+    let lock = ["lock:a", "oa", "qa", "pa"];
+    let release = ["1", "1", "DEL", "value", "a:", "1", "tok", ""];
+    let handoff = [
+        "1", "DEL", "value", "a:", "tok", "v2", "a:2", "1000", "", "1", "0", "0",
+    ];
+    let jobs = [
+        job(Script::Release, &lock, &release),
+        job(Script::ReleaseHandoff, &lock, &handoff),
+        job(Script::ReleaseFast, &lock, &["a:1", "DEL", "tok"]),
+    ];
+    for j in jobs {
+        let Decision::Answer(reply) = j.decide(&[b("$3\r\na:1\r\n"), b("+string\r\n")]) else {
+            panic!("{:?} written", j.kind);
+        };
+        assert!(reply.starts_with(b"-ERR lockgate: a lock library's release script"));
+    }
+    // By owner, as before.
+    let j = job(Script::ReleaseFast, &lock, &["a:1", "DEL"]);
+    assert!(matches!(
+        j.decide(&[b("$3\r\na:1\r\n")]),
+        Decision::Write { .. }
+    ));
+}

@@ -1,0 +1,141 @@
+//! Lock libraries' release scripts carried out by lockgate itself
+//! (`router::library`): redis-py's `Lock`, pottery's `Redlock` and
+//! node-redlock release with a script of their own, "delete the key if its
+//! value is my token". Recognised by its exact body, it runs as one
+//! release by value: answered as the script answers, never reaching Redis
+//! as a script, and handing the lock to a parked attempt in the same step
+//! (`locks_library_storm.rs` counts that).
+
+use std::time::Duration;
+
+use crate::support;
+
+use support::locks::m;
+use support::{node, python, Lockgate, RawClient, RedisServer};
+
+/// The installed libraries' release scripts, exactly as they send them:
+/// (library, body, how many keys it takes in this test).
+async fn bodies() -> Vec<(String, String, usize)> {
+    let limit = Duration::from_secs(60);
+    let py = python("library_release_bodies.py", &[], limit).await;
+    let py: serde_json::Value = serde_json::from_str(py.trim()).expect("one JSON object");
+    let js = node("release_body.js", &[], limit).await;
+    let js: String = serde_json::from_str(js.trim()).expect("one JSON string");
+    let mut out = Vec::new();
+    for lib in ["redis-py", "pottery"] {
+        let body = py[lib].as_str().expect("a body").to_string();
+        out.push((lib.to_string(), body, 1));
+    }
+    out.push(("node-redlock".to_string(), js, 2));
+    out
+}
+
+fn sha1(body: &str) -> String {
+    sha1_smol::Sha1::from(body).digest().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_librarys_release_script_is_carried_out_by_lockgate() {
+    let redis = RedisServer::start();
+    let lg = Lockgate::start(&redis.addr()).await;
+    let mut c = RawClient::connect(lg.addr).await;
+    let mut direct = RawClient::connect(redis.addr().as_str()).await;
+    let mut carried = 0;
+    for (lib, body, n) in bodies().await {
+        let keys: Vec<String> = (0..n).map(|i| format!("lock:rel:{lib}:{i}")).collect();
+        for k in &keys {
+            let set = c.call_s(&["SET", k, "tok-1", "NX", "PX", "10000"]).await;
+            assert_eq!(set, "+OK\r\n", "{lib}");
+        }
+        let eval = |form: &'static str, token: &'static str| {
+            let script = match form {
+                "EVAL" => body.clone(),
+                _ => sha1(&body),
+            };
+            let mut args = vec![form.to_string(), script, n.to_string()];
+            args.extend(keys.iter().cloned());
+            args.push(token.to_string());
+            args
+        };
+        // Not the holder's token: nothing released, as the script says.
+        let wrong = eval("EVAL", "tok-2");
+        let wrong: Vec<&str> = wrong.iter().map(String::as_str).collect();
+        assert_eq!(c.call_s(&wrong).await, ":0\r\n", "{lib}");
+        assert_eq!(c.call_s(&["GET", &keys[0]]).await, "$5\r\ntok-1\r\n");
+        // The holder's, by EVALSHA of a script Redis never loaded: no
+        // NOSCRIPT, every key released with its owner record.
+        let right = eval("EVALSHA", "tok-1");
+        let right: Vec<&str> = right.iter().map(String::as_str).collect();
+        assert_eq!(c.call_s(&right).await, format!(":{n}\r\n"), "{lib}");
+        carried += 2;
+        for k in &keys {
+            let owner = format!("lockgate:owner:{{{k}}}");
+            let gone = direct.call_s(&["EXISTS", k, &owner]).await;
+            assert_eq!(gone, ":0\r\n", "{lib}: {k}");
+        }
+        // The script itself never reached Redis.
+        let loaded = direct.call_s(&["SCRIPT", "EXISTS", &sha1(&body)]).await;
+        assert_eq!(loaded, "*1\r\n:0\r\n", "{lib}");
+    }
+    assert_eq!(m(&lg.ctx.locks.metrics.library_releases), carried);
+    lg.stop().await;
+}
+
+/// One session's replies, errors by their first word (a script's error
+/// names the script that failed).
+async fn replies(addr: &str, body: &str, node_body: &str, side: &str) -> Vec<String> {
+    let mut a = RawClient::connect(addr).await;
+    let mut b = RawClient::connect(addr).await;
+    let (x, h) = (format!("lock:val:{side}:x"), format!("lock:val:{side}:h"));
+    let (p, q) = (format!("lock:val:{side}:p"), format!("lock:val:{side}:q"));
+    let mut out = Vec::new();
+    let calls: Vec<(bool, Vec<&str>)> = vec![
+        // Nothing held: nothing released.
+        (false, vec!["EVAL", body, "1", &x, "t1"]),
+        (false, vec!["SET", &x, "t1", "NX", "PX", "10000"]),
+        (false, vec!["EVAL", body, "1", &x, "t2"]),
+        (false, vec!["GET", &x]),
+        // Released by value from another connection (a pool's).
+        (true, vec!["EVAL", body, "1", &x, "t1"]),
+        (false, vec!["EXISTS", &x]),
+        (false, vec!["SET", &x, "t3", "NX", "PX", "10000"]),
+        (false, vec!["EVAL", body, "1", &x, "t3"]),
+        (false, vec!["EVAL", body, "1", &x, "t3"]),
+        // Not a string: the script's GET fails.
+        (false, vec!["HSET", &h, "f", "1"]),
+        (false, vec!["EVAL", body, "1", &h, "t1"]),
+        (false, vec!["TYPE", &h]),
+        // Several keys, one of them the token's.
+        (false, vec!["SET", &p, "t4", "NX", "PX", "10000"]),
+        (false, vec!["SET", &q, "other", "NX", "PX", "10000"]),
+        (false, vec!["EVAL", node_body, "2", &p, &q, "t4"]),
+        (false, vec!["EXISTS", &p, &q]),
+        (false, vec!["EVAL", node_body, "3", &p, &q, &p, "other"]),
+        (false, vec!["EXISTS", &q]),
+    ];
+    for (other, args) in calls {
+        let c = if other { &mut b } else { &mut a };
+        let reply = c.call_s(&args).await;
+        let reply = match reply.strip_prefix('-') {
+            Some(e) => format!("-{}", e.split(' ').next().unwrap_or("")),
+            None => reply,
+        };
+        out.push(format!("{} -> {reply:?}", args[0]));
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_by_value_answers_as_the_library_script_does() {
+    let redis = RedisServer::start();
+    let lg = Lockgate::start(&redis.addr()).await;
+    let all = bodies().await;
+    let (body, node_body) = (&all[0].1, &all[2].1);
+    let straight = replies(&redis.addr(), body, node_body, "direct").await;
+    let through = replies(&lg.addr.to_string(), body, node_body, "lg").await;
+    assert_eq!(through, straight);
+    // Each release was lockgate's own (the key that is not a string
+    // included: it failed as the script fails).
+    assert_eq!(m(&lg.ctx.locks.metrics.library_releases), 8);
+    lg.stop().await;
+}
