@@ -106,6 +106,34 @@ impl Conns {
             .then(|| (e.client.clone(), a.first_try))
     }
 
+    /// Ends the holdings of `key` acquired with `value` (before the token
+    /// numbered `upto`) on every connection: a lock library released it by
+    /// value on another connection (a pool's). Returns what each held. Each
+    /// connection's records are locked one at a time (none is held across
+    /// another); O(connections), so called only for a release by value
+    /// that its own connection did not hold.
+    pub fn end_by_value(
+        &self,
+        key: &[u8],
+        value: &[u8],
+        upto: u64,
+    ) -> Vec<super::lease::Acquisition> {
+        let mut out = Vec::new();
+        for e in self.map.iter() {
+            let Some(locks) = e.locks.upgrade() else {
+                continue;
+            };
+            let mut locks = sync::lock(&locks);
+            let held = locks
+                .get(key)
+                .is_some_and(|a| a.standing == Standing::Held && a.value == value);
+            if held {
+                out.extend(locks.released(key, upto));
+            }
+        }
+        out
+    }
+
     /// Connections registered now.
     pub fn len(&self) -> usize {
         self.map.len()

@@ -146,6 +146,10 @@ pub enum LockPending {
         upto: u64,
         /// Where it ran: the contention table learns only database 0.
         db: Database,
+        /// A release by value (a lock library's release script): the value.
+        /// Holdings of other connections acquired with it end with it
+        /// (see [`LockService::released_by_value`]).
+        by_value: Option<Bytes>,
     },
     /// An extension.
     Extend {

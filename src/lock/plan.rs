@@ -322,6 +322,7 @@ impl LockService {
                         handoff,
                         upto: self.tokens.issued(),
                         db: Database::Zero,
+                        by_value,
                     },
                 )
             }
@@ -439,6 +440,7 @@ impl LockService {
                 handoff,
                 upto,
                 db,
+                ..
             } => {
                 let (released, denied, lapsed) = (fact(facts, 0), fact(facts, 1), fact(facts, 2));
                 ProxyMetrics::add(&self.metrics.released, released);
@@ -528,6 +530,22 @@ impl LockService {
             LockPending::Forget(what) => self.forget(&what),
         }
         handed_over
+    }
+
+    /// A lock library's release by value of `keys` deleted them: the
+    /// holdings of this instance's connections acquired with `value`
+    /// (before the token numbered `upto`) end too, as the releasing
+    /// connection's would, wherever they are (a LIFO pool sends the
+    /// release on whichever connection it lends the holder). Left held,
+    /// `LOCKGATE LOCKS` would list the holding until the connection that
+    /// acquired closed or tried the key again, and that connection's polls
+    /// would be taken for a re-entrant holder's (never parked).
+    pub(crate) fn released_by_value(&self, keys: &[Bytes], value: &[u8], upto: u64) {
+        for key in keys {
+            for rec in self.conns.end_by_value(key, value, upto) {
+                self.held(key, &rec);
+            }
+        }
     }
 
     /// A holding of `key` ended by its release (lockgate's own, or a

@@ -9,12 +9,13 @@ use bytes::Bytes;
 use tokio::sync::oneshot;
 
 use super::evalsha::{self, Rerun};
-use super::lease::ConnLocks;
+use super::lease::{ConnLocks, Standing};
 use super::storm::Acquirer;
 use super::txn::refuses_scripts;
 use super::{split_reply, LockPending, LockService, Park};
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
+use crate::script;
 use crate::sync;
 
 /// What the client gets for a lock script's reply.
@@ -197,11 +198,18 @@ impl LockService {
             return ReplyOutcome::Reply(frame);
         }
         let park = failed_attempt(&pending, &facts);
+        let by_value = by_value_elsewhere(&pending, &facts, &sync::lock(conn));
         let handed = self.complete(pending, &facts, &mut sync::lock(conn));
         // The release gave the lock to a parked attempt of another
         // connection: settled with this one unlocked.
         if let Some(handed) = handed {
             self.finish_handoff(handed);
+        }
+        // A library's release sent on another connection than the one that
+        // acquired (a pool's): that one's holding ends too, with this one
+        // unlocked.
+        if let Some((keys, value, upto)) = by_value {
+            self.released_by_value(&keys, &value, upto);
         }
         match park.and_then(|(key, park)| self.park(key, park, conn, acquirer())) {
             Some(rx) => ReplyOutcome::Parked(rx),
@@ -273,6 +281,38 @@ fn general(pending: &LockPending, frame: &Bytes) -> (Bytes, Vec<i64>) {
             let (reply, facts) = split_reply(frame);
             (frame.slice_ref(reply), facts)
         }
+    }
+}
+
+/// The keys, value and token bound of a release by value that deleted
+/// something, when `conn` (the connection that sent it) did not hold each
+/// key with that value itself: another connection's holding ended
+/// ([`LockService::released_by_value`]).
+fn by_value_elsewhere(
+    pending: &LockPending,
+    facts: &[i64],
+    conn: &ConnLocks,
+) -> Option<(Vec<Bytes>, Bytes, u64)> {
+    match pending {
+        LockPending::Fast { then, .. } => by_value_elsewhere(then, facts, conn),
+        LockPending::Release {
+            keys,
+            upto,
+            by_value: Some(value),
+            ..
+        } => {
+            let deleted = facts.first().is_some_and(|&n| n > 0)
+                || facts
+                    .get(script::RELEASE_FREED_FACT)
+                    .is_some_and(|&n| n > 0)
+                || facts.get(3) == Some(&1);
+            let own = |k: &Bytes| {
+                conn.get(k)
+                    .is_some_and(|a| a.standing == Standing::Held && a.value == *value)
+            };
+            (deleted && !keys.iter().all(own)).then(|| (keys.clone(), value.clone(), *upto))
+        }
+        _ => None,
     }
 }
 

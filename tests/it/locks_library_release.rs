@@ -139,3 +139,34 @@ async fn a_release_by_value_answers_as_the_library_script_does() {
     assert_eq!(m(&lg.ctx.locks.metrics.library_releases), 8);
     lg.stop().await;
 }
+
+/// A LIFO pool sends the holder's release on whichever connection it lends
+/// it: released by value there, the holding ends on the connection that
+/// acquired too, and `LOCKGATE LOCKS` stops listing it at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_on_another_pool_connection_ends_the_holding_where_it_began() {
+    let redis = RedisServer::start();
+    let lg = Lockgate::start(&redis.addr()).await;
+    let body = bodies().await.remove(0).1;
+    let (mut a, mut b) = (
+        RawClient::connect(lg.addr).await,
+        RawClient::connect(lg.addr).await,
+    );
+    let mut admin = RawClient::connect(lg.addr).await;
+    let key = "lock:pool:held";
+    let set = a.call_s(&["SET", key, "tok-a", "NX", "PX", "10000"]).await;
+    assert_eq!(set, "+OK\r\n");
+    let listed = admin.call_s(&["LOCKGATE", "LOCKS", key]).await;
+    assert!(listed.contains(key), "held by a: {listed:?}");
+    assert_eq!(
+        b.call_s(&["EVAL", &body, "1", key, "tok-a"]).await,
+        ":1\r\n"
+    );
+    let listed = admin.call_s(&["LOCKGATE", "LOCKS", key]).await;
+    assert!(!listed.contains(key), "released: {listed:?}");
+    // The connection that acquired tries again: a newcomer's attempt on a
+    // free lock, acquired.
+    let again = a.call_s(&["SET", key, "tok-c", "NX", "PX", "10000"]).await;
+    assert_eq!(again, "+OK\r\n");
+    lg.stop().await;
+}
