@@ -1,17 +1,19 @@
 #!/usr/bin/env python3
 """A lock library's retry storm, straight on Redis and through lockgate,
 alternating in one run: redis-py's `Lock` polling every millisecond from
-T threads (one connection each) on one key, each holding it 5 ms. For
+T threads on one key, each holding it 5 ms, the threads on their own
+connections (`own`) or sharing a LIFO pool of T/2 (`pool`). For
 each side, Redis's own CPU seconds (INFO cpu, user + system) and the
 commands it processed (scripts' own calls included) per acquisition, and
 the ratio lockgate / direct; with the run's load average (2 shared cores:
 only ratios from one run count).
 
     python3 bench/library_storm.py --lockgate target/release/lockgate \
-        [--threads 8,32] [--secs 3] [--rounds 3]
+        [--threads 8,32] [--shapes own,pool] [--secs 3] [--rounds 3]
 """
 
 import argparse
+import itertools
 import json
 import os
 import shutil
@@ -26,10 +28,10 @@ STORM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", 
                      "redis_py_storm.py")
 
 
-def storm(port, redis_port, key, threads, secs):
+def storm(port, redis_port, key, threads, secs, shape):
     out = subprocess.run(
         [sys.executable, STORM, "127.0.0.1", str(port), "127.0.0.1", str(redis_port),
-         key, str(threads), str(secs)],
+         key, str(threads), str(secs), shape],
         check=True, capture_output=True, text=True, timeout=secs + 120).stdout
     v = json.loads(out)
     n = max(v["acquisitions"], 1)
@@ -40,6 +42,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lockgate", required=True)
     ap.add_argument("--threads", default="8,32")
+    ap.add_argument("--shapes", default="own")
     ap.add_argument("--secs", type=float, default=3.0)
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
@@ -50,16 +53,16 @@ def main():
     try:
         rport = gate.start_redis(procs, "redis")
         lg = gate.start_lockgate(procs, args, "lockgate", rport, callgrind=False)
-        print("| threads | round | acquisitions direct / lockgate | Redis CPU µs per acquisition direct / lockgate | ratio | commands per acquisition direct / lockgate | ratio |")
-        print("|--:|--:|--:|--:|--:|--:|--:|")
-        for t in [int(x) for x in args.threads.split(",")]:
-            for r in range(args.rounds):
-                key = f"lock:bench:storm:{t}:{r}"
-                da, dcpu, dcmd = storm(rport, rport, key, t, args.secs)
-                la, lcpu, lcmd = storm(lg.port, rport, key, t, args.secs)
-                print(f"| {t} | {r + 1} | {da} / {la} | {dcpu:.0f} / {lcpu:.0f} | "
-                      f"{lcpu / dcpu:.2f} | {dcmd:.1f} / {lcmd:.1f} | {lcmd / dcmd:.2f} |",
-                      flush=True)
+        print("| shape | threads | round | acquisitions direct / lockgate | Redis CPU µs per acquisition direct / lockgate | ratio | commands per acquisition direct / lockgate | ratio |")
+        print("|---|--:|--:|--:|--:|--:|--:|--:|")
+        threads = [int(x) for x in args.threads.split(",")]
+        for shape, t, r in itertools.product(args.shapes.split(","), threads, range(args.rounds)):
+            key = f"lock:bench:storm:{shape}:{t}:{r}"
+            da, dcpu, dcmd = storm(rport, rport, key, t, args.secs, shape)
+            la, lcpu, lcmd = storm(lg.port, rport, key, t, args.secs, shape)
+            print(f"| {shape} | {t} | {r + 1} | {da} / {la} | {dcpu:.0f} / {lcpu:.0f} | "
+                  f"{lcpu / dcpu:.2f} | {dcmd:.1f} / {lcmd:.1f} | {lcmd / dcmd:.2f} |",
+                  flush=True)
         print(f"(load average {os.getloadavg()[0]:.2f})")
     finally:
         procs.stop_all()

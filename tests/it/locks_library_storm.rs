@@ -79,10 +79,18 @@ async fn redis_py_lock_polls_are_absorbed_on_a_lifo_pool() {
     let lg = Lockgate::start(&redis.addr()).await;
     let (acquisitions, commands) = storm(&lg, &redis, "pool").await;
     let l = &lg.ctx.locks.metrics;
+    let per = |n: u64| n as f64 / acquisitions as f64;
     // The release goes out on whichever connection the pool lends: by
-    // value, it releases all the same.
+    // value, it releases all the same ...
     let released = m(&l.library_releases);
     assert!(released >= acquisitions, "{released} for {acquisitions}");
-    assert!(commands <= 12.0, "{commands} commands per acquisition");
+    // ... and hands the lock to a poll parked on another pooled
+    // connection: a connection parks again once the holding it carried
+    // ended, so the pool's connections, each the winner's in turn, keep
+    // parking (before: 3 handoffs in 193 acquisitions, 216-250
+    // acquisitions in 3 s against 570 straight on Redis).
+    let handed = m(&lg.ctx.locks.storm.metrics.handoffs);
+    assert!(per(handed) >= 0.5, "{handed} handoffs for {acquisitions}");
+    assert!(commands <= 9.0, "{commands} commands per acquisition");
     lg.stop().await;
 }
