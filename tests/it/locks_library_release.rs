@@ -170,3 +170,34 @@ async fn a_release_on_another_pool_connection_ends_the_holding_where_it_began() 
     assert_eq!(again, "+OK\r\n");
     lg.stop().await;
 }
+
+/// node-redlock's acquisition is its own script, adopted once it ran (see
+/// `locks_redlock.rs`); its release sent on another connection (a pool's,
+/// or another process of the same app) ends the adopted holding there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_adopted_holding_ends_when_the_library_releases_it_elsewhere() {
+    let redis = RedisServer::start();
+    let lg = Lockgate::start(&redis.addr()).await;
+    let release = bodies().await.remove(2).1;
+    // node-redlock's acquisition: `SET key value PX ms` for each key.
+    let acquire =
+        "for _, k in ipairs(KEYS) do redis.call('SET', k, ARGV[1], 'PX', ARGV[2]) end return #KEYS";
+    let (mut a, mut b) = (
+        RawClient::connect(lg.addr).await,
+        RawClient::connect(lg.addr).await,
+    );
+    let mut admin = RawClient::connect(lg.addr).await;
+    let key = "lock:pool:adopted";
+    let value = "0123456789abcdef0123456789abcdef";
+    let reply = a.call_s(&["EVAL", acquire, "1", key, value, "20000"]).await;
+    assert_eq!(reply, ":1\r\n");
+    let adopted = || m(&lg.ctx.locks.metrics.script_adoptions);
+    crate::until!("the key adopted", adopted() == 1);
+    let listed = admin.call_s(&["LOCKGATE", "LOCKS", key]).await;
+    assert!(listed.contains(key), "held by a: {listed:?}");
+    let reply = b.call_s(&["EVAL", &release, "1", key, value]).await;
+    assert_eq!(reply, ":1\r\n");
+    let listed = admin.call_s(&["LOCKGATE", "LOCKS", key]).await;
+    assert!(!listed.contains(key), "released: {listed:?}");
+    lg.stop().await;
+}

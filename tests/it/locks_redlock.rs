@@ -140,19 +140,23 @@ async fn node_redlocks_acquisition_is_held_through_lockgate() {
         &["SET", "lock:rl:h3", "someone-elses-value", "PX", "20000"],
     )
     .await;
+    let reconciles = || support::locks::m(&lg.ctx.locks.metrics.script_reconciles);
+    let before = reconciles();
     let reply = app
         .call_s(&["EVAL", &acquire, "1", "lock:rl:h3", value, "20000"])
         .await;
     assert_eq!(reply, ":0\r\n");
-    let reconciles = || support::locks::m(&lg.ctx.locks.metrics.script_reconciles);
-    let before = reconciles();
+    crate::until!("the acquisition reconciled", reconciles() > before);
+    assert_eq!(adopted(), 2);
+    // Its release, carried out by lockgate (by value), releases nothing.
+    let carried = || support::locks::m(&lg.ctx.locks.metrics.library_releases);
+    let before = carried();
     assert_eq!(
         app.call_s(&["EVAL", &release, "1", "lock:rl:h3", value])
             .await,
         ":0\r\n"
     );
-    crate::until!("the release reconciled", reconciles() > before);
-    assert_eq!(adopted(), 2);
+    assert_eq!(carried(), before + 1);
     let owner =
         support::resp::direct(&redis.addr(), &["EXISTS", "lockgate:owner:{lock:rl:h3}"]).await;
     assert_eq!(owner, ":0\r\n");
