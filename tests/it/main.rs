@@ -46,6 +46,7 @@ mod locks_library_release;
 mod locks_library_storm;
 mod locks_native;
 mod locks_noscript;
+mod locks_redisson;
 mod locks_redlock;
 mod locks_release;
 mod locks_scriptless;
