@@ -40,8 +40,10 @@ SKIP=(
 	# Owner records reconciled after a library's own script; libraries'
 	# locks (their releases and Redisson's acquisition are scripts).
 	locks_library::
+	locks_library_release::
 	locks_library_storm::
 	locks_cross::
+	locks_redisson::
 	locks_redlock::
 	locks_wake::
 	ops_keys::

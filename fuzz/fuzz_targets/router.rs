@@ -106,10 +106,22 @@ fn check(
                 assert_eq!(&k[..], key);
                 assert!(locks.is_lock_key(key));
             }
+            // A lock library's release script, carried out by value.
             LockOp::Release {
                 lock_keys,
                 plain,
                 unlink,
+                by_value: Some(_),
+            } => {
+                assert!(matches!(name, b"EVAL" | b"EVALSHA"));
+                assert!(!*unlink && plain.is_empty() && !lock_keys.is_empty());
+                assert!(lock_keys.iter().all(|k| locks.is_lock_key(k)));
+            }
+            LockOp::Release {
+                lock_keys,
+                plain,
+                unlink,
+                by_value: None,
             } => {
                 assert!(matches!(name, b"DEL" | b"UNLINK"));
                 assert_eq!(*unlink, name == b"UNLINK");

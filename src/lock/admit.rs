@@ -81,23 +81,23 @@ impl LockService {
         // connection: see `LockService::hurry`).
         let rules = self.rules();
         let (spinning, shared, conn_id) = {
-            let c = sync::lock(conn);
+            let mut c = sync::lock(conn);
             let now = std::time::Instant::now();
             let window = Duration::from_millis(rules.spin_window_ms());
             // An attempt on a key its own connection holds is another
             // caller's (a LIFO pool lends the winner's connection to the
             // next thread first) or a re-entrant one: either way that
-            // connection is not parked while it holds the key, else the
-            // next thread holds a pooled connection for park_ms while the
-            // holder may wait for one to release (tests/serial/
-            // shared_fairness.rs: a pool of 4 for 6 workers on one Redis, 7
-            // acquisitions in 6 s). Only while it holds: once its holding
-            // ended through lockgate it parks again, or a pool's every
-            // connection, each the winner's in turn, would stop parking
-            // (redis-py's `Lock` polling from 8 threads on a pool of 4,
-            // released by value: 216-250 acquisitions in 3 s, against 568
-            // and every one a handoff when it parks again;
-            // bench/library_storm.py).
+            // connection is not parked for a while, else the next thread
+            // holds a pooled connection for park_ms while the holder may
+            // wait for one to release (tests/serial/shared_fairness.rs: a
+            // pool of 4 for 6 workers on one Redis, 7 acquisitions in 6 s),
+            // and its `DEL` goes by the instance rule (`release_token`).
+            // Until a lock library's release by value ends the holding
+            // (`ConnLocks::holder_until`): else a pool's every connection,
+            // each the winner's in turn, stops parking (redis-py's `Lock`
+            // polling from 8 threads on a pool of 4: 216-250 acquisitions
+            // in 3 s, against 568, every one a handoff, when it parks
+            // again; bench/library_storm.py).
             // (Not after a client script on the key since it acquired: a
             // compare-and-delete `EVAL` may have released it.)
             // (Nor once the lease it held the key by ran out: see
@@ -105,7 +105,10 @@ impl LockService {
             let holds = |a: &super::lease::Acquisition| {
                 a.standing == Standing::Held && a.after_script.is_none() && a.lapsed(now).is_none()
             };
-            let shared = c.get(key).is_some_and(holds) || c.shared_at(now);
+            if c.get(key).is_some_and(holds) {
+                c.holder_until = Some(now + window);
+            }
+            let shared = c.shared_at(now);
             (c.spinning(key, window), shared, c.id)
         };
         // Whoever asks, the holder's own connection or one carrying the

@@ -128,7 +128,11 @@ impl Conns {
                 .get(key)
                 .is_some_and(|a| a.standing == Standing::Held && a.value == value);
             if held {
-                out.extend(locks.released(key, upto));
+                if let Some(rec) = locks.released(key, upto) {
+                    // Its holder's release is known: it may park again.
+                    locks.holder_until = None;
+                    out.push(rec);
+                }
             }
         }
         out

@@ -199,6 +199,13 @@ pub struct ConnLocks {
     /// once, never parked, so none waits in front of another caller's
     /// command.
     pub shared_until: Option<Instant>,
+    /// An attempt came on the connection while it held the key (a LIFO
+    /// pool lent the winner's connection to the next thread, or the holder
+    /// retried): until then it counts as carrying several callers, as with
+    /// `shared_until`. Ended early when a lock library's release by value
+    /// ended the holding (`LockService::released_by_value`): the holder's
+    /// release is then known, so the connection may park again.
+    pub holder_until: Option<Instant>,
     /// Shared with the connection's session: set when one of its attempts
     /// waits (parked, or a smoothed reply), so the session's next read
     /// answers it at once.
@@ -311,6 +318,7 @@ impl ConnLocks {
             born,
             parked: None,
             shared_until: None,
+            holder_until: None,
             hurry: std::sync::Arc::default(),
         }
     }
@@ -351,9 +359,9 @@ impl ConnLocks {
     }
 
     /// Whether the connection counts as carrying several callers at `now`
-    /// (`shared_until` not passed).
+    /// (`shared_until` or `holder_until` not passed).
     pub fn shared_at(&self, now: Instant) -> bool {
-        self.shared_until.is_some_and(|t| t > now)
+        self.shared_until.is_some_and(|t| t > now) || self.holder_until.is_some_and(|t| t > now)
     }
 
     /// The tokens by which this connection may hold `key`, for extensions:

@@ -440,7 +440,7 @@ impl LockService {
                 handoff,
                 upto,
                 db,
-                ..
+                by_value,
             } => {
                 let (released, denied, lapsed) = (fact(facts, 0), fact(facts, 1), fact(facts, 2));
                 ProxyMetrics::add(&self.metrics.released, released);
@@ -485,6 +485,12 @@ impl LockService {
                     if let Some(rec) = conn.released(key, upto) {
                         if released > 0 && rec.standing == Standing::Held {
                             self.held(key, &rec);
+                            // A library's release by value on the holder's
+                            // own connection: it may park again
+                            // (`ConnLocks::holder_until`).
+                            if by_value.is_some() {
+                                conn.holder_until = None;
+                            }
                         }
                         if lapsed_left > 0 && rec.standing == Standing::Held {
                             lapsed_left -= 1;
