@@ -538,7 +538,7 @@ impl LockService {
         handed_over
     }
 
-    /// A lock library's release by value of `keys` deleted them: the
+    /// A lock library's release by value of `keys` ran: the
     /// holdings of this instance's connections acquired with `value`
     /// (before the token numbered `upto`) end too, as the releasing
     /// connection's would, wherever they are (a LIFO pool sends the

@@ -15,7 +15,6 @@ use super::txn::refuses_scripts;
 use super::{split_reply, LockPending, LockService, Park};
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
-use crate::script;
 use crate::sync;
 
 /// What the client gets for a lock script's reply.
@@ -284,9 +283,11 @@ fn general(pending: &LockPending, frame: &Bytes) -> (Bytes, Vec<i64>) {
     }
 }
 
-/// The keys, value and token bound of a release by value that deleted
-/// something, when `conn` (the connection that sent it) did not hold each
-/// key with that value itself: another connection's holding ended
+/// The keys, value and token bound of a release by value that ran (its
+/// script answered with facts), when `conn` (the connection that sent it)
+/// did not hold each key with that value itself: whether it deleted the
+/// key, handed it over or found another value there, no holding by that
+/// value is left, so another connection's ends
 /// ([`LockService::released_by_value`]).
 fn by_value_elsewhere(
     pending: &LockPending,
@@ -301,16 +302,12 @@ fn by_value_elsewhere(
             by_value: Some(value),
             ..
         } => {
-            let deleted = facts.first().is_some_and(|&n| n > 0)
-                || facts
-                    .get(script::RELEASE_FREED_FACT)
-                    .is_some_and(|&n| n > 0)
-                || facts.get(3) == Some(&1);
             let own = |k: &Bytes| {
                 conn.get(k)
                     .is_some_and(|a| a.standing == Standing::Held && a.value == *value)
             };
-            (deleted && !keys.iter().all(own)).then(|| (keys.clone(), value.clone(), *upto))
+            (!facts.is_empty() && !keys.iter().all(own))
+                .then(|| (keys.clone(), value.clone(), *upto))
         }
         _ => None,
     }

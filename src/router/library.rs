@@ -23,8 +23,9 @@
 //!
 //! A key that is not a string fails with `WRONGTYPE`, as the body's `GET`
 //! fails. Only when every key is a lock key, exactly one argument follows
-//! them, the locks live on one Redis (not the quorum) and that server runs scripts; else
-//! the script passes on as any client script does. The script itself
+//! them, the locks live on one Redis (not the quorum) and that server runs
+//! scripts; else the script passes on as any client script does. The
+//! script itself
 //! never reaches Redis, so there it is not loaded (`SCRIPT EXISTS` says 0
 //! unless the client loaded it), and an `EVALSHA` of it never fails with
 //! `NOSCRIPT` (docs/behaviour.md).
