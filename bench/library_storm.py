@@ -2,14 +2,17 @@
 """A lock library's retry storm, straight on Redis and through lockgate,
 alternating in one run: redis-py's `Lock` polling every millisecond from
 T threads on one key, each holding it 5 ms, the threads on their own
-connections (`own`) or sharing a LIFO pool of T/2 (`pool`). For
-each side, Redis's own CPU seconds (INFO cpu, user + system) and the
-commands it processed (scripts' own calls included) per acquisition, and
-the ratio lockgate / direct; with the run's load average (2 shared cores:
-only ratios from one run count).
+connections (`own`) or sharing a LIFO pool of T/2 (`pool`); or, with
+`--library node-redlock`, T node-redlock tasks retrying every millisecond,
+on their own connections (`own`) or all on one multiplexed connection
+(`one`). For each side, Redis's own CPU seconds (INFO cpu, user + system)
+and the commands it processed per acquisition, and the ratio lockgate /
+direct; with the run's load average (2 shared cores: only ratios from one
+run count).
 
     python3 bench/library_storm.py --lockgate target/release/lockgate \
-        [--threads 8,32] [--shapes own,pool] [--secs 3] [--rounds 3]
+        [--library redis-py|node-redlock] [--threads 8,32] [--shapes own,pool] \
+        [--secs 3] [--rounds 3]
 """
 
 import argparse
@@ -24,14 +27,18 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gate  # noqa: E402  (the gate's process helpers)
 
-STORM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "py",
-                     "redis_py_storm.py")
+TESTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests")
+# Each library's storm driver, as the command that runs it.
+STORM = {
+    "redis-py": [sys.executable, os.path.join(TESTS, "py", "redis_py_storm.py")],
+    "node-redlock": ["node", os.path.join(TESTS, "js", "redlock_storm.js")],
+}
 
 
-def storm(port, redis_port, key, threads, secs, shape):
+def storm(library, port, redis_port, key, threads, secs, shape):
     out = subprocess.run(
-        [sys.executable, STORM, "127.0.0.1", str(port), "127.0.0.1", str(redis_port),
-         key, str(threads), str(secs), shape],
+        STORM[library] + ["127.0.0.1", str(port), "127.0.0.1", str(redis_port),
+                          key, str(threads), str(secs), shape],
         check=True, capture_output=True, text=True, timeout=secs + 120).stdout
     v = json.loads(out)
     n = max(v["acquisitions"], 1)
@@ -41,6 +48,7 @@ def storm(port, redis_port, key, threads, secs, shape):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lockgate", required=True)
+    ap.add_argument("--library", default="redis-py", choices=sorted(STORM))
     ap.add_argument("--threads", default="8,32")
     ap.add_argument("--shapes", default="own")
     ap.add_argument("--secs", type=float, default=3.0)
@@ -53,13 +61,14 @@ def main():
     try:
         rport = gate.start_redis(procs, "redis")
         lg = gate.start_lockgate(procs, args, "lockgate", rport, callgrind=False)
+        print(f"{args.library}:")
         print("| shape | threads | round | acquisitions direct / lockgate | Redis CPU µs per acquisition direct / lockgate | ratio | commands per acquisition direct / lockgate | ratio |")
         print("|---|--:|--:|--:|--:|--:|--:|--:|")
         threads = [int(x) for x in args.threads.split(",")]
         for shape, t, r in itertools.product(args.shapes.split(","), threads, range(args.rounds)):
             key = f"lock:bench:storm:{shape}:{t}:{r}"
-            da, dcpu, dcmd = storm(rport, rport, key, t, args.secs, shape)
-            la, lcpu, lcmd = storm(lg.port, rport, key, t, args.secs, shape)
+            da, dcpu, dcmd = storm(args.library, rport, rport, key, t, args.secs, shape)
+            la, lcpu, lcmd = storm(args.library, lg.port, rport, key, t, args.secs, shape)
             print(f"| {shape} | {t} | {r + 1} | {da} / {la} | {dcpu:.0f} / {lcpu:.0f} | "
                   f"{lcpu / dcpu:.2f} | {dcmd:.1f} / {lcmd:.1f} | {lcmd / dcmd:.2f} |",
                   flush=True)

@@ -2,8 +2,8 @@
 //! of its connection to a [`Route`]. It decides, it does nothing; the session
 //! carries the decision out. Commands on lock keys become lock operations
 //! for [`crate::lock`]; everything else is forwarded untouched. A lock
-//! library's release script is a lock operation too ([`library`]); with
-//! the lock quorum some routes differ (`quorum`).
+//! library's release or acquisition script is a lock operation too
+//! ([`library`]); with the lock quorum some routes differ (`quorum`).
 
 use crate::command::{CommandKind, ReplyMode, SubKind};
 use crate::config::AdminConfig;
@@ -523,8 +523,9 @@ fn route_on(
         // the whole view is dropped once it ran. With the quorum, lock keys
         // live on the masters, which a client's script never reaches.
         CommandKind::Eval if !quorum => {
-            // A lock library's release script, carried out as a release.
-            if let Some(op) = library::release(args, locks) {
+            // A lock library's release or acquisition script, carried out
+            // as a release or an acquisition.
+            if let Some(op) = library::lock_op(args, locks) {
                 return Route::Lock(op);
             }
             match locks.script_lists_keys(args.get(0), key) {

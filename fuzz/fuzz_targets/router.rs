@@ -82,6 +82,12 @@ fn check(
     }
     match r {
         Route::Lock(op) => match op {
+            // node-redlock's acquisition script, for one key, is one.
+            LockOp::Acquire { key: k, .. } if matches!(name, b"EVAL" | b"EVALSHA") => {
+                assert_eq!(args.get(2), b"1");
+                assert_eq!(&k[..], args.get(3));
+                assert!(locks.is_lock_key(k));
+            }
             LockOp::Acquire { key: k, .. } => {
                 assert!(name == b"SETNX" || name == b"SET", "{name:?}");
                 assert_eq!(&k[..], key);

@@ -575,10 +575,13 @@ async fn guarded_writes_are_checked_on_the_node_of_their_slot() {
 /// lockgate as a release by value (`router::library`), reaches the node
 /// that serves the key, as a `DEL` would: keys on every shard released
 /// with their owner records, a wrong token releasing nothing, and the
-/// library's script never loaded anywhere.
+/// library's script never loaded anywhere. So does node-redlock's
+/// acquisition script, an acquisition of lockgate's there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_library_release_reaches_the_keys_node() {
     const RELEASE: &str = "\n        local token = redis.call('get', KEYS[1])\n        if not token or token ~= ARGV[1] then\n            return 0\n        end\n        redis.call('del', KEYS[1])\n        return 1\n    ";
+    // node-redlock 5's acquisition script's SHA1 (its body: tests/js).
+    const REDLOCK_ACQUIRE: &str = "96da70f7716f27d278a5218544df37fd8b0a5e4c";
     let cluster = Cluster::start(3, 1);
     let lg = cluster.lockgate(|_| {}).await;
     let map = cluster.map().await;
@@ -587,16 +590,28 @@ async fn a_library_release_reaches_the_keys_node() {
     let mut nodes = std::collections::BTreeSet::new();
     for i in 0..12 {
         let key = format!("lock:lib:{i}");
-        let set = call(&mut c, &["SET", &key, "tok", "NX", "PX", "30000"]).await;
-        assert_eq!(set, Resp::Status("OK".into()), "{key}");
+        // Half acquired by node-redlock's acquisition script (an
+        // acquisition of lockgate's, `router::library`).
+        if i % 2 == 0 {
+            let acquired = call(
+                &mut c,
+                &["EVALSHA", REDLOCK_ACQUIRE, "1", &key, "tok", "30000"],
+            )
+            .await;
+            assert_eq!(acquired, Resp::Int(1), "{key}");
+        } else {
+            let set = call(&mut c, &["SET", &key, "tok", "NX", "PX", "30000"]).await;
+            assert_eq!(set, Resp::Status("OK".into()), "{key}");
+        }
+        let node = &map.shard_of_key(key.as_bytes()).expect("served").primary;
+        let mut n = RawClient::connect(node).await;
+        let owner = format!("lockgate:owner:{{{key}}}");
+        assert_eq!(call(&mut n, &["EXISTS", &key, &owner]).await, Resp::Int(2));
         let wrong = call(&mut c, &["EVALSHA", &sha, "1", &key, "nope"]).await;
         assert_eq!(wrong, Resp::Int(0), "{key}");
         let right = call(&mut c, &["EVALSHA", &sha, "1", &key, "tok"]).await;
         assert_eq!(right, Resp::Int(1), "{key}");
-        let node = &map.shard_of_key(key.as_bytes()).expect("served").primary;
         nodes.insert(node.clone());
-        let mut n = RawClient::connect(node).await;
-        let owner = format!("lockgate:owner:{{{key}}}");
         assert_eq!(call(&mut n, &["EXISTS", &key, &owner]).await, Resp::Int(0));
         let loaded = call(&mut n, &["SCRIPT", "EXISTS", &sha]).await;
         assert_eq!(loaded, Resp::Array(Some(vec![Resp::Int(0)])), "{key}");

@@ -1,10 +1,11 @@
-//! Lock libraries' release scripts carried out by lockgate itself
+//! Lock libraries' scripts carried out by lockgate itself
 //! (`router::library`): redis-py's `Lock`, pottery's `Redlock` and
 //! node-redlock release with a script of their own, "delete the key if its
 //! value is my token". Recognised by its exact body, it runs as one
 //! release by value: answered as the script answers, never reaching Redis
 //! as a script, and handing the lock to a parked attempt in the same step
-//! (`locks_library_storm.rs` counts that).
+//! (`locks_library_storm.rs` counts that). node-redlock's acquisition
+//! script on one key runs as an acquisition of lockgate's.
 
 use std::time::Duration;
 
@@ -199,5 +200,103 @@ async fn an_adopted_holding_ends_when_the_library_releases_it_elsewhere() {
     assert_eq!(reply, ":1\r\n");
     let listed = admin.call_s(&["LOCKGATE", "LOCKS", key]).await;
     assert!(!listed.contains(key), "released: {listed:?}");
+    lg.stop().await;
+}
+
+/// node-redlock's acquisition script, exactly as the installed package
+/// sends it.
+async fn acquire_body() -> String {
+    let js = node(
+        "release_body.js",
+        &["acquire".to_string()],
+        Duration::from_secs(60),
+    )
+    .await;
+    serde_json::from_str(js.trim()).expect("one JSON string")
+}
+
+/// One session's replies to node-redlock's acquisition, errors by their
+/// first word, leases as present or not.
+async fn acquisitions(addr: &str, body: &str, side: &str) -> Vec<String> {
+    let mut a = RawClient::connect(addr).await;
+    let mut b = RawClient::connect(addr).await;
+    let (x, h) = (format!("lock:acq:{side}:x"), format!("lock:acq:{side}:h"));
+    let calls: Vec<(bool, Vec<&str>)> = vec![
+        // Free: taken, with the token and the lease asked.
+        (false, vec!["EVAL", body, "1", &x, "t1", "10000"]),
+        (false, vec!["GET", &x]),
+        (false, vec!["PTTL", &x]),
+        // Held: refused to anyone, its holder's re-entry included.
+        (true, vec!["EVAL", body, "1", &x, "t2", "10000"]),
+        (false, vec!["EVAL", body, "1", &x, "t1", "10000"]),
+        (false, vec!["GET", &x]),
+        // A key of another type exists: refused, as `EXISTS` finds it.
+        (false, vec!["HSET", &h, "f", "1"]),
+        (true, vec!["EVAL", body, "1", &h, "t1", "10000"]),
+        (false, vec!["TYPE", &h]),
+        // Released by its holder: free again; a lease Redis refuses is the
+        // script's error (it passes on as the script).
+        (false, vec!["DEL", &x]),
+        (true, vec!["EVAL", body, "1", &x, "t1", "0"]),
+        (true, vec!["EVAL", body, "1", &x, "t1", "-1"]),
+        (true, vec!["EVAL", body, "1", &x, "t3", "10000"]),
+        (false, vec!["GET", &x]),
+    ];
+    let mut out = Vec::new();
+    for (other, args) in calls {
+        let c = if other { &mut b } else { &mut a };
+        let reply = c.call_s(&args).await;
+        let reply = match (reply.strip_prefix('-'), args[0]) {
+            (Some(e), _) => format!("-{}", e.split(' ').next().unwrap_or("")),
+            (None, "PTTL") => format!(
+                "lease {}",
+                reply
+                    .trim_start_matches(':')
+                    .trim()
+                    .parse::<i64>()
+                    .is_ok_and(|ms| ms > 9_000 && ms <= 10_000)
+            ),
+            (None, _) => reply,
+        };
+        out.push(format!("{} -> {reply:?}", args[0]));
+    }
+    out
+}
+
+/// node-redlock's one-key acquisition through lockgate answers as its
+/// script does, is held (`LOCKGATE LOCKS`, with an owner record) and
+/// never reaches Redis as a script, `EVALSHA` of a script Redis never
+/// loaded included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_redlocks_acquisition_script_is_an_acquisition_of_lockgates() {
+    let redis = RedisServer::start();
+    let lg = Lockgate::start(&redis.addr()).await;
+    let body = acquire_body().await;
+    // First, by EVALSHA of a script Redis never loaded: no NOSCRIPT;
+    // held, with an owner record. (The differential below loads it:
+    // the lease Redis refuses passes on as the script.)
+    let mut c = RawClient::connect(lg.addr).await;
+    let mut admin = RawClient::connect(lg.addr).await;
+    let mut direct = RawClient::connect(redis.addr().as_str()).await;
+    let key = "lock:acq:sha";
+    let reply = c
+        .call_s(&["EVALSHA", &sha1(&body), "1", key, "tok-1", "10000"])
+        .await;
+    assert_eq!(reply, ":1\r\n");
+    let listed = admin.call_s(&["LOCKGATE", "LOCKS", key]).await;
+    assert!(listed.contains(key), "held: {listed:?}");
+    assert!(!listed.contains("tok-1"), "the token shown: {listed:?}");
+    let owner = format!("lockgate:owner:{{{key}}}");
+    assert_eq!(direct.call_s(&["EXISTS", key, &owner]).await, ":2\r\n");
+    let loaded = direct.call_s(&["SCRIPT", "EXISTS", &sha1(&body)]).await;
+    assert_eq!(loaded, "*1\r\n:0\r\n");
+    // Then each reply as the script's.
+    let straight = acquisitions(&redis.addr(), &body, "direct").await;
+    let through = acquisitions(&lg.addr.to_string(), &body, "lg").await;
+    assert_eq!(through, straight);
+    // None but the two with a lease Redis refuses was a client script
+    // lockgate had to follow.
+    let followed = m(&lg.ctx.locks.metrics.script_reconciles);
+    assert!(followed <= 2, "{followed} scripts followed");
     lg.stop().await;
 }

@@ -1,13 +1,15 @@
 //! node-redlock (npm `redlock` 5.0.0-beta.2, `tests/js/redlock_outcomes.js`)
-//! against one Redis, straight and through lockgate: its multi-key acquire,
-//! extend and release scripts pass through as client scripts, and every
-//! outcome an app sees is the same either way (a request overlapping a held
-//! key fails whole, a legacy `SETNX` on a key it holds loses, a release
-//! after the lease ran out finds nothing, automatic extension keeps a long
-//! section's lease, four retrying clients on two keys never overlap),
-//! with the contending clients on connections of their own and on one
-//! multiplexed connection. Through lockgate the owner records are
-//! reconciled after each script on lock keys (docs/locks.md).
+//! against one Redis, straight and through lockgate: its multi-key acquire
+//! and extend scripts pass through as client scripts (a one-key
+//! acquisition and its releases are lockgate's own, `router::library`),
+//! and every outcome an app sees is the same either way (a request
+//! overlapping a held key fails whole, a legacy `SETNX` on a key it holds
+//! loses, a release after the lease ran out finds nothing, automatic
+//! extension keeps a long section's lease, four retrying clients on two
+//! keys never overlap), with the contending clients on connections of
+//! their own and on one multiplexed connection. Through lockgate the owner
+//! records are reconciled after each client script on lock keys
+//! (docs/locks.md).
 
 use std::time::Duration;
 
@@ -134,7 +136,8 @@ async fn node_redlocks_acquisition_is_held_through_lockgate() {
         support::resp::direct(&redis.addr(), &["EXISTS", "lockgate:owner:{lock:rl:h1}"]).await;
     assert_eq!(owner, ":0\r\n", "the owner record went with the key");
     // A key set with another value, then touched by the script (which
-    // finds it taken), is not the script's.
+    // finds it taken), is not the script's. (Two keys: for one, the
+    // script is an acquisition of lockgate's, `locks_library_release.rs`.)
     support::resp::direct(
         &redis.addr(),
         &["SET", "lock:rl:h3", "someone-elses-value", "PX", "20000"],
@@ -143,7 +146,15 @@ async fn node_redlocks_acquisition_is_held_through_lockgate() {
     let reconciles = || support::locks::m(&lg.ctx.locks.metrics.script_reconciles);
     let before = reconciles();
     let reply = app
-        .call_s(&["EVAL", &acquire, "1", "lock:rl:h3", value, "20000"])
+        .call_s(&[
+            "EVAL",
+            &acquire,
+            "2",
+            "lock:rl:h3",
+            "lock:rl:h4",
+            value,
+            "20000",
+        ])
         .await;
     assert_eq!(reply, ":0\r\n");
     crate::until!("the acquisition reconciled", reconciles() > before);
