@@ -289,7 +289,7 @@ fn general(pending: &LockPending, frame: &Bytes) -> (Bytes, Vec<i64>) {
 /// key, handed it over or found another value there, no holding by that
 /// value is left, so another connection's ends
 /// ([`LockService::released_by_value`]).
-fn by_value_elsewhere(
+pub(crate) fn by_value_elsewhere(
     pending: &LockPending,
     facts: &[i64],
     conn: &ConnLocks,

@@ -32,13 +32,13 @@
 //! A key that is not a string fails a release with `WRONGTYPE`, as the
 //! body's `GET` fails; an acquisition finds it existing, as `EXISTS` does.
 //! Only when every key is a lock key, the arguments are as above (a
-//! lease Redis takes), the locks live on one Redis (not the quorum) and
-//! that server runs scripts; else the script passes on as any client
-//! script does. The
-//! script itself
-//! never reaches Redis, so there it is not loaded (`SCRIPT EXISTS` says 0
-//! unless the client loaded it), and an `EVALSHA` of it never fails with
-//! `NOSCRIPT` (docs/behaviour.md).
+//! lease Redis takes) and the lock store runs scripts (one Redis, a
+//! cluster's nodes, or the quorum's masters, where it runs on each and
+//! the majority answers; `router::quorum`); else the script passes on as
+//! any client script does. The script itself never reaches Redis, so
+//! there it is not loaded (`SCRIPT EXISTS` says 0 unless the client loaded
+//! it), and an `EVALSHA` of it never fails with `NOSCRIPT`
+//! (docs/behaviour.md).
 
 use bytes::Bytes;
 

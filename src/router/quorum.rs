@@ -140,7 +140,11 @@ pub(super) fn quorum_route(
     }
     match kind {
         CommandKind::Read(_) => Some(Route::QuorumRead),
-        CommandKind::Eval => Some(Route::QuorumEval),
+        // A lock library's script lockgate carries out is a lock operation
+        // on the quorum as on one Redis.
+        CommandKind::Eval => {
+            Some(super::library::lock_op(args, locks).map_or(Route::QuorumEval, Route::Lock))
+        }
         // Any other command on a lock key would act on the primary, where
         // the lock does not live.
         CommandKind::MultiKey(_) | CommandKind::Relocate(_) | CommandKind::Other => {

@@ -64,6 +64,7 @@ mod pubsub;
 mod quorum;
 mod quorum_clock;
 mod quorum_faults;
+mod quorum_library;
 mod quorum_rejoin;
 mod quorum_split;
 mod sentinel;

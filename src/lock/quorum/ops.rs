@@ -154,7 +154,13 @@ impl LockService {
             LockPending::Takeover { token, .. } => Some(token.clone()),
             _ => None,
         };
+        let by_value = crate::lock::reply::by_value_elsewhere(&pending, &facts, &sync::lock(&conn));
         self.complete(pending, &facts, &mut sync::lock(&conn));
+        // A library's release sent on another connection than the one
+        // that acquired (a pool's): that one's holding ends too.
+        if let Some((keys, value, upto)) = by_value {
+            self.released_by_value(&keys, &value, upto);
+        }
         if let Some(follow) = follow {
             self.guard_records_follow(follow, &reply, took).await;
         }
