@@ -5,6 +5,11 @@
 //! library's release is a release by value on every master, answered by
 //! the majority, ending the holding wherever it was made. Neither script
 //! reaches a master as a script. Checked on each master directly.
+//!
+//! A library whose release script also touches a key that is not a lock
+//! key (python-redis-lock's signal list, Redisson's channel) cannot run
+//! it atomically across the two stores: refused as any such script is,
+//! with nothing changed on either.
 
 use crate::support;
 
@@ -60,4 +65,30 @@ async fn library_scripts_are_lock_operations_on_the_quorum() {
     assert_eq!(m(&cl.lg.ctx.locks.metrics.library_releases), 2);
     // Free again: taken by the other.
     assert_eq!(call(&mut b, &acquire("tok-2")).await, ":1\r\n");
+}
+
+/// python-redis-lock's release (`UNLOCK_SCRIPT`, its keys the lock and its
+/// signal list) spans both stores on the quorum: refused with a clear
+/// error, the lock still held on the masters and no signal pushed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_that_also_signals_a_list_is_refused_on_the_quorum() {
+    const UNLOCK: &str = "\n    if redis.call(\"get\", KEYS[1]) ~= ARGV[1] then\n        return 1\n    else\n        redis.call(\"del\", KEYS[2])\n        redis.call(\"lpush\", KEYS[2], 1)\n        redis.call(\"pexpire\", KEYS[2], ARGV[2])\n        redis.call(\"del\", KEYS[1])\n        return 0\n    end\n";
+    let cl = Cluster::start(3, |_| {}).await;
+    let mut c = cl.client().await;
+    let (key, signal) = ("lock:ql:p", "lock-signal:ql:p");
+    let set = call(&mut c, &["SET", key, "id-1", "NX", "EX", "20"]).await;
+    assert_eq!(set, "+OK\r\n");
+    let refused = call(&mut c, &["EVAL", UNLOCK, "2", key, signal, "id-1", "1000"]).await;
+    assert!(
+        refused.starts_with("-ERR lockgate: EVAL mixes lock keys (lock:ql:p) with other keys"),
+        "{refused:?}"
+    );
+    for i in 0..3 {
+        assert_eq!(
+            cl.on_master(i, &["GET", key]).await,
+            bulk("id-1"),
+            "master {i}"
+        );
+    }
+    assert_eq!(cl.on_primary(&["EXISTS", signal]).await, ":0\r\n");
 }
