@@ -2,8 +2,9 @@
 """A lock library's retry storm, straight on Redis and through lockgate,
 alternating in one run: redis-py's `Lock` polling every millisecond from
 T threads on one key, each holding it 5 ms, the threads on their own
-connections (`own`) or sharing a LIFO pool of T/2 (`pool`); or, with
-`--library node-redlock`, T node-redlock tasks retrying every millisecond,
+connections (`own`) or sharing a LIFO pool of T/2 (`pool`); the same
+with pottery's `Redlock` (`--library pottery`, polling every millisecond
+at most); or, with `--library node-redlock`, T node-redlock tasks retrying every millisecond,
 on their own connections (`own`) or all on one multiplexed connection
 (`one`). For each side, Redis's own CPU seconds (INFO cpu, user + system)
 and the commands it processed per acquisition, and the ratio lockgate /
@@ -11,7 +12,7 @@ direct; with the run's load average (2 shared cores: only ratios from one
 run count).
 
     python3 bench/library_storm.py --lockgate target/release/lockgate \
-        [--library redis-py|node-redlock] [--threads 8,32] [--shapes own,pool] \
+        [--library redis-py|pottery|node-redlock] [--threads 8,32] [--shapes own,pool] \
         [--secs 3] [--rounds 3]
 """
 
@@ -28,17 +29,21 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gate  # noqa: E402  (the gate's process helpers)
 
 TESTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests")
-# Each library's storm driver, as the command that runs it.
+PY_STORM = [sys.executable, os.path.join(TESTS, "py", "redis_py_storm.py")]
+# Each library's storm driver: the command that runs it, and what follows
+# its arguments.
 STORM = {
-    "redis-py": [sys.executable, os.path.join(TESTS, "py", "redis_py_storm.py")],
-    "node-redlock": ["node", os.path.join(TESTS, "js", "redlock_storm.js")],
+    "redis-py": (PY_STORM, ["redis-py"]),
+    "pottery": (PY_STORM, ["pottery"]),
+    "node-redlock": (["node", os.path.join(TESTS, "js", "redlock_storm.js")], []),
 }
 
 
 def storm(library, port, redis_port, key, threads, secs, shape):
+    command, tail = STORM[library]
     out = subprocess.run(
-        STORM[library] + ["127.0.0.1", str(port), "127.0.0.1", str(redis_port),
-                          key, str(threads), str(secs), shape],
+        command + ["127.0.0.1", str(port), "127.0.0.1", str(redis_port),
+                   key, str(threads), str(secs), shape] + tail,
         check=True, capture_output=True, text=True, timeout=secs + 120).stdout
     v = json.loads(out)
     n = max(v["acquisitions"], 1)

@@ -138,6 +138,28 @@ impl Conns {
         out
     }
 
+    /// Some connection holds `key` with `value`, or has an attempt with it
+    /// whose outcome is not known: a release by that value may be real
+    /// (see `LockService::release_of_a_lost_value`). Each connection's
+    /// records are locked one at a time; O(connections), so asked only
+    /// for a release by a value an attempt on the key lost with.
+    pub fn with_value(&self, key: &[u8], value: &[u8]) -> bool {
+        self.map.iter().any(|e| {
+            let Some(locks) = e.locks.upgrade() else {
+                return false;
+            };
+            let locks = sync::lock(&locks);
+            // A holding whose value is not known (an earlier pipelined
+            // attempt won: `ConnLocks::settle`) may be by this value.
+            locks.get(key).is_some_and(|a| {
+                let maybe = a.value == value || a.value.is_empty();
+                (maybe && a.standing != Standing::Lost)
+                    || a.retry.as_ref().is_some_and(|r| r.value == value)
+                    || (a.value == value && !a.unsettled.is_empty())
+            })
+        })
+    }
+
     /// Connections registered now.
     pub fn len(&self) -> usize {
         self.map.len()

@@ -397,20 +397,24 @@ impl ConnLocks {
         }
     }
 
-    /// Records an attempt answered "not acquired" without asking Redis;
-    /// returns the time since this connection's previous attempt on `key`.
-    pub fn lost(&mut self, key: Bytes, token: Bytes) -> Option<std::time::Duration> {
+    /// Records an attempt with `value` answered "not acquired" without
+    /// asking Redis; returns the time since this connection's previous
+    /// attempt on `key`. A loser's record takes the attempt's value (the
+    /// value its latest attempt lost with: see
+    /// [`LockService::release_of_a_lost_value`](super::LockService)).
+    pub fn lost(&mut self, key: Bytes, token: Bytes, value: Bytes) -> Option<std::time::Duration> {
         if let Some(a) = self.map.get_mut(&key) {
             // A holder's own attempt answered "not acquired" leaves it the
             // holder; a loser stays a loser.
             if a.standing != Standing::Held {
                 a.standing = Standing::Lost;
+                a.value = value;
             }
             let gap = a.last_try.elapsed();
             a.tried();
             return Some(gap);
         }
-        self.attempt(key, token, Bytes::new(), Standing::Lost, 0);
+        self.attempt(key, token, value, Standing::Lost, 0);
         None
     }
 

@@ -187,6 +187,11 @@ counters! {
         /// attempt in the same step.
         library_releases: Counter "lock_library_releases",
             "Lock libraries' release scripts (redis-py, pottery, node-redlock) carried out by lockgate as a release by value";
+        /// Of those, answered 0 without Redis: the value was the one the
+        /// connection's latest attempt on the key lost with, and the key
+        /// is still known held (pottery's clean-up after a lost attempt).
+        library_releases_answered: Counter "lock_library_releases_answered",
+            "Lock libraries' releases by value answered 0 without Redis: the value of the connection's own attempt that just lost, the key still known held";
         /// Reconciliations after a client's script that failed (the store
         /// did not answer in time, or refused): the owner record keeps
         /// its own expiry.

@@ -129,6 +129,9 @@ pub enum LockPending {
         key: Bytes,
         /// The token tried.
         token: Bytes,
+        /// The value tried (the storm room remembers the values that lost:
+        /// `Storm::lost_value`).
+        value: Bytes,
         /// If it fails: park it (retry storms), with these settings.
         park: Option<Park>,
         /// Where it ran: the contention table learns only database 0.

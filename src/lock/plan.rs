@@ -225,6 +225,7 @@ impl LockService {
                     LockPending::Acquire {
                         key,
                         token,
+                        value,
                         park: None,
                         db: Database::Zero,
                     },
@@ -387,7 +388,13 @@ impl LockService {
     ) -> Option<HandedOver> {
         let mut handed_over = None;
         match pending {
-            LockPending::Acquire { key, token, db, .. } => {
+            LockPending::Acquire {
+                key,
+                token,
+                value,
+                db,
+                ..
+            } => {
                 // In another database the table neither probed nor learns.
                 let storm = (db == Database::Zero).then_some(&*self.storm);
                 let Some(&acquired) = facts.first() else {
@@ -430,9 +437,14 @@ impl LockService {
                         Standing::Held,
                         (pttl > 0).then_some(pttl as u64),
                     );
+                    // A release by its value is real from now on.
+                    self.storm.won_value(&key, &value);
                 } else {
                     ProxyMetrics::inc(&self.metrics.contended);
                     conn.settle(&key, &token, Standing::Lost, None);
+                    if let Some(storm) = storm {
+                        storm.lost_value(&key, &value);
+                    }
                 }
             }
             LockPending::Release {
@@ -582,6 +594,7 @@ impl LockService {
             let pending = LockPending::Acquire {
                 key: handed.key.clone(),
                 token: claim.token,
+                value: claim.value.clone(),
                 park: None,
                 db: Database::Zero,
             };

@@ -421,9 +421,16 @@ impl LockService {
             )
         };
         let pending = planned.pending.map(|pending| match pending {
-            LockPending::Acquire { key, token, db, .. } => LockPending::Acquire {
+            LockPending::Acquire {
                 key,
                 token,
+                value,
+                db,
+                ..
+            } => LockPending::Acquire {
+                key,
+                token,
+                value,
                 park,
                 db,
             },

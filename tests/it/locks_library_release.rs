@@ -300,3 +300,45 @@ async fn node_redlocks_acquisition_script_is_an_acquisition_of_lockgates() {
     assert!(followed <= 2, "{followed} scripts followed");
     lg.stop().await;
 }
+
+/// A release by the value an attempt just lost with is answered 0 without
+/// Redis (pottery releases after every attempt it lost), on the attempt's
+/// connection or another (a pool's); once an attempt with that value wins
+/// (redis-py polls with one token), a release by it is real.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_by_a_value_that_just_lost_is_answered_without_redis() {
+    let redis = RedisServer::start();
+    let lg = Lockgate::start(&redis.addr()).await;
+    let body = bodies().await.remove(0).1;
+    let sha = sha1(&body);
+    let (mut holder, mut a, mut b) = (
+        RawClient::connect(lg.addr).await,
+        RawClient::connect(lg.addr).await,
+        RawClient::connect(lg.addr).await,
+    );
+    let key = "lock:lost:value";
+    let set = |v: &'static str| ["SET", key, v, "NX", "PX", "10000"];
+    assert_eq!(holder.call_s(&set("tok-h")).await, "+OK\r\n");
+    let answered = || m(&lg.ctx.locks.metrics.library_releases_answered);
+    // `a` tries with t1 and loses; its clean-up, on `a` and then on `b`.
+    assert_eq!(a.call_s(&set("t1")).await, "$-1\r\n");
+    let release = |v: &'static str| ["EVALSHA", sha.as_str(), "1", key, v];
+    assert_eq!(a.call_s(&release("t1")).await, ":0\r\n");
+    assert_eq!(b.call_s(&release("t1")).await, ":0\r\n");
+    assert_eq!(answered(), 2);
+    // A value nobody tried goes to Redis (and finds another value there).
+    assert_eq!(b.call_s(&release("t9")).await, ":0\r\n");
+    assert_eq!(answered(), 2);
+    // The holder releases; `a` tries with t1 again, wins and closes (a
+    // pool dropping the connection): a release by t1, from `b`, is real.
+    assert_eq!(holder.call_s(&release("tok-h")).await, ":1\r\n");
+    assert_eq!(a.call_s(&set("t1")).await, "+OK\r\n");
+    let open = lg.ctx.locks.conns.len();
+    drop(a);
+    crate::until!("a's close seen", lg.ctx.locks.conns.len() < open);
+    assert_eq!(b.call_s(&release("t1")).await, ":1\r\n");
+    assert_eq!(answered(), 2);
+    let mut direct = RawClient::connect(redis.addr().as_str()).await;
+    assert_eq!(direct.call_s(&["EXISTS", key]).await, ":0\r\n");
+    lg.stop().await;
+}

@@ -2,13 +2,17 @@
 connection, take one lock in turn with a blocking acquire that polls every
 SLEEP seconds, hold it HOLD seconds, release it, for SECS seconds.
 
-Usage: redis_py_storm.py HOST PORT REDIS_HOST REDIS_PORT KEY THREADS SECS [pool]
+Usage: redis_py_storm.py HOST PORT REDIS_HOST REDIS_PORT KEY THREADS SECS [own|pool] [redis-py|pottery]
 
 With "pool" the threads share one client whose LIFO pool
 (`BlockingConnectionPool`, which hands out the connection returned last) has
 half as many connections as there are threads, so a release goes out on
 whichever connection the pool hands the holder, often not the one it
 acquired on.
+With "pottery" the threads lock with pottery's `Redlock` (its one master
+the address given, its key `redlock:KEY`), retrying every SLEEP seconds at
+most (its own `_RETRY_DELAY`, 0.2 s by default, set to SLEEP) until it has
+the lock.
 Prints one JSON line: acquisitions, and what Redis itself ran meanwhile
 (INFO read straight on Redis before and after): the commands it
 processed and the CPU seconds it used.
@@ -21,9 +25,14 @@ import time
 
 import redis
 
+if len(sys.argv) > 9 and sys.argv[9] == "pottery":
+    from pottery import Redlock
+    Redlock._RETRY_DELAY = 0.001
+
 host, port, rhost, rport, key = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5]
 threads, secs = int(sys.argv[6]), float(sys.argv[7])
 pooled = len(sys.argv) > 8 and sys.argv[8] == "pool"
+library = sys.argv[9] if len(sys.argv) > 9 else "redis-py"
 SLEEP, HOLD = 0.001, 0.005
 
 direct = redis.Redis(host=rhost, port=rport)
@@ -51,6 +60,13 @@ def worker(i):
     r.ping()
     start_line.wait()
     while time.monotonic() < stop:
+        if library == "pottery":
+            lock = Redlock(key=key, masters={r}, auto_release_time=10)
+            if lock.acquire(blocking=True, timeout=5):
+                time.sleep(HOLD)
+                lock.release()
+                acquired[i] += 1
+            continue
         lock = r.lock(key, timeout=10, sleep=SLEEP, blocking_timeout=5)
         if lock.acquire():
             time.sleep(HOLD)

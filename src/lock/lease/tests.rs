@@ -149,7 +149,7 @@ fn a_holder_that_ran_a_script_on_its_lock_spins_from_its_second_attempt_after_it
         10,
     );
     let held_since = c.first_try(&k).expect("a record");
-    c.lost(k.clone(), Bytes::from("t2"));
+    c.lost(k.clone(), Bytes::from("t2"), Bytes::new());
     assert!(!c.spinning(&k, window), "a holder's own attempt is no spin");
     std::thread::sleep(std::time::Duration::from_millis(2));
     // The compare-and-delete release, acknowledged.
@@ -162,7 +162,7 @@ fn a_holder_that_ran_a_script_on_its_lock_spins_from_its_second_attempt_after_it
     );
     assert!(a.first_try > held_since, "a new run of attempts");
     assert!(!c.spinning(&k, window), "its first attempt after is a try");
-    c.lost(k.clone(), Bytes::from("t3"));
+    c.lost(k.clone(), Bytes::from("t3"), Bytes::new());
     assert!(c.spinning(&k, window), "the next one spins: it may park");
     assert!(
         !c.spinning(&k, std::time::Duration::ZERO),
@@ -180,8 +180,8 @@ fn a_holder_that_ran_a_script_on_its_lock_spins_from_its_second_attempt_after_it
     assert_eq!(c.get(&k).and_then(|a| a.after_script), None);
     // A loser's record is a spinner's as before; a script leaves it be.
     let mut d = ConnLocks::new(4);
-    d.lost(k.clone(), Bytes::from("u1"));
-    d.lost(k.clone(), Bytes::from("u2"));
+    d.lost(k.clone(), Bytes::from("u1"), Bytes::new());
+    d.lost(k.clone(), Bytes::from("u2"), Bytes::new());
     assert!(d.spinning(&k, window));
     d.scripted(&k);
     assert_eq!(d.get(&k).and_then(|a| a.after_script), None);
@@ -250,7 +250,9 @@ fn a_holder_whose_lease_ran_out_spins_like_a_loser() {
     );
     let window = Duration::from_millis(100);
     // Its own attempt while the lease runs: a holder's.
-    assert!(c.lost(key.clone(), Bytes::from_static(b"t:2")).is_some());
+    assert!(c
+        .lost(key.clone(), Bytes::from_static(b"t:2"), Bytes::new())
+        .is_some());
     assert!(!c.spinning(&key, window));
     // The lease ran out 1 s ago (the record's clock moved back by 2 s).
     let back = Duration::from_secs(2);
@@ -259,7 +261,7 @@ fn a_holder_whose_lease_ran_out_spins_like_a_loser() {
     a.first_try -= back * 2;
     a.last_try -= back;
     let before = Instant::now();
-    c.lost(key.clone(), Bytes::from_static(b"t:3"));
+    c.lost(key.clone(), Bytes::from_static(b"t:3"), Bytes::new());
     assert!(
         c.spinning(&key, window),
         "a loser's spin once the lease ran out"
@@ -269,12 +271,12 @@ fn a_holder_whose_lease_ran_out_spins_like_a_loser() {
         began >= before,
         "its run began at its first attempt after the lapse"
     );
-    c.lost(key.clone(), Bytes::from_static(b"t:3b"));
+    c.lost(key.clone(), Bytes::from_static(b"t:3b"), Bytes::new());
     assert_eq!(c.first_try(&key), Some(began), "and goes on from there");
     assert_eq!(c.get(&key).map(|a| a.standing), Some(Standing::Held));
     // An extension through it: the holder's again.
     c.extended(&key, 5000);
-    c.lost(key.clone(), Bytes::from_static(b"t:4"));
+    c.lost(key.clone(), Bytes::from_static(b"t:4"), Bytes::new());
     assert!(!c.spinning(&key, window));
 }
 

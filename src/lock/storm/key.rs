@@ -156,7 +156,16 @@ pub(super) struct Key {
     pub(super) timing: Timing,
     /// When a client's attempt on the key last arrived here.
     pub(super) last_attempt: Option<Instant>,
+    /// The values of the latest attempts here that lost, newest last, at
+    /// most [`MAX_LOST_VALUES`]; a value leaves once an attempt with it
+    /// wins. See [`super::Storm::lost_value`].
+    pub(super) lost_values: VecDeque<Bytes>,
 }
+
+/// Most lost attempts' values one key remembers (a pool's clean-up
+/// releases come a moment after their attempts; 64 covers more callers
+/// than a pool lends connections to).
+pub(super) const MAX_LOST_VALUES: usize = 64;
 
 impl Key {
     /// Applies `event` at `now`; returns what to do.

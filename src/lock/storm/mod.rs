@@ -694,6 +694,45 @@ impl Storm {
             .is_none_or(|state| sync::lock(&state.inner).quiet(Instant::now()))
     }
 
+    /// An attempt with `value` on `key` lost (answered here or by Redis):
+    /// remembered for a release by that value that may follow (pottery's
+    /// clean-up after a lost attempt), at most `key::MAX_LOST_VALUES` per
+    /// tracked key. Nothing for a key not tracked.
+    pub fn lost_value(&self, key: &[u8], value: &Bytes) {
+        if value.is_empty() {
+            return;
+        }
+        let Some(state) = self.state(key, false) else {
+            return;
+        };
+        let mut inner = sync::lock(&state.inner);
+        let lost = &mut inner.lost_values;
+        if !lost.contains(value) {
+            if lost.len() >= key::MAX_LOST_VALUES {
+                lost.pop_front();
+            }
+            lost.push_back(value.clone());
+        }
+    }
+
+    /// An attempt with `value` on `key` won: a release by it is real.
+    pub fn won_value(&self, key: &[u8], value: &[u8]) {
+        if let Some(state) = self.state(key, false) {
+            sync::lock(&state.inner).lost_values.retain(|v| v != value);
+        }
+    }
+
+    /// The latest attempt with `value` on `key` here lost, none with it
+    /// won since, and the key is known held now (by anyone): a release by
+    /// `value` would find another value there.
+    pub fn lost_while_held(&self, key: &[u8], value: &[u8]) -> bool {
+        let Some(state) = self.state(key, false) else {
+            return false;
+        };
+        let inner = sync::lock(&state.inner);
+        inner.held(Instant::now()).is_some() && inner.lost_values.iter().any(|v| v == value)
+    }
+
     /// Who holds `key` as last learned: this instance, another client, or
     /// nobody known.
     pub fn holder(&self, key: &[u8]) -> Option<&'static str> {

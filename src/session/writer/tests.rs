@@ -57,6 +57,7 @@ fn lock_entry() -> Pending {
         LockPending::Acquire {
             key: Bytes::from_static(b"lock:a"),
             token: Bytes::from_static(b"t:1"),
+            value: Bytes::from_static(b"v"),
             park: None,
             db: crate::lock::Database::Zero,
         },

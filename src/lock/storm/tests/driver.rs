@@ -335,3 +335,40 @@ async fn stop_answers_parked_attempts() {
     );
     assert_eq!(storm.waiting(b"lock:a"), 0);
 }
+
+/// The values of lost attempts a key remembers: a release by one is
+/// answered without Redis only while the key is known held, until an
+/// attempt with it wins; at most `MAX_LOST_VALUES`, the oldest dropped;
+/// nothing for a key not tracked or an empty value.
+#[tokio::test]
+async fn lost_values_are_remembered_while_the_key_is_held() {
+    use bytes::Bytes;
+    let storm = Storm::new(&RetryConfig::default());
+    let v = |s: &str| Bytes::copy_from_slice(s.as_bytes());
+    // Not tracked: nothing remembered.
+    storm.lost_value(b"lock:none", &v("a"));
+    assert!(!storm.lost_while_held(b"lock:none", b"a"));
+    assert_eq!(storm.admit(b"lock:a", 100, anyone()), Admission::Probe);
+    storm.lost_value(b"lock:a", &v("a"));
+    storm.lost_value(b"lock:a", &Bytes::new());
+    // Not known held yet: a release may find it free or anyone's.
+    assert!(!storm.lost_while_held(b"lock:a", b"a"));
+    storm.learn(b"lock:a", false, 60_000);
+    // (value, remembered as lost while held)
+    let table: &[(&str, bool)] = &[("a", true), ("b", false), ("", false)];
+    for (value, want) in table {
+        assert_eq!(storm.lost_while_held(b"lock:a", value.as_bytes()), *want, "{value:?}");
+    }
+    // An attempt with it won: a release by it is real.
+    storm.won_value(b"lock:a", b"a");
+    assert!(!storm.lost_while_held(b"lock:a", b"a"));
+    // Bounded: the oldest goes first.
+    for i in 0..=super::super::key::MAX_LOST_VALUES {
+        storm.lost_value(b"lock:a", &v(&format!("v{i}")));
+    }
+    assert!(!storm.lost_while_held(b"lock:a", b"v0"));
+    assert!(storm.lost_while_held(b"lock:a", b"v1"));
+    // Released: the key is not known held, nothing is answered.
+    storm.released(b"lock:a");
+    assert!(!storm.lost_while_held(b"lock:a", b"v1"));
+}
