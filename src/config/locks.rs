@@ -161,6 +161,11 @@ pub struct RetryConfig {
     pub max_keys: usize,
     /// Most attempts parked on one key; more are answered at once.
     pub max_waiters_per_key: usize,
+    /// Most values of lost attempts one tracked key remembers (8 bytes
+    /// each, a hash), so that a lock library's release by such a value
+    /// (pottery's clean-up after an attempt it lost) is answered without
+    /// Redis; the oldest is dropped past it (counted). 0: off.
+    pub max_lost_values_per_key: usize,
     /// One connection attempting one key more often than this per second
     /// gets its "not acquired" replies delayed (smoothing), cut short when
     /// it sends more behind them. 0: off.
@@ -200,6 +205,7 @@ impl Default for RetryConfig {
             spin_window_ms: 1_000,
             max_keys: 100_000,
             max_waiters_per_key: 10_000,
+            max_lost_values_per_key: 256,
             max_attempts_per_sec: 1_000,
             max_local_preference_ms: 500,
             queue_ttl_ms: 2_000,

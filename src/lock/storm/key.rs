@@ -156,16 +156,11 @@ pub(super) struct Key {
     pub(super) timing: Timing,
     /// When a client's attempt on the key last arrived here.
     pub(super) last_attempt: Option<Instant>,
-    /// The values of the latest attempts here that lost, newest last, at
-    /// most [`MAX_LOST_VALUES`]; a value leaves once an attempt with it
-    /// wins. See [`super::Storm::lost_value`].
-    pub(super) lost_values: VecDeque<Bytes>,
+    /// The values (hashed) of the latest attempts here that lost, newest
+    /// last, at most `locks.retry.max_lost_values_per_key`; a value leaves
+    /// once an attempt with it wins. See [`super::Storm::lost_value`].
+    pub(super) lost_values: VecDeque<u64>,
 }
-
-/// Most lost attempts' values one key remembers (a pool's clean-up
-/// releases come a moment after their attempts; 64 covers more callers
-/// than a pool lends connections to).
-pub(super) const MAX_LOST_VALUES: usize = 64;
 
 impl Key {
     /// Applies `event` at `now`; returns what to do.

@@ -30,6 +30,7 @@ mod tests;
 pub use handoff::{Claim, HandedOver};
 
 use crate::lock::keys::KeyHasher;
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -90,6 +91,10 @@ crate::metrics::counters! {
         /// itself.
         unkept: Counter "lock_fence_unkept",
             "Fencing waits that ran out with the table of kept waits full";
+        /// Lost attempts' values a key forgot because it remembered
+        /// `max_lost_values_per_key` already: a release by one goes to Redis.
+        lost_values_dropped: Counter "lock_lost_values_dropped",
+            "Lost attempts' values a key forgot (max_lost_values_per_key reached); a release by one goes to Redis";
     }
 }
 
@@ -158,6 +163,9 @@ pub struct Storm {
     evict_miss: Mutex<Option<Instant>>,
     /// Counters.
     pub metrics: StormMetrics,
+    /// Hashes lost attempts' values (`lost_values`), keyed at random per
+    /// process so no client can aim a collision.
+    lost_hasher: std::collections::hash_map::RandomState,
     /// Fencing waits in line per key (`LOCKGATE LOCK … WAIT`), at most
     /// `max_keys` keys.
     pub lines: lines::Lines,
@@ -250,6 +258,7 @@ impl Storm {
             next_id: AtomicU64::new(1),
             evict_miss: Mutex::new(None),
             metrics: StormMetrics::default(),
+            lost_hasher: std::collections::hash_map::RandomState::new(),
             lines: lines::Lines::new(
                 config.max_keys,
                 std::time::Duration::from_millis(config.spin_window_ms),
@@ -695,42 +704,49 @@ impl Storm {
     }
 
     /// An attempt with `value` on `key` lost (answered here or by Redis):
-    /// remembered for a release by that value that may follow (pottery's
-    /// clean-up after a lost attempt), at most `key::MAX_LOST_VALUES` per
-    /// tracked key. Nothing for a key not tracked.
-    pub fn lost_value(&self, key: &[u8], value: &Bytes) {
-        if value.is_empty() {
+    /// remembered (hashed) for a release by that value that may follow
+    /// (pottery's clean-up after a lost attempt), at most
+    /// `max_lost_values_per_key` per tracked key, the oldest dropped
+    /// (counted). Nothing for a key not tracked or an empty value.
+    pub fn lost_value(&self, key: &[u8], value: &[u8]) {
+        let most = self.config.max_lost_values_per_key;
+        if value.is_empty() || most == 0 {
             return;
         }
         let Some(state) = self.state(key, false) else {
             return;
         };
+        let hash = self.lost_hasher.hash_one(value);
         let mut inner = sync::lock(&state.inner);
         let lost = &mut inner.lost_values;
-        if !lost.contains(value) {
-            if lost.len() >= key::MAX_LOST_VALUES {
+        if !lost.contains(&hash) {
+            if lost.len() >= most {
                 lost.pop_front();
+                ProxyMetrics::inc(&self.metrics.lost_values_dropped);
             }
-            lost.push_back(value.clone());
+            lost.push_back(hash);
         }
     }
 
     /// An attempt with `value` on `key` won: a release by it is real.
     pub fn won_value(&self, key: &[u8], value: &[u8]) {
         if let Some(state) = self.state(key, false) {
-            sync::lock(&state.inner).lost_values.retain(|v| v != value);
+            let hash = self.lost_hasher.hash_one(value);
+            sync::lock(&state.inner).lost_values.retain(|&h| h != hash);
         }
     }
 
     /// The latest attempt with `value` on `key` here lost, none with it
     /// won since, and the key is known held now (by anyone): a release by
-    /// `value` would find another value there.
+    /// `value` would find another value there. (Two values with one 64-bit
+    /// hash would be taken for each other: a 2^-64 chance per pair.)
     pub fn lost_while_held(&self, key: &[u8], value: &[u8]) -> bool {
         let Some(state) = self.state(key, false) else {
             return false;
         };
+        let hash = self.lost_hasher.hash_one(value);
         let inner = sync::lock(&state.inner);
-        inner.held(Instant::now()).is_some() && inner.lost_values.iter().any(|v| v == value)
+        inner.held(Instant::now()).is_some() && inner.lost_values.contains(&hash)
     }
 
     /// Who holds `key` as last learned: this instance, another client, or

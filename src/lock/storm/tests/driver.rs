@@ -338,12 +338,17 @@ async fn stop_answers_parked_attempts() {
 
 /// The values of lost attempts a key remembers: a release by one is
 /// answered without Redis only while the key is known held, until an
-/// attempt with it wins; at most `MAX_LOST_VALUES`, the oldest dropped;
+/// attempt with it wins; at most `max_lost_values_per_key`, the oldest
+/// dropped;
 /// nothing for a key not tracked or an empty value.
 #[tokio::test]
 async fn lost_values_are_remembered_while_the_key_is_held() {
     use bytes::Bytes;
-    let storm = Storm::new(&RetryConfig::default());
+    let config = RetryConfig {
+        max_lost_values_per_key: 8,
+        ..RetryConfig::default()
+    };
+    let storm = Storm::new(&config);
     let v = |s: &str| Bytes::copy_from_slice(s.as_bytes());
     // Not tracked: nothing remembered.
     storm.lost_value(b"lock:none", &v("a"));
@@ -357,17 +362,22 @@ async fn lost_values_are_remembered_while_the_key_is_held() {
     // (value, remembered as lost while held)
     let table: &[(&str, bool)] = &[("a", true), ("b", false), ("", false)];
     for (value, want) in table {
-        assert_eq!(storm.lost_while_held(b"lock:a", value.as_bytes()), *want, "{value:?}");
+        assert_eq!(
+            storm.lost_while_held(b"lock:a", value.as_bytes()),
+            *want,
+            "{value:?}"
+        );
     }
     // An attempt with it won: a release by it is real.
     storm.won_value(b"lock:a", b"a");
     assert!(!storm.lost_while_held(b"lock:a", b"a"));
     // Bounded: the oldest goes first.
-    for i in 0..=super::super::key::MAX_LOST_VALUES {
+    for i in 0..=8 {
         storm.lost_value(b"lock:a", &v(&format!("v{i}")));
     }
     assert!(!storm.lost_while_held(b"lock:a", b"v0"));
     assert!(storm.lost_while_held(b"lock:a", b"v1"));
+    assert_eq!(ProxyMetrics::get(&storm.metrics.lost_values_dropped), 1);
     // Released: the key is not known held, nothing is answered.
     storm.released(b"lock:a");
     assert!(!storm.lost_while_held(b"lock:a", b"v1"));
