@@ -278,3 +278,61 @@ async fn in_front_of_a_cluster_each_owner_record_follows_on_its_node() {
     assert!(nodes.len() >= 2, "the keys spread over shards: {nodes:?}");
     lg.stop().await;
 }
+
+/// redsync's shape (Go; its registry is not reachable here, so the
+/// library itself is not run): `SET NX PX` to acquire, a compare-and-delete
+/// release answering `DEL`'s count, `-1` when the key is gone and `0` when
+/// another holds it, and a compare-and-`PEXPIRE` extension, written after
+/// that documented behaviour. Every reply as straight on Redis, and the
+/// owner record follows: carried along by the extension, gone with the
+/// release.
+#[tokio::test]
+async fn redsyncs_shape_is_followed_and_answered_as_on_redis() {
+    const RELEASE: &str = "local v = redis.call('GET', KEYS[1]) \
+        if v == ARGV[1] then return redis.call('DEL', KEYS[1]) \
+        elseif v == false then return -1 else return 0 end";
+    const TOUCH: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then \
+        return redis.call('PEXPIRE', KEYS[1], ARGV[2]) else return 0 end";
+    let calls = |key: &'static str| -> [Vec<&'static str>; 7] {
+        [
+            vec!["SET", key, "r1", "NX", "PX", "5000"],
+            vec!["EVAL", TOUCH, "1", key, "r2", "60000"],
+            vec!["EVAL", TOUCH, "1", key, "r1", "60000"],
+            vec!["EVAL", RELEASE, "1", key, "r2"],
+            vec!["EVAL", RELEASE, "1", key, "r1"],
+            vec!["EVAL", RELEASE, "1", key, "r1"],
+            vec!["EXISTS", key],
+        ]
+    };
+    let redis = RedisServer::start();
+    let lg = Lockgate::start(&redis.addr()).await;
+    let mut direct = RawClient::connect(redis.addr()).await;
+    let mut straight = Vec::new();
+    for args in calls("lock:rs:direct") {
+        straight.push(direct.call_raw(&args).await);
+    }
+    let want: [&[u8]; 7] = [
+        b"+OK\r\n", b":0\r\n", b":1\r\n", b":0\r\n", b":1\r\n", b":-1\r\n", b":0\r\n",
+    ];
+    assert_eq!(straight, want.map(<[u8]>::to_vec));
+    // Through lockgate, checking the owner record on the way.
+    let key = "lock:rs:lg";
+    let mut c = RawClient::connect(lg.addr).await;
+    let mut through = Vec::new();
+    for (i, args) in calls(key).into_iter().enumerate() {
+        through.push(c.call_raw(&args).await);
+        match i {
+            2 => crate::until!(
+                "the owner record carried along",
+                pttl(&mut direct, &owner(key)).await > 30_000
+            ),
+            4 => crate::until!(
+                "the owner record gone with the key",
+                !exists(&mut direct, &owner(key)).await
+            ),
+            _ => {}
+        }
+    }
+    assert_eq!(through, straight);
+    lg.stop().await;
+}
