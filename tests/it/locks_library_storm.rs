@@ -29,26 +29,29 @@ use crate::support;
 use support::locks::m;
 use support::{python, Lockgate, RedisServer};
 
-/// The storm of `library` (`redis-py`, `pottery`) through `lg` in `shape`
-/// (`own`, `pool`): acquisitions made and Redis commands per acquisition.
-async fn storm(lg: &Lockgate, redis: &RedisServer, shape: &str, library: &str) -> (u64, f64) {
+/// The storm drivers' arguments: lockgate's and Redis's addresses, the
+/// key, 8 threads or tasks, 2 s, the shape.
+fn storm_args(lg: &Lockgate, redis: &RedisServer, key: String, shape: &str) -> Vec<String> {
     let (rhost, rport) = redis
         .addr()
         .rsplit_once(':')
         .map(|(h, p)| (h.to_string(), p.to_string()))
         .expect("host:port");
-    let args = [
+    vec![
         lg.addr.ip().to_string(),
         lg.addr.port().to_string(),
         rhost,
         rport,
-        format!("lock:storm:{library}:{shape}"),
+        key,
         "8".to_string(),
         "2".to_string(),
         shape.to_string(),
-        library.to_string(),
-    ];
-    let out = python("redis_py_storm.py", &args, Duration::from_secs(60)).await;
+    ]
+}
+
+/// A storm driver's JSON line: acquisitions made (at least 20) and Redis
+/// commands per acquisition (its scripts' own calls included).
+fn storm_outcome(out: &str, shape: &str) -> (u64, f64) {
     let v: serde_json::Value = serde_json::from_str(out.trim()).expect("one JSON line");
     let acquisitions = v["acquisitions"].as_u64().expect("acquisitions");
     assert!(
@@ -57,6 +60,15 @@ async fn storm(lg: &Lockgate, redis: &RedisServer, shape: &str, library: &str) -
     );
     let calls = v["calls"].as_u64().expect("calls");
     (acquisitions, calls as f64 / acquisitions as f64)
+}
+
+/// The storm of `library` (`redis-py`, `pottery`) through `lg` in `shape`
+/// (`own`, `pool`): acquisitions made and Redis commands per acquisition.
+async fn storm(lg: &Lockgate, redis: &RedisServer, shape: &str, library: &str) -> (u64, f64) {
+    let mut args = storm_args(lg, redis, format!("lock:storm:{library}:{shape}"), shape);
+    args.push(library.to_string());
+    let out = python("redis_py_storm.py", &args, Duration::from_secs(60)).await;
+    storm_outcome(&out, shape)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -109,30 +121,9 @@ async fn redis_py_lock_polls_are_absorbed_on_a_lifo_pool() {
 /// node-redlock's storm through `lg` in `shape` (`own`, `one`):
 /// acquisitions made and Redis commands per acquisition.
 async fn redlock_storm(lg: &Lockgate, redis: &RedisServer, shape: &str) -> (u64, f64) {
-    let (rhost, rport) = redis
-        .addr()
-        .rsplit_once(':')
-        .map(|(h, p)| (h.to_string(), p.to_string()))
-        .expect("host:port");
-    let args = [
-        lg.addr.ip().to_string(),
-        lg.addr.port().to_string(),
-        rhost,
-        rport,
-        format!("lock:storm:rl:{shape}"),
-        "8".to_string(),
-        "2".to_string(),
-        shape.to_string(),
-    ];
+    let args = storm_args(lg, redis, format!("lock:storm:rl:{shape}"), shape);
     let out = support::node("redlock_storm.js", &args, Duration::from_secs(60)).await;
-    let v: serde_json::Value = serde_json::from_str(out.trim()).expect("one JSON line");
-    let acquisitions = v["acquisitions"].as_u64().expect("acquisitions");
-    assert!(
-        acquisitions >= 20,
-        "{shape}: only {acquisitions} acquisitions in 2 s"
-    );
-    let calls = v["calls"].as_u64().expect("calls");
-    (acquisitions, calls as f64 / acquisitions as f64)
+    storm_outcome(&out, shape)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
