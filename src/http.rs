@@ -268,6 +268,7 @@ async fn status(
         "history_interval_ms": ctx.history.interval.as_millis() as u64,
         "history_capacity": ctx.history.capacity(),
         "locks": lock_rows(&ctx).await,
+        "lapses": crate::admin::views::lapses_json(&ctx),
         "masters": masters,
         "guards": ctx.locks.guard_counts().iter().map(|(lock, mode, counts)| {
             let mut row = serde_json::json!({"lock": lock, "mode": mode});

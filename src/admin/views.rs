@@ -162,6 +162,50 @@ pub fn waiters(ctx: &ServerContext, key: &[u8]) -> LocalReply {
     LocalReply::Array(parked.chain(blocked).collect())
 }
 
+/// `LAPSES [n]`: the latest leases that ran out before their holder
+/// released or extended them, newest first (see
+/// [`crate::lock::lapses`]): key, client, how long it was held, its lease,
+/// the overrun, what found it, when.
+pub fn lapses(ctx: &ServerContext, n: usize) -> LocalReply {
+    LocalReply::Array(
+        (ctx.locks.lapses.recent().into_iter().take(n))
+            .map(|l| {
+                let (addr, name) = client_fields(l.client.as_ref());
+                record(vec![
+                    ("key", LocalReply::Bulk(l.key)),
+                    ("client_addr", addr),
+                    ("client_name", name),
+                    ("held_ms", int(l.held_ms)),
+                    ("lease_ms", int(l.lease_ms)),
+                    ("overrun_ms", int(l.overrun_ms)),
+                    ("found_by", text(l.during)),
+                    ("at_unix_ms", int(l.at_unix_ms)),
+                ])
+            })
+            .collect(),
+    )
+}
+
+/// The latest lapses as the status page shows them (`/status.json`
+/// `lapses`), newest first.
+pub fn lapses_json(ctx: &ServerContext) -> Vec<serde_json::Value> {
+    (ctx.locks.lapses.recent().into_iter())
+        .map(|l| {
+            let client = l.client.as_ref();
+            serde_json::json!({
+                "key": String::from_utf8_lossy(&l.key),
+                "client_addr": client.map(|c| c.addr.clone()),
+                "client_name": client.map(|c| String::from_utf8_lossy(&c.name).into_owned()),
+                "held_ms": l.held_ms,
+                "lease_ms": l.lease_ms,
+                "overrun_ms": l.overrun_ms,
+                "found_by": l.during,
+                "at_unix_ms": l.at_unix_ms,
+            })
+        })
+        .collect()
+}
+
 /// The primary's `maxmemory-policy` by name, as read from the primary in
 /// force (`unknown`: not read from it yet, or unreadable).
 pub fn primary_policy(ctx: &ServerContext) -> String {

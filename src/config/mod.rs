@@ -77,6 +77,10 @@ pub struct AdminConfig {
     pub password: String,
     /// How many hottest lock keys are reported (K of the top-K sketch).
     pub hot_keys: usize,
+    /// How many of the latest leases that ran out before their holder
+    /// released or extended them are kept for the status page and
+    /// `LOCKGATE LAPSES` (key, client, overrun); 0: none.
+    pub recent_lapses: usize,
     /// How far back the status page's charts go, in seconds (the
     /// history's span; with `history_interval_ms`, its size in samples).
     pub history_seconds: u64,
@@ -95,6 +99,7 @@ impl Default for AdminConfig {
             resp_commands: true,
             password: String::new(),
             hot_keys: 20,
+            recent_lapses: 32,
             history_seconds: 900,
             history_interval_ms: 2_000,
         }

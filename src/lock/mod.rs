@@ -38,7 +38,8 @@
 //!   connection), [`announce`] (wake-ups between instances, see
 //!   docs/fleet.md), [`hotkeys`] (the top-K sketch of hot lock keys),
 //!   [`conns`] (this instance's connections, for operators), [`operator`]
-//!   (who holds and who waits, and an operator's release), [`guard`]
+//!   (who holds and who waits, and an operator's release), [`lapses`]
+//!   (the latest leases that ran out before their release), [`guard`]
 //!   (guarded writes: a write to data a lock protects, checked with the
 //!   write against the owner record).
 //! - [`quorum`] (the Redlock quorum in one folder: masters and their
@@ -71,6 +72,7 @@ pub use forget::{Database, Forget};
 pub mod guard;
 pub(crate) mod hotkeys;
 pub(crate) mod keys;
+pub mod lapses;
 pub(crate) mod lease;
 pub(crate) mod metrics;
 pub(crate) mod on_behalf;
@@ -316,6 +318,9 @@ pub struct LockService {
     /// Lock keys watched for library waiters whose wake-up may be lost
     /// (see [`wake`]).
     pub(crate) wake: wake::Watched,
+    /// The latest leases that ran out before their holder released or
+    /// extended them, for operators (see [`lapses`]).
+    pub lapses: lapses::Lapses,
     lapse_warn: RateLimit,
     /// Rate-limits the warning that the server refuses lockgate's scripts.
     scripts_warn: RateLimit,
@@ -383,6 +388,7 @@ impl LockService {
             hot: hotkeys::HotKeys::new(config.admin.hot_keys),
             conns: conns::Conns::default(),
             wake: wake::Watched::new(&c.wake),
+            lapses: lapses::Lapses::new(config.admin.recent_lapses),
             lapse_warn: RateLimit::new(WARN_INTERVAL),
             scripts_warn: RateLimit::new(WARN_INTERVAL),
             unmatched_warn: RateLimit::new(WARN_INTERVAL),

@@ -506,7 +506,7 @@ impl LockService {
                         }
                         if lapsed_left > 0 && rec.standing == Standing::Held {
                             lapsed_left -= 1;
-                            self.lapsed(key, &rec, "release");
+                            self.lapsed(key, &rec, "release", conn.id);
                         }
                     }
                 }
@@ -529,7 +529,7 @@ impl LockService {
                 // nobody's and its holder's next `EXPIRE` refused.
                 if lapsed > 0 && conn.get(&key).is_some_and(|r| r.standing == Standing::Held) {
                     if let Some(rec) = conn.released(&key, upto) {
-                        self.lapsed(&key, &rec, "extend");
+                        self.lapsed(&key, &rec, "extend", conn.id);
                     }
                 }
             }
@@ -609,12 +609,28 @@ impl LockService {
         }
     }
 
-    /// Counts and (rate-limited) reports a lease that ran out before its
-    /// holder released or extended it. Never logs values or tokens.
-    fn lapsed(&self, key: &[u8], rec: &lease::Acquisition, during: &str) {
+    /// Counts, keeps for operators ([`super::lapses`]) and (rate-limited)
+    /// reports a lease that ran out before its holder (connection `id`)
+    /// released or extended it. Never logs values or tokens.
+    fn lapsed(
+        &self,
+        key: &[u8],
+        rec: &lease::Acquisition,
+        during: &'static str,
+        id: lease::ConnId,
+    ) {
         ProxyMetrics::inc(&self.metrics.lease_expired_before_release);
         let held_ms = rec.since.elapsed().as_millis() as u64;
         let overrun_ms = held_ms.saturating_sub(rec.lease_ms);
+        self.lapses.record(super::lapses::Lapse {
+            key: Bytes::copy_from_slice(key),
+            client: self.conns.client(id),
+            held_ms,
+            lease_ms: rec.lease_ms,
+            overrun_ms,
+            during,
+            at_unix_ms: crate::lock::quorum::now_unix_ms(),
+        });
         if let Some(more) = self.lapse_warn.check() {
             tracing::warn!(
                 key = %String::from_utf8_lossy(key),

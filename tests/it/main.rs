@@ -56,6 +56,7 @@ mod locks_wake;
 mod locks_watchdog;
 mod ops;
 mod ops_keys;
+mod ops_lapses;
 mod ops_reload;
 mod partitions;
 mod passthrough;
