@@ -94,6 +94,14 @@ impl Conns {
         self.map.get(&id).map(|e| e.client.clone())
     }
 
+    /// [`Conns::client`] for a caller that holds a connection's records:
+    /// never waits for the registry (its scans lock each connection's
+    /// records while they hold a part of it, so waiting here could wait
+    /// for ever); `None` when that part is busy at this moment.
+    pub fn client_now(&self, id: ConnId) -> Option<Client> {
+        self.map.try_get(&id).try_unwrap().map(|e| e.client.clone())
+    }
+
     /// Who `id` is and when it first tried for `key` in its current run
     /// of attempts, while its session lives and it has not tried for the
     /// key since `since` nor holds it: it still waits as it did then.

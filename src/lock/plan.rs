@@ -624,7 +624,9 @@ impl LockService {
         let overrun_ms = held_ms.saturating_sub(rec.lease_ms);
         self.lapses.record(super::lapses::Lapse {
             key: Bytes::copy_from_slice(key),
-            client: self.conns.client(id),
+            // The holder's records are locked here: never wait for the
+            // registry (`Conns::client_now`).
+            client: self.conns.client_now(id),
             held_ms,
             lease_ms: rec.lease_ms,
             overrun_ms,
