@@ -729,10 +729,16 @@ impl Storm {
     }
 
     /// An attempt with `value` on `key` won: a release by it is real.
+    /// Called for every acquisition: nothing is hashed for a key that
+    /// remembers no lost value (an uncontended one).
     pub fn won_value(&self, key: &[u8], value: &[u8]) {
-        if let Some(state) = self.state(key, false) {
+        let Some(state) = self.state(key, false) else {
+            return;
+        };
+        let mut inner = sync::lock(&state.inner);
+        if !inner.lost_values.is_empty() {
             let hash = self.lost_hasher.hash_one(value);
-            sync::lock(&state.inner).lost_values.retain(|&h| h != hash);
+            inner.lost_values.retain(|&h| h != hash);
         }
     }
 
