@@ -158,12 +158,14 @@ impl Conns {
             };
             let locks = sync::lock(&locks);
             // A holding whose value is not known (an earlier pipelined
-            // attempt won: `ConnLocks::settle`) may be by this value.
+            // attempt won: `ConnLocks::settle`) may be by this value; so
+            // may any attempt whose outcome was never learned (only its
+            // token is kept, not its value).
             locks.get(key).is_some_and(|a| {
                 let maybe = a.value == value || a.value.is_empty();
                 (maybe && a.standing != Standing::Lost)
                     || a.retry.as_ref().is_some_and(|r| r.value == value)
-                    || (a.value == value && !a.unsettled.is_empty())
+                    || !a.unsettled.is_empty()
             })
         })
     }
