@@ -62,13 +62,11 @@ def worker(i):
     while time.monotonic() < stop:
         if library == "pottery":
             lock = Redlock(key=key, masters={r}, auto_release_time=10)
-            if lock.acquire(blocking=True, timeout=5):
-                time.sleep(HOLD)
-                lock.release()
-                acquired[i] += 1
-            continue
-        lock = r.lock(key, timeout=10, sleep=SLEEP, blocking_timeout=5)
-        if lock.acquire():
+            got = lock.acquire(blocking=True, timeout=5)
+        else:
+            lock = r.lock(key, timeout=10, sleep=SLEEP, blocking_timeout=5)
+            got = lock.acquire()
+        if got:
             time.sleep(HOLD)
             lock.release()
             acquired[i] += 1
