@@ -231,7 +231,13 @@ impl ServerContext {
             stop.clone(),
             Duration::from_millis(config.upstream.connect_timeout_ms),
         )
-        .with_natives(natives);
+        .with_natives(natives)
+        // Replica acknowledgement asks on a connection of its own (its
+        // `WAIT` blocks it), following the primary; opened on first use.
+        .with_replicas(
+            NodeConfig::for_addr(&config, &config.upstream.addr, upstream.clone())
+                .following(&primary_addr),
+        );
         let locks = Arc::new(LockService::with_store(&config, store));
         // Policies are read again periodically (and as each connection
         // opens): the primary's, and the masters' where the locks live.

@@ -47,6 +47,25 @@ pub struct LocksConfig {
     /// than `default_lease_ms`. 0: off. Not used with the quorum.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub failover_delay_ms: Option<u64>,
+    /// Replicas that must hold an acquisition, a takeover or an extension
+    /// before its client is told it succeeded (`WAIT`): a lock granted on
+    /// a primary that dies before any replica has it is granted again by
+    /// the promoted replica. 0: off. Not acknowledged within
+    /// `replicas_ack_timeout_ms`, an acquisition or takeover is undone by
+    /// its own token and the client told it failed
+    /// (`replicas_ack_refusal`). Per pattern in `[[locks.overrides]]`.
+    /// One primary only (with or without Sentinel): refused with the
+    /// quorum, whose masters have no replicas to wait for, and in front of
+    /// a cluster. Reloadable. At most `MAX_REPLICAS_ACK`.
+    pub replicas_ack: u32,
+    /// Longest wait for `replicas_ack` replicas, ms (Redisson's
+    /// `slavesSyncTimeout` is 1000). 1 to `MAX_REPLICAS_ACK_TIMEOUT_MS`.
+    pub replicas_ack_timeout_ms: u64,
+    /// What a client whose acquisition the replicas did not acknowledge
+    /// in time gets: `"not_acquired"` (the command's own "not acquired":
+    /// `:0`, nil; `SET … NX GET` and a takeover, which have none, get the
+    /// error) or `"error"` (`-ERR lockgate: … not acknowledged by …`).
+    pub replicas_ack_refusal: AckRefusal,
     /// Refuse to serve locks where Redis may evict them: while the
     /// primary's `maxmemory-policy` is not `noeviction`, lock acquisitions,
     /// extensions and takeovers on it are answered `-ERR lockgate: locks
@@ -97,6 +116,25 @@ pub struct LocksConfig {
 
 /// Most `locks.guard_table_wait_ms`.
 pub const MAX_GUARD_TABLE_WAIT_MS: u64 = 60_000;
+
+/// Most `locks.replicas_ack` (Redis's own `WAIT` takes any number; a
+/// primary with more replicas than this is unusual).
+pub const MAX_REPLICAS_ACK: u32 = 64;
+
+/// Most `locks.replicas_ack_timeout_ms`.
+pub const MAX_REPLICAS_ACK_TIMEOUT_MS: u64 = 60_000;
+
+/// What an acquisition the replicas did not acknowledge in time answers
+/// (`locks.replicas_ack_refusal`).
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum AckRefusal {
+    /// The command's "not acquired" reply (`:0`, nil), where it has one.
+    #[default]
+    NotAcquired,
+    /// `-ERR lockgate: … not acknowledged by N replicas within T ms`.
+    Error,
+}
 
 /// Library waiters' wake-ups (`[locks.wake]`): a lock library whose
 /// waiters block on a list (python-redis-lock: `BLPOP lock-signal:<name>`)
@@ -305,6 +343,9 @@ impl Default for LocksConfig {
             retry: RetryConfig::default(),
             wake: WakeConfig::default(),
             failover_delay_ms: None,
+            replicas_ack: 0,
+            replicas_ack_timeout_ms: 1_000,
+            replicas_ack_refusal: AckRefusal::NotAcquired,
             require_noeviction: false,
             eviction_check_ms: 1_000,
             fast_path: true,
@@ -346,6 +387,12 @@ pub struct LockOverride {
     pub probe_interval_ms: Option<u64>,
     /// `locks.retry.park_ms` for these keys (unset: the global).
     pub park_ms: Option<u64>,
+    /// `locks.replicas_ack` for these keys (unset: the global; 0: off).
+    pub replicas_ack: Option<u32>,
+    /// `locks.replicas_ack_timeout_ms` for these keys (unset: the global).
+    pub replicas_ack_timeout_ms: Option<u64>,
+    /// `locks.replicas_ack_refusal` for these keys (unset: the global).
+    pub replicas_ack_refusal: Option<AckRefusal>,
 }
 
 impl Default for LockOverride {
@@ -358,6 +405,9 @@ impl Default for LockOverride {
             release_on_disconnect: false,
             probe_interval_ms: None,
             park_ms: None,
+            replicas_ack: None,
+            replicas_ack_timeout_ms: None,
+            replicas_ack_refusal: None,
         }
     }
 }

@@ -16,8 +16,8 @@ mod sentinel;
 mod tls;
 pub use cluster::{ClusterConfig, MAX_REDIRECTS};
 pub use locks::{
-    GuardConfig, GuardMode, LockOverride, LocksConfig, Ownership, QuorumConfig, QuorumLoss,
-    RetryConfig, UnlockedWriters, WakeConfig, MAX_GUARDS,
+    AckRefusal, GuardConfig, GuardMode, LockOverride, LocksConfig, Ownership, QuorumConfig,
+    QuorumLoss, RetryConfig, UnlockedWriters, WakeConfig, MAX_GUARDS,
 };
 pub use proxy::{
     ProxyConfig, UpstreamMode, MAX_SHARED_UPSTREAM_CONNECTIONS, MIN_CLIENT_TIMEOUT_MS,
@@ -437,6 +437,7 @@ impl Config {
         if self.locks.instance_id.contains(char::is_whitespace) {
             return Err(invalid("locks.instance_id", "must not contain white space"));
         }
+        self.validate_replicas_ack()?;
         for o in &self.locks.overrides {
             if o.pattern.is_empty() {
                 return Err(invalid("locks.overrides.pattern", "must not be empty"));
@@ -455,6 +456,48 @@ impl Config {
             ));
         }
         self.validate_tls()
+    }
+
+    /// `locks.replicas_ack` and its timeout, globally and per pattern:
+    /// within bounds, and only where there are replicas to wait for (one
+    /// primary, not the quorum's masters nor a cluster's shards).
+    fn validate_replicas_ack(&self) -> Result<(), ConfigError> {
+        let l = &self.locks;
+        let per_pattern = l.overrides.iter().map(|o| {
+            (
+                o.replicas_ack.unwrap_or(l.replicas_ack),
+                o.replicas_ack_timeout_ms
+                    .unwrap_or(l.replicas_ack_timeout_ms),
+            )
+        });
+        let mut on = false;
+        for (n, timeout_ms) in
+            std::iter::once((l.replicas_ack, l.replicas_ack_timeout_ms)).chain(per_pattern)
+        {
+            if n > locks::MAX_REPLICAS_ACK {
+                let why = format!("must be at most {}", locks::MAX_REPLICAS_ACK);
+                return Err(invalid("locks.replicas_ack", &why));
+            }
+            if !(1..=locks::MAX_REPLICAS_ACK_TIMEOUT_MS).contains(&timeout_ms) {
+                let why = format!("must be 1 to {}", locks::MAX_REPLICAS_ACK_TIMEOUT_MS);
+                return Err(invalid("locks.replicas_ack_timeout_ms", &why));
+            }
+            on |= n > 0;
+        }
+        if on && !l.quorum.masters.is_empty() {
+            return Err(invalid(
+                "locks.replicas_ack",
+                "the quorum's masters are independent servers with no replicas to wait for: \
+                 leave it 0 with locks.quorum.masters",
+            ));
+        }
+        if on && self.upstream.cluster.enabled() {
+            return Err(invalid(
+                "locks.replicas_ack",
+                "not served in front of a cluster yet: leave it 0 with upstream.cluster.seeds",
+            ));
+        }
+        Ok(())
     }
 
     /// The TLS sections' addresses and timeouts (the files themselves are

@@ -170,6 +170,7 @@ impl LockService {
             }
             ProxyMetrics::inc(&self.metrics.attempts);
             let started = Instant::now();
+            let primary_at = self.primary_at();
             let instance_token = self.next_token();
             let cmd = super::eval_on(
                 script::FENCE_LOCK,
@@ -197,6 +198,15 @@ impl LockService {
                 facts.get(2).copied().unwrap_or(0) == 1,
             );
             if token > 0 {
+                // Answered only once the replicas hold it (undone if they
+                // do not in time); its validity counts the wait.
+                if let Err(refused) = self
+                    .fence_acknowledged(&key, &instance_token, primary_at)
+                    .await
+                {
+                    self.storm.line_answered(&key, None);
+                    return refused;
+                }
                 let elapsed = started.elapsed().as_millis() as i64;
                 let drift = (ttl_ms as f64 * CLOCK_DRIFT_FACTOR) as i64 + 2;
                 let validity = ttl_ms as i64 - elapsed - drift;

@@ -48,7 +48,8 @@
 //!   primary).
 //! - [`watchdog`] (renewal, release on disconnect), [`fence`] (the
 //!   fencing-token API on one Redis), [`failover`] (the hold after a switch
-//!   of the primary), [`eviction`] (each store's `maxmemory-policy`),
+//!   of the primary), [`replicas`] (a grant answered only once the
+//!   primary's replicas hold it, `locks.replicas_ack`), [`eviction`] (each store's `maxmemory-policy`),
 //!   `forget` (what a forwarded command changed behind the room's back:
 //!   [`Forget`], [`Database`]), [`reconcile`] (owner records made true to
 //!   what a client's own script, a lock library's release or extension,
@@ -80,6 +81,7 @@ pub mod operator;
 pub mod ops;
 mod plan;
 pub(crate) mod reconcile;
+pub mod replicas;
 pub use plan::Queueing;
 pub mod quorum;
 mod reply;
@@ -134,6 +136,12 @@ pub enum LockPending {
         /// The value tried (the storm room remembers the values that lost:
         /// `Storm::lost_value`).
         value: Bytes,
+        /// What the command answers (its "not acquired", should its grant
+        /// not be acknowledged by the replicas: [`replicas`]).
+        shape: ops::Shape,
+        /// The primary's generation when it was planned: a grant is
+        /// acknowledged only by that primary's replicas ([`replicas`]).
+        primary_at: u64,
         /// If it fails: park it (retry storms), with these settings.
         park: Option<Park>,
         /// Where it ran: the contention table learns only database 0.
@@ -200,6 +208,8 @@ pub enum LockPending {
         key: Bytes,
         /// The new owner token.
         token: Bytes,
+        /// The primary's generation when it was planned.
+        primary_at: u64,
     },
     /// A guarded write ([`guard`]): its reply is the write's, or a refusal.
     Guard(guard::GuardPending),
@@ -263,6 +273,13 @@ pub struct Rules {
     retry: crate::config::RetryConfig,
     failover_delay_ms: Option<u64>,
     eviction_check_ms: u64,
+    /// `locks.replicas_ack`, its timeout and refusal.
+    replicas_ack: u32,
+    replicas_ack_timeout_ms: u64,
+    replicas_ack_refusal: crate::config::AckRefusal,
+    /// Some pattern, or all, asks replicas to acknowledge: without any,
+    /// a grant looks at no pattern for it.
+    replicas_ack_any: bool,
     /// `[[locks.guards]]`, compiled.
     guards: guard::Guards,
 }
@@ -293,6 +310,13 @@ impl Rules {
             fast_path: c.fast_path,
             retry: c.retry.clone(),
             failover_delay_ms: c.failover_delay_ms,
+            replicas_ack: c.replicas_ack,
+            replicas_ack_timeout_ms: c.replicas_ack_timeout_ms,
+            replicas_ack_refusal: c.replicas_ack_refusal,
+            replicas_ack_any: c.replicas_ack > 0
+                || c.overrides
+                    .iter()
+                    .any(|o| o.replicas_ack.is_some_and(|n| n > 0)),
         }
     }
 }

@@ -10,6 +10,7 @@ use std::time::Duration;
 use super::lease::ConnLocks;
 use super::ops::{LockOp, Ttl};
 use super::quorum::Quorum;
+use super::replicas::Won;
 use super::storm::{Acquirer, Ask, Tried};
 use super::txn::OnPrimary;
 use super::{split_reply, LockService, Park};
@@ -104,12 +105,23 @@ impl LockService {
         match primary.send(planned.call.request(), timeout).await {
             Ok(reply) => {
                 let (_, facts) = split_reply(&reply);
+                // Won: answered only once the replicas hold it (undone if
+                // they do not in time).
+                let won = match self.acks_asked() {
+                    true => Won::of(&pending, &facts),
+                    false => None,
+                };
                 self.complete(pending, &facts, &mut sync::lock(&ask.conn));
                 // An error reply carries no facts: nothing learned.
                 let Some(&pttl) = facts.get(1) else {
                     return Tried::FAILED;
                 };
                 let scale = facts.get(script::ACQUIRE_BEHIND_FACT).copied();
+                if let Some(won) = won {
+                    if !self.acknowledged(won, &ask.conn).await {
+                        return Tried::FAILED;
+                    }
+                }
                 Tried {
                     acquired: facts.first() == Some(&1),
                     pttl,

@@ -226,6 +226,8 @@ impl LockService {
                         key,
                         token,
                         value,
+                        shape,
+                        primary_at: self.primary_at(),
                         park: None,
                         db: Database::Zero,
                     },
@@ -365,7 +367,15 @@ impl LockService {
                     command: command.as_bytes(),
                 };
                 let cmd = Call::new(Script::Takeover, &[&key, &owner], &argv.with(&args));
-                (cmd, LockPending::Takeover { key, token })
+                let primary_at = self.primary_at();
+                (
+                    cmd,
+                    LockPending::Takeover {
+                        key,
+                        token,
+                        primary_at,
+                    },
+                )
             }
         };
         ProxyMetrics::add(&self.metrics.conn_table_evictions, conn.evicted - evicted);
@@ -593,8 +603,10 @@ impl LockService {
             );
             let pending = LockPending::Acquire {
                 key: handed.key.clone(),
-                token: claim.token,
+                token: claim.token.clone(),
                 value: claim.value.clone(),
+                shape: handed.shape,
+                primary_at: 0,
                 park: None,
                 db: Database::Zero,
             };
@@ -602,6 +614,29 @@ impl LockService {
             let _ = self.complete(pending, &[1, claim.lease_ms as i64], &mut c);
         }
         let key = handed.key.clone();
+        // The replicas must hold it before the waiter is told.
+        // The release that handed it over was just answered: the primary
+        // in force granted it.
+        let won = self.acks_asked().then(|| super::replicas::Won {
+            primary_at: self.primary_at(),
+            key: key.clone(),
+            token: claim.token.clone(),
+            value: claim.value.clone(),
+            no: super::replicas::not_acquired(handed.shape),
+        });
+        if let Some(won) = won {
+            let yes = super::storm::shaped(handed.shape, true);
+            if let Ok(rx) = self.gate(won, &handed.conn, yes) {
+                if let Some(reply) = handed.reply {
+                    tokio::spawn(async move {
+                        if let Ok(answer) = rx.await {
+                            let _ = reply.send(answer);
+                        }
+                    });
+                }
+                return;
+            }
+        }
         if !handed.deliver() {
             // It went away while the release was on its way: the lease runs
             // out, as after a handoff by the driver.

@@ -10,6 +10,7 @@ use tokio::sync::oneshot;
 
 use super::evalsha::{self, Rerun};
 use super::lease::{ConnLocks, Standing};
+use super::replicas::Won;
 use super::storm::Acquirer;
 use super::txn::refuses_scripts;
 use super::{split_reply, LockPending, LockService, Park};
@@ -197,6 +198,11 @@ impl LockService {
             return ReplyOutcome::Reply(frame);
         }
         let park = failed_attempt(&pending, &facts);
+        // A grant the replicas must hold before it is answered.
+        let won = match self.acks_asked() {
+            true => Won::of(&pending, &facts),
+            false => None,
+        };
         let by_value = by_value_elsewhere(&pending, &facts, &sync::lock(conn));
         let handed = self.complete(pending, &facts, &mut sync::lock(conn));
         // The release gave the lock to a parked attempt of another
@@ -209,6 +215,12 @@ impl LockService {
         // unlocked.
         if let Some((keys, value, upto)) = by_value {
             self.released_by_value(&keys, &value, upto);
+        }
+        if let Some(won) = won {
+            return match self.gate(won, conn, evalsha::own_reply(reply)) {
+                Ok(rx) => ReplyOutcome::Parked(rx),
+                Err(yes) => ReplyOutcome::Local(yes),
+            };
         }
         match park.and_then(|(key, park)| self.park(key, park, conn, acquirer())) {
             Some(rx) => ReplyOutcome::Parked(rx),

@@ -26,6 +26,7 @@ use super::lease::ConnLocks;
 use super::metrics::RejoinMetrics;
 use super::ops::LockOp;
 use super::quorum::Quorum;
+use super::replicas::Replicas;
 use super::split::{Merge, Split};
 use super::storm::{Acquirer, Ask, Tried};
 use super::txn::{OnPrimary, TxnMetrics};
@@ -33,7 +34,7 @@ use super::{evalsha, Database, LockPending, LockService, Queueing};
 use crate::metrics::{Counter, Kind};
 use crate::protocol::encode::{self, LocalReply};
 use crate::sync;
-use crate::upstream::node::Node;
+use crate::upstream::node::{Node, NodeConfig};
 use crate::upstream::Primary;
 
 /// A reply lockgate makes away from the client's connection; it takes the
@@ -64,6 +65,9 @@ pub struct Store {
     /// What the primary offers besides scripts, as lockgate's own
     /// connection to it last saw.
     pub(crate) natives: Arc<Natives>,
+    /// Grants answered once the primary's replicas hold them
+    /// (`locks.replicas_ack`).
+    pub replicas: Arc<Replicas>,
 }
 
 impl Store {
@@ -106,6 +110,12 @@ impl Store {
         Store {
             primary,
             primary_memory,
+            replicas: Arc::new(Replicas::new(
+                None,
+                primary_addr.clone(),
+                stop.clone(),
+                timeout,
+            )),
             primary_addr,
             eviction,
             quorum,
@@ -122,14 +132,23 @@ impl Store {
     /// [`LockService::new`]).
     pub fn offline(config: &crate::config::Config) -> Store {
         let eviction = Arc::new(Eviction::new(config));
+        let primary_addr = Primary::fixed(&config.upstream.addr);
+        let stop = CancellationToken::new();
+        let timeout = Duration::from_millis(config.upstream.connect_timeout_ms);
         Store {
+            replicas: Arc::new(Replicas::new(
+                None,
+                primary_addr.clone(),
+                stop.clone(),
+                timeout,
+            )),
             primary: OnPrimary::new(Node::detached(&config.upstream.addr), None),
             primary_memory: Arc::new(Memory::default()),
-            primary_addr: Primary::fixed(&config.upstream.addr),
+            primary_addr,
             quorum: Quorum::offline(config, &eviction),
             eviction,
-            stop: CancellationToken::new(),
-            timeout: Duration::from_millis(config.upstream.connect_timeout_ms),
+            stop,
+            timeout,
             natives: Arc::new(Natives::default()),
         }
     }
@@ -138,6 +157,22 @@ impl Store {
     /// of lockgate's own connection to the primary).
     pub fn with_natives(self, natives: Arc<Natives>) -> Store {
         Store { natives, ..self }
+    }
+
+    /// This store, asking the primary's replicas to acknowledge grants
+    /// (`locks.replicas_ack`) over a connection of its own that `node`
+    /// makes, opened on first use.
+    pub fn with_replicas(self, node: NodeConfig) -> Store {
+        let replicas = Replicas::new(
+            Some(node),
+            self.primary_addr.clone(),
+            self.stop.clone(),
+            self.timeout,
+        );
+        Store {
+            replicas: Arc::new(replicas),
+            ..self
+        }
     }
 }
 
@@ -302,6 +337,7 @@ impl LockService {
             self.store.eviction.metrics.counters(),
             q.map_or(&no_rejoin, |q| &*q.rejoin).counters(),
             txn.map_or(&no_txn, |t| &t.metrics).counters(),
+            self.store.replicas.metrics.counters(),
         ];
         rooms.into_iter().flatten().for_each(&mut f);
         f(Counter {
@@ -425,12 +461,16 @@ impl LockService {
                 key,
                 token,
                 value,
+                shape,
+                primary_at,
                 db,
                 ..
             } => LockPending::Acquire {
                 key,
                 token,
                 value,
+                shape,
+                primary_at,
                 park,
                 db,
             },

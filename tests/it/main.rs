@@ -68,6 +68,7 @@ mod quorum_faults;
 mod quorum_library;
 mod quorum_rejoin;
 mod quorum_split;
+mod replicas_ack;
 mod sentinel;
 mod session_fuzz;
 mod shared_upstream;

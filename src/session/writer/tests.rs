@@ -58,6 +58,8 @@ fn lock_entry() -> Pending {
             key: Bytes::from_static(b"lock:a"),
             token: Bytes::from_static(b"t:1"),
             value: Bytes::from_static(b"v"),
+            shape: crate::lock::ops::Shape::SetNx,
+            primary_at: 0,
             park: None,
             db: crate::lock::Database::Zero,
         },

@@ -1,0 +1,146 @@
+//! The acker: one connection of lockgate's own to the primary that asks
+//! how many replicas hold what was written (`WAIT`), for every grant
+//! waiting at once (a group commit).
+//!
+//! `WAIT` counts the replicas that hold everything the asking connection
+//! wrote, and a grant was written on another connection (the client's).
+//! So each round first writes on this one (`PUBLISH` to a channel nobody
+//! need listen to: Redis replicates it and it changes no key), which Redis
+//! runs after every grant whose reply lockgate already read; `WAIT` then
+//! covers them all. Should this connection have followed a switch to
+//! another primary meanwhile, the primary's generation says so
+//! ([`super::judge`]).
+
+use std::time::{Duration, Instant};
+
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use super::{judge, AckError, Round, Verdict};
+use crate::protocol::encode;
+use crate::upstream::node::Node;
+use crate::upstream::Primary;
+use std::sync::Arc;
+
+/// The channel each round publishes to.
+pub const CHANNEL: &[u8] = b"lockgate:replicas-ack";
+
+/// One grant waiting for its acknowledgement.
+#[derive(Debug)]
+pub(super) struct Waiter {
+    /// Replicas wanted.
+    pub replicas: u32,
+    /// When it stops waiting.
+    pub deadline: Instant,
+    /// The primary's generation when the grant was planned.
+    pub generation: u64,
+    /// Its outcome.
+    pub done: oneshot::Sender<Result<(), AckError>>,
+}
+
+/// Runs rounds for the waiters `rx` brings until `stop`: each round asks
+/// for the fewest replicas any waiter wants, for as long as the nearest
+/// deadline allows; the waiters it settles are answered, the others wait
+/// for the next round. `slack`: how much longer than its `WAIT` a round's
+/// calls may take (`upstream.connect_timeout_ms`).
+pub(super) async fn run(
+    node: Node,
+    primary: Arc<Primary>,
+    mut rx: mpsc::Receiver<Waiter>,
+    slack: Duration,
+    stop: CancellationToken,
+) {
+    let mut waiting: Vec<Waiter> = Vec::new();
+    loop {
+        if waiting.is_empty() {
+            tokio::select! {
+                w = rx.recv() => match w {
+                    Some(w) => waiting.push(w),
+                    None => return,
+                },
+                _ = stop.cancelled() => return,
+            }
+        }
+        // Bounded by the queue (`MAX_WAITING`).
+        while let Ok(w) = rx.try_recv() {
+            waiting.push(w);
+        }
+        let round = tokio::select! {
+            round = ask(&node, &primary, &waiting, slack) => round,
+            // The waiters' senders drop: each is told lockgate stopped.
+            _ = stop.cancelled() => return,
+        };
+        let mut left = Vec::with_capacity(waiting.len());
+        for w in waiting {
+            match judge(&round, w.replicas, w.generation, w.deadline) {
+                Verdict::Wait => left.push(w),
+                Verdict::Done(outcome) => {
+                    let _ = w.done.send(outcome);
+                }
+            }
+        }
+        waiting = left;
+    }
+}
+
+/// One round for `waiting`: `PUBLISH`, then `WAIT`, pipelined.
+async fn ask(node: &Node, primary: &Primary, waiting: &[Waiter], slack: Duration) -> Round {
+    let now = Instant::now();
+    let wanted = waiting.iter().map(|w| w.replicas).min().unwrap_or(1);
+    let nearest = (waiting.iter().map(|w| w.deadline))
+        .min()
+        .map_or(Duration::ZERO, |d| d.saturating_duration_since(now));
+    // `WAIT n 0` would wait for ever: never less than 1 ms.
+    let wait_ms = (nearest.as_millis() as u64).max(1);
+    let wait_ms_s = wait_ms.to_string();
+    let wanted_s = wanted.to_string();
+    let before = primary.current().generation;
+    let timeout = Duration::from_millis(wait_ms) + slack;
+    // Queued in this order at once: Redis runs them in it.
+    let published = node.send(encode::command(&[b"PUBLISH", CHANNEL, b""]).into(), timeout);
+    let waited = node.send(
+        encode::command(&[b"WAIT", wanted_s.as_bytes(), wait_ms_s.as_bytes()]).into(),
+        timeout,
+    );
+    let (published, waited) = tokio::join!(published, waited);
+    let acked = match (published, waited) {
+        (Ok(_), Ok(reply)) => parse_integer(&reply).ok_or_else(|| said(&reply)),
+        (Err(e), _) | (_, Err(e)) => Err(e.to_string()),
+    };
+    Round {
+        acked,
+        before,
+        after: primary.current().generation,
+        now: Instant::now(),
+    }
+}
+
+/// What Redis said instead of a count, for the error.
+fn said(reply: &[u8]) -> String {
+    let text = String::from_utf8_lossy(reply.strip_prefix(b"-").unwrap_or(reply));
+    text.trim_end().to_string()
+}
+
+/// `:n\r\n` → n.
+fn parse_integer(reply: &[u8]) -> Option<i64> {
+    let line = reply.strip_prefix(b":")?.strip_suffix(b"\r\n")?;
+    crate::protocol::request::parse_int(line)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_count_is_an_integer_reply() {
+        assert_eq!(parse_integer(b":2\r\n"), Some(2));
+        assert_eq!(
+            parse_integer(b"-ERR WAIT cannot be used with replica instances\r\n"),
+            None
+        );
+        assert_eq!(
+            said(b"-ERR WAIT cannot be used with replica instances\r\n"),
+            "ERR WAIT cannot be used with replica instances"
+        );
+    }
+}

@@ -1,0 +1,213 @@
+//! Where grants meet replica acknowledgement: which pattern asks for it,
+//! and a grant's reply held until the replicas answer.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::oneshot;
+
+use super::{settle, AckRule, Answers, Grant};
+use crate::lock::ops::Shape;
+use crate::lock::{Database, LockPending, LockService};
+use crate::protocol::encode::LocalReply;
+
+/// A grant a reply just made, before the replicas are asked: its key,
+/// owner token, value (`''`: not checked at its undo) and the command's
+/// "not acquired" (`None`: it has none, the refusal is the error).
+pub(crate) struct Won {
+    /// The primary's generation when the grant was planned.
+    pub primary_at: u64,
+    pub key: Bytes,
+    pub token: Bytes,
+    pub value: Bytes,
+    pub no: Option<LocalReply>,
+}
+
+impl Won {
+    /// The grant `pending`'s reply made, by its `facts`: a won
+    /// acquisition or a takeover that left a lease, in database 0 (where
+    /// the acker reads owner records; elsewhere nothing is asked).
+    pub(crate) fn of(pending: &LockPending, facts: &[i64]) -> Option<Won> {
+        match pending {
+            LockPending::Fast { then, .. } => Won::of(then, facts),
+            LockPending::Acquire {
+                key,
+                token,
+                value,
+                shape,
+                primary_at,
+                db: Database::Zero,
+                ..
+            } if facts.first() == Some(&1) => Some(Won {
+                primary_at: *primary_at,
+                key: key.clone(),
+                token: token.clone(),
+                value: value.clone(),
+                no: not_acquired(*shape),
+            }),
+            LockPending::Takeover {
+                key,
+                token,
+                primary_at,
+            } if facts.first().is_some_and(|&p| p > 0) => Some(Won {
+                primary_at: *primary_at,
+                key: key.clone(),
+                token: token.clone(),
+                value: Bytes::new(),
+                no: None,
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// An acquisition's "not acquired" in `shape`; `SET … NX GET` has none (a
+/// nil is its "acquired").
+pub(crate) fn not_acquired(shape: Shape) -> Option<LocalReply> {
+    match shape {
+        Shape::SetGet => None,
+        s => Some(crate::lock::storm::shaped(s, false)),
+    }
+}
+
+impl LockService {
+    /// The primary's generation now (a grant planned now is acknowledged
+    /// only by this primary's replicas).
+    pub(crate) fn primary_at(&self) -> u64 {
+        self.store().primary_addr().current().generation
+    }
+
+    /// What replica acknowledgement did (`lock_replica_ack_*`).
+    pub fn replica_acks(&self) -> &super::AckMetrics {
+        &self.store().replicas.metrics
+    }
+
+    /// Whether any pattern asks for replica acknowledgement: without, a
+    /// grant is answered as it comes (the hot path looks no further).
+    pub(crate) fn acks_asked(&self) -> bool {
+        self.rules().replicas_ack_any
+    }
+
+    /// Waits for the acknowledgement of `won`, a grant recorded on
+    /// `conn` that a lock room's own call made (a parked attempt's
+    /// driver): true once acknowledged or when its pattern asks none;
+    /// false when it was not, and was undone.
+    pub(crate) async fn acknowledged(
+        &self,
+        won: Won,
+        conn: &std::sync::Arc<std::sync::Mutex<crate::lock::lease::ConnLocks>>,
+    ) -> bool {
+        let Some(rule) = self.ack_rule(&won.key) else {
+            return true;
+        };
+        let store = self.store();
+        let grant = Grant {
+            primary_at: won.primary_at,
+            key: won.key,
+            token: won.token,
+            value: won.value,
+            conn: Some(conn.clone()),
+            rule,
+        };
+        let answers = Answers {
+            yes: LocalReply::Null,
+            no: None,
+        };
+        let (replicas, primary, timeout) = (&store.replicas, &store.primary, store.timeout());
+        settle(replicas, primary, &self.storm, grant, answers, timeout)
+            .await
+            .is_ok()
+    }
+
+    /// `LOCKGATE LOCK`'s grant of `key`, whose owner record holds
+    /// `instance_token`, planned in the primary's generation `primary_at`: `Ok` once the replicas its pattern asks for hold
+    /// it (or it asks none), else `Err` of the refusal (always the error:
+    /// the caller asked for a token), the grant undone.
+    pub(crate) async fn fence_acknowledged(
+        &self,
+        key: &Bytes,
+        instance_token: &Bytes,
+        primary_at: u64,
+    ) -> Result<(), LocalReply> {
+        let Some(rule) = self.ack_rule(key) else {
+            return Ok(());
+        };
+        let store = self.store();
+        let grant = Grant {
+            primary_at,
+            key: key.clone(),
+            token: instance_token.clone(),
+            value: Bytes::new(),
+            conn: None,
+            rule,
+        };
+        let answers = Answers {
+            yes: LocalReply::Null,
+            no: None,
+        };
+        let (replicas, primary, timeout) = (&store.replicas, &store.primary, store.timeout());
+        settle(replicas, primary, &self.storm, grant, answers, timeout)
+            .await
+            .map(|_| ())
+    }
+
+    /// The acknowledgement `key`'s pattern asks of the primary's replicas,
+    /// if any (`locks.replicas_ack`, per pattern in `[[locks.overrides]]`).
+    pub(crate) fn ack_rule(&self, key: &[u8]) -> Option<AckRule> {
+        let rules = self.rules();
+        if !rules.replicas_ack_any {
+            return None;
+        }
+        let o = (rules.overrides.iter())
+            .find(|(p, _)| p.matches(key))
+            .map(|(_, o)| o);
+        let replicas = o.and_then(|o| o.replicas_ack).unwrap_or(rules.replicas_ack);
+        let timeout_ms =
+            (o.and_then(|o| o.replicas_ack_timeout_ms)).unwrap_or(rules.replicas_ack_timeout_ms);
+        let refusal =
+            (o.and_then(|o| o.replicas_ack_refusal)).unwrap_or(rules.replicas_ack_refusal);
+        (replicas > 0).then(|| AckRule {
+            replicas,
+            timeout: Duration::from_millis(timeout_ms),
+            refusal,
+        })
+    }
+
+    /// `won`, a grant recorded on `conn`, if its pattern asks for replica
+    /// acknowledgement: its client's reply (`yes` once acknowledged) comes
+    /// on the receiver; `Err(yes)` when it asks none.
+    pub(crate) fn gate(
+        &self,
+        won: Won,
+        conn: &std::sync::Arc<std::sync::Mutex<crate::lock::lease::ConnLocks>>,
+        yes: LocalReply,
+    ) -> Result<oneshot::Receiver<LocalReply>, LocalReply> {
+        let Some(rule) = self.ack_rule(&won.key) else {
+            return Err(yes);
+        };
+        let store = self.store();
+        let (replicas, primary, storm) = (
+            store.replicas.clone(),
+            store.primary.clone(),
+            self.storm.clone(),
+        );
+        let timeout = store.timeout();
+        let grant = Grant {
+            primary_at: won.primary_at,
+            key: won.key,
+            token: won.token,
+            value: won.value,
+            conn: Some(conn.clone()),
+            rule,
+        };
+        let answers = Answers { yes, no: won.no };
+        let (tx, rx) = oneshot::channel();
+        // Bounded without a watch on the drain: the acker ends with it,
+        // and the grant is then undone as unacknowledged.
+        tokio::spawn(async move {
+            let reply = settle(&replicas, &primary, &storm, grant, answers, timeout).await;
+            let _ = tx.send(reply.unwrap_or_else(|no| no));
+        });
+        Ok(rx)
+    }
+}

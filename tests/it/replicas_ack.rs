@@ -1,0 +1,133 @@
+//! Replica acknowledgement (`locks.replicas_ack`, issue 45), against a
+//! real primary and its real replica (`redis-server --replicaof`): a
+//! grant is answered only once the replica holds it (read back on the
+//! replica at once); a replica that does not answer (SIGSTOPped) gets
+//! the grant undone by its own token and the client told "not acquired"
+//! or the error its pattern asks, then, resumed, locks are granted again
+//! with no restart; a parked attempt handed the lock, and `LOCKGATE LOCK`,
+//! wait for the replica too; pipelined replies keep their order.
+
+use crate::support;
+
+use std::time::{Duration, Instant};
+
+use lockgate::config::{AckRefusal, LockOverride};
+use lockgate::Config;
+use support::locks::{exists, get, m};
+use support::ops::base_config;
+use support::passthrough::pipeline;
+use support::process::Paused;
+use support::resp::cmd;
+use support::sentinel::Group;
+use support::{Lockgate, RawClient, RedisServer};
+
+/// `locks.replicas_ack = 1` within `timeout_ms`; keys under `lock:err:`
+/// refused with the error instead.
+fn acked(primary: &RedisServer, timeout_ms: u64) -> Config {
+    let mut c = base_config(&primary.addr());
+    c.locks.replicas_ack = 1;
+    c.locks.replicas_ack_timeout_ms = timeout_ms;
+    c.locks.overrides.push(LockOverride {
+        pattern: "lock:err:*".into(),
+        replicas_ack_refusal: Some(AckRefusal::Error),
+        ..LockOverride::default()
+    });
+    c
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_is_answered_once_the_replica_holds_it() {
+    let (primary, replica) = Group::pair().await;
+    let lg = Lockgate::start_with(acked(&primary, 5_000)).await;
+    let acks = lg.ctx.locks.replica_acks();
+    let mut app = RawClient::connect(lg.addr).await;
+    let mut on_replica = RawClient::connect(replica.addr()).await;
+    let owner = "lockgate:owner:{lock:a}";
+    for (i, (args, want)) in [
+        (vec!["SETNX", "lock:a", "v1"], ":1\r\n"),
+        (vec!["SET", "lock:b", "v2", "NX", "PX", "10000"], "+OK\r\n"),
+        (
+            vec!["SET", "lock:c", "v3", "NX", "PX", "10000", "GET"],
+            "$-1\r\n",
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        assert_eq!(app.call_s(&args).await, want, "{args:?}");
+        // Read on the replica the moment the client has its answer.
+        let key = args[1];
+        let value = args[2];
+        assert_eq!(
+            get(&mut on_replica, key).await.as_deref(),
+            Some(value),
+            "{key}"
+        );
+        assert_eq!(m(&acks.acknowledged), i as u64 + 1);
+    }
+    assert!(exists(&mut on_replica, owner).await, "the owner record too");
+    // A held lock is refused as before, and asks nothing.
+    assert_eq!(app.call_s(&["SETNX", "lock:a", "x"]).await, ":0\r\n");
+    assert_eq!(m(&acks.acknowledged), 3);
+    // Pipelined behind a grant, replies keep their order.
+    let request = [
+        cmd(&["SETNX", "lock:p", "1"]),
+        cmd(&["SET", "plain", "x"]),
+        cmd(&["GET", "plain"]),
+        cmd(&["DEL", "lock:p"]),
+    ]
+    .concat();
+    let replies = pipeline(lg.addr, request, None, 4).await;
+    assert_eq!(replies, b":1\r\n+OK\r\n$1\r\nx\r\n:1\r\n");
+    assert_eq!(m(&acks.acknowledged), 4);
+    assert_eq!(m(&acks.timeouts) + m(&acks.failures), 0);
+    lg.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_does_not_answer_gets_the_grant_undone_and_the_client_told() {
+    let (primary, replica) = Group::pair().await;
+    let lg = Lockgate::start_with(acked(&primary, 300)).await;
+    let acks = lg.ctx.locks.replica_acks();
+    let mut app = RawClient::connect(lg.addr).await;
+    let mut on_primary = RawClient::connect(primary.addr()).await;
+    let paused = Paused::stop(replica.pid()).await;
+    let started = Instant::now();
+    assert_eq!(app.call_s(&["SETNX", "lock:t", "v"]).await, ":0\r\n");
+    assert!(
+        started.elapsed() >= Duration::from_millis(300),
+        "answered before the timeout: {:?}",
+        started.elapsed()
+    );
+    assert!(!exists(&mut on_primary, "lock:t").await, "not undone");
+    assert!(!exists(&mut on_primary, "lockgate:owner:{lock:t}").await);
+    assert_eq!((m(&acks.timeouts), m(&acks.undone)), (1, 1));
+    // Each shape's refusal: nil, the error where "not acquired" is none,
+    // and the error a pattern asks for.
+    let set = app
+        .call_s(&["SET", "lock:t", "v", "NX", "PX", "5000"])
+        .await;
+    assert_eq!(set, "$-1\r\n");
+    let get = app
+        .call_s(&["SET", "lock:t", "v", "NX", "PX", "5000", "GET"])
+        .await;
+    assert!(
+        get.starts_with(
+            "-ERR lockgate: lock not granted: acknowledged by 0 of 1 replicas within 300 ms"
+        ),
+        "{get}"
+    );
+    let err = app.call_s(&["SETNX", "lock:err:x", "v"]).await;
+    assert!(err.starts_with("-ERR lockgate: lock not granted:"), "{err}");
+    assert!(err.ends_with("(locks.replicas_ack)\r\n"), "{err}");
+    assert_eq!((m(&acks.timeouts), m(&acks.undone)), (4, 4));
+    assert!(!exists(&mut on_primary, "lock:t").await);
+    // Not held by the client: its connection's records say so.
+    let held = lg.ctx.locks.conns.holds(|k| k.starts_with(b"lock:"), 10);
+    assert!(held.is_empty(), "a refused grant still listed: {held:?}");
+    // The replica back: granted again, no restart.
+    paused.resume();
+    assert_eq!(app.call_s(&["SETNX", "lock:t", "v"]).await, ":1\r\n");
+    assert_eq!(m(&acks.acknowledged), 1);
+    lg.stop().await;
+}
