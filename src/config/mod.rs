@@ -641,6 +641,46 @@ mod tests {
     }
 
     #[test]
+    fn replicas_ack_is_bounded_and_only_where_there_are_replicas() {
+        let mut cfg = Config::default();
+        cfg.locks.replicas_ack = 2;
+        cfg.validate().unwrap();
+        let refused = |cfg: &Config, what: &str| {
+            let err = cfg.validate().unwrap_err().to_string();
+            assert!(err.contains(what), "{err}");
+        };
+        let mut c = cfg.clone();
+        c.locks.replicas_ack_timeout_ms = 0;
+        refused(&c, "locks.replicas_ack_timeout_ms");
+        let mut c = cfg.clone();
+        c.locks.replicas_ack = locks::MAX_REPLICAS_ACK + 1;
+        refused(&c, "locks.replicas_ack");
+        let mut c = cfg.clone();
+        c.locks.quorum.masters = vec!["a:1".into(), "b:1".into(), "c:1".into()];
+        refused(&c, "no replicas to wait for");
+        let mut c = cfg.clone();
+        c.upstream.cluster.seeds = vec!["a:1".into()];
+        refused(&c, "in front of a cluster");
+        // Asked by one pattern only, the same.
+        let mut c = Config::default();
+        c.locks.quorum.masters = vec!["a:1".into(), "b:1".into(), "c:1".into()];
+        c.validate().unwrap();
+        c.locks.overrides.push(LockOverride {
+            pattern: "lock:x:*".into(),
+            replicas_ack: Some(1),
+            ..LockOverride::default()
+        });
+        refused(&c, "no replicas to wait for");
+        let mut c = Config::default();
+        c.locks.overrides.push(LockOverride {
+            pattern: "lock:x:*".into(),
+            replicas_ack_timeout_ms: Some(locks::MAX_REPLICAS_ACK_TIMEOUT_MS + 1),
+            ..LockOverride::default()
+        });
+        refused(&c, "locks.replicas_ack_timeout_ms");
+    }
+
+    #[test]
     fn shipped_file_matches_defaults() {
         let text = include_str!("../../config/lockgate.toml");
         let cfg = Config::from_toml(text).unwrap();

@@ -131,3 +131,102 @@ async fn a_replica_that_does_not_answer_gets_the_grant_undone_and_the_client_tol
     assert_eq!(m(&acks.acknowledged), 1);
     lg.stop().await;
 }
+
+/// A parked attempt handed the lock by the holder's release is answered
+/// only once the replica holds it; with the replica stopped it is told
+/// "not acquired" and nobody holds the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_attempt_handed_the_lock_waits_for_the_replica_too() {
+    let (primary, replica) = Group::pair().await;
+    let mut config = acked(&primary, 300);
+    config.locks.retry.park_ms = 10_000;
+    config.locks.retry.max_attempts_per_sec = 0;
+    let lg = Lockgate::start_with(config).await;
+    let acks = lg.ctx.locks.replica_acks();
+    let storm = &lg.ctx.locks.storm.metrics;
+    let mut on_primary = RawClient::connect(primary.addr()).await;
+    let mut on_replica = RawClient::connect(replica.addr()).await;
+    let mut holder = RawClient::connect(lg.addr).await;
+    let mut waiter = RawClient::connect(lg.addr).await;
+    for (round, stopped) in [(1u64, false), (2, true)] {
+        let key = format!("lock:h{round}");
+        assert_eq!(holder.call_s(&["SETNX", &key, "holder"]).await, ":1\r\n");
+        // A spinning waiter: its second attempt parks.
+        assert_eq!(waiter.call_s(&["SETNX", &key, "waiter"]).await, ":0\r\n");
+        let parked = m(&storm.parked);
+        waiter.send(&cmd(&["SETNX", &key, "waiter"])).await;
+        crate::until!("the attempt parked", m(&storm.parked) > parked);
+        let paused = match stopped {
+            true => Some(Paused::stop(replica.pid()).await),
+            false => None,
+        };
+        assert_eq!(holder.call_s(&["DEL", &key]).await, ":1\r\n");
+        let answer = waiter.read_s().await;
+        match paused {
+            None => {
+                assert_eq!(answer, ":1\r\n");
+                let held = get(&mut on_replica, &key).await;
+                assert_eq!(
+                    held.as_deref(),
+                    Some("waiter"),
+                    "not on the replica when answered"
+                );
+                assert_eq!(waiter.call_s(&["DEL", &key]).await, ":1\r\n");
+            }
+            Some(paused) => {
+                assert_eq!(
+                    answer, ":0\r\n",
+                    "handed a lock the replica never acknowledged"
+                );
+                assert!(
+                    !exists(&mut on_primary, &key).await,
+                    "the handoff not undone"
+                );
+                assert_eq!(m(&acks.undone), 1);
+                paused.resume();
+            }
+        }
+        assert_eq!(m(&storm.handoffs), round, "the release handed it over");
+    }
+    // Back: the waiter's next attempt is granted.
+    assert_eq!(
+        waiter.call_s(&["SETNX", "lock:h2", "waiter"]).await,
+        ":1\r\n"
+    );
+    lg.stop().await;
+}
+
+/// `LOCKGATE LOCK` waits for the replica before it answers its token; not
+/// acknowledged, it answers the error and the lock is given back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fencing_lock_waits_for_the_replica() {
+    let (primary, replica) = Group::pair().await;
+    let lg = Lockgate::start_with(acked(&primary, 300)).await;
+    let acks = lg.ctx.locks.replica_acks();
+    let mut app = RawClient::connect(lg.addr).await;
+    let mut on_primary = RawClient::connect(primary.addr()).await;
+    let mut on_replica = RawClient::connect(replica.addr()).await;
+    let reply = app.call_s(&["LOCKGATE", "LOCK", "lock:f", "10000"]).await;
+    let token = support::locks::fence_token(&reply).unwrap_or_else(|| panic!("{reply}"));
+    assert_eq!(
+        get(&mut on_replica, "lock:f").await.as_deref(),
+        Some(token.as_str())
+    );
+    assert_eq!(m(&acks.acknowledged), 1);
+    let unlock = app.call_s(&["LOCKGATE", "UNLOCK", "lock:f", &token]).await;
+    assert_eq!(unlock, ":1\r\n");
+    let paused = Paused::stop(replica.pid()).await;
+    let reply = app.call_s(&["LOCKGATE", "LOCK", "lock:f", "10000"]).await;
+    assert!(
+        reply.starts_with(
+            "-ERR lockgate: lock not granted: acknowledged by 0 of 1 replicas within 300 ms"
+        ),
+        "{reply}"
+    );
+    assert!(!exists(&mut on_primary, "lock:f").await, "not given back");
+    assert_eq!(m(&acks.undone), 1);
+    paused.resume();
+    let reply = app.call_s(&["LOCKGATE", "LOCK", "lock:f", "10000"]).await;
+    assert!(support::locks::fence_token(&reply).is_some(), "{reply}");
+    lg.stop().await;
+}

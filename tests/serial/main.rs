@@ -23,6 +23,7 @@ mod partitions;
 mod quorum_chaos;
 mod quorum_recovery;
 mod quorum_safety;
+mod replicas_shapes;
 mod shared_fairness;
 mod split_brain;
 mod storm;

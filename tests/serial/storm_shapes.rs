@@ -27,12 +27,12 @@ use support::locks::{m, Call};
 use support::{run_limited_async, show, Lockgate, RawClient, RedisServer};
 
 /// How long each storm runs, seconds.
-const RUN_S: f64 = 3.0;
+pub(crate) const RUN_S: f64 = 3.0;
 /// How long a winner holds the lock, ms.
-const HOLD_MS: u64 = 300;
+pub(crate) const HOLD_MS: u64 = 300;
 
 /// The bench's driver for `shape`, with its JSON line parsed.
-async fn drive(program: &str, script: &str, args: &[String]) -> serde_json::Value {
+pub(crate) async fn drive(program: &str, script: &str, args: &[String]) -> serde_json::Value {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("bench")
         .join(script);
@@ -49,7 +49,7 @@ async fn drive(program: &str, script: &str, args: &[String]) -> serde_json::Valu
     serde_json::from_str(line).unwrap_or_else(|e| panic!("{script}: {e}: {out}\n{err}"))
 }
 
-fn int(v: &serde_json::Value, field: &str) -> u64 {
+pub(crate) fn int(v: &serde_json::Value, field: &str) -> u64 {
     v[field]
         .as_u64()
         .unwrap_or_else(|| panic!("no {field} in {v}"))
@@ -154,11 +154,11 @@ fn assert_absorbed(s: &Storm, min_acquisitions: u64, gap_ms: f64) {
     );
 }
 
-fn python() -> String {
+pub(crate) fn python() -> String {
     std::env::var("PYTHON").unwrap_or_else(|_| "python3".to_string())
 }
 
-fn py_args(shape: &str) -> impl Fn(SocketAddr, &str) -> Vec<String> + '_ {
+pub(crate) fn py_args(shape: &str) -> impl Fn(SocketAddr, &str) -> Vec<String> + '_ {
     move |lg, _| {
         [
             "--shape",
@@ -200,7 +200,7 @@ async fn redis_py_threads_on_a_lifo_pool() {
     assert_absorbed(&s, 2, 1_000.0);
 }
 
-fn node_ready() {
+pub(crate) fn node_ready() {
     let js = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/js/node_modules/ioredis");
     assert!(
         Path::new(js).is_dir(),

@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use super::{judge, AckError, Round, Verdict};
+use super::{judge, AckError, AckMetrics, Round, Verdict};
+use crate::metrics::ProxyMetrics;
 use crate::protocol::encode;
 use crate::upstream::node::Node;
 use crate::upstream::Primary;
@@ -48,6 +49,7 @@ pub(super) async fn run(
     primary: Arc<Primary>,
     mut rx: mpsc::Receiver<Waiter>,
     slack: Duration,
+    metrics: Arc<AckMetrics>,
     stop: CancellationToken,
 ) {
     let mut waiting: Vec<Waiter> = Vec::new();
@@ -65,6 +67,7 @@ pub(super) async fn run(
         while let Ok(w) = rx.try_recv() {
             waiting.push(w);
         }
+        ProxyMetrics::inc(&metrics.rounds);
         let round = tokio::select! {
             round = ask(&node, &primary, &waiting, slack) => round,
             // The waiters' senders drop: each is told lockgate stopped.

@@ -171,8 +171,8 @@ pub struct Replicas {
     stop: CancellationToken,
     slack: Duration,
     acker: OnceLock<mpsc::Sender<acker::Waiter>>,
-    /// Counters.
-    pub metrics: AckMetrics,
+    /// Counters (the acker counts its rounds).
+    pub metrics: Arc<AckMetrics>,
     warn: RateLimit,
 }
 
@@ -192,7 +192,7 @@ impl Replicas {
             stop,
             slack,
             acker: OnceLock::new(),
-            metrics: AckMetrics::default(),
+            metrics: Arc::new(AckMetrics::default()),
             warn: RateLimit::new(Duration::from_secs(10)),
         }
     }
@@ -233,7 +233,8 @@ impl Replicas {
             let (tx, rx) = mpsc::channel(MAX_WAITING);
             let conn = Node::spawn(node.clone(), self.stop.clone());
             let (primary, stop) = (self.primary.clone(), self.stop.clone());
-            tokio::spawn(acker::run(conn, primary, rx, self.slack, stop));
+            let metrics = self.metrics.clone();
+            tokio::spawn(acker::run(conn, primary, rx, self.slack, metrics, stop));
             tx
         }))
     }

@@ -1,0 +1,89 @@
+//! Replica acknowledgement (`locks.replicas_ack = 1`) under the retry
+//! storms apps really make, against a real primary and its real replica:
+//! redis-py threads each on their own connection, redis-py threads on a
+//! LIFO pool, ioredis tasks on one multiplexed connection (the bench's
+//! drivers, as `storm_shapes`). Each grant a client was told of was
+//! acknowledged by the replica (`lock_replica_acks` at least the
+//! acquisitions the driver saw, none timed out on a healthy replica),
+//! never two holders, no errors, and the lock went round: the wait for
+//! the replica, in front of parked attempts and handoffs, does not stall
+//! the storm.
+
+use crate::support;
+use crate::SERIAL;
+
+use std::net::SocketAddr;
+
+use super::storm_shapes::{drive, int, node_ready, py_args, python, HOLD_MS, RUN_S};
+use support::locks::m;
+use support::ops::base_config;
+use support::sentinel::Group;
+use support::Lockgate;
+
+async fn acked_storm(
+    program: &str,
+    script: &str,
+    args: impl Fn(SocketAddr) -> Vec<String>,
+    min_acquisitions: u64,
+) {
+    let (primary, _replica) = Group::pair().await;
+    let mut config = base_config(&primary.addr());
+    config.locks.replicas_ack = 1;
+    config.locks.replicas_ack_timeout_ms = 2_000;
+    let lg = Lockgate::start_with(config).await;
+    let report = drive(program, script, &args(lg.addr)).await;
+    let acks = lg.ctx.locks.replica_acks();
+    let (acked, timeouts, failures, rounds) = (
+        m(&acks.acknowledged),
+        m(&acks.timeouts),
+        m(&acks.failures),
+        m(&acks.rounds),
+    );
+    eprintln!("{script} {report}: {acked} acknowledged in {rounds} rounds, {timeouts} timeouts, {failures} failures");
+    let acquisitions = int(&report, "acquisitions");
+    assert!(
+        acquisitions >= min_acquisitions,
+        "{acquisitions} acquisitions, expected at least {min_acquisitions}: {report}"
+    );
+    assert_eq!(int(&report, "overlaps"), 0, "two holders: {report}");
+    assert_eq!(int(&report, "errors"), 0, "errors: {report}");
+    assert!(
+        acked >= acquisitions,
+        "{acquisitions} acquisitions, {acked} acknowledged: {report}"
+    );
+    assert_eq!((timeouts, failures), (0, 0), "{report}");
+    lg.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_py_threads_on_their_own_connections_wait_for_the_replica() {
+    let _serial = SERIAL.lock().await;
+    acked_storm(&python(), "shapes_load.py", |lg| py_args("own")(lg, ""), 5).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_py_threads_on_a_lifo_pool_wait_for_the_replica() {
+    let _serial = SERIAL.lock().await;
+    acked_storm(&python(), "shapes_load.py", |lg| py_args("pool")(lg, ""), 2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ioredis_tasks_on_one_connection_wait_for_the_replica() {
+    let _serial = SERIAL.lock().await;
+    node_ready();
+    let args = |lg: SocketAddr| {
+        [
+            "--port",
+            &lg.port().to_string(),
+            "--tasks",
+            "50",
+            "--hold-ms",
+            &HOLD_MS.to_string(),
+            "--duration-s",
+            &RUN_S.to_string(),
+        ]
+        .map(String::from)
+        .to_vec()
+    };
+    acked_storm("node", "shapes_load.js", args, 5).await;
+}
