@@ -230,3 +230,68 @@ async fn a_fencing_lock_waits_for_the_replica() {
     assert!(support::locks::fence_token(&reply).is_some(), "{reply}");
     lg.stop().await;
 }
+
+/// A primary killed right after an acknowledged acquisition: Sentinel
+/// promotes the replica, which holds the lock, so nobody is granted it
+/// again, with the failover delay off (`locks.failover_delay_ms = 0`: the
+/// acknowledgement alone protects it). The promoted primary has no replica
+/// left: grants are refused (not acknowledged) until the old primary comes
+/// back as its replica, then served again with no restart of lockgate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acknowledged_lock_survives_its_primarys_death() {
+    let mut group = Group::start().await;
+    let mut config = support::sentinel::sentinel_config(&group.addrs());
+    config.locks.failover_delay_ms = Some(0);
+    config.locks.replicas_ack = 1;
+    config.locks.replicas_ack_timeout_ms = 300;
+    let lg = Lockgate::start_with(config).await;
+    until!(
+        "lockgate to be ready",
+        lockgate::http::not_ready(&lg.ctx).is_none()
+    );
+    let acks = lg.ctx.locks.replica_acks();
+    let new = group.replica.addr();
+    let mut holder = RawClient::connect(lg.addr).await;
+    assert_eq!(holder.call_s(&["SET", "lock:f", "h", "NX", "PX", "60000"]).await, "+OK\r\n");
+    // Killed the moment the holder is answered.
+    group.primary.stop();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut other = loop {
+        let primary = lg.ctx.primary_addr.addr();
+        if primary.as_deref() == Some(new.as_str()) && Group::role(&new).await == "master" {
+            break RawClient::connect(lg.addr).await;
+        }
+        assert!(Instant::now() < deadline, "the failover was not followed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let mut on_new = RawClient::connect(&new).await;
+    assert_eq!(get(&mut on_new, "lock:f").await.as_deref(), Some("h"), "lost in the failover");
+    assert!(exists(&mut on_new, "lockgate:owner:{lock:f}").await);
+    // No second holder.
+    assert_eq!(other.call_s(&["SETNX", "lock:f", "o"]).await, ":0\r\n");
+    // No replica left: a grant is not acknowledged, and undone.
+    let timeouts = m(&acks.timeouts);
+    assert_eq!(other.call_s(&["SETNX", "lock:g", "o"]).await, ":0\r\n");
+    assert_eq!(m(&acks.timeouts), timeouts + 1, "failures {}", m(&acks.failures));
+    assert!(!exists(&mut on_new, "lock:g").await);
+    // The old primary back, made the new one's replica by Sentinel: served.
+    group.primary.restart();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !direct_info(&new).await.contains("connected_slaves:1") {
+        assert!(Instant::now() < deadline, "the old primary never rejoined as a replica");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if other.call_s(&["SETNX", "lock:g", "o"]).await == ":1\r\n" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "grants still refused with a replica back");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    lg.stop().await;
+}
+
+async fn direct_info(addr: &str) -> String {
+    support::resp::direct(addr, &["INFO", "replication"]).await
+}

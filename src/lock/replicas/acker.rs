@@ -23,6 +23,9 @@ use crate::upstream::node::Node;
 use crate::upstream::Primary;
 use std::sync::Arc;
 
+/// The pause after a round that could not ask, before the next.
+const RETRY_PAUSE: Duration = Duration::from_millis(20);
+
 /// The channel each round publishes to.
 pub const CHANNEL: &[u8] = b"lockgate:replicas-ack";
 
@@ -73,6 +76,14 @@ pub(super) async fn run(
             // The waiters' senders drop: each is told lockgate stopped.
             _ = stop.cancelled() => return,
         };
+        // A round that could not ask is not repeated at once: its
+        // connection is reopening, or the primary refused.
+        if round.acked.is_err() {
+            tokio::select! {
+                _ = tokio::time::sleep(RETRY_PAUSE) => {}
+                _ = stop.cancelled() => return,
+            }
+        }
         let mut left = Vec::with_capacity(waiting.len());
         for w in waiting {
             match judge(&round, w.replicas, w.generation, w.deadline) {

@@ -110,7 +110,8 @@ pub enum Verdict {
 /// was planned in the primary's `generation`, and that waits until
 /// `deadline`. A grant counts as held by the replicas only if the primary
 /// never changed from its planning to the round's end: the acker follows
-/// the primary, and another primary's replicas know nothing of it. (A
+/// the primary, and another primary's replicas know nothing of it. A
+/// round that could not ask leaves it waiting while its time lasts. (A
 /// grant's own lease, or the client's own pipelined release, ending it
 /// meanwhile changes nothing: it was granted, and what the replicas hold
 /// is its end too.)
@@ -120,6 +121,9 @@ pub fn judge(round: &Round, replicas: u32, generation: u64, deadline: Instant) -
     }
     let acked = match &round.acked {
         Ok(n) => *n,
+        // Not asked (the acker's connection reopening after a switch, a
+        // call refused): asked again while its time lasts.
+        Err(_) if round.now < deadline => return Verdict::Wait,
         Err(e) => return Verdict::Done(Err(AckError::Upstream(e.clone()))),
     };
     if acked >= i64::from(replicas) {

@@ -29,7 +29,8 @@ fn a_round_judges_each_waiter() {
             Verdict::Done(Err(AckError::Timeout { got: 0, wanted: 1, timeout_ms: 0 }))),
         ("planned under an earlier primary", round(Ok(2), t0), 1, 6, later,
             Verdict::Done(Err(AckError::Moved))),
-        ("WAIT refused", round(Err(refused), t0), 1, 7, later,
+        ("not asked, time left: asked again", round(Err(refused), t0), 1, 7, later, Verdict::Wait),
+        ("not asked, time up", round(Err(refused), later), 1, 7, later,
             Verdict::Done(Err(AckError::Upstream(refused.into())))),
     ];
     for (what, r, replicas, generation, deadline, want) in cases {
