@@ -5,13 +5,16 @@
 //! the grant undone by its own token and the client told "not acquired"
 //! or the error its pattern asks, then, resumed, locks are granted again
 //! with no restart; a parked attempt handed the lock, and `LOCKGATE LOCK`,
-//! wait for the replica too; pipelined replies keep their order.
+//! wait for the replica too; pipelined replies keep their order, on
+//! dedicated and on shared upstream connections; and, with three
+//! sentinels, the primary killed right after an acknowledged acquisition:
+//! the promoted replica has the lock (`docs/sentinel.md`).
 
 use crate::support;
 
 use std::time::{Duration, Instant};
 
-use lockgate::config::{AckRefusal, LockOverride};
+use lockgate::config::{AckRefusal, LockOverride, UpstreamMode};
 use lockgate::Config;
 use support::locks::{exists, get, m};
 use support::ops::base_config;
@@ -37,8 +40,21 @@ fn acked(primary: &RedisServer, timeout_ms: u64) -> Config {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grant_is_answered_once_the_replica_holds_it() {
+    answered_once_held(UpstreamMode::Dedicated).await;
+}
+
+/// The same with `proxy.upstream = "shared"`: sessions' commands share
+/// upstream connections, the acker still has its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_is_answered_once_the_replica_holds_it_on_shared_connections() {
+    answered_once_held(UpstreamMode::Shared).await;
+}
+
+async fn answered_once_held(mode: UpstreamMode) {
     let (primary, replica) = Group::pair().await;
-    let lg = Lockgate::start_with(acked(&primary, 5_000)).await;
+    let mut config = acked(&primary, 5_000);
+    config.proxy.upstream = mode;
+    let lg = Lockgate::start_with(config).await;
     let acks = lg.ctx.locks.replica_acks();
     let mut app = RawClient::connect(lg.addr).await;
     let mut on_replica = RawClient::connect(replica.addr()).await;
@@ -252,7 +268,12 @@ async fn an_acknowledged_lock_survives_its_primarys_death() {
     let acks = lg.ctx.locks.replica_acks();
     let new = group.replica.addr();
     let mut holder = RawClient::connect(lg.addr).await;
-    assert_eq!(holder.call_s(&["SET", "lock:f", "h", "NX", "PX", "60000"]).await, "+OK\r\n");
+    assert_eq!(
+        holder
+            .call_s(&["SET", "lock:f", "h", "NX", "PX", "60000"])
+            .await,
+        "+OK\r\n"
+    );
     // Killed the moment the holder is answered.
     group.primary.stop();
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -265,20 +286,32 @@ async fn an_acknowledged_lock_survives_its_primarys_death() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     let mut on_new = RawClient::connect(&new).await;
-    assert_eq!(get(&mut on_new, "lock:f").await.as_deref(), Some("h"), "lost in the failover");
+    assert_eq!(
+        get(&mut on_new, "lock:f").await.as_deref(),
+        Some("h"),
+        "lost in the failover"
+    );
     assert!(exists(&mut on_new, "lockgate:owner:{lock:f}").await);
     // No second holder.
     assert_eq!(other.call_s(&["SETNX", "lock:f", "o"]).await, ":0\r\n");
     // No replica left: a grant is not acknowledged, and undone.
     let timeouts = m(&acks.timeouts);
     assert_eq!(other.call_s(&["SETNX", "lock:g", "o"]).await, ":0\r\n");
-    assert_eq!(m(&acks.timeouts), timeouts + 1, "failures {}", m(&acks.failures));
+    assert_eq!(
+        m(&acks.timeouts),
+        timeouts + 1,
+        "failures {}",
+        m(&acks.failures)
+    );
     assert!(!exists(&mut on_new, "lock:g").await);
     // The old primary back, made the new one's replica by Sentinel: served.
     group.primary.restart();
     let deadline = Instant::now() + Duration::from_secs(30);
     while !direct_info(&new).await.contains("connected_slaves:1") {
-        assert!(Instant::now() < deadline, "the old primary never rejoined as a replica");
+        assert!(
+            Instant::now() < deadline,
+            "the old primary never rejoined as a replica"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -286,7 +319,10 @@ async fn an_acknowledged_lock_survives_its_primarys_death() {
         if other.call_s(&["SETNX", "lock:g", "o"]).await == ":1\r\n" {
             break;
         }
-        assert!(Instant::now() < deadline, "grants still refused with a replica back");
+        assert!(
+            Instant::now() < deadline,
+            "grants still refused with a replica back"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     lg.stop().await;
