@@ -201,7 +201,7 @@ impl LockService {
                 // Answered only once the replicas hold it (undone if they
                 // do not in time); its validity counts the wait.
                 if let Err(refused) = self
-                    .fence_acknowledged(&key, &instance_token, primary_at)
+                    .fence_acknowledged(&key, &instance_token, primary_at, ttl_ms)
                     .await
                 {
                     self.storm.line_answered(&key, None);

@@ -295,6 +295,15 @@ impl Rules {
         self.retry.spin_window_ms
     }
 
+    /// Which keys ask how many replicas to acknowledge their grants: the
+    /// global setting and each pattern's.
+    fn acks(&self) -> (u32, Vec<(&str, Option<u32>)>) {
+        let patterns = (self.overrides.iter())
+            .map(|(_, o)| (o.pattern.as_str(), o.replicas_ack))
+            .collect();
+        (self.replicas_ack, patterns)
+    }
+
     fn new(c: &crate::config::LocksConfig, guards: guard::Guards) -> Rules {
         Rules {
             eviction_check_ms: c.eviction_check_ms,
@@ -470,6 +479,11 @@ impl LockService {
         let guards = self.compile_guards(&config.locks);
         let on = !guards.is_empty();
         let new = std::sync::Arc::new(Rules::new(&config.locks, guards));
+        // Grants made under other acknowledgement settings were not
+        // acknowledged as these ask (`replicas::switch`).
+        if self.rules().acks() != new.acks() {
+            self.store().replicas.acks_changed();
+        }
         *crate::sync::write(&self.rules) = new;
         self.guards_on
             .store(on, std::sync::atomic::Ordering::Relaxed);

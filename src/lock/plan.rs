@@ -619,6 +619,7 @@ impl LockService {
         // in force granted it.
         let won = self.acks_asked().then(|| super::replicas::Won {
             primary_at: self.primary_at(),
+            lease_ms: claim.lease_ms,
             key: key.clone(),
             token: claim.token.clone(),
             value: claim.value.clone(),

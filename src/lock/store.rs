@@ -779,6 +779,11 @@ impl LockService {
         let Some(left) = store.primary_addr.hold_left(self.failover_delay()) else {
             return false;
         };
+        // Acknowledged by the replicas, and the promoted one vouched for:
+        // nothing to hold (`replicas::switch`).
+        if self.unheld_after_switch(key) {
+            return false;
+        }
         crate::metrics::ProxyMetrics::inc(&store.primary_addr.metrics.failover_refused);
         if let Some(more) = store.primary_addr.warn.check() {
             tracing::warn!(

@@ -199,6 +199,11 @@ impl Primary {
         sync::lock(&self.last).as_ref().map(|s| s.to.clone())
     }
 
+    /// When the latest switch happened (`None`: none yet).
+    pub fn switched_at(&self) -> Option<Instant> {
+        *sync::lock(&self.switched_at)
+    }
+
     /// How much of a failover delay of `delay` is left since the latest
     /// switch (`None`: no switch, or the delay is over).
     pub fn hold_left(&self, delay: Duration) -> Option<Duration> {

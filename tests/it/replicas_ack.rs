@@ -331,3 +331,132 @@ async fn an_acknowledged_lock_survives_its_primarys_death() {
 async fn direct_info(addr: &str) -> String {
     support::resp::direct(addr, &["INFO", "replication"]).await
 }
+
+/// How long after a killed primary acquisitions are refused, for keys
+/// whose pattern asks for acknowledgement and for keys whose pattern does
+/// not (`locks.failover_delay_ms` = 6 s), with two replicas so that one is
+/// left for the promoted one: the acknowledged keys are served as soon as
+/// the remaining replica follows it; the others wait out the delay. When
+/// the promoted replica cannot be vouched for (its marker deleted before
+/// the first acquisition asks), every key waits out the delay. The lock
+/// acknowledged before the failover is granted to nobody else either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_keys_skip_the_failover_hold_when_the_promoted_replica_has_them() {
+    let (ack_ms, plain_ms) = hold_after_kill(false).await;
+    assert!(
+        ack_ms + 1_000 < plain_ms,
+        "acknowledged keys refused {ack_ms} ms, others {plain_ms} ms"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_promoted_replica_that_cannot_be_vouched_for_holds_every_key() {
+    let (ack_ms, _) = hold_after_kill(true).await;
+    assert!(
+        ack_ms >= HOLD_MS,
+        "acknowledged keys refused only {ack_ms} ms"
+    );
+}
+
+const HOLD_MS: u64 = 6_000;
+
+/// Kills the primary of two replicas; returns how long (ms, from the
+/// kill) an acknowledged key and a plain key were refused. `unvouched`:
+/// the promoted replica's marker is deleted before any acquisition.
+async fn hold_after_kill(unvouched: bool) -> (u64, u64) {
+    let (primary, replica) = Group::pair().await;
+    let port = primary.port.to_string();
+    let second = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
+    crate::until!(
+        "the second replica in sync",
+        direct_info(&second.addr())
+            .await
+            .contains("master_link_status:up")
+    );
+    let mut group = Group::with_sentinels(primary, replica, "").await;
+    let mut config = support::sentinel::sentinel_config(&group.addrs());
+    config.locks.failover_delay_ms = Some(HOLD_MS);
+    config.locks.replicas_ack_timeout_ms = 300;
+    config.locks.overrides.push(LockOverride {
+        pattern: "lock:ack:*".into(),
+        replicas_ack: Some(1),
+        ..LockOverride::default()
+    });
+    let started = Instant::now();
+    let lg = Lockgate::start_with(config).await;
+    until!(
+        "lockgate to be ready",
+        lockgate::http::not_ready(&lg.ctx).is_none()
+    );
+    let acks = lg.ctx.locks.replica_acks();
+    let mut holder = RawClient::connect(lg.addr).await;
+    let held = holder
+        .call_s(&["SET", "lock:ack:held", "h", "NX", "PX", "60000"])
+        .await;
+    assert_eq!(held, "+OK\r\n");
+    // Acknowledgement in force for the whole delay before the switch.
+    let since = started + Duration::from_millis(HOLD_MS + 200);
+    tokio::time::sleep(since.saturating_duration_since(Instant::now())).await;
+    let killed = Instant::now();
+    group.primary.stop();
+    let replicas = [group.replica.addr(), second.addr()];
+    let deadline = killed + Duration::from_secs(30);
+    let new = loop {
+        let followed = lg.ctx.primary_addr.addr().map(|a| a.to_string());
+        if let Some(new) = followed.filter(|a| replicas.contains(a)) {
+            if Group::role(&new).await == "master" {
+                break new;
+            }
+        }
+        assert!(Instant::now() < deadline, "the failover was not followed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let mut on_new = RawClient::connect(&new).await;
+    if unvouched {
+        let markers = on_new.call_s(&["KEYS", "lockgate:acked:*"]).await;
+        let marker = markers
+            .lines()
+            .nth(2)
+            .expect("a marker on the promoted replica")
+            .to_string();
+        assert_eq!(on_new.call_s(&["DEL", &marker]).await, ":1\r\n");
+    }
+    let mut c = RawClient::connect(lg.addr).await;
+    assert_eq!(
+        c.call_s(&["SETNX", "lock:ack:held", "o"]).await,
+        ":0\r\n",
+        "a second holder"
+    );
+    let (mut ack_ms, mut plain_ms) = (None, None);
+    while ack_ms.is_none() || plain_ms.is_none() {
+        assert!(
+            Instant::now() < killed + Duration::from_secs(40),
+            "never granted"
+        );
+        for (key, got) in [
+            ("lock:ack:new", &mut ack_ms),
+            ("lock:plain:new", &mut plain_ms),
+        ] {
+            if got.is_none() && c.call_s(&["SETNX", key, "o"]).await == ":1\r\n" {
+                *got = Some(killed.elapsed().as_millis() as u64);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (ack_ms, plain_ms) = (ack_ms.unwrap_or_default(), plain_ms.unwrap_or_default());
+    println!(
+        "refused after the primary was killed (failover_delay_ms {HOLD_MS}, vouched for: {}): acknowledged keys {ack_ms} ms, others {plain_ms} ms",
+        !unvouched
+    );
+    assert!(
+        plain_ms >= HOLD_MS,
+        "plain keys granted within the hold: {plain_ms} ms"
+    );
+    assert_eq!(
+        get(&mut on_new, "lock:ack:held").await.as_deref(),
+        Some("h")
+    );
+    assert_eq!(m(&acks.unheld) > 0, !unvouched);
+    lg.stop().await;
+    (ack_ms, plain_ms)
+}

@@ -4,15 +4,18 @@
 //!
 //! `WAIT` counts the replicas that hold everything the asking connection
 //! wrote, and a grant was written on another connection (the client's).
-//! So each round first writes on this one (`PUBLISH` to a channel nobody
-//! need listen to: Redis replicates it and it changes no key), which Redis
-//! runs after every grant whose reply lockgate already read; `WAIT` then
-//! covers them all. Should this connection have followed a switch to
-//! another primary meanwhile, the primary's generation says so
+//! So each round first writes on this one: it sets this process's marker
+//! key (`lockgate:acked:{<run>}`, its value the round's number), which
+//! Redis runs after every grant whose reply lockgate already read; `WAIT`
+//! then covers them all. The marker stays (an hour): after a switch, the
+//! round it names on the new primary says which grants the promoted
+//! replica holds ([`super::switch`]). Should this connection have followed
+//! a switch to another primary meanwhile, the primary's generation says so
 //! ([`super::judge`]).
 
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
@@ -26,8 +29,10 @@ use std::sync::Arc;
 /// The pause after a round that could not ask, before the next.
 const RETRY_PAUSE: Duration = Duration::from_millis(20);
 
-/// The channel each round publishes to.
-pub const CHANNEL: &[u8] = b"lockgate:replicas-ack";
+/// How long the marker lives after the last round, ms (longer than any
+/// lease it vouches for in practice; gone, the check after a switch
+/// refutes, as for a grant it cannot vouch for).
+pub const MARKER_LIFE_MS: &[u8] = b"3600000";
 
 /// One grant waiting for its acknowledgement.
 #[derive(Debug)]
@@ -38,8 +43,8 @@ pub(super) struct Waiter {
     pub deadline: Instant,
     /// The primary's generation when the grant was planned.
     pub generation: u64,
-    /// Its outcome.
-    pub done: oneshot::Sender<Result<(), AckError>>,
+    /// Its outcome: the round that acknowledged it.
+    pub done: oneshot::Sender<Result<u64, AckError>>,
 }
 
 /// Runs rounds for the waiters `rx` brings until `stop`: each round asks
@@ -49,6 +54,7 @@ pub(super) struct Waiter {
 /// calls may take (`upstream.connect_timeout_ms`).
 pub(super) async fn run(
     node: Node,
+    marker: Bytes,
     primary: Arc<Primary>,
     mut rx: mpsc::Receiver<Waiter>,
     slack: Duration,
@@ -56,6 +62,7 @@ pub(super) async fn run(
     stop: CancellationToken,
 ) {
     let mut waiting: Vec<Waiter> = Vec::new();
+    let mut number = 0u64;
     loop {
         if waiting.is_empty() {
             tokio::select! {
@@ -71,8 +78,9 @@ pub(super) async fn run(
             waiting.push(w);
         }
         ProxyMetrics::inc(&metrics.rounds);
+        number += 1;
         let round = tokio::select! {
-            round = ask(&node, &primary, &waiting, slack) => round,
+            round = ask(&node, &primary, &waiting, &marker, number, slack) => round,
             // The waiters' senders drop: each is told lockgate stopped.
             _ = stop.cancelled() => return,
         };
@@ -89,7 +97,7 @@ pub(super) async fn run(
             match judge(&round, w.replicas, w.generation, w.deadline) {
                 Verdict::Wait => left.push(w),
                 Verdict::Done(outcome) => {
-                    let _ = w.done.send(outcome);
+                    let _ = w.done.send(outcome.map(|()| number));
                 }
             }
         }
@@ -97,8 +105,16 @@ pub(super) async fn run(
     }
 }
 
-/// One round for `waiting`: `PUBLISH`, then `WAIT`, pipelined.
-async fn ask(node: &Node, primary: &Primary, waiting: &[Waiter], slack: Duration) -> Round {
+/// Round `number` for `waiting`: the marker set to it, then `WAIT`,
+/// pipelined.
+async fn ask(
+    node: &Node,
+    primary: &Primary,
+    waiting: &[Waiter],
+    marker: &[u8],
+    number: u64,
+    slack: Duration,
+) -> Round {
     let now = Instant::now();
     let wanted = waiting.iter().map(|w| w.replicas).min().unwrap_or(1);
     let nearest = (waiting.iter().map(|w| w.deadline))
@@ -111,7 +127,9 @@ async fn ask(node: &Node, primary: &Primary, waiting: &[Waiter], slack: Duration
     let before = primary.current().generation;
     let timeout = Duration::from_millis(wait_ms) + slack;
     // Queued in this order at once: Redis runs them in it.
-    let published = node.send(encode::command(&[b"PUBLISH", CHANNEL, b""]).into(), timeout);
+    let number = number.to_string();
+    let set: [&[u8]; 5] = [b"SET", marker, number.as_bytes(), b"PX", MARKER_LIFE_MS];
+    let published = node.send(encode::command(&set).into(), timeout);
     let waited = node.send(
         encode::command(&[b"WAIT", wanted_s.as_bytes(), wait_ms_s.as_bytes()]).into(),
         timeout,

@@ -17,6 +17,8 @@ use crate::protocol::encode::LocalReply;
 pub(crate) struct Won {
     /// The primary's generation when the grant was planned.
     pub primary_at: u64,
+    /// Its lease as granted, ms.
+    pub lease_ms: u64,
     pub key: Bytes,
     pub token: Bytes,
     pub value: Bytes,
@@ -40,6 +42,7 @@ impl Won {
                 ..
             } if facts.first() == Some(&1) => Some(Won {
                 primary_at: *primary_at,
+                lease_ms: facts.get(1).copied().unwrap_or(0).max(0) as u64,
                 key: key.clone(),
                 token: token.clone(),
                 value: value.clone(),
@@ -51,6 +54,7 @@ impl Won {
                 primary_at,
             } if facts.first().is_some_and(|&p| p > 0) => Some(Won {
                 primary_at: *primary_at,
+                lease_ms: facts.first().copied().unwrap_or(0).max(0) as u64,
                 key: key.clone(),
                 token: token.clone(),
                 value: Bytes::new(),
@@ -103,6 +107,7 @@ impl LockService {
         let store = self.store();
         let grant = Grant {
             primary_at: won.primary_at,
+            lease_ms: won.lease_ms,
             key: won.key,
             token: won.token,
             value: won.value,
@@ -128,6 +133,7 @@ impl LockService {
         key: &Bytes,
         instance_token: &Bytes,
         primary_at: u64,
+        lease_ms: u64,
     ) -> Result<(), LocalReply> {
         let Some(rule) = self.ack_rule(key) else {
             return Ok(());
@@ -135,6 +141,7 @@ impl LockService {
         let store = self.store();
         let grant = Grant {
             primary_at,
+            lease_ms,
             key: key.clone(),
             token: instance_token.clone(),
             value: Bytes::new(),
@@ -194,6 +201,7 @@ impl LockService {
         let timeout = store.timeout();
         let grant = Grant {
             primary_at: won.primary_at,
+            lease_ms: won.lease_ms,
             key: won.key,
             token: won.token,
             value: won.value,

@@ -35,6 +35,7 @@ use crate::upstream::Primary;
 
 pub mod acker;
 mod gate;
+pub mod switch;
 
 pub(crate) use gate::{not_acquired, Won};
 
@@ -158,7 +159,16 @@ counters! {
         /// Unacknowledged grants undone on the primary by their own token.
         undone: Counter "lock_replica_ack_undone",
             "Unacknowledged lock grants released on the primary by their own token";
-        /// Rounds asked (`PUBLISH`, `WAIT`, `MGET`); against
+        /// Acknowledged grants forgotten before their leases ended
+        /// (`switch::MAX_RECENT`): not vouched for after a switch.
+        forgotten: Counter "lock_replica_ack_forgotten",
+            "Acknowledged lock grants forgotten before their leases ended (more than 1024 remembered)";
+        /// Acquisitions let through during the failover hold: their
+        /// pattern asks for acknowledgement and the promoted replica was
+        /// vouched for (`switch::unheld`).
+        unheld: Counter "lock_failover_unheld",
+            "Acquisitions not held after a switch of the primary: their pattern asks for replica acknowledgement and the promoted replica holds every acknowledged grant";
+        /// Rounds asked (the marker set, then `WAIT`); against
         /// `lock_replica_acks`: grants per round.
         rounds: Counter "lock_replica_ack_rounds",
             "Rounds of WAIT lockgate sent for replica acknowledgement";
@@ -175,6 +185,16 @@ pub struct Replicas {
     stop: CancellationToken,
     slack: Duration,
     acker: OnceLock<mpsc::Sender<acker::Waiter>>,
+    /// This process's marker key, which each round sets ([`acker`]).
+    marker: Bytes,
+    /// Acknowledged grants whose leases may still run, for the check
+    /// after a switch ([`switch`]).
+    recent: Mutex<switch::Recent>,
+    /// The check after the latest switch: its primary's generation and
+    /// what it concluded.
+    switch_check: Mutex<Option<(u64, switch::Vouch)>>,
+    /// Since when the acknowledgement settings in force apply.
+    acks_since: Mutex<Instant>,
     /// Counters (the acker counts its rounds).
     pub metrics: Arc<AckMetrics>,
     warn: RateLimit,
@@ -196,6 +216,10 @@ impl Replicas {
             stop,
             slack,
             acker: OnceLock::new(),
+            marker: marker_key(),
+            recent: Mutex::new(switch::Recent::new()),
+            switch_check: Mutex::new(None),
+            acks_since: Mutex::new(Instant::now()),
             metrics: Arc::new(AckMetrics::default()),
             warn: RateLimit::new(Duration::from_secs(10)),
         }
@@ -204,7 +228,8 @@ impl Replicas {
     /// Waits until `rule.replicas` replicas hold everything the primary
     /// ran so far (a grant whose reply was read), at most `rule.timeout`;
     /// the grant was planned in the primary's generation `generation`.
-    pub async fn acknowledged(&self, generation: u64, rule: AckRule) -> Result<(), AckError> {
+    /// `Ok`: the round that acknowledged it.
+    pub async fn acknowledged(&self, generation: u64, rule: AckRule) -> Result<u64, AckError> {
         let Some(tx) = self.acker() else {
             return Err(AckError::Upstream("no primary".into()));
         };
@@ -238,16 +263,29 @@ impl Replicas {
             let conn = Node::spawn(node.clone(), self.stop.clone());
             let (primary, stop) = (self.primary.clone(), self.stop.clone());
             let metrics = self.metrics.clone();
-            tokio::spawn(acker::run(conn, primary, rx, self.slack, metrics, stop));
+            let marker = self.marker.clone();
+            tokio::spawn(acker::run(
+                conn, marker, primary, rx, self.slack, metrics, stop,
+            ));
             tx
         }))
     }
+}
+
+/// This process's marker key: `lockgate:acked:{<ms>-<pid>}`, unique to
+/// this run (a restarted lockgate vouches only for its own rounds).
+fn marker_key() -> Bytes {
+    let ms = crate::lock::quorum::now_unix_ms();
+    Bytes::from(format!("lockgate:acked:{{{ms}-{}}}", std::process::id()))
 }
 
 /// A grant that waits for its replicas before its client is answered.
 pub(crate) struct Grant {
     /// The primary's generation when it was planned.
     pub primary_at: u64,
+    /// Its lease as granted, ms: an acknowledged grant is remembered for
+    /// as long ([`Replicas::recent`]).
+    pub lease_ms: u64,
     /// The lock key, its owner token and the value it holds.
     pub key: Bytes,
     pub token: Bytes,
@@ -283,8 +321,9 @@ pub(crate) async fn settle(
 ) -> Result<LocalReply, LocalReply> {
     let outcome = replicas.acknowledged(grant.primary_at, grant.rule).await;
     let e = match outcome {
-        Ok(()) => {
+        Ok(round) => {
             ProxyMetrics::inc(&replicas.metrics.acknowledged);
+            replicas.remember(&grant, round);
             return Ok(answers.yes);
         }
         Err(e) => e,
