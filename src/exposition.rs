@@ -341,6 +341,28 @@ fn eviction_families(ctx: &ServerContext, e: &mut DescriptorEncoder) -> std::fmt
         let labels = [("role", *role), ("node", node.as_str())];
         ConstCounter::new(*n).encode(evicted.encode_family(&labels)?)?;
     }
+    // The primary's risks to its locks (`lock::eviction::safety`): one
+    // series per signal, 1 while it holds.
+    if ctx.locks.quorum().is_none() {
+        use crate::lock::eviction::safety::SIGNALS;
+        let named = ctx.primary_memory.safety.named(ctx.locks.failover_delay());
+        let mut unsafe_ = e.encode_descriptor(
+            "upstream_unsafe",
+            "Risks the primary holding the locks shows, 1 while each holds: replicas_without_min_replicas_to_write, no_aof, restarted (acquisitions held for locks.failover_delay_ms)",
+            None,
+            MetricType::Gauge,
+        )?;
+        let node = &nodes[0].1;
+        for signal in SIGNALS {
+            let labels = [
+                ("role", "primary"),
+                ("node", node.as_str()),
+                ("signal", signal),
+            ];
+            let on = i64::from(named.contains(&signal));
+            ConstGauge::new(on).encode(unsafe_.encode_family(&labels)?)?;
+        }
+    }
     Ok(())
 }
 
@@ -368,6 +390,7 @@ mod tests {
         "lockgate_lock_key_hold_seconds",
         "lockgate_upstream_maxmemory_policy",
         "lockgate_upstream_evicted_keys",
+        "lockgate_upstream_unsafe",
         "lockgate_guarded_writes",
     ];
 

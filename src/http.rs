@@ -178,6 +178,9 @@ pub fn not_ready(ctx: &ServerContext) -> Option<String> {
         if let Some(why) = ctx.eviction.refused_because(Some(&addr), memory) {
             return Some(why.trim_start_matches("lockgate: ").to_string());
         }
+        if let Some(why) = ctx.locks.safety_refused_because() {
+            return Some(why.trim_start_matches("lockgate: ").to_string());
+        }
     }
     if ctx.locks.guards_on() && !ctx.locks.guard_table.is_read() {
         return Some(

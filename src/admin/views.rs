@@ -225,6 +225,7 @@ fn primary_refused(ctx: &ServerContext) -> String {
     let addr = ctx.primary_addr.addr();
     (ctx.eviction)
         .refused_because(addr.as_deref(), &ctx.primary_memory)
+        .or_else(|| ctx.locks.safety_refused_because())
         .unwrap_or_default()
 }
 
@@ -292,6 +293,7 @@ pub fn masters(ctx: &ServerContext) -> LocalReply {
 /// `locks.require_noeviction`; empty: served).
 pub fn primary(ctx: &ServerContext) -> LocalReply {
     let p = &ctx.primary_addr;
+    let safety = ctx.primary_memory.safety.reading();
     let last = p.last_switch().filter(|_| p.switches() > 0);
     let hold = match ctx.locks.quorum() {
         Some(_) => 0,
@@ -324,7 +326,46 @@ pub fn primary(ctx: &ServerContext) -> LocalReply {
             LocalReply::Integer(ProxyMetrics::get(&ctx.primary_memory.evicted) as i64),
         ),
         ("locks_refused", text(&primary_refused(ctx))),
+        (
+            "replicas",
+            safety.map_or(LocalReply::Integer(-1), |s| {
+                LocalReply::Integer(s.replicas as i64)
+            }),
+        ),
+        (
+            "min_replicas_to_write",
+            text(yes_no(safety.map(|s| s.min_replicas))),
+        ),
+        ("aof", text(yes_no(safety.map(|s| s.aof)))),
+        (
+            "restarts",
+            LocalReply::Integer(
+                ctx.primary_memory
+                    .safety
+                    .restarts
+                    .load(std::sync::atomic::Ordering::Relaxed) as i64,
+            ),
+        ),
+        ("unsafe", text(&unsafe_signals(ctx).join(","))),
     ])
+}
+
+/// `yes`, `no`, or `unknown` (not read).
+fn yes_no(v: Option<bool>) -> &'static str {
+    match v {
+        Some(true) => "yes",
+        Some(false) => "no",
+        None => "unknown",
+    }
+}
+
+/// The risks the primary holding the locks shows now
+/// ([`crate::lock::eviction::safety`]); none with the quorum.
+fn unsafe_signals(ctx: &ServerContext) -> Vec<&'static str> {
+    if ctx.locks.on_masters() {
+        return Vec::new();
+    }
+    ctx.primary_memory.safety.named(ctx.locks.failover_delay())
 }
 
 /// The primary for `/status.json`: the same facts as `LOCKGATE PRIMARY`.
@@ -343,6 +384,10 @@ pub fn primary_json(ctx: &ServerContext) -> serde_json::Value {
         "maxmemory_policy": primary_policy(ctx),
         "evicted_keys": ProxyMetrics::get(&ctx.primary_memory.evicted),
         "locks_refused": primary_refused(ctx),
+        "replicas": ctx.primary_memory.safety.reading().map(|s| s.replicas),
+        "min_replicas_to_write": yes_no(ctx.primary_memory.safety.reading().map(|s| s.min_replicas)),
+        "aof": yes_no(ctx.primary_memory.safety.reading().map(|s| s.aof)),
+        "unsafe": unsafe_signals(ctx),
     })
 }
 

@@ -76,6 +76,24 @@ pub struct LocksConfig {
     /// Reloadable; the policy is read again every `eviction_check_ms`, so a
     /// fixed policy serves locks again without a restart.
     pub require_noeviction: bool,
+    /// Refuse lock grants (acquisitions, extensions, takeovers, `LOCKGATE
+    /// LOCK`) on a primary that has replicas and no `min-replicas-to-write`
+    /// (a primary cut off from its replicas keeps granting what a failover
+    /// on their side does not know), or whose replication could not be
+    /// read: `-ERR lockgate: locks refused: …
+    /// (locks.require_min_replicas)`. Read with the policy; served again
+    /// at the first reading that says otherwise. Not used with the quorum.
+    /// false: only shown and warned about. Reloadable.
+    pub require_min_replicas: bool,
+    /// Refuse lock grants on a primary without an append-only file
+    /// (`appendonly no`: a restart loses the latest writes, held locks
+    /// among them), or whose persistence could not be read: `-ERR
+    /// lockgate: locks refused: … (locks.require_persistence)`. Whatever
+    /// this says, a primary seen restarting (another `run_id` at its
+    /// address) holds acquisitions for `failover_delay_ms`: an append-only
+    /// file fsynced every second may lose a second's locks. Not used with
+    /// the quorum. Reloadable.
+    pub require_persistence: bool,
     /// How often lockgate reads `maxmemory-policy` and `evicted_keys` of
     /// the primary and of each lock master (ms; one round trip per Redis),
     /// besides at every (re)connection. At least 10.
@@ -347,6 +365,8 @@ impl Default for LocksConfig {
             replicas_ack_timeout_ms: 1_000,
             replicas_ack_refusal: AckRefusal::NotAcquired,
             require_noeviction: false,
+            require_min_replicas: false,
+            require_persistence: false,
             eviction_check_ms: 1_000,
             fast_path: true,
             transaction_connections: 8,

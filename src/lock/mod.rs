@@ -277,6 +277,9 @@ pub struct Rules {
     replicas_ack: u32,
     replicas_ack_timeout_ms: u64,
     replicas_ack_refusal: crate::config::AckRefusal,
+    /// `locks.require_min_replicas`, `locks.require_persistence`.
+    require_min_replicas: bool,
+    require_persistence: bool,
     /// Some pattern, or all, asks replicas to acknowledge: without any,
     /// a grant looks at no pattern for it.
     replicas_ack_any: bool,
@@ -319,6 +322,8 @@ impl Rules {
             fast_path: c.fast_path,
             retry: c.retry.clone(),
             failover_delay_ms: c.failover_delay_ms,
+            require_min_replicas: c.require_min_replicas,
+            require_persistence: c.require_persistence,
             replicas_ack: c.replicas_ack,
             replicas_ack_timeout_ms: c.replicas_ack_timeout_ms,
             replicas_ack_refusal: c.replicas_ack_refusal,

@@ -31,7 +31,7 @@ use super::split::{Merge, Split};
 use super::storm::{Acquirer, Ask, Tried};
 use super::txn::{OnPrimary, TxnMetrics};
 use super::{evalsha, Database, LockPending, LockService, Queueing};
-use crate::metrics::{Counter, Kind};
+use crate::metrics::{Counter, Kind, ProxyMetrics};
 use crate::protocol::encode::{self, LocalReply};
 use crate::sync;
 use crate::upstream::node::{Node, NodeConfig};
@@ -731,11 +731,14 @@ impl LockService {
     /// `maxmemory-policy` (as read from the primary in force) is not
     /// `noeviction`; releases are never refused. Counted and logged.
     fn refused_for_eviction(&self, op: &LockOp) -> Option<LocalReply> {
-        // One relaxed load on the path of every lock command when off.
-        if !self.store.eviction.required() || matches!(op, LockOp::Release { .. }) {
+        if matches!(op, LockOp::Release { .. }) {
             return None;
         }
-        self.eviction_refusal()
+        // One relaxed load on the path of every lock command when off.
+        if self.store.eviction.required() {
+            return self.eviction_refusal();
+        }
+        self.safety_refusal()
     }
 
     /// With `locks.require_noeviction` and no quorum, the refusal of any
@@ -750,6 +753,40 @@ impl LockService {
         store
             .eviction
             .refusal(primary.as_deref(), &store.primary_memory)
+            .or_else(|| self.safety_refusal())
+    }
+
+    /// With `locks.require_min_replicas` or `locks.require_persistence`
+    /// and no quorum, the refusal of any lease on the primary in force,
+    /// unless its latest reading satisfies them
+    /// ([`super::eviction::safety::refused_because`]); counted, logged
+    /// (rate-limited).
+    fn safety_refusal(&self) -> Option<LocalReply> {
+        let text = self.safety_refused_because()?;
+        let store = &self.store;
+        ProxyMetrics::inc(&store.eviction.metrics.safety_refused);
+        if let Some(more) = store.primary_memory.safety.refuse_warn.check() {
+            tracing::warn!(reason = %text, suppressed = more, "lock command refused");
+        }
+        Some(LocalReply::err(text))
+    }
+
+    /// Why lock grants on the primary are refused by
+    /// `locks.require_min_replicas` / `locks.require_persistence` now
+    /// (`None`: they are not, or the locks live on the quorum).
+    pub fn safety_refused_because(&self) -> Option<String> {
+        let rules = self.rules();
+        let store = &self.store;
+        if !(rules.require_min_replicas || rules.require_persistence) || store.quorum.is_some() {
+            return None;
+        }
+        let primary = store.primary_addr.addr();
+        super::eviction::safety::refused_because(
+            rules.require_min_replicas,
+            rules.require_persistence,
+            store.primary_memory.safety.reading(),
+            primary.as_deref().unwrap_or("(none)"),
+        )
     }
 
     /// While acquisitions on the primary are held after a switch of the
@@ -772,6 +809,24 @@ impl LockService {
                     left_ms = left.as_millis() as u64,
                     suppressed = more,
                     "lock acquisition answered 'not acquired': the shard's replica was promoted, and a lock granted on the old primary may not have been replicated (locks.failover_delay_ms)"
+                );
+            }
+            return true;
+        }
+        // The primary restarted without an append-only file: its locks
+        // are gone, as after a failover to a replica that lacked them.
+        if let Some(left) = store
+            .primary_memory
+            .safety
+            .restart_hold_left(self.failover_delay())
+        {
+            ProxyMetrics::inc(&store.primary_addr.metrics.failover_refused);
+            if let Some(more) = store.primary_addr.warn.check() {
+                tracing::warn!(
+                    key = %String::from_utf8_lossy(key),
+                    left_ms = left.as_millis() as u64,
+                    suppressed = more,
+                    "lock acquisition answered 'not acquired': the primary restarted, and the locks it held may be gone (locks.failover_delay_ms)"
                 );
             }
             return true;

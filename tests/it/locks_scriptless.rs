@@ -454,7 +454,10 @@ async fn lock_commands_inside_multi_run_at_exec_and_mixed_transactions_abort() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_redis_costs_no_lock_command_an_error() {
     let mut redis = without_scripts();
-    let lg = Lockgate::start_with(support::locks::config(&redis.addr(), "a", 20_000)).await;
+    let mut config = support::locks::config(&redis.addr(), "a", 20_000);
+    // No hold after the restart (tests/it/upstream_safety.rs has it).
+    config.locks.failover_delay_ms = Some(0);
+    let lg = Lockgate::start_with(config).await;
     until!("the server seen without scripts", scriptless(&lg));
     let mut c = RawClient::connect(lg.addr).await;
     assert_eq!(c.call(&["SETNX", "lock:r", "1"]).await, ":1\r\n");

@@ -77,3 +77,4 @@ mod storm_connections;
 mod storm_fleet;
 mod storm_handoff;
 mod tls;
+mod upstream_safety;

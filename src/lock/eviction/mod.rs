@@ -30,6 +30,7 @@
 //! noeviction` on the Redis serves locks again within one check interval,
 //! without a restart; turning the key off with a reload does too.
 
+pub mod safety;
 pub mod watch;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -164,6 +165,8 @@ pub struct Memory {
     pub evicted: AtomicU64,
     /// `CONFIG GET` was refused on this node: ask `INFO memory` instead.
     config_refused: AtomicBool,
+    /// Its replication and persistence, and its restarts ([`safety`]).
+    pub safety: safety::SafetyState,
     policy_warn: RateLimit,
     evicted_warn: RateLimit,
 }
@@ -176,6 +179,7 @@ impl Default for Memory {
             last_evicted: Mutex::new(None),
             evicted: AtomicU64::new(0),
             config_refused: AtomicBool::new(false),
+            safety: safety::SafetyState::default(),
             policy_warn: RateLimit::new(POLICY_WARN_INTERVAL),
             evicted_warn: RateLimit::new(WARN_INTERVAL),
         }
@@ -257,6 +261,8 @@ impl Memory {
             self.config_refused.store(true, Ordering::Relaxed);
         }
         let role = self.role();
+        self.safety
+            .learn(&addr, run_id, sample.safety, role.holds_locks());
         let grew = sample.evicted_keys.and_then(|now| {
             let mut last = sync::lock(&self.last_evicted);
             let before = last.replace((run_id.to_string(), now));
@@ -328,6 +334,10 @@ counters! {
         /// Lock commands refused on a primary whose policy may evict them.
         refused: Counter "lock_eviction_refused",
             "Lock commands refused: the primary's maxmemory-policy may evict lock keys (locks.require_noeviction)";
+        /// Lock commands refused by `locks.require_min_replicas` or
+        /// `locks.require_persistence` ([`safety`]).
+        safety_refused: Counter "lock_safety_refused",
+            "Lock commands refused: the primary has replicas and no min-replicas-to-write (locks.require_min_replicas), or no append-only file (locks.require_persistence)";
         /// Reads of a node's policy and `evicted_keys` that failed.
         check_failures: Counter "upstream_eviction_check_failures",
             "Periodic reads of a Redis's maxmemory-policy and evicted_keys that got no answer";
@@ -437,6 +447,7 @@ mod tests {
             policy: Some(policy.to_string()),
             evicted_keys: evicted,
             config_refused: false,
+            safety: None,
         }
     }
 

@@ -17,7 +17,9 @@ use tokio_util::sync::CancellationToken;
 use super::{Eviction, Memory};
 use crate::metrics::ProxyMetrics;
 use crate::sync;
-use crate::upstream::node::report::{config_get, info_memory, info_stats, Sample};
+use crate::upstream::node::report::{
+    config_get, info_memory, info_persistence, info_replication, info_stats, Sample,
+};
 use crate::upstream::node::Node;
 
 /// Starts the check of `nodes`, each with the memory its readings go to
@@ -61,7 +63,13 @@ pub async fn check(node: &Node, memory: &Memory, eviction: &Eviction, timeout: D
     // Both queued before either is awaited: one round trip.
     let first = node.send(first.into(), timeout);
     let stats = node.send(info_stats().into(), timeout);
-    let (Ok(first), Ok(stats)) = tokio::join!(first, stats) else {
+    let replication = node.send(info_replication().into(), timeout);
+    let persistence = node.send(info_persistence().into(), timeout);
+    let (first, stats, replication, persistence) =
+        tokio::join!(first, stats, replication, persistence);
+    let (Ok(first), Ok(stats), Ok(replication), Ok(persistence)) =
+        (first, stats, replication, persistence)
+    else {
         ProxyMetrics::inc(&eviction.metrics.check_failures);
         return;
     };
@@ -79,6 +87,7 @@ pub async fn check(node: &Node, memory: &Memory, eviction: &Eviction, timeout: D
             }
         }
     }
+    let sample = sample.with_safety(&replication, &persistence);
     let run_id = sync::lock(&state.run_id).clone();
     // Dropped if another connection opened meanwhile: its own reading,
     // made as it opened, is the one in force.

@@ -38,15 +38,19 @@ pub(super) async fn open(config: &NodeConfig) -> Result<Opened, String> {
         report::info_stats(),
         report::command_info_msetex(),
         report::command_info_evalsha(),
+        report::info_replication(),
+        report::info_persistence(),
     ] {
         asked.extend_from_slice(&command);
     }
-    let replies = requests(&mut stream, &asked, 6, config.connect_timeout).await?;
+    let replies = requests(&mut stream, &asked, 8, config.connect_timeout).await?;
     let read_at = Instant::now();
-    let [info, config_get, memory, stats, msetex, evalsha] = &replies[..] else {
+    let [info, config_get, memory, stats, msetex, evalsha, replication, persistence] = &replies[..]
+    else {
         return Err("INFO and CONFIG GET: replies missing".to_string());
     };
-    let memory = Sample::from_replies(Some(config_get), Some(memory), stats);
+    let memory = Sample::from_replies(Some(config_get), Some(memory), stats)
+        .with_safety(replication, persistence);
     let info = String::from_utf8_lossy(info);
     let field = |name: &str| {
         info.lines()

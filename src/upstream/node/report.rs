@@ -69,6 +69,52 @@ pub struct Sample {
     /// `CONFIG GET` was refused (renamed, an ACL, a managed Redis):
     /// later readings ask `INFO memory` instead.
     pub config_refused: bool,
+    /// What `INFO replication` and `INFO persistence` said (`None`: not
+    /// asked, or refused).
+    pub safety: Option<Safety>,
+}
+
+/// What a node's `INFO replication` and `INFO persistence` say about how
+/// safely it keeps locks across a crash and a failover.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Safety {
+    /// `role:master`.
+    pub master: bool,
+    /// `connected_slaves`.
+    pub replicas: u64,
+    /// `min-replicas-to-write` is set (`INFO replication` shows
+    /// `min_slaves_good_slaves` only then): a primary cut off from its
+    /// replicas stops taking writes.
+    pub min_replicas: bool,
+    /// `aof_enabled:1`: an append-only file (a restart without it, on
+    /// snapshots alone, loses the latest writes, a held lock among them).
+    pub aof: bool,
+}
+
+impl Safety {
+    /// The facts in the replies to `INFO replication` and `INFO
+    /// persistence`; `None` when either is an error or lacks its fields.
+    pub fn from_replies(replication: &[u8], persistence: &[u8]) -> Option<Safety> {
+        let role = info_field(replication, "role")?;
+        let replicas = info_field(replication, "connected_slaves")?.parse().ok()?;
+        let aof = info_field(persistence, "aof_enabled")?;
+        Some(Safety {
+            master: role == "master",
+            replicas,
+            min_replicas: info_field(replication, "min_slaves_good_slaves").is_some(),
+            aof: aof == "1",
+        })
+    }
+}
+
+/// `INFO replication`.
+pub fn info_replication() -> Bytes {
+    encode::command(&[b"INFO", b"replication"])
+}
+
+/// `INFO persistence`.
+pub fn info_persistence() -> Bytes {
+    encode::command(&[b"INFO", b"persistence"])
 }
 
 /// `CONFIG GET maxmemory-policy`.
@@ -99,6 +145,16 @@ impl Sample {
             policy: name,
             evicted_keys: info_field(stats, "evicted_keys").and_then(|v| v.parse().ok()),
             config_refused: config.is_some() && from_config.is_none(),
+            safety: None,
+        }
+    }
+
+    /// This sample with what `INFO replication` and `INFO persistence`
+    /// answered.
+    pub fn with_safety(self, replication: &[u8], persistence: &[u8]) -> Sample {
+        Sample {
+            safety: Safety::from_replies(replication, persistence),
+            ..self
         }
     }
 }
@@ -162,6 +218,27 @@ mod tests {
     const MEMORY: &[u8] =
         b"$60\r\n# Memory\r\nused_memory:1\r\nmaxmemory_policy:volatile-ttl\r\nx:1\r\n\r\n";
     const STATS: &[u8] = b"$40\r\n# Stats\r\nevicted_keys:17\r\nevicted_clients:0\r\n\r\n";
+
+    #[test]
+    fn replication_and_persistence_are_read() {
+        let replication = b"$90\r\n# Replication\r\nrole:master\r\nconnected_slaves:2\r\nmin_slaves_good_slaves:2\r\nslave0:ip=x\r\n\r\n";
+        let persistence = b"$40\r\n# Persistence\r\nloading:0\r\naof_enabled:0\r\n\r\n";
+        let s = Safety::from_replies(replication, persistence).expect("read");
+        assert_eq!(
+            s,
+            Safety {
+                master: true,
+                replicas: 2,
+                min_replicas: true,
+                aof: false
+            }
+        );
+        let bare = b"$60\r\n# Replication\r\nrole:master\r\nconnected_slaves:0\r\n\r\n";
+        let aof = b"$30\r\n# Persistence\r\naof_enabled:1\r\n\r\n";
+        let s = Safety::from_replies(bare, aof).expect("read");
+        assert!(!s.min_replicas && s.aof && s.replicas == 0);
+        assert_eq!(Safety::from_replies(b"-NOPERM no\r\n", aof), None);
+    }
 
     #[test]
     fn config_get_is_read_first() {
