@@ -46,7 +46,7 @@ pub enum AdminReply {
 pub fn handle(ctx: &Arc<ServerContext>, args: CommandArgs<'_>, caller: ConnId) -> AdminReply {
     let sub = args.get(1).to_ascii_uppercase();
     match sub.as_slice() {
-        b"LOCK" | b"UNLOCK" | b"EXTEND" => {
+        b"LOCK" | b"UNLOCK" | b"EXTEND" | b"WATCH" => {
             match ctx.locks.refused_on_cluster([args.get(2)].into_iter()) {
                 Some(refused) => AdminReply::Now(refused),
                 None => fencing(ctx, &sub, args, caller),
@@ -218,6 +218,8 @@ fn help() -> LocalReply {
         "    Release a lock taken with LOCK.",
         "EXTEND <key> <token> <ttl-ms>",
         "    Extend a lock taken with LOCK.",
+        "WATCH <key> <token> [TIMEOUT <ms>]",
+        "    Wait until a lock taken with LOCK no longer holds its token: 1, or nil at the timeout (at most 60000).",
         "HELP",
         "    This text.",
     ];
@@ -253,6 +255,21 @@ fn fencing(
             FenceCall::Lock {
                 at: Waiting { key, caller, wait },
                 ttl_ms: ttl,
+            }
+        }
+        b"WATCH" => {
+            let timeout = match (args.len(), args.get(4).to_ascii_uppercase().as_slice()) {
+                (4, _) => Some(MAX_WAIT.as_millis() as u64),
+                (6, b"TIMEOUT") => number(args.get(5)),
+                _ => None,
+            };
+            let Some(timeout) = timeout else {
+                return usage("WATCH key token [TIMEOUT ms]");
+            };
+            FenceCall::Watch {
+                key,
+                token: Bytes::copy_from_slice(args.get(3)),
+                timeout: Duration::from_millis(timeout).min(MAX_WAIT),
             }
         }
         b"UNLOCK" => {

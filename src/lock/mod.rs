@@ -47,7 +47,8 @@
 //!   [`split`] (per-key commands split between the quorum and the
 //!   primary).
 //! - [`watchdog`] (renewal, release on disconnect), [`fence`] (the
-//!   fencing-token API on one Redis), [`failover`] (the hold after a switch
+//!   fencing-token API on one Redis), [`fence_watch`] (`LOCKGATE WATCH`: a
+//!   holder told when its lease is gone), [`failover`] (the hold after a switch
 //!   of the primary), [`replicas`] (a grant answered only once the
 //!   primary's replicas hold it, `locks.replicas_ack`), [`eviction`] (each store's `maxmemory-policy`),
 //!   `forget` (what a forwarded command changed behind the room's back:
@@ -68,6 +69,7 @@ pub(crate) mod eviction;
 pub(crate) mod failover;
 pub(crate) mod fast;
 pub(crate) mod fence;
+pub mod fence_watch;
 mod forget;
 pub use forget::{Database, Forget};
 pub mod guard;

@@ -283,6 +283,15 @@ pub enum FenceCall {
         /// The fencing token.
         token: Bytes,
     },
+    /// Wait until `key` no longer holds `token`, at most `timeout`.
+    Watch {
+        /// The lock key.
+        key: Bytes,
+        /// The fencing token.
+        token: Bytes,
+        /// The longest wait.
+        timeout: std::time::Duration,
+    },
     /// Extend `key` to `ttl_ms` if `token` still holds it.
     Extend {
         /// The lock key.
@@ -693,6 +702,15 @@ impl LockService {
         let timeout = self.store.timeout;
         let node = &self.store.primary;
         match (call, &self.store.quorum) {
+            // Read where the locks live, whichever store.
+            (
+                FenceCall::Watch {
+                    key,
+                    token,
+                    timeout,
+                },
+                _,
+            ) => self.fence_watch(key, token, timeout).await,
             (FenceCall::Lock { at, ttl_ms }, Some(q)) => {
                 self.quorum_fence_lock(q, at, ttl_ms).await
             }

@@ -30,6 +30,7 @@ mod differential;
 mod event_loops;
 mod eviction;
 mod faults;
+mod fence_watch;
 mod fencing;
 mod guarded_faults;
 mod guarded_writes;
