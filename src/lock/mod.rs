@@ -176,6 +176,8 @@ pub enum LockPending {
         upto: u64,
         /// Where it ran: the contention table learns only database 0.
         db: Database,
+        /// The primary's generation when it was planned ([`replicas`]).
+        primary_at: u64,
     },
     /// A client script on these lock keys: its reply passes as it is, and
     /// what lockgate knew of the keys is dropped (it may have released them).

@@ -344,7 +344,16 @@ impl LockService {
                 let cmd = Call::new(Script::Extend, &[&key, &owner], &argv.with(&args));
                 let upto = self.tokens.issued();
                 let db = Database::Zero;
-                (cmd, LockPending::Extend { key, upto, db })
+                let primary_at = self.primary_at();
+                (
+                    cmd,
+                    LockPending::Extend {
+                        key,
+                        upto,
+                        db,
+                        primary_at,
+                    },
+                )
             }
             LockOp::Takeover { key, command, args } => {
                 ProxyMetrics::inc(&self.metrics.takeovers);
@@ -521,7 +530,7 @@ impl LockService {
                     }
                 }
             }
-            LockPending::Extend { key, upto, db } => {
+            LockPending::Extend { key, upto, db, .. } => {
                 let (allowed, lapsed) = (fact(facts, 0), fact(facts, 1));
                 ProxyMetrics::add(&self.metrics.stale_conn_denied, fact(facts, 3));
                 if allowed == 0 {
@@ -618,6 +627,7 @@ impl LockService {
         // The release that handed it over was just answered: the primary
         // in force granted it.
         let won = self.acks_asked().then(|| super::replicas::Won {
+            undo: true,
             primary_at: self.primary_at(),
             lease_ms: claim.lease_ms,
             key: key.clone(),

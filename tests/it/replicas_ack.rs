@@ -107,7 +107,14 @@ async fn a_replica_that_does_not_answer_gets_the_grant_undone_and_the_client_tol
     let acks = lg.ctx.locks.replica_acks();
     let mut app = RawClient::connect(lg.addr).await;
     let mut on_primary = RawClient::connect(primary.addr()).await;
+    assert_eq!(app.call_s(&["SETNX", "lock:e", "v"]).await, ":1\r\n");
     let paused = Paused::stop(replica.pid()).await;
+    // An extension the replica does not hold: told "not extended" (the
+    // lock stays its holder's, and is not undone).
+    assert_eq!(app.call_s(&["PEXPIRE", "lock:e", "20000"]).await, ":0\r\n");
+    assert!(exists(&mut on_primary, "lock:e").await);
+    let timeouts = m(&acks.timeouts);
+    assert_eq!((timeouts, m(&acks.undone)), (1, 0));
     let started = Instant::now();
     assert_eq!(app.call_s(&["SETNX", "lock:t", "v"]).await, ":0\r\n");
     assert!(
@@ -117,7 +124,7 @@ async fn a_replica_that_does_not_answer_gets_the_grant_undone_and_the_client_tol
     );
     assert!(!exists(&mut on_primary, "lock:t").await, "not undone");
     assert!(!exists(&mut on_primary, "lockgate:owner:{lock:t}").await);
-    assert_eq!((m(&acks.timeouts), m(&acks.undone)), (1, 1));
+    assert_eq!((m(&acks.timeouts), m(&acks.undone)), (2, 1));
     // Each shape's refusal: nil, the error where "not acquired" is none,
     // and the error a pattern asks for.
     let set = app
@@ -136,15 +143,16 @@ async fn a_replica_that_does_not_answer_gets_the_grant_undone_and_the_client_tol
     let err = app.call_s(&["SETNX", "lock:err:x", "v"]).await;
     assert!(err.starts_with("-ERR lockgate: lock not granted:"), "{err}");
     assert!(err.ends_with("(locks.replicas_ack)\r\n"), "{err}");
-    assert_eq!((m(&acks.timeouts), m(&acks.undone)), (4, 4));
+    assert_eq!((m(&acks.timeouts), m(&acks.undone)), (5, 4));
     assert!(!exists(&mut on_primary, "lock:t").await);
     // Not held by the client: its connection's records say so.
-    let held = lg.ctx.locks.conns.holds(|k| k.starts_with(b"lock:"), 10);
+    let held = lg.ctx.locks.conns.holds(|k| k.starts_with(b"lock:t"), 10);
     assert!(held.is_empty(), "a refused grant still listed: {held:?}");
     // The replica back: granted again, no restart.
     paused.resume();
     assert_eq!(app.call_s(&["SETNX", "lock:t", "v"]).await, ":1\r\n");
-    assert_eq!(m(&acks.acknowledged), 1);
+    assert_eq!(app.call_s(&["PEXPIRE", "lock:e", "20000"]).await, ":1\r\n");
+    assert_eq!(m(&acks.acknowledged), 3);
     lg.stop().await;
 }
 

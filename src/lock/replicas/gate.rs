@@ -13,8 +13,12 @@ use crate::protocol::encode::LocalReply;
 
 /// A grant a reply just made, before the replicas are asked: its key,
 /// owner token, value (`''`: not checked at its undo) and the command's
-/// "not acquired" (`None`: it has none, the refusal is the error).
+/// "not acquired" (`None`: it has none, the refusal is the error). An
+/// extension is one too, never undone (the lock was its holder's before).
 pub(crate) struct Won {
+    /// Undone if not acknowledged (an acquisition, a takeover); an
+    /// extension is only answered as refused.
+    pub undo: bool,
     /// The primary's generation when the grant was planned.
     pub primary_at: u64,
     /// Its lease as granted, ms.
@@ -41,6 +45,7 @@ impl Won {
                 db: Database::Zero,
                 ..
             } if facts.first() == Some(&1) => Some(Won {
+                undo: true,
                 primary_at: *primary_at,
                 lease_ms: facts.get(1).copied().unwrap_or(0).max(0) as u64,
                 key: key.clone(),
@@ -53,12 +58,29 @@ impl Won {
                 token,
                 primary_at,
             } if facts.first().is_some_and(|&p| p > 0) => Some(Won {
+                undo: true,
                 primary_at: *primary_at,
                 lease_ms: facts.first().copied().unwrap_or(0).max(0) as u64,
                 key: key.clone(),
                 token: token.clone(),
                 value: Bytes::new(),
                 no: None,
+            }),
+            // An extension that moved the lease (facts: allowed, lapsed,
+            // PTTL after): its `:0` is "not extended".
+            LockPending::Extend {
+                key,
+                primary_at,
+                db: Database::Zero,
+                ..
+            } if facts.first() == Some(&1) && facts.get(2).is_some_and(|&p| p > 0) => Some(Won {
+                undo: false,
+                primary_at: *primary_at,
+                lease_ms: facts.get(2).copied().unwrap_or(0).max(0) as u64,
+                key: key.clone(),
+                token: Bytes::new(),
+                value: Bytes::new(),
+                no: Some(LocalReply::Integer(0)),
             }),
             _ => None,
         }
@@ -106,6 +128,7 @@ impl LockService {
         };
         let store = self.store();
         let grant = Grant {
+            undo: won.undo,
             primary_at: won.primary_at,
             lease_ms: won.lease_ms,
             key: won.key,
@@ -140,6 +163,7 @@ impl LockService {
         };
         let store = self.store();
         let grant = Grant {
+            undo: true,
             primary_at,
             lease_ms,
             key: key.clone(),
@@ -200,6 +224,7 @@ impl LockService {
         );
         let timeout = store.timeout();
         let grant = Grant {
+            undo: won.undo,
             primary_at: won.primary_at,
             lease_ms: won.lease_ms,
             key: won.key,

@@ -281,6 +281,8 @@ fn marker_key() -> Bytes {
 
 /// A grant that waits for its replicas before its client is answered.
 pub(crate) struct Grant {
+    /// Undone when not acknowledged (not for an extension).
+    pub undo: bool,
     /// The primary's generation when it was planned.
     pub primary_at: u64,
     /// Its lease as granted, ms: an acknowledged grant is remembered for
@@ -339,6 +341,16 @@ pub(crate) async fn settle(
             suppressed = more,
             "a lock grant was not acknowledged by the replicas: undone (locks.replicas_ack)"
         );
+    }
+    if !grant.undo {
+        // An extension: the lock was its holder's before; it is told the
+        // lease did not move where the replicas are.
+        return Err(match (answers.no, grant.rule.refusal) {
+            (Some(no), AckRefusal::NotAcquired) => no,
+            _ => LocalReply::err(format!(
+                "lockgate: lease not extended: {e} (locks.replicas_ack)"
+            )),
+        });
     }
     // Undone by its own token: never another owner's lock.
     let cmd = super::evalsha::eval_queued(
