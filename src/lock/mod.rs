@@ -380,6 +380,12 @@ pub struct LockService {
     on_cluster: bool,
     /// Guards are configured (see [`LockService::guards_on`]).
     guards_on: std::sync::atomic::AtomicBool,
+    /// Some pattern asks for replica acknowledgement (one relaxed load on
+    /// every lock reply when none does: [`replicas`]).
+    acks_on: std::sync::atomic::AtomicBool,
+    /// `locks.require_min_replicas` or `locks.require_persistence` is on
+    /// (one relaxed load on every lock command when neither is).
+    safety_on: std::sync::atomic::AtomicBool,
     /// Redis's command table, for guarded writes ([`guard::table`]).
     pub guard_table: guard::table::GuardTable,
     /// Every guard's counters by lock pattern, kept across reloads.
@@ -439,6 +445,8 @@ impl LockService {
             store,
             on_cluster: config.upstream.cluster.enabled(),
             guards_on: std::sync::atomic::AtomicBool::new(false),
+            acks_on: std::sync::atomic::AtomicBool::new(false),
+            safety_on: std::sync::atomic::AtomicBool::new(false),
             guard_table: guard::table::GuardTable::default(),
             guard_counts: std::sync::Mutex::new(std::collections::HashMap::new()),
             guard_warn: RateLimit::new(WARN_INTERVAL),
@@ -493,6 +501,10 @@ impl LockService {
         if self.rules().acks() != new.acks() {
             self.store().replicas.acks_changed();
         }
+        let relaxed = std::sync::atomic::Ordering::Relaxed;
+        self.acks_on.store(new.replicas_ack_any, relaxed);
+        let safety = new.require_min_replicas || new.require_persistence;
+        self.safety_on.store(safety, relaxed);
         *crate::sync::write(&self.rules) = new;
         self.guards_on
             .store(on, std::sync::atomic::Ordering::Relaxed);

@@ -227,7 +227,7 @@ impl LockService {
                         token,
                         value,
                         shape,
-                        primary_at: self.primary_at(),
+                        primary_at: self.primary_at_if_acked(),
                         park: None,
                         db: Database::Zero,
                     },
@@ -344,47 +344,17 @@ impl LockService {
                 let cmd = Call::new(Script::Extend, &[&key, &owner], &argv.with(&args));
                 let upto = self.tokens.issued();
                 let db = Database::Zero;
-                let primary_at = self.primary_at();
-                (
-                    cmd,
-                    LockPending::Extend {
-                        key,
-                        upto,
-                        db,
-                        primary_at,
-                    },
-                )
+                let primary_at = self.primary_at_if_acked();
+                let pending = LockPending::Extend {
+                    key,
+                    upto,
+                    db,
+                    primary_at,
+                };
+                (cmd, pending)
             }
             LockOp::Takeover { key, command, args } => {
-                ProxyMetrics::inc(&self.metrics.takeovers);
-                let token = self.tokens.next();
-                let lease = self.lease_ms(&key);
-                self.granting(lease);
-                // A takeover makes the lock this instance's for releases:
-                // in the GETSET-timestamp recipe several clients GETSET and
-                // only the one that read the stale value holds the lock, so
-                // any of them may release it (the instance rule), as on
-                // plain Redis. The connection that took it over holds it
-                // for extensions (`SET k v` then `EXPIRE k`).
-                conn.took_over(key.clone(), token.clone(), lease);
-                let owner = owner_key(&key);
-                let lease_s = lease.to_string();
-                let argv = TakeoverArgv {
-                    info,
-                    token: &token,
-                    lease_ms: lease_s.as_bytes(),
-                    command: command.as_bytes(),
-                };
-                let cmd = Call::new(Script::Takeover, &[&key, &owner], &argv.with(&args));
-                let primary_at = self.primary_at();
-                (
-                    cmd,
-                    LockPending::Takeover {
-                        key,
-                        token,
-                        primary_at,
-                    },
-                )
+                self.plan_takeover(key, command, &args, conn, info)
             }
         };
         ProxyMetrics::add(&self.metrics.conn_table_evictions, conn.evicted - evicted);
@@ -392,6 +362,47 @@ impl LockService {
             call: command,
             pending: (!in_multi).then_some(pending),
         }
+    }
+
+    /// The call and pending outcome of a takeover of `key` by `command`
+    /// (`GETSET`, `SET` without NX…) with `args` after the key.
+    fn plan_takeover(
+        &self,
+        key: Bytes,
+        command: &'static str,
+        args: &[Bytes],
+        conn: &mut ConnLocks,
+        info: &[u8],
+    ) -> (Call, LockPending) {
+        ProxyMetrics::inc(&self.metrics.takeovers);
+        let token = self.tokens.next();
+        let lease = self.lease_ms(&key);
+        self.granting(lease);
+        // A takeover makes the lock this instance's for releases:
+        // in the GETSET-timestamp recipe several clients GETSET and
+        // only the one that read the stale value holds the lock, so
+        // any of them may release it (the instance rule), as on
+        // plain Redis. The connection that took it over holds it
+        // for extensions (`SET k v` then `EXPIRE k`).
+        conn.took_over(key.clone(), token.clone(), lease);
+        let owner = owner_key(&key);
+        let lease_s = lease.to_string();
+        let argv = TakeoverArgv {
+            info,
+            token: &token,
+            lease_ms: lease_s.as_bytes(),
+            command: command.as_bytes(),
+        };
+        let cmd = Call::new(Script::Takeover, &[&key, &owner], &argv.with(args));
+        let primary_at = self.primary_at_if_acked();
+        (
+            cmd,
+            LockPending::Takeover {
+                key,
+                token,
+                primary_at,
+            },
+        )
     }
 
     /// Learns the outcome of a planned command from the facts its script

@@ -752,9 +752,12 @@ impl LockService {
         if matches!(op, LockOp::Release { .. }) {
             return None;
         }
-        // One relaxed load on the path of every lock command when off.
+        // One relaxed load each on the path of every lock command when off.
         if self.store.eviction.required() {
             return self.eviction_refusal();
+        }
+        if !self.safety_on.load(std::sync::atomic::Ordering::Relaxed) {
+            return None;
         }
         self.safety_refusal()
     }
@@ -831,13 +834,10 @@ impl LockService {
             }
             return true;
         }
-        // The primary restarted without an append-only file: its locks
-        // are gone, as after a failover to a replica that lacked them.
-        if let Some(left) = store
-            .primary_memory
-            .safety
-            .restart_hold_left(self.failover_delay())
-        {
+        // The primary restarted: its locks may be gone, as after a
+        // failover to a replica that lacked them.
+        let restart = &store.primary_memory.safety;
+        if let Some(left) = restart.restart_hold_left_fast(|| self.failover_delay()) {
             ProxyMetrics::inc(&store.primary_addr.metrics.failover_refused);
             if let Some(more) = store.primary_addr.warn.check() {
                 tracing::warn!(

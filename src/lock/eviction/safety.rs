@@ -22,7 +22,7 @@
 //! served again once a reading says otherwise, or once the key is off.
 //! [`restarted`] is the restart rule, a pure function of two readings.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -55,6 +55,9 @@ pub struct SafetyState {
     run: Mutex<Option<Run>>,
     /// When it last restarted.
     lost_at: Mutex<Option<Instant>>,
+    /// It ever restarted while lockgate watched (one relaxed load on every
+    /// acquisition until then).
+    ever_restarted: AtomicBool,
     /// Restarts seen (another `run_id` at the same address).
     pub restarts: AtomicU64,
     warn: RateLimit,
@@ -68,6 +71,7 @@ impl Default for SafetyState {
             reading: Mutex::new(None),
             run: Mutex::new(None),
             lost_at: Mutex::new(None),
+            ever_restarted: AtomicBool::new(false),
             restarts: AtomicU64::new(0),
             warn: RateLimit::new(Duration::from_secs(60)),
             refuse_warn: RateLimit::new(Duration::from_secs(10)),
@@ -85,6 +89,7 @@ impl SafetyState {
             self.restarts.fetch_add(1, Ordering::Relaxed);
             if locks {
                 *sync::lock(&self.lost_at) = Some(Instant::now());
+                self.ever_restarted.store(true, Ordering::Relaxed);
                 tracing::warn!(
                     node = &**addr,
                     "Redis restarted: locks it held may be gone; acquisitions on it are held for locks.failover_delay_ms"
@@ -123,6 +128,15 @@ impl SafetyState {
     pub fn restart_hold_left(&self, delay: Duration) -> Option<Duration> {
         let at = (*sync::lock(&self.lost_at))?;
         delay.checked_sub(at.elapsed()).filter(|d| !d.is_zero())
+    }
+
+    /// [`SafetyState::restart_hold_left`] of the hold `delay` gives, asked
+    /// only once the node ever restarted (the acquisitions' path).
+    pub fn restart_hold_left_fast(&self, delay: impl FnOnce() -> Duration) -> Option<Duration> {
+        if !self.ever_restarted.load(Ordering::Relaxed) {
+            return None;
+        }
+        self.restart_hold_left(delay())
     }
 
     /// The risks in force: [`signals`] of the latest reading, and

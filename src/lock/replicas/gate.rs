@@ -111,7 +111,16 @@ impl LockService {
     /// Whether any pattern asks for replica acknowledgement: without, a
     /// grant is answered as it comes (the hot path looks no further).
     pub(crate) fn acks_asked(&self) -> bool {
-        self.rules().replicas_ack_any
+        self.acks_on.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// [`LockService::primary_at`] when a grant may wait for the replicas,
+    /// else 0 (never read).
+    pub(crate) fn primary_at_if_acked(&self) -> u64 {
+        match self.acks_asked() {
+            true => self.primary_at(),
+            false => 0,
+        }
     }
 
     /// Waits for the acknowledgement of `won`, a grant recorded on
