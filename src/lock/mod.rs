@@ -141,9 +141,10 @@ pub enum LockPending {
         /// What the command answers (its "not acquired", should its grant
         /// not be acknowledged by the replicas: [`replicas`]).
         shape: ops::Shape,
-        /// The primary's generation when it was planned: a grant is
-        /// acknowledged only by that primary's replicas ([`replicas`]).
-        primary_at: u64,
+        /// The primary's generation when it was planned, truncated (only
+        /// compared): a grant is acknowledged only by that primary's
+        /// replicas ([`replicas`]). 32 bits keep the record small.
+        primary_at: u32,
         /// If it fails: park it (retry storms), with these settings.
         park: Option<Park>,
         /// Where it ran: the contention table learns only database 0.
@@ -176,8 +177,9 @@ pub enum LockPending {
         upto: u64,
         /// Where it ran: the contention table learns only database 0.
         db: Database,
-        /// The primary's generation when it was planned ([`replicas`]).
-        primary_at: u64,
+        /// The primary's generation when it was planned, truncated
+        /// ([`replicas`]).
+        primary_at: u32,
     },
     /// A client script on these lock keys: its reply passes as it is, and
     /// what lockgate knew of the keys is dropped (it may have released them).
@@ -212,8 +214,8 @@ pub enum LockPending {
         key: Bytes,
         /// The new owner token.
         token: Bytes,
-        /// The primary's generation when it was planned.
-        primary_at: u64,
+        /// The primary's generation when it was planned, truncated.
+        primary_at: u32,
     },
     /// A guarded write ([`guard`]): its reply is the write's, or a refusal.
     Guard(guard::GuardPending),

@@ -823,31 +823,16 @@ impl LockService {
             let Some(left) = cluster.hold_left(key, self.failover_delay()) else {
                 return false;
             };
-            crate::metrics::ProxyMetrics::inc(&cluster.metrics().failover_held);
-            if let Some(more) = store.primary_addr.warn.check() {
-                tracing::warn!(
-                    key = %String::from_utf8_lossy(key),
-                    left_ms = left.as_millis() as u64,
-                    suppressed = more,
-                    "lock acquisition answered 'not acquired': the shard's replica was promoted, and a lock granted on the old primary may not have been replicated (locks.failover_delay_ms)"
-                );
-            }
-            return true;
+            let why = "lock acquisition answered 'not acquired': the shard's replica was promoted, and a lock granted on the old primary may not have been replicated (locks.failover_delay_ms)";
+            return self.held_back(&cluster.metrics().failover_held, key, left, why);
         }
+        let refused = &store.primary_addr.metrics.failover_refused;
         // The primary restarted: its locks may be gone, as after a
         // failover to a replica that lacked them.
         let restart = &store.primary_memory.safety;
         if let Some(left) = restart.restart_hold_left_fast(|| self.failover_delay()) {
-            ProxyMetrics::inc(&store.primary_addr.metrics.failover_refused);
-            if let Some(more) = store.primary_addr.warn.check() {
-                tracing::warn!(
-                    key = %String::from_utf8_lossy(key),
-                    left_ms = left.as_millis() as u64,
-                    suppressed = more,
-                    "lock acquisition answered 'not acquired': the primary restarted, and the locks it held may be gone (locks.failover_delay_ms)"
-                );
-            }
-            return true;
+            let why = "lock acquisition answered 'not acquired': the primary restarted, and the locks it held may be gone (locks.failover_delay_ms)";
+            return self.held_back(refused, key, left, why);
         }
         let Some(left) = store.primary_addr.hold_left(self.failover_delay()) else {
             return false;
@@ -857,13 +842,20 @@ impl LockService {
         if self.unheld_after_switch(key) {
             return false;
         }
-        crate::metrics::ProxyMetrics::inc(&store.primary_addr.metrics.failover_refused);
-        if let Some(more) = store.primary_addr.warn.check() {
+        let why = "lock acquisition answered 'not acquired': the primary changed, and a lock granted on the old one may not have been replicated (locks.failover_delay_ms)";
+        self.held_back(refused, key, left, why)
+    }
+
+    /// Counts in `counter` one acquisition of `key` held back, `left` of
+    /// its hold to go, and logs `why` (rate-limited): true.
+    fn held_back(&self, counter: &AtomicU64, key: &[u8], left: Duration, why: &str) -> bool {
+        ProxyMetrics::inc(counter);
+        if let Some(more) = self.store.primary_addr.warn.check() {
             tracing::warn!(
                 key = %String::from_utf8_lossy(key),
                 left_ms = left.as_millis() as u64,
                 suppressed = more,
-                "lock acquisition answered 'not acquired': the primary changed, and a lock granted on the old one may not have been replicated (locks.failover_delay_ms)"
+                "{why}"
             );
         }
         true

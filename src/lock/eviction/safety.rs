@@ -230,16 +230,18 @@ mod tests {
         }
     }
 
+    /// A primary's reading.
+    fn s(replicas: u64, min_replicas: bool, aof: bool) -> Option<Safety> {
+        Some(Safety {
+            master: true,
+            replicas,
+            min_replicas,
+            aof,
+        })
+    }
+
     #[test]
     fn signals_name_what_may_lose_locks() {
-        let s = |replicas, min_replicas, aof| {
-            Some(Safety {
-                master: true,
-                replicas,
-                min_replicas,
-                aof,
-            })
-        };
         assert_eq!(
             signals(s(1, false, false)),
             ["replicas_without_min_replicas_to_write", "no_aof"]
@@ -255,14 +257,6 @@ mod tests {
 
     #[test]
     fn each_requirement_refuses_what_it_names() {
-        let s = |replicas, min_replicas, aof| {
-            Some(Safety {
-                master: true,
-                replicas,
-                min_replicas,
-                aof,
-            })
-        };
         let p = "127.0.0.1:1";
         #[rustfmt::skip]
         let cases = [

@@ -41,8 +41,8 @@ pub(super) struct Waiter {
     pub replicas: u32,
     /// When it stops waiting.
     pub deadline: Instant,
-    /// The primary's generation when the grant was planned.
-    pub generation: u64,
+    /// The primary's generation when the grant was planned, truncated.
+    pub generation: u32,
     /// Its outcome: the round that acknowledged it.
     pub done: oneshot::Sender<Result<u64, AckError>>,
 }
@@ -124,7 +124,7 @@ async fn ask(
     let wait_ms = (nearest.as_millis() as u64).max(1);
     let wait_ms_s = wait_ms.to_string();
     let wanted_s = wanted.to_string();
-    let before = primary.current().generation;
+    let before = super::generation(primary);
     let timeout = Duration::from_millis(wait_ms) + slack;
     // Queued in this order at once: Redis runs them in it.
     let number = number.to_string();
@@ -142,7 +142,7 @@ async fn ask(
     Round {
         acked,
         before,
-        after: primary.current().generation,
+        after: super::generation(primary),
         now: Instant::now(),
     }
 }

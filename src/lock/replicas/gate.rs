@@ -1,12 +1,14 @@
 //! Where grants meet replica acknowledgement: which pattern asks for it,
 //! and a grant's reply held until the replicas answer.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::sync::oneshot;
 
-use super::{settle, AckRule, Answers, Grant};
+use super::{settle, AckRule, Grant};
+use crate::lock::lease::ConnLocks;
 use crate::lock::ops::Shape;
 use crate::lock::{Database, LockPending, LockService};
 use crate::protocol::encode::LocalReply;
@@ -19,20 +21,26 @@ pub(crate) struct Won {
     /// Undone if not acknowledged (an acquisition, a takeover); an
     /// extension is only answered as refused.
     pub undo: bool,
-    /// The primary's generation when the grant was planned.
-    pub primary_at: u64,
-    /// Its lease as granted, ms.
+    /// The primary's generation when the grant was planned, truncated.
+    pub primary_at: u32,
+    /// Its lease as granted, ms: once acknowledged it is remembered for
+    /// as long (`Replicas::remember`).
     pub lease_ms: u64,
+    /// The lock key.
     pub key: Bytes,
+    /// The owner token its record holds (empty for an extension).
     pub token: Bytes,
+    /// The value the key holds (`''`: not checked at the undo).
     pub value: Bytes,
+    /// The command's "not acquired" (`None`: the refusal is the error).
     pub no: Option<LocalReply>,
 }
 
 impl Won {
     /// The grant `pending`'s reply made, by its `facts`: a won
-    /// acquisition or a takeover that left a lease, in database 0 (where
-    /// the acker reads owner records; elsewhere nothing is asked).
+    /// acquisition, a takeover that left a lease or an extension that
+    /// moved one, in database 0 (an undo runs on lockgate's own
+    /// connection, which reads database 0; elsewhere nothing is asked).
     pub(crate) fn of(pending: &LockPending, facts: &[i64]) -> Option<Won> {
         match pending {
             LockPending::Fast { then, .. } => Won::of(then, facts),
@@ -99,8 +107,8 @@ pub(crate) fn not_acquired(shape: Shape) -> Option<LocalReply> {
 impl LockService {
     /// The primary's generation now (a grant planned now is acknowledged
     /// only by this primary's replicas).
-    pub(crate) fn primary_at(&self) -> u64 {
-        self.store().primary_addr().current().generation
+    pub(crate) fn primary_at(&self) -> u32 {
+        super::generation(self.store().primary_addr())
     }
 
     /// What replica acknowledgement did (`lock_replica_ack_*`).
@@ -116,7 +124,7 @@ impl LockService {
 
     /// [`LockService::primary_at`] when a grant may wait for the replicas,
     /// else 0 (never read).
-    pub(crate) fn primary_at_if_acked(&self) -> u64 {
+    pub(crate) fn primary_at_if_acked(&self) -> u32 {
         match self.acks_asked() {
             true => self.primary_at(),
             false => 0,
@@ -127,68 +135,56 @@ impl LockService {
     /// `conn` that a lock room's own call made (a parked attempt's
     /// driver): true once acknowledged or when its pattern asks none;
     /// false when it was not, and was undone.
-    pub(crate) async fn acknowledged(
-        &self,
-        won: Won,
-        conn: &std::sync::Arc<std::sync::Mutex<crate::lock::lease::ConnLocks>>,
-    ) -> bool {
+    pub(crate) async fn acknowledged(&self, won: Won, conn: &Arc<Mutex<ConnLocks>>) -> bool {
         let Some(rule) = self.ack_rule(&won.key) else {
             return true;
         };
-        let store = self.store();
         let grant = Grant {
-            undo: won.undo,
-            primary_at: won.primary_at,
-            lease_ms: won.lease_ms,
-            key: won.key,
-            token: won.token,
-            value: won.value,
+            won,
             conn: Some(conn.clone()),
             rule,
         };
-        let answers = Answers {
-            yes: LocalReply::Null,
-            no: None,
-        };
-        let (replicas, primary, timeout) = (&store.replicas, &store.primary, store.timeout());
-        settle(replicas, primary, &self.storm, grant, answers, timeout)
-            .await
-            .is_ok()
+        self.settle_here(grant).await.is_ok()
     }
 
     /// `LOCKGATE LOCK`'s grant of `key`, whose owner record holds
-    /// `instance_token`, planned in the primary's generation `primary_at`: `Ok` once the replicas its pattern asks for hold
-    /// it (or it asks none), else `Err` of the refusal (always the error:
-    /// the caller asked for a token), the grant undone.
+    /// `instance_token`, planned in the primary's generation `primary_at`,
+    /// for `lease_ms`: `Ok` once the replicas its pattern asks for hold it
+    /// (or it asks none), else `Err` of the refusal (always the error: the
+    /// caller asked for a token), the grant undone.
     pub(crate) async fn fence_acknowledged(
         &self,
         key: &Bytes,
         instance_token: &Bytes,
-        primary_at: u64,
+        primary_at: u32,
         lease_ms: u64,
     ) -> Result<(), LocalReply> {
         let Some(rule) = self.ack_rule(key) else {
             return Ok(());
         };
-        let store = self.store();
-        let grant = Grant {
+        let won = Won {
             undo: true,
             primary_at,
             lease_ms,
             key: key.clone(),
             token: instance_token.clone(),
             value: Bytes::new(),
+            no: None,
+        };
+        let grant = Grant {
+            won,
             conn: None,
             rule,
         };
-        let answers = Answers {
-            yes: LocalReply::Null,
-            no: None,
-        };
+        self.settle_here(grant).await.map(|_| ())
+    }
+
+    /// [`settle`] of `grant` through this lock room's store.
+    async fn settle_here(&self, grant: Grant) -> Result<LocalReply, LocalReply> {
+        let store = self.store();
         let (replicas, primary, timeout) = (&store.replicas, &store.primary, store.timeout());
-        settle(replicas, primary, &self.storm, grant, answers, timeout)
-            .await
-            .map(|_| ())
+        let yes = LocalReply::Null;
+        settle(replicas, primary, &self.storm, grant, yes, timeout).await
     }
 
     /// The acknowledgement `key`'s pattern asks of the primary's replicas,
@@ -219,7 +215,7 @@ impl LockService {
     pub(crate) fn gate(
         &self,
         won: Won,
-        conn: &std::sync::Arc<std::sync::Mutex<crate::lock::lease::ConnLocks>>,
+        conn: &Arc<Mutex<ConnLocks>>,
         yes: LocalReply,
     ) -> Result<oneshot::Receiver<LocalReply>, LocalReply> {
         let Some(rule) = self.ack_rule(&won.key) else {
@@ -233,21 +229,15 @@ impl LockService {
         );
         let timeout = store.timeout();
         let grant = Grant {
-            undo: won.undo,
-            primary_at: won.primary_at,
-            lease_ms: won.lease_ms,
-            key: won.key,
-            token: won.token,
-            value: won.value,
+            won,
             conn: Some(conn.clone()),
             rule,
         };
-        let answers = Answers { yes, no: won.no };
         let (tx, rx) = oneshot::channel();
         // Bounded without a watch on the drain: the acker ends with it,
         // and the grant is then undone as unacknowledged.
         tokio::spawn(async move {
-            let reply = settle(&replicas, &primary, &storm, grant, answers, timeout).await;
+            let reply = settle(&replicas, &primary, &storm, grant, yes, timeout).await;
             let _ = tx.send(reply.unwrap_or_else(|no| no));
         });
         Ok(rx)

@@ -90,10 +90,10 @@ pub struct Round {
     /// Replicas that hold everything written before the round (`WAIT`'s
     /// count), or what went wrong.
     pub acked: Result<i64, String>,
-    /// The primary's generation as the round was sent.
-    pub before: u64,
+    /// The primary's generation as the round was sent ([`generation`]).
+    pub before: u32,
     /// The primary's generation as the round ended.
-    pub after: u64,
+    pub after: u32,
     /// When the round ended.
     pub now: Instant,
 }
@@ -116,7 +116,7 @@ pub enum Verdict {
 /// grant's own lease, or the client's own pipelined release, ending it
 /// meanwhile changes nothing: it was granted, and what the replicas hold
 /// is its end too.)
-pub fn judge(round: &Round, replicas: u32, generation: u64, deadline: Instant) -> Verdict {
+pub fn judge(round: &Round, replicas: u32, generation: u32, deadline: Instant) -> Verdict {
     if generation != round.before || round.before != round.after {
         return Verdict::Done(Err(AckError::Moved));
     }
@@ -229,7 +229,7 @@ impl Replicas {
     /// ran so far (a grant whose reply was read), at most `rule.timeout`;
     /// the grant was planned in the primary's generation `generation`.
     /// `Ok`: the round that acknowledged it.
-    pub async fn acknowledged(&self, generation: u64, rule: AckRule) -> Result<u64, AckError> {
+    pub async fn acknowledged(&self, generation: u32, rule: AckRule) -> Result<u64, AckError> {
         let Some(tx) = self.acker() else {
             return Err(AckError::Upstream("no primary".into()));
         };
@@ -272,6 +272,12 @@ impl Replicas {
     }
 }
 
+/// `primary`'s generation, truncated to 32 bits: only ever compared with
+/// another, and a grant's record stays small on the lock path.
+pub fn generation(primary: &Primary) -> u32 {
+    primary.current().generation as u32
+}
+
 /// This process's marker key: `lockgate:acked:{<ms>-<pid>}`, unique to
 /// this run (a restarted lockgate vouches only for its own rounds).
 fn marker_key() -> Bytes {
@@ -281,17 +287,8 @@ fn marker_key() -> Bytes {
 
 /// A grant that waits for its replicas before its client is answered.
 pub(crate) struct Grant {
-    /// Undone when not acknowledged (not for an extension).
-    pub undo: bool,
-    /// The primary's generation when it was planned.
-    pub primary_at: u64,
-    /// Its lease as granted, ms: an acknowledged grant is remembered for
-    /// as long ([`Replicas::recent`]).
-    pub lease_ms: u64,
-    /// The lock key, its owner token and the value it holds.
-    pub key: Bytes,
-    pub token: Bytes,
-    pub value: Bytes,
+    /// What was granted, and its "not acquired".
+    pub won: Won,
     /// The connection whose records hold it (`None`: a fencing lock,
     /// which no connection's records hold).
     pub conn: Option<Arc<Mutex<ConnLocks>>>,
@@ -299,16 +296,8 @@ pub(crate) struct Grant {
     pub rule: AckRule,
 }
 
-/// What a grant's client is told, either way.
-pub(crate) struct Answers {
-    /// Acknowledged.
-    pub yes: LocalReply,
-    /// Not: the command's "not acquired", `None` for the error.
-    pub no: Option<LocalReply>,
-}
-
 /// Waits for `grant`'s acknowledgement and says what its client gets:
-/// `Ok(answers.yes)`, or, not acknowledged, `Err` of the refusal, the
+/// `Ok(yes)`, or, not acknowledged, `Err` of the refusal, the
 /// grant undone by its own token on `primary` first and dropped from the
 /// connection's records and `storm`'s view. Bounded: the acker answers
 /// every waiter by its deadline (or ends with the drain), and the undo is
@@ -318,15 +307,16 @@ pub(crate) async fn settle(
     primary: &OnPrimary,
     storm: &Storm,
     grant: Grant,
-    answers: Answers,
+    yes: LocalReply,
     timeout: Duration,
 ) -> Result<LocalReply, LocalReply> {
-    let outcome = replicas.acknowledged(grant.primary_at, grant.rule).await;
+    let Grant { won, conn, rule } = grant;
+    let outcome = replicas.acknowledged(won.primary_at, rule).await;
     let e = match outcome {
         Ok(round) => {
             ProxyMetrics::inc(&replicas.metrics.acknowledged);
-            replicas.remember(&grant, round);
-            return Ok(answers.yes);
+            replicas.remember(&won, round);
+            return Ok(yes);
         }
         Err(e) => e,
     };
@@ -336,16 +326,16 @@ pub(crate) async fn settle(
     }
     if let Some(more) = replicas.warn.check() {
         tracing::warn!(
-            key = %String::from_utf8_lossy(&grant.key),
+            key = %String::from_utf8_lossy(&won.key),
             reason = %e,
             suppressed = more,
             "a lock grant was not acknowledged by the replicas: undone (locks.replicas_ack)"
         );
     }
-    if !grant.undo {
+    if !won.undo {
         // An extension: the lock was its holder's before; it is told the
         // lease did not move where the replicas are.
-        return Err(match (answers.no, grant.rule.refusal) {
+        return Err(match (won.no, rule.refusal) {
             (Some(no), AckRefusal::NotAcquired) => no,
             _ => LocalReply::err(format!(
                 "lockgate: lease not extended: {e} (locks.replicas_ack)"
@@ -353,21 +343,18 @@ pub(crate) async fn settle(
         });
     }
     // Undone by its own token: never another owner's lock.
-    let cmd = super::evalsha::eval_queued(
-        script::RELEASE_TOKEN,
-        &grant.key,
-        &[&grant.token, &grant.value],
-    );
+    let cmd =
+        super::evalsha::eval_queued(script::RELEASE_TOKEN, &won.key, &[&won.token, &won.value]);
     if let Ok(reply) = primary.call(cmd, timeout).await {
         if reply.as_ref() == b":1\r\n" {
             ProxyMetrics::inc(&replicas.metrics.undone);
         }
     }
-    if let Some(conn) = &grant.conn {
-        sync::lock(conn).settle(&grant.key, &grant.token, Standing::Lost, None);
+    if let Some(conn) = &conn {
+        sync::lock(conn).settle(&won.key, &won.token, Standing::Lost, None);
     }
-    storm.released(&grant.key);
-    Err(match (answers.no, grant.rule.refusal) {
+    storm.released(&won.key);
+    Err(match (won.no, rule.refusal) {
         (Some(no), AckRefusal::NotAcquired) => no,
         _ => LocalReply::err(format!(
             "lockgate: lock not granted: {e} (locks.replicas_ack)"

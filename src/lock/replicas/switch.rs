@@ -26,7 +26,7 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use super::{Grant, Replicas};
+use super::{Replicas, Won};
 use crate::lock::txn::OnPrimary;
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode;
@@ -70,7 +70,7 @@ pub fn unheld(vouch: Vouch, acks_since: Instant, switched_at: Instant, delay: Du
 impl Replicas {
     /// Remembers `grant`, acknowledged by round `round`, for as long as
     /// its lease runs.
-    pub(super) fn remember(&self, grant: &Grant, round: u64) {
+    pub(super) fn remember(&self, grant: &Won, round: u64) {
         let now = Instant::now();
         let mut recent = sync::lock(&self.recent);
         while recent.front().is_some_and(|r| r.until <= now) {

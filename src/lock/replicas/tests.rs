@@ -19,7 +19,7 @@ fn a_round_judges_each_waiter() {
     let later = t0 + Duration::from_millis(100);
     let refused = "ERR WAIT cannot be used with replica instances";
     #[rustfmt::skip]
-    let cases: Vec<(&str, Round, u32, u64, Instant, Verdict)> = vec![
+    let cases: Vec<(&str, Round, u32, u32, Instant, Verdict)> = vec![
         ("enough replicas", round(Ok(2), t0), 2, 7, later, Verdict::Done(Ok(()))),
         ("more than enough", round(Ok(3), t0), 1, 7, later, Verdict::Done(Ok(()))),
         ("too few, time left: the next round", round(Ok(1), t0), 2, 7, later, Verdict::Wait),
