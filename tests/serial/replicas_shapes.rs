@@ -14,7 +14,7 @@ use crate::SERIAL;
 
 use std::net::SocketAddr;
 
-use super::storm_shapes::{drive, int, node_ready, py_args, python, HOLD_MS, RUN_S};
+use super::storm_shapes::{drive, int, ioredis_args, node_ready, py_args, python};
 use support::locks::m;
 use support::ops::base_config;
 use support::sentinel::Group;
@@ -71,19 +71,5 @@ async fn redis_py_threads_on_a_lifo_pool_wait_for_the_replica() {
 async fn ioredis_tasks_on_one_connection_wait_for_the_replica() {
     let _serial = SERIAL.lock().await;
     node_ready();
-    let args = |lg: SocketAddr| {
-        [
-            "--port",
-            &lg.port().to_string(),
-            "--tasks",
-            "50",
-            "--hold-ms",
-            &HOLD_MS.to_string(),
-            "--duration-s",
-            &RUN_S.to_string(),
-        ]
-        .map(String::from)
-        .to_vec()
-    };
-    acked_storm("node", "shapes_load.js", args, 5).await;
+    acked_storm("node", "shapes_load.js", ioredis_args, 5).await;
 }

@@ -27,9 +27,9 @@ use support::locks::{m, Call};
 use support::{run_limited_async, show, Lockgate, RawClient, RedisServer};
 
 /// How long each storm runs, seconds.
-pub(crate) const RUN_S: f64 = 3.0;
+const RUN_S: f64 = 3.0;
 /// How long a winner holds the lock, ms.
-pub(crate) const HOLD_MS: u64 = 300;
+const HOLD_MS: u64 = 300;
 
 /// The bench's driver for `shape`, with its JSON line parsed.
 pub(crate) async fn drive(program: &str, script: &str, args: &[String]) -> serde_json::Value {
@@ -216,22 +216,25 @@ pub(crate) fn node_ready() {
 async fn ioredis_tasks_on_one_connection_with_the_holder() {
     let _serial = SERIAL.lock().await;
     node_ready();
-    let s = storm("node", "shapes_load.js", |lg, _| {
-        [
-            "--port",
-            &lg.port().to_string(),
-            "--tasks",
-            "50",
-            "--hold-ms",
-            &HOLD_MS.to_string(),
-            "--duration-s",
-            &RUN_S.to_string(),
-        ]
-        .map(String::from)
-        .to_vec()
-    })
-    .await;
+    let s = storm("node", "shapes_load.js", |lg, _| ioredis_args(lg)).await;
     assert_absorbed(&s, 5, 1_000.0);
+}
+
+/// The ioredis driver's arguments: 50 tasks on one connection to `lg`,
+/// each holding `HOLD_MS` when it wins, for `RUN_S`.
+pub(crate) fn ioredis_args(lg: SocketAddr) -> Vec<String> {
+    [
+        "--port",
+        &lg.port().to_string(),
+        "--tasks",
+        "50",
+        "--hold-ms",
+        &HOLD_MS.to_string(),
+        "--duration-s",
+        &RUN_S.to_string(),
+    ]
+    .map(String::from)
+    .to_vec()
 }
 
 /// ioredis tasks on one connection spinning on a lock whose holder is
