@@ -50,7 +50,9 @@
 //!   fencing-token API on one Redis), [`fence_watch`] (`LOCKGATE WATCH`: a
 //!   holder told when its lease is gone), [`failover`] (the hold after a switch
 //!   of the primary), [`replicas`] (a grant answered only once the
-//!   primary's replicas hold it, `locks.replicas_ack`), [`eviction`] (each store's `maxmemory-policy`),
+//!   primary's replicas hold it, `locks.replicas_ack`; the shorter hold
+//!   after a switch), [`eviction`] (each store's `maxmemory-policy`, and
+//!   what else may lose a lock on the primary),
 //!   `forget` (what a forwarded command changed behind the room's back:
 //!   [`Forget`], [`Database`]), [`reconcile`] (owner records made true to
 //!   what a client's own script, a lock library's release or extension,

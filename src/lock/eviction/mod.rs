@@ -29,6 +29,9 @@
 //! policy is read again at every check, so `CONFIG SET maxmemory-policy
 //! noeviction` on the Redis serves locks again within one check interval,
 //! without a restart; turning the key off with a reload does too.
+//!
+//! The same readings carry the primary's replication and persistence, and
+//! its restarts: [`safety`] (what else may lose a lock there).
 
 pub mod safety;
 pub mod watch;
