@@ -66,6 +66,16 @@ pub struct LocksConfig {
     /// `:0`, nil; `SET … NX GET` and a takeover, which have none, get the
     /// error) or `"error"` (`-ERR lockgate: … not acknowledged by …`).
     pub replicas_ack_refusal: AckRefusal,
+    /// Ask for the fsync too (`WAITAOF 1 N timeout` in place of `WAIT`,
+    /// Redis 7.2 and Valkey): a grant counts as acknowledged only once
+    /// the primary's own append-only file and `replicas_ack` replicas'
+    /// have it on disk, so a power loss of the whole set keeps it. Needs
+    /// `appendonly yes` on the primary and the replicas; a server without
+    /// `WAITAOF` or without an append-only file fails every grant as not
+    /// acknowledged (the error names why). A replica reports its fsync
+    /// with its periodic acknowledgement: a grant may wait up to a second,
+    /// so set `replicas_ack_timeout_ms` well above 1000. Reloadable.
+    pub replicas_ack_fsync: bool,
     /// Refuse to serve locks where Redis may evict them: while the
     /// primary's `maxmemory-policy` is not `noeviction`, lock acquisitions,
     /// extensions and takeovers on it are answered `-ERR lockgate: locks
@@ -364,6 +374,7 @@ impl Default for LocksConfig {
             replicas_ack: 0,
             replicas_ack_timeout_ms: 1_000,
             replicas_ack_refusal: AckRefusal::NotAcquired,
+            replicas_ack_fsync: false,
             require_noeviction: false,
             require_min_replicas: false,
             require_persistence: false,

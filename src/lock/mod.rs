@@ -507,6 +507,9 @@ impl LockService {
         }
         let relaxed = std::sync::atomic::Ordering::Relaxed;
         self.acks_on.store(new.replicas_ack_any, relaxed);
+        self.store()
+            .replicas
+            .set_fsync(config.locks.replicas_ack_fsync);
         let safety = new.require_min_replicas || new.require_persistence;
         self.safety_on.store(safety, relaxed);
         *crate::sync::write(&self.rules) = new;

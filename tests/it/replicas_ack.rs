@@ -468,3 +468,49 @@ async fn hold_after_kill(unvouched: bool) -> (u64, u64) {
     lg.stop().await;
     (ack_ms, plain_ms)
 }
+
+/// `locks.replicas_ack_fsync`: rounds ask `WAITAOF 1 N` (Valkey 9.1, a
+/// primary and a replica each with an append-only file fsynced always): a grant is
+/// answered once both have it on disk; with the primary's append-only
+/// file turned off, a grant fails, the error naming why, and is undone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_fsync_a_grant_waits_for_the_disks() {
+    // Fsynced at every write; even so a replica reports its fsync only
+    // with its next acknowledgement, up to a second later
+    // (docs/sentinel.md): the timeout is 2 s.
+    let aof = ["--appendonly", "yes", "--appendfsync", "always"];
+    let primary = RedisServer::start_valkey(&aof);
+    let port = primary.port.to_string();
+    let follow = ["--replicaof", "127.0.0.1", &port];
+    let _replica = RedisServer::start_valkey(&[&aof[..], &follow[..]].concat());
+    // In sync, and its own append-only file rewritten after the sync (it
+    // reports no fsync before): a write is then fsynced on both.
+    let mut direct = RawClient::connect(primary.addr()).await;
+    crate::until!("the replica to fsync what it replicates", {
+        direct.call_s(&["SET", "probe", "1"]).await;
+        direct.call_s(&["WAITAOF", "1", "1", "100"]).await == "*2\r\n:1\r\n:1\r\n"
+    });
+    let mut config = acked(&primary, 2_000);
+    config.locks.replicas_ack_fsync = true;
+    let lg = Lockgate::start_with(config).await;
+    let acks = lg.ctx.locks.replica_acks();
+    let mut app = RawClient::connect(lg.addr).await;
+    let mut on_primary = RawClient::connect(primary.addr()).await;
+    assert_eq!(app.call_s(&["SETNX", "lock:a", "v"]).await, ":1\r\n");
+    assert_eq!(m(&acks.acknowledged), 1);
+    let stats = on_primary.call_s(&["INFO", "commandstats"]).await;
+    assert!(
+        stats.contains("cmdstat_waitaof:calls="),
+        "no WAITAOF: {stats}"
+    );
+    let off = ["CONFIG", "SET", "appendonly", "no"];
+    assert_eq!(on_primary.call_s(&off).await, "+OK\r\n");
+    let refused = app.call_s(&["SETNX", "lock:err:b", "v"]).await;
+    assert!(
+        refused.starts_with("-ERR lockgate: lock not granted: the primary could not be asked for its replicas (ERR WAITAOF"),
+        "{refused}"
+    );
+    assert!(!exists(&mut on_primary, "lock:err:b").await, "not undone");
+    assert_eq!((m(&acks.failures), m(&acks.undone)), (1, 1));
+    lg.stop().await;
+}

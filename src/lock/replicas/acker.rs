@@ -13,6 +13,8 @@
 //! a switch to another primary meanwhile, the primary's generation says so
 //! ([`super::judge`]).
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -24,7 +26,6 @@ use crate::metrics::ProxyMetrics;
 use crate::protocol::encode;
 use crate::upstream::node::Node;
 use crate::upstream::Primary;
-use std::sync::Arc;
 
 /// The pause after a round that could not ask, before the next.
 const RETRY_PAUSE: Duration = Duration::from_millis(20);
@@ -47,17 +48,26 @@ pub(super) struct Waiter {
     pub done: oneshot::Sender<Result<u64, AckError>>,
 }
 
+/// How rounds ask.
+pub(super) struct Asks {
+    /// This process's marker key.
+    pub marker: Bytes,
+    /// `WAITAOF 1 N` in place of `WAIT N` (`locks.replicas_ack_fsync`).
+    pub fsync: Arc<AtomicBool>,
+    /// How much longer than its wait a round's calls may take
+    /// (`upstream.connect_timeout_ms`).
+    pub slack: Duration,
+}
+
 /// Runs rounds for the waiters `rx` brings until `stop`: each round asks
 /// for the fewest replicas any waiter wants, for as long as the nearest
 /// deadline allows; the waiters it settles are answered, the others wait
-/// for the next round. `slack`: how much longer than its `WAIT` a round's
-/// calls may take (`upstream.connect_timeout_ms`).
+/// for the next round.
 pub(super) async fn run(
     node: Node,
-    marker: Bytes,
+    asks: Asks,
     primary: Arc<Primary>,
     mut rx: mpsc::Receiver<Waiter>,
-    slack: Duration,
     metrics: Arc<AckMetrics>,
     stop: CancellationToken,
 ) {
@@ -80,7 +90,7 @@ pub(super) async fn run(
         ProxyMetrics::inc(&metrics.rounds);
         number += 1;
         let round = tokio::select! {
-            round = ask(&node, &primary, &waiting, &marker, number, slack) => round,
+            round = ask(&node, &primary, &waiting, &asks, number) => round,
             // The waiters' senders drop: each is told lockgate stopped.
             _ = stop.cancelled() => return,
         };
@@ -105,16 +115,17 @@ pub(super) async fn run(
     }
 }
 
-/// Round `number` for `waiting`: the marker set to it, then `WAIT`,
-/// pipelined.
+/// Round `number` for `waiting`: the marker set to it, then `WAIT` (or
+/// `WAITAOF 1`), pipelined.
 async fn ask(
     node: &Node,
     primary: &Primary,
     waiting: &[Waiter],
-    marker: &[u8],
+    asks: &Asks,
     number: u64,
-    slack: Duration,
 ) -> Round {
+    let (marker, slack) = (&asks.marker[..], asks.slack);
+    let fsync = asks.fsync.load(Ordering::Relaxed);
     let now = Instant::now();
     let wanted = waiting.iter().map(|w| w.replicas).min().unwrap_or(1);
     let nearest = (waiting.iter().map(|w| w.deadline))
@@ -130,12 +141,15 @@ async fn ask(
     let number = number.to_string();
     let set: [&[u8]; 5] = [b"SET", marker, number.as_bytes(), b"PX", MARKER_LIFE_MS];
     let published = node.send(encode::command(&set).into(), timeout);
-    let waited = node.send(
-        encode::command(&[b"WAIT", wanted_s.as_bytes(), wait_ms_s.as_bytes()]).into(),
-        timeout,
-    );
+    let (wanted, ms) = (wanted_s.as_bytes(), wait_ms_s.as_bytes());
+    let wait = match fsync {
+        true => encode::command(&[b"WAITAOF", b"1", wanted, ms]),
+        false => encode::command(&[b"WAIT", wanted, ms]),
+    };
+    let waited = node.send(wait.into(), timeout);
     let (published, waited) = tokio::join!(published, waited);
     let acked = match (published, waited) {
+        (Ok(_), Ok(reply)) if fsync => parse_fsynced(&reply).ok_or_else(|| said(&reply)),
         (Ok(_), Ok(reply)) => parse_integer(&reply).ok_or_else(|| said(&reply)),
         (Err(e), _) | (_, Err(e)) => Err(e.to_string()),
     };
@@ -153,6 +167,16 @@ fn said(reply: &[u8]) -> String {
     text.trim_end().to_string()
 }
 
+/// `WAITAOF`'s `*2 :local :replicas`: the replicas that fsynced, or 0
+/// when the primary's own fsync is not done (the round then acknowledges
+/// nobody: every rule asks at least one replica).
+fn parse_fsynced(reply: &[u8]) -> Option<i64> {
+    let text = std::str::from_utf8(reply.strip_prefix(b"*2\r\n")?).ok()?;
+    let mut n = (text.split("\r\n")).filter_map(|l| l.strip_prefix(':')?.parse::<i64>().ok());
+    let (local, replicas) = (n.next()?, n.next()?);
+    Some(if local >= 1 { replicas } else { 0 })
+}
+
 /// `:n\r\n` → n.
 fn parse_integer(reply: &[u8]) -> Option<i64> {
     let line = reply.strip_prefix(b":")?.strip_suffix(b"\r\n")?;
@@ -162,6 +186,15 @@ fn parse_integer(reply: &[u8]) -> Option<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn waitaof_counts_replicas_only_once_the_primary_fsynced() {
+        assert_eq!(parse_fsynced(b"*2\r\n:1\r\n:2\r\n"), Some(2));
+        assert_eq!(parse_fsynced(b"*2\r\n:0\r\n:2\r\n"), Some(0));
+        let refused =
+            b"-ERR WAITAOF cannot be used when numlocal is set but appendonly is disabled.\r\n";
+        assert_eq!(parse_fsynced(refused), None);
+    }
 
     #[test]
     fn the_count_is_an_integer_reply() {

@@ -15,6 +15,7 @@
 //! What a waiter is told is a pure function of a round's readings and the
 //! time ([`judge`]), tested as a table.
 
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -195,6 +196,8 @@ pub struct Replicas {
     switch_check: Mutex<Option<(u64, switch::Vouch)>>,
     /// Since when the acknowledgement settings in force apply.
     acks_since: Mutex<Instant>,
+    /// `locks.replicas_ack_fsync`: rounds ask `WAITAOF` ([`acker`]).
+    fsync: Arc<AtomicBool>,
     /// Counters (the acker counts its rounds).
     pub metrics: Arc<AckMetrics>,
     warn: RateLimit,
@@ -220,6 +223,7 @@ impl Replicas {
             recent: Mutex::new(switch::Recent::new()),
             switch_check: Mutex::new(None),
             acks_since: Mutex::new(Instant::now()),
+            fsync: Arc::new(AtomicBool::new(false)),
             metrics: Arc::new(AckMetrics::default()),
             warn: RateLimit::new(Duration::from_secs(10)),
         }
@@ -254,6 +258,11 @@ impl Replicas {
         }
     }
 
+    /// Puts `locks.replicas_ack_fsync` in force (the next round asks so).
+    pub fn set_fsync(&self, on: bool) {
+        self.fsync.store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// The acker's queue, its connection opened and task started on first
     /// use.
     fn acker(&self) -> Option<&mpsc::Sender<acker::Waiter>> {
@@ -263,10 +272,13 @@ impl Replicas {
             let conn = Node::spawn(node.clone(), self.stop.clone());
             let (primary, stop) = (self.primary.clone(), self.stop.clone());
             let metrics = self.metrics.clone();
-            let marker = self.marker.clone();
-            tokio::spawn(acker::run(
-                conn, marker, primary, rx, self.slack, metrics, stop,
-            ));
+            let (marker, fsync) = (self.marker.clone(), self.fsync.clone());
+            let asks = acker::Asks {
+                marker,
+                fsync,
+                slack: self.slack,
+            };
+            tokio::spawn(acker::run(conn, asks, primary, rx, metrics, stop));
             tx
         }))
     }
