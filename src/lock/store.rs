@@ -465,26 +465,11 @@ impl LockService {
                 fast,
             )
         };
-        let pending = planned.pending.map(|pending| match pending {
-            LockPending::Acquire {
-                key,
-                token,
-                value,
-                shape,
-                primary_at,
-                db,
-                ..
-            } => LockPending::Acquire {
-                key,
-                token,
-                value,
-                shape,
-                primary_at,
-                park,
-                db,
-            },
-            p => p,
-        });
+        let mut pending = planned.pending;
+        // The acquisition's park settings, every other field as planned.
+        if let Some(LockPending::Acquire { park: p, .. }) = &mut pending {
+            *p = park;
+        }
         let planned = super::Planned {
             call: planned.call,
             pending,
