@@ -108,6 +108,11 @@ async fn a_restarted_primary_holds_acquisitions_for_the_delay() {
         .call_s(&["SET", "lock:r", "h", "NX", "PX", "60000"])
         .await;
     assert_eq!(set, "+OK\r\n");
+    // lockgate's own connection must have read the first run: a restart
+    // is another run_id at the same address, and on a loaded box that
+    // connection may open after the client's (CI failed here once).
+    let memory = &lg.ctx.primary_memory;
+    until!("the first run read", memory.reading().is_some());
     // Restarted empty: the lock is gone, its holder does not know.
     tokio::task::block_in_place(|| redis.restart());
     let safety = &lg.ctx.primary_memory.safety;
