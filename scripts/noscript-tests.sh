@@ -62,6 +62,7 @@ SKIP=(
 	locks_extend::persist_on_a_lock_key_is_refused_also_inside_multi
 	locks_release::a_connection_that_lost_in_multi_may_release_the_holders_lock
 	eviction::require_noeviction_refuses_lock_leases_until_the_policy_is_fixed
+	replicas_ack_tx::grants_inside_multi_wait_for_the_replica_and_are_undone_without_it
 	# The quorum's masters and the queue between instances.
 	quorum
 	storm_fleet::

@@ -165,6 +165,10 @@ pub struct SessionView {
     /// `RESET`); followed only while guards are configured: a guarded
     /// transaction under `WATCH` cannot be run as a script.
     pub watching: bool,
+    /// Inside `MULTI`: the commands queued so far, so the place in `EXEC`'s
+    /// array of the next one (a lock grant inside the transaction is
+    /// found there to be acknowledged by the replicas: `locks.replicas_ack`).
+    pub tx_slots: u32,
 }
 
 impl SessionView {
@@ -621,6 +625,15 @@ impl SessionView {
             }
             _ => {}
         }
+        // Every command inside MULTI takes one place in EXEC's array, a
+        // refused one too (its error is queued in its place, see the
+        // session's `refuse`); a nested MULTI takes none.
+        next.tx_slots = match kind {
+            _ if !self.in_multi => 0,
+            CommandKind::Multi => self.tx_slots,
+            CommandKind::Exec | CommandKind::Discard | CommandKind::Reset => 0,
+            _ => self.tx_slots.saturating_add(1),
+        };
         next
     }
 }

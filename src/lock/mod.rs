@@ -221,6 +221,18 @@ pub enum LockPending {
     },
     /// A guarded write ([`guard`]): its reply is the write's, or a refusal.
     Guard(guard::GuardPending),
+    /// An `EXEC` whose transaction queued grants the replicas must hold
+    /// ([`replicas`]): each with its place in `EXEC`'s array; `slots`, the
+    /// commands queued; `then`, what else its reply teaches (a release
+    /// inside the transaction).
+    InTx {
+        /// The grants' places and plans.
+        grants: Vec<(u32, LockPending)>,
+        /// The commands the transaction queued.
+        slots: u32,
+        /// Learned from the same reply first.
+        then: Option<Box<LockPending>>,
+    },
 }
 
 /// An acquisition the lock room lets go to Redis

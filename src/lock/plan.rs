@@ -360,7 +360,9 @@ impl LockService {
         ProxyMetrics::add(&self.metrics.conn_table_evictions, conn.evicted - evicted);
         Planned {
             call: command,
-            pending: (!in_multi).then_some(pending),
+            // Inside MULTI its reply comes in EXEC's array, passed as it
+            // is: kept only for a grant the replicas must acknowledge.
+            pending: (!in_multi || self.acks_asked()).then_some(pending),
         }
     }
 
@@ -563,7 +565,8 @@ impl LockService {
                     }
                 }
             }
-            LockPending::Takeover { .. } | LockPending::Guard(_) => {}
+            // Learned before it, from the same reply (`on_reply`).
+            LockPending::Takeover { .. } | LockPending::Guard(_) | LockPending::InTx { .. } => {}
             // Its reply is read before (`LockService::on_reply`): `facts`
             // are the general script's.
             LockPending::Fast { then, .. } => return self.complete(*then, facts, conn),

@@ -177,11 +177,25 @@ impl LockService {
         acquirer: impl FnOnce() -> Arc<dyn Acquirer>,
     ) -> ReplyOutcome {
         let frame = match &pending {
-            LockPending::Script { .. } | LockPending::Forget(_) => frame,
+            LockPending::Script { .. } | LockPending::Forget(_) | LockPending::InTx { .. } => frame,
             _ => self.scripts_refused(frame),
         };
         if let LockPending::Guard(g) = pending {
             return ReplyOutcome::Reply(self.guard_reply(g, frame));
+        }
+        if let LockPending::InTx {
+            grants,
+            slots,
+            then,
+        } = pending
+        {
+            // What else the transaction did (a release) is learned first;
+            // what it answers (a guarded transaction's array) is EXEC's.
+            let frame = match then.map(|t| self.on_reply(*t, frame.clone(), conn, acquirer)) {
+                Some(ReplyOutcome::Reply(reply)) => reply,
+                _ => frame,
+            };
+            return self.exec_acked(grants, slots, frame, conn);
         }
         let (reply, facts, pending) = match pending {
             LockPending::Fast { read, then } => {
@@ -287,7 +301,9 @@ fn general(pending: &LockPending, frame: &Bytes) -> (Bytes, Vec<i64>) {
     match pending {
         // A client script's reply is the client's, whole; so is a
         // forwarded command's.
-        LockPending::Script { .. } | LockPending::Forget(_) => (frame.clone(), Vec::new()),
+        LockPending::Script { .. } | LockPending::Forget(_) | LockPending::InTx { .. } => {
+            (frame.clone(), Vec::new())
+        }
         _ => {
             let (reply, facts) = split_reply(frame);
             (frame.slice_ref(reply), facts)

@@ -224,6 +224,17 @@ pub enum Attempt {
         /// What to do with its reply.
         pending: Option<LockPending>,
     },
+    /// Inside `MULTI` on one Redis: the script call, sent as `EVAL` (a
+    /// `NOSCRIPT` in `EXEC`'s array could not be rerun in its place), its
+    /// reply passed as it is; `acked`: the grant it may make at `EXEC`,
+    /// which the replicas must hold before `EXEC` is answered
+    /// (`locks.replicas_ack`, [`LockService::exec_acked`]).
+    Queued {
+        /// The script call.
+        call: evalsha::Call,
+        /// The grant to acknowledge, if its pattern asks.
+        acked: Option<LockPending>,
+    },
     /// Carried out by lockgate away from the client's connection (on the
     /// quorum); the reply takes the command's place, and nothing after it
     /// goes upstream before it is done.
@@ -256,6 +267,10 @@ impl std::fmt::Debug for Attempt {
             Attempt::OnConnection { call, pending } => (f.debug_struct("OnConnection"))
                 .field("call", call)
                 .field("pending", pending)
+                .finish(),
+            Attempt::Queued { call, acked } => (f.debug_struct("Queued"))
+                .field("call", call)
+                .field("acked", acked)
                 .finish(),
             Attempt::Away(_) => f.write_str("Away(..)"),
             Attempt::Transaction(_) => f.write_str("Transaction(..)"),
@@ -474,7 +489,14 @@ impl LockService {
             call: planned.call,
             pending,
         };
-        if scriptless && !seat.in_multi {
+        if seat.in_multi {
+            let acked = (planned.pending).filter(|p| self.acked_in_tx(p));
+            return Attempt::Queued {
+                call: planned.call,
+                acked,
+            };
+        }
+        if scriptless {
             return self.as_transaction(planned, seat);
         }
         let planned = match check {

@@ -36,6 +36,7 @@ use crate::upstream::Primary;
 
 pub mod acker;
 mod gate;
+pub(crate) mod in_tx;
 pub mod switch;
 
 pub(crate) use gate::{not_acquired, Won};

@@ -80,6 +80,11 @@ struct Carrier {
     /// commands other than acquisitions, client scripts on lock keys), at
     /// most [`MAX_TX_LOCK_KEYS`]; `EXEC` frees them, counted in flight.
     tx_frees: TxFrees,
+    /// Inside `MULTI`: the grants queued that the replicas must hold, each
+    /// at its place in `EXEC`'s array (`locks.replicas_ack`), at most
+    /// [`crate::lock::replicas::in_tx::MAX_IN_TX`]; `EXEC`'s reply waits
+    /// for them.
+    tx_acks: Vec<(u32, LockPending)>,
 }
 
 /// What a transaction being queued may free, for its `EXEC`.
@@ -145,6 +150,7 @@ impl Dispatch {
                 blind: false,
                 ahead: None,
                 tx_frees: TxFrees::Nothing,
+                tx_acks: Vec::new(),
             },
             one: false,
             frames: false,
@@ -307,6 +313,7 @@ impl Carrier {
         if !self.view.in_multi {
             self.tx = GuardedTx::default();
             self.tx_frees = TxFrees::Nothing;
+            self.tx_acks.clear();
         }
     }
 
@@ -367,7 +374,7 @@ impl Carrier {
                         }),
                         TxFrees::Many => Some(LockPending::Forget(crate::lock::Forget::Database)),
                     };
-                    if let Some(pending) = pending {
+                    if let Some(pending) = self.with_tx_acks(pending) {
                         self.record_freeing(pending, None, true, out);
                         return;
                     }
@@ -448,7 +455,12 @@ impl Carrier {
             _ if queued => out.batch.record(expect),
             Expect::One if !out.batch.silent => {
                 self.tx_frees = TxFrees::Nothing;
-                self.record_freeing(LockPending::Forget(what), None, frees, out);
+                let pending = LockPending::Forget(what);
+                let pending = match kind {
+                    CommandKind::Exec => self.tx_acked(pending),
+                    _ => pending,
+                };
+                self.record_freeing(pending, None, frees, out);
             }
             // No reply will be matched to it: dropped now, before Redis
             // runs it (a probe in between may learn the old state again,
@@ -525,6 +537,21 @@ impl Carrier {
             } => {
                 let rerun = self.by_sha(call, out);
                 self.record_lock(pending, rerun, frees, guard, out);
+            }
+            Attempt::Queued { call, acked } => {
+                if let Some(acked) = acked {
+                    if self.tx_acks.len() >= crate::lock::replicas::in_tx::MAX_IN_TX {
+                        ProxyMetrics::inc(&self.ctx.locks.replica_acks().full);
+                        let text = crate::lock::replicas::in_tx::TOO_MANY;
+                        return self.refuse(LocalReply::err(text), out);
+                    }
+                    self.tx_acks.push((self.view.tx_slots, acked));
+                }
+                out.pieces.own(call.eval());
+                out.batch.record(Expect::One);
+                if frees {
+                    self.queued_frees(op.lock_keys());
+                }
             }
             Attempt::Away(work) => out.defer(work),
             Attempt::Transaction(work) => out.defer_after(work),
@@ -683,7 +710,34 @@ impl Carrier {
             locks.guard_tx_call(tx.locks, &tx.commands, &crate::sync::lock(&self.conn));
         let rerun = self.by_sha(call, out);
         let frees = std::mem::take(&mut self.tx_frees) != TxFrees::Nothing;
+        let pending = self.tx_acked(pending);
         self.record_freeing(pending, rerun, frees, out);
+    }
+
+    /// `then`, what `EXEC`'s reply teaches otherwise, with the grants the
+    /// transaction queued for the replicas to acknowledge, if any.
+    fn with_tx_acks(&mut self, then: Option<LockPending>) -> Option<LockPending> {
+        match then {
+            Some(then) => Some(self.tx_acked(then)),
+            None if self.tx_acks.is_empty() => None,
+            None => Some(LockPending::InTx {
+                grants: std::mem::take(&mut self.tx_acks),
+                slots: self.view.tx_slots,
+                then: None,
+            }),
+        }
+    }
+
+    /// [`Self::with_tx_acks`] of a reply that teaches `then` anyway.
+    fn tx_acked(&mut self, then: LockPending) -> LockPending {
+        if self.tx_acks.is_empty() {
+            return then;
+        }
+        LockPending::InTx {
+            grants: std::mem::take(&mut self.tx_acks),
+            slots: self.view.tx_slots,
+            then: Some(Box::new(then)),
+        }
     }
 
     /// A write to guarded data: checked with the write in one script call
