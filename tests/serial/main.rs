@@ -6,7 +6,8 @@
 //! other (`storm`, `storm_fairness`, `storm_shapes`, `shared_fairness`, `quorum_safety`, and the quorum's
 //! chaos and recovery, whose node timeouts of 200 ms are a loaded box's
 //! to miss: beside the heaviest tests of `tests/it/` they failed about one
-//! run in two). Everything else is in `tests/it/`, two at a time. `cargo
+//! run in two; `replicas_failover`, which times how long a failover
+//! refuses acquisitions under load). Everything else is in `tests/it/`, two at a time. `cargo
 //! test --test serial storm::` runs one module.
 
 #[macro_use]
@@ -23,6 +24,7 @@ mod partitions;
 mod quorum_chaos;
 mod quorum_recovery;
 mod quorum_safety;
+mod replicas_failover;
 mod replicas_shapes;
 mod shared_fairness;
 mod split_brain;

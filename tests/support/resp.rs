@@ -118,6 +118,27 @@ impl RawClient {
         self.read_raw().await
     }
 
+    /// Sends a command and reads its reply as text, or `None` when the
+    /// connection failed (write or read error, EOF) or no whole reply
+    /// came within `wait`: for clients that ride out a fault and
+    /// reconnect.
+    pub async fn try_call_s(&mut self, args: &[&str], wait: Duration) -> Option<String> {
+        self.stream.write_all(&cmd(args)).await.ok()?;
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            if let Some(len) = frame_len(&self.buf) {
+                let frame = self.buf.split_to(len).to_vec();
+                return Some(String::from_utf8_lossy(&frame).into_owned());
+            }
+            self.buf.reserve(16 * 1024);
+            let read = tokio::time::timeout_at(deadline, self.stream.read_buf(&mut self.buf));
+            match read.await {
+                Ok(Ok(n)) if n > 0 => {}
+                _ => return None,
+            }
+        }
+    }
+
     /// Sends a command and reads its reply as text (see [`Self::read_s`]).
     pub async fn call_s(&mut self, args: &[&str]) -> String {
         self.send(&cmd(args)).await;
