@@ -245,8 +245,16 @@ impl ServerContext {
         if let Some(q) = &quorum {
             checked.extend(q.masters.iter().map(|m| (m.node.clone(), m.memory.clone())));
         }
+        // Former primaries are asked only where a switch can happen: with
+        // the locks on the primary, outside a cluster (whose failovers the
+        // slot map follows).
+        let formers = (quorum.is_none() && cluster.is_none()).then(|| {
+            let template = NodeConfig::for_addr(&config, &config.upstream.addr, upstream.clone());
+            (template, primary_memory.clone())
+        });
         eviction::watch::spawn(
             checked,
+            formers,
             eviction.clone(),
             Duration::from_millis(config.upstream.connect_timeout_ms),
             stop.clone(),

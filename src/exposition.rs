@@ -341,24 +341,34 @@ fn eviction_families(ctx: &ServerContext, e: &mut DescriptorEncoder) -> std::fmt
         let labels = [("role", *role), ("node", node.as_str())];
         ConstCounter::new(*n).encode(evicted.encode_family(&labels)?)?;
     }
-    // The primary's risks to its locks (`lock::eviction::safety`): one
-    // series per signal, 1 while it holds.
-    if ctx.locks.quorum().is_none() {
-        use crate::lock::eviction::safety::SIGNALS;
-        let named = ctx.primary_memory.safety.named(ctx.locks.failover_delay());
-        let mut unsafe_ = e.encode_descriptor(
-            "upstream_unsafe",
-            "Risks the primary holding the locks shows, 1 while each holds: replicas_without_min_replicas_to_write, no_aof, restarted (acquisitions held for locks.failover_delay_ms)",
-            None,
-            MetricType::Gauge,
-        )?;
-        let node = &nodes[0].1;
+    // The risks to the locks of each Redis holding them
+    // (`lock::eviction::safety`): one series per signal, 1 while it holds.
+    use crate::lock::eviction::safety::SIGNALS;
+    let delay = ctx.locks.failover_delay();
+    let holders: Vec<(&str, String, Vec<&str>)> = match ctx.locks.quorum() {
+        None => vec![(
+            "primary",
+            nodes[0].1.clone(),
+            ctx.primary_memory.safety.named(delay),
+        )],
+        // A master's restart is its sit-out's (docs/quorum.md), not a hold.
+        Some(q) => (q.masters.iter())
+            .map(|m| {
+                let mut named = m.memory.safety.named(delay);
+                named.retain(|s| *s != "restarted");
+                ("master", m.node.addr().to_string(), named)
+            })
+            .collect(),
+    };
+    let mut unsafe_ = e.encode_descriptor(
+        "upstream_unsafe",
+        "Risks each Redis holding the locks shows, 1 while each holds: replicas_without_min_replicas_to_write, no_aof, restarted (acquisitions held for locks.failover_delay_ms), second_primary (a former primary still accepts writes)",
+        None,
+        MetricType::Gauge,
+    )?;
+    for (role, node, named) in &holders {
         for signal in SIGNALS {
-            let labels = [
-                ("role", "primary"),
-                ("node", node.as_str()),
-                ("signal", signal),
-            ];
+            let labels = [("role", *role), ("node", node.as_str()), ("signal", signal)];
             let on = i64::from(named.contains(&signal));
             ConstGauge::new(on).encode(unsafe_.encode_family(&labels)?)?;
         }

@@ -199,7 +199,7 @@ fn help() -> LocalReply {
         "RELEASE <key> <acquisition>",
         "    Free a stuck lock, only if that acquisition (as LOCKS shows it) still holds it.",
         "MASTERS",
-        "    Each lock master of the quorum: addr, state, rejoins_in_ms, sits_out_because, maxmemory_policy, evicted_keys.",
+        "    Each lock master of the quorum: addr, state, rejoins_in_ms, sits_out_because, maxmemory_policy, evicted_keys, unsafe.",
         "PRIMARY",
         "    The primary in force and its switches.",
         "NODES",

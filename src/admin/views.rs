@@ -278,10 +278,19 @@ pub fn masters(ctx: &ServerContext) -> LocalReply {
                     ("sits_out_because", text(&why)),
                     ("maxmemory_policy", text(&memory.policy_name())),
                     ("evicted_keys", int(ProxyMetrics::get(&memory.evicted))),
+                    ("unsafe", text(&master_risks(ctx, memory).join(","))),
                 ])
             })
             .collect(),
     )
+}
+
+/// What may lose a lock master's locks ([`crate::lock::eviction::safety`]):
+/// its restart is its sit-out's, so not named here.
+fn master_risks(ctx: &ServerContext, memory: &crate::lock::eviction::Memory) -> Vec<&'static str> {
+    let mut named = memory.safety.named(ctx.locks.failover_delay());
+    named.retain(|s| *s != "restarted");
+    named
 }
 
 /// `PRIMARY`: the primary in force and its switches, a record: `addr` (empty: none confirmed), `followed` (`sentinel` or
@@ -346,8 +355,18 @@ pub fn primary(ctx: &ServerContext) -> LocalReply {
                     .load(std::sync::atomic::Ordering::Relaxed) as i64,
             ),
         ),
+        ("second_primaries", text(&second_primaries(ctx).join(","))),
         ("unsafe", text(&unsafe_signals(ctx).join(","))),
     ])
+}
+
+/// The primaries lockgate followed before a switch that still answer as
+/// primaries ([`crate::lock::eviction::formers`]).
+fn second_primaries(ctx: &ServerContext) -> Vec<String> {
+    let formers = &ctx.primary_memory.safety.formers;
+    (formers.still_primaries().iter())
+        .map(|a| a.to_string())
+        .collect()
 }
 
 /// `yes`, `no`, or `unknown` (not read).
@@ -387,6 +406,7 @@ pub fn primary_json(ctx: &ServerContext) -> serde_json::Value {
         "replicas": ctx.primary_memory.safety.reading().map(|s| s.replicas),
         "min_replicas_to_write": yes_no(ctx.primary_memory.safety.reading().map(|s| s.min_replicas)),
         "aof": yes_no(ctx.primary_memory.safety.reading().map(|s| s.aof)),
+        "second_primaries": second_primaries(ctx),
         "unsafe": unsafe_signals(ctx),
     })
 }

@@ -104,6 +104,16 @@ pub struct LocksConfig {
     /// file fsynced every second may lose a second's locks. Not used with
     /// the quorum. Reloadable.
     pub require_persistence: bool,
+    /// Refuse lock grants while a primary lockgate followed before a
+    /// switch still answers `ROLE` as a primary (a split brain, or a
+    /// demoted primary not yet reconfigured: two nodes of the set accept
+    /// writes, and a lock granted on one is unknown to the other): `-ERR
+    /// lockgate: locks refused on the primary …: the former primary …
+    /// still accepts writes (locks.require_one_primary)`. Asked every
+    /// `eviction_check_ms`; served again once it answers as a replica, or
+    /// has been unreachable for 10 minutes. Not used with the quorum.
+    /// false: only shown and warned about. Reloadable.
+    pub require_one_primary: bool,
     /// How often lockgate reads `maxmemory-policy` and `evicted_keys` of
     /// the primary and of each lock master (ms; one round trip per Redis),
     /// besides at every (re)connection. At least 10.
@@ -378,6 +388,7 @@ impl Default for LocksConfig {
             require_noeviction: false,
             require_min_replicas: false,
             require_persistence: false,
+            require_one_primary: false,
             eviction_check_ms: 1_000,
             fast_path: true,
             transaction_connections: 8,

@@ -297,9 +297,9 @@ pub struct Rules {
     replicas_ack: u32,
     replicas_ack_timeout_ms: u64,
     replicas_ack_refusal: crate::config::AckRefusal,
-    /// `locks.require_min_replicas`, `locks.require_persistence`.
-    require_min_replicas: bool,
-    require_persistence: bool,
+    /// `locks.require_min_replicas`, `locks.require_persistence`,
+    /// `locks.require_one_primary`.
+    required: eviction::safety::Required,
     /// Some pattern, or all, asks replicas to acknowledge: without any,
     /// a grant looks at no pattern for it.
     replicas_ack_any: bool,
@@ -342,8 +342,11 @@ impl Rules {
             fast_path: c.fast_path,
             retry: c.retry.clone(),
             failover_delay_ms: c.failover_delay_ms,
-            require_min_replicas: c.require_min_replicas,
-            require_persistence: c.require_persistence,
+            required: eviction::safety::Required {
+                min_replicas: c.require_min_replicas,
+                persistence: c.require_persistence,
+                one_primary: c.require_one_primary,
+            },
             replicas_ack: c.replicas_ack,
             replicas_ack_timeout_ms: c.replicas_ack_timeout_ms,
             replicas_ack_refusal: c.replicas_ack_refusal,
@@ -399,7 +402,8 @@ pub struct LockService {
     /// Some pattern asks for replica acknowledgement (one relaxed load on
     /// every lock reply when none does: [`replicas`]).
     acks_on: std::sync::atomic::AtomicBool,
-    /// `locks.require_min_replicas` or `locks.require_persistence` is on
+    /// `locks.require_min_replicas`, `locks.require_persistence` or
+    /// `locks.require_one_primary` is on
     /// (one relaxed load on every lock command when neither is).
     safety_on: std::sync::atomic::AtomicBool,
     /// Redis's command table, for guarded writes ([`guard::table`]).
@@ -522,7 +526,7 @@ impl LockService {
         self.store()
             .replicas
             .set_fsync(config.locks.replicas_ack_fsync);
-        let safety = new.require_min_replicas || new.require_persistence;
+        let safety = new.required.any();
         self.safety_on.store(safety, relaxed);
         *crate::sync::write(&self.rules) = new;
         self.guards_on

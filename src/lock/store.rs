@@ -784,8 +784,8 @@ impl LockService {
             .or_else(|| self.safety_refusal())
     }
 
-    /// With `locks.require_min_replicas` or `locks.require_persistence`
-    /// and no quorum, the refusal of any lease on the primary in force,
+    /// With `locks.require_min_replicas`, `locks.require_persistence` or
+    /// `locks.require_one_primary` and no quorum, the refusal of any lease on the primary in force,
     /// unless its latest reading satisfies them
     /// ([`super::eviction::safety::refused_because`]); counted, logged
     /// (rate-limited).
@@ -800,19 +800,20 @@ impl LockService {
     }
 
     /// Why lock grants on the primary are refused by
-    /// `locks.require_min_replicas` / `locks.require_persistence` now
+    /// `locks.require_min_replicas` / `_persistence` / `_one_primary` now
     /// (`None`: they are not, or the locks live on the quorum).
     pub fn safety_refused_because(&self) -> Option<String> {
         let rules = self.rules();
         let store = &self.store;
-        if !(rules.require_min_replicas || rules.require_persistence) || store.quorum.is_some() {
+        if !rules.required.any() || store.quorum.is_some() {
             return None;
         }
         let primary = store.primary_addr.addr();
+        let safety = &store.primary_memory.safety;
         super::eviction::safety::refused_because(
-            rules.require_min_replicas,
-            rules.require_persistence,
-            store.primary_memory.safety.reading(),
+            rules.required,
+            safety.reading(),
+            &safety.formers.still_primaries(),
             primary.as_deref().unwrap_or("(none)"),
         )
     }

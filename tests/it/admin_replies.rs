@@ -90,6 +90,7 @@ async fn every_admin_reply_is_a_record_in_both_protocols() {
                 "min_replicas_to_write",
                 "aof",
                 "restarts",
+                "second_primaries",
                 "unsafe",
             ],
             &["addr", "followed", "switches", "maxmemory_policy"],

@@ -31,6 +31,7 @@ const PAGE: &str = r#"(() => {
   const guards = rows('guards');
   const text = id => { const e = document.getElementById(id); return e ? e.textContent : null; };
   return {charts, locks, guards, attempts: text('attempts'), sent: text('sent'),
+    unsafe: text('unsafe'),
     last: (typeof hist !== 'undefined' && hist.length) ? hist[hist.length - 1] : null,
     samples: (typeof hist !== 'undefined') ? hist.length : 0};
 })()"#;
@@ -118,6 +119,8 @@ async fn the_page_shows_the_storm_absorbed_and_who_holds_the_lock() {
     }
     assert!(spun > 100, "the storm: {spun} attempts");
 
+    // The test's Redis runs without an append-only file: named.
+    assert_eq!(state["unsafe"], "no_aof", "{state}");
     // Six charts, each with every series drawn.
     let charts = state["charts"].as_array().expect("charts");
     assert_eq!(charts.len(), 6, "{state}");

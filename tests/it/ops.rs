@@ -754,6 +754,9 @@ async fn status_page_in_chromium_shows_a_hot_key_within_2s_and_a_killed_master_d
         dom.contains("<td>lock:statuspage</td>"),
         "dumped DOM lacks the hot key:\n{dom}"
     );
+    // Lock keys on the masters: the primary's risks are not theirs.
+    let risks = "<b id=\"unsafe\" class=\"ok\">— (lock keys on the masters)</b>";
+    assert!(dom.contains(risks), "dumped DOM lacks {risks}:\n{dom}");
     let down = format!("<td>{}</td><td class=\"bad\">down</td>", addrs[2]);
     assert!(dom.contains(&down), "dumped DOM lacks {down}:\n{dom}");
     for a in &addrs[..2] {
@@ -774,9 +777,12 @@ async fn status_page_in_chromium_shows_a_hot_key_within_2s_and_a_killed_master_d
                 "sits_out_because",
                 "maxmemory_policy",
                 "evicted_keys",
+                "unsafe",
             ];
             assert_eq!(r.fields(), names, "{r:?}");
             let text = |n| r.field(n).text().to_string();
+            // The test's masters run without an append-only file.
+            assert_eq!(text("unsafe"), "no_aof", "{r:?}");
             (
                 text("addr"),
                 text("state"),
@@ -800,6 +806,8 @@ async fn status_page_in_chromium_shows_a_hot_key_within_2s_and_a_killed_master_d
     assert_eq!(rows, want, "LOCKGATE MASTERS");
     let m = q.lg.metrics().await;
     for (i, a) in addrs.iter().enumerate() {
+        let no_aof = [("role", "master"), ("node", a), ("signal", "no_aof")];
+        assert_eq!(m.value("lockgate_upstream_unsafe", &no_aof), 1.0, "{a}");
         let up = m.value("lockgate_master_up", &[("master", a)]);
         assert_eq!(up, if i == 2 { 0.0 } else { 1.0 }, "master_up {a}");
         let down = m.value("lockgate_master_state", &[("master", a), ("state", "down")]);

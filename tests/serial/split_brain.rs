@@ -9,7 +9,12 @@
 //! delay; after the heal the sentinels demote the old primary, A follows
 //! the new one without a restart (its sessions on the old one closed) and
 //! holds its own delay; fencing tokens issued after the heal are above
-//! every token issued on either side before.
+//! every token issued on either side before. B names the old primary,
+//! which still answers `ROLE` as a primary, as a second primary
+//! (`second_primary`, issue 45) while the split lasts, and a third
+//! lockgate beside B (C, `locks.require_one_primary`) refuses every grant
+//! meanwhile, past its delay too, and serves again once the heal demoted
+//! the old primary.
 //!
 //! How the paths are cut. lockgate A reaches each sentinel through its own
 //! relay (`tests/support/relay.rs`), cut for the split: A sees neither
@@ -77,9 +82,9 @@ fn refused(lg: &Lockgate) -> u64 {
 }
 
 /// The group (the sentinels authenticating as their own ACL user), the
-/// relays from A to each sentinel, A (through them) and B (directly),
-/// both following the primary.
-async fn start() -> (Group, Vec<Relay>, Lockgate, Lockgate) {
+/// relays from A to each sentinel, A (through them), B and C (directly,
+/// C with `locks.require_one_primary`), all following the primary.
+async fn start() -> (Group, Vec<Relay>, Lockgate, Lockgate, Lockgate) {
     let (primary, replica) = Group::pair().await;
     let (old, new) = (primary.addr(), replica.addr());
     // The sentinels' own user, on both (the replica is promoted).
@@ -121,20 +126,68 @@ async fn start() -> (Group, Vec<Relay>, Lockgate, Lockgate) {
     let relay_addrs: Vec<String> = relays.iter().map(|r| r.host_port()).collect();
     let lg_a = Lockgate::start_with(tune(sentinel_config(&relay_addrs), "split-a")).await;
     let lg_b = Lockgate::start_with(tune(sentinel_config(&group.addrs()), "split-b")).await;
-    for lg in [&lg_a, &lg_b] {
+    let mut one = tune(sentinel_config(&group.addrs()), "split-c");
+    one.locks.require_one_primary = true;
+    one.locks.eviction_check_ms = 100;
+    let lg_c = Lockgate::start_with(one).await;
+    for lg in [&lg_a, &lg_b, &lg_c] {
         until!(
             "each lockgate to confirm the primary",
             primary_of(lg) == old
         );
     }
-    (group, relays, lg_a, lg_b)
+    (group, relays, lg_a, lg_b, lg_c)
+}
+/// During the split B and C name the old primary as a second one; C,
+/// which requires one primary, refuses grants past its delay.
+async fn second_primary_named(lg_b: &Lockgate, lg_c: &Lockgate, old: &str, new: &str) {
+    for lg in [lg_b, lg_c] {
+        until!(
+            "the old primary named a second primary",
+            second_primaries(lg) == [old.to_string()]
+        );
+    }
+    assert!(
+        primary_field(&mut RawClient::connect(lg_b.addr).await, "unsafe")
+            .await
+            .contains("second_primary")
+    );
+    let mut c = RawClient::connect(lg_c.addr).await;
+    let refused_c = call(&mut c, &["SET", "lock:c", "c", "NX", "PX", LEASE_MS]).await;
+    assert_eq!(
+        refused_c,
+        format!("-ERR lockgate: locks refused on the primary {new}: the former primary {old} still accepts writes (locks.require_one_primary)\r\n")
+    );
+}
+
+/// Once the heal demoted the old primary: no second primary, C grants.
+async fn second_primary_cleared(lg_b: &Lockgate, lg_c: &Lockgate) {
+    for lg in [lg_b, lg_c] {
+        until!(
+            "the second primary cleared",
+            second_primaries(lg).is_empty()
+        );
+    }
+    let mut c = RawClient::connect(lg_c.addr).await;
+    assert_eq!(
+        call(&mut c, &["SET", "lock:c", "c", "NX", "PX", LEASE_MS]).await,
+        "+OK\r\n"
+    );
+}
+
+/// The former primaries `lg` finds still answering as primaries.
+fn second_primaries(lg: &Lockgate) -> Vec<String> {
+    let formers = &lg.ctx.primary_memory.safety.formers;
+    (formers.still_primaries().iter())
+        .map(|a| a.to_string())
+        .collect()
 }
 
 #[tokio::test]
 async fn a_sentinel_split_brain_two_stores_one_per_side_then_one_again() {
     let _one = crate::SERIAL.lock().await;
     let started = Instant::now();
-    let (group, relays, lg_a, lg_b) = start().await;
+    let (group, relays, lg_a, lg_b, lg_c) = start().await;
     let (old, new) = (group.primary.addr(), group.replica.addr());
     let mut a = RawClient::connect(lg_a.addr).await;
     let mut b = RawClient::connect(lg_b.addr).await;
@@ -261,6 +314,7 @@ async fn a_sentinel_split_brain_two_stores_one_per_side_then_one_again() {
         .await,
     );
     tokens_before.push(t_b);
+    second_primary_named(&lg_b, &lg_c, &old, &new).await;
     assert_eq!(direct(&old, &["GET", "lock:split"]).await, "$1\r\na\r\n");
     assert_eq!(direct(&new, &["GET", "lock:split"]).await, "$1\r\nb\r\n");
     // Both are clock-based (max(counter, the server's clock in µs) + 1) and
@@ -328,6 +382,7 @@ async fn a_sentinel_split_brain_two_stores_one_per_side_then_one_again() {
         "the demoted primary to resynchronise",
         direct(&old, &["GET", "lock:split"]).await == "$1\r\nb\r\n"
     );
+    second_primary_cleared(&lg_b, &lg_c).await;
     // Writes through A land on the new primary.
     assert_eq!(call(&mut a2, &["SET", "after", "a"]).await, "+OK\r\n");
     assert_eq!(direct(&new, &["GET", "after"]).await, "$1\r\na\r\n");
@@ -367,4 +422,5 @@ async fn a_sentinel_split_brain_two_stores_one_per_side_then_one_again() {
     );
     lg_a.stop().await;
     lg_b.stop().await;
+    lg_c.stop().await;
 }

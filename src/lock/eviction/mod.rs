@@ -33,6 +33,7 @@
 //! The same readings carry the primary's replication and persistence, and
 //! its restarts: [`safety`] (what else may lose a lock there).
 
+pub mod formers;
 pub mod safety;
 pub mod watch;
 
@@ -337,10 +338,11 @@ counters! {
         /// Lock commands refused on a primary whose policy may evict them.
         refused: Counter "lock_eviction_refused",
             "Lock commands refused: the primary's maxmemory-policy may evict lock keys (locks.require_noeviction)";
-        /// Lock commands refused by `locks.require_min_replicas` or
-        /// `locks.require_persistence` ([`safety`]).
+        /// Lock commands refused by `locks.require_min_replicas`,
+        /// `locks.require_persistence` or `locks.require_one_primary`
+        /// ([`safety`]).
         safety_refused: Counter "lock_safety_refused",
-            "Lock commands refused: the primary has replicas and no min-replicas-to-write (locks.require_min_replicas), or no append-only file (locks.require_persistence)";
+            "Lock commands refused: the primary has replicas and no min-replicas-to-write (locks.require_min_replicas), no append-only file (locks.require_persistence), or a former primary still accepts writes (locks.require_one_primary)";
         /// Reads of a node's policy and `evicted_keys` that failed.
         check_failures: Counter "upstream_eviction_check_failures",
             "Periodic reads of a Redis's maxmemory-policy and evicted_keys that got no answer";

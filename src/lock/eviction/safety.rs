@@ -63,6 +63,9 @@ pub struct SafetyState {
     warn: RateLimit,
     /// Limits the warning of a refused lock command.
     pub refuse_warn: RateLimit,
+    /// The primaries it followed before, watched until they stop
+    /// accepting writes ([`super::formers`]).
+    pub formers: super::formers::Formers,
 }
 
 impl Default for SafetyState {
@@ -75,6 +78,7 @@ impl Default for SafetyState {
             restarts: AtomicU64::new(0),
             warn: RateLimit::new(Duration::from_secs(60)),
             refuse_warn: RateLimit::new(Duration::from_secs(10)),
+            formers: super::formers::Formers::default(),
         }
     }
 }
@@ -85,6 +89,10 @@ impl SafetyState {
     /// risks are logged).
     pub fn learn(&self, addr: &Arc<str>, run_id: &str, safety: Option<Safety>, locks: bool) {
         let mut run = sync::lock(&self.run);
+        // A switch: the node followed before is watched from now on.
+        if let Some(before) = run.as_ref().filter(|b| locks && b.addr != *addr) {
+            self.formers.switched(&before.addr, addr);
+        }
         if restarted(run.as_ref(), addr, run_id) {
             self.restarts.fetch_add(1, Ordering::Relaxed);
             if locks {
@@ -146,6 +154,9 @@ impl SafetyState {
         if self.restart_hold_left(delay).is_some() {
             out.push("restarted");
         }
+        if !self.formers.still_primaries().is_empty() {
+            out.push("second_primary");
+        }
         out
     }
 }
@@ -166,17 +177,41 @@ pub fn signals(safety: Option<Safety>) -> Vec<&'static str> {
     out
 }
 
-/// Why lock grants on the primary at `primary` are refused, by
-/// `locks.require_min_replicas` (`min_replicas`) and
-/// `locks.require_persistence` (`persistence`), given its latest `reading`
-/// (`None`: not read, or refused: nothing says it is safe): the error text
-/// without `ERR `, `None` when neither refuses.
+/// What the `locks.require_*` options ask of the primary's set.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Required {
+    /// `locks.require_min_replicas`.
+    pub min_replicas: bool,
+    /// `locks.require_persistence`.
+    pub persistence: bool,
+    /// `locks.require_one_primary`.
+    pub one_primary: bool,
+}
+
+impl Required {
+    /// Any of them asked.
+    pub fn any(self) -> bool {
+        self.min_replicas || self.persistence || self.one_primary
+    }
+}
+
+/// Why lock grants on the primary at `primary` are refused, by what is
+/// `required`, given its latest `reading` (`None`: not read, or refused:
+/// nothing says it is safe) and the former primaries that still answer as
+/// primaries (`others`): the error text without `ERR `, `None` when
+/// nothing refuses.
 pub fn refused_because(
-    min_replicas: bool,
-    persistence: bool,
+    required: Required,
     reading: Option<Safety>,
+    others: &[Arc<str>],
     primary: &str,
 ) -> Option<String> {
+    if let (true, Some(other)) = (required.one_primary, others.first()) {
+        return Some(format!(
+            "lockgate: locks refused on the primary {primary}: the former primary {other} still accepts writes (locks.require_one_primary)"
+        ));
+    }
+    let (min_replicas, persistence) = (required.min_replicas, required.persistence);
     let unread = "its replication and persistence could not be read";
     let why = match reading {
         None if min_replicas => (unread, "locks.require_min_replicas"),
@@ -197,10 +232,11 @@ pub fn refused_because(
 }
 
 /// Every signal [`SafetyState::named`] may name, for the gauge.
-pub const SIGNALS: [&str; 3] = [
+pub const SIGNALS: [&str; 4] = [
     "replicas_without_min_replicas_to_write",
     "no_aof",
     "restarted",
+    "second_primary",
 ];
 
 #[cfg(test)]
@@ -269,10 +305,26 @@ mod tests {
             ("unread", true, false, None, Some("its replication and persistence could not be read (locks.require_min_replicas)")),
         ];
         for (what, min, persist, reading, want) in cases {
-            let got = refused_because(min, persist, reading, p);
+            let required = Required {
+                min_replicas: min,
+                persistence: persist,
+                one_primary: false,
+            };
+            let got = refused_because(required, reading, &[], p);
             let want = want.map(|w| format!("lockgate: locks refused on the primary {p}: {w}"));
             assert_eq!(got, want, "{what}");
         }
+        // A former primary still accepting writes: refused only when asked.
+        let other: Vec<Arc<str>> = vec![Arc::from("127.0.0.1:2")];
+        let one = Required {
+            one_primary: true,
+            ..Required::default()
+        };
+        let got = refused_because(one, s(1, true, true), &other, p);
+        let want = "lockgate: locks refused on the primary 127.0.0.1:1: the former primary 127.0.0.1:2 still accepts writes (locks.require_one_primary)";
+        assert_eq!(got.as_deref(), Some(want));
+        assert_eq!(refused_because(one, s(1, true, true), &[], p), None);
+        assert_eq!(refused_because(Required::default(), None, &other, p), None);
     }
 
     #[test]

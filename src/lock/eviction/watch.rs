@@ -6,7 +6,8 @@
 //! node per interval, all nodes in parallel, each bounded by the
 //! connection timeout. A node that is down is skipped (its next connection
 //! reads the policy as it opens). The check is what lets a fixed policy
-//! serve locks again without a restart.
+//! serve locks again without a restart. In the same interval the
+//! primary's former primaries are asked their role ([`super::formers`]).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -20,12 +21,19 @@ use crate::sync;
 use crate::upstream::node::report::{
     config_get, info_memory, info_persistence, info_replication, info_stats, Sample,
 };
-use crate::upstream::node::Node;
+use crate::upstream::node::{Node, NodeConfig};
+
+/// Where the primary's former primaries are asked from: connections
+/// made as this says (credentials, TLS, timeout), their answers kept in
+/// this memory's [`super::safety::SafetyState::formers`].
+pub type FormersOf = (NodeConfig, Arc<Memory>);
 
 /// Starts the check of `nodes`, each with the memory its readings go to
-/// (each call bounded by `timeout`); it stops with `stop`.
+/// (each call bounded by `timeout`), and of the `formers`; it stops with
+/// `stop`.
 pub fn spawn(
     nodes: Vec<(Node, Arc<Memory>)>,
+    formers: Option<FormersOf>,
     eviction: Arc<Eviction>,
     timeout: Duration,
     stop: CancellationToken,
@@ -33,16 +41,52 @@ pub fn spawn(
     tokio::spawn(async move {
         tokio::select! {
             _ = stop.cancelled() => {}
-            _ = run(&nodes, &eviction, timeout) => {}
+            _ = run(&nodes, formers.as_ref(), &eviction, timeout) => {}
         }
     });
 }
 
-async fn run(nodes: &[(Node, Arc<Memory>)], eviction: &Eviction, timeout: Duration) {
+async fn run(
+    nodes: &[(Node, Arc<Memory>)],
+    formers: Option<&FormersOf>,
+    eviction: &Eviction,
+    timeout: Duration,
+) {
     loop {
         tokio::time::sleep(eviction.check_interval()).await;
         let checks = (nodes.iter()).map(|(n, memory)| check(n, memory, eviction, timeout));
-        futures_util::future::join_all(checks).await;
+        let formers = async {
+            if let Some((template, memory)) = formers {
+                check_formers(template, memory).await;
+            }
+        };
+        tokio::join!(futures_util::future::join_all(checks), formers);
+    }
+}
+
+/// Asks each former primary in `memory` its role, all in parallel, each
+/// bounded by the connect timeout per step; logs (rate-limited) one that
+/// still accepts writes.
+async fn check_formers(template: &NodeConfig, memory: &Memory) {
+    let formers = &memory.safety.formers;
+    let addrs = formers.addrs();
+    if addrs.is_empty() {
+        return;
+    }
+    let asked = addrs.iter().map(|a| super::formers::ask(template, a));
+    let answers = futures_util::future::join_all(asked).await;
+    let now = std::time::Instant::now();
+    for (addr, answer) in addrs.iter().zip(answers) {
+        formers.answered(addr, answer, now);
+    }
+    if let Some(other) = formers.still_primaries().first() {
+        if let Some(more) = formers.warn.check() {
+            tracing::warn!(
+                former = &**other,
+                suppressed = more,
+                "a former primary still accepts writes: two nodes of the set are primaries, and a lock granted on one is unknown to the other (see locks.require_one_primary)"
+            );
+        }
     }
 }
 
