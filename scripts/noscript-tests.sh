@@ -82,6 +82,8 @@ SKIP=(
 	differential::lock_traffic_in_front_of_a_cluster
 	# ioredis's lock is released by the client's own Lua script.
 	cluster_clients::
+	# Replica acknowledgement in front of a cluster: its locks need scripts.
+	replicas_ack_cluster::
 	# Guarded writes run as scripts (on a server that refuses them they
 	# are refused or passed unchecked: locks_scriptless tests that).
 	guarded_faults::

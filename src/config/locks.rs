@@ -54,9 +54,10 @@ pub struct LocksConfig {
     /// `replicas_ack_timeout_ms`, an acquisition or takeover is undone by
     /// its own token and the client told it failed
     /// (`replicas_ack_refusal`). Per pattern in `[[locks.overrides]]`.
-    /// One primary only (with or without Sentinel): refused with the
-    /// quorum, whose masters have no replicas to wait for, and in front of
-    /// a cluster. Reloadable. At most `MAX_REPLICAS_ACK`.
+    /// One primary (with or without Sentinel), or in front of a cluster
+    /// the shard serving the lock's slot; refused with the quorum, whose
+    /// masters have no replicas to wait for. Reloadable. At most
+    /// `MAX_REPLICAS_ACK`.
     pub replicas_ack: u32,
     /// Longest wait for `replicas_ack` replicas, ms (Redisson's
     /// `slavesSyncTimeout` is 1000). 1 to `MAX_REPLICAS_ACK_TIMEOUT_MS`.

@@ -460,7 +460,7 @@ impl Config {
 
     /// `locks.replicas_ack` and its timeout, globally and per pattern:
     /// within bounds, and only where there are replicas to wait for (one
-    /// primary, not the quorum's masters nor a cluster's shards).
+    /// primary or a cluster's shards, not the quorum's masters).
     fn validate_replicas_ack(&self) -> Result<(), ConfigError> {
         let l = &self.locks;
         let per_pattern = l.overrides.iter().map(|o| {
@@ -489,12 +489,6 @@ impl Config {
                 "locks.replicas_ack",
                 "the quorum's masters are independent servers with no replicas to wait for: \
                  leave it 0 with locks.quorum.masters",
-            ));
-        }
-        if on && self.upstream.cluster.enabled() {
-            return Err(invalid(
-                "locks.replicas_ack",
-                "not served in front of a cluster yet: leave it 0 with upstream.cluster.seeds",
             ));
         }
         Ok(())
@@ -658,9 +652,10 @@ mod tests {
         let mut c = cfg.clone();
         c.locks.quorum.masters = vec!["a:1".into(), "b:1".into(), "c:1".into()];
         refused(&c, "no replicas to wait for");
+        // In front of a cluster: each shard's replicas.
         let mut c = cfg.clone();
         c.upstream.cluster.seeds = vec!["a:1".into()];
-        refused(&c, "in front of a cluster");
+        c.validate().unwrap();
         // Asked by one pattern only, the same.
         let mut c = Config::default();
         c.locks.quorum.masters = vec!["a:1".into(), "b:1".into(), "c:1".into()];

@@ -70,6 +70,7 @@ mod quorum_library;
 mod quorum_rejoin;
 mod quorum_split;
 mod replicas_ack;
+mod replicas_ack_cluster;
 mod replicas_ack_tx;
 mod sentinel;
 mod session_fuzz;

@@ -24,8 +24,30 @@ use tokio_util::sync::CancellationToken;
 use super::{judge, AckError, AckMetrics, Round, Verdict};
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode;
+use crate::upstream::cluster::ClusterPool;
 use crate::upstream::node::Node;
 use crate::upstream::Primary;
+
+/// Where a round reads the generation its grants are judged by: the
+/// primary lockgate follows, or, in front of a cluster, the slot map (a
+/// shard's acker asks one fixed node).
+#[derive(Clone)]
+pub(super) enum Generation {
+    /// The primary's switches ([`super::generation`]).
+    Primary(Arc<Primary>),
+    /// The slot map's changes.
+    Cluster(Arc<ClusterPool>),
+}
+
+impl Generation {
+    /// Now, truncated.
+    pub fn now(&self) -> u32 {
+        match self {
+            Generation::Primary(p) => super::generation(p),
+            Generation::Cluster(c) => c.map_generation() as u32,
+        }
+    }
+}
 
 /// The pause after a round that could not ask, before the next.
 const RETRY_PAUSE: Duration = Duration::from_millis(20);
@@ -66,7 +88,7 @@ pub(super) struct Asks {
 pub(super) async fn run(
     node: Node,
     asks: Asks,
-    primary: Arc<Primary>,
+    primary: Generation,
     mut rx: mpsc::Receiver<Waiter>,
     metrics: Arc<AckMetrics>,
     stop: CancellationToken,
@@ -119,7 +141,7 @@ pub(super) async fn run(
 /// `WAITAOF 1`), pipelined.
 async fn ask(
     node: &Node,
-    primary: &Primary,
+    primary: &Generation,
     waiting: &[Waiter],
     asks: &Asks,
     number: u64,
@@ -135,7 +157,7 @@ async fn ask(
     let wait_ms = (nearest.as_millis() as u64).max(1);
     let wait_ms_s = wait_ms.to_string();
     let wanted_s = wanted.to_string();
-    let before = super::generation(primary);
+    let before = primary.now();
     let timeout = Duration::from_millis(wait_ms) + slack;
     // Queued in this order at once: Redis runs them in it.
     let number = number.to_string();
@@ -156,7 +178,7 @@ async fn ask(
     Round {
         acked,
         before,
-        after: super::generation(primary),
+        after: primary.now(),
         now: Instant::now(),
     }
 }

@@ -106,9 +106,14 @@ pub(crate) fn not_acquired(shape: Shape) -> Option<LocalReply> {
 
 impl LockService {
     /// The primary's generation now (a grant planned now is acknowledged
-    /// only by this primary's replicas).
+    /// only by this primary's replicas); in front of a cluster, the slot
+    /// map's.
     pub(crate) fn primary_at(&self) -> u32 {
-        super::generation(self.store().primary_addr())
+        let store = self.store();
+        match &store.primary.cluster {
+            Some(cluster) => cluster.map_generation() as u32,
+            None => super::generation(store.primary_addr()),
+        }
     }
 
     /// What replica acknowledgement did (`lock_replica_ack_*`).

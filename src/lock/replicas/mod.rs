@@ -31,12 +31,14 @@ use crate::metrics::{counters, ProxyMetrics, RateLimit};
 use crate::protocol::encode::LocalReply;
 use crate::script;
 use crate::sync;
+use crate::upstream::cluster::ClusterPool;
 use crate::upstream::node::{Node, NodeConfig};
 use crate::upstream::Primary;
 
 pub mod acker;
 mod gate;
 pub(crate) mod in_tx;
+mod shards;
 pub mod switch;
 
 pub(crate) use gate::{not_acquired, Won};
@@ -187,6 +189,10 @@ pub struct Replicas {
     stop: CancellationToken,
     slack: Duration,
     acker: OnceLock<mpsc::Sender<acker::Waiter>>,
+    /// In front of a cluster: each shard's acker ([`shards`]).
+    shards: shards::Shards,
+    /// This run's name (`<ms>-<pid>`), the marker keys' hash tag.
+    run: String,
     /// This process's marker key, which each round sets ([`acker`]).
     marker: Bytes,
     /// Acknowledged grants whose leases may still run, for the check
@@ -214,13 +220,16 @@ impl Replicas {
         stop: CancellationToken,
         slack: Duration,
     ) -> Replicas {
+        let run = run_name();
         Replicas {
             node,
             primary,
             stop,
             slack,
             acker: OnceLock::new(),
-            marker: marker_key(),
+            shards: shards::Shards::default(),
+            marker: Bytes::from(format!("lockgate:acked:{{{run}}}")),
+            run,
             recent: Mutex::new(switch::Recent::new()),
             switch_check: Mutex::new(None),
             acks_since: Mutex::new(Instant::now()),
@@ -232,11 +241,32 @@ impl Replicas {
 
     /// Waits until `rule.replicas` replicas hold everything the primary
     /// ran so far (a grant whose reply was read), at most `rule.timeout`;
-    /// the grant was planned in the primary's generation `generation`.
-    /// `Ok`: the round that acknowledged it.
-    pub async fn acknowledged(&self, generation: u32, rule: AckRule) -> Result<u64, AckError> {
-        let Some(tx) = self.acker() else {
-            return Err(AckError::Upstream("no primary".into()));
+    /// the grant was planned in the primary's generation `generation`
+    /// (in front of a `cluster`: the slot map's, and the primary is the
+    /// one serving `key`). `Ok`: the round that acknowledged it.
+    pub async fn acknowledged(
+        &self,
+        cluster: Option<&Arc<ClusterPool>>,
+        key: &[u8],
+        generation: u32,
+        rule: AckRule,
+    ) -> Result<u64, AckError> {
+        let tx = match cluster {
+            Some(cluster) => {
+                let start = shards::Start {
+                    node: (self.node.as_ref()).ok_or(AckError::Upstream("no node".into()))?,
+                    run: &self.run,
+                    fsync: self.fsync.clone(),
+                    slack: self.slack,
+                    metrics: self.metrics.clone(),
+                    stop: self.stop.clone(),
+                };
+                self.shards.queue(cluster, key, start)?
+            }
+            None => self
+                .acker()
+                .ok_or(AckError::Upstream("no primary".into()))?
+                .clone(),
         };
         let (done, rx) = oneshot::channel();
         let waiter = acker::Waiter {
@@ -279,6 +309,7 @@ impl Replicas {
                 fsync,
                 slack: self.slack,
             };
+            let primary = acker::Generation::Primary(primary);
             tokio::spawn(acker::run(conn, asks, primary, rx, metrics, stop));
             tx
         }))
@@ -291,11 +322,12 @@ pub fn generation(primary: &Primary) -> u32 {
     primary.current().generation as u32
 }
 
-/// This process's marker key: `lockgate:acked:{<ms>-<pid>}`, unique to
-/// this run (a restarted lockgate vouches only for its own rounds).
-fn marker_key() -> Bytes {
+/// This run's name, `<ms>-<pid>`: the marker key is
+/// `lockgate:acked:{<ms>-<pid>}`, unique to this run (a restarted lockgate
+/// vouches only for its own rounds).
+fn run_name() -> String {
     let ms = crate::lock::quorum::now_unix_ms();
-    Bytes::from(format!("lockgate:acked:{{{ms}-{}}}", std::process::id()))
+    format!("{ms}-{}", std::process::id())
 }
 
 /// A grant that waits for its replicas before its client is answered.
@@ -324,7 +356,8 @@ pub(crate) async fn settle(
     timeout: Duration,
 ) -> Result<LocalReply, LocalReply> {
     let Grant { won, conn, rule } = grant;
-    let outcome = replicas.acknowledged(won.primary_at, rule).await;
+    let cluster = primary.cluster.as_ref();
+    let outcome = (replicas.acknowledged(cluster, &won.key, won.primary_at, rule)).await;
     let e = match outcome {
         Ok(round) => {
             ProxyMetrics::inc(&replicas.metrics.acknowledged);

@@ -565,6 +565,18 @@ impl ClusterPool {
         self.common.generation.fetch_add(1, Ordering::AcqRel);
     }
 
+    /// The generation of the slot map in force: it changes with the map
+    /// (a grant waiting for its shard's replicas is not acknowledged
+    /// across a change, `crate::lock::replicas`).
+    pub fn map_generation(&self) -> u64 {
+        self.common.generation()
+    }
+
+    /// `HOST:PORT` of the primary serving `key`'s slot in the map in force.
+    pub fn primary_of(&self, key: &[u8]) -> Option<String> {
+        Some(self.common.map()?.shard_of_key(key)?.primary.clone())
+    }
+
     /// A stream for one new session.
     pub fn session(&self, dedicated: bool) -> ClusterStream {
         let n = self.next.fetch_add(1, Ordering::Relaxed) as usize;
