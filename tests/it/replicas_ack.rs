@@ -361,30 +361,8 @@ const HOLD_MS: u64 = 6_000;
 /// marker before any acquisition; returns how long (ms, from the kill)
 /// an acknowledged key and a plain key were refused.
 async fn hold_after_kill_unvouched() -> (u64, u64) {
-    let (primary, replica) = Group::pair().await;
-    let port = primary.port.to_string();
-    let second = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
-    crate::until!(
-        "the second replica in sync",
-        direct_info(&second.addr())
-            .await
-            .contains("master_link_status:up")
-    );
-    let mut group = Group::with_sentinels(primary, replica, "").await;
-    let mut config = support::sentinel::sentinel_config(&group.addrs());
-    config.locks.failover_delay_ms = Some(HOLD_MS);
-    config.locks.replicas_ack_timeout_ms = 300;
-    config.locks.overrides.push(LockOverride {
-        pattern: "lock:ack:*".into(),
-        replicas_ack: Some(1),
-        ..LockOverride::default()
-    });
-    let started = Instant::now();
-    let lg = Lockgate::start_with(config).await;
-    until!(
-        "lockgate to be ready",
-        lockgate::http::not_ready(&lg.ctx).is_none()
-    );
+    let (mut group, second, lg, started) =
+        support::sentinel::acked_with_two_replicas(HOLD_MS).await;
     let acks = lg.ctx.locks.replica_acks();
     let mut holder = RawClient::connect(lg.addr).await;
     let held = holder

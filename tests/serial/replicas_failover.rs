@@ -14,12 +14,10 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use lockgate::config::LockOverride;
-
 use crate::support;
 use support::locks::m;
-use support::sentinel::{sentinel_config, Group};
-use support::{Lockgate, RawClient, RedisServer};
+use support::sentinel::acked_with_two_replicas;
+use support::RawClient;
 
 /// `locks.failover_delay_ms`.
 const HOLD_MS: u64 = 6_000;
@@ -121,30 +119,7 @@ fn refused_ms(history: &[Held], killed: Instant) -> Option<u64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failover_under_load_never_makes_two_holders_and_acknowledged_keys_come_back_first() {
     let _serial = crate::SERIAL.lock().await;
-    let (primary, replica) = Group::pair().await;
-    let port = primary.port.to_string();
-    let second = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
-    crate::until!(
-        "the second replica in sync",
-        support::resp::direct(&second.addr(), &["INFO", "replication"])
-            .await
-            .contains("master_link_status:up")
-    );
-    let mut group = Group::with_sentinels(primary, replica, "").await;
-    let mut config = sentinel_config(&group.addrs());
-    config.locks.failover_delay_ms = Some(HOLD_MS);
-    config.locks.replicas_ack_timeout_ms = 300;
-    config.locks.overrides.push(LockOverride {
-        pattern: "lock:ack:*".into(),
-        replicas_ack: Some(1),
-        ..LockOverride::default()
-    });
-    let started = Instant::now();
-    let lg = Lockgate::start_with(config).await;
-    crate::until!(
-        "lockgate to be ready",
-        lockgate::http::not_ready(&lg.ctx).is_none()
-    );
+    let (mut group, _second, lg, started) = acked_with_two_replicas(HOLD_MS).await;
     // Acknowledgement in force for the whole delay before the switch: the
     // load runs meanwhile.
     let killed_at = started + Duration::from_millis(HOLD_MS + 300);

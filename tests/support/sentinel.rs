@@ -241,3 +241,38 @@ pub async fn primary_field(c: &mut RawClient, name: &str) -> String {
         .map(|l| l.trim_start_matches(':').to_string())
         .unwrap_or_default()
 }
+
+/// A primary with two replicas in sync and three sentinels, and lockgate
+/// following them with `locks.failover_delay_ms = hold_ms`, keys under
+/// `lock:ack:` asking one replica's acknowledgement within 300 ms, ready
+/// (`/readyz`): the group, its second replica, lockgate and when it
+/// started (acknowledgement is in force since then).
+pub async fn acked_with_two_replicas(
+    hold_ms: u64,
+) -> (Group, RedisServer, super::Lockgate, Instant) {
+    let (primary, replica) = Group::pair().await;
+    let port = primary.port.to_string();
+    let second = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
+    crate::until!(
+        "the second replica in sync",
+        direct(&second.addr(), &["INFO", "replication"])
+            .await
+            .contains("master_link_status:up")
+    );
+    let group = Group::with_sentinels(primary, replica, "").await;
+    let mut config = sentinel_config(&group.addrs());
+    config.locks.failover_delay_ms = Some(hold_ms);
+    config.locks.replicas_ack_timeout_ms = 300;
+    config.locks.overrides.push(lockgate::config::LockOverride {
+        pattern: "lock:ack:*".into(),
+        replicas_ack: Some(1),
+        ..Default::default()
+    });
+    let started = Instant::now();
+    let lg = super::Lockgate::start_with(config).await;
+    crate::until!(
+        "lockgate to be ready",
+        lockgate::http::not_ready(&lg.ctx).is_none()
+    );
+    (group, second, lg, started)
+}

@@ -42,8 +42,41 @@ impl Won {
     /// moved one, in database 0 (an undo runs on lockgate's own
     /// connection, which reads database 0; elsewhere nothing is asked).
     pub(crate) fn of(pending: &LockPending, facts: &[i64]) -> Option<Won> {
+        let plan = match pending {
+            LockPending::Fast { then, .. } => then,
+            p => p,
+        };
+        let first = facts.first().copied();
+        // The lease each kind's facts carry, when it granted one.
+        let lease = match plan {
+            LockPending::Acquire { .. } if first == Some(1) => facts.get(1),
+            LockPending::Takeover { .. } if first.is_some_and(|p| p > 0) => facts.first(),
+            // Facts: allowed, lapsed, PTTL after; `:0` is "not extended".
+            LockPending::Extend { .. }
+                if first == Some(1) && facts.get(2).is_some_and(|&p| p > 0) =>
+            {
+                facts.get(2)
+            }
+            _ => return None,
+        };
+        Won::planned(plan, lease.copied().unwrap_or(0).max(0) as u64)
+    }
+
+    /// The grant `pending` plans, once made, with a lease of `lease_ms`:
+    /// an acquisition or a takeover (undone if not acknowledged) or an
+    /// extension (answered `:0`), in database 0; `None` for another plan.
+    pub(crate) fn planned(pending: &LockPending, lease_ms: u64) -> Option<Won> {
+        let won = |undo, primary_at: &u32, key: &Bytes, token: &Bytes, value: &Bytes, no| Won {
+            undo,
+            primary_at: *primary_at,
+            lease_ms,
+            key: key.clone(),
+            token: token.clone(),
+            value: value.clone(),
+            no,
+        };
+        let none = Bytes::new();
         match pending {
-            LockPending::Fast { then, .. } => Won::of(then, facts),
             LockPending::Acquire {
                 key,
                 token,
@@ -52,44 +85,32 @@ impl Won {
                 primary_at,
                 db: Database::Zero,
                 ..
-            } if facts.first() == Some(&1) => Some(Won {
-                undo: true,
-                primary_at: *primary_at,
-                lease_ms: facts.get(1).copied().unwrap_or(0).max(0) as u64,
-                key: key.clone(),
-                token: token.clone(),
-                value: value.clone(),
-                no: not_acquired(*shape),
-            }),
+            } => Some(won(
+                true,
+                primary_at,
+                key,
+                token,
+                value,
+                not_acquired(*shape),
+            )),
             LockPending::Takeover {
                 key,
                 token,
                 primary_at,
-            } if facts.first().is_some_and(|&p| p > 0) => Some(Won {
-                undo: true,
-                primary_at: *primary_at,
-                lease_ms: facts.first().copied().unwrap_or(0).max(0) as u64,
-                key: key.clone(),
-                token: token.clone(),
-                value: Bytes::new(),
-                no: None,
-            }),
-            // An extension that moved the lease (facts: allowed, lapsed,
-            // PTTL after): its `:0` is "not extended".
+            } => Some(won(true, primary_at, key, token, &none, None)),
             LockPending::Extend {
                 key,
                 primary_at,
                 db: Database::Zero,
                 ..
-            } if facts.first() == Some(&1) && facts.get(2).is_some_and(|&p| p > 0) => Some(Won {
-                undo: false,
-                primary_at: *primary_at,
-                lease_ms: facts.get(2).copied().unwrap_or(0).max(0) as u64,
-                key: key.clone(),
-                token: Bytes::new(),
-                value: Bytes::new(),
-                no: Some(LocalReply::Integer(0)),
-            }),
+            } => Some(won(
+                false,
+                primary_at,
+                key,
+                &none,
+                &none,
+                Some(LocalReply::Integer(0)),
+            )),
             _ => None,
         }
     }

@@ -19,9 +19,10 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use tokio::sync::oneshot;
 
-use super::gate::{not_acquired, Won};
+use super::gate::Won;
 use super::{settle, Grant};
 use crate::lock::lease::ConnLocks;
+use crate::lock::ops::Shape;
 use crate::lock::txn::resp;
 use crate::lock::{Database, LockPending, LockService, ReplyOutcome};
 use crate::protocol::encode::LocalReply;
@@ -45,60 +46,17 @@ pub(crate) fn won_in_tx(
     lease_ms: u64,
 ) -> Option<Won> {
     let is = |yes: &[&[u8]]| element.is_none_or(|e| yes.contains(&e));
-    match pending {
-        LockPending::Acquire {
-            key,
-            token,
-            value,
-            shape,
-            primary_at,
-            db: Database::Zero,
-            ..
-        } => {
-            let acquired: &[&[u8]] = match shape {
-                crate::lock::ops::Shape::SetNx => &[b":1\r\n"],
-                crate::lock::ops::Shape::Set => &[b"+OK\r\n"],
-                crate::lock::ops::Shape::SetGet => &[b"$-1\r\n", b"_\r\n"],
-            };
-            is(acquired).then(|| Won {
-                undo: true,
-                primary_at: *primary_at,
-                lease_ms,
-                key: key.clone(),
-                token: token.clone(),
-                value: value.clone(),
-                no: not_acquired(*shape),
-            })
-        }
-        LockPending::Takeover {
-            key,
-            token,
-            primary_at,
-        } => (!element.is_some_and(|e| e.starts_with(b"-"))).then(|| Won {
-            undo: true,
-            primary_at: *primary_at,
-            lease_ms,
-            key: key.clone(),
-            token: token.clone(),
-            value: Bytes::new(),
-            no: None,
+    let made = match pending {
+        LockPending::Acquire { shape, .. } => is(match shape {
+            Shape::SetNx => &[b":1\r\n"],
+            Shape::Set => &[b"+OK\r\n"],
+            Shape::SetGet => &[b"$-1\r\n", b"_\r\n"],
         }),
-        LockPending::Extend {
-            key,
-            primary_at,
-            db: Database::Zero,
-            ..
-        } => is(&[b":1\r\n"]).then(|| Won {
-            undo: false,
-            primary_at: *primary_at,
-            lease_ms,
-            key: key.clone(),
-            token: Bytes::new(),
-            value: Bytes::new(),
-            no: Some(LocalReply::Integer(0)),
-        }),
-        _ => None,
-    }
+        LockPending::Takeover { .. } => !element.is_some_and(|e| e.starts_with(b"-")),
+        LockPending::Extend { .. } => is(&[b":1\r\n"]),
+        _ => false,
+    };
+    made.then(|| Won::planned(pending, lease_ms)).flatten()
 }
 
 impl LockService {
@@ -209,7 +167,6 @@ fn answer(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lock::ops::Shape;
 
     fn acquire(shape: Shape, db: Database) -> LockPending {
         LockPending::Acquire {
