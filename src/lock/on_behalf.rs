@@ -82,20 +82,18 @@ impl LockService {
         if ask.check && primary.cluster.is_none() && !primary.scriptless() {
             crate::metrics::ProxyMetrics::inc(&self.metrics.checks);
             let look = encode::command(&[b"PTTL", &ask.key]);
-            match primary.call(look, timeout).await.as_deref() {
-                Ok([b':', rest @ ..]) => match parse_pttl(rest) {
-                    Some(-2) => crate::metrics::ProxyMetrics::inc(&self.metrics.check_reruns),
-                    Some(pttl) => {
-                        self.storm.learned(&ask.key, false, pttl, 0);
-                        return Tried {
-                            acquired: false,
-                            pttl,
-                            behind_ms: 0,
-                        };
-                    }
-                    None => return Tried::FAILED,
-                },
-                _ => return Tried::FAILED,
+            let reply = primary.call(look, timeout).await;
+            match reply.as_deref().ok().and_then(super::txn::resp::as_int) {
+                Some(-2) => crate::metrics::ProxyMetrics::inc(&self.metrics.check_reruns),
+                Some(pttl) => {
+                    self.storm.learned(&ask.key, false, pttl, 0);
+                    return Tried {
+                        acquired: false,
+                        pttl,
+                        behind_ms: 0,
+                    };
+                }
+                None => return Tried::FAILED,
             }
         }
         let planned = self.plan_for_handoff(op, &mut sync::lock(&ask.conn));
@@ -131,10 +129,4 @@ impl LockService {
             Err(_) => Tried::FAILED,
         }
     }
-}
-
-/// The integer of a `:n\r\n` reply, without its `:`.
-fn parse_pttl(rest: &[u8]) -> Option<i64> {
-    let line = rest.strip_suffix(b"\r\n")?;
-    crate::protocol::request::parse_int(line)
 }

@@ -171,6 +171,8 @@ async fn a_failover_under_load_never_makes_two_holders_and_acknowledged_keys_com
         );
         refused.push(ms);
     }
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!("load average: {}", load.trim());
     let (Some(ack_ms), Some(plain_ms)) = (refused[0], refused[1]) else {
         panic!("a key never granted after the kill: {refused:?}");
     };

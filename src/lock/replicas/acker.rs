@@ -22,6 +22,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::{judge, AckError, AckMetrics, Round, Verdict};
+use crate::lock::txn::resp::as_int;
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode;
 use crate::upstream::cluster::ClusterPool;
@@ -172,7 +173,7 @@ async fn ask(
     let (published, waited) = tokio::join!(published, waited);
     let acked = match (published, waited) {
         (Ok(_), Ok(reply)) if fsync => parse_fsynced(&reply).ok_or_else(|| said(&reply)),
-        (Ok(_), Ok(reply)) => parse_integer(&reply).ok_or_else(|| said(&reply)),
+        (Ok(_), Ok(reply)) => as_int(&reply).ok_or_else(|| said(&reply)),
         (Err(e), _) | (_, Err(e)) => Err(e.to_string()),
     };
     Round {
@@ -199,12 +200,6 @@ fn parse_fsynced(reply: &[u8]) -> Option<i64> {
     Some(if local >= 1 { replicas } else { 0 })
 }
 
-/// `:n\r\n` → n.
-fn parse_integer(reply: &[u8]) -> Option<i64> {
-    let line = reply.strip_prefix(b":")?.strip_suffix(b"\r\n")?;
-    crate::protocol::request::parse_int(line)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -220,9 +215,9 @@ mod tests {
 
     #[test]
     fn the_count_is_an_integer_reply() {
-        assert_eq!(parse_integer(b":2\r\n"), Some(2));
+        assert_eq!(as_int(b":2\r\n"), Some(2));
         assert_eq!(
-            parse_integer(b"-ERR WAIT cannot be used with replica instances\r\n"),
+            as_int(b"-ERR WAIT cannot be used with replica instances\r\n"),
             None
         );
         assert_eq!(
