@@ -125,6 +125,32 @@ pub(crate) fn not_acquired(shape: Shape) -> Option<LocalReply> {
     }
 }
 
+/// What [`settle`] takes from a lock room ([`LockService::settler`]).
+pub(crate) struct Settler {
+    replicas: Arc<super::Replicas>,
+    primary: crate::lock::txn::OnPrimary,
+    storm: Arc<crate::lock::storm::Storm>,
+    timeout: Duration,
+}
+
+impl Settler {
+    /// [`settle`] of `grant`: `Ok(yes)` once acknowledged, else `Err` of
+    /// its refusal, the grant undone.
+    pub(crate) async fn settle(
+        &self,
+        grant: Grant,
+        yes: LocalReply,
+    ) -> Result<LocalReply, LocalReply> {
+        let Settler {
+            replicas,
+            primary,
+            storm,
+            timeout,
+        } = self;
+        settle(replicas, primary, storm, grant, yes, *timeout).await
+    }
+}
+
 impl LockService {
     /// The primary's generation now (a grant planned now is acknowledged
     /// only by this primary's replicas); in front of a cluster, the slot
@@ -207,10 +233,19 @@ impl LockService {
 
     /// [`settle`] of `grant` through this lock room's store.
     async fn settle_here(&self, grant: Grant) -> Result<LocalReply, LocalReply> {
+        self.settler().settle(grant, LocalReply::Null).await
+    }
+
+    /// What settling a grant takes from this lock room, owned, for a task
+    /// that answers the grant's client later.
+    pub(crate) fn settler(&self) -> Settler {
         let store = self.store();
-        let (replicas, primary, timeout) = (&store.replicas, &store.primary, store.timeout());
-        let yes = LocalReply::Null;
-        settle(replicas, primary, &self.storm, grant, yes, timeout).await
+        Settler {
+            replicas: store.replicas.clone(),
+            primary: store.primary.clone(),
+            storm: self.storm.clone(),
+            timeout: store.timeout(),
+        }
     }
 
     /// The acknowledgement `key`'s pattern asks of the primary's replicas,
@@ -247,13 +282,7 @@ impl LockService {
         let Some(rule) = self.ack_rule(&won.key) else {
             return Err(yes);
         };
-        let store = self.store();
-        let (replicas, primary, storm) = (
-            store.replicas.clone(),
-            store.primary.clone(),
-            self.storm.clone(),
-        );
-        let timeout = store.timeout();
+        let settler = self.settler();
         let grant = Grant {
             won,
             conn: Some(conn.clone()),
@@ -263,7 +292,7 @@ impl LockService {
         // Bounded without a watch on the drain: the acker ends with it,
         // and the grant is then undone as unacknowledged.
         tokio::spawn(async move {
-            let reply = settle(&replicas, &primary, &storm, grant, yes, timeout).await;
+            let reply = settler.settle(grant, yes).await;
             let _ = tx.send(reply.unwrap_or_else(|no| no));
         });
         Ok(rx)

@@ -20,7 +20,7 @@ use bytes::Bytes;
 use tokio::sync::oneshot;
 
 use super::gate::Won;
-use super::{settle, Grant};
+use super::Grant;
 use crate::lock::lease::ConnLocks;
 use crate::lock::ops::Shape;
 use crate::lock::txn::resp;
@@ -111,23 +111,14 @@ impl LockService {
         if waits.is_empty() {
             return ReplyOutcome::Reply(frame);
         }
-        let store = self.store();
-        let (replicas, primary, storm) = (
-            store.replicas.clone(),
-            store.primary.clone(),
-            self.storm.clone(),
-        );
-        let timeout = store.timeout();
+        let settler = self.settler();
         let (tx, rx) = oneshot::channel();
         // Bounded as a single grant's wait: every grant joins the same
         // rounds, and each undo is one call.
         tokio::spawn(async move {
             let settled = waits.into_iter().map(|(slot, grant)| {
-                let (replicas, primary, storm) = (&replicas, &primary, &storm);
-                async move {
-                    let r = settle(replicas, primary, storm, grant, LocalReply::Null, timeout);
-                    (slot, r.await)
-                }
+                let settler = &settler;
+                async move { (slot, settler.settle(grant, LocalReply::Null).await) }
             });
             let settled = futures_util::future::join_all(settled).await;
             let _ = tx.send(answer(elements, exact, frame, settled));
