@@ -216,13 +216,12 @@ pub enum Attempt {
     /// sent in the attempt's place, answered by Redis in `EXEC`'s array.
     Held(Result<LocalReply, Bytes>),
     /// A script call sent on the client's own connection, and what the
-    /// writer does with its reply (`None` inside `MULTI`: it is sent as
-    /// `EVAL` and its reply passed as it is).
+    /// writer does with its reply.
     OnConnection {
         /// The script call.
         call: evalsha::Call,
         /// What to do with its reply.
-        pending: Option<LockPending>,
+        pending: LockPending,
     },
     /// Inside `MULTI` on one Redis: the script call, sent as `EVAL` (a
     /// `NOSCRIPT` in `EXEC`'s array could not be rerun in its place), its
@@ -514,9 +513,16 @@ impl LockService {
             Some(before) => self.fast(op, before, planned),
             None => planned,
         };
-        Attempt::OnConnection {
-            call: planned.call,
-            pending: planned.pending,
+        match planned.pending {
+            Some(pending) => Attempt::OnConnection {
+                call: planned.call,
+                pending,
+            },
+            // Planned without an outcome to read: only inside MULTI.
+            None => Attempt::Queued {
+                call: planned.call,
+                acked: None,
+            },
         }
     }
 
@@ -785,8 +791,8 @@ impl LockService {
     }
 
     /// With `locks.require_min_replicas`, `locks.require_persistence` or
-    /// `locks.require_one_primary` and no quorum, the refusal of any lease on the primary in force,
-    /// unless its latest reading satisfies them
+    /// `locks.require_one_primary` and no quorum, the refusal of any lease
+    /// on the primary in force, unless its latest reading satisfies them
     /// ([`super::eviction::safety::refused_because`]); counted, logged
     /// (rate-limited).
     fn safety_refusal(&self) -> Option<LocalReply> {

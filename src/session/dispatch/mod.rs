@@ -519,25 +519,12 @@ impl Carrier {
                 out.pieces.own(command);
                 out.batch.record(Expect::One);
             }
-            // Inside MULTI: EVAL (a NOSCRIPT in EXEC's array could not be
-            // run again in its place).
-            Attempt::OnConnection {
-                call,
-                pending: None,
-            } => {
-                out.pieces.own(call.eval());
-                out.batch.record(Expect::One);
-                if frees {
-                    self.queued_frees(op.lock_keys());
-                }
-            }
-            Attempt::OnConnection {
-                call,
-                pending: Some(pending),
-            } => {
+            Attempt::OnConnection { call, pending } => {
                 let rerun = self.by_sha(call, out);
                 self.record_lock(pending, rerun, frees, guard, out);
             }
+            // Inside MULTI: EVAL (a NOSCRIPT in EXEC's array could not be
+            // run again in its place).
             Attempt::Queued { call, acked } => {
                 if let Some(acked) = acked {
                     if self.tx_acks.len() >= crate::lock::replicas::in_tx::MAX_IN_TX {
