@@ -837,6 +837,11 @@ impl LockService {
             let Some(left) = cluster.hold_left(key, self.failover_delay()) else {
                 return false;
             };
+            // Acknowledged by the shard's replica, and the promoted one
+            // vouched for: nothing to hold (`replicas::promoted`).
+            if self.unheld_after_promotion(cluster, key) {
+                return false;
+            }
             let why = "lock acquisition answered 'not acquired': the shard's replica was promoted, and a lock granted on the old primary may not have been replicated (locks.failover_delay_ms)";
             return self.held_back(&cluster.metrics().failover_held, key, left, why);
         }

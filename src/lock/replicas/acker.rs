@@ -13,7 +13,7 @@
 //! a switch to another primary meanwhile, the primary's generation says so
 //! ([`super::judge`]).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -80,6 +80,12 @@ pub(super) struct Asks {
     /// How much longer than its wait a round's calls may take
     /// (`upstream.connect_timeout_ms`).
     pub slack: Duration,
+    /// The last round's number, shared by every acker of the lock room:
+    /// a shard's new acker after a failover sets the same marker key as
+    /// the one before it (its tag lands in the same slots), and the
+    /// marker's rounds must keep increasing for the check after a switch
+    /// ([`super::switch`]).
+    pub rounds: Arc<AtomicU64>,
 }
 
 /// Runs rounds for the waiters `rx` brings until `stop`: each round asks
@@ -95,7 +101,6 @@ pub(super) async fn run(
     stop: CancellationToken,
 ) {
     let mut waiting: Vec<Waiter> = Vec::new();
-    let mut number = 0u64;
     loop {
         if waiting.is_empty() {
             tokio::select! {
@@ -111,7 +116,7 @@ pub(super) async fn run(
             waiting.push(w);
         }
         ProxyMetrics::inc(&metrics.rounds);
-        number += 1;
+        let number = asks.rounds.fetch_add(1, Ordering::Relaxed) + 1;
         let round = tokio::select! {
             round = ask(&node, &primary, &waiting, &asks, number) => round,
             // The waiters' senders drop: each is told lockgate stopped.

@@ -15,7 +15,7 @@
 //! What a waiter is told is a pure function of a round's readings and the
 //! time ([`judge`]), tested as a table.
 
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -38,6 +38,7 @@ use crate::upstream::Primary;
 pub mod acker;
 mod gate;
 pub(crate) mod in_tx;
+mod promoted;
 mod shards;
 pub mod switch;
 
@@ -49,6 +50,16 @@ mod tests;
 /// Most grants waiting for their acknowledgement at once; one more is
 /// refused as not acknowledged (counted in `lock_replica_ack_full`).
 pub const MAX_WAITING: usize = 4_096;
+
+/// How a grant was acknowledged: by which round of which marker key's
+/// acker (for the check after a switch, [`switch`]).
+#[derive(Debug, Clone)]
+pub struct Acked {
+    /// The round's number.
+    pub round: u64,
+    /// The marker key that round set.
+    pub marker: Bytes,
+}
 
 /// What one lock pattern asks of the replicas.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -201,6 +212,11 @@ pub struct Replicas {
     /// The check after the latest switch: its primary's generation and
     /// what it concluded.
     switch_check: Mutex<Option<(u64, switch::Vouch)>>,
+    /// In front of a cluster: the check after each shard's failover
+    /// ([`promoted`]).
+    shard_checks: promoted::Checks,
+    /// The last round's number, every acker's ([`acker::Asks::rounds`]).
+    rounds: Arc<AtomicU64>,
     /// Since when the acknowledgement settings in force apply.
     acks_since: Mutex<Instant>,
     /// `locks.replicas_ack_fsync`: rounds ask `WAITAOF` ([`acker`]).
@@ -232,6 +248,8 @@ impl Replicas {
             run,
             recent: Mutex::new(switch::Recent::new()),
             switch_check: Mutex::new(None),
+            shard_checks: promoted::Checks::default(),
+            rounds: Arc::new(AtomicU64::new(0)),
             acks_since: Mutex::new(Instant::now()),
             fsync: Arc::new(AtomicBool::new(false)),
             metrics: Arc::new(AckMetrics::default()),
@@ -250,23 +268,25 @@ impl Replicas {
         key: &[u8],
         generation: u32,
         rule: AckRule,
-    ) -> Result<u64, AckError> {
-        let tx = match cluster {
+    ) -> Result<Acked, AckError> {
+        let (tx, marker) = match cluster {
             Some(cluster) => {
                 let start = shards::Start {
                     node: (self.node.as_ref()).ok_or(AckError::Upstream("no node".into()))?,
                     run: &self.run,
                     fsync: self.fsync.clone(),
+                    rounds: self.rounds.clone(),
                     slack: self.slack,
                     metrics: self.metrics.clone(),
                     stop: self.stop.clone(),
                 };
                 self.shards.queue(cluster, key, start)?
             }
-            None => self
-                .acker()
-                .ok_or(AckError::Upstream("no primary".into()))?
-                .clone(),
+            None => {
+                let acker = self.acker();
+                let tx = acker.ok_or(AckError::Upstream("no primary".into()))?;
+                (tx.clone(), self.marker.clone())
+            }
         };
         let (done, rx) = oneshot::channel();
         let waiter = acker::Waiter {
@@ -280,12 +300,13 @@ impl Replicas {
             return Err(AckError::Full);
         }
         match rx.await.unwrap_or(Err(AckError::Stopped)) {
+            Ok(round) => Ok(Acked { round, marker }),
             Err(AckError::Timeout { got, wanted, .. }) => Err(AckError::Timeout {
                 got,
                 wanted,
                 timeout_ms: rule.timeout.as_millis() as u64,
             }),
-            outcome => outcome,
+            Err(e) => Err(e),
         }
     }
 
@@ -308,6 +329,7 @@ impl Replicas {
                 marker,
                 fsync,
                 slack: self.slack,
+                rounds: self.rounds.clone(),
             };
             let primary = acker::Generation::Primary(primary);
             tokio::spawn(acker::run(conn, asks, primary, rx, metrics, stop));
@@ -359,9 +381,9 @@ pub(crate) async fn settle(
     let cluster = primary.cluster.as_ref();
     let outcome = (replicas.acknowledged(cluster, &won.key, won.primary_at, rule)).await;
     let e = match outcome {
-        Ok(round) => {
+        Ok(acked) => {
             ProxyMetrics::inc(&replicas.metrics.acknowledged);
-            replicas.remember(&won, round);
+            replicas.remember(&won, acked);
             return Ok(yes);
         }
         Err(e) => e,

@@ -29,10 +29,13 @@ use crate::upstream::node::{Node, NodeConfig};
 /// Most shards with an acker at once.
 pub const MAX_SHARDS: usize = 1_024;
 
+/// A shard acker's queue and its marker key.
+pub(super) type Queue = (mpsc::Sender<acker::Waiter>, Bytes);
+
 /// The shards' ackers, by primary address.
 #[derive(Debug, Default)]
 pub(super) struct Shards {
-    ackers: Mutex<HashMap<String, mpsc::Sender<acker::Waiter>>>,
+    ackers: Mutex<HashMap<String, Queue>>,
 }
 
 /// What starting a shard's acker takes from its lock room.
@@ -44,6 +47,8 @@ pub(super) struct Start<'a> {
     pub run: &'a str,
     /// `locks.replicas_ack_fsync` in force (rounds ask `WAITAOF`).
     pub fsync: Arc<std::sync::atomic::AtomicBool>,
+    /// The lock room's round numbers ([`acker::Asks::rounds`]).
+    pub rounds: Arc<std::sync::atomic::AtomicU64>,
     /// How much longer than its wait a round's calls may take.
     pub slack: std::time::Duration,
     /// The lock room's acknowledgement counters.
@@ -54,18 +59,18 @@ pub(super) struct Start<'a> {
 
 impl Shards {
     /// The queue of the acker of the shard serving `key` in `cluster`'s
-    /// map in force, started on first use.
+    /// map in force, started on first use, and its marker key.
     pub fn queue(
         &self,
         cluster: &Arc<ClusterPool>,
         key: &[u8],
         start: Start<'_>,
-    ) -> Result<mpsc::Sender<acker::Waiter>, AckError> {
+    ) -> Result<Queue, AckError> {
         let no_map = || AckError::Upstream("no slot map serves the lock's slot".into());
         let shard = cluster.primary_of(key).ok_or_else(no_map)?;
         let mut ackers = sync::lock(&self.ackers);
-        if let Some(tx) = ackers.get(&shard) {
-            return Ok(tx.clone());
+        if let Some(queue) = ackers.get(&shard) {
+            return Ok(queue.clone());
         }
         let map = cluster.map().ok_or_else(no_map)?;
         if ackers.len() >= MAX_SHARDS {
@@ -91,10 +96,12 @@ impl Shards {
         };
         let (tx, rx) = mpsc::channel(MAX_WAITING);
         let conn = Node::spawn(config, start.stop.clone());
+        let marker = Bytes::from(format!("lockgate:acked:{{{tag}}}"));
         let asks = acker::Asks {
-            marker: Bytes::from(format!("lockgate:acked:{{{tag}}}")),
+            marker: marker.clone(),
             fsync: start.fsync,
             slack: start.slack,
+            rounds: start.rounds,
         };
         let generation = Generation::Cluster(cluster.clone());
         tokio::spawn(acker::run(
@@ -105,7 +112,7 @@ impl Shards {
             start.metrics,
             start.stop,
         ));
-        ackers.insert(shard, tx.clone());
-        Ok(tx)
+        ackers.insert(shard, (tx.clone(), marker.clone()));
+        Ok((tx, marker))
     }
 }

@@ -26,7 +26,10 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use super::{Replicas, Won};
+use bytes::Bytes;
+
+use super::{Acked, Replicas, Won};
+use crate::cluster::slot::key_slot;
 use crate::lock::txn::OnPrimary;
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode;
@@ -41,11 +44,43 @@ pub const MAX_RECENT: usize = 1_024;
 const RETRY_PAUSE: Duration = Duration::from_millis(20);
 
 /// An acknowledged grant whose lease may still run: the round that
-/// acknowledged it and when its lease ends.
-#[derive(Debug, Clone, Copy)]
+/// acknowledged it, the marker key that round set, the grant's slot (in
+/// front of a cluster: which shard it lives on) and when its lease ends.
+#[derive(Debug, Clone)]
 pub(super) struct Remembered {
-    round: u64,
-    until: Instant,
+    pub round: u64,
+    pub marker: Bytes,
+    pub slot: u16,
+    pub until: Instant,
+}
+
+/// Marker keys and, for each, the round a node must hold.
+pub(super) type Needed = Vec<(Bytes, u64)>;
+
+/// The rounds a promoted node must hold for the `recent` grants still
+/// running at `now` that it now serves (`serves` of their slot): for each
+/// marker key, the latest round that acknowledged one of them. `None`
+/// when one of those grants was acknowledged by a marker the node does
+/// not serve (`serves_marker`): its marker says nothing there, so
+/// nothing can be vouched for (in front of a cluster, a grant whose slot
+/// moved to another shard since).
+pub(super) fn needs(
+    recent: &Recent,
+    now: Instant,
+    serves: impl Fn(u16) -> bool,
+    serves_marker: impl Fn(&[u8]) -> bool,
+) -> Option<Needed> {
+    let mut needed: Needed = Vec::new();
+    for r in recent.iter().filter(|r| r.until > now && serves(r.slot)) {
+        if !serves_marker(&r.marker) {
+            return None;
+        }
+        match needed.iter_mut().find(|(m, _)| *m == r.marker) {
+            Some((_, round)) => *round = (*round).max(r.round),
+            None => needed.push((r.marker.clone(), r.round)),
+        }
+    }
+    Some(needed)
 }
 
 /// What the check after one switch concluded.
@@ -68,9 +103,9 @@ pub fn unheld(vouch: Vouch, acks_since: Instant, switched_at: Instant, delay: Du
 }
 
 impl Replicas {
-    /// Remembers `grant`, acknowledged by round `round`, for as long as
+    /// Remembers `grant`, acknowledged as `acked` says, for as long as
     /// its lease runs.
-    pub(super) fn remember(&self, grant: &Won, round: u64) {
+    pub(super) fn remember(&self, grant: &Won, acked: Acked) {
         let now = Instant::now();
         let mut recent = sync::lock(&self.recent);
         while recent.front().is_some_and(|r| r.until <= now) {
@@ -81,7 +116,9 @@ impl Replicas {
             ProxyMetrics::inc(&self.metrics.forgotten);
         }
         recent.push_back(Remembered {
-            round,
+            round: acked.round,
+            marker: acked.marker,
+            slot: key_slot(&grant.key),
             until: now + Duration::from_millis(grant.lease_ms),
         });
     }
@@ -118,38 +155,49 @@ impl Replicas {
         }
     }
 
-    /// Whether the primary lockgate follows now holds the latest round
-    /// that acknowledged a grant whose lease still runs, asked on `primary`
-    /// (tried again while its connection opens, up to `within`).
-    pub(super) async fn check(&self, primary: &OnPrimary, within: Duration) -> Vouch {
-        let now = Instant::now();
-        let needed = (sync::lock(&self.recent).iter())
-            .filter(|r| r.until > now)
-            .map(|r| r.round)
-            .max();
+    /// The rounds the primary lockgate follows must hold: the grants
+    /// whose leases still run, all acknowledged through its marker.
+    pub(super) fn needed(&self) -> Option<Needed> {
+        let recent = sync::lock(&self.recent);
+        needs(&recent, Instant::now(), |_| true, |m| m == self.marker)
+    }
+
+    /// Whether the node `primary` reaches holds every round of `needed`
+    /// (each marker's `GET` there names at least its round; `None`:
+    /// refuted already), tried again while its connection opens, up to
+    /// `within`.
+    pub(super) async fn check(
+        &self,
+        primary: &OnPrimary,
+        needed: Option<Needed>,
+        within: Duration,
+    ) -> Vouch {
         let Some(needed) = needed else {
-            return Vouch::Vouched;
+            return Vouch::Refuted;
         };
-        let get = encode::command(&[b"GET", &self.marker]);
         let deadline = Instant::now() + within;
-        loop {
-            if let Ok(reply) = primary.call(get.clone(), within).await {
-                let held = parse_round(&reply);
-                if held.is_some_and(|h| h >= needed) {
-                    return Vouch::Vouched;
+        for (marker, needed) in needed {
+            let get = encode::command(&[b"GET", &marker]);
+            loop {
+                if let Ok(reply) = primary.call(get.clone(), within).await {
+                    let held = parse_round(&reply);
+                    if held.is_some_and(|h| h >= needed) {
+                        break;
+                    }
+                    tracing::warn!(
+                        needed,
+                        held = held.unwrap_or(0),
+                        "the promoted replica lacks acknowledged lock grants: acquisitions it serves are held for locks.failover_delay_ms"
+                    );
+                    return Vouch::Refuted;
                 }
-                tracing::warn!(
-                    needed,
-                    held = held.unwrap_or(0),
-                    "the promoted replica lacks acknowledged lock grants: every acquisition is held for locks.failover_delay_ms"
-                );
-                return Vouch::Refuted;
+                if Instant::now() >= deadline {
+                    return Vouch::Refuted;
+                }
+                tokio::time::sleep(RETRY_PAUSE).await;
             }
-            if Instant::now() >= deadline {
-                return Vouch::Refuted;
-            }
-            tokio::time::sleep(RETRY_PAUSE).await;
         }
+        Vouch::Vouched
     }
 }
 
@@ -182,8 +230,9 @@ impl crate::lock::LockService {
         let (vouch, start) = replicas.vouch_for(generation);
         if start {
             let (r, on, within) = (replicas.clone(), store.primary.clone(), store.timeout() * 2);
+            let needed = r.needed();
             tokio::spawn(async move {
-                let vouch = r.check(&on, within).await;
+                let vouch = r.check(&on, needed, within).await;
                 r.concluded(generation, vouch);
             });
         }
@@ -222,6 +271,42 @@ mod tests {
         ];
         for (what, vouch, switched_at, want) in cases {
             assert_eq!(unheld(vouch, t0, switched_at, delay), want, "{what}");
+        }
+    }
+
+    #[test]
+    fn the_rounds_needed_are_the_latest_per_marker_of_the_grants_served() {
+        let now = Instant::now();
+        let (later, gone) = (now + Duration::from_secs(5), now - Duration::from_secs(1));
+        let r = |round, marker: &'static str, slot, until| Remembered {
+            round,
+            marker: Bytes::from_static(marker.as_bytes()),
+            slot,
+            until,
+        };
+        let b = |m: &'static str| Bytes::from_static(m.as_bytes());
+        // The node serves slots below 100 and markers "a" and "b".
+        let serves = |slot: u16| slot < 100;
+        let on_node = |m: &[u8]| m == b"a" || m == b"b";
+        #[rustfmt::skip]
+        let cases: [(&str, Vec<Remembered>, Option<Needed>); 6] = [
+            ("nothing remembered", vec![], Some(vec![])),
+            ("leases ended", vec![r(3, "a", 1, gone)], Some(vec![])),
+            ("the latest round per marker",
+             vec![r(3, "a", 1, later), r(7, "a", 2, later), r(5, "b", 3, later)],
+             Some(vec![(b("a"), 7), (b("b"), 5)])),
+            ("another node's grants ask nothing of it",
+             vec![r(3, "a", 1, later), r(9, "c", 200, later)],
+             Some(vec![(b("a"), 3)])),
+            ("a grant it serves acknowledged through a marker it does not",
+             vec![r(3, "a", 1, later), r(9, "c", 50, later)], None),
+            ("an ended one through such a marker is no matter",
+             vec![r(3, "a", 1, later), r(9, "c", 50, gone)],
+             Some(vec![(b("a"), 3)])),
+        ];
+        for (what, recent, want) in cases {
+            let recent: Recent = recent.into_iter().collect();
+            assert_eq!(needs(&recent, now, serves, on_node), want, "{what}");
         }
     }
 

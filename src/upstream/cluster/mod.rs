@@ -607,12 +607,17 @@ impl ClusterPool {
     /// `locks.failover_delay_ms`).
     pub fn hold_left(&self, key: &[u8], delay: Duration) -> Option<Duration> {
         let map = self.common.map()?;
-        let primary = &map.shard_of_key(key)?.primary;
-        let held = sync::lock(&self.common.promoted);
-        let (_, at) = held.iter().find(|(p, _)| p == primary)?;
+        let at = self.promoted_at(&map.shard_of_key(key)?.primary)?;
         delay
             .checked_sub(at.elapsed())
             .filter(|left| !left.is_zero())
+    }
+
+    /// When the primary `node` (`HOST:PORT`) was seen promoted from a
+    /// replica (`None`: it was not, or the map no longer names it).
+    pub fn promoted_at(&self, node: &str) -> Option<Instant> {
+        let held = sync::lock(&self.common.promoted);
+        held.iter().find(|(p, _)| p == node).map(|(_, at)| *at)
     }
 
     /// Sends lockgate's own `request` (a lock script, a read) to the
