@@ -24,6 +24,7 @@ mod partitions;
 mod quorum_chaos;
 mod quorum_recovery;
 mod quorum_safety;
+mod replicas_cluster_failover;
 mod replicas_failover;
 mod replicas_shapes;
 mod shared_fairness;

@@ -11,110 +11,22 @@
 //! key: once the promoted replica is vouched for, docs/sentinel.md "The
 //! shorter hold after a switch"). The figures are printed.
 
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::support;
+use support::failover_load::{overlaps, refused_ms, worker, History};
 use support::locks::m;
 use support::sentinel::acked_with_two_replicas;
-use support::RawClient;
 
 /// `locks.failover_delay_ms`.
 const HOLD_MS: u64 = 6_000;
 /// Each grant's lease: short, so a holder cut off by the switch (its
 /// session closed before its release) keeps nobody out for long.
 const LEASE_MS: u64 = 1_500;
-/// How long a holder stays inside its section.
-const INSIDE: Duration = Duration::from_millis(60);
 /// Workers per key.
 const WORKERS: usize = 3;
-/// Longest wait for a reply before the connection is taken as lost.
-const REPLY_WAIT: Duration = Duration::from_secs(3);
 /// How long the load runs after the kill.
 const AFTER_KILL: Duration = Duration::from_secs(11);
-
-/// One grant: when its command was sent, when the grant came, when its
-/// holder left (its release sent, or an error ended it).
-#[derive(Debug, Clone, Copy)]
-struct Held {
-    sent: Instant,
-    start: Instant,
-    end: Instant,
-}
-
-/// Every grant of one key.
-type History = Arc<Mutex<Vec<Held>>>;
-
-async fn worker(
-    addr: std::net::SocketAddr,
-    key: &'static str,
-    id: usize,
-    until: Instant,
-    history: History,
-) {
-    let mut conn: Option<RawClient> = None;
-    let value = format!("w{id}");
-    let lease = LEASE_MS.to_string();
-    while Instant::now() < until {
-        let c = match &mut conn {
-            Some(c) => c,
-            None => conn.insert(RawClient::connect(addr).await),
-        };
-        let sent = Instant::now();
-        let Some(reply) = c
-            .try_call_s(&["SET", key, &value, "NX", "PX", &lease], REPLY_WAIT)
-            .await
-        else {
-            conn = None;
-            tokio::time::sleep(Duration::from_millis(20)).await;
-            continue;
-        };
-        if reply != "+OK\r\n" {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-            continue;
-        }
-        let start = Instant::now();
-        tokio::time::sleep(INSIDE).await;
-        let end = Instant::now();
-        history
-            .lock()
-            .expect("history")
-            .push(Held { sent, start, end });
-        if c.try_call_s(&["DEL", key], REPLY_WAIT).await.is_none() {
-            conn = None;
-        }
-    }
-}
-
-/// Pairs of grants of one key whose sections overlapped, each within its
-/// lease (counted from its command's sending).
-fn overlaps(history: &[Held]) -> Vec<(Held, Held)> {
-    let lease = Duration::from_millis(LEASE_MS);
-    let mut sorted = history.to_vec();
-    sorted.sort_by_key(|h| h.start);
-    let mut bad = Vec::new();
-    for (i, a) in sorted.iter().enumerate() {
-        let a_until = a.end.min(a.sent + lease);
-        for b in &sorted[i + 1..] {
-            if b.start >= a_until {
-                break;
-            }
-            bad.push((*a, *b));
-        }
-    }
-    bad
-}
-
-/// How long `key` went without a grant from `killed`: until its first
-/// section starting after the kill.
-fn refused_ms(history: &[Held], killed: Instant) -> Option<u64> {
-    let first = history
-        .iter()
-        .map(|h| h.start)
-        .filter(|s| *s > killed)
-        .min()?;
-    Some(first.duration_since(killed).as_millis() as u64)
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failover_under_load_never_makes_two_holders_and_acknowledged_keys_come_back_first() {
@@ -134,6 +46,7 @@ async fn a_failover_under_load_never_makes_two_holders_and_acknowledged_keys_com
                 lg.addr,
                 key,
                 k * WORKERS + w,
+                LEASE_MS,
                 until,
                 history,
             )));
@@ -152,7 +65,7 @@ async fn a_failover_under_load_never_makes_two_holders_and_acknowledged_keys_com
     let mut refused = Vec::new();
     for (k, key) in keys.iter().enumerate() {
         let history = histories[k].lock().expect("history").clone();
-        let bad = overlaps(&history);
+        let bad = overlaps(&history, Duration::from_millis(LEASE_MS));
         assert!(
             bad.is_empty(),
             "{key}: two holders at once: {:?}",
