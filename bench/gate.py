@@ -171,14 +171,16 @@ def start_redis(procs, name, callgrind=False, server="redis-server"):
     return Counted(name, p, port, out) if callgrind else port
 
 
-def start_lockgate(procs, args, name, upstream, config="", callgrind=True):
-    """lockgate (under callgrind unless told) in front of 127.0.0.1:upstream."""
+def start_lockgate(procs, args, name, upstream, config="", callgrind=True, cluster=False):
+    """lockgate (under callgrind unless told) in front of 127.0.0.1:upstream
+    (with `cluster`, the Redis Cluster that node is a seed of)."""
     port = free_port()
     conf = os.path.join(procs.tmp, name + ".toml")
     with open(conf, "w") as f:
         f.write(config)
+    to = "--upstream-cluster" if cluster else "--upstream"
     argv = [args.lockgate, "--config", conf, "--listen", f"127.0.0.1:{port}",
-            "--upstream", f"127.0.0.1:{upstream}", "--admin-listen", ""]
+            to, f"127.0.0.1:{upstream}", "--admin-listen", ""]
     out = None
     if callgrind:
         out = os.path.join(procs.tmp, name + ".cg")

@@ -6,11 +6,16 @@ real replica: keys under `lock:acked:` wait for the replica (one pattern's
 one run, so only their ratios count.
 
     python3 bench/replicas_ack.py --lockgate target/release/lockgate \\
-        [--threads 1,16] [--secs 3] [--rounds 3]
+        [--threads 1,16] [--secs 3] [--rounds 3] [--shape set|tx] [--cluster]
 
 Each of `threads` redis-py threads, on its own connection, cycles
 `SET key v NX PX 10000` then `DEL key` on keys of its own (never
-contended). Per cycle: the acquisition's latency (p50, p99), the
+contended); with `--shape tx`, the incident's transaction in place of
+the `SET`: `MULTI`, `SETNX key v`, `EXPIRE key 10`, `EXEC` (lockgate
+waits for the replica at `EXEC`). With `--cluster`, lockgate is in front
+of a Redis Cluster of 3 primaries with a replica each (each shard's
+acker waits for its own replica; the keys spread over the shards), and
+the primaries' and the replicas' figures are their sums. Per cycle: the acquisition's latency (p50, p99), the
 primary's CPU (its process, `/proc`: replication included), the
 commands it ran (`INFO commandstats`, those inside scripts counted), and
 the replica's CPU; and the acknowledgement rounds lockgate asked per
@@ -21,6 +26,7 @@ import argparse
 import itertools
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -59,12 +65,58 @@ def metric(port, name):
     return int(pairs.get(name.encode(), 0))
 
 
+def server(procs, name, extra=()):
+    port = gate.free_port()
+    p = procs.start(name, ["redis-server", "--port", str(port), "--bind", "127.0.0.1",
+                           "--save", "", "--appendonly", "no", *extra])
+    gate.wait_ping(procs, name, p, port)
+    return port, p
+
+
+def linked(port):
+    return redis.Redis(port=port).info("replication").get("master_link_status") == "up"
+
+
+def start_pair(procs):
+    """A primary and its replica: (seed port, [(port, proc)] of primaries, of replicas)."""
+    primary = server(procs, "primary")
+    replica = server(procs, "replica", ("--replicaof", "127.0.0.1", str(primary[0])))
+    while not linked(replica[0]):
+        time.sleep(0.1)
+    return primary[0], [primary], [replica]
+
+
+def start_cluster(procs):
+    """3 primaries with a replica each, every replica linked."""
+    nodes = [server(procs, f"node{i}", ("--cluster-enabled", "yes", "--cluster-config-file",
+                                        os.path.join(procs.tmp, f"nodes-{i}.conf")))
+             for i in range(6)]
+    subprocess.run(["redis-cli", "--cluster", "create",
+                    *[f"127.0.0.1:{port}" for port, _ in nodes],
+                    "--cluster-replicas", "1", "--cluster-yes"],
+                   check=True, stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while True:
+        roles = {port: redis.Redis(port=port).info("replication")["role"] for port, _ in nodes}
+        ok = all("cluster_state:ok" in subprocess.run(
+            ["redis-cli", "-p", str(port), "CLUSTER", "INFO"], capture_output=True,
+            text=True).stdout for port, _ in nodes)
+        replicas = [n for n in nodes if roles[n[0]] == "slave"]
+        if ok and len(replicas) == 3 and all(linked(port) for port, _ in replicas):
+            break
+        if time.monotonic() > deadline:
+            sys.exit("the cluster did not come up")
+        time.sleep(0.2)
+    primaries = [n for n in nodes if roles[n[0]] == "master"]
+    return nodes[0][0], primaries, replicas
+
+
 def pct(values, p):
     s = sorted(values)
     return s[min(len(s) - 1, int(round(p / 100.0 * (len(s) - 1))))] if s else 0.0
 
 
-def cycles(port, mode, threads, secs):
+def cycles(port, mode, threads, secs, shape):
     lat, count, errors = [], [0], [0]
     lock = threading.Lock()
     stop = time.monotonic() + secs
@@ -75,7 +127,13 @@ def cycles(port, mode, threads, secs):
         while time.monotonic() < stop:
             key = f"lock:{mode}:{t}:{n % 64}"
             t0 = time.perf_counter()
-            got = c.set(key, "v", nx=True, px=10000)
+            if shape == "tx":
+                p = c.pipeline(transaction=True)
+                p.setnx(key, "v")
+                p.expire(key, 10)
+                got = p.execute()[0]
+            else:
+                got = c.set(key, "v", nx=True, px=10000)
             mine.append((time.perf_counter() - t0) * 1e3)
             if not got:
                 errors[0] += 1
@@ -99,25 +157,27 @@ def main():
     ap.add_argument("--threads", default="1,16")
     ap.add_argument("--secs", type=float, default=3.0)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--shape", choices=("set", "tx"), default="set")
+    ap.add_argument("--cluster", action="store_true")
     args = ap.parse_args()
     args.lockgate = os.path.abspath(args.lockgate)
     tmp = tempfile.mkdtemp(prefix="lockgate-replicas-ack.")
     procs = gate.Procs(tmp)
     try:
-        pport = gate.free_port()
-        primary = procs.start("primary", ["redis-server", "--port", str(pport), "--bind",
-                                          "127.0.0.1", "--save", "", "--appendonly", "no"])
-        gate.wait_ping(procs, "primary", primary, pport)
-        rport = gate.free_port()
-        replica = procs.start("replica", ["redis-server", "--port", str(rport), "--bind",
-                                          "127.0.0.1", "--save", "", "--appendonly", "no",
-                                          "--replicaof", "127.0.0.1", str(pport)])
-        gate.wait_ping(procs, "replica", replica, rport)
-        direct = redis.Redis(port=pport)
-        while direct.info("replication").get("connected_slaves", 0) < 1 or \
-                redis.Redis(port=rport).info("replication").get("master_link_status") != "up":
-            time.sleep(0.1)
-        lg = gate.start_lockgate(procs, args, "lockgate", pport, CONFIG, callgrind=False)
+        if args.cluster:
+            seed, primaries, replicas = start_cluster(procs)
+        else:
+            seed, primaries, replicas = start_pair(procs)
+        lg = gate.start_lockgate(procs, args, "lockgate", seed, CONFIG, callgrind=False,
+                                 cluster=args.cluster)
+        direct = [redis.Redis(port=port) for port, _ in primaries]
+
+        def commands_all():
+            return sum(commands(r) for r in direct)
+
+        def cpu_of(nodes):
+            return sum(cpu_s(p.pid) for _, p in nodes)
+
         print("| threads | round | keys | cycles/s | acquisition p50 / p99 ms | primary CPU µs/cycle "
               "| primary commands/cycle | replica CPU µs/cycle | rounds/acquisition |")
         print("|--:|--:|---|--:|--:|--:|--:|--:|--:|")
@@ -126,10 +186,10 @@ def main():
                                       range(args.rounds)):
             row = {}
             for mode in ("plain", "acked"):
-                c0, p0, r0 = commands(direct), cpu_s(primary.pid), cpu_s(replica.pid)
+                c0, p0, r0 = commands_all(), cpu_of(primaries), cpu_of(replicas)
                 k0 = metric(lg.port, "lock_replica_ack_rounds")
-                n, lat, errors = cycles(lg.port, mode, t, args.secs)
-                c1, p1, r1 = commands(direct), cpu_s(primary.pid), cpu_s(replica.pid)
+                n, lat, errors = cycles(lg.port, mode, t, args.secs, args.shape)
+                c1, p1, r1 = commands_all(), cpu_of(primaries), cpu_of(replicas)
                 k1 = metric(lg.port, "lock_replica_ack_rounds")
                 n = max(n, 1)
                 row[mode] = (n / args.secs, pct(lat, 50), pct(lat, 99),
@@ -145,7 +205,8 @@ def main():
             text = ", ".join(f"latency p50 {x:.2f}×, primary CPU {y:.2f}×, throughput {z:.2f}×"
                              for x, y, z in rs)
             print(f"acked ÷ plain, {t} threads: {text}")
-        print(f"(load average {os.getloadavg()[0]:.2f})")
+        where = "a 3-primary cluster" if args.cluster else "a primary and its replica"
+        print(f"(shape {args.shape}, {where}; load average {os.getloadavg()[0]:.2f})")
     finally:
         procs.stop_all()
         shutil.rmtree(tmp, ignore_errors=True)
