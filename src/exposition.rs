@@ -362,7 +362,7 @@ fn eviction_families(ctx: &ServerContext, e: &mut DescriptorEncoder) -> std::fmt
     };
     let mut unsafe_ = e.encode_descriptor(
         "upstream_unsafe",
-        "Risks each Redis holding the locks shows, 1 while each holds: replicas_without_min_replicas_to_write, no_aof, restarted (acquisitions held for locks.failover_delay_ms), second_primary (a former primary still accepts writes)",
+        "Risks each Redis holding the locks shows, 1 while each holds: replicas_without_min_replicas_to_write, no_aof, restarted (acquisitions held for locks.failover_delay_ms), second_primary (a former primary still accepts writes), writable_replica (a replica accepts writes: replica-read-only no)",
         None,
         MetricType::Gauge,
     )?;

@@ -356,6 +356,7 @@ pub fn primary(ctx: &ServerContext) -> LocalReply {
             ),
         ),
         ("second_primaries", text(&second_primaries(ctx).join(","))),
+        ("writable_replicas", text(&writable_replicas(ctx).join(","))),
         ("unsafe", text(&unsafe_signals(ctx).join(","))),
     ])
 }
@@ -367,6 +368,13 @@ fn second_primaries(ctx: &ServerContext) -> Vec<String> {
     (formers.still_primaries().iter())
         .map(|a| a.to_string())
         .collect()
+}
+
+/// The primary's replicas that accept writes
+/// ([`crate::lock::eviction::writable`]).
+fn writable_replicas(ctx: &ServerContext) -> Vec<String> {
+    let writable = ctx.primary_memory.safety.writable.writable();
+    writable.iter().map(|a| a.to_string()).collect()
 }
 
 /// `yes`, `no`, or `unknown` (not read).
@@ -407,6 +415,7 @@ pub fn primary_json(ctx: &ServerContext) -> serde_json::Value {
         "min_replicas_to_write": yes_no(ctx.primary_memory.safety.reading().map(|s| s.min_replicas)),
         "aof": yes_no(ctx.primary_memory.safety.reading().map(|s| s.aof)),
         "second_primaries": second_primaries(ctx),
+        "writable_replicas": writable_replicas(ctx),
         "unsafe": unsafe_signals(ctx),
     })
 }

@@ -110,10 +110,12 @@ pub struct LocksConfig {
     /// demoted primary not yet reconfigured: two nodes of the set accept
     /// writes, and a lock granted on one is unknown to the other): `-ERR
     /// lockgate: locks refused on the primary …: the former primary …
-    /// still accepts writes (locks.require_one_primary)`. Asked every
-    /// `eviction_check_ms`; served again once it answers as a replica, or
-    /// has been unreachable for 10 minutes. Not used with the quorum.
-    /// false: only shown and warned about. Reloadable.
+    /// still accepts writes (locks.require_one_primary)`; and while a
+    /// replica of the primary accepts writes (`replica-read-only no`: its
+    /// writes never reach the primary). Asked every `eviction_check_ms`;
+    /// served again once it answers as a replica (read-only), or has been
+    /// unreachable for 10 minutes. Not used with the quorum. false: only
+    /// shown and warned about. Reloadable.
     pub require_one_primary: bool,
     /// How often lockgate reads `maxmemory-policy` and `evicted_keys` of
     /// the primary and of each lock master (ms; one round trip per Redis),

@@ -820,6 +820,7 @@ impl LockService {
             rules.required,
             safety.reading(),
             &safety.formers.still_primaries(),
+            &safety.writable.writable(),
             primary.as_deref().unwrap_or("(none)"),
         )
     }

@@ -5,7 +5,9 @@
 //! `locks.require_min_replicas` / `locks.require_persistence`, and served
 //! again, without a restart, once `CONFIG SET` fixes each; a primary
 //! restarted (another `run_id` at its address) holds acquisitions for
-//! `locks.failover_delay_ms`, then grants them.
+//! `locks.failover_delay_ms`, then grants them; a replica that accepts
+//! writes (`replica-read-only no`) named and, with
+//! `locks.require_one_primary`, refused until it is read-only again.
 
 use crate::support;
 
@@ -94,6 +96,74 @@ async fn each_risk_is_named_refused_and_served_again_once_fixed() {
     assert_eq!(primary_field(&mut admin, "unsafe").await, "");
     // Releases always pass.
     assert_eq!(app.call_s(&["DEL", "lock:s"]).await, ":1\r\n");
+    lg.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_accepting_writes_is_named_and_refused_until_read_only() {
+    let (primary, replica) = Group::pair().await;
+    let mut config = base_config(&primary.addr());
+    config.locks.eviction_check_ms = 50;
+    config.locks.require_one_primary = true;
+    let lg = Ops::start(config).await;
+    let mut app = lg.client().await;
+    let mut admin = lg.client().await;
+    let mut at_replica = RawClient::connect(replica.addr()).await;
+    until!(
+        "the primary's replication read",
+        primary_field(&mut admin, "replicas").await == "1"
+    );
+    assert_eq!(app.call_s(&["SETNX", "lock:w", "v"]).await, ":1\r\n");
+    assert_eq!(primary_field(&mut admin, "writable_replicas").await, "");
+    // The replica takes writes: a second node of the set accepts them.
+    let writable = ["CONFIG", "SET", "replica-read-only", "no"];
+    assert_eq!(at_replica.call_s(&writable).await, "+OK\r\n");
+    until!(
+        "the writable replica named",
+        primary_field(&mut admin, "writable_replicas").await == replica.addr()
+    );
+    assert!(
+        (primary_field(&mut admin, "unsafe").await).contains("writable_replica"),
+        "not in unsafe"
+    );
+    let labels = [
+        ("role", "primary"),
+        ("node", &primary.addr()),
+        ("signal", "writable_replica"),
+    ];
+    assert_eq!(
+        lg.metrics()
+            .await
+            .value("lockgate_upstream_unsafe", &labels),
+        1.0
+    );
+    let status = lg.status_json().await;
+    assert_eq!(
+        status["primary"]["writable_replicas"][0],
+        replica.addr().as_str(),
+        "{status}"
+    );
+    assert_eq!(
+        app.call_s(&["SETNX", "lock:w2", "v"]).await,
+        format!(
+            "-ERR lockgate: locks refused on the primary {}: its replica {} accepts writes, replica-read-only no (locks.require_one_primary)\r\n",
+            primary.addr(),
+            replica.addr()
+        )
+    );
+    // Releases always pass.
+    assert_eq!(app.call_s(&["DEL", "lock:w"]).await, ":1\r\n");
+    // Read-only again: served at the next check, no restart.
+    let fixed = ["CONFIG", "SET", "replica-read-only", "yes"];
+    assert_eq!(at_replica.call_s(&fixed).await, "+OK\r\n");
+    until!(
+        "the replica read-only again",
+        primary_field(&mut admin, "writable_replicas")
+            .await
+            .is_empty()
+    );
+    assert_eq!(app.call_s(&["SETNX", "lock:w2", "v"]).await, ":1\r\n");
+    assert!(!(primary_field(&mut admin, "unsafe").await).contains("writable_replica"));
     lg.stop().await;
 }
 

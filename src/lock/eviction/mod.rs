@@ -36,6 +36,7 @@
 pub mod formers;
 pub mod safety;
 pub mod watch;
+pub mod writable;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -342,10 +343,14 @@ counters! {
         /// `locks.require_persistence` or `locks.require_one_primary`
         /// ([`safety`]).
         safety_refused: Counter "lock_safety_refused",
-            "Lock commands refused: the primary has replicas and no min-replicas-to-write (locks.require_min_replicas), no append-only file (locks.require_persistence), or a former primary still accepts writes (locks.require_one_primary)";
+            "Lock commands refused: the primary has replicas and no min-replicas-to-write (locks.require_min_replicas), no append-only file (locks.require_persistence), or another node of its set accepts writes (locks.require_one_primary)";
         /// Reads of a node's policy and `evicted_keys` that failed.
         check_failures: Counter "upstream_eviction_check_failures",
             "Periodic reads of a Redis's maxmemory-policy and evicted_keys that got no answer";
+        /// Replicas of the primary not asked whether they accept writes:
+        /// more than `writable::MAX_ASKED` listed ([`writable`]).
+        replicas_unasked: Counter "upstream_replicas_unasked",
+            "Replicas of the primary not asked whether they accept writes (more than 16 listed), per check";
     }
 }
 

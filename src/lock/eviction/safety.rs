@@ -15,6 +15,12 @@
 //!   `locks.failover_delay_ms` as after a switch of the primary (the
 //!   Redlock article's "delayed restart"), counted with the switch's.
 //!
+//! Beside these, the set's other writable nodes, asked on connections of
+//! their own: a former primary still answering as one
+//! ([`super::formers`], `second_primary`) and a replica that accepts
+//! writes ([`super::writable`], `writable_replica`); both refused by
+//! `locks.require_one_primary`.
+//!
 //! Each is shown (`LOCKGATE PRIMARY`, `/status.json`, the gauge
 //! `upstream_unsafe{role,node,signal}`) and logged (rate-limited);
 //! `locks.require_min_replicas` and `locks.require_persistence` refuse
@@ -66,6 +72,8 @@ pub struct SafetyState {
     /// The primaries it followed before, watched until they stop
     /// accepting writes ([`super::formers`]).
     pub formers: super::formers::Formers,
+    /// Its replicas, and those that accept writes ([`super::writable`]).
+    pub writable: super::writable::Writable,
 }
 
 impl Default for SafetyState {
@@ -79,6 +87,7 @@ impl Default for SafetyState {
             warn: RateLimit::new(Duration::from_secs(60)),
             refuse_warn: RateLimit::new(Duration::from_secs(10)),
             formers: super::formers::Formers::default(),
+            writable: super::writable::Writable::default(),
         }
     }
 }
@@ -157,6 +166,9 @@ impl SafetyState {
         if !self.formers.still_primaries().is_empty() {
             out.push("second_primary");
         }
+        if !self.writable.writable().is_empty() {
+            out.push("writable_replica");
+        }
         out
     }
 }
@@ -197,18 +209,24 @@ impl Required {
 
 /// Why lock grants on the primary at `primary` are refused, by what is
 /// `required`, given its latest `reading` (`None`: not read, or refused:
-/// nothing says it is safe) and the former primaries that still answer as
-/// primaries (`others`): the error text without `ERR `, `None` when
-/// nothing refuses.
+/// nothing says it is safe), the former primaries that still answer as
+/// primaries (`others`) and its replicas that accept writes (`writable`):
+/// the error text without `ERR `, `None` when nothing refuses.
 pub fn refused_because(
     required: Required,
     reading: Option<Safety>,
     others: &[Arc<str>],
+    writable: &[Arc<str>],
     primary: &str,
 ) -> Option<String> {
     if let (true, Some(other)) = (required.one_primary, others.first()) {
         return Some(format!(
             "lockgate: locks refused on the primary {primary}: the former primary {other} still accepts writes (locks.require_one_primary)"
+        ));
+    }
+    if let (true, Some(replica)) = (required.one_primary, writable.first()) {
+        return Some(format!(
+            "lockgate: locks refused on the primary {primary}: its replica {replica} accepts writes, replica-read-only no (locks.require_one_primary)"
         ));
     }
     let (min_replicas, persistence) = (required.min_replicas, required.persistence);
@@ -232,11 +250,12 @@ pub fn refused_because(
 }
 
 /// Every signal [`SafetyState::named`] may name, for the gauge.
-pub const SIGNALS: [&str; 4] = [
+pub const SIGNALS: [&str; 5] = [
     "replicas_without_min_replicas_to_write",
     "no_aof",
     "restarted",
     "second_primary",
+    "writable_replica",
 ];
 
 #[cfg(test)]
@@ -310,7 +329,7 @@ mod tests {
                 persistence: persist,
                 one_primary: false,
             };
-            let got = refused_because(required, reading, &[], p);
+            let got = refused_because(required, reading, &[], &[], p);
             let want = want.map(|w| format!("lockgate: locks refused on the primary {p}: {w}"));
             assert_eq!(got, want, "{what}");
         }
@@ -320,11 +339,18 @@ mod tests {
             one_primary: true,
             ..Required::default()
         };
-        let got = refused_because(one, s(1, true, true), &other, p);
+        let got = refused_because(one, s(1, true, true), &other, &[], p);
         let want = "lockgate: locks refused on the primary 127.0.0.1:1: the former primary 127.0.0.1:2 still accepts writes (locks.require_one_primary)";
         assert_eq!(got.as_deref(), Some(want));
-        assert_eq!(refused_because(one, s(1, true, true), &[], p), None);
-        assert_eq!(refused_because(Required::default(), None, &other, p), None);
+        assert_eq!(refused_because(one, s(1, true, true), &[], &[], p), None);
+        assert_eq!(
+            refused_because(Required::default(), None, &other, &other, p),
+            None
+        );
+        // A replica accepting writes: the same.
+        let got = refused_because(one, s(1, true, true), &[], &other, p);
+        let want = "lockgate: locks refused on the primary 127.0.0.1:1: its replica 127.0.0.1:2 accepts writes, replica-read-only no (locks.require_one_primary)";
+        assert_eq!(got.as_deref(), Some(want));
     }
 
     #[test]

@@ -7,7 +7,8 @@
 //! connection timeout. A node that is down is skipped (its next connection
 //! reads the policy as it opens). The check is what lets a fixed policy
 //! serve locks again without a restart. In the same interval the
-//! primary's former primaries are asked their role ([`super::formers`]).
+//! primary's former primaries are asked their role ([`super::formers`]),
+//! and its replicas whether they accept writes ([`super::writable`]).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -57,10 +58,33 @@ async fn run(
         let checks = (nodes.iter()).map(|(n, memory)| check(n, memory, eviction, timeout));
         let formers = async {
             if let Some((template, memory)) = formers {
-                check_formers(template, memory).await;
+                tokio::join!(
+                    check_formers(template, memory),
+                    check_replicas(template, memory)
+                );
             }
         };
         tokio::join!(futures_util::future::join_all(checks), formers);
+    }
+}
+
+/// Asks the primary's replicas whether they accept writes
+/// ([`super::writable`]), all in parallel, each bounded by the connect
+/// timeout per step; logs (rate-limited) one that does.
+async fn check_replicas(template: &NodeConfig, memory: &Memory) {
+    let writable = &memory.safety.writable;
+    let addrs = writable.addrs();
+    let asked = addrs.iter().map(|a| super::writable::ask(template, a));
+    let answers = futures_util::future::join_all(asked).await;
+    writable.answered(&addrs, &answers);
+    if let Some(replica) = writable.writable().first() {
+        if let Some(more) = writable.warn.check() {
+            tracing::warn!(
+                replica = &**replica,
+                suppressed = more,
+                "a replica of the primary accepts writes (replica-read-only no): a lock key written there is unknown to the primary (see locks.require_one_primary)"
+            );
+        }
     }
 }
 
@@ -131,6 +155,8 @@ pub async fn check(node: &Node, memory: &Memory, eviction: &Eviction, timeout: D
             }
         }
     }
+    let unasked = &eviction.metrics.replicas_unasked;
+    memory.safety.writable.listed(&replication, unasked);
     let sample = sample.with_safety(&replication, &persistence);
     let run_id = sync::lock(&state.run_id).clone();
     // Dropped if another connection opened meanwhile: its own reading,
