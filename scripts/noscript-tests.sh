@@ -84,6 +84,9 @@ SKIP=(
 	cluster_clients::
 	# Replica acknowledgement in front of a cluster: its locks need scripts.
 	replicas_ack_cluster::
+	# A disputed slot's refusal is shown with locks, which need scripts on
+	# a cluster.
+	cluster_disputes::
 	# Guarded writes run as scripts (on a server that refuses them they
 	# are refused or passed unchecked: locks_scriptless tests that).
 	guarded_faults::

@@ -287,7 +287,9 @@ async fn status(
             "replicas": n.replicas,
             "up": n.up,
             "held_ms": n.held_ms,
+            "disputes": n.disputes,
         })).collect::<Vec<_>>(),
+        "cluster_disputes": ctx.cluster.iter().flat_map(|c| c.disputes()).map(|d| d.describe()).collect::<Vec<_>>(),
     });
     (
         [(header::CONTENT_TYPE, "application/json")],

@@ -203,7 +203,7 @@ fn help() -> LocalReply {
         "PRIMARY",
         "    The primary in force and its switches.",
         "NODES",
-        "    In front of a Redis Cluster, each primary: addr, slots, replicas, state, failover_hold_ms.",
+        "    In front of a Redis Cluster, each primary: addr, slots, replicas, state, failover_hold_ms, disputes.",
         "UNMATCHED [<count>]",
         "    Key prefixes of SETNX-like commands no lock pattern matched: prefix, commands.",
         "CONFIG [<pattern>|TOML]",

@@ -233,8 +233,9 @@ fn primary_refused(ctx: &ServerContext) -> String {
 /// force, a record each: `addr`, `slots` (ranges), `replicas`, `state`
 /// (`up` or `down`: lockgate's last connection attempt), and
 /// `failover_hold_ms` (how long its slots' lock acquisitions are still
-/// held back after a failover promoted it; 0: not). Empty in front of one
-/// primary.
+/// held back after a failover promoted it; 0: not), and `disputes` (the
+/// slot ranges its nodes disagree about that it is party to,
+/// [`crate::upstream::cluster::Dispute`]). Empty in front of one primary.
 pub fn nodes(ctx: &ServerContext) -> LocalReply {
     let Some(cluster) = &ctx.cluster else {
         return LocalReply::Array(Vec::new());
@@ -250,6 +251,7 @@ pub fn nodes(ctx: &ServerContext) -> LocalReply {
                     ("replicas", text(&n.replicas)),
                     ("state", text(if n.up { "up" } else { "down" })),
                     ("failover_hold_ms", int(n.held_ms)),
+                    ("disputes", text(&n.disputes)),
                 ])
             })
             .collect(),

@@ -75,6 +75,19 @@ impl SlotMap {
         (self.shards.len() - 1) as u16
     }
 
+    /// A map of `ranges` (first slot, last slot, primary, replicas), for
+    /// tests elsewhere.
+    #[cfg(test)]
+    pub(crate) fn from_ranges(ranges: &[(u16, u16, &str, &[&str])]) -> SlotMap {
+        let mut map = SlotMap::empty();
+        for (first, last, primary, replicas) in ranges {
+            let replicas = replicas.iter().map(|r| r.to_string()).collect();
+            let shard = map.shard(primary.to_string(), replicas);
+            let _ = map.serve(i64::from(*first), i64::from(*last), shard);
+        }
+        map
+    }
+
     fn serve(&mut self, first: i64, last: i64, shard: u16) -> Result<(), MapError> {
         let range = 0..i64::from(SLOTS);
         if !range.contains(&first) || !range.contains(&last) || first > last {

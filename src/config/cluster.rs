@@ -27,6 +27,13 @@ pub struct ClusterConfig {
     /// Most redirections (`MOVED`, `ASK`) one command follows before its
     /// client is answered with the last one as an error (1 to 16).
     pub max_redirects: u32,
+    /// How often every node lockgate knows is asked its own slot map and
+    /// the answers compared, in milliseconds: slots two nodes name
+    /// different primaries for, twice in a row, are named disputed and,
+    /// with `locks.require_one_primary`, refused lock grants
+    /// (docs/cluster.md). One short connection per node per check (at
+    /// most 64 nodes). 0: off; else at least 10.
+    pub views_check_ms: u64,
 }
 
 impl Default for ClusterConfig {
@@ -36,6 +43,7 @@ impl Default for ClusterConfig {
             refresh_interval_ms: 5_000,
             refresh_min_gap_ms: 100,
             max_redirects: 5,
+            views_check_ms: 1_000,
         }
     }
 }
@@ -70,6 +78,12 @@ impl ClusterConfig {
             return Err(invalid(
                 "upstream.cluster.refresh_min_gap_ms",
                 "must not exceed upstream.cluster.refresh_interval_ms",
+            ));
+        }
+        if (1..10).contains(&self.views_check_ms) {
+            return Err(invalid(
+                "upstream.cluster.views_check_ms",
+                "must be 0 (off) or at least 10",
             ));
         }
         if !(1..=MAX_REDIRECTS).contains(&self.max_redirects) {

@@ -52,7 +52,8 @@
 //!   of the primary), [`replicas`] (a grant answered only once the
 //!   primary's replicas hold it, `locks.replicas_ack`; the shorter hold
 //!   after a switch), [`eviction`] (each store's `maxmemory-policy`, and
-//!   what else may lose a lock on the primary),
+//!   what else may lose a lock on the primary), `disputed` (grants
+//!   refused in a slot a cluster's nodes disagree about),
 //!   `forget` (what a forwarded command changed behind the room's back:
 //!   [`Forget`], [`Database`]), [`reconcile`] (owner records made true to
 //!   what a client's own script, a lock library's release or extension,
@@ -65,6 +66,7 @@
 pub(crate) mod admit;
 pub(crate) mod announce;
 pub mod conns;
+mod disputed;
 pub(crate) mod evalsha;
 pub use evalsha::eval_on;
 pub(crate) mod eviction;

@@ -417,6 +417,14 @@ impl LockService {
         if let Some(reply) = self.refused_for_eviction(op) {
             return Attempt::Refused(reply);
         }
+        // Nodes of the cluster disagreeing about the lock's slot
+        // (`locks.require_one_primary`; releases pass).
+        if !matches!(op, LockOp::Release { .. }) {
+            let mut keys = op.lock_keys();
+            if let Some(reply) = keys.find_map(|k| self.refused_for_dispute(k)) {
+                return Attempt::Refused(reply);
+            }
+        }
         let acquirer = || -> Arc<dyn Acquirer> { self.clone() };
         if seat.ahead && !seat.in_multi {
             if let Some(early) = self.behind_attempt(op, seat.conn) {
@@ -743,17 +751,21 @@ impl LockService {
             (FenceCall::Lock { at, .. }, None) if self.held_after_failover(&at.key) => {
                 LocalReply::Null
             }
-            (FenceCall::Lock { at, ttl_ms }, None) => match self.eviction_refusal() {
-                Some(refused) => refused,
-                None => self.fence_lock(node, at, ttl_ms, timeout).await,
-            },
+            (FenceCall::Lock { at, ttl_ms }, None) => {
+                match (self.eviction_refusal()).or_else(|| self.refused_for_dispute(&at.key)) {
+                    Some(refused) => refused,
+                    None => self.fence_lock(node, at, ttl_ms, timeout).await,
+                }
+            }
             (FenceCall::Unlock { key, token }, None) => {
                 self.fence_unlock(node, key, token, timeout).await
             }
-            (FenceCall::Extend { key, token, ttl_ms }, None) => match self.eviction_refusal() {
-                Some(refused) => refused,
-                None => self.fence_extend(node, key, token, ttl_ms, timeout).await,
-            },
+            (FenceCall::Extend { key, token, ttl_ms }, None) => {
+                match (self.eviction_refusal()).or_else(|| self.refused_for_dispute(&key)) {
+                    Some(refused) => refused,
+                    None => self.fence_extend(node, key, token, ttl_ms, timeout).await,
+                }
+            }
         }
     }
 
@@ -900,8 +912,9 @@ impl Acquirer for LockService {
                 return Tried::FAILED;
             }
             // Nor on a primary that may evict the lock
-            // (`locks.require_noeviction`): tried again at the next probe.
-            if self.eviction_refusal().is_some() {
+            // (`locks.require_noeviction`), nor in a slot the cluster's
+            // nodes disagree about: tried again at the next probe.
+            if self.eviction_refusal().is_some() || self.refused_for_dispute(&ask.key).is_some() {
                 return Tried::FAILED;
             }
             let store = &self.store;

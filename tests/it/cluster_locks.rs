@@ -436,7 +436,7 @@ async fn an_operator_sees_and_releases_locks_on_every_shard() {
     assert_eq!(resp3.call_raw(&["HELLO", "3"]).await[0], b'%');
     let raw = resp3.call_raw(&["LOCKGATE", "NODES"]).await;
     assert!(
-        raw.starts_with(b"*3\r\n%5\r\n"),
+        raw.starts_with(b"*3\r\n%6\r\n"),
         "{}",
         String::from_utf8_lossy(&raw)
     );
@@ -444,7 +444,14 @@ async fn an_operator_sees_and_releases_locks_on_every_shard() {
     for (a, b) in two.items().iter().zip(Resp::parse(&raw).items()) {
         assert_eq!(
             a.fields(),
-            ["addr", "slots", "replicas", "state", "failover_hold_ms"]
+            [
+                "addr",
+                "slots",
+                "replicas",
+                "state",
+                "failover_hold_ms",
+                "disputes"
+            ]
         );
         assert_eq!(a, b, "the same record in both protocols");
     }

@@ -19,6 +19,7 @@ mod binary;
 mod blocking;
 mod clients;
 mod cluster_clients;
+mod cluster_disputes;
 mod cluster_locks;
 mod cluster_map;
 mod cluster_partition;

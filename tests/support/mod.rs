@@ -43,6 +43,7 @@ pub mod abusive;
 pub mod binary;
 pub mod browser;
 pub mod cluster;
+pub mod cut_cluster;
 pub mod failover_load;
 pub mod history;
 pub mod locks;

@@ -18,7 +18,7 @@
 //! reads end; its writes still go through). The relay is a scripted part
 //! only in the sense that a network is: both ends are real processes.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -27,6 +27,9 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+
+/// The connections a relay carries, each with its peer's address.
+type Conns = Arc<Mutex<Vec<(IpAddr, JoinHandle<()>)>>>;
 
 /// What the path does now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,7 +54,9 @@ pub struct Relay {
     /// Per connection: a FIN towards the connecting side.
     half_close: watch::Sender<u64>,
     accept: JoinHandle<()>,
-    conns: Arc<Mutex<Vec<JoinHandle<()>>>>,
+    conns: Conns,
+    /// Connections from this address are refused ([`Relay::refuse_from`]).
+    refused: Arc<Mutex<Option<IpAddr>>>,
 }
 
 impl Relay {
@@ -61,22 +66,25 @@ impl Relay {
         let addr = listener.local_addr().expect("relay addr");
         let (mode, _) = watch::channel(Mode::Pass);
         let (half_close, _) = watch::channel(0u64);
-        let conns: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
+        let conns: Conns = Arc::default();
+        let refused: Arc<Mutex<Option<IpAddr>>> = Arc::default();
         let accept = {
             let (mode, half, conns) = (mode.subscribe(), half_close.subscribe(), conns.clone());
+            let refused = refused.clone();
             tokio::spawn(async move {
                 loop {
-                    let Ok((client, _)) = listener.accept().await else {
+                    let Ok((client, peer)) = listener.accept().await else {
                         continue;
                     };
-                    if *mode.borrow() == Mode::Cut {
+                    let from_refused = *refused.lock().expect("relay refused") == Some(peer.ip());
+                    if *mode.borrow() == Mode::Cut || from_refused {
                         drop(client);
                         continue;
                     }
                     let task = tokio::spawn(carry(client, target, mode.clone(), half.clone()));
                     let mut c = conns.lock().expect("relay conns");
-                    c.retain(|t| !t.is_finished());
-                    c.push(task);
+                    c.retain(|(_, t)| !t.is_finished());
+                    c.push((peer.ip(), task));
                 }
             })
         };
@@ -87,6 +95,21 @@ impl Relay {
             half_close,
             accept,
             conns,
+            refused,
+        }
+    }
+
+    /// Closes every connection from `ip` and refuses new ones (`None`:
+    /// none refused): a path cut for one peer only, told by the source
+    /// address it connects from (a redis-server's `bind-source-addr`).
+    pub fn refuse_from(&self, ip: Option<IpAddr>) {
+        *self.refused.lock().expect("relay refused") = ip;
+        if let Some(ip) = ip {
+            let mut conns = self.conns.lock().expect("relay conns");
+            for (_, t) in conns.iter().filter(|(from, _)| *from == ip) {
+                t.abort();
+            }
+            conns.retain(|(from, _)| *from != ip);
         }
     }
 
@@ -104,7 +127,7 @@ impl Relay {
     pub fn set(&self, mode: Mode) {
         self.mode.send_replace(mode);
         if mode == Mode::Cut {
-            for t in self.conns.lock().expect("relay conns").drain(..) {
+            for (_, t) in self.conns.lock().expect("relay conns").drain(..) {
                 t.abort();
             }
         }
@@ -128,7 +151,7 @@ impl Relay {
     /// Connections carried now.
     pub fn open(&self) -> usize {
         let mut c = self.conns.lock().expect("relay conns");
-        c.retain(|t| !t.is_finished());
+        c.retain(|(_, t)| !t.is_finished());
         c.len()
     }
 }
@@ -136,7 +159,7 @@ impl Relay {
 impl Drop for Relay {
     fn drop(&mut self) {
         self.accept.abort();
-        for t in self.conns.lock().expect("relay conns").drain(..) {
+        for (_, t) in self.conns.lock().expect("relay conns").drain(..) {
             t.abort();
         }
     }

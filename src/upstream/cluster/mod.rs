@@ -22,13 +22,18 @@
 //! followed by the lane that read them, at most
 //! `upstream.cluster.max_redirects` times per command: the client never
 //! sees one.
+//!
+//! Beside the map lockgate follows, every node's own view is read and
+//! compared ([`disputes`]): slots two nodes claim are named.
 
+mod disputes;
 mod lane;
 mod merge;
 mod pin;
 mod stream;
 pub mod topology;
 
+pub use disputes::Dispute;
 pub use stream::{ClusterRead, ClusterStream, ClusterWrite};
 
 use std::collections::HashMap;
@@ -114,6 +119,8 @@ counters! {
         unserved: Gauge "cluster_slots_unserved", "Slots no node serves in the slot map in force";
         /// Primaries in the map in force.
         primaries: Gauge "cluster_primaries", "Primaries in the slot map in force";
+        /// Slots nodes disagree about ([`disputes`]).
+        disputed: Gauge "cluster_disputed_slots", "Slots the cluster's nodes name different primaries for, two checks in a row (upstream.cluster.views_check_ms)";
     }
 }
 
@@ -167,6 +174,10 @@ pub(crate) struct Common {
     names: Mutex<std::collections::HashSet<Arc<str>>>,
     /// Wakes the map's reader early (a redirection, a node lost).
     refresh: Notify,
+    /// Slots the nodes disagree about ([`disputes`]).
+    pub(crate) disputes: disputes::Watch,
+    /// `upstream.cluster.views_check_ms` (zero: off).
+    views_check: Duration,
     pub(crate) metrics: Arc<ClusterMetrics>,
     pub(crate) warn: RateLimit,
     stop: CancellationToken,
@@ -206,6 +217,8 @@ impl Common {
             refresh_interval: Duration::from_millis(c.refresh_interval_ms),
             refresh_gap: Duration::from_millis(c.refresh_min_gap_ms),
             refresh: Notify::new(),
+            disputes: disputes::Watch::default(),
+            views_check: Duration::from_millis(c.views_check_ms),
             promoted: Mutex::new(Vec::new()),
             down: Mutex::new(std::collections::HashSet::new()),
             names: Mutex::new(std::collections::HashSet::new()),
@@ -512,6 +525,9 @@ pub struct NodeView {
     /// Lock acquisitions in its slots held back this much longer (ms)
     /// after a failover promoted it.
     pub held_ms: u64,
+    /// The disputes named now that it is party to (asked, or named as a
+    /// slot's primary), each [`Dispute::describe`]d, `; `-separated.
+    pub disputes: String,
 }
 
 /// The connections to a cluster's nodes and the way sessions get a
@@ -545,6 +561,9 @@ impl ClusterPool {
     ) -> Arc<ClusterPool> {
         let common = Arc::new(Common::new(config, connector, stop));
         tokio::spawn(refresher(common.clone()));
+        if !common.views_check.is_zero() {
+            tokio::spawn(disputes::run(common.clone(), common.views_check));
+        }
         Arc::new(ClusterPool {
             common,
             next: AtomicU64::new(0),
@@ -611,6 +630,16 @@ impl ClusterPool {
         delay
             .checked_sub(at.elapsed())
             .filter(|left| !left.is_zero())
+    }
+
+    /// The slot ranges the nodes disagree about now ([`disputes`]).
+    pub fn disputes(&self) -> Vec<Dispute> {
+        self.common.disputes.named()
+    }
+
+    /// The dispute over `key`'s slot named now, if any.
+    pub fn disputed(&self, key: &[u8]) -> Option<Dispute> {
+        self.common.disputes.of_key(key)
     }
 
     /// When the primary `node` (`HOST:PORT`) was seen promoted from a
@@ -690,6 +719,7 @@ impl ClusterPool {
         };
         let down = sync::lock(&self.common.down).clone();
         let promoted = sync::lock(&self.common.promoted).clone();
+        let disputes = self.common.disputes.named();
         let ranges = map.ranges();
         (map.shards().iter())
             .map(|shard| {
@@ -701,12 +731,21 @@ impl ClusterPool {
                     .find(|(p, _)| *p == shard.primary)
                     .and_then(|(_, at)| delay.checked_sub(at.elapsed()))
                     .map_or(0, |left| left.as_micros().div_ceil(1000) as u64);
+                let party = |d: &&Dispute| {
+                    (d.claims.iter()).any(|(n, p)| *n == shard.primary || *p == shard.primary)
+                };
+                let disputes: Vec<String> = disputes
+                    .iter()
+                    .filter(party)
+                    .map(Dispute::describe)
+                    .collect();
                 NodeView {
                     addr: shard.primary.clone(),
                     slots: slots.join(","),
                     replicas: shard.replicas.join(","),
                     up: !down.contains(shard.primary.as_str()),
                     held_ms,
+                    disputes: disputes.join("; "),
                 }
             })
             .collect()

@@ -50,7 +50,9 @@ pub(crate) async fn fetch_from(
     Err(TopologyError::Unreachable(why.join("; ")))
 }
 
-async fn fetch_one(config: &NodeConfig) -> Result<SlotMap, String> {
+/// The map the node `config` reaches answers (`CLUSTER SHARDS`, or
+/// `CLUSTER SLOTS` where it has none).
+pub(crate) async fn fetch_one(config: &NodeConfig) -> Result<SlotMap, String> {
     let mut stream = handshake(config).await?;
     let timeout = config.connect_timeout;
     let shards = request(
