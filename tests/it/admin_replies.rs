@@ -91,6 +91,7 @@ async fn every_admin_reply_is_a_record_in_both_protocols() {
                 "aof",
                 "restarts",
                 "second_primaries",
+                "writable_replicas",
                 "unsafe",
             ],
             &["addr", "followed", "switches", "maxmemory_policy"],

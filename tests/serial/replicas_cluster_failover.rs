@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use crate::support;
 use support::cluster::Cluster;
-use support::failover_load::{overlaps, refused_ms, worker, History};
+use support::failover_load;
 use support::locks::m;
 use support::resp::direct;
 
@@ -84,22 +84,10 @@ async fn a_shard_failover_under_load_never_makes_two_holders_and_acknowledged_ke
     let killed_at =
         (started + Duration::from_millis(HOLD_MS + 300)).max(Instant::now() + BEFORE_KILL);
     let until = killed_at + AFTER_KILL;
-    let histories: Vec<History> = keys.iter().map(|_| History::default()).collect();
-    let mut tasks = Vec::new();
-    for (k, key) in keys.iter().enumerate() {
-        for w in 0..WORKERS {
-            let history = histories[k].clone();
-            let id = k * WORKERS + w;
-            tasks.push(tokio::spawn(worker(
-                lg.addr, key, id, LEASE_MS, until, history,
-            )));
-        }
-    }
+    let (histories, tasks) = failover_load::spawn(lg.addr, &keys, WORKERS, LEASE_MS, until);
     tokio::time::sleep(killed_at.saturating_duration_since(Instant::now())).await;
     let killed = Instant::now();
-    let before: Vec<usize> = (histories.iter())
-        .map(|h| h.lock().expect("history").len())
-        .collect();
+    let before = failover_load::counts(&histories);
     (cluster.nodes.iter_mut())
         .find(|n| n.addr() == shard.primary)
         .expect("the shard's primary")
@@ -115,41 +103,7 @@ async fn a_shard_failover_under_load_never_makes_two_holders_and_acknowledged_ke
         shard.replicas
     );
     let acks = lg.ctx.locks.replica_acks();
-    let mut refused = Vec::new();
-    for (k, key) in keys.iter().enumerate() {
-        let history = histories[k].lock().expect("history").clone();
-        let bad = overlaps(&history, Duration::from_millis(LEASE_MS));
-        assert!(
-            bad.is_empty(),
-            "{key}: two holders at once: {:?}",
-            &bad[..1]
-        );
-        assert!(
-            before[k] > 10,
-            "{key}: only {} grants before the kill",
-            before[k]
-        );
-        let ms = refused_ms(&history, killed);
-        println!(
-            "{key}: {} grants before the kill, {} after; refused {ms:?} ms after the kill (failover_delay_ms {HOLD_MS})",
-            before[k],
-            history.len() - before[k],
-        );
-        refused.push(ms);
-    }
-    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    println!("load average: {}", load.trim());
-    let (Some(ack_ms), Some(plain_ms)) = (refused[0], refused[1]) else {
-        panic!("a key never granted after the kill: {refused:?}");
-    };
-    assert!(
-        plain_ms >= HOLD_MS,
-        "the plain key granted within the hold: {plain_ms} ms"
-    );
-    assert!(
-        ack_ms + 1_000 < plain_ms,
-        "the acknowledged key refused {ack_ms} ms, the plain one {plain_ms} ms"
-    );
+    failover_load::judge(&keys, &histories, &before, killed, LEASE_MS, HOLD_MS);
     assert!(m(&acks.unheld) > 0, "no acquisition skipped the hold");
     assert!(m(&pool.metrics().failovers) >= 1, "no failover seen");
     // The promoted replica holds the shard acker's marker: what vouched.

@@ -61,6 +61,15 @@ impl CutCluster {
             assert_eq!(direct(&n.addr(), &set).await, "+OK\r\n");
             ids.push(bulk(&direct(&n.addr(), &["CLUSTER", "MYID"]).await));
         }
+        // Each node's config epoch set before they meet, the replica's the
+        // highest: its takeover then claims the slots with an epoch above
+        // its primary's, which the others must see to follow it (epochs
+        // left to collide and settle may leave it equal, and nobody
+        // follows).
+        for (n, epoch) in nodes.iter().zip(["1", "2", "3", "4"]) {
+            let set = ["CLUSTER", "SET-CONFIG-EPOCH", epoch];
+            assert_eq!(direct(&n.addr(), &set).await, "+OK\r\n");
+        }
         let source = ["CONFIG", "SET", "bind-source-addr", CUT_SOURCE];
         assert_eq!(direct(&nodes[1].addr(), &source).await, "+OK\r\n");
         for (n, (from, to)) in nodes.iter().zip([(0, 5460), (5461, 10922), (10923, 16383)]) {

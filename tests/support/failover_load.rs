@@ -100,3 +100,85 @@ pub fn refused_ms(history: &[Held], killed: Instant) -> Option<u64> {
         .min()?;
     Some(first.duration_since(killed).as_millis() as u64)
 }
+
+/// Starts `workers` [`worker`]s per key of `keys` through `addr` until
+/// `until`: each key's history, and the tasks.
+pub fn spawn(
+    addr: std::net::SocketAddr,
+    keys: &[&'static str],
+    workers: usize,
+    lease_ms: u64,
+    until: Instant,
+) -> (Vec<History>, Vec<tokio::task::JoinHandle<()>>) {
+    let histories: Vec<History> = keys.iter().map(|_| History::default()).collect();
+    let mut tasks = Vec::new();
+    for (k, key) in keys.iter().enumerate() {
+        for w in 0..workers {
+            let history = histories[k].clone();
+            let id = k * workers + w;
+            tasks.push(tokio::spawn(worker(
+                addr, key, id, lease_ms, until, history,
+            )));
+        }
+    }
+    (histories, tasks)
+}
+
+/// Grants so far of each history.
+pub fn counts(histories: &[History]) -> Vec<usize> {
+    (histories.iter())
+        .map(|h| h.lock().expect("history").len())
+        .collect()
+}
+
+/// Judges the histories of an acknowledged key and a plain one (in that
+/// order) through a failover whose primary was killed at `killed`, with
+/// `before` grants each before it: never two holders within a lease,
+/// more than 10 grants each before the kill, the plain key refused for
+/// at least `hold_ms` and the acknowledged one over a second less. Prints
+/// the figures; returns how long each was refused after the kill (ms).
+pub fn judge(
+    keys: &[&str; 2],
+    histories: &[History],
+    before: &[usize],
+    killed: Instant,
+    lease_ms: u64,
+    hold_ms: u64,
+) -> (u64, u64) {
+    let mut refused = Vec::new();
+    for (k, key) in keys.iter().enumerate() {
+        let history = histories[k].lock().expect("history").clone();
+        let bad = overlaps(&history, Duration::from_millis(lease_ms));
+        assert!(
+            bad.is_empty(),
+            "{key}: two holders at once: {:?}",
+            &bad[..1]
+        );
+        assert!(
+            before[k] > 10,
+            "{key}: only {} grants before the kill",
+            before[k]
+        );
+        let ms = refused_ms(&history, killed);
+        println!(
+            "{key}: {} grants before the kill, {} after; refused {ms:?} ms after the kill (failover_delay_ms {hold_ms})",
+            before[k],
+            history.len() - before[k],
+        );
+        refused.push(ms);
+    }
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!("load average: {}", load.trim());
+    let (Some(ack_ms), Some(plain_ms)) = (refused[0], refused[1]) else {
+        panic!("a key never granted after the kill: {refused:?}");
+    };
+    assert!(
+        plain_ms >= hold_ms,
+        "the plain key granted within the hold: {plain_ms} ms"
+    );
+    assert!(
+        ack_ms + 1_000 < plain_ms,
+        "the acknowledged key refused {ack_ms} ms, the plain one {plain_ms} ms"
+    );
+    (ack_ms, plain_ms)
+}

@@ -140,20 +140,29 @@ impl Formers {
 /// Asks `addr` its `ROLE` on a new connection made as `template` says,
 /// within its connect timeout for each step.
 pub async fn ask(template: &NodeConfig, addr: &str) -> Answer {
+    match ask_once(template, addr, &[b"ROLE"]).await {
+        Some(reply) => read_role(&reply),
+        None => Answer::Unreachable,
+    }
+}
+
+/// `command`'s reply from `addr` on a new connection of lockgate's own
+/// made as `template` says (credentials, TLS), within its connect timeout
+/// for each step (`None`: no reply). The set's other nodes are asked
+/// this way ([`super::writable`] too): rarely, and never on a session's
+/// path.
+pub async fn ask_once(template: &NodeConfig, addr: &str, command: &[&[u8]]) -> Option<Vec<u8>> {
     let config = NodeConfig {
         addr: addr.to_string(),
         observer: None,
         follow: None,
         ..template.clone()
     };
-    let Ok(mut stream) = handshake(&config).await else {
-        return Answer::Unreachable;
-    };
-    let role = encode::command(&[b"ROLE"]);
-    match request(&mut stream, &role, config.connect_timeout).await {
-        Ok(reply) => read_role(&reply),
-        Err(_) => Answer::Unreachable,
-    }
+    let mut stream = handshake(&config).await.ok()?;
+    let command = encode::command(command);
+    request(&mut stream, &command, config.connect_timeout)
+        .await
+        .ok()
 }
 
 /// `ROLE`'s reply read: its first element names the role.

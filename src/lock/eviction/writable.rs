@@ -17,9 +17,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::metrics::RateLimit;
-use crate::protocol::encode;
 use crate::sync;
-use crate::upstream::node::{handshake, request, NodeConfig};
+use crate::upstream::node::NodeConfig;
 
 /// Most replicas asked per check; past it the rest are not asked (counted
 /// in `upstream_replicas_unasked`).
@@ -114,19 +113,10 @@ fn replicas_in(reply: &[u8]) -> Vec<String> {
 /// Asks `addr` whether it refuses writes, on a new connection made as
 /// `template` says, within its connect timeout for each step.
 pub async fn ask(template: &NodeConfig, addr: &str) -> ReadOnly {
-    let config = NodeConfig {
-        addr: addr.to_string(),
-        observer: None,
-        follow: None,
-        ..template.clone()
-    };
-    let Ok(mut stream) = handshake(&config).await else {
-        return ReadOnly::Unknown;
-    };
-    let get = encode::command(&[b"CONFIG", b"GET", b"replica-read-only"]);
-    match request(&mut stream, &get, config.connect_timeout).await {
-        Ok(reply) => read_only(&reply),
-        Err(_) => ReadOnly::Unknown,
+    let get: [&[u8]; 3] = [b"CONFIG", b"GET", b"replica-read-only"];
+    match super::formers::ask_once(template, addr, &get).await {
+        Some(reply) => read_only(&reply),
+        None => ReadOnly::Unknown,
     }
 }
 
