@@ -31,15 +31,15 @@ use crate::sync;
 use crate::upstream::node::NodeConfig;
 
 /// Most nodes asked per check (the map's first); past it the rest are
-/// not asked.
+/// not asked (counted in `cluster_views_unasked`).
 pub const MAX_ASKED: usize = 64;
 
 /// A node out of the map this long is no longer asked.
 pub const FORGET_AFTER: Duration = Duration::from_secs(600);
 
 /// Slots `first..=last` that the nodes asked name different primaries
-/// for: each claim is the node asked and the primary it names (`""`: it
-/// names none).
+/// for: each claim is a node asked and the primary it names (a node that
+/// names none is not among them).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Dispute {
     /// The range's first slot.
@@ -55,10 +55,7 @@ impl Dispute {
     /// refusal).
     pub fn describe(&self) -> String {
         let claims: Vec<String> = (self.claims.iter())
-            .map(|(node, said)| match said.as_str() {
-                "" => format!("{node} says none"),
-                p => format!("{node} says {p}"),
-            })
+            .map(|(node, said)| format!("{node} says {said}"))
             .collect();
         format!("{}-{}: {}", self.first, self.last, claims.join(", "))
     }
@@ -125,13 +122,14 @@ pub fn confirmed(before: &[Dispute], now: &[Dispute]) -> Vec<Dispute> {
 
 /// The nodes to ask: those of `map` (primaries, then replicas), then
 /// those `remembered` that were seen within [`FORGET_AFTER`] of `now`; at
-/// most [`MAX_ASKED`]. `remembered` becomes what is known now: the map's
-/// nodes seen at `now`, the others as they were, the forgotten dropped.
+/// most [`MAX_ASKED`], and how many more there were. `remembered`
+/// becomes what is known now: the map's nodes seen at `now`, the others
+/// as they were, the forgotten dropped.
 pub fn to_ask(
     map: Option<&SlotMap>,
     remembered: &mut Vec<(String, Instant)>,
     now: Instant,
-) -> Vec<String> {
+) -> (Vec<String>, usize) {
     let mut in_map: Vec<String> = Vec::new();
     if let Some(map) = map {
         for s in map.shards() {
@@ -149,8 +147,9 @@ pub fn to_ask(
     remembered.extend(in_map.into_iter().map(|n| (n, now)));
     remembered.truncate(MAX_ASKED * 2);
     asked.dedup();
+    let over = asked.len().saturating_sub(MAX_ASKED);
     asked.truncate(MAX_ASKED);
-    asked
+    (asked, over)
 }
 
 /// The check's state: the nodes known, what the last check found, and
@@ -217,10 +216,11 @@ pub(super) async fn run(common: Arc<Common>, every: Duration) {
             _ = tokio::time::sleep(every) => {}
         }
         let map = common.map();
-        let asked = {
+        let (asked, over) = {
             let mut known = sync::lock(&common.disputes.known);
             to_ask(map.as_deref(), &mut known, Instant::now())
         };
+        (common.metrics.views_unasked).fetch_add(over as u64, Ordering::Relaxed);
         let answers = asked.iter().map(|n| view_of(&common.node, n));
         let answers = futures_util::future::join_all(answers).await;
         let views: Views = (asked.into_iter().zip(answers))
@@ -323,11 +323,17 @@ mod tests {
         let first = SlotMap::from_ranges(&[(0, 16383, "a", &["b"])]);
         let after = SlotMap::from_ranges(&[(0, 16383, "b", &[])]);
         let mut known = Vec::new();
-        assert_eq!(to_ask(Some(&first), &mut known, t0), ["a", "b"]);
+        assert_eq!(to_ask(Some(&first), &mut known, t0).0, ["a", "b"]);
         // `a` left the map: still asked.
         let soon = t0 + Duration::from_secs(1);
-        assert_eq!(to_ask(Some(&after), &mut known, soon), ["b", "a"]);
+        assert_eq!(to_ask(Some(&after), &mut known, soon).0, ["b", "a"]);
         let late = t0 + FORGET_AFTER;
-        assert_eq!(to_ask(Some(&after), &mut known, late), ["b"]);
+        assert_eq!(to_ask(Some(&after), &mut known, late).0, ["b"]);
+        // Bounded: past `MAX_ASKED` the rest are counted, not asked.
+        let replicas: Vec<String> = (0..MAX_ASKED + 5).map(|i| format!("r{i}")).collect();
+        let refs: Vec<&str> = replicas.iter().map(String::as_str).collect();
+        let big = SlotMap::from_ranges(&[(0, 16383, "p", &refs)]);
+        let (asked, over) = to_ask(Some(&big), &mut Vec::new(), late);
+        assert_eq!((asked.len(), over), (MAX_ASKED, 6));
     }
 }

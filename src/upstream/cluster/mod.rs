@@ -121,6 +121,8 @@ counters! {
         primaries: Gauge "cluster_primaries", "Primaries in the slot map in force";
         /// Slots nodes disagree about ([`disputes`]).
         disputed: Gauge "cluster_disputed_slots", "Slots the cluster's nodes name different primaries for, two checks in a row (upstream.cluster.views_check_ms)";
+        /// Nodes not asked their view: past `disputes::MAX_ASKED`.
+        views_unasked: Counter "cluster_views_unasked", "Nodes not asked their own slot map in a check: more than 64 known (upstream.cluster.views_check_ms)";
     }
 }
 
