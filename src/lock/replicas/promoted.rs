@@ -22,9 +22,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use super::switch::{needs, unheld, Vouch};
+use super::switch::{needs, Vouch};
 use crate::cluster::slot::key_slot;
-use crate::metrics::ProxyMetrics;
 use crate::sync;
 use crate::upstream::cluster::ClusterPool;
 
@@ -94,10 +93,6 @@ impl crate::lock::LockService {
                 r.shard_checks.concluded(&node, at, vouch);
             });
         }
-        let go = unheld(vouch, replicas.acks_since(), at, self.failover_delay());
-        if go {
-            ProxyMetrics::inc(&replicas.metrics.unheld);
-        }
-        go
+        replicas.let_through(vouch, at, self.failover_delay())
     }
 }

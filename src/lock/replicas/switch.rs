@@ -129,6 +129,17 @@ impl Replicas {
         *sync::lock(&self.acks_since) = Instant::now();
     }
 
+    /// [`unheld`] for a check that concluded `vouch` about a switch at
+    /// `at`, with the acknowledgement settings' age and the failover
+    /// `delay`; counted when it lets an acquisition through.
+    pub(super) fn let_through(&self, vouch: Vouch, at: Instant, delay: Duration) -> bool {
+        let go = unheld(vouch, self.acks_since(), at, delay);
+        if go {
+            ProxyMetrics::inc(&self.metrics.unheld);
+        }
+        go
+    }
+
     /// Since when the acknowledgement settings in force apply.
     pub fn acks_since(&self) -> Instant {
         *sync::lock(&self.acks_since)
@@ -236,16 +247,7 @@ impl crate::lock::LockService {
                 r.concluded(generation, vouch);
             });
         }
-        let go = unheld(
-            vouch,
-            replicas.acks_since(),
-            switched_at,
-            self.failover_delay(),
-        );
-        if go {
-            ProxyMetrics::inc(&replicas.metrics.unheld);
-        }
-        go
+        replicas.let_through(vouch, switched_at, self.failover_delay())
     }
 }
 
