@@ -54,22 +54,32 @@ fn is_spare(line: &str) -> bool {
 /// their ids. The shared connections must be open and named first: a
 /// shared connection opened but not yet through its `CLIENT SETNAME` is
 /// unnamed and idle as a spare is, and was once counted as one while a
-/// spare was still in Redis's accept queue (a clean-clone CI here).
+/// spare was still in Redis's accept queue (a clean-clone CI here). The
+/// same ids must be listed twice in a row: another short connection of
+/// lockgate's own, accepted but not yet through its first command, looks
+/// like a spare too, and once stood in for a spare still in the accept
+/// queue (a clean-clone CI again: "a spare taken").
 async fn spares_ready(lg: &Lockgate, redis: &RedisServer, n: usize) -> Vec<String> {
     let gauge = &lg.ctx.upstream_conns.spare_open;
     let shared_open = &lg.ctx.upstream_conns.shared_open;
-    let mut ids: Vec<String>;
+    let mut ids: Vec<String> = Vec::new();
+    let mut before: Vec<String>;
     crate::until!(format!("{n} spares (have {})", ids.len()), {
         let lines = client_list(redis).await;
         let named = (lines.iter())
             .filter(|l| l.contains("name=lockgate-shared"))
             .count() as u64;
+        before = std::mem::take(&mut ids);
         ids = (lines.iter())
             .filter(|l| is_spare(l))
             .map(|l| field(l, "id").to_string())
             .collect();
         let shared = shared_open.load(Ordering::Relaxed);
-        shared > 0 && named == shared && ids.len() == n && gauge.load(Ordering::Relaxed) == n as u64
+        shared > 0
+            && named == shared
+            && ids.len() == n
+            && ids == before
+            && gauge.load(Ordering::Relaxed) == n as u64
     });
     ids
 }

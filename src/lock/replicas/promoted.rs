@@ -61,7 +61,7 @@ impl Checks {
 
 impl crate::lock::LockService {
     /// While a shard's failover hold runs: whether an acquisition of
-    /// `key` goes on all the same ([`unheld`]); counted. The first to ask
+    /// `key` goes on all the same ([`super::switch::unheld`]); counted. The first to ask
     /// after the failover starts the check of the promoted node (bounded:
     /// twice `upstream.connect_timeout_ms`), and the hold applies until it
     /// concludes.
