@@ -1,22 +1,20 @@
 //! `LOCKGATE …` commands over RESP, answered by lockgate itself: the
 //! operators' counters (`STATS`, `UNMATCHED [n]`), their views
-//! ([`crate::admin::views`]), `HELP`, and the fencing-token API for new code
-//! (`LOCK key ttl-ms [WAIT ms]`, `UNLOCK key token`, `EXTEND key token
-//! ttl-ms`). Replies are records of named fields (see [`crate::admin::views`]).
+//! ([`crate::admin::views`]), `HELP`, and the lock API for new code
+//! ([`crate::admin::fencing`]: `LOCK`, `ACQUIRE`, `UNLOCK`, `EXTEND`,
+//! `WATCH`). Replies are records of named fields (see [`crate::admin::views`]).
 
+pub mod fencing;
 pub mod views;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
 
 use crate::context::ServerContext;
 use crate::lock::conns::ACQUISITION_HEX;
-use crate::lock::fence::Waiting;
 use crate::lock::lease::ConnId;
 use crate::lock::operator::{parse_acquisition, Released};
-use crate::lock::FenceCall;
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
 use crate::router::CommandArgs;
@@ -24,9 +22,6 @@ use tracing::Instrument;
 
 /// Default number of rows of list answers.
 const DEFAULT_ROWS: usize = 20;
-
-/// Longest `WAIT` a `LOCKGATE LOCK` may ask for.
-const MAX_WAIT: Duration = Duration::from_secs(60);
 
 /// Work whose reply lockgate writes once it is done (see
 /// `session::jobs`): it runs after the session's earlier such work.
@@ -46,12 +41,7 @@ pub enum AdminReply {
 pub fn handle(ctx: &Arc<ServerContext>, args: CommandArgs<'_>, caller: ConnId) -> AdminReply {
     let sub = args.get(1).to_ascii_uppercase();
     match sub.as_slice() {
-        b"LOCK" | b"UNLOCK" | b"EXTEND" | b"WATCH" => {
-            match ctx.locks.refused_on_cluster([args.get(2)].into_iter()) {
-                Some(refused) => AdminReply::Now(refused),
-                None => fencing(ctx, &sub, args, caller),
-            }
-        }
+        b"LOCK" | b"ACQUIRE" | b"UNLOCK" | b"EXTEND" | b"WATCH" => fencing(ctx, args, caller),
         b"LOCKS" => views::locks(ctx, args.get(2), args.get(3)),
         b"RELEASE" => release(ctx, args),
         _ => AdminReply::Now(counters(ctx, &sub, args)),
@@ -212,12 +202,16 @@ fn help() -> LocalReply {
         "    Re-read the configuration file, as SIGHUP does.",
         "AUTH <password>",
         "    Allow LOCKGATE commands on this connection (admin.password).",
-        "LOCK <key> <ttl-ms> [WAIT <ms>]",
-        "    Take a lock with a fencing token.",
+        "LOCK <key> <ttl-ms> [WAIT <ms>] [SHARED] [OWNER <id>]",
+        "    Take a lock with a fencing token: exclusive, or SHARED with other readers; OWNER makes it reentrant for that owner.",
+        "LOCK <key> <key> ... <ttl-ms> [WAIT <ms>]",
+        "    Take every key or none, each exclusive with its own token.",
+        "ACQUIRE <key> <permits> <ttl-ms> [WAIT <ms>] [OWNER <id>]",
+        "    Take one of a semaphore's permits, with its own lease and token.",
         "UNLOCK <key> <token>",
-        "    Release a lock taken with LOCK.",
+        "    Release what LOCK or ACQUIRE granted (one entry of a reentrant grant).",
         "EXTEND <key> <token> <ttl-ms>",
-        "    Extend a lock taken with LOCK.",
+        "    Extend what LOCK or ACQUIRE granted.",
         "WATCH <key> <token> [TIMEOUT <ms>]",
         "    Wait until a lock taken with LOCK no longer holds its token: 1, or nil at the timeout (at most 60000).",
         "HELP",
@@ -226,73 +220,17 @@ fn help() -> LocalReply {
     LocalReply::Array(LINES.iter().map(|l| LocalReply::Status(l)).collect())
 }
 
-fn number(arg: &[u8]) -> Option<u64> {
-    std::str::from_utf8(arg).ok()?.parse().ok()
-}
-
-/// Parses a fencing command and starts the task that answers it.
-fn fencing(
-    ctx: &Arc<ServerContext>,
-    sub: &[u8],
-    args: CommandArgs<'_>,
-    caller: ConnId,
-) -> AdminReply {
-    let usage =
-        |u: &str| AdminReply::Now(LocalReply::err(format!("lockgate: usage: LOCKGATE {u}")));
-    let key = Bytes::copy_from_slice(args.get(2));
-    let call = match sub {
-        b"LOCK" => {
-            let ttl = number(args.get(3)).filter(|&t| t > 0);
-            let wait = match (args.len(), args.get(4).to_ascii_uppercase().as_slice()) {
-                (4, _) => Some(0),
-                (6, b"WAIT") => number(args.get(5)),
-                _ => None,
-            };
-            let (Some(ttl), Some(wait)) = (ttl, wait) else {
-                return usage("LOCK key ttl-ms [WAIT ms]");
-            };
-            let wait = Duration::from_millis(wait).min(MAX_WAIT);
-            FenceCall::Lock {
-                at: Waiting { key, caller, wait },
-                ttl_ms: ttl,
-            }
-        }
-        b"WATCH" => {
-            let timeout = match (args.len(), args.get(4).to_ascii_uppercase().as_slice()) {
-                (4, _) => Some(MAX_WAIT.as_millis() as u64),
-                (6, b"TIMEOUT") => number(args.get(5)),
-                _ => None,
-            };
-            let Some(timeout) = timeout else {
-                return usage("WATCH key token [TIMEOUT ms]");
-            };
-            FenceCall::Watch {
-                key,
-                token: Bytes::copy_from_slice(args.get(3)),
-                timeout: Duration::from_millis(timeout).min(MAX_WAIT),
-            }
-        }
-        b"UNLOCK" => {
-            if args.len() != 4 {
-                return usage("UNLOCK key token");
-            }
-            let token = Bytes::copy_from_slice(args.get(3));
-            FenceCall::Unlock { key, token }
-        }
-        _ => {
-            let ttl = number(args.get(4)).filter(|&t| t > 0);
-            let (true, Some(ttl)) = (args.len() == 5, ttl) else {
-                return usage("EXTEND key token ttl-ms");
-            };
-            let token = Bytes::copy_from_slice(args.get(3));
-            FenceCall::Extend {
-                key,
-                token,
-                ttl_ms: ttl,
-            }
-        }
+/// Parses a call of the lock API and starts the task that answers it.
+fn fencing(ctx: &Arc<ServerContext>, args: CommandArgs<'_>, caller: ConnId) -> AdminReply {
+    let ask = match fencing::parse(&args.all()) {
+        Ok(ask) => ask,
+        Err(bad) => return AdminReply::Now(LocalReply::err(bad.to_string())),
     };
+    if let Some(refused) = ctx.locks.refused_on_cluster(ask.keys().into_iter()) {
+        return AdminReply::Now(refused);
+    }
     let locks = ctx.locks.clone();
+    let call = ask.call(caller);
     AdminReply::Later(Box::pin(async move { locks.fence(call).await }))
 }
 

@@ -164,6 +164,13 @@ impl LockService {
         let ttl = ttl_ms.to_string();
         let (bound, life) = self.fairness_for(&key);
         let (bound, life) = (bound.to_string(), life.to_string());
+        // A caller that waits holds new shared holders back while it does
+        // (see `script::kinds`).
+        let writers = super::kinds::writers_key(&key);
+        let waiter = match wait.is_zero() {
+            true => String::new(),
+            false => self.waiter(caller),
+        };
         loop {
             if let Err(ran_out) = self.fence_turn(&key, place.as_ref(), deadline).await {
                 return ran_out;
@@ -172,16 +179,19 @@ impl LockService {
             let started = Instant::now();
             let primary_at = self.primary_at();
             let instance_token = self.next_token();
+            let waits = super::kinds::writer_wait(!wait.is_zero(), deadline);
             let cmd = super::eval_on(
                 script::FENCE_LOCK,
                 &key,
-                &[&counter, &queue, &places],
+                &[&counter, &queue, &places, &writers],
                 &[
                     ttl.as_bytes(),
                     &instance_token,
                     self.instance_prefix().as_bytes(),
                     bound.as_bytes(),
                     life.as_bytes(),
+                    waits.as_bytes(),
+                    waiter.as_bytes(),
                 ],
             );
             let reply = match node.call(cmd, timeout).await {

@@ -79,6 +79,7 @@ pub use forget::{Database, Forget};
 pub mod guard;
 pub(crate) mod hotkeys;
 pub(crate) mod keys;
+pub mod kinds;
 pub mod lapses;
 pub(crate) mod lease;
 pub(crate) mod metrics;

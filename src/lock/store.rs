@@ -306,6 +306,18 @@ pub enum FenceCall {
         /// The longest wait.
         timeout: std::time::Duration,
     },
+    /// Take a shared, reentrant or counted grant of one key (see
+    /// [`crate::lock::kinds`]).
+    Kind(crate::lock::kinds::KindCall),
+    /// Take every key or none, each an exclusive lock with its own token.
+    Multi {
+        /// The keys, at least two, none twice.
+        keys: Vec<Bytes>,
+        /// The first key, the caller's connection, how long to keep trying.
+        at: crate::lock::fence::Waiting,
+        /// The lease, ms.
+        ttl_ms: u64,
+    },
     /// Extend `key` to `ttl_ms` if `token` still holds it.
     Extend {
         /// The lock key.
@@ -732,6 +744,8 @@ impl LockService {
                 },
                 _,
             ) => self.fence_watch(key, token, timeout).await,
+            (FenceCall::Kind(call), _) => self.fence_kind(call).await,
+            (FenceCall::Multi { keys, at, ttl_ms }, _) => self.fence_multi(keys, at, ttl_ms).await,
             (FenceCall::Lock { at, ttl_ms }, Some(q)) => {
                 self.quorum_fence_lock(q, at, ttl_ms).await
             }
@@ -757,13 +771,14 @@ impl LockService {
                     None => self.fence_lock(node, at, ttl_ms, timeout).await,
                 }
             }
+            // The release and extension of every kind of grant.
             (FenceCall::Unlock { key, token }, None) => {
-                self.fence_unlock(node, key, token, timeout).await
+                self.kind_unlock(node, key, token, timeout).await
             }
             (FenceCall::Extend { key, token, ttl_ms }, None) => {
                 match (self.eviction_refusal()).or_else(|| self.refused_for_dispute(&key)) {
                     Some(refused) => refused,
-                    None => self.fence_extend(node, key, token, ttl_ms, timeout).await,
+                    None => self.kind_extend(node, key, token, ttl_ms, timeout).await,
                 }
             }
         }
@@ -790,7 +805,7 @@ impl LockService {
     /// With `locks.require_noeviction` and no quorum, the refusal of any
     /// lease on the primary in force, unless its `maxmemory-policy` reads
     /// `noeviction` (see [`crate::lock::eviction::Eviction::refusal`]).
-    fn eviction_refusal(&self) -> Option<LocalReply> {
+    pub(crate) fn eviction_refusal(&self) -> Option<LocalReply> {
         let store = &self.store;
         if !store.eviction.required() || store.quorum.is_some() {
             return None;
@@ -841,7 +856,7 @@ impl LockService {
     /// primary (`locks.failover_delay_ms`; never with the quorum, whose
     /// masters hold the locks): counts one refused acquisition of `key`,
     /// logs it (rate-limited), and returns true.
-    fn held_after_failover(&self, key: &[u8]) -> bool {
+    pub(crate) fn held_after_failover(&self, key: &[u8]) -> bool {
         let store = &self.store;
         if store.quorum.is_some() {
             return false;

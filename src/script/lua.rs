@@ -731,7 +731,9 @@ return r
 pub const ERROR: &str = "return redis.error_reply(ARGV[1])";
 
 /// [`FENCE_LOCK`]'s taking of a free lock, as a Lua function:
-/// `fence_take()` sets the token (see there) and returns it.
+/// `fence_take()` sets the token (see there) and returns it, and leaves
+/// the key's waiting writers; `fence_waits()`, on a key held by shared or
+/// counted holders ([`super::kinds`]), joins them while the caller waits.
 // The token is formatted with '%.0f': a Lua number handed to redis.call
 // is converted with too few digits for µs since the epoch (16 digits).
 macro_rules! fence_take {
@@ -745,7 +747,15 @@ local function fence_take()
   redis.call('SET', KEYS[3], s)
   redis.call('SET', KEYS[1], s, 'PX', ARGV[1])
   redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[1])
+  if (ARGV[6] or '0') ~= '0' then redis.call('ZREM', KEYS[6], ARGV[7]) end
   return t
+end
+local function fence_waits()
+  if (ARGV[6] or '0') ~= '0' and redis.call('GET', KEYS[1]) == 'lockgate:held' then
+    local now = redis.call('TIME')
+    local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+    redis.call('ZADD', KEYS[6], ms + tonumber(ARGV[6]), ARGV[7])
+  end
 end
 "#
     };
@@ -765,17 +775,22 @@ end
 /// `q_yield`; a yield on a free lock wakes the head). Without a queue on
 /// the key the attempt is `EXISTS` and the taking, nothing else.
 ///
-/// KEYS: lock, owner record, counter, queue, places. ARGV: ttl ms,
-/// instance token for the owner record, instance prefix, fairness bound
-/// ms (`0`: off), a place's life in the queue ms (`0`: no queue). Reply:
-/// `{token, 0, 0}` when acquired, `{0, holder's pttl, yielded (1/0)}`
+/// KEYS: lock, owner record, counter, queue, places, waiting writers.
+/// ARGV: ttl ms, instance token for the owner record, instance prefix,
+/// fairness bound ms (`0`: off), a place's life in the queue ms (`0`: no
+/// queue), how long the caller still waits ms (`0`, or absent: it holds
+/// no shared holder back), its waiter id. Reply: `{token, 0, 0}` when
+/// acquired, `{0, holder's pttl, yielded (1/0)}`
 /// when not.
 pub const FENCE_LOCK: &str = concat!(
     fence_take!(),
     r#"
 if redis.call('EXISTS', KEYS[4]) == 0 then
   if redis.call('EXISTS', KEYS[1]) == 0 then return {fence_take(), 0, 0} end
-  if ARGV[5] == '0' then return {0, redis.call('PTTL', KEYS[1]), 0} end
+  if ARGV[5] == '0' then
+    fence_waits()
+    return {0, redis.call('PTTL', KEYS[1]), 0}
+  end
 end
 "#,
     queue!(),
@@ -798,6 +813,7 @@ if life > 0 then q_join(KEYS[4], KEYS[5], me, life, now) end
 if yield and pttl == -2 and redis.call('HGET', KEYS[5], '.woken') ~= head then
   q_wake(KEYS[4], KEYS[5], KEYS[1], now)
 end
+fence_waits()
 return {0, pttl, yield and 1 or 0}
 "#
 );

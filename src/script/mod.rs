@@ -12,7 +12,9 @@
 use std::sync::OnceLock;
 
 pub mod argv;
+#[macro_use]
 pub mod lua;
+pub mod kinds;
 
 pub use lua::*;
 

@@ -671,7 +671,12 @@ async fn usage_errors_leave_the_connection_usable() {
         &["LOCKGATE", "LOCK", "uk", "-5"],
         &["LOCKGATE", "LOCK", "uk", "1000", "WAIT"],
         &["LOCKGATE", "LOCK", "uk", "1000", "WAIT", "x"],
-        &["LOCKGATE", "LOCK", "uk", "1000", "NOWAIT", "5"],
+        // Not an option, and no lease after it (with one, it would name
+        // three keys: `LOCK k1 k2 k3 ttl`).
+        &["LOCKGATE", "LOCK", "uk", "1000", "NOWAIT"],
+        &["LOCKGATE", "LOCK", "uk", "1000", "SHARED", "SHARED"],
+        &["LOCKGATE", "LOCK", "uk", "uk2", "1000", "OWNER", "o"],
+        &["LOCKGATE", "ACQUIRE", "uk", "0", "1000"],
         &["LOCKGATE", "UNLOCK", "uk"],
         &["LOCKGATE", "UNLOCK", "uk", "1", "2"],
         &["LOCKGATE", "EXTEND", "uk", "1"],

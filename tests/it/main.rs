@@ -37,6 +37,7 @@ mod guarded_faults;
 mod guarded_writes;
 mod layers;
 mod legacy_behaviour;
+mod lock_kinds;
 mod lock_safety;
 mod locks;
 mod locks_clients;

@@ -46,6 +46,7 @@ pub mod cluster;
 pub mod cut_cluster;
 pub mod failover_load;
 pub mod history;
+pub mod kinds;
 pub mod locks;
 pub mod ops;
 pub mod passthrough;
