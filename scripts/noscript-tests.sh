@@ -91,6 +91,10 @@ SKIP=(
 	# are refused or passed unchecked: locks_scriptless tests that).
 	guarded_faults::
 	guarded_writes::
+	# Shared, counted and multi-key locks, and MSETNX on lock keys, need
+	# scripts (refused without them: lock_kinds tests that too).
+	lock_kinds::every_kind
+	lock_kinds::msetnx
 	# Needs scripts present to deny them by ACL.
 	locks_scriptless::an_acl_without_scripts_is_found_at_the_first_refusal
 	# A silent primary leaves a lock command unanswered on the client's

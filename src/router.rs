@@ -5,7 +5,7 @@
 //! library's release or acquisition script is a lock operation too
 //! ([`library`]); with the lock quorum some routes differ (`quorum`).
 
-use crate::command::{CommandKind, ReplyMode, SubKind};
+use crate::command::{CommandKind, MultiKeys, ReplyMode, SubKind};
 use crate::config::AdminConfig;
 use crate::lock::guard::Guarded;
 use crate::lock::ops::{self, LockOp};
@@ -15,6 +15,7 @@ use crate::lock::LockService;
 use crate::protocol::request::RequestParser;
 
 pub(crate) mod library;
+mod pairs;
 mod quorum;
 use quorum::quorum_route;
 
@@ -91,6 +92,9 @@ pub enum Route {
     /// queues itself (answering `+QUEUED`) and runs at `EXEC`, as Redis
     /// cannot queue what does not go to the primary.
     Queue(Queued),
+    /// `MSETNX` naming lock keys: every key or none, each lock key with
+    /// a lease and an owner record (see [`pairs`]); its key/value pairs.
+    AcquireAll(Vec<(bytes::Bytes, bytes::Bytes)>),
     /// `EXEC` of a transaction with a command refused while queuing: Redis's
     /// side is discarded and nothing runs (`EXECABORT`).
     ExecAbort,
@@ -388,6 +392,7 @@ fn plainly(
         return false;
     }
     match kind {
+        CommandKind::MultiKey(MultiKeys::Pairs) => !pairs::names_lock_key(args, locks),
         CommandKind::Other | CommandKind::Read(_) | CommandKind::MultiKey(_) => true,
         // Options (`NX`, a lease) need the full look; a bare SET only its key.
         CommandKind::Set => args.len() == 3 && !locks.is_lock_key(args.get(1)),
@@ -478,6 +483,10 @@ fn route_on(
     let lock_op = |op: Option<LockOp>| op.map_or(Route::Forward(Expect::One), Route::Lock);
     if quorum {
         if let Some(route) = quorum_route(kind, args, view, locks) {
+            return route;
+        }
+    } else if kind == CommandKind::MultiKey(MultiKeys::Pairs) {
+        if let Some(route) = pairs::route(args, view, locks) {
             return route;
         }
     }

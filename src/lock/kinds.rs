@@ -99,8 +99,17 @@ fn validity(ttl_ms: u64, started: Instant) -> Option<i64> {
     Some(ttl_ms as i64 - elapsed - drift).filter(|&v| v > 0)
 }
 
-/// An error reply from Redis as the client's error.
-fn node_error(reply: &[u8]) -> Option<LocalReply> {
+/// What a client is told when the server refuses lockgate's scripts.
+pub(crate) const SCRIPTS_REFUSED: &str =
+    "lockgate: shared, counted and multi-key locks need scripts, and this server refuses them; see docs/locks.md";
+
+/// An error reply from Redis as the client's error; a server refusing the
+/// script is told as [`SCRIPTS_REFUSED`] (it may refuse before lockgate
+/// knew it would).
+pub(crate) fn node_error(reply: &[u8]) -> Option<LocalReply> {
+    if super::txn::refuses_scripts(reply) {
+        return Some(LocalReply::err(SCRIPTS_REFUSED));
+    }
     (reply.first() == Some(&b'-')).then(|| {
         LocalReply::Error(Bytes::copy_from_slice(
             reply.strip_prefix(b"-").unwrap_or(reply).trim_ascii_end(),
@@ -125,7 +134,7 @@ impl LockService {
         let why = if self.on_masters() {
             "shared, counted and multi-key locks are not served on the quorum (locks.quorum) yet"
         } else if node.scriptless() {
-            "shared, counted and multi-key locks need scripts, and this server refuses them"
+            return Some(LocalReply::err(SCRIPTS_REFUSED));
         } else if keys.iter().any(|k| self.ack_rule(k).is_some()) {
             "shared, counted and multi-key locks are not acknowledged by replicas (locks.replicas_ack) yet"
         } else if node.cluster.is_some() && !same_slot(keys) {
@@ -442,7 +451,7 @@ impl LockService {
 }
 
 /// Whether every key is in one hash slot (one key always is).
-fn same_slot(keys: &[Bytes]) -> bool {
+pub(crate) fn same_slot(keys: &[Bytes]) -> bool {
     use crate::cluster::slot::key_slot;
     let mut slots = keys.iter().map(|k| key_slot(k));
     let first = slots.next();

@@ -64,6 +64,7 @@
 //!   [`crate::upstream::node`].
 
 pub(crate) mod admit;
+mod all_or_none;
 pub(crate) mod announce;
 pub mod conns;
 mod disputed;

@@ -244,8 +244,10 @@ pub(super) fn transaction(
             next.tx.failed = true;
             return route;
         }
-        // Answered as refused; EXEC then aborts.
-        (_, Route::Refuse(_)) if queue_locks => {
+        // Answered as refused; EXEC then aborts (on one Redis too, as
+        // Redis aborts a transaction with a command it refused queuing:
+        // `MSETNX` on lock keys inside MULTI).
+        (_, Route::Refuse(_)) => {
             next.tx.failed = true;
             return route;
         }

@@ -256,6 +256,31 @@ end
 return out
 "#;
 
+/// `MSETNX` naming lock keys, as one all-or-none acquisition: every key
+/// is set, or none when any exists (as `MSETNX`), each lock key with its
+/// lease and an owner record. KEYS: every key of the command in its
+/// order, then the owner records of its lock keys in theirs. ARGV: the
+/// owner records' token, then per key its value and lease ms (`0`: not a
+/// lock key, set without one). Reply: 1 set, 0 not (`MSETNX`'s).
+pub const MSETNX_LOCKS: &str = r#"
+local n = (#ARGV - 1) / 2
+for i = 1, n do
+  if redis.call('EXISTS', KEYS[i]) == 1 then return 0 end
+end
+local o = n
+for i = 1, n do
+  local v, lease = ARGV[2 * i], ARGV[2 * i + 1]
+  if lease == '0' then
+    redis.call('SET', KEYS[i], v)
+  else
+    o = o + 1
+    redis.call('SET', KEYS[i], v, 'PX', lease)
+    redis.call('SET', KEYS[o], ARGV[1], 'PX', lease)
+  end
+end
+return 1
+"#;
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -46,5 +46,148 @@ async fn every_kind_on_a_cluster_and_multi_key_in_one_slot() {
         "{crossed}"
     );
     assert_eq!(c.call(&["EXISTS", "a"]).await.int(), 0);
+    // MSETNX of lock keys in one slot: leased on the slot's node.
+    let msetnx = ["MSETNX", "lock:{c}1", "a", "lock:{c}2", "b"];
+    assert_eq!(c.call(&msetnx).await.int(), 1);
+    assert!(c.call(&["PTTL", "lock:{c}2"]).await.int() > 0);
+    assert_eq!(c.call(&msetnx).await.int(), 0);
+    assert_eq!(c.call(&["DEL", "lock:{c}1", "lock:{c}2"]).await.int(), 2);
+    let crossed = c.call(&["MSETNX", "lock:x", "a", "lock:y", "b"]).await;
+    assert!(
+        matches!(&crossed, Resp::Error(e) if e.starts_with("CROSSSLOT")),
+        "{crossed}"
+    );
+    lg.stop().await;
+}
+
+/// `MSETNX` naming lock keys is one all-or-none acquisition: each lock key
+/// with its lease and owner record (passed on, it set them with no lease
+/// at all), plain keys as `MSETNX` sets them; released by `DEL` from the
+/// connection that took them, refused from one opened since; `MSET` over
+/// a lock key is refused; inside `MULTI` the transaction aborts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn msetnx_on_lock_keys_is_an_all_or_none_acquisition() {
+    use support::locks::{owner_of, pttl};
+    let redis = RedisServer::start();
+    let lg = Lockgate::start(&redis.addr()).await;
+    let lease = lockgate::Config::default().locks.default_lease_ms as i64;
+    let mut c = Api::connect(lg.addr).await;
+    let mut direct = support::RawClient::connect(redis.addr()).await;
+    let msetnx = ["MSETNX", "lock:m1", "a", "lock:m2", "b", "plain:m", "c"];
+    assert_eq!(c.call(&msetnx).await.int(), 1);
+    for key in ["lock:m1", "lock:m2"] {
+        let left = pttl(&mut direct, key).await;
+        assert!(left > 0 && left <= lease, "{key}: pttl {left}");
+        assert!(
+            owner_of(&mut direct, key).await.is_some(),
+            "{key}: an owner record"
+        );
+    }
+    assert_eq!(
+        pttl(&mut direct, "plain:m").await,
+        -1,
+        "a plain key as MSETNX sets it"
+    );
+    assert_eq!(
+        c.call(&["GET", "lock:m1"]).await.text(),
+        "a",
+        "the client's value"
+    );
+    // None or all: a held key leaves the free one untouched.
+    assert_eq!(
+        c.call(&["MSETNX", "lock:m3", "x", "lock:m1", "y"])
+            .await
+            .int(),
+        0
+    );
+    assert_eq!(c.call(&["EXISTS", "lock:m3"]).await.int(), 0);
+    assert_eq!(
+        c.call(&["SETNX", "lock:m2", "z"]).await.int(),
+        0,
+        "held for SETNX too"
+    );
+    // A connection opened since may not release them; the taker may.
+    let mut later = Api::connect(lg.addr).await;
+    assert_eq!(later.call(&["DEL", "lock:m1"]).await.int(), 0);
+    assert_eq!(c.call(&["DEL", "lock:m1", "lock:m2"]).await.int(), 2);
+    assert_eq!(
+        direct
+            .call_raw(&["EXISTS", "lockgate:owner:{lock:m1}"])
+            .await,
+        b":0\r\n"
+    );
+    // MSET would overwrite a lock and drop its lease.
+    let mset = c.call(&["MSET", "lock:m1", "x", "plain:n", "y"]).await;
+    assert!(
+        matches!(&mset, Resp::Error(e) if e.contains("drop their leases")),
+        "{mset}"
+    );
+    assert_eq!(
+        c.call(&["EXISTS", "lock:m1", "plain:n"]).await.int(),
+        0,
+        "nothing set"
+    );
+    // Inside MULTI it cannot be: the transaction aborts whole.
+    assert_eq!(c.call(&["MULTI"]).await, Resp::Status("OK".into()));
+    let queued = c.call(&["MSETNX", "lock:t", "1"]).await;
+    assert!(
+        matches!(&queued, Resp::Error(e) if e.contains("inside MULTI")),
+        "{queued}"
+    );
+    let exec = c.call(&["EXEC"]).await;
+    assert!(
+        matches!(&exec, Resp::Error(e) if e.starts_with("EXECABORT")),
+        "{exec}"
+    );
+    assert_eq!(c.call(&["EXISTS", "lock:t"]).await.int(), 0);
+    // In another database, there.
+    assert_eq!(c.call(&["SELECT", "3"]).await, Resp::Status("OK".into()));
+    assert_eq!(c.call(&["MSETNX", "lock:d", "1"]).await.int(), 1);
+    assert_eq!(direct.call_raw(&["SELECT", "3"]).await, b"+OK\r\n");
+    let left = pttl(&mut direct, "lock:d").await;
+    assert!(left > 0, "leased in database 3: {left}");
+    // Pipelined behind a release, it sees the release (as Redis would).
+    let mut p = support::RawClient::connect(lg.addr).await;
+    assert_eq!(
+        p.call_raw(&["SET", "lock:p", "v", "NX", "PX", "10000"])
+            .await,
+        b"+OK\r\n"
+    );
+    let mut batch = support::cmd(&["DEL", "lock:p"]);
+    batch.extend(support::cmd(&["MSETNX", "lock:p", "w", "lock:q", "w"]));
+    p.send(&batch).await;
+    assert_eq!(p.read_raw_frames(2).await, b":1\r\n:1\r\n");
+    lg.stop().await;
+}
+
+/// On a server that refuses scripts the kinds are refused, saying why,
+/// and so is `MSETNX` on lock keys (never passed on unprotected); the
+/// exclusive lock, its release and extension go on as transactions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_scripts_the_kinds_and_msetnx_are_refused_saying_so() {
+    let redis = RedisServer::start_with(&support::redis::NO_SCRIPTS);
+    let lg = Lockgate::start(&redis.addr()).await;
+    let mut c = Api::connect(lg.addr).await;
+    for args in [
+        &["LOCKGATE", "LOCK", "k", "1000", "SHARED"][..],
+        &["LOCKGATE", "LOCK", "k", "1000", "OWNER", "o"],
+        &["LOCKGATE", "ACQUIRE", "k", "2", "1000"],
+        &["LOCKGATE", "LOCK", "k", "k2", "1000"],
+    ] {
+        let reply = c.call(args).await;
+        assert!(
+            matches!(&reply, Resp::Error(e) if e.contains("need scripts")),
+            "{args:?}: {reply}"
+        );
+    }
+    let reply = c.call(&["MSETNX", "lock:a", "1", "lock:b", "2"]).await;
+    assert!(
+        matches!(&reply, Resp::Error(e) if e.contains("refuses scripts") || e.contains("need scripts")),
+        "{reply}"
+    );
+    assert_eq!(c.call(&["EXISTS", "lock:a", "lock:b"]).await.int(), 0);
+    let (t, _) = (c.lock("k", 10_000, &[]).await).expect("an exclusive lock");
+    assert_eq!(c.extend("k", t, 20_000).await, 1);
+    assert_eq!(c.unlock("k", t).await, 1);
     lg.stop().await;
 }

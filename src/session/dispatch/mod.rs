@@ -388,6 +388,9 @@ impl Carrier {
                 out.batch.record(Expect::One);
             }
             Route::Lock(op) => self.lock(&op, out),
+            Route::AcquireAll(pairs) => {
+                out.defer_after(ctx.locks.acquire_all(pairs, self.view.db));
+            }
             Route::Guarded(guarded) => self.guarded(guarded, args, whole, out),
             Route::RefusePersist => {
                 let reply = ctx.locks.refuse_persist(args.get(1));
