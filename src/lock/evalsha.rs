@@ -193,6 +193,11 @@ pub fn eval_queued(script: &str, key: &[u8], argv: &[&[u8]]) -> Bytes {
     eval_on(script, key, &[&queue, &places], argv)
 }
 
+/// `EVAL script numkeys keys… argv…` as RESP, every key given.
+pub fn eval_keys(script: &str, keys: &[&[u8]], argv: &[&[u8]]) -> Bytes {
+    eval(script, keys, argv)
+}
+
 /// `EVAL script numkeys keys… argv…` as RESP.
 fn eval(script: &str, keys: &[&[u8]], argv: &[&[u8]]) -> Bytes {
     let numkeys = keys.len().to_string();

@@ -43,7 +43,8 @@ pub enum Kind {
 }
 
 impl Kind {
-    fn code(self) -> &'static [u8] {
+    /// The kind's letter in the holders' record.
+    pub(crate) fn code(self) -> &'static [u8] {
         match self {
             Kind::Shared => b"r",
             Kind::Exclusive => b"w",
@@ -82,13 +83,40 @@ pub fn writers_key(key: &[u8]) -> Bytes {
 
 /// The four keys after lock and owner record every kinds script takes:
 /// counter, holders, expiry, writers.
-fn book(key: &[u8]) -> [Bytes; 4] {
+pub(crate) fn book(key: &[u8]) -> [Bytes; 4] {
     [
         super::fence::counter_key(key),
         holders_key(key),
         expiry_key(key),
         writers_key(key),
     ]
+}
+
+/// `EVAL KIND_UNLOCK` of `token`'s grant of `key` (any kind).
+pub(crate) fn unlock_command(key: &[u8], token: &[u8]) -> Bytes {
+    let keys = queued_book(key);
+    let keys: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
+    super::eval_on(lua::KIND_UNLOCK, key, &keys, &[token])
+}
+
+/// The keys after lock and owner record of [`lua::KIND_UNLOCK`] and
+/// [`crate::script::qkinds::QKIND_UNDO`]: [`book`]'s, queue, places.
+pub(crate) fn queued_book(key: &[u8]) -> [Bytes; 6] {
+    let [counter, holders, expiry, writers] = book(key);
+    let (queue, places) = (super::queue_key(key), super::places_key(key));
+    [counter, holders, expiry, writers, queue, places]
+}
+
+/// `EVAL KIND_EXTEND` of `token`'s grant of `key` to `ttl_ms` from now.
+pub(crate) fn extend_command(key: &[u8], token: &[u8], ttl_ms: u64) -> Bytes {
+    let ttl = ttl_ms.to_string();
+    let [counter, holders, expiry, writers] = book(key);
+    super::eval_on(
+        lua::KIND_EXTEND,
+        key,
+        &[&counter, &holders, &expiry, &writers],
+        &[token, ttl.as_bytes()],
+    )
 }
 
 /// `[token, validity]` for a grant made `started` ago with a `ttl_ms`
@@ -132,7 +160,7 @@ impl LockService {
     /// store, if it cannot (see the module doc).
     pub(crate) fn kinds_refused(&self, node: &OnPrimary, keys: &[Bytes]) -> Option<LocalReply> {
         let why = if self.on_masters() {
-            "shared, counted and multi-key locks are not served on the quorum (locks.quorum) yet"
+            return None;
         } else if node.scriptless() {
             return Some(LocalReply::err(SCRIPTS_REFUSED));
         } else if keys.iter().any(|k| self.ack_rule(k).is_some()) {
@@ -158,7 +186,10 @@ impl LockService {
         if let Some(refused) = self.grant_refused(node, &keys) {
             return refused;
         }
-        self.kind_lock(node, call, self.store().timeout()).await
+        match self.quorum() {
+            Some(q) => self.quorum_kind_lock(q, call).await,
+            None => self.kind_lock(node, call, self.store().timeout()).await,
+        }
     }
 
     /// A multi-key lock where the locks live (see [`LockService::multi_lock`]).
@@ -172,7 +203,10 @@ impl LockService {
         if let Some(refused) = self.grant_refused(node, &keys) {
             return refused;
         }
-        (self.multi_lock(node, keys, at, ttl_ms, self.store().timeout())).await
+        match self.quorum() {
+            Some(q) => self.quorum_multi_lock(q, keys, at, ttl_ms).await,
+            None => (self.multi_lock(node, keys, at, ttl_ms, self.store().timeout())).await,
+        }
     }
 
     /// Why a grant of `keys` of these kinds is not tried now: the store
@@ -371,14 +405,7 @@ impl LockService {
         token: Bytes,
         timeout: Duration,
     ) -> LocalReply {
-        let [counter, holders, expiry, writers] = book(&key);
-        let (queue, places) = (super::queue_key(&key), super::places_key(&key));
-        let cmd = super::eval_on(
-            lua::KIND_UNLOCK,
-            &key,
-            &[&counter, &holders, &expiry, &writers, &queue, &places],
-            &[&token],
-        );
+        let cmd = unlock_command(&key, &token);
         match self.kind_simple(node, cmd, timeout, false).await {
             Some(reply) => {
                 if reply == LocalReply::Integer(1) {
@@ -402,14 +429,7 @@ impl LockService {
         ttl_ms: u64,
         timeout: Duration,
     ) -> LocalReply {
-        let [counter, holders, expiry, writers] = book(&key);
-        let ttl = ttl_ms.to_string();
-        let cmd = super::eval_on(
-            lua::KIND_EXTEND,
-            &key,
-            &[&counter, &holders, &expiry, &writers],
-            &[&token, ttl.as_bytes()],
-        );
+        let cmd = extend_command(&key, &token, ttl_ms);
         match self.kind_simple(node, cmd, timeout, true).await {
             Some(reply) => reply,
             None => (self.fence_extend(node, key, token, ttl_ms, timeout)).await,

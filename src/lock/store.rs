@@ -21,7 +21,6 @@ use tokio_util::sync::CancellationToken;
 use super::admit::Early;
 use super::eviction::{Eviction, Memory};
 use super::fast::Natives;
-use super::fence::{extend_command, unlock_command};
 use super::lease::ConnLocks;
 use super::metrics::RejoinMetrics;
 use super::ops::LockOp;
@@ -749,9 +748,10 @@ impl LockService {
             (FenceCall::Lock { at, ttl_ms }, Some(q)) => {
                 self.quorum_fence_lock(q, at, ttl_ms).await
             }
+            // Every kind of grant's release and extension.
             (FenceCall::Unlock { key, token }, Some(q)) => {
                 let reply = self
-                    .quorum_fence_simple(q, unlock_command(&key, &token))
+                    .quorum_fence_simple(q, crate::lock::kinds::unlock_command(&key, &token))
                     .await;
                 if reply == LocalReply::Integer(1) {
                     self.released(&key);
@@ -759,8 +759,8 @@ impl LockService {
                 reply
             }
             (FenceCall::Extend { key, token, ttl_ms }, Some(q)) => {
-                self.quorum_fence_simple(q, extend_command(&key, &token, ttl_ms))
-                    .await
+                let extend = crate::lock::kinds::extend_command(&key, &token, ttl_ms);
+                self.quorum_fence_simple(q, extend).await
             }
             (FenceCall::Lock { at, .. }, None) if self.held_after_failover(&at.key) => {
                 LocalReply::Null

@@ -846,9 +846,12 @@ return 1
 /// token is one more than the larger of the largest counter and the median
 /// clock among the masters whose "yes" counted, so it keeps growing even
 /// when every counter was lost (`docs/quorum.md`). Turns across instances
-/// as in [`FENCE_LOCK`], on each master's own queue. KEYS: lock, owner
-/// record, counter, queue, places. ARGV: ttl ms, instance token, instance
-/// prefix, fairness bound ms, a place's life ms (`0`: no queue). Reply:
+/// as in [`FENCE_LOCK`], on each master's own queue, and a caller that
+/// waits holds new shared holders back as there. KEYS: lock, owner
+/// record, counter, queue, places, waiting writers. ARGV: ttl ms,
+/// instance token, instance prefix, fairness bound ms, a place's life ms
+/// (`0`: no queue), how long the caller still waits ms (`0` or absent:
+/// not at all), its waiter id. Reply:
 /// `{1, 0, counter, clock, 0}` taken, `{0, pttl, 0, clock, yielded}` not;
 /// `clock` is the master's `TIME` in µs (see [`crate::lock::quorum::clock`]).
 pub const QFENCE_ACQUIRE: &str = concat!(
@@ -860,11 +863,21 @@ end
 local function take()
   redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[1])
   redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[1])
+  if (ARGV[6] or '0') ~= '0' then redis.call('ZREM', KEYS[6], ARGV[7]) end
   return {1, 0, tonumber(redis.call('GET', KEYS[3]) or '0'), clock(), 0}
+end
+local function waits()
+  if (ARGV[6] or '0') ~= '0' and redis.call('GET', KEYS[1]) == 'lockgate:held' then
+    local t = redis.call('TIME')
+    redis.call('ZADD', KEYS[6], tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[6]), ARGV[7])
+  end
 end
 if redis.call('EXISTS', KEYS[4]) == 0 then
   if redis.call('EXISTS', KEYS[1]) == 0 then return take() end
-  if ARGV[5] == '0' then return {0, redis.call('PTTL', KEYS[1]), 0, clock(), 0} end
+  if ARGV[5] == '0' then
+    waits()
+    return {0, redis.call('PTTL', KEYS[1]), 0, clock(), 0}
+  end
 end
 "#,
     queue!(),
@@ -886,6 +899,7 @@ if life > 0 then q_join(KEYS[4], KEYS[5], me, life, now) end
 if yield and pttl == -2 and redis.call('HGET', KEYS[5], '.woken') ~= head then
   q_wake(KEYS[4], KEYS[5], KEYS[1], now)
 end
+waits()
 return {0, pttl, 0, clock(), yield and 1 or 0}
 "#
 );

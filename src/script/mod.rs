@@ -14,7 +14,9 @@ use std::sync::OnceLock;
 pub mod argv;
 #[macro_use]
 pub mod lua;
+#[macro_use]
 pub mod kinds;
+pub mod qkinds;
 
 pub use lua::*;
 

@@ -14,7 +14,7 @@ use support::{Lockgate, RedisServer};
 async fn every_kind_on_one_redis() {
     let redis = RedisServer::start();
     let lg = Lockgate::start(&redis.addr()).await;
-    kinds::readers_and_writers(lg.addr, "rw").await;
+    kinds::readers_and_writers(lg.addr, "rw", &[]).await;
     kinds::reentrant_counts(lg.addr, "re").await;
     kinds::permits_with_dying_holders(lg.addr, "sem").await;
     kinds::multi_key_all_or_none(lg.addr, ["m1", "m2", "m3"]).await;
@@ -35,7 +35,7 @@ async fn every_kind_on_one_redis() {
 async fn every_kind_on_a_cluster_and_multi_key_in_one_slot() {
     let cluster = Cluster::start(3, 0);
     let lg = cluster.lockgate(|_| {}).await;
-    kinds::readers_and_writers(lg.addr, "{c}rw").await;
+    kinds::readers_and_writers(lg.addr, "{c}rw", &[]).await;
     kinds::reentrant_counts(lg.addr, "{c}re").await;
     kinds::permits_with_dying_holders(lg.addr, "{c}sem").await;
     kinds::multi_key_all_or_none(lg.addr, ["{m}1", "{m}2", "{m}3"]).await;
@@ -58,6 +58,27 @@ async fn every_kind_on_a_cluster_and_multi_key_in_one_slot() {
         "{crossed}"
     );
     lg.stop().await;
+}
+
+/// On the quorum, with lock keys (so lockgate reads them from the
+/// masters); a semaphore of two permits needs all three masters' votes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_kind_on_the_quorum() {
+    let q = support::quorum::Cluster::start(3, |_| {}).await;
+    let masters: Vec<String> = q.masters.iter().map(|m| m.addr()).collect();
+    let addr = q.lg.addr;
+    kinds::readers_and_writers(addr, "lock:rw", &masters).await;
+    kinds::reentrant_counts(addr, "lock:re").await;
+    kinds::permits_with_dying_holders(addr, "lock:sem").await;
+    kinds::multi_key_all_or_none(addr, ["lock:m1", "lock:m2", "lock:m3"]).await;
+    // Each master holds the readers (the mark on the lock key).
+    let mut c = Api::connect(addr).await;
+    let (t, _) = (c.lock("lock:rw", 10_000, &["SHARED"]).await).expect("a reader");
+    for m in &masters {
+        let value = support::resp::direct(m, &["GET", "lock:rw"]).await;
+        assert_eq!(value, "$13\r\nlockgate:held\r\n", "on {m}");
+    }
+    assert_eq!(c.unlock("lock:rw", t).await, 1);
 }
 
 /// `MSETNX` naming lock keys is one all-or-none acquisition: each lock key

@@ -100,17 +100,28 @@ impl Api {
     }
 }
 
-/// `lockgate:writers:{key}`'s size through lockgate (a plain command).
-async fn writers_waiting(api: &mut Api, key: &str) -> i64 {
+/// `lockgate:writers:{key}`'s size: through lockgate (a plain command on
+/// the store that holds the locks), or the largest on the quorum's
+/// `masters`.
+async fn writers_waiting(api: &mut Api, key: &str, masters: &[String]) -> i64 {
     let name = lockgate::lock::kinds::writers_key(key.as_bytes());
     let name = String::from_utf8(name.to_vec()).expect("a UTF-8 key");
-    api.call(&["ZCARD", &name]).await.int()
+    if masters.is_empty() {
+        return api.call(&["ZCARD", &name]).await.int();
+    }
+    let mut most = 0;
+    for m in masters {
+        let reply = super::resp::direct(m, &["ZCARD", &name]).await;
+        most = most.max(super::int(&reply));
+    }
+    most
 }
 
 /// Readers together, a writer alone, a waiting writer holding new readers
 /// back until it has had its turn, a legacy `SETNX` finding a shared lock
-/// taken, and tokens increasing over every grant.
-pub async fn readers_and_writers(addr: SocketAddr, key: &str) {
+/// taken, and tokens increasing over every grant. `masters`: the
+/// quorum's, where its waiting writers are seen (none: through lockgate).
+pub async fn readers_and_writers(addr: SocketAddr, key: &str, masters: &[String]) {
     let (mut r1, mut r2, mut w) = (
         Api::connect(addr).await,
         Api::connect(addr).await,
@@ -141,7 +152,7 @@ pub async fn readers_and_writers(addr: SocketAddr, key: &str) {
     });
     let mut probe = Api::connect(addr).await;
     let deadline = Instant::now() + WAIT;
-    while writers_waiting(&mut probe, key).await == 0 {
+    while writers_waiting(&mut probe, key, masters).await == 0 {
         assert!(Instant::now() < deadline, "the writer never waited");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -157,7 +168,7 @@ pub async fn readers_and_writers(addr: SocketAddr, key: &str) {
     let (t3, _) = got.expect("the writer had its turn once the readers left");
     assert!(t3 > t2, "tokens increase over kinds: {t2} then {t3}");
     assert_eq!(
-        writers_waiting(&mut probe, key).await,
+        writers_waiting(&mut probe, key, masters).await,
         0,
         "it left the waiters"
     );

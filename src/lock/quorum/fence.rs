@@ -46,6 +46,11 @@ impl LockService {
         let (bound, life) = (bound.to_string(), life.to_string());
         // More than (N + clock_faults) / 2: a plain majority by default.
         let majority = q.votes_needed();
+        let writers = crate::lock::kinds::writers_key(&key);
+        let waiter = match wait.is_zero() {
+            true => String::new(),
+            false => self.waiter(caller),
+        };
         loop {
             if let Err(ran_out) = self.fence_turn(&key, place.as_ref(), deadline).await {
                 return ran_out;
@@ -58,16 +63,19 @@ impl LockService {
             }
             let instance_token = self.next_token();
             let started = Instant::now();
+            let waits = crate::lock::kinds::writer_wait(!wait.is_zero(), deadline);
             let take = crate::lock::eval_on(
                 script::QFENCE_ACQUIRE,
                 &key,
-                &[&counter, &queue, &places],
+                &[&counter, &queue, &places, &writers],
                 &[
                     ttl.as_bytes(),
                     &instance_token,
                     self.instance_prefix().as_bytes(),
                     bound.as_bytes(),
                     life.as_bytes(),
+                    waits.as_bytes(),
+                    waiter.as_bytes(),
                 ],
             );
             let facts = |r: &[u8]| crate::lock::fence::integers(r);

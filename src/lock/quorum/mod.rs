@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 mod ask;
 pub mod clock;
 pub mod fence;
+pub mod kinds;
 mod master;
 pub mod ops;
 pub mod scripts;
