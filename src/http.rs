@@ -80,6 +80,10 @@ async fn lock_rows(ctx: &Arc<ServerContext>) -> Vec<serde_json::Value> {
                 "lease_left_ms": r.lease_left_ms,
                 "waiters": r.waiters,
                 "oldest_wait_ms": r.oldest_wait_ms,
+                "kind": r.kind,
+                "holders": r.holders,
+                "entries": r.entries,
+                "writers_waiting": r.writers_waiting,
             })
         })
         .collect()

@@ -116,7 +116,11 @@ fn client_fields(client: Option<&Client>) -> (LocalReply, LocalReply) {
 /// acquired it; null otherwise), `lease_left_ms` (the key's PTTL in the
 /// store; null: no lease known), `waiters` (attempts parked here),
 /// `oldest_wait_ms` (how long the first of them has waited since its
-/// connection first tried; null: none).
+/// connection first tried; null: none), `kind` (`exclusive`, `shared`,
+/// `owned`, `permits`; empty: not held, or unknown), `holders`,
+/// `entries` and `writers_waiting` (of a shared, owned or counted lock;
+/// null otherwise). Holder `holders`: shared, owned or counted holders.
+/// A pattern without wildcards (one key) lists that key always.
 pub fn lock_row(r: LockRow) -> LocalReply {
     let (addr, name) = client_fields(r.client.as_ref());
     record(vec![
@@ -129,6 +133,10 @@ pub fn lock_row(r: LockRow) -> LocalReply {
         ("lease_left_ms", or_null(r.lease_left_ms)),
         ("waiters", int(r.waiters as u64)),
         ("oldest_wait_ms", or_null(r.oldest_wait_ms)),
+        ("kind", text(r.kind)),
+        ("holders", or_null(r.holders)),
+        ("entries", or_null(r.entries)),
+        ("writers_waiting", or_null(r.writers_waiting)),
     ])
 }
 

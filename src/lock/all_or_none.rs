@@ -88,6 +88,7 @@ impl LockService {
         match reply.as_ref() {
             b":1\r\n" => {
                 ProxyMetrics::inc(&self.metrics.acquired);
+                ProxyMetrics::inc(&self.metrics.msetnx_grants);
                 LocalReply::Integer(1)
             }
             b":0\r\n" => {

@@ -222,6 +222,18 @@ impl LockService {
         (self.eviction_refusal()).or_else(|| keys.iter().find_map(|k| self.refused_for_dispute(k)))
     }
 
+    /// Counts a grant of `kind`: an entry again (`again`) or a new one.
+    pub(crate) fn count_grant(&self, kind: Kind, again: bool) {
+        ProxyMetrics::inc(&self.metrics.acquired);
+        let counter = match (again, kind) {
+            (true, _) => &self.metrics.reentries,
+            (false, Kind::Shared) => &self.metrics.shared_grants,
+            (false, Kind::Exclusive) => &self.metrics.owned_grants,
+            (false, Kind::Permits(_)) => &self.metrics.permit_grants,
+        };
+        ProxyMetrics::inc(counter);
+    }
+
     /// This caller's id in a key's waiting writers.
     pub(crate) fn waiter(&self, caller: super::lease::ConnId) -> String {
         format!("{}{caller:?}", self.instance_prefix())
@@ -291,7 +303,7 @@ impl LockService {
                 facts.get(1).copied().unwrap_or(0),
             );
             if token > 0 {
-                ProxyMetrics::inc(&self.metrics.acquired);
+                self.count_grant(kind, pttl > 1);
                 self.storm.line_answered(&key, Some(ttl_ms));
                 return match validity(ttl_ms, started) {
                     Some(v) => {
@@ -371,6 +383,7 @@ impl LockService {
             let facts = integers(&reply);
             if facts.len() == keys.len() && facts.iter().all(|&t| t > 0) {
                 ProxyMetrics::inc(&self.metrics.acquired);
+                ProxyMetrics::inc(&self.metrics.multi_grants);
                 if let Some(v) = validity(ttl_ms, started) {
                     let tokens = facts.into_iter().map(LocalReply::Integer).collect();
                     return LocalReply::Array(vec![

@@ -52,6 +52,18 @@ counters! {
             "Acquisition attempts sent to the store (client attempts not answered early, and parked attempts' driver calls)";
         /// Attempts that acquired.
         acquired: Counter "lock_acquired", "Attempts that acquired";
+        /// Shared (read) locks granted (`LOCKGATE LOCK … SHARED`).
+        shared_grants: Counter "lock_shared_grants", "Shared (read) locks granted";
+        /// Exclusive locks granted to an owner (`LOCKGATE LOCK … OWNER`).
+        owned_grants: Counter "lock_owned_grants", "Exclusive locks granted to an owner (reentrant)";
+        /// Semaphore permits granted (`LOCKGATE ACQUIRE`).
+        permit_grants: Counter "lock_permit_grants", "Semaphore permits granted";
+        /// An owner's entries again into what it holds (reentrant counts up).
+        reentries: Counter "lock_reentries", "An owner's entries again into a lock or permit it holds";
+        /// Multi-key locks granted, every key (`LOCKGATE LOCK k1 k2 …`).
+        multi_grants: Counter "lock_multi_grants", "Multi-key locks granted (every key)";
+        /// `MSETNX` on lock keys that acquired every key.
+        msetnx_grants: Counter "lock_msetnx_grants", "MSETNX on lock keys that acquired every key";
         /// Attempts that found the key held.
         contended: Counter "lock_contended", "Attempts that found the lock held";
         /// Lock commands refused in front of a Redis Cluster (not served there yet).

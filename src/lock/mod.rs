@@ -81,6 +81,7 @@ pub mod guard;
 pub(crate) mod hotkeys;
 pub(crate) mod keys;
 pub mod kinds;
+pub(crate) mod kinds_view;
 pub mod lapses;
 pub(crate) mod lease;
 pub(crate) mod metrics;

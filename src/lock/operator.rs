@@ -34,6 +34,9 @@ pub enum Holder {
     OutsideLockgate,
     /// The key does not exist (attempts are still parked here).
     Nobody,
+    /// Shared, reentrant or counted holders (see [`crate::lock::kinds`]):
+    /// the row's `kind` and counts say which and how many.
+    Holders,
     /// The store did not answer.
     Unknown,
 }
@@ -46,6 +49,7 @@ impl Holder {
             Holder::AnotherInstance => "another instance",
             Holder::OutsideLockgate => "outside lockgate",
             Holder::Nobody => "nobody",
+            Holder::Holders => "holders",
             Holder::Unknown => "unknown",
         }
     }
@@ -70,6 +74,16 @@ pub struct LockRow {
     pub waiters: usize,
     /// How long the attempt parked longest has waited, ms.
     pub oldest_wait_ms: Option<u64>,
+    /// `exclusive` (one holder, by its owner record), `shared`, `owned`
+    /// (an owner's reentrant exclusive lock) or `permits`; empty when
+    /// nobody holds it or the store did not answer.
+    pub kind: &'static str,
+    /// Holders of a shared, owned or counted lock.
+    pub holders: Option<u64>,
+    /// Their entries (reentrant counts summed).
+    pub entries: Option<u64>,
+    /// Exclusive callers waiting, holding new readers back.
+    pub writers_waiting: Option<u64>,
 }
 
 /// One row of `LOCKGATE WAITERS key`, in the order the lock will be
@@ -112,6 +126,10 @@ impl LockRow {
             lease_left_ms: None,
             waiters: 0,
             oldest_wait_ms: None,
+            kind: "",
+            holders: None,
+            entries: None,
+            writers_waiting: None,
         }
     }
 }
@@ -182,10 +200,32 @@ impl LockService {
                 rows.push(LockRow::unknown(h.key.clone()));
             }
         }
+        // Calls of the lock API waiting in line here count as waiters.
+        for (key, n) in self.lined(glob, max) {
+            match rows.iter().position(|r| r.key == key) {
+                Some(i) => rows[i].waiters += n,
+                None if rows.len() < max => rows.push(LockRow {
+                    waiters: n,
+                    ..LockRow::unknown(key)
+                }),
+                None => {}
+            }
+        }
+
         rows.sort_by(|a, b| {
             (b.waiters.cmp(&a.waiters))
                 .then(b.oldest_wait_ms.cmp(&a.oldest_wait_ms))
                 .then(a.key.cmp(&b.key))
+        });
+        // One key asked by name is read from the store even when this
+        // instance knows nothing of it (a shared lock taken elsewhere),
+        // and listed if anybody holds it.
+        let exact = !pattern
+            .iter()
+            .any(|c| matches!(c, b'*' | b'?' | b'[' | b'\\'));
+        let asked = (exact && max > 0 && !rows.iter().any(|r| r.key == pattern)).then(|| {
+            rows.push(LockRow::unknown(pattern.clone()));
+            rows.len() - 1
         });
         // The owner records: who holds each, as the store says.
         let reads = rows.iter().map(|r| self.owner_of(&r.key));
@@ -203,12 +243,34 @@ impl LockService {
                 (None, Some(_)) => (Holder::OutsideLockgate, String::new()),
                 (None, None) => (Holder::Nobody, String::new()),
             };
+            if matches!(row.holder, Holder::ThisInstance | Holder::AnotherInstance) {
+                row.kind = "exclusive";
+            }
             let mine =
                 (holds.iter()).find(|h| h.key == row.key && h.acquisition == row.acquisition);
             if let Some(h) = mine.filter(|_| !row.acquisition.is_empty()) {
                 row.client = Some(h.client.clone());
                 row.held_ms = Some(now.saturating_duration_since(h.since).as_millis() as u64);
             }
+        }
+        if let Some(i) = asked.filter(|&i| rows[i].holder == Holder::Nobody) {
+            rows.remove(i);
+        }
+        // A key without owner record may hold the holders' mark.
+        let marked: Vec<usize> = (0..rows.len())
+            .filter(|&i| rows[i].holder == Holder::OutsideLockgate)
+            .collect();
+        let reads = marked.iter().map(|&i| self.kind_facts(&rows[i].key));
+        let facts = futures_util::future::join_all(reads).await;
+        for (i, f) in marked.into_iter().zip(facts) {
+            let (row, Some(f)) = (&mut rows[i], f) else {
+                continue;
+            };
+            row.holder = Holder::Holders;
+            row.kind = f.kind;
+            row.holders = Some(f.holders);
+            row.entries = Some(f.entries);
+            row.writers_waiting = Some(f.writers_waiting);
         }
         rows
     }

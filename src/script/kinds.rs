@@ -281,6 +281,26 @@ end
 return 1
 "#;
 
+/// The operators' read of a key held by shared, reentrant or counted
+/// holders (`LOCKGATE LOCKS`), changing nothing. KEYS: lock, holders,
+/// expiry, writers. Reply: `{kind, holders, entries, writers}`: kind 0
+/// (not held so), 1 shared, 2 an owner's exclusive lock, 3 permits; the
+/// live holders, their entries (reentrant counts summed), the exclusive
+/// callers waiting.
+pub const KIND_READ: &str = r#"
+if redis.call('GET', KEYS[1]) ~= 'lockgate:held' then return {0, 0, 0, 0} end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local live = redis.call('ZRANGEBYSCORE', KEYS[3], '(' .. now, '+inf', 'LIMIT', 0, 10000)
+local entries = 0
+for _, id in ipairs(live) do
+  local count = string.match(redis.call('HGET', KEYS[2], id) or '', '^%S+ (%S+) ')
+  entries = entries + (tonumber(count) or 0)
+end
+local kind = ({r = 1, w = 2, s = 3})[redis.call('HGET', KEYS[2], '.kind') or ''] or 0
+return {kind, #live, entries, redis.call('ZCOUNT', KEYS[4], '(' .. now, '+inf')}
+"#;
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -137,7 +137,7 @@ async fn locks_and_waiters_name_the_holder_and_the_queue() {
     let mut three = lg.client().await;
     assert_eq!(three.call_raw(&["HELLO", "3"]).await[0], b'%');
     let raw = three.call_raw(&["LOCKGATE", "LOCKS", key]).await;
-    assert!(raw.starts_with(b"*1\r\n%9\r\n"), "{}", show(&raw));
+    assert!(raw.starts_with(b"*1\r\n%13\r\n"), "{}", show(&raw));
     let free = "lock:order:free";
     assert_eq!(three.call_s(&["SETNX", free, "x"]).await, ":1\r\n");
     drop(three);

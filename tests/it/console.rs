@@ -92,7 +92,7 @@ async fn the_page_shows_the_storm_absorbed_and_who_holds_the_lock() {
         let drawn = attempts["attempts_per_sec"].as_u64().unwrap_or(0) >= 4
             && attempts["sent_per_sec"].as_u64().unwrap_or(0) >= 4;
         let locked = (s["locks"].as_array().into_iter().flatten())
-            .any(|r| r[0] == key && r[3].as_str().is_some_and(|c| c.contains("the-holder")));
+            .any(|r| r[0] == key && r[5].as_str().is_some_and(|c| c.contains("the-holder")));
         // The guard's row: its lock pattern, its mode, the one write
         // (applied, or unchecked where the server refuses scripts).
         let guarded = (s["guards"].as_array().into_iter().flatten()).any(|r| {
@@ -141,13 +141,16 @@ async fn the_page_shows_the_storm_absorbed_and_who_holds_the_lock() {
         attempts.round(),
         "the header's rate is the last sample's"
     );
-    // The locks table: the key, its acquisition, this instance, the holder.
+    // The locks table: the key, its kind, its acquisition, this instance,
+    // no holders' count (one holder, by its owner record), the holder.
     let row = (state["locks"].as_array().into_iter().flatten())
         .find(|r| r[0] == key)
         .expect("the lock's row");
-    assert_eq!(row[1].as_str().map(str::len), Some(16), "{row}");
-    assert_eq!(row[2], "this instance");
-    let acquisition = row[1].as_str().expect("acquisition").to_string();
+    assert_eq!(row[1], "exclusive", "{row}");
+    assert_eq!(row[2].as_str().map(str::len), Some(16), "{row}");
+    assert_eq!(row[3], "this instance");
+    assert_eq!(row[4], "—");
+    let acquisition = row[2].as_str().expect("acquisition").to_string();
     browser.close().await;
 
     // The release button's endpoint: the password first, then the

@@ -212,3 +212,81 @@ async fn without_scripts_the_kinds_and_msetnx_are_refused_saying_so() {
     assert_eq!(c.unlock("k", t).await, 1);
     lg.stop().await;
 }
+
+/// `LOCKGATE LOCKS` shows shared holders, an owner's entries, permits in
+/// use and the writers waiting (a key asked by name is always read); the
+/// grants are counted per kind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operators_see_holders_entries_permits_and_waiting_writers() {
+    use support::locks::m;
+    let redis = RedisServer::start();
+    let lg = Lockgate::start(&redis.addr()).await;
+    let mut c = Api::connect(lg.addr).await;
+    let row = |reply: Resp| reply.items().first().cloned().expect("one row");
+    for _ in 0..2 {
+        c.lock("lock:shared", 10_000, &["SHARED"])
+            .await
+            .expect("a reader");
+    }
+    // A writer waits (in this instance's line): counted as a waiter, and
+    // as a writer holding readers back.
+    let mut w = Api::connect(lg.addr).await;
+    let writer = tokio::spawn(async move {
+        let got = w.lock("lock:shared", 1_000, &["WAIT", "20000"]).await;
+        (w, got)
+    });
+    let mut seen = None;
+    let deadline = std::time::Instant::now() + support::WAIT;
+    while seen.is_none() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no writer seen waiting"
+        );
+        let r = row(c.call(&["LOCKGATE", "LOCKS", "lock:shared"]).await);
+        if r.field("writers_waiting") == &Resp::Int(1) {
+            seen = Some(r);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let r = seen.expect("a row");
+    assert_eq!(r.field("holder").text(), "holders", "{r}");
+    assert_eq!(r.field("kind").text(), "shared", "{r}");
+    assert_eq!(r.field("holders").int(), 2, "{r}");
+    assert_eq!(r.field("entries").int(), 2, "{r}");
+    assert_eq!(r.field("waiters").int(), 1, "{r}");
+    assert!(r.field("lease_left_ms").int() > 9_000, "{r}");
+    // Permits in use, an owner's entries.
+    c.acquire("lock:sem", 3, 10_000, &[])
+        .await
+        .expect("a permit");
+    for _ in 0..3 {
+        c.lock("lock:own", 10_000, &["OWNER", "o"])
+            .await
+            .expect("an entry");
+    }
+    let r = row(c.call(&["LOCKGATE", "LOCKS", "lock:sem"]).await);
+    assert_eq!(
+        (r.field("kind").text(), r.field("holders").int()),
+        ("permits", 1),
+        "{r}"
+    );
+    let r = row(c.call(&["LOCKGATE", "LOCKS", "lock:own"]).await);
+    assert_eq!(r.field("kind").text(), "owned", "{r}");
+    assert_eq!(
+        (r.field("holders").int(), r.field("entries").int()),
+        (1, 3),
+        "{r}"
+    );
+    // A plain exclusive one by its owner record.
+    let (t, _) = (c.lock("lock:x", 10_000, &[]).await).expect("exclusive");
+    let r = row(c.call(&["LOCKGATE", "LOCKS", "lock:x"]).await);
+    assert_eq!(r.field("kind").text(), "exclusive", "{r}");
+    assert_eq!(r.field("holders"), &Resp::Bulk(None), "{r}");
+    assert_eq!(c.unlock("lock:x", t).await, 1);
+    let metrics = &lg.ctx.locks.metrics;
+    assert_eq!(m(&metrics.shared_grants), 2);
+    assert_eq!(m(&metrics.permit_grants), 1);
+    assert_eq!((m(&metrics.owned_grants), m(&metrics.reentries)), (1, 2));
+    writer.abort();
+    lg.stop().await;
+}

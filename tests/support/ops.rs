@@ -29,7 +29,7 @@ pub struct Ops {
 }
 
 /// The fields of a `LOCKGATE LOCKS` record, in order.
-pub const LOCK_FIELDS: [&str; 9] = [
+pub const LOCK_FIELDS: [&str; 13] = [
     "key",
     "acquisition",
     "holder",
@@ -39,6 +39,10 @@ pub const LOCK_FIELDS: [&str; 9] = [
     "lease_left_ms",
     "waiters",
     "oldest_wait_ms",
+    "kind",
+    "holders",
+    "entries",
+    "writers_waiting",
 ];
 
 /// The fields of a `LOCKGATE HOTKEYS` record, in order.

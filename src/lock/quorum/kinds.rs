@@ -168,7 +168,7 @@ impl LockService {
             if let Some(token) = granted.filter(|_| validity > 0) {
                 q.granted(ttl_ms);
                 self.storm.line_answered(&key, Some(ttl_ms));
-                ProxyMetrics::inc(&self.metrics.acquired);
+                self.count_grant(kind, reentered.first().is_some_and(|&t| t > 0));
                 return LocalReply::Array(vec![
                     LocalReply::Integer(token),
                     LocalReply::Integer(validity),
@@ -302,6 +302,7 @@ impl LockService {
             if let Some(tokens) = granted.filter(|_| validity > 0) {
                 q.granted(ttl_ms);
                 ProxyMetrics::inc(&self.metrics.acquired);
+                ProxyMetrics::inc(&self.metrics.multi_grants);
                 let tokens = tokens.into_iter().map(LocalReply::Integer).collect();
                 return LocalReply::Array(vec![
                     LocalReply::Array(tokens),

@@ -102,6 +102,22 @@ impl Lines {
         }
     }
 
+    /// The keys whose lines `glob` matches, with how many callers wait in
+    /// each, at most `max` keys (the operators' view).
+    pub fn waiting(&self, glob: impl Fn(&[u8]) -> bool, max: usize) -> Vec<(Bytes, usize)> {
+        (self.lines.iter())
+            .filter(|e| glob(e.key()))
+            .take(max)
+            .map(|e| {
+                (
+                    e.key().clone(),
+                    Arc::strong_count(e.value()).saturating_sub(1),
+                )
+            })
+            .filter(|(_, n)| *n > 0)
+            .collect()
+    }
+
     /// A place at the end of `key`'s line for a caller on connection
     /// `owner`; `None` when the table is full.
     pub fn join(&self, key: &Bytes, owner: ConnId) -> Option<Place<'_>> {
