@@ -262,8 +262,11 @@ impl LockService {
             return self.fence_ran_out(place.as_ref());
         };
         self.granting(ttl_ms);
-        let [counter, holders, expiry, writers] = book(&key);
+        let keys = queued_book(&key);
+        let keys: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
         let ttl = ttl_ms.to_string();
+        let (bound, life) = self.fairness_for(&key);
+        let (bound, life) = (bound.to_string(), life.to_string());
         let permits = match kind {
             Kind::Permits(n) => n.to_string(),
             _ => "0".to_string(),
@@ -280,7 +283,7 @@ impl LockService {
             let cmd = super::eval_on(
                 lua::KIND_LOCK,
                 &key,
-                &[&counter, &holders, &expiry, &writers],
+                &keys,
                 &[
                     kind.code(),
                     ttl.as_bytes(),
@@ -288,6 +291,9 @@ impl LockService {
                     permits.as_bytes(),
                     waits.as_bytes(),
                     waiter.as_bytes(),
+                    self.instance_prefix().as_bytes(),
+                    bound.as_bytes(),
+                    life.as_bytes(),
                 ],
             );
             let reply = match node.call(cmd, timeout).await {

@@ -83,10 +83,15 @@ end
 
 /// A shared, reentrant or counted acquisition of one key (see the module
 /// doc). KEYS: lock, owner record (unused, for the slot), counter,
-/// holders, expiry, writers. ARGV: kind (`r` shared, `w` exclusive, `s`
-/// a permit), lease ms, owner (`''`: none, not reentrant), permits (for
-/// `s`), how long an exclusive caller still waits ms (`0`: it does not
-/// hold readers back), its waiter id.
+/// holders, expiry, writers, queue, places. ARGV: kind (`r` shared, `w`
+/// exclusive, `s` a permit), lease ms, owner (`''`: none, not
+/// reentrant), permits (for `s`), how long an exclusive caller still
+/// waits ms (`0`: it does not hold readers back), its waiter id, then the
+/// turns across instances as `super::FENCE_LOCK` takes them: instance
+/// prefix, fairness bound ms, a place's life ms (`0`: no queue). A call
+/// that finds the key taken, or yields to the queue's head, takes or
+/// renews this instance's place; a grant leaves it; an owner's entry
+/// again never waits.
 ///
 /// Reply: `{token, count}` acquired (a holder's entry again: its token
 /// and new count, its lease made at least `ttl` from now); `{0, pttl}`
@@ -95,6 +100,7 @@ end
 /// the other way round).
 pub const KIND_LOCK: &str = concat!(
     kinds_book!(),
+    queue!(),
     r#"
 local kind, ttl, owner = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local permits, wait, waiter = tonumber(ARGV[4]) or 0, tonumber(ARGV[5]) or 0, ARGV[6]
@@ -136,8 +142,17 @@ elseif kind == 'r' then
 else
   free = held < permits
 end
-if not free then
+local me, bound, life = ARGV[7] or '', tonumber(ARGV[8]) or 0, tonumber(ARGV[9]) or 0
+local yield, head = false, nil
+if me ~= '' and redis.call('EXISTS', KEYS[7]) == 1 then
+  yield, head = q_yield(KEYS[7], KEYS[8], me, bound, now)
+end
+if not free or yield then
   if kind == 'w' and wait > 0 then redis.call('ZADD', KEYS[6], now + wait, waiter) end
+  if life > 0 then q_join(KEYS[7], KEYS[8], me, life, now) end
+  if yield and free and redis.call('HGET', KEYS[8], '.woken') ~= head then
+    q_wake(KEYS[7], KEYS[8], KEYS[1], now)
+  end
   local pttl = redis.call('PTTL', KEYS[1])
   if pttl < 0 then pttl = 0 end
   return {0, pttl}
@@ -149,6 +164,11 @@ if owner ~= '' then redis.call('HSET', KEYS[4], 'o:' .. owner, tok) end
 redis.call('ZADD', KEYS[5], now + ttl, id)
 if kind == 'w' then redis.call('ZREM', KEYS[6], waiter) end
 k_settle(now)
+if me ~= '' and redis.call('EXISTS', KEYS[7]) == 1 then
+  q_leave(KEYS[7], KEYS[8], me)
+  q_began(KEYS[7], KEYS[8], me, now)
+  redis.call('HDEL', KEYS[8], '.woken')
+end
 return {tonumber(tok), 1}
 "#
 );
@@ -156,8 +176,8 @@ return {tonumber(tok), 1}
 /// The release of one grant of any kind (`LOCKGATE UNLOCK | RELEASE`): an
 /// exclusive fencing lock holding `token` is deleted as
 /// [`super::FENCE_UNLOCK`] does; a holder of [`KIND_LOCK`] counts one
-/// entry down and leaves at 0. The last holder gone, the key's queue's
-/// head is woken. KEYS: lock, owner record, counter (unused), holders,
+/// entry down and leaves at 0. The last holder gone (or a permit freed),
+/// the key's queue's head is woken. KEYS: lock, owner record, counter (unused), holders,
 /// expiry, writers, queue, places. ARGV: token. Reply: 1 released (an
 /// entry of it), 0 `token` holds nothing here.
 pub const KIND_UNLOCK: &str = concat!(
@@ -183,7 +203,8 @@ if count > 0 then
   return 1
 end
 k_leave(id)
-if not k_settle(now) and redis.call('EXISTS', KEYS[7]) == 1 then
+-- The last holder gone, or a permit freed: the queue's head may go.
+if (not k_settle(now) or kind == 's') and redis.call('EXISTS', KEYS[7]) == 1 then
   q_wake(KEYS[7], KEYS[8], KEYS[1], now)
 end
 return 1

@@ -7,13 +7,16 @@
 
 /// Step 1 of a shared, reentrant or counted grant on one master: as
 /// [`super::kinds::KIND_LOCK`], the new holder named `p:<instance token>`
-/// until committed ([`QKIND_COMMIT`]). KEYS: as `KIND_LOCK`'s. ARGV: as
-/// `KIND_LOCK`'s, then the instance token. Reply: `{1, count, counter,
+/// until committed ([`QKIND_COMMIT`]), turns across instances taken in
+/// each master's queue. KEYS: as `KIND_LOCK`'s. ARGV: `KIND_LOCK`'s
+/// first six, the instance token, then its last three (instance prefix,
+/// fairness bound ms, a place's life ms). Reply: `{1, count, counter,
 /// clock, 0}` taken; `{1, count, counter, clock, token}` an owner's entry
 /// again (already committed with `token`); `{0, pttl, 0, clock, 0}` not;
 /// `clock` is the master's `TIME` in µs.
 pub const QKIND_TAKE: &str = concat!(
     kinds_book!(),
+    queue!(),
     r#"
 local kind, ttl, owner = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local permits, wait, waiter = tonumber(ARGV[4]) or 0, tonumber(ARGV[5]) or 0, ARGV[6]
@@ -60,8 +63,17 @@ elseif kind == 'r' then
 else
   free = held < permits
 end
-if not free then
+local me, bound, life = ARGV[8] or '', tonumber(ARGV[9]) or 0, tonumber(ARGV[10]) or 0
+local yield, head = false, nil
+if me ~= '' and redis.call('EXISTS', KEYS[7]) == 1 then
+  yield, head = q_yield(KEYS[7], KEYS[8], me, bound, now)
+end
+if not free or yield then
   if kind == 'w' and wait > 0 then redis.call('ZADD', KEYS[6], now + wait, waiter) end
+  if life > 0 then q_join(KEYS[7], KEYS[8], me, life, now) end
+  if yield and free and redis.call('HGET', KEYS[8], '.woken') ~= head then
+    q_wake(KEYS[7], KEYS[8], KEYS[1], now)
+  end
   local pttl = redis.call('PTTL', KEYS[1])
   if pttl < 0 then pttl = 0 end
   return {0, pttl, 0, clock(), 0}
@@ -71,6 +83,11 @@ redis.call('HSET', KEYS[4], id, kind .. ' 1 ' .. owner, '.kind', kind)
 redis.call('ZADD', KEYS[5], now + ttl, id)
 if kind == 'w' then redis.call('ZREM', KEYS[6], waiter) end
 k_settle(now)
+if me ~= '' and redis.call('EXISTS', KEYS[7]) == 1 then
+  q_leave(KEYS[7], KEYS[8], me)
+  q_began(KEYS[7], KEYS[8], me, now)
+  redis.call('HDEL', KEYS[8], '.woken')
+end
 return {1, 1, counter(), clock(), 0}
 "#
 );

@@ -223,13 +223,14 @@ async fn operators_see_holders_entries_permits_and_waiting_writers() {
     let lg = Lockgate::start(&redis.addr()).await;
     let mut c = Api::connect(lg.addr).await;
     let row = |reply: Resp| reply.items().first().cloned().expect("one row");
+    let mut readers = Vec::new();
     for _ in 0..2 {
-        c.lock("lock:shared", 10_000, &["SHARED"])
-            .await
-            .expect("a reader");
+        let (t, _) = (c.lock("lock:shared", 10_000, &["SHARED"]).await).expect("a reader");
+        readers.push(t);
     }
     // A writer waits (in this instance's line): counted as a waiter, and
-    // as a writer holding readers back.
+    // as a writer holding readers back (the row is read in several steps:
+    // both are awaited).
     let mut w = Api::connect(lg.addr).await;
     let writer = tokio::spawn(async move {
         let got = w.lock("lock:shared", 1_000, &["WAIT", "20000"]).await;
@@ -243,7 +244,7 @@ async fn operators_see_holders_entries_permits_and_waiting_writers() {
             "no writer seen waiting"
         );
         let r = row(c.call(&["LOCKGATE", "LOCKS", "lock:shared"]).await);
-        if r.field("writers_waiting") == &Resp::Int(1) {
+        if r.field("writers_waiting") == &Resp::Int(1) && r.field("waiters") == &Resp::Int(1) {
             seen = Some(r);
         }
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
@@ -287,6 +288,11 @@ async fn operators_see_holders_entries_permits_and_waiting_writers() {
     assert_eq!(m(&metrics.shared_grants), 2);
     assert_eq!(m(&metrics.permit_grants), 1);
     assert_eq!((m(&metrics.owned_grants), m(&metrics.reentries)), (1, 2));
-    writer.abort();
+    // The readers leave: the writer has its turn.
+    for t in readers {
+        assert_eq!(c.unlock("lock:shared", t).await, 1);
+    }
+    let (_, got) = writer.await.expect("writer task");
+    assert!(got.is_some(), "the writer had its turn");
     lg.stop().await;
 }

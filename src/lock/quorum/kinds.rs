@@ -99,8 +99,9 @@ impl LockService {
             Kind::Permits(n) => permit_votes(q.masters.len(), n, q.votes_needed()),
             _ => q.votes_needed(),
         };
-        let book = book(&key);
         let undo_keys = queued_book(&key);
+        let (bound, life) = self.fairness_for(&key);
+        let (bound, life) = (bound.to_string(), life.to_string());
         let (ttl, owner) = (ttl_ms.to_string(), owner.unwrap_or_default());
         let permits = match kind {
             Kind::Permits(n) => n.to_string(),
@@ -122,7 +123,7 @@ impl LockService {
             let take = crate::lock::eval_on(
                 qkinds::QKIND_TAKE,
                 &key,
-                &book.each(),
+                &undo_keys.each(),
                 &[
                     kind.code(),
                     ttl.as_bytes(),
@@ -131,6 +132,9 @@ impl LockService {
                     waits.as_bytes(),
                     waiter.as_bytes(),
                     &instance_token,
+                    self.instance_prefix().as_bytes(),
+                    bound.as_bytes(),
+                    life.as_bytes(),
                 ],
             );
             let answers = q
@@ -150,7 +154,7 @@ impl LockService {
                 let commit = crate::lock::eval_on(
                     qkinds::QKIND_COMMIT,
                     &key,
-                    &book.each(),
+                    &book(&key).each(),
                     &[&instance_token, token_s.as_bytes(), &owner],
                 );
                 let committed = q.ask(&answers.yes_from, &commit.into(), |_| false).await;
