@@ -35,6 +35,7 @@ mod fence_watch;
 mod fencing;
 mod guarded_faults;
 mod guarded_writes;
+mod kinds_faults;
 mod layers;
 mod legacy_behaviour;
 mod lock_kinds;

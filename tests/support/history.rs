@@ -48,6 +48,11 @@ pub enum Kind {
     SetNx,
     /// `LOCKGATE LOCK … WAIT` / `UNLOCK` with a fencing token.
     Fence,
+    /// `LOCKGATE LOCK … SHARED`: a read lock, held beside other readers,
+    /// never beside an exclusive holder.
+    Shared,
+    /// `LOCKGATE ACQUIRE`: one of [`Records::permits`] permits.
+    Permit,
 }
 
 /// One acquisition and what its holder did with it.
@@ -270,6 +275,9 @@ pub struct Records {
     /// The guarded data's history as Redis holds it at the end (the tags
     /// of the writes applied, in order); `None`: not read.
     pub data: Option<Vec<String>>,
+    /// A semaphore's permits: at most this many [`Kind::Permit`] sections
+    /// valid at once (`None`: one).
+    pub permits: Option<usize>,
 }
 
 /// The shared journal, timed from one epoch.
@@ -318,8 +326,10 @@ impl Journal {
 /// Every failure found, by check.
 #[derive(Debug, Default)]
 pub struct Verdict {
-    /// Two valid sections overlapped.
+    /// Two valid sections overlapped (two readers may).
     pub overlaps: Vec<String>,
+    /// More valid permit sections at once than the semaphore's permits.
+    pub over_permits: Vec<String>,
     /// A lost update between two valid sections.
     pub lost: Vec<String>,
     /// Lost updates involving a section past its validity (expected).
@@ -383,6 +393,7 @@ impl Verdict {
     /// No safety failure (liveness is [`Verdict::live`]).
     pub fn clean(&self) -> bool {
         self.overlaps.is_empty()
+            && self.over_permits.is_empty()
             && self.lost.is_empty()
             && self.fence_refused_valid.is_empty()
             && self.old_token_accepted.is_empty()
@@ -398,6 +409,7 @@ impl Verdict {
         let all: Vec<&str> = self
             .overlaps
             .iter()
+            .chain(&self.over_permits)
             .chain(&self.lost)
             .chain(&self.fence_refused_valid)
             .chain(&self.old_token_accepted)
@@ -533,13 +545,30 @@ pub fn judge(r: &Records) -> Verdict {
     // Mutual exclusion: sweep the valid windows in start order.
     let mut valid: Vec<&Section> = r.sections.iter().filter(|s| s.valid()).collect();
     valid.sort_by_key(|s| s.start);
+    // Readers may overlap each other, and permits each other up to the
+    // semaphore's count; nothing else may.
     let mut open: Vec<&Section> = Vec::new();
+    let permits = r.permits.unwrap_or(1);
     for s in valid {
         open.retain(|o| o.window().1 > s.start);
         for o in &open {
-            v.overlaps.push(format!(
-                "OVERLAP of two valid sections:\n{}",
-                timeline(r, o, s)
+            let shares = matches!(
+                (o.kind, s.kind),
+                (Kind::Shared, Kind::Shared) | (Kind::Permit, Kind::Permit)
+            );
+            if !shares {
+                v.overlaps.push(format!(
+                    "OVERLAP of two valid sections:\n{}",
+                    timeline(r, o, s)
+                ));
+            }
+        }
+        let holders: Vec<&&Section> = (open.iter()).filter(|o| o.kind == Kind::Permit).collect();
+        if s.kind == Kind::Permit && holders.len() >= permits {
+            v.over_permits.push(format!(
+                "MORE HOLDERS THAN PERMITS ({} of {permits}):\n{}",
+                holders.len() + 1,
+                timeline(r, holders[0], s)
             ));
         }
         open.push(s);
@@ -957,6 +986,36 @@ mod tests {
             data: Some(order.iter().map(|t| t.to_string()).collect()),
             ..Records::default()
         })
+    }
+
+    /// Readers overlap each other, never a writer; permits overlap up to
+    /// their count.
+    #[test]
+    fn readers_share_writers_do_not_and_permits_count() {
+        let of = |kind: Kind, s: Section| Section { kind, ..s };
+        let run = |sections: Vec<Section>, permits: Option<usize>| {
+            judge(&Records {
+                sections,
+                permits,
+                ..Records::default()
+            })
+        };
+        let readers = vec![
+            of(Kind::Shared, section(1, 0, 1, 900, 500)),
+            of(Kind::Shared, section(2, 0, 2, 900, 600)),
+        ];
+        assert!(run(readers.clone(), None).clean());
+        let mut with_writer = readers;
+        with_writer.push(of(Kind::Fence, section(3, 0, 400, 900, 800)));
+        let v = run(with_writer, None);
+        assert_eq!(v.overlaps.len(), 2, "{}", v.first(5));
+        let permits: Vec<Section> = (1..=3)
+            .map(|i| of(Kind::Permit, section(i, 0, i, 900, 500)))
+            .collect();
+        assert!(run(permits.clone(), Some(3)).clean());
+        let v = run(permits, Some(2));
+        assert_eq!(v.over_permits.len(), 1, "{}", v.first(5));
+        assert!(v.overlaps.is_empty());
     }
 
     /// A guarded write is judged against who validly held the lock when

@@ -1,5 +1,6 @@
 //! A recording client for the fault tests that send their lock commands one
-//! at a time (the quorum's master faults, `tests/it/quorum_faults.rs`; the
+//! at a time (also `LOCKGATE LOCK … SHARED` and `LOCKGATE ACQUIRE`, whose
+//! holders may overlap as their kinds allow) (the quorum's master faults, `tests/it/quorum_faults.rs`; the
 //! partitions around one lockgate and a cluster node cut off,
 //! `tests/it/partitions.rs`, `tests/it/cluster_partition.rs`): every
 //! acquisition (`SETNX`, `SET … NX`, `LOCKGATE LOCK`) is recorded as an
@@ -159,13 +160,28 @@ impl Recorder {
                     .map_or(DEFAULT_LEASE, Duration::from_millis);
                 Some((Kind::SetNx, lease, None))
             }
-            Some("LOCKGATE") if word(1) == Some("LOCK") => {
-                let lease = args.get(3).and_then(|ms| ms.parse().ok());
-                let wait = (word(4) == Some("WAIT"))
-                    .then(|| args.get(5).and_then(|ms| ms.parse().ok()))
-                    .flatten()
+            // One key: `LOCK key ttl [WAIT ms] [SHARED]`, `ACQUIRE key
+            // permits ttl [WAIT ms]`.
+            Some("LOCKGATE") if matches!(word(1), Some("LOCK") | Some("ACQUIRE")) => {
+                let permits = (word(1) == Some("ACQUIRE"))
+                    .then(|| args.get(3).and_then(|p| p.parse::<usize>().ok()))
+                    .flatten();
+                let lease_at = if permits.is_some() { 4 } else { 3 };
+                let lease = args.get(lease_at).and_then(|ms| ms.parse().ok());
+                let wait = (upper.iter().position(|a| a == "WAIT"))
+                    .and_then(|i| args.get(i + 1))
+                    .and_then(|ms| ms.parse().ok())
                     .map(Duration::from_millis);
-                Some((Kind::Fence, Duration::from_millis(lease.unwrap_or(0)), wait))
+                let kind = match permits {
+                    Some(p) => {
+                        let key = args.get(2).copied().unwrap_or_default();
+                        self.records(key).permits = Some(p);
+                        Kind::Permit
+                    }
+                    None if upper.iter().any(|a| a == "SHARED") => Kind::Shared,
+                    None => Kind::Fence,
+                };
+                Some((kind, Duration::from_millis(lease.unwrap_or(0)), wait))
             }
             _ => None,
         };
@@ -178,7 +194,7 @@ impl Recorder {
         if let Some((kind, lease, wait)) = acquiring {
             let outcome = match reply.as_str() {
                 ":1\r\n" | "+OK\r\n" => Outcome::Granted,
-                r if kind == Kind::Fence && r.starts_with("*2\r\n") => Outcome::Granted,
+                r if kind >= Kind::Fence && r.starts_with("*2\r\n") => Outcome::Granted,
                 ":0\r\n" | "$-1\r\n" | "_\r\n" | "*-1\r\n" => Outcome::NotAcquired,
                 other => Outcome::Failed(other.trim_end().to_string()),
             };
@@ -186,7 +202,7 @@ impl Recorder {
                 self.grants += 1;
                 // Redlock's validity: the lease less 1% drift and 2 ms.
                 let drift = lease / 100 + Duration::from_millis(2);
-                let token = (kind == Kind::Fence)
+                let token = (kind >= Kind::Fence)
                     .then(|| reply.split("\r\n").nth(1))
                     .flatten()
                     .and_then(|l| l.strip_prefix(':'))
@@ -262,6 +278,7 @@ impl Recorder {
         }
         for (key, r) in keys {
             let mine = self.records(&key);
+            mine.permits = mine.permits.or(r.permits);
             mine.attempts.extend(r.attempts);
             mine.sections.extend(r.sections);
             mine.releases.extend(r.releases);
