@@ -215,6 +215,10 @@ impl Worker {
             Kind::Legacy => vec!["SETNX", LOCK, &value],
             Kind::SetNx => vec!["SET", LOCK, &value, "NX", "PX", &lease],
             Kind::Fence => vec!["LOCKGATE", "LOCK", LOCK, &lease, "WAIT", &wait_ms],
+            // Each chaos client writes the counter under its lock: an
+            // exclusive one (shared and counted locks under faults:
+            // tests/it/kinds_faults.rs).
+            Kind::Shared | Kind::Permit => unreachable!("chaos clients lock exclusively"),
         };
         let asked_wait = (self.kind == Kind::Fence).then(|| Duration::from_millis(LOCK_WAIT_MS));
         let (sh, client, lg) = (self.sh.clone(), self.id, self.lg);
@@ -414,6 +418,7 @@ impl Worker {
             Kind::Legacy => vec!["DEL", LOCK],
             Kind::SetNx => vec!["EVAL", RELEASE, "1", LOCK, value],
             Kind::Fence => vec!["LOCKGATE", "UNLOCK", LOCK, &tk],
+            Kind::Shared | Kind::Permit => unreachable!("chaos clients lock exclusively"),
         };
         let (result, acquiring_conn, conn_opened) = match self.pool.call(&args, REPLY_WAIT).await {
             Ok((r, o)) => {
