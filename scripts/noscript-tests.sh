@@ -95,6 +95,10 @@ SKIP=(
 	# scripts (refused without them: lock_kinds tests that too).
 	lock_kinds::every_kind
 	lock_kinds::msetnx
+	lock_kinds::operators
+	lock_kinds::the_python
+	lock_kinds::one_multiplexed
+	kinds_faults::
 	# Needs scripts present to deny them by ACL.
 	locks_scriptless::an_acl_without_scripts_is_found_at_the_first_refusal
 	# A silent primary leaves a lock command unanswered on the client's

@@ -296,3 +296,83 @@ async fn operators_see_holders_entries_permits_and_waiting_writers() {
     assert!(got.is_some(), "the writer had its turn");
     lg.stop().await;
 }
+
+/// The Python example (`examples/lockgate_locks.py`, Redisson's
+/// RReadWriteLock and RPermitExpirableSemaphore shapes) with threads, as
+/// an app uses it, through lockgate on one Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_example_reads_writes_and_counts_with_threads() {
+    let redis = RedisServer::start();
+    let lg = Lockgate::start(&redis.addr()).await;
+    let args = [
+        lg.addr.ip().to_string(),
+        lg.addr.port().to_string(),
+        "lock:py".to_string(),
+    ];
+    let wait = std::time::Duration::from_secs(60);
+    let out = support::python("lockgate_locks_example.py", &args, wait).await;
+    assert!(out.contains("checks passed"), "{out}");
+    let metrics = &lg.ctx.locks.metrics;
+    assert!(support::locks::m(&metrics.shared_grants) >= 20);
+    assert!(support::locks::m(&metrics.permit_grants) >= 20);
+    lg.stop().await;
+}
+
+/// One multiplexed connection (Lettuce, StackExchange.Redis, ioredis):
+/// every kind of call pipelined between ordinary commands is answered in
+/// order, and a token releases its grant from any connection (a LIFO
+/// pool hands the taker's connection on; the token is what counts).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_multiplexed_connection_gets_every_answer_in_order() {
+    let redis = RedisServer::start();
+    let lg = Lockgate::start(&redis.addr()).await;
+    let mut c = support::RawClient::connect(lg.addr).await;
+    let calls: [&[&str]; 9] = [
+        &["LOCKGATE", "LOCK", "lock:mx", "10000", "SHARED"],
+        &["SET", "plain:mx", "1"],
+        &["LOCKGATE", "LOCK", "lock:mx", "10000", "SHARED"],
+        &["LOCKGATE", "LOCK", "lock:mx", "10000"],
+        &["LOCKGATE", "ACQUIRE", "lock:ms", "1", "10000"],
+        &["LOCKGATE", "ACQUIRE", "lock:ms", "1", "10000"],
+        &["LOCKGATE", "LOCK", "lock:m1", "lock:m2", "10000"],
+        &["MSETNX", "lock:m3", "a", "lock:m4", "b"],
+        &["GET", "plain:mx"],
+    ];
+    let batch: Vec<u8> = calls.iter().flat_map(|a| support::cmd(a)).collect();
+    c.send(&batch).await;
+    let raw = c.read_raw_frames(calls.len()).await;
+    let mut pos = 0;
+    let replies: Vec<Resp> = (0..calls.len())
+        .map(|_| Resp::decode(&raw, &mut pos))
+        .collect();
+    let token = |r: &Resp| r.items()[0].int();
+    let (r1, r2) = (token(&replies[0]), token(&replies[2]));
+    assert!(r2 > r1, "{replies:?}");
+    assert_eq!(replies[1], Resp::Status("OK".into()));
+    assert_eq!(replies[3], Resp::Bulk(None), "a writer beside readers");
+    let permit = token(&replies[4]);
+    assert_eq!(replies[5], Resp::Bulk(None), "one permit");
+    let multi: Vec<i64> = replies[6].items()[0]
+        .items()
+        .iter()
+        .map(Resp::int)
+        .collect();
+    assert_eq!(multi.len(), 2);
+    assert_eq!(replies[7], Resp::Int(1));
+    assert_eq!(replies[8], Resp::Bulk(Some(b"1".to_vec())));
+    // Released from another connection by their tokens.
+    let mut other = Api::connect(lg.addr).await;
+    assert_eq!(other.unlock("lock:mx", r1).await, 1);
+    assert_eq!(other.unlock("lock:mx", r2).await, 1);
+    assert_eq!(other.unlock("lock:ms", permit).await, 1);
+    assert_eq!(other.unlock("lock:m1", multi[0]).await, 1);
+    assert_eq!(other.unlock("lock:m2", multi[1]).await, 1);
+    assert_eq!(
+        other
+            .call(&["EXISTS", "lock:mx", "lock:ms", "lock:m1"])
+            .await
+            .int(),
+        0
+    );
+    lg.stop().await;
+}
