@@ -181,16 +181,25 @@ return {tonumber(tok), 1}
 /// expiry, writers, queue, places. ARGV: token. Reply: 1 released (an
 /// entry of it), 0 `token` holds nothing here.
 pub const KIND_UNLOCK: &str = concat!(
+    // An exclusive lock with nobody queued, before any function is
+    // defined (defining them costs every call).
+    r#"
+local v = redis.call('GET', KEYS[1])
+local mine = v == ARGV[1] and v ~= 'lockgate:held'
+if mine and redis.call('EXISTS', KEYS[7]) == 0 then
+  redis.call('DEL', KEYS[1], KEYS[2])
+  return 1
+end
+if not mine and v ~= 'lockgate:held' then return 0 end
+"#,
     kinds_book!(),
     queue!(),
     r#"
-local v = redis.call('GET', KEYS[1])
-if v == ARGV[1] then
+if mine then
   redis.call('DEL', KEYS[1], KEYS[2])
-  if redis.call('EXISTS', KEYS[7]) == 1 then q_wake(KEYS[7], KEYS[8], KEYS[1], q_now()) end
+  q_wake(KEYS[7], KEYS[8], KEYS[1], q_now())
   return 1
 end
-if v ~= MARK then return 0 end
 local now = k_now()
 k_purge(now)
 local id = 't:' .. ARGV[1]
@@ -217,15 +226,17 @@ return 1
 /// out is never brought back. KEYS: as [`KIND_UNLOCK`]'s first six.
 /// ARGV: token, ttl ms. Reply: 1 extended, 0 not held.
 pub const KIND_EXTEND: &str = concat!(
-    kinds_book!(),
     r#"
 local v = redis.call('GET', KEYS[1])
-if v == ARGV[1] then
+if v == ARGV[1] and v ~= 'lockgate:held' then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   redis.call('PEXPIRE', KEYS[2], ARGV[2])
   return 1
 end
-if v ~= MARK then return 0 end
+if v ~= 'lockgate:held' then return 0 end
+"#,
+    kinds_book!(),
+    r#"
 local now = k_now()
 k_purge(now)
 local id = 't:' .. ARGV[1]

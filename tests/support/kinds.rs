@@ -161,6 +161,11 @@ pub async fn readers_and_writers(addr: SocketAddr, key: &str, masters: &[String]
         None,
         "a new reader while a writer waits"
     );
+    // The mark is no token: it releases and extends nothing.
+    let mark = ["LOCKGATE", "UNLOCK", key, "lockgate:held"];
+    assert_eq!(r1.call(&mark).await.int(), 0);
+    let mark = ["LOCKGATE", "EXTEND", key, "lockgate:held", "100"];
+    assert_eq!(r1.call(&mark).await.int(), 0);
     assert_eq!(r1.unlock(key, t1).await, 1);
     assert!(!writer.is_finished(), "the writer went in beside a reader");
     assert_eq!(r2.unlock(key, t2).await, 1);
