@@ -139,13 +139,11 @@ fn check(
         },
         Route::Admin | Route::Deny(_) => assert_eq!(name, b"LOCKGATE"),
         Route::Queue(_) => assert!(quorum && v.in_multi),
-        // A transaction refused while queuing: on the quorum, or with a
-        // guarded write lockgate could not check (refuse mode).
+        // A transaction with a command refused while queuing: on the
+        // quorum, a guarded write lockgate could not check (refuse mode),
+        // or any refusal (`MSETNX` on lock keys).
         Route::ExecAbort => {
-            assert!(
-                (quorum || locks.guards_on()) && v.in_multi && name == b"EXEC",
-                "{name:?}"
-            )
+            assert!(v.tx.failed && v.in_multi && name == b"EXEC", "{name:?}")
         }
         Route::ExecQueued { .. } => {
             assert!(quorum && v.in_multi && name == b"EXEC", "{name:?}")
@@ -163,6 +161,13 @@ fn check(
         }
         Route::QuorumRead | Route::QuorumEval | Route::QuorumSplit(_) => assert!(quorum),
         Route::Refuse(msg) => assert!(!msg.is_empty()),
+        // `MSETNX` naming a lock key, as one acquisition.
+        Route::AcquireAll(pairs) => {
+            assert_eq!(name, b"MSETNX");
+            assert!(!quorum && !v.in_multi);
+            assert_eq!(pairs.len() * 2, args.len() - 1);
+            assert!(pairs.iter().any(|(k, _)| locks.is_lock_key(k)));
+        }
         Route::ForwardForget(what, expect) => {
             assert_eq!(*expect, Expect::One);
             match what {

@@ -41,7 +41,7 @@ pub enum AdminReply {
 pub fn handle(ctx: &Arc<ServerContext>, args: CommandArgs<'_>, caller: ConnId) -> AdminReply {
     let sub = args.get(1).to_ascii_uppercase();
     match sub.as_slice() {
-        b"LOCK" | b"ACQUIRE" | b"UNLOCK" | b"EXTEND" | b"WATCH" => fencing(ctx, args, caller),
+        b"LOCK" | b"ACQUIRE" | b"UNLOCK" | b"EXTEND" | b"WATCH" => lock_api(ctx, args, caller),
         b"LOCKS" => views::locks(ctx, args.get(2), args.get(3)),
         b"RELEASE" => release(ctx, args),
         _ => AdminReply::Now(counters(ctx, &sub, args)),
@@ -221,7 +221,7 @@ fn help() -> LocalReply {
 }
 
 /// Parses a call of the lock API and starts the task that answers it.
-fn fencing(ctx: &Arc<ServerContext>, args: CommandArgs<'_>, caller: ConnId) -> AdminReply {
+fn lock_api(ctx: &Arc<ServerContext>, args: CommandArgs<'_>, caller: ConnId) -> AdminReply {
     let ask = match fencing::parse(&args.all()) {
         Ok(ask) => ask,
         Err(bad) => return AdminReply::Now(LocalReply::err(bad.to_string())),

@@ -47,7 +47,10 @@
 //!   [`split`] (per-key commands split between the quorum and the
 //!   primary).
 //! - [`watchdog`] (renewal, release on disconnect), [`fence`] (the
-//!   fencing-token API on one Redis), [`fence_watch`] (`LOCKGATE WATCH`: a
+//!   fencing-token API on one Redis), [`kinds`] (shared, reentrant,
+//!   counted and multi-key locks for new code; their operators' view in
+//!   `kinds_view`), `all_or_none` (`MSETNX` on lock keys as one
+//!   acquisition), [`fence_watch`] (`LOCKGATE WATCH`: a
 //!   holder told when its lease is gone), [`failover`] (the hold after a switch
 //!   of the primary), [`replicas`] (a grant answered only once the
 //!   primary's replicas hold it, `locks.replicas_ack`; the shorter hold
