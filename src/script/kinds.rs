@@ -32,7 +32,8 @@ pub const HELD_MARK: &str = "lockgate:held";
 /// `k_token()` (a new fencing token, as a string), `k_purge(now)` (drops
 /// holders and writers past their time), `k_settle(now)` (the lock key's
 /// lease follows the longest holder; everything goes with the last one),
-/// `k_leave(id)` (one holder out).
+/// `k_leave(id)` (one holder out), `k_wait(now, wait, waiter)` (a
+/// writer waits, the set expiring with its last waiter).
 macro_rules! kinds_book {
     () => {
         r#"
@@ -59,6 +60,10 @@ local function k_leave(id)
     redis.call('HDEL', KEYS[4], id)
   end
   redis.call('ZREM', KEYS[5], id)
+end
+local function k_wait(now, wait, waiter)
+  redis.call('ZADD', KEYS[6], now + wait, waiter)
+  if redis.call('PTTL', KEYS[6]) < wait then redis.call('PEXPIRE', KEYS[6], wait) end
 end
 local function k_purge(now)
   for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now)) do k_leave(id) end
@@ -107,7 +112,7 @@ local permits, wait, waiter = tonumber(ARGV[4]) or 0, tonumber(ARGV[5]) or 0, AR
 local now = k_now()
 local v = redis.call('GET', KEYS[1])
 if v and v ~= MARK then
-  if kind == 'w' and wait > 0 then redis.call('ZADD', KEYS[6], now + wait, waiter) end
+  if kind == 'w' and wait > 0 then k_wait(now, wait, waiter) end
   return {0, redis.call('PTTL', KEYS[1])}
 end
 if not v then redis.call('DEL', KEYS[4], KEYS[5]) end
@@ -148,7 +153,7 @@ if me ~= '' and redis.call('EXISTS', KEYS[7]) == 1 then
   yield, head = q_yield(KEYS[7], KEYS[8], me, bound, now)
 end
 if not free or yield then
-  if kind == 'w' and wait > 0 then redis.call('ZADD', KEYS[6], now + wait, waiter) end
+  if kind == 'w' and wait > 0 then k_wait(now, wait, waiter) end
   if life > 0 then q_join(KEYS[7], KEYS[8], me, life, now) end
   if yield and free and redis.call('HGET', KEYS[8], '.woken') ~= head then
     q_wake(KEYS[7], KEYS[8], KEYS[1], now)
@@ -270,7 +275,9 @@ for i = 0, n - 1 do
     held = true
     busy = math.max(busy, redis.call('PTTL', k))
     if v == 'lockgate:held' and wait > 0 then
-      redis.call('ZADD', KEYS[4 * i + 4], now + wait, waiter)
+      local w = KEYS[4 * i + 4]
+      redis.call('ZADD', w, now + wait, waiter)
+      if redis.call('PTTL', w) < wait then redis.call('PEXPIRE', w, wait) end
     end
   end
 end

@@ -755,6 +755,7 @@ local function fence_waits()
     local now = redis.call('TIME')
     local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
     redis.call('ZADD', KEYS[6], ms + tonumber(ARGV[6]), ARGV[7])
+    if redis.call('PTTL', KEYS[6]) < tonumber(ARGV[6]) then redis.call('PEXPIRE', KEYS[6], ARGV[6]) end
   end
 end
 "#
@@ -870,6 +871,7 @@ local function waits()
   if (ARGV[6] or '0') ~= '0' and redis.call('GET', KEYS[1]) == 'lockgate:held' then
     local t = redis.call('TIME')
     redis.call('ZADD', KEYS[6], tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[6]), ARGV[7])
+    if redis.call('PTTL', KEYS[6]) < tonumber(ARGV[6]) then redis.call('PEXPIRE', KEYS[6], ARGV[6]) end
   end
 end
 if redis.call('EXISTS', KEYS[4]) == 0 then

@@ -28,7 +28,7 @@ local function counter() return tonumber(redis.call('GET', KEYS[3]) or '0') or 0
 local now = k_now()
 local v = redis.call('GET', KEYS[1])
 if v and v ~= MARK then
-  if kind == 'w' and wait > 0 then redis.call('ZADD', KEYS[6], now + wait, waiter) end
+  if kind == 'w' and wait > 0 then k_wait(now, wait, waiter) end
   return {0, redis.call('PTTL', KEYS[1]), 0, clock(), 0}
 end
 if not v then redis.call('DEL', KEYS[4], KEYS[5]) end
@@ -69,7 +69,7 @@ if me ~= '' and redis.call('EXISTS', KEYS[7]) == 1 then
   yield, head = q_yield(KEYS[7], KEYS[8], me, bound, now)
 end
 if not free or yield then
-  if kind == 'w' and wait > 0 then redis.call('ZADD', KEYS[6], now + wait, waiter) end
+  if kind == 'w' and wait > 0 then k_wait(now, wait, waiter) end
   if life > 0 then q_join(KEYS[7], KEYS[8], me, life, now) end
   if yield and free and redis.call('HGET', KEYS[8], '.woken') ~= head then
     q_wake(KEYS[7], KEYS[8], KEYS[1], now)
@@ -152,7 +152,9 @@ for i = 0, n - 1 do
     held = true
     busy = math.max(busy, redis.call('PTTL', k))
     if v == 'lockgate:held' and wait > 0 then
-      redis.call('ZADD', KEYS[4 * i + 4], now + wait, waiter)
+      local w = KEYS[4 * i + 4]
+      redis.call('ZADD', w, now + wait, waiter)
+      if redis.call('PTTL', w) < wait then redis.call('PEXPIRE', w, wait) end
     end
   end
 end

@@ -27,6 +27,16 @@ async fn every_kind_on_one_redis() {
     assert_eq!(value.text(), "lockgate:held");
     let pttl = Resp::parse(&direct.call_raw(&["PTTL", "rw"]).await).int();
     assert!((9_000..=10_000).contains(&pttl), "pttl {pttl}");
+    // A writer that gave up leaves its wait behind it only for a while:
+    // the waiting writers' set expires with its last waiter.
+    let mut w = Api::connect(lg.addr).await;
+    assert_eq!(w.lock("rw", 1_000, &["WAIT", "100"]).await, None);
+    let writers = String::from_utf8(lockgate::lock::kinds::writers_key(b"rw").to_vec()).unwrap();
+    let left = Resp::parse(&direct.call_raw(&["PTTL", &writers]).await).int();
+    assert!(
+        (1..=1_000).contains(&left),
+        "the writers' set expires: pttl {left}"
+    );
     assert_eq!(c.unlock("rw", t).await, 1);
     lg.stop().await;
 }
@@ -93,6 +103,9 @@ async fn msetnx_on_lock_keys_is_an_all_or_none_acquisition() {
     let lg = Lockgate::start(&redis.addr()).await;
     let lease = lockgate::Config::default().locks.default_lease_ms as i64;
     let mut c = Api::connect(lg.addr).await;
+    // A pooled connection, open before and taking nothing: the pooled
+    // rule lets it release what another connection of the pool took.
+    let mut pooled = Api::connect(lg.addr).await;
     let mut direct = support::RawClient::connect(redis.addr()).await;
     let msetnx = ["MSETNX", "lock:m1", "a", "lock:m2", "b", "plain:m", "c"];
     assert_eq!(c.call(&msetnx).await.int(), 1);
@@ -137,6 +150,13 @@ async fn msetnx_on_lock_keys_is_an_all_or_none_acquisition() {
             .await,
         b":0\r\n"
     );
+    assert_eq!(
+        c.call(&["MSETNX", "lock:m5", "x", "lock:m6", "y"])
+            .await
+            .int(),
+        1
+    );
+    assert_eq!(pooled.call(&["DEL", "lock:m5", "lock:m6"]).await.int(), 2);
     // MSET would overwrite a lock and drop its lease.
     let mset = c.call(&["MSET", "lock:m1", "x", "plain:n", "y"]).await;
     assert!(
