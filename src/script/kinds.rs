@@ -86,6 +86,93 @@ end
     };
 }
 
+/// A shared, reentrant or counted taking's decision and steps, as Lua
+/// functions over [`kinds_book`]'s keys and the `queue!` functions (both
+/// defined before), for one Redis ([`KIND_LOCK`]) and each master of the
+/// quorum (`super::qkinds::QKIND_TAKE`):
+/// `k_find(kind, ttl, owner, permits, wait, waiter, now)` answers
+/// `'error', text`, `'again', token, count` (an owner's entry again, its
+/// lease made at least `ttl` from now), `'taken', pttl` (a plain lock
+/// holds the key), or `'free'`/`'held'` for what the kind may do;
+/// `k_turn(free, kind, wait, waiter, me, bound, life, now)` is true when
+/// the caller takes the key now, else it takes or renews its instance's
+/// place in the queue (a yield on a free key wakes the head) and waits;
+/// `k_enter(id, kind, owner, ttl, waiter, me, now)` makes `id` a holder.
+macro_rules! kinds_take {
+    () => {
+        r#"
+local function k_find(kind, ttl, owner, permits, wait, waiter, now)
+  local v = redis.call('GET', KEYS[1])
+  if v and v ~= MARK then
+    if kind == 'w' and wait > 0 then k_wait(now, wait, waiter) end
+    return 'taken', redis.call('PTTL', KEYS[1])
+  end
+  if not v then redis.call('DEL', KEYS[4], KEYS[5]) end
+  k_purge(now)
+  local held = redis.call('ZCARD', KEYS[5])
+  local as = held > 0 and redis.call('HGET', KEYS[4], '.kind') or false
+  if as and (as == 's') ~= (kind == 's') then
+    return 'error', 'WRONGTYPE lockgate: this key is held as ' .. (as == 's' and 'a semaphore' or 'a lock')
+  end
+  if owner ~= '' then
+    local mine = redis.call('HGET', KEYS[4], 'o:' .. owner)
+    if mine then
+      local id = 't:' .. mine
+      local k, count = string.match(redis.call('HGET', KEYS[4], id) or '', '^(%S+) (%S+) ')
+      if k ~= kind then
+        return 'error', 'ERR lockgate: this owner holds the key as another kind of lock'
+      end
+      count = tonumber(count) + 1
+      redis.call('HSET', KEYS[4], id, kind .. ' ' .. count .. ' ' .. owner)
+      local till = math.max(tonumber(redis.call('ZSCORE', KEYS[5], id) or '0'), now + ttl)
+      redis.call('ZADD', KEYS[5], till, id)
+      k_settle(now)
+      return 'again', mine, count
+    end
+  end
+  local free
+  if kind == 'w' then
+    free = held == 0
+  elseif kind == 'r' then
+    free = (held == 0 or as == 'r') and redis.call('ZCARD', KEYS[6]) == 0
+  else
+    free = held < permits
+  end
+  return free and 'free' or 'held'
+end
+local function k_turn(free, kind, wait, waiter, me, bound, life, now)
+  local yield, head = false, nil
+  if me ~= '' and redis.call('EXISTS', KEYS[7]) == 1 then
+    yield, head = q_yield(KEYS[7], KEYS[8], me, bound, now)
+  end
+  if free and not yield then return true end
+  if kind == 'w' and wait > 0 then k_wait(now, wait, waiter) end
+  if life > 0 then q_join(KEYS[7], KEYS[8], me, life, now) end
+  if yield and free and redis.call('HGET', KEYS[8], '.woken') ~= head then
+    q_wake(KEYS[7], KEYS[8], KEYS[1], now)
+  end
+  return false
+end
+local function k_enter(id, kind, owner, ttl, waiter, me, now)
+  redis.call('HSET', KEYS[4], id, kind .. ' 1 ' .. owner, '.kind', kind)
+  redis.call('ZADD', KEYS[5], now + ttl, id)
+  if kind == 'w' then redis.call('ZREM', KEYS[6], waiter) end
+  k_settle(now)
+  if me ~= '' and redis.call('EXISTS', KEYS[7]) == 1 then
+    q_leave(KEYS[7], KEYS[8], me)
+    q_began(KEYS[7], KEYS[8], me, now)
+    redis.call('HDEL', KEYS[8], '.woken')
+  end
+end
+local function k_pttl()
+  local pttl = redis.call('PTTL', KEYS[1])
+  if pttl < 0 then return 0 end
+  return pttl
+end
+"#
+    };
+}
+
 /// A shared, reentrant or counted acquisition of one key (see the module
 /// doc). KEYS: lock, owner record (unused, for the slot), counter,
 /// holders, expiry, writers, queue, places. ARGV: kind (`r` shared, `w`
@@ -104,76 +191,22 @@ end
 /// key as another kind, or the key is a semaphore and the call a lock (or
 /// the other way round).
 pub const KIND_LOCK: &str = concat!(
-    kinds_book!(),
     queue!(),
+    kinds_book!(),
+    kinds_take!(),
     r#"
 local kind, ttl, owner = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local permits, wait, waiter = tonumber(ARGV[4]) or 0, tonumber(ARGV[5]) or 0, ARGV[6]
-local now = k_now()
-local v = redis.call('GET', KEYS[1])
-if v and v ~= MARK then
-  if kind == 'w' and wait > 0 then k_wait(now, wait, waiter) end
-  return {0, redis.call('PTTL', KEYS[1])}
-end
-if not v then redis.call('DEL', KEYS[4], KEYS[5]) end
-k_purge(now)
-local held = redis.call('ZCARD', KEYS[5])
-local as = held > 0 and redis.call('HGET', KEYS[4], '.kind') or false
-if as and (as == 's') ~= (kind == 's') then
-  local what = as == 's' and 'a semaphore' or 'a lock'
-  return redis.error_reply('WRONGTYPE lockgate: this key is held as ' .. what)
-end
-if owner ~= '' then
-  local mine = redis.call('HGET', KEYS[4], 'o:' .. owner)
-  if mine then
-    local id = 't:' .. mine
-    local k, count = string.match(redis.call('HGET', KEYS[4], id) or '', '^(%S+) (%S+) ')
-    if k ~= kind then
-      return redis.error_reply('ERR lockgate: this owner holds the key as another kind of lock')
-    end
-    count = tonumber(count) + 1
-    redis.call('HSET', KEYS[4], id, kind .. ' ' .. count .. ' ' .. owner)
-    local till = math.max(tonumber(redis.call('ZSCORE', KEYS[5], id) or '0'), now + ttl)
-    redis.call('ZADD', KEYS[5], till, id)
-    k_settle(now)
-    return {tonumber(mine), count}
-  end
-end
-local free
-if kind == 'w' then
-  free = held == 0
-elseif kind == 'r' then
-  free = (held == 0 or as == 'r') and redis.call('ZCARD', KEYS[6]) == 0
-else
-  free = held < permits
-end
 local me, bound, life = ARGV[7] or '', tonumber(ARGV[8]) or 0, tonumber(ARGV[9]) or 0
-local yield, head = false, nil
-if me ~= '' and redis.call('EXISTS', KEYS[7]) == 1 then
-  yield, head = q_yield(KEYS[7], KEYS[8], me, bound, now)
-end
-if not free or yield then
-  if kind == 'w' and wait > 0 then k_wait(now, wait, waiter) end
-  if life > 0 then q_join(KEYS[7], KEYS[8], me, life, now) end
-  if yield and free and redis.call('HGET', KEYS[8], '.woken') ~= head then
-    q_wake(KEYS[7], KEYS[8], KEYS[1], now)
-  end
-  local pttl = redis.call('PTTL', KEYS[1])
-  if pttl < 0 then pttl = 0 end
-  return {0, pttl}
-end
+local now = k_now()
+local found, a, b = k_find(kind, ttl, owner, permits, wait, waiter, now)
+if found == 'error' then return redis.error_reply(a) end
+if found == 'again' then return {tonumber(a), b} end
+if found == 'taken' then return {0, a} end
+if not k_turn(found == 'free', kind, wait, waiter, me, bound, life, now) then return {0, k_pttl()} end
 local tok = k_token()
-local id = 't:' .. tok
-redis.call('HSET', KEYS[4], id, kind .. ' 1 ' .. owner, '.kind', kind)
+k_enter('t:' .. tok, kind, owner, ttl, waiter, me, now)
 if owner ~= '' then redis.call('HSET', KEYS[4], 'o:' .. owner, tok) end
-redis.call('ZADD', KEYS[5], now + ttl, id)
-if kind == 'w' then redis.call('ZREM', KEYS[6], waiter) end
-k_settle(now)
-if me ~= '' and redis.call('EXISTS', KEYS[7]) == 1 then
-  q_leave(KEYS[7], KEYS[8], me)
-  q_began(KEYS[7], KEYS[8], me, now)
-  redis.call('HDEL', KEYS[8], '.woken')
-end
 return {tonumber(tok), 1}
 "#
 );
@@ -252,16 +285,16 @@ return 1
 "#
 );
 
-/// All-or-none exclusive fencing locks on several keys (`LOCKGATE LOCK k1
-/// k2 … ttl`): one atomic step, so two such calls on overlapping keys
-/// never each hold a part and wait for the other. Each key taken is an
-/// exclusive fencing lock as [`super::FENCE_LOCK`] takes it (its own
-/// token, released and extended alone). KEYS: per key, lock, owner
-/// record, counter, writers. ARGV: ttl ms, instance token (the owner
-/// records), how long the caller still waits ms (`0`: it does not hold
-/// readers back), its waiter id. Reply: `{token…}` in the keys' order, or
-/// `{0, pttl}` with the longest time left of the keys held.
-pub const MULTI_LOCK: &str = r#"
+/// The first step of every multi-key lock ([`MULTI_LOCK`],
+/// `super::qkinds::QMULTI_TAKE`), over KEYS of four per key (lock, owner
+/// record, counter, writers) and ARGV 3 and 4 (how long the caller still
+/// waits ms, its waiter id): sets `n`, `waiter`, `now` (ms), `us` (µs),
+/// `held` (any key taken) and `busy` (the longest time left of those),
+/// the caller joining the waiting writers of each key held by shared or
+/// counted holders.
+macro_rules! multi_check {
+    () => {
+        r#"
 local n = #KEYS / 4
 local wait, waiter = tonumber(ARGV[3]) or 0, ARGV[4]
 local t = redis.call('TIME')
@@ -281,6 +314,22 @@ for i = 0, n - 1 do
     end
   end
 end
+"#
+    };
+}
+
+/// All-or-none exclusive fencing locks on several keys (`LOCKGATE LOCK k1
+/// k2 … ttl`): one atomic step, so two such calls on overlapping keys
+/// never each hold a part and wait for the other. Each key taken is an
+/// exclusive fencing lock as [`super::FENCE_LOCK`] takes it (its own
+/// token, released and extended alone). KEYS: per key, lock, owner
+/// record, counter, writers. ARGV: ttl ms, instance token (the owner
+/// records), how long the caller still waits ms (`0`: it does not hold
+/// readers back), its waiter id. Reply: `{token…}` in the keys' order, or
+/// `{0, pttl}` with the longest time left of the keys held.
+pub const MULTI_LOCK: &str = concat!(
+    multi_check!(),
+    r#"
 if held then return {0, busy} end
 local out = {}
 for i = 0, n - 1 do
@@ -293,7 +342,8 @@ for i = 0, n - 1 do
   out[i + 1] = tonumber(s)
 end
 return out
-"#;
+"#
+);
 
 /// `MSETNX` naming lock keys, as one all-or-none acquisition: every key
 /// is set, or none when any exists (as `MSETNX`), each lock key with its

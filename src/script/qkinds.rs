@@ -15,79 +15,27 @@
 /// again (already committed with `token`); `{0, pttl, 0, clock, 0}` not;
 /// `clock` is the master's `TIME` in µs.
 pub const QKIND_TAKE: &str = concat!(
-    kinds_book!(),
     queue!(),
+    kinds_book!(),
+    kinds_take!(),
     r#"
 local kind, ttl, owner = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local permits, wait, waiter = tonumber(ARGV[4]) or 0, tonumber(ARGV[5]) or 0, ARGV[6]
+local me, bound, life = ARGV[8] or '', tonumber(ARGV[9]) or 0, tonumber(ARGV[10]) or 0
 local function clock()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 local function counter() return tonumber(redis.call('GET', KEYS[3]) or '0') or 0 end
 local now = k_now()
-local v = redis.call('GET', KEYS[1])
-if v and v ~= MARK then
-  if kind == 'w' and wait > 0 then k_wait(now, wait, waiter) end
-  return {0, redis.call('PTTL', KEYS[1]), 0, clock(), 0}
+local found, a, b = k_find(kind, ttl, owner, permits, wait, waiter, now)
+if found == 'error' then return redis.error_reply(a) end
+if found == 'again' then return {1, b, counter(), clock(), tonumber(a)} end
+if found == 'taken' then return {0, a, 0, clock(), 0} end
+if not k_turn(found == 'free', kind, wait, waiter, me, bound, life, now) then
+  return {0, k_pttl(), 0, clock(), 0}
 end
-if not v then redis.call('DEL', KEYS[4], KEYS[5]) end
-k_purge(now)
-local held = redis.call('ZCARD', KEYS[5])
-local as = held > 0 and redis.call('HGET', KEYS[4], '.kind') or false
-if as and (as == 's') ~= (kind == 's') then
-  local what = as == 's' and 'a semaphore' or 'a lock'
-  return redis.error_reply('WRONGTYPE lockgate: this key is held as ' .. what)
-end
-if owner ~= '' then
-  local mine = redis.call('HGET', KEYS[4], 'o:' .. owner)
-  if mine then
-    local id = 't:' .. mine
-    local k, count = string.match(redis.call('HGET', KEYS[4], id) or '', '^(%S+) (%S+) ')
-    if k ~= kind then
-      return redis.error_reply('ERR lockgate: this owner holds the key as another kind of lock')
-    end
-    count = tonumber(count) + 1
-    redis.call('HSET', KEYS[4], id, kind .. ' ' .. count .. ' ' .. owner)
-    local till = math.max(tonumber(redis.call('ZSCORE', KEYS[5], id) or '0'), now + ttl)
-    redis.call('ZADD', KEYS[5], till, id)
-    k_settle(now)
-    return {1, count, counter(), clock(), tonumber(mine)}
-  end
-end
-local free
-if kind == 'w' then
-  free = held == 0
-elseif kind == 'r' then
-  free = (held == 0 or as == 'r') and redis.call('ZCARD', KEYS[6]) == 0
-else
-  free = held < permits
-end
-local me, bound, life = ARGV[8] or '', tonumber(ARGV[9]) or 0, tonumber(ARGV[10]) or 0
-local yield, head = false, nil
-if me ~= '' and redis.call('EXISTS', KEYS[7]) == 1 then
-  yield, head = q_yield(KEYS[7], KEYS[8], me, bound, now)
-end
-if not free or yield then
-  if kind == 'w' and wait > 0 then k_wait(now, wait, waiter) end
-  if life > 0 then q_join(KEYS[7], KEYS[8], me, life, now) end
-  if yield and free and redis.call('HGET', KEYS[8], '.woken') ~= head then
-    q_wake(KEYS[7], KEYS[8], KEYS[1], now)
-  end
-  local pttl = redis.call('PTTL', KEYS[1])
-  if pttl < 0 then pttl = 0 end
-  return {0, pttl, 0, clock(), 0}
-end
-local id = 'p:' .. ARGV[7]
-redis.call('HSET', KEYS[4], id, kind .. ' 1 ' .. owner, '.kind', kind)
-redis.call('ZADD', KEYS[5], now + ttl, id)
-if kind == 'w' then redis.call('ZREM', KEYS[6], waiter) end
-k_settle(now)
-if me ~= '' and redis.call('EXISTS', KEYS[7]) == 1 then
-  q_leave(KEYS[7], KEYS[8], me)
-  q_began(KEYS[7], KEYS[8], me, now)
-  redis.call('HDEL', KEYS[8], '.woken')
-end
+k_enter('p:' .. ARGV[7], kind, owner, ttl, waiter, me, now)
 return {1, 1, counter(), clock(), 0}
 "#
 );
@@ -138,26 +86,9 @@ return 1
 /// long the caller still waits ms, its waiter id. Reply: `{1, 0, 0,
 /// clock, counter…}` taken (the keys' counters in their order); `{0,
 /// pttl, 0, clock}` not. Step 2 is `QFENCE_COMMIT` per key.
-pub const QMULTI_TAKE: &str = r#"
-local n = #KEYS / 4
-local wait, waiter = tonumber(ARGV[3]) or 0, ARGV[4]
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local held, busy = false, 0
-for i = 0, n - 1 do
-  local k = KEYS[4 * i + 1]
-  local v = redis.call('GET', k)
-  if v then
-    held = true
-    busy = math.max(busy, redis.call('PTTL', k))
-    if v == 'lockgate:held' and wait > 0 then
-      local w = KEYS[4 * i + 4]
-      redis.call('ZADD', w, now + wait, waiter)
-      if redis.call('PTTL', w) < wait then redis.call('PEXPIRE', w, wait) end
-    end
-  end
-end
+pub const QMULTI_TAKE: &str = concat!(
+    multi_check!(),
+    r#"
 if held then return {0, busy, 0, us} end
 local out = {1, 0, 0, us}
 for i = 0, n - 1 do
@@ -167,4 +98,5 @@ for i = 0, n - 1 do
   out[i + 5] = tonumber(redis.call('GET', KEYS[4 * i + 3]) or '0') or 0
 end
 return out
-"#;
+"#
+);
