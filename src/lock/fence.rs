@@ -131,7 +131,17 @@ impl LockService {
     }
 }
 
-fn node_error(reply: &[u8]) -> Option<LocalReply> {
+/// `[token, validity]`'s validity for a grant made `started` ago with a
+/// `ttl_ms` lease, as Redlock computes it; `None` when no useful time is
+/// left of it.
+pub(crate) fn validity(ttl_ms: u64, started: Instant) -> Option<i64> {
+    let elapsed = started.elapsed().as_millis() as i64;
+    let drift = (ttl_ms as f64 * CLOCK_DRIFT_FACTOR) as i64 + 2;
+    Some(ttl_ms as i64 - elapsed - drift).filter(|&v| v > 0)
+}
+
+/// An error reply from Redis as the client's error.
+pub(crate) fn node_error(reply: &[u8]) -> Option<LocalReply> {
     reply.first().filter(|&&c| c == b'-').map(|_| {
         LocalReply::Error(Bytes::copy_from_slice(
             reply.strip_prefix(b"-").unwrap_or(reply).trim_ascii_end(),
@@ -217,10 +227,7 @@ impl LockService {
                     self.storm.line_answered(&key, None);
                     return refused;
                 }
-                let elapsed = started.elapsed().as_millis() as i64;
-                let drift = (ttl_ms as f64 * CLOCK_DRIFT_FACTOR) as i64 + 2;
-                let validity = ttl_ms as i64 - elapsed - drift;
-                if validity > 0 {
+                if let Some(validity) = validity(ttl_ms, started) {
                     ProxyMetrics::inc(&self.metrics.acquired);
                     self.storm.line_answered(&key, Some(ttl_ms));
                     return LocalReply::Array(vec![

@@ -16,15 +16,12 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use super::fence::{first_in_line, integers, until_freed, Waiting, WAIT_STEP};
+use super::fence::{first_in_line, integers, until_freed, validity, Waiting, WAIT_STEP};
 use super::txn::OnPrimary;
 use super::LockService;
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
 use crate::script::kinds as lua;
-
-/// Drift allowance of a lease, as Redlock computes validity.
-const CLOCK_DRIFT_FACTOR: f64 = 0.01;
 
 /// Longest an exclusive caller's wait holds new shared holders back
 /// without trying again: a caller that died blocks readers this long at
@@ -119,14 +116,6 @@ pub(crate) fn extend_command(key: &[u8], token: &[u8], ttl_ms: u64) -> Bytes {
     )
 }
 
-/// `[token, validity]` for a grant made `started` ago with a `ttl_ms`
-/// lease, or `None` when no useful time is left of it.
-fn validity(ttl_ms: u64, started: Instant) -> Option<i64> {
-    let elapsed = started.elapsed().as_millis() as i64;
-    let drift = (ttl_ms as f64 * CLOCK_DRIFT_FACTOR) as i64 + 2;
-    Some(ttl_ms as i64 - elapsed - drift).filter(|&v| v > 0)
-}
-
 /// What a client is told when the server refuses lockgate's scripts.
 pub(crate) const SCRIPTS_REFUSED: &str =
     "lockgate: shared, counted and multi-key locks need scripts, and this server refuses them; see docs/locks.md";
@@ -138,11 +127,7 @@ pub(crate) fn node_error(reply: &[u8]) -> Option<LocalReply> {
     if super::txn::refuses_scripts(reply) {
         return Some(LocalReply::err(SCRIPTS_REFUSED));
     }
-    (reply.first() == Some(&b'-')).then(|| {
-        LocalReply::Error(Bytes::copy_from_slice(
-            reply.strip_prefix(b"-").unwrap_or(reply).trim_ascii_end(),
-        ))
-    })
+    super::fence::node_error(reply)
 }
 
 /// How long an exclusive caller still waits, as the scripts take it: `0`
