@@ -213,6 +213,11 @@ counters! {
         /// key was free, its list empty, a waiter blocked on it (`wake`).
         wake_pushes: Counter "lock_wake_pushes",
             "Wake-ups pushed to a lock library's signal list whose lock was free and list empty (a lost wake-up)";
+        /// Watched keys looked at out of turn: a client's script released
+        /// one while an attempt on it was answered "not acquired" from
+        /// what lockgate knew, which may have been stale (`wake`).
+        wake_rechecks: Counter "lock_wake_rechecks",
+            "Watched lock keys looked at at once: released by a client's script while an attempt on them was answered not acquired from a possibly stale view";
         /// Keys not watched for library waiters because
         /// `locks.wake.max_keys` were watched already.
         wake_keys_full: Counter "lock_wake_keys_full",

@@ -204,6 +204,10 @@ pub enum LockPending {
         /// only in database 0 ([`reconcile`]), where lockgate's own
         /// connection reads them.
         db: Database,
+        /// When it was sent: a "not acquired" answered from what lockgate
+        /// knew after then may be stale, as the script may have released
+        /// the key before lockgate learned it ([`wake`]).
+        sent: std::time::Instant,
     },
     /// A command forwarded as it is that changed lock keys or Redis's
     /// script cache behind the lock room's back (a flush, a rename): its

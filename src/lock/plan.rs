@@ -570,10 +570,18 @@ impl LockService {
             // Its reply is read before (`LockService::on_reply`): `facts`
             // are the general script's.
             LockPending::Fast { then, .. } => return self.complete(*then, facts, conn),
-            LockPending::Script { keys, .. } => {
+            LockPending::Script { keys, sent, .. } => {
                 for key in &keys {
+                    // An attempt answered "held" from what lockgate knew
+                    // while the script was on its way may have been told
+                    // so of a lock already free: its caller, a library's
+                    // waiter, may now wait for a wake-up already taken.
+                    let stale = self.storm.refused_since(key, sent);
                     self.storm.released(key);
                     conn.scripted(key);
+                    if stale {
+                        self.recheck_waiters(key);
+                    }
                 }
             }
             // Acknowledged (an error reply never gets here, see

@@ -86,6 +86,7 @@ impl LockService {
                 keys,
                 values,
                 db: crate::lock::Database::Zero,
+                ..
             } = &pending
             {
                 if !super::forget::is_error(&frame) {
@@ -458,6 +459,7 @@ mod tests {
             keys: vec![Bytes::from_static(b"lock:a")],
             values: Vec::new(),
             db: crate::lock::Database::Zero,
+            sent: std::time::Instant::now(),
         };
         let (reply, _) = outcome(&locks, pending, b"*2\r\n:1\r\n:5\r\n", &conn);
         assert_eq!(&reply[..], b"*2\r\n:1\r\n:5\r\n");

@@ -194,3 +194,146 @@ async fn a_waiter_blocked_on_the_signal_list_is_listed_until_it_tries_again() {
     assert!(listed().await.items().is_empty());
     lg.stop().await;
 }
+
+/// python-redis-lock's release, as its script does it: the lock deleted,
+/// one wake-up pushed to its signal list, lapsing after 1 s.
+const RELEASE: &str = "redis.call('del', KEYS[1]) \
+     redis.call('lpush', KEYS[2], 1) redis.call('pexpire', KEYS[2], 1000) return 0";
+
+/// Waits until Redis holds `n` clients' `cmd` back: blocked, or paused
+/// under `CLIENT PAUSE` (both `flags=b`).
+async fn until_blocked(direct: &mut support::RawClient, cmd: &str, n: usize) {
+    let wanted = format!("cmd={cmd} ");
+    crate::until!(format!("{n} {cmd} held back"), {
+        let list = direct.call_s(&["CLIENT", "LIST"]).await;
+        let held = list
+            .lines()
+            .filter(|l| l.contains(" flags=b ") && l.contains(&wanted));
+        held.count() == n
+    });
+}
+
+/// `SET key who NX PX 30000` on `c`: its reply.
+async fn set_nx(c: &mut support::RawClient, key: &str, who: &str) -> String {
+    c.call_s(&["SET", key, who, "NX", "PX", "30000"]).await
+}
+
+/// The release is lockgate's to learn only from its script's reply: an
+/// attempt answered "held" from what lockgate knew while the script was
+/// on its way was told so of a lock already free. Its caller, a
+/// library's waiter, blocks again for a wake-up the release pushed and
+/// another waiter took (in python-redis-lock's `test_no_overlap` it was
+/// the same waiter), and with the probe interval at 60 s nothing else
+/// pushes for a minute. Here Redis holds the release back (`CLIENT PAUSE
+/// WRITE`) while the attempt is absorbed, so the order is certain: the
+/// release's reply makes lockgate look at once, and the waiter wakes. A
+/// release with no such answer in between looks at nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_told_held_while_the_release_was_on_its_way_is_woken_at_once() {
+    use support::RawClient;
+    let redis = RedisServer::start();
+    let mut c = config(&redis, true);
+    c.locks.retry.probe_interval_ms = 60_000;
+    c.locks.default_lease_ms = 30_000;
+    let lg = Lockgate::start_with(c).await;
+    let mut direct = RawClient::connect(redis.addr()).await;
+    let (key, list) = ("lock:told", "lock-signal:told");
+    let connect = || RawClient::connect(lg.addr);
+    let (mut holder, mut first, mut told) = (connect().await, connect().await, connect().await);
+    let rechecks = || m(&lg.ctx.locks.metrics.wake_rechecks);
+    let release = ["EVAL", RELEASE, "2", key, list];
+
+    // Round 1, the control: the holder's release, nothing answered in
+    // between. The waiter blocked first takes its wake-up.
+    assert_eq!(set_nx(&mut holder, key, "h").await, "+OK\r\n");
+    assert_eq!(set_nx(&mut first, key, "f").await, "$-1\r\n");
+    first.send(&support::cmd(&["BLPOP", list, "0"])).await;
+    until_blocked(&mut direct, "blpop", 1).await;
+    assert_eq!(holder.call_s(&release).await, ":0\r\n");
+    assert!(first.read_s().await.contains(list));
+    assert_eq!(rechecks(), 0, "a release with no refusal in between");
+    assert_eq!(
+        direct.call_s(&["EXISTS", list]).await,
+        ":0\r\n",
+        "nothing pushed"
+    );
+
+    // Round 2: the same, but the release is held back in Redis while
+    // another waiter's attempt is answered "held" by lockgate.
+    assert_eq!(set_nx(&mut first, key, "f").await, "+OK\r\n");
+    assert_eq!(set_nx(&mut holder, key, "h").await, "$-1\r\n");
+    holder.send(&support::cmd(&["BLPOP", list, "0"])).await;
+    until_blocked(&mut direct, "blpop", 1).await;
+    assert_eq!(
+        direct.call_s(&["CLIENT", "PAUSE", "20000", "WRITE"]).await,
+        "+OK\r\n"
+    );
+    first.send(&support::cmd(&release)).await;
+    until_blocked(&mut direct, "eval", 1).await;
+    let absorbed = m(&lg.ctx.locks.storm.metrics.absorbed);
+    assert_eq!(set_nx(&mut told, key, "t").await, "$-1\r\n");
+    assert!(
+        m(&lg.ctx.locks.storm.metrics.absorbed) > absorbed,
+        "answered by lockgate"
+    );
+    told.send(&support::cmd(&["BLPOP", list, "0"])).await;
+    // Blocked (held back) before the release runs: lockgate saw it go to
+    // sleep on a lock it knew held, which alone asks for no look.
+    until_blocked(&mut direct, "blpop", 2).await;
+    assert_eq!(rechecks(), 0);
+    assert_eq!(direct.call_s(&["CLIENT", "UNPAUSE"]).await, "+OK\r\n");
+    assert_eq!(first.read_s().await, ":0\r\n");
+    // The waiter blocked first took the release's own wake-up.
+    assert!(holder.read_s().await.contains(list));
+    // The one told "held" is woken by lockgate's, well before a probe.
+    let woken = told.try_read_raw(Duration::from_secs(20)).await;
+    let woken = woken.map(|w| support::show(&w));
+    assert!(
+        woken.as_deref().is_some_and(|w| w.contains(list)),
+        "{woken:?}"
+    );
+    assert_eq!(rechecks(), 1);
+    // Counted once Redis answered the push, which may be after the waiter
+    // was woken by it.
+    crate::until!(
+        "the push counted",
+        m(&lg.ctx.locks.metrics.wake_pushes) == 1
+    );
+    // Both woken, the first in line takes the lock.
+    assert_eq!(set_nx(&mut holder, key, "h").await, "+OK\r\n");
+    lg.stop().await;
+}
+
+/// A spinner whose park ended keeps its place at the front of the key's
+/// queue for max(park, probe) (60 s here), so the lock waits for its next
+/// attempt rather than going to a younger caller. A library's waiter that
+/// then blocks on its signal list makes no next attempt until woken: its
+/// place is dropped when it blocks, and another caller takes the lock
+/// once it is free (in python-redis-lock's `test_no_overlap`, a minute's
+/// stall one run in ten before).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_blocked_on_its_list_keeps_no_place_in_the_queue() {
+    use support::RawClient;
+    let redis = RedisServer::start();
+    let mut c = config(&redis, true);
+    c.locks.retry.probe_interval_ms = 60_000;
+    c.locks.default_lease_ms = 30_000;
+    let lg = Lockgate::start_with(c).await;
+    let mut direct = RawClient::connect(redis.addr()).await;
+    let (key, list) = ("lock:kept", "lock-signal:kept");
+    let connect = || RawClient::connect(lg.addr);
+    let (mut holder, mut sleeper, mut other) = (connect().await, connect().await, connect().await);
+    let storm = &lg.ctx.locks.storm.metrics;
+    assert_eq!(set_nx(&mut holder, key, "h").await, "+OK\r\n");
+    // Two attempts in a row: the second parks, and its park ends.
+    assert_eq!(set_nx(&mut sleeper, key, "s").await, "$-1\r\n");
+    assert_eq!(set_nx(&mut sleeper, key, "s").await, "$-1\r\n");
+    assert_eq!(m(&storm.park_timeouts), 1, "parked, then answered");
+    sleeper.send(&support::cmd(&["BLPOP", list, "0"])).await;
+    until_blocked(&mut direct, "blpop", 1).await;
+    // The holder releases without a push (its own `DEL`): the sleeper
+    // sleeps on, and the lock is the next caller's.
+    assert_eq!(holder.call_s(&["DEL", key]).await, ":1\r\n");
+    assert_eq!(set_nx(&mut other, key, "o").await, "+OK\r\n");
+    lg.stop().await;
+}

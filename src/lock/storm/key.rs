@@ -120,6 +120,11 @@ pub(super) struct View {
     /// Counts releases seen, so an answer that was on its way while a
     /// release arrived does not overwrite it with a stale "held".
     pub(super) releases: u64,
+    /// An attempt was last answered "not acquired" from this view then
+    /// (absorbed, or its park ended or was cut). A release sent to Redis
+    /// before it and seen here after it may have made that answer stale
+    /// ([`super::Storm::refused_since`]).
+    pub(super) refused_at: Option<Instant>,
 }
 
 /// The driver's settings, from the attempt that started it.
@@ -258,6 +263,17 @@ impl Key {
                 self.turn = Turn::Off;
                 out.push(Action::Exit);
             }
+        }
+        let refused = |a: &Action| {
+            matches!(
+                a,
+                Action::Count(
+                    Tally::Absorbed | Tally::ParkTimeout | Tally::Hurried | Tally::WaiterRejected
+                )
+            )
+        };
+        if out.iter().any(refused) {
+            self.view.refused_at = Some(now);
         }
         out
     }

@@ -583,6 +583,29 @@ impl Storm {
             .is_some_and(|oldest| oldest < since)
     }
 
+    /// Whether an attempt on `key` was answered "not acquired" from what
+    /// this instance knew at or after `since`. A client's script that
+    /// released the key, sent at `since` and seen only now, may have
+    /// made that answer stale: its caller was told "held" of a lock
+    /// already free in Redis (`LockService::complete`).
+    pub fn refused_since(&self, key: &[u8], since: std::time::Instant) -> bool {
+        let since = Instant::from_std(since);
+        self.state(key, false).is_some_and(|s| {
+            sync::lock(&s.inner)
+                .view
+                .refused_at
+                .is_some_and(|r| r >= since)
+        })
+    }
+
+    /// Whether this instance knows `key` held now (by the lease it last
+    /// learned); false for an untracked key.
+    pub fn known_held(&self, key: &[u8]) -> bool {
+        let now = Instant::now();
+        self.state(key, false)
+            .is_some_and(|s| sync::lock(&s.inner).held(now).is_some())
+    }
+
     /// After [`Announced::Unless`]: whether an attempt on `key` came
     /// within `window` (else the caller passes the turn on, counted).
     pub fn attempted_since_wakeup(&self, key: &[u8], window: std::time::Duration) -> bool {

@@ -358,7 +358,13 @@ impl Carrier {
                     self.queued_frees(keys.iter());
                     let db = crate::lock::Database::of(self.view.db);
                     let values = crate::lock::reconcile::candidates(&args.all());
-                    let pending = LockPending::Script { keys, values, db };
+                    let sent = std::time::Instant::now();
+                    let pending = LockPending::Script {
+                        keys,
+                        values,
+                        db,
+                        sent,
+                    };
                     self.record_freeing(pending, None, true, out);
                     return;
                 }
@@ -371,6 +377,7 @@ impl Carrier {
                             keys,
                             values: Vec::new(),
                             db: crate::lock::Database::of(self.view.db),
+                            sent: std::time::Instant::now(),
                         }),
                         TxFrees::Many => Some(LockPending::Forget(crate::lock::Forget::Database)),
                     };

@@ -674,3 +674,51 @@ fn a_release_lined_for_a_fencing_wait_holds_the_others_back_until_its_answer() {
         }
     }
 }
+
+/// When an attempt was last answered "not acquired" from the view: an
+/// absorbed attempt and a park's end set it; an attempt sent to Redis, an
+/// answer learned and a release do not. A client's script that released
+/// the key, sent before it, may have made that answer stale
+/// (`Storm::refused_since`).
+#[test]
+fn refusals_from_the_view_are_timed() {
+    let base = std::time::Instant::now();
+    let t0 = Instant::now();
+    let mut key = Key::default();
+    let event = |what: &str| match what {
+        "attempt" => Event::Attempt {
+            probe_ms: 100,
+            owner: anyone(),
+        },
+        "held" => Event::Learned {
+            acquired: false,
+            ms: 5_000,
+            behind_ms: 0,
+        },
+        "released" => Event::Released,
+        _ => Event::Tick,
+    };
+    // (event, at ms) → refused_at after it, ms (None: never refused).
+    let table = [
+        ("attempt", 0, None),
+        ("held", 1, None),
+        ("attempt", 2, Some(2)),
+        ("attempt", 5, Some(5)),
+        ("released", 6, Some(5)),
+        ("attempt", 7, Some(5)),
+        ("held", 8, Some(5)),
+        ("tick", 9, Some(5)),
+    ];
+    for (what, at, want) in table {
+        key.step(event(what), t0 + ms(at), LIMITS);
+        let got = (key.view.refused_at).map(|r| r.duration_since(t0).as_millis() as u64);
+        assert_eq!(got, want, "{what} at {at} ms");
+    }
+    // A park that ends unanswered is a refusal too.
+    let mut key = Key::default();
+    let _ = park(&mut key, 1, "v", base, 0, t0);
+    key.view.held_until = Some(t0 + ms(10_000));
+    key.view.last_probe = Some(t0 + ms(150));
+    key.step(Event::Tick, t0 + ms(200), LIMITS);
+    assert_eq!(key.view.refused_at, Some(t0 + ms(200)));
+}
