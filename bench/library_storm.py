@@ -4,7 +4,9 @@ alternating in one run: redis-py's `Lock` polling every millisecond from
 T threads on one key, each holding it 5 ms, the threads on their own
 connections (`own`) or sharing a LIFO pool of T/2 (`pool`); the same
 with pottery's `Redlock` (`--library pottery`, polling every millisecond
-at most); or, with `--library node-redlock`, T node-redlock tasks retrying every millisecond,
+at most); with python-redis-lock's `Lock` (`--library python-redis-lock`,
+whose waiters poll nothing: each blocks on the lock's signal list until a
+release pushes to it, so a wake-up lost is a waiter asleep); or, with `--library node-redlock`, T node-redlock tasks retrying every millisecond,
 on their own connections (`own`) or all on one multiplexed connection
 (`one`). For each side, Redis's own CPU seconds (INFO cpu, user + system)
 and the commands it processed per acquisition, and the ratio lockgate /
@@ -13,7 +15,10 @@ run count).
 
     python3 bench/library_storm.py --lockgate target/release/lockgate \
         [--library redis-py|pottery|node-redlock] [--threads 8,32] [--shapes own,pool] \
-        [--secs 3] [--rounds 3]
+        [--secs 3] [--rounds 3] [--probe-ms 100]
+
+`--probe-ms` is lockgate's `locks.retry.probe_interval_ms` (its default,
+100, unless given).
 """
 
 import argparse
@@ -35,6 +40,7 @@ PY_STORM = [sys.executable, os.path.join(TESTS, "py", "redis_py_storm.py")]
 STORM = {
     "redis-py": (PY_STORM, ["redis-py"]),
     "pottery": (PY_STORM, ["pottery"]),
+    "python-redis-lock": (PY_STORM, ["python-redis-lock"]),
     "node-redlock": (["node", os.path.join(TESTS, "js", "redlock_storm.js")], []),
 }
 
@@ -58,6 +64,7 @@ def main():
     ap.add_argument("--shapes", default="own")
     ap.add_argument("--secs", type=float, default=3.0)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--probe-ms", type=int, default=None)
     args = ap.parse_args()
     # lockgate runs in a scratch directory: a relative path is this one's.
     args.lockgate = os.path.abspath(args.lockgate)
@@ -65,8 +72,12 @@ def main():
     procs = gate.Procs(tmp)
     try:
         rport = gate.start_redis(procs, "redis")
-        lg = gate.start_lockgate(procs, args, "lockgate", rport, callgrind=False)
-        print(f"{args.library}:")
+        config = ""
+        if args.probe_ms is not None:
+            config = f"[locks.retry]\nprobe_interval_ms = {args.probe_ms}\n"
+        lg = gate.start_lockgate(procs, args, "lockgate", rport, config=config, callgrind=False)
+        probe = f", probe_interval_ms {args.probe_ms}" if args.probe_ms is not None else ""
+        print(f"{args.library}{probe}:")
         print("| shape | threads | round | acquisitions direct / lockgate | Redis CPU µs per acquisition direct / lockgate | ratio | commands per acquisition direct / lockgate | ratio |")
         print("|---|--:|--:|--:|--:|--:|--:|--:|")
         threads = [int(x) for x in args.threads.split(",")]

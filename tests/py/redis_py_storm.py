@@ -2,7 +2,7 @@
 connection, take one lock in turn with a blocking acquire that polls every
 SLEEP seconds, hold it HOLD seconds, release it, for SECS seconds.
 
-Usage: redis_py_storm.py HOST PORT REDIS_HOST REDIS_PORT KEY THREADS SECS [own|pool] [redis-py|pottery]
+Usage: redis_py_storm.py HOST PORT REDIS_HOST REDIS_PORT KEY THREADS SECS [own|pool] [redis-py|pottery|python-redis-lock]
 
 With "pool" the threads share one client whose LIFO pool
 (`BlockingConnectionPool`, which hands out the connection returned last) has
@@ -13,6 +13,9 @@ With "pottery" the threads lock with pottery's `Redlock` (its one master
 the address given, its key `redlock:KEY`), retrying every SLEEP seconds at
 most (its own `_RETRY_DELAY`, 0.2 s by default, set to SLEEP) until it has
 the lock.
+With "python-redis-lock" the threads lock with python-redis-lock's `Lock`
+(its key `lock:KEY`, a 10 s lease), which polls nothing: a waiter blocks on
+the lock's signal list (`BLPOP`, at most 5 s) until a release pushes to it.
 Prints one JSON line: acquisitions, and what Redis itself ran meanwhile
 (INFO read straight on Redis before and after): the commands it
 processed and the CPU seconds it used.
@@ -29,6 +32,8 @@ if len(sys.argv) > 9 and sys.argv[9] == "pottery":
     from pottery import Redlock
     Redlock._RETRY_DELAY = 0.001
 
+if len(sys.argv) > 9 and sys.argv[9] == "python-redis-lock":
+    import redis_lock
 host, port, rhost, rport, key = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5]
 threads, secs = int(sys.argv[6]), float(sys.argv[7])
 pooled = len(sys.argv) > 8 and sys.argv[8] == "pool"
@@ -60,7 +65,10 @@ def worker(i):
     r.ping()
     start_line.wait()
     while time.monotonic() < stop:
-        if library == "pottery":
+        if library == "python-redis-lock":
+            lock = redis_lock.Lock(r, key, expire=10)
+            got = lock.acquire(blocking=True, timeout=5)
+        elif library == "pottery":
             lock = Redlock(key=key, masters={r}, auto_release_time=10)
             got = lock.acquire(blocking=True, timeout=5)
         else:
