@@ -213,6 +213,30 @@ async fn until_blocked(direct: &mut support::RawClient, cmd: &str, n: usize) {
     });
 }
 
+/// Redis, lockgate in front of it with the probe at 60 s (so only what is
+/// tested can wake a waiter in time), a connection straight to Redis and
+/// three through lockgate.
+async fn slow_probe() -> (
+    RedisServer,
+    Lockgate,
+    support::RawClient,
+    [support::RawClient; 3],
+) {
+    use support::RawClient;
+    let redis = RedisServer::start();
+    let mut c = config(&redis, true);
+    c.locks.retry.probe_interval_ms = 60_000;
+    c.locks.default_lease_ms = 30_000;
+    let lg = Lockgate::start_with(c).await;
+    let direct = RawClient::connect(redis.addr()).await;
+    let clients = [
+        RawClient::connect(lg.addr).await,
+        RawClient::connect(lg.addr).await,
+        RawClient::connect(lg.addr).await,
+    ];
+    (redis, lg, direct, clients)
+}
+
 /// `SET key who NX PX 30000` on `c`: its reply.
 async fn set_nx(c: &mut support::RawClient, key: &str, who: &str) -> String {
     c.call_s(&["SET", key, who, "NX", "PX", "30000"]).await
@@ -230,16 +254,8 @@ async fn set_nx(c: &mut support::RawClient, key: &str, who: &str) -> String {
 /// release with no such answer in between looks at nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_told_held_while_the_release_was_on_its_way_is_woken_at_once() {
-    use support::RawClient;
-    let redis = RedisServer::start();
-    let mut c = config(&redis, true);
-    c.locks.retry.probe_interval_ms = 60_000;
-    c.locks.default_lease_ms = 30_000;
-    let lg = Lockgate::start_with(c).await;
-    let mut direct = RawClient::connect(redis.addr()).await;
+    let (_redis, lg, mut direct, [mut holder, mut first, mut told]) = slow_probe().await;
     let (key, list) = ("lock:told", "lock-signal:told");
-    let connect = || RawClient::connect(lg.addr);
-    let (mut holder, mut first, mut told) = (connect().await, connect().await, connect().await);
     let rechecks = || m(&lg.ctx.locks.metrics.wake_rechecks);
     let release = ["EVAL", RELEASE, "2", key, list];
 
@@ -313,16 +329,8 @@ async fn a_waiter_told_held_while_the_release_was_on_its_way_is_woken_at_once() 
 /// stall one run in ten before).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_blocked_on_its_list_keeps_no_place_in_the_queue() {
-    use support::RawClient;
-    let redis = RedisServer::start();
-    let mut c = config(&redis, true);
-    c.locks.retry.probe_interval_ms = 60_000;
-    c.locks.default_lease_ms = 30_000;
-    let lg = Lockgate::start_with(c).await;
-    let mut direct = RawClient::connect(redis.addr()).await;
+    let (_redis, lg, mut direct, [mut holder, mut sleeper, mut other]) = slow_probe().await;
     let (key, list) = ("lock:kept", "lock-signal:kept");
-    let connect = || RawClient::connect(lg.addr);
-    let (mut holder, mut sleeper, mut other) = (connect().await, connect().await, connect().await);
     let storm = &lg.ctx.locks.storm.metrics;
     assert_eq!(set_nx(&mut holder, key, "h").await, "+OK\r\n");
     // Two attempts in a row: the second parks, and its park ends.
