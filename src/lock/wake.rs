@@ -31,18 +31,25 @@
 //! ends the watch; so does `locks.wake.listen_max_ms` after the last wait
 //! seen (or the wait's own timeout, if shorter).
 //!
-//! A watched key is also looked at at once, out of turn, when a client's
-//! script released it while an attempt on it was answered "not acquired"
-//! from what lockgate knew ([`LockService::recheck_waiters`]): lockgate
-//! learns of such a release only from the script's reply, and an attempt
-//! answered in between was told "held" of a lock already free. Its
-//! caller, woken by the release's own push, took that wake-up and blocks
-//! again: nothing else would push until the next probe, a whole
-//! `probe_interval_ms` later (python-redis-lock's `test_no_overlap`,
-//! with the interval at 60 s, stalled 54 s one run in five). Then the
-//! rule is the probe's, with nothing pushed before it: a list gets a
-//! wake-up if the key is free and the list empty, a channel if the key is
-//! free and anyone is subscribed (counted in `lock_wake_rechecks`).
+//! lockgate's own answers must not leave such a waiter asleep either
+//! (python-redis-lock's `test_no_overlap`, with the probe interval at
+//! 60 s, stalled up to a minute one run in ten, both ways below):
+//!
+//! - A watched key is looked at at once, out of turn
+//!   ([`LockService::recheck_waiters`]), when a client's script released it
+//!   while an attempt on it was answered "not acquired" from what lockgate
+//!   knew. lockgate learns of such a release only from the script's reply:
+//!   an attempt answered in between was told "held" of a lock already
+//!   free, and its caller, woken by the release's own push, blocks again.
+//!   So does a waiter that goes to sleep on a key lockgate does not know
+//!   held. The rule is the probe's, with nothing pushed before it: a list
+//!   gets a wake-up if the key is free and the list empty, a channel if
+//!   the key is free and anyone is subscribed (counted in
+//!   `lock_wake_rechecks`).
+//! - A connection that blocks on a key's list leaves the key's queue in
+//!   the storm room: the place a spinner keeps there after its park
+//!   (max(park, probe)) would hold every other caller back from a free
+//!   lock, and its next attempt comes only with a wake-up.
 //!
 //! Bounded: at most `locks.wake.max_keys` keys watched (one more is not,
 //! counted in `lock_wake_keys_full`); the cost is per watched key and
