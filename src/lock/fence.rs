@@ -89,7 +89,161 @@ pub struct Waiting {
     pub wait: Duration,
 }
 
+/// What one try of a wait in line ([`LockService::in_line`]) came to.
+pub(crate) enum Tried {
+    /// The caller's answer: granted, refused for good, or an error.
+    Answer(LocalReply),
+    /// Not granted: tried again after this long, or sooner at a release
+    /// through this instance, while the wait lasts.
+    Again(Duration),
+    /// The store could not decide in time (a quorum not reached): tried
+    /// again in [`SOON`].
+    Soon,
+}
+
+/// The pause before trying again after a store that could not decide.
+const SOON: Duration = Duration::from_millis(5);
+
+/// The pause before the next try of a wait that found the lock held for
+/// `pttl_ms` more (`None`: no lease learned), or that yielded a free
+/// lock to the head of the store's queue (its turn, not a lease to wait
+/// out): at most [`WAIT_STEP`], at least 1 ms.
+pub(crate) fn next_try(pttl_ms: Option<i64>, yielded: bool) -> Duration {
+    match (yielded, pttl_ms) {
+        (true, _) => WAIT_STEP,
+        (false, Some(ms)) => WAIT_STEP.min(Duration::from_millis(ms.max(1) as u64)),
+        (false, None) => Duration::from_millis(1),
+    }
+}
+
+/// What every try of an exclusive fencing lock on a key sends besides
+/// its script, instance token and writer hold ([`script::FENCE_LOCK`] on
+/// one Redis, [`script::QFENCE_ACQUIRE`] on each master of the quorum:
+/// the same keys and arguments).
+pub(crate) struct FenceTry {
+    /// The key's counter, queue, places in it, and waiting writers.
+    keys: [Bytes; 4],
+    /// The lease, ms.
+    ttl: String,
+    /// The queue's fairness bound and a place's life
+    /// ([`LockService::fairness_for`]).
+    bound: String,
+    life: String,
+    /// This caller among the waiting writers (empty: it does not wait).
+    waiter: String,
+}
+
+impl FenceTry {
+    /// The arguments of `at`'s tries for a lease of `ttl_ms`.
+    pub(crate) fn new(locks: &LockService, at: &Waiting, ttl_ms: u64) -> FenceTry {
+        let key = &at.key;
+        let (bound, life) = locks.fairness_for(key);
+        FenceTry {
+            // A caller that waits holds new shared holders back while it
+            // does (see `script::kinds`).
+            keys: [
+                counter_key(key),
+                super::queue_key(key),
+                super::places_key(key),
+                super::kinds::writers_key(key),
+            ],
+            ttl: ttl_ms.to_string(),
+            bound: bound.to_string(),
+            life: life.to_string(),
+            waiter: match at.wait.is_zero() {
+                true => String::new(),
+                false => locks.waiter(at.caller),
+            },
+        }
+    }
+
+    /// `script` on `key` for one try under `token` by the instance whose
+    /// prefix is `prefix`, holding readers back as `waits` says
+    /// ([`super::kinds::writer_wait`]).
+    pub(crate) fn command(
+        &self,
+        script: &str,
+        key: &[u8],
+        token: &[u8],
+        prefix: &str,
+        waits: &str,
+    ) -> Bytes {
+        let [counter, queue, places, writers] = &self.keys;
+        super::eval_on(
+            script,
+            key,
+            &[counter, queue, places, writers],
+            &[
+                self.ttl.as_bytes(),
+                token,
+                prefix.as_bytes(),
+                self.bound.as_bytes(),
+                self.life.as_bytes(),
+                waits.as_bytes(),
+                self.waiter.as_bytes(),
+            ],
+        )
+    }
+}
+
+/// `cmd` on `node` within `timeout`: the integers of its reply, or the
+/// caller's answer when there are none to read (lockgate's error, or
+/// Redis's).
+pub(crate) async fn node_facts(
+    node: &OnPrimary,
+    cmd: Bytes,
+    timeout: Duration,
+) -> Result<Vec<i64>, LocalReply> {
+    let reply = match node.call(cmd, timeout).await {
+        Ok(reply) => reply,
+        Err(e) => return Err(LocalReply::err(format!("lockgate: {e}"))),
+    };
+    match node_error(&reply) {
+        Some(err) => Err(err),
+        None => Ok(integers(&reply)),
+    }
+}
+
 impl LockService {
+    /// A wait in `at.key`'s line (`LOCKGATE LOCK … WAIT`, every kind, on
+    /// one Redis or the quorum): first come first served among this
+    /// instance's waits on the key ([`super::storm::lines`]), its turn
+    /// given to an older attempt of this instance's ([`Self::fence_turn`]),
+    /// `try_once(deadline)` at each turn until it answers or the wait has
+    /// passed ("not acquired", the wait kept for the connection's next).
+    /// The one loop every kind of wait shares; each try is its own.
+    pub(crate) async fn in_line<F, T>(&self, at: &Waiting, mut try_once: F) -> LocalReply
+    where
+        F: FnMut(Instant) -> T,
+        T: std::future::Future<Output = Tried>,
+    {
+        let deadline = Instant::now() + at.wait;
+        let place = self.fence_place(&at.key, at.caller);
+        let Some(_first) = first_in_line(place.as_ref(), deadline).await else {
+            ProxyMetrics::inc(&self.metrics.contended);
+            return self.fence_ran_out(place.as_ref());
+        };
+        loop {
+            if let Err(ran_out) = self.fence_turn(&at.key, place.as_ref(), deadline).await {
+                return ran_out;
+            }
+            ProxyMetrics::inc(&self.metrics.attempts);
+            let step = match try_once(deadline).await {
+                Tried::Answer(reply) => return reply,
+                Tried::Soon => {
+                    tokio::time::sleep(SOON).await;
+                    continue;
+                }
+                Tried::Again(step) => step,
+            };
+            let now = Instant::now();
+            if now >= deadline {
+                return self.fence_ran_out(place.as_ref());
+            }
+            until_freed(place.as_ref(), step.min(deadline - now)).await;
+        }
+    }
+
     /// A fencing wait that did not get the lock by its deadline: "not
     /// acquired", its wait kept for its connection's next `WAIT` (see
     /// [`super::storm::lines`]).
@@ -161,57 +315,21 @@ impl LockService {
         ttl_ms: u64,
         timeout: Duration,
     ) -> LocalReply {
-        let Waiting { key, caller, wait } = at;
-        let deadline = Instant::now() + wait;
-        let place = self.fence_place(&key, caller);
-        let Some(_first) = first_in_line(place.as_ref(), deadline).await else {
-            ProxyMetrics::inc(&self.metrics.contended);
-            return self.fence_ran_out(place.as_ref());
-        };
-        self.granting(ttl_ms);
-        let counter = counter_key(&key);
-        let (queue, places) = (super::queue_key(&key), super::places_key(&key));
-        let ttl = ttl_ms.to_string();
-        let (bound, life) = self.fairness_for(&key);
-        let (bound, life) = (bound.to_string(), life.to_string());
-        // A caller that waits holds new shared holders back while it does
-        // (see `script::kinds`).
-        let writers = super::kinds::writers_key(&key);
-        let waiter = match wait.is_zero() {
-            true => String::new(),
-            false => self.waiter(caller),
-        };
-        loop {
-            if let Err(ran_out) = self.fence_turn(&key, place.as_ref(), deadline).await {
-                return ran_out;
-            }
-            ProxyMetrics::inc(&self.metrics.attempts);
+        let key = &at.key;
+        let args = &FenceTry::new(self, &at, ttl_ms);
+        let waits_long = !at.wait.is_zero();
+        let try_once = move |deadline: Instant| async move {
+            self.granting(ttl_ms);
             let started = Instant::now();
             let primary_at = self.primary_at();
             let instance_token = self.next_token();
-            let waits = super::kinds::writer_wait(!wait.is_zero(), deadline);
-            let cmd = super::eval_on(
-                script::FENCE_LOCK,
-                &key,
-                &[&counter, &queue, &places, &writers],
-                &[
-                    ttl.as_bytes(),
-                    &instance_token,
-                    self.instance_prefix().as_bytes(),
-                    bound.as_bytes(),
-                    life.as_bytes(),
-                    waits.as_bytes(),
-                    waiter.as_bytes(),
-                ],
-            );
-            let reply = match node.call(cmd, timeout).await {
-                Ok(reply) => reply,
-                Err(e) => return LocalReply::err(format!("lockgate: {e}")),
+            let waits = super::kinds::writer_wait(waits_long, deadline);
+            let prefix = self.instance_prefix();
+            let cmd = args.command(script::FENCE_LOCK, key, &instance_token, prefix, &waits);
+            let facts = match node_facts(node, cmd, timeout).await {
+                Ok(facts) => facts,
+                Err(answer) => return Tried::Answer(answer),
             };
-            if let Some(err) = node_error(&reply) {
-                return err;
-            }
-            let facts = integers(&reply);
             let (token, pttl, yielded) = (
                 facts.first().copied().unwrap_or(0),
                 facts.get(1).copied().unwrap_or(0),
@@ -221,42 +339,33 @@ impl LockService {
                 // Answered only once the replicas hold it (undone if they
                 // do not in time); its validity counts the wait.
                 if let Err(refused) = self
-                    .fence_acknowledged(&key, &instance_token, primary_at, ttl_ms)
+                    .fence_acknowledged(key, &instance_token, primary_at, ttl_ms)
                     .await
                 {
-                    self.storm.line_answered(&key, None);
-                    return refused;
+                    self.storm.line_answered(key, None);
+                    return Tried::Answer(refused);
                 }
                 if let Some(validity) = validity(ttl_ms, started) {
                     ProxyMetrics::inc(&self.metrics.acquired);
-                    self.storm.line_answered(&key, Some(ttl_ms));
-                    return LocalReply::Array(vec![
+                    self.storm.line_answered(key, Some(ttl_ms));
+                    return Tried::Answer(LocalReply::Array(vec![
                         LocalReply::Integer(token),
                         LocalReply::Integer(validity),
-                    ]);
+                    ]));
                 }
                 // Too slow to be useful: give it back.
-                let _ = self
-                    .fence_unlock(node, key.clone(), Bytes::from(token.to_string()), timeout)
-                    .await;
+                let token = Bytes::from(token.to_string());
+                let _ = self.fence_unlock(node, key.clone(), token, timeout).await;
             } else {
                 ProxyMetrics::inc(&self.metrics.contended);
-                self.storm.line_answered(&key, None);
+                self.storm.line_answered(key, None);
                 if yielded {
                     ProxyMetrics::inc(&self.metrics.fairness_yields);
                 }
             }
-            let now = Instant::now();
-            if now >= deadline {
-                return self.fence_ran_out(place.as_ref());
-            }
-            // Yielded on a free lock: the head's turn, not a lease to wait out.
-            let step = match yielded {
-                true => WAIT_STEP,
-                false => WAIT_STEP.min(Duration::from_millis(pttl.max(1) as u64)),
-            };
-            until_freed(place.as_ref(), step.min(deadline - now)).await;
-        }
+            Tried::Again(next_try(Some(pttl), yielded))
+        };
+        self.in_line(&at, try_once).await
     }
 
     /// A place in `key`'s line of fencing waits; none (counted) when the

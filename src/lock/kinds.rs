@@ -16,7 +16,9 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use super::fence::{first_in_line, integers, until_freed, validity, Waiting, WAIT_STEP};
+use super::fence::{
+    integers, next_try, node_facts, until_freed, validity, Tried, Waiting, WAIT_STEP,
+};
 use super::txn::OnPrimary;
 use super::LockService;
 use crate::metrics::ProxyMetrics;
@@ -61,6 +63,68 @@ pub struct KindCall {
     pub kind: Kind,
     /// The reentrant owner (`OWNER id`); none: every grant its own.
     pub owner: Option<Bytes>,
+}
+
+/// What every try of a [`KindCall`] sends besides its script, keys,
+/// writer hold and (on the quorum) instance token ([`lua::KIND_LOCK`] on
+/// one Redis, [`crate::script::qkinds::QKIND_TAKE`] on each master: the
+/// same arguments, the quorum's with the token).
+pub(crate) struct KindTry {
+    code: &'static [u8],
+    ttl: String,
+    owner: Bytes,
+    permits: String,
+    waiter: String,
+    bound: String,
+    life: String,
+}
+
+impl KindTry {
+    /// The arguments of `call`'s tries.
+    pub(crate) fn new(locks: &LockService, call: &KindCall) -> KindTry {
+        let (bound, life) = locks.fairness_for(&call.at.key);
+        KindTry {
+            code: call.kind.code(),
+            ttl: call.ttl_ms.to_string(),
+            owner: call.owner.clone().unwrap_or_default(),
+            permits: match call.kind {
+                Kind::Permits(n) => n.to_string(),
+                _ => "0".to_string(),
+            },
+            waiter: locks.waiter(call.at.caller),
+            bound: bound.to_string(),
+            life: life.to_string(),
+        }
+    }
+
+    /// `script` on `key` and `keys` for one try by the instance whose
+    /// prefix is `prefix`, holding readers back as `waits` says
+    /// ([`writer_wait`]), under `token` where the script takes one.
+    pub(crate) fn command(
+        &self,
+        script: &str,
+        key: &[u8],
+        keys: &[&[u8]],
+        waits: &str,
+        token: Option<&[u8]>,
+        prefix: &str,
+    ) -> Bytes {
+        let mut argv: Vec<&[u8]> = vec![
+            self.code,
+            self.ttl.as_bytes(),
+            &self.owner,
+            self.permits.as_bytes(),
+            waits.as_bytes(),
+            self.waiter.as_bytes(),
+        ];
+        argv.extend(token);
+        argv.extend([
+            prefix.as_bytes(),
+            self.bound.as_bytes(),
+            self.life.as_bytes(),
+        ]);
+        super::eval_on(script, key, keys, &argv)
+    }
 }
 
 /// `lockgate:holders:{key}` (see [`crate::script::kinds`]).
@@ -233,90 +297,47 @@ impl LockService {
         call: KindCall,
         timeout: Duration,
     ) -> LocalReply {
+        let args = &KindTry::new(self, &call);
         let KindCall {
-            at,
-            ttl_ms,
-            kind,
-            owner,
+            at, ttl_ms, kind, ..
         } = call;
-        let Waiting { key, caller, wait } = at;
-        let deadline = Instant::now() + wait;
-        let place = self.fence_place(&key, caller);
-        let Some(_first) = first_in_line(place.as_ref(), deadline).await else {
-            ProxyMetrics::inc(&self.metrics.contended);
-            return self.fence_ran_out(place.as_ref());
-        };
-        self.granting(ttl_ms);
-        let keys = queued_book(&key);
-        let keys: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
-        let ttl = ttl_ms.to_string();
-        let (bound, life) = self.fairness_for(&key);
-        let (bound, life) = (bound.to_string(), life.to_string());
-        let permits = match kind {
-            Kind::Permits(n) => n.to_string(),
-            _ => "0".to_string(),
-        };
-        let owner = owner.unwrap_or_default();
-        let waiter = self.waiter(caller);
-        loop {
-            if let Err(ran_out) = self.fence_turn(&key, place.as_ref(), deadline).await {
-                return ran_out;
-            }
-            ProxyMetrics::inc(&self.metrics.attempts);
+        let key = &at.key;
+        let keys = queued_book(key);
+        let keys: &Vec<&[u8]> = &keys.iter().map(|k| &k[..]).collect();
+        let try_once = move |deadline: Instant| async move {
+            self.granting(ttl_ms);
             let started = Instant::now();
             let waits = writer_wait(kind == Kind::Exclusive, deadline);
-            let cmd = super::eval_on(
-                lua::KIND_LOCK,
-                &key,
-                &keys,
-                &[
-                    kind.code(),
-                    ttl.as_bytes(),
-                    &owner,
-                    permits.as_bytes(),
-                    waits.as_bytes(),
-                    waiter.as_bytes(),
-                    self.instance_prefix().as_bytes(),
-                    bound.as_bytes(),
-                    life.as_bytes(),
-                ],
-            );
-            let reply = match node.call(cmd, timeout).await {
-                Ok(reply) => reply,
-                Err(e) => return LocalReply::err(format!("lockgate: {e}")),
+            let prefix = self.instance_prefix();
+            let cmd = args.command(lua::KIND_LOCK, key, keys, &waits, None, prefix);
+            let facts = match node_facts(node, cmd, timeout).await {
+                Ok(facts) => facts,
+                Err(answer) => return Tried::Answer(answer),
             };
-            if let Some(err) = node_error(&reply) {
-                return err;
-            }
-            let facts = integers(&reply);
             let (token, pttl) = (
                 facts.first().copied().unwrap_or(0),
                 facts.get(1).copied().unwrap_or(0),
             );
             if token > 0 {
                 self.count_grant(kind, pttl > 1);
-                self.storm.line_answered(&key, Some(ttl_ms));
-                return match validity(ttl_ms, started) {
+                self.storm.line_answered(key, Some(ttl_ms));
+                return Tried::Answer(match validity(ttl_ms, started) {
                     Some(v) => {
                         LocalReply::Array(vec![LocalReply::Integer(token), LocalReply::Integer(v)])
                     }
                     // Too slow to be useful: give this entry back.
                     None => {
                         let token = Bytes::from(token.to_string());
-                        let _ = self.kind_unlock(node, key, token, timeout).await;
+                        let _ = self.kind_unlock(node, key.clone(), token, timeout).await;
                         LocalReply::Null
                     }
-                };
+                });
             }
             ProxyMetrics::inc(&self.metrics.contended);
-            self.storm.line_answered(&key, None);
-            let now = Instant::now();
-            if now >= deadline {
-                return self.fence_ran_out(place.as_ref());
-            }
-            let step = WAIT_STEP.min(Duration::from_millis(pttl.max(1) as u64));
-            until_freed(place.as_ref(), step.min(deadline - now)).await;
-        }
+            self.storm.line_answered(key, None);
+            Tried::Again(next_try(Some(pttl), false))
+        };
+        self.in_line(&at, try_once).await
     }
 
     /// `LOCKGATE LOCK k1 k2 … ttl-ms [WAIT ms]`: every key or none, in one

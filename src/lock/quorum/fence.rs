@@ -3,12 +3,12 @@
 //! any two majorities overlap, so tokens only grow, also when a minority of
 //! masters restarts empty.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::Bytes;
 
 use super::{integer, Quorum};
-use crate::lock::fence::{first_in_line, until_freed, Waiting, WAIT_STEP};
+use crate::lock::fence::{next_try, FenceTry, Tried, Waiting};
 use crate::lock::LockService;
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
@@ -26,58 +26,28 @@ impl LockService {
         at: Waiting,
         ttl_ms: u64,
     ) -> LocalReply {
-        let Waiting { key, caller, wait } = at;
-        let deadline = Instant::now() + wait;
-        let place = self.fence_place(&key, caller);
         // As on one Redis: in line, first come first served among this
         // instance's fencing waits, and against its other attempts on the
         // key in arrival order, a `WAIT` that ran out counting from its
         // connection's first (see `fence_defers`, `storm::lines`).
-        let Some(_first) = first_in_line(place.as_ref(), deadline).await else {
-            ProxyMetrics::inc(&self.metrics.contended);
-            return self.fence_ran_out(place.as_ref());
-        };
-        let counter = crate::lock::fence::counter_key(&key);
-        let (queue, places) = (crate::lock::queue_key(&key), crate::lock::places_key(&key));
-        let ttl = ttl_ms.to_string();
+        let key = &at.key;
         // A place in each master's queue, so other instances' turns yield
         // to this one's as to its parked attempts.
-        let (bound, life) = self.fairness_for(&key);
-        let (bound, life) = (bound.to_string(), life.to_string());
+        let args = &FenceTry::new(self, &at, ttl_ms);
         // More than (N + clock_faults) / 2: a plain majority by default.
         let majority = q.votes_needed();
-        let writers = crate::lock::kinds::writers_key(&key);
-        let waiter = match wait.is_zero() {
-            true => String::new(),
-            false => self.waiter(caller),
-        };
-        loop {
-            if let Err(ran_out) = self.fence_turn(&key, place.as_ref(), deadline).await {
-                return ran_out;
-            }
-            ProxyMetrics::inc(&self.metrics.attempts);
+        let waits_long = !at.wait.is_zero();
+        let try_once = move |deadline: Instant| async move {
             let eligible = q.eligible();
             if eligible.len() < majority {
                 ProxyMetrics::inc(&self.metrics.quorum_failures);
-                return q.loss_reply(LocalReply::Null);
+                return Tried::Answer(q.loss_reply(LocalReply::Null));
             }
             let instance_token = self.next_token();
             let started = Instant::now();
-            let waits = crate::lock::kinds::writer_wait(!wait.is_zero(), deadline);
-            let take = crate::lock::eval_on(
-                script::QFENCE_ACQUIRE,
-                &key,
-                &[&counter, &queue, &places, &writers],
-                &[
-                    ttl.as_bytes(),
-                    &instance_token,
-                    self.instance_prefix().as_bytes(),
-                    bound.as_bytes(),
-                    life.as_bytes(),
-                    waits.as_bytes(),
-                    waiter.as_bytes(),
-                ],
-            );
+            let waits = crate::lock::kinds::writer_wait(waits_long, deadline);
+            let prefix = self.instance_prefix();
+            let take = args.command(script::QFENCE_ACQUIRE, key, &instance_token, prefix, &waits);
             let facts = |r: &[u8]| crate::lock::fence::integers(r);
             // A master whose clock jumped takes no part (see `clock`); its
             // counter is still read, as a higher one is never unsafe.
@@ -100,8 +70,8 @@ impl LockService {
                 let token_s = token.to_string();
                 let commit = crate::lock::eval_on(
                     script::QFENCE_COMMIT,
-                    &key,
-                    &[&counter],
+                    key,
+                    &[&crate::lock::fence::counter_key(key)],
                     &[&instance_token, token_s.as_bytes()],
                 );
                 // Only on the masters whose vote counted.
@@ -118,16 +88,16 @@ impl LockService {
             }
             if let Some((token, validity)) = acquired {
                 q.granted(ttl_ms);
-                self.storm.line_answered(&key, Some(ttl_ms));
+                self.storm.line_answered(key, Some(ttl_ms));
                 ProxyMetrics::inc(&self.metrics.acquired);
-                return LocalReply::Array(vec![
+                return Tried::Answer(LocalReply::Array(vec![
                     LocalReply::Integer(token),
                     LocalReply::Integer(validity),
-                ]);
+                ]));
             }
             let undo = crate::lock::evalsha::eval_queued(
                 script::RELEASE_TOKEN,
-                &key,
+                key,
                 &[&instance_token, b""],
             );
             q.ask_all(&undo.into()).await;
@@ -136,17 +106,12 @@ impl LockService {
                 // lasts, else say so (not "masters down").
                 ProxyMetrics::inc(&self.metrics.quorum_failures);
                 if Instant::now() >= deadline {
-                    return q.late_reply(answers.replies.len(), LocalReply::Null);
+                    return Tried::Answer(q.late_reply(answers.replies.len(), LocalReply::Null));
                 }
-                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-                continue;
+                return Tried::Soon;
             }
             ProxyMetrics::inc(&self.metrics.contended);
-            self.storm.line_answered(&key, None);
-            let now = Instant::now();
-            if now >= deadline {
-                return self.fence_ran_out(place.as_ref());
-            }
+            self.storm.line_answered(key, None);
             let held_ms = answers
                 .replies
                 .iter()
@@ -159,13 +124,9 @@ impl LockService {
             if yielded {
                 ProxyMetrics::inc(&self.metrics.fairness_yields);
             }
-            let step = match (yielded, held_ms) {
-                (false, Some(ms)) => WAIT_STEP.min(Duration::from_millis(ms as u64)),
-                (false, None) => Duration::from_millis(1),
-                (true, _) => WAIT_STEP,
-            };
-            until_freed(place.as_ref(), step.min(deadline - now)).await;
-        }
+            Tried::Again(next_try(held_ms, yielded))
+        };
+        self.in_line(&at, try_once).await
     }
 
     /// `LOCKGATE UNLOCK`/`EXTEND` on the quorum: the script on every master,

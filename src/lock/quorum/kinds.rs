@@ -20,8 +20,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use super::{integer, Quorum};
-use crate::lock::fence::{first_in_line, integers, until_freed, Waiting, WAIT_STEP};
-use crate::lock::kinds::{book, queued_book, writer_wait, Kind, KindCall};
+use crate::lock::fence::{integers, next_try, until_freed, Tried, Waiting, WAIT_STEP};
+use crate::lock::kinds::{book, queued_book, writer_wait, Kind, KindCall, KindTry};
 use crate::lock::LockService;
 use crate::metrics::ProxyMetrics;
 use crate::protocol::encode::LocalReply;
@@ -82,60 +82,36 @@ impl LockService {
     /// quorum: tries until granted or the wait has passed, in line with
     /// this instance's other waits on the key.
     pub(crate) async fn quorum_kind_lock(&self, q: &Quorum, call: KindCall) -> LocalReply {
+        let args = &KindTry::new(self, &call);
         let KindCall {
             at,
             ttl_ms,
             kind,
             owner,
         } = call;
-        let Waiting { key, caller, wait } = at;
-        let deadline = Instant::now() + wait;
-        let place = self.fence_place(&key, caller);
-        let Some(_first) = first_in_line(place.as_ref(), deadline).await else {
-            ProxyMetrics::inc(&self.metrics.contended);
-            return self.fence_ran_out(place.as_ref());
-        };
+        let key = &at.key;
         let votes = match kind {
             Kind::Permits(n) => permit_votes(q.masters.len(), n, q.votes_needed()),
             _ => q.votes_needed(),
         };
-        let undo_keys = queued_book(&key);
-        let (bound, life) = self.fairness_for(&key);
-        let (bound, life) = (bound.to_string(), life.to_string());
-        let (ttl, owner) = (ttl_ms.to_string(), owner.unwrap_or_default());
-        let permits = match kind {
-            Kind::Permits(n) => n.to_string(),
-            _ => "0".to_string(),
-        };
-        let waiter = self.waiter(caller);
-        loop {
-            if let Err(ran_out) = self.fence_turn(&key, place.as_ref(), deadline).await {
-                return ran_out;
-            }
-            ProxyMetrics::inc(&self.metrics.attempts);
+        let undo_keys = &queued_book(key);
+        let owner = &owner.unwrap_or_default();
+        let try_once = move |deadline: Instant| async move {
             let eligible = q.eligible();
             if eligible.len() < votes {
                 ProxyMetrics::inc(&self.metrics.quorum_failures);
-                return q.loss_reply(LocalReply::Null);
+                return Tried::Answer(q.loss_reply(LocalReply::Null));
             }
             let (started, instance_token) = (Instant::now(), self.next_token());
             let waits = writer_wait(kind == Kind::Exclusive, deadline);
-            let take = crate::lock::eval_on(
+            let (token, prefix) = (Some(&instance_token[..]), self.instance_prefix());
+            let take = args.command(
                 qkinds::QKIND_TAKE,
-                &key,
+                key,
                 &undo_keys.each(),
-                &[
-                    kind.code(),
-                    ttl.as_bytes(),
-                    &owner,
-                    permits.as_bytes(),
-                    waits.as_bytes(),
-                    waiter.as_bytes(),
-                    &instance_token,
-                    self.instance_prefix().as_bytes(),
-                    bound.as_bytes(),
-                    life.as_bytes(),
-                ],
+                &waits,
+                token,
+                prefix,
             );
             let answers = q
                 .ballot(&eligible, &take.into(), 3, integers, |_, _| false)
@@ -153,9 +129,9 @@ impl LockService {
                 let token_s = token.to_string();
                 let commit = crate::lock::eval_on(
                     qkinds::QKIND_COMMIT,
-                    &key,
-                    &book(&key).each(),
-                    &[&instance_token, token_s.as_bytes(), &owner],
+                    key,
+                    &book(key).each(),
+                    &[&instance_token, token_s.as_bytes(), owner],
                 );
                 let committed = q.ask(&answers.yes_from, &commit.into(), |_| false).await;
                 let ok = (committed.replies.iter())
@@ -171,59 +147,48 @@ impl LockService {
             let validity = q.validity_ms(ttl_ms, started.elapsed());
             if let Some(token) = granted.filter(|_| validity > 0) {
                 q.granted(ttl_ms);
-                self.storm.line_answered(&key, Some(ttl_ms));
+                self.storm.line_answered(key, Some(ttl_ms));
                 self.count_grant(kind, reentered.first().is_some_and(|&t| t > 0));
-                return LocalReply::Array(vec![
+                return Tried::Answer(LocalReply::Array(vec![
                     LocalReply::Integer(token),
                     LocalReply::Integer(validity),
-                ]);
+                ]));
             }
             // Undone wherever it was taken: new holders by the instance
             // token, entries again by their token (one entry each).
             let undo = crate::lock::eval_on(
                 qkinds::QKIND_UNDO,
-                &key,
+                key,
                 &undo_keys.each(),
                 &[&instance_token],
             );
             q.ask_all(&undo.into()).await;
             for (m, &t) in answers.yes_from.iter().zip(&reentered) {
                 if t > 0 {
-                    let again = crate::lock::kinds::unlock_command(&key, t.to_string().as_bytes());
+                    let again = crate::lock::kinds::unlock_command(key, t.to_string().as_bytes());
                     q.ask(std::slice::from_ref(m), &again.into(), |_| false)
                         .await;
                 }
             }
             if let Some(err) = agreed_error(&answers.replies, votes) {
-                return err;
+                return Tried::Answer(err);
             }
             if q.lost_quorum(answers.yes, answers.replies.len(), eligible.len()) {
                 ProxyMetrics::inc(&self.metrics.quorum_failures);
                 if Instant::now() >= deadline {
-                    return q.late_reply(answers.replies.len(), LocalReply::Null);
+                    return Tried::Answer(q.late_reply(answers.replies.len(), LocalReply::Null));
                 }
-                tokio::time::sleep(Duration::from_millis(5)).await;
-                continue;
+                return Tried::Soon;
             }
             ProxyMetrics::inc(&self.metrics.contended);
-            self.storm.line_answered(&key, None);
-            let now = Instant::now();
-            if now >= deadline {
-                return self.fence_ran_out(place.as_ref());
-            }
+            self.storm.line_answered(key, None);
             let held_ms = (answers.replies.iter())
                 .filter_map(|r| integers(r).get(1).copied())
                 .filter(|&p| p > 0)
                 .min();
-            let step = held_ms.map_or(Duration::from_millis(1), |ms| {
-                WAIT_STEP.min(Duration::from_millis(ms as u64))
-            });
-            until_freed(
-                place.as_ref(),
-                step.max(Duration::from_millis(1)).min(deadline - now),
-            )
-            .await;
-        }
+            Tried::Again(next_try(held_ms, false))
+        };
+        self.in_line(&at, try_once).await
     }
 
     /// `LOCKGATE LOCK k1 k2 … ttl-ms [WAIT ms]` on the quorum: every key
