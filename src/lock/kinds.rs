@@ -385,14 +385,10 @@ impl LockService {
                 waiter.as_bytes(),
             ]);
             let cmd = crate::protocol::encode::command(&args);
-            let reply = match node.call(cmd, timeout).await {
-                Ok(reply) => reply,
-                Err(e) => return LocalReply::err(format!("lockgate: {e}")),
+            let facts = match node_facts(node, cmd, timeout).await {
+                Ok(facts) => facts,
+                Err(answer) => return answer,
             };
-            if let Some(err) = node_error(&reply) {
-                return err;
-            }
-            let facts = integers(&reply);
             if facts.len() == keys.len() && facts.iter().all(|&t| t > 0) {
                 ProxyMetrics::inc(&self.metrics.acquired);
                 ProxyMetrics::inc(&self.metrics.multi_grants);
