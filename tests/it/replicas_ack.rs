@@ -302,15 +302,14 @@ async fn an_acknowledged_lock_survives_its_primarys_death() {
     assert!(exists(&mut on_new, "lockgate:owner:{lock:f}").await);
     // No second holder.
     assert_eq!(other.call_s(&["SETNX", "lock:f", "o"]).await, ":0\r\n");
-    // No replica left: a grant is not acknowledged, and undone.
-    let timeouts = m(&acks.timeouts);
+    // No replica left: a grant is not acknowledged, and undone. Counted
+    // as timed out, or (the first grant after the switch) as a failure
+    // when the acker moved to the new primary after the grant was planned
+    // (a clean-clone CI run saw the second).
+    let unacked = || m(&acks.timeouts) + m(&acks.failures);
+    let before = unacked();
     assert_eq!(other.call_s(&["SETNX", "lock:g", "o"]).await, ":0\r\n");
-    assert_eq!(
-        m(&acks.timeouts),
-        timeouts + 1,
-        "failures {}",
-        m(&acks.failures)
-    );
+    assert_eq!(unacked(), before + 1);
     assert!(!exists(&mut on_new, "lock:g").await);
     // The old primary back, made the new one's replica by Sentinel: served.
     group.primary.restart();
