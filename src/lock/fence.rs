@@ -187,18 +187,20 @@ impl FenceTry {
 }
 
 /// `cmd` on `node` within `timeout`: the integers of its reply, or the
-/// caller's answer when there are none to read (lockgate's error, or
-/// Redis's).
+/// caller's answer when there are none to read (lockgate's error, or the
+/// node's as `error` reads it: [`node_error`], or the kinds' own, which
+/// says a server refusing scripts does not serve them).
 pub(crate) async fn node_facts(
     node: &OnPrimary,
     cmd: Bytes,
     timeout: Duration,
+    error: fn(&[u8]) -> Option<LocalReply>,
 ) -> Result<Vec<i64>, LocalReply> {
     let reply = match node.call(cmd, timeout).await {
         Ok(reply) => reply,
         Err(e) => return Err(LocalReply::err(format!("lockgate: {e}"))),
     };
-    match node_error(&reply) {
+    match error(&reply) {
         Some(err) => Err(err),
         None => Ok(integers(&reply)),
     }
@@ -326,7 +328,7 @@ impl LockService {
             let waits = super::kinds::writer_wait(waits_long, deadline);
             let prefix = self.instance_prefix();
             let cmd = args.command(script::FENCE_LOCK, key, &instance_token, prefix, &waits);
-            let facts = match node_facts(node, cmd, timeout).await {
+            let facts = match node_facts(node, cmd, timeout, node_error).await {
                 Ok(facts) => facts,
                 Err(answer) => return Tried::Answer(answer),
             };

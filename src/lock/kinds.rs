@@ -310,7 +310,7 @@ impl LockService {
             let waits = writer_wait(kind == Kind::Exclusive, deadline);
             let prefix = self.instance_prefix();
             let cmd = args.command(lua::KIND_LOCK, key, keys, &waits, None, prefix);
-            let facts = match node_facts(node, cmd, timeout).await {
+            let facts = match node_facts(node, cmd, timeout, node_error).await {
                 Ok(facts) => facts,
                 Err(answer) => return Tried::Answer(answer),
             };
@@ -385,7 +385,7 @@ impl LockService {
                 waiter.as_bytes(),
             ]);
             let cmd = crate::protocol::encode::command(&args);
-            let facts = match node_facts(node, cmd, timeout).await {
+            let facts = match node_facts(node, cmd, timeout, node_error).await {
                 Ok(facts) => facts,
                 Err(answer) => return answer,
             };

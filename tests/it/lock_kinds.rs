@@ -396,3 +396,27 @@ async fn one_multiplexed_connection_gets_every_answer_in_order() {
     );
     lg.stop().await;
 }
+
+/// A server that starts refusing scripts after lockgate connected (an ACL
+/// changed at run time): the first kinds call learns it from its own
+/// reply, and is refused saying so, not with the server's bare `NOPERM`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_refusing_scripts_since_a_moment_ago_is_said_so_by_the_reply() {
+    let redis = RedisServer::start();
+    let lg = Lockgate::start(&redis.addr()).await;
+    let mut c = Api::connect(lg.addr).await;
+    let acl = ["ACL", "SETUSER", "default", "-eval", "-evalsha"];
+    let set = support::resp::direct(&redis.addr(), &acl).await;
+    assert!(set.starts_with("+OK"), "{set}");
+    for args in [
+        &["LOCKGATE", "LOCK", "k", "1000", "SHARED"][..],
+        &["LOCKGATE", "LOCK", "k", "k2", "1000"],
+    ] {
+        let reply = c.call(args).await;
+        assert!(
+            matches!(&reply, Resp::Error(e) if e.contains("need scripts")),
+            "{args:?}: {reply}"
+        );
+    }
+    lg.stop().await;
+}
