@@ -410,8 +410,7 @@ impl LockService {
             if now >= deadline {
                 return LocalReply::Null;
             }
-            let pttl = facts.get(1).copied().unwrap_or(0);
-            let step = WAIT_STEP.min(Duration::from_millis(pttl.max(1) as u64));
+            let step = next_try(Some(facts.get(1).copied().unwrap_or(0)), false);
             until_freed(place.as_ref(), step.min(deadline - now)).await;
         }
     }
