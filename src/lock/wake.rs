@@ -138,6 +138,9 @@ pub struct ListenerRow {
 pub(crate) struct Watched {
     table: DashMap<Bytes, Watch, KeyHasher>,
     config: WakeConfig,
+    /// The keys awaiting a look out of turn, each once (its watch's
+    /// `recheck` set): at most as many as are watched.
+    due: std::sync::Mutex<Vec<Bytes>>,
     /// Tells the watch loop a key awaits a look out of turn.
     recheck: tokio::sync::Notify,
 }
@@ -192,6 +195,7 @@ impl Watched {
         Watched {
             table: DashMap::with_hasher(KeyHasher::new()),
             config: config.clone(),
+            due: std::sync::Mutex::new(Vec::new()),
             recheck: tokio::sync::Notify::new(),
         }
     }
@@ -408,24 +412,32 @@ impl LockService {
     /// stale: if the key is watched, it is looked at at once, out of
     /// turn, by the watch loop (see the module doc). Nothing if it is not.
     pub(crate) fn recheck_waiters(&self, key: &[u8]) {
-        if let Some(mut w) = self.wake.table.get_mut(key) {
-            w.recheck = true;
-            drop(w);
-            ProxyMetrics::inc(&self.metrics.wake_rechecks);
-            self.wake.recheck.notify_one();
+        let Some(mut w) = self.wake.table.get_mut(key) else {
+            return;
+        };
+        ProxyMetrics::inc(&self.metrics.wake_rechecks);
+        // Asked already and not looked at yet: that look serves this too.
+        if std::mem::replace(&mut w.recheck, true) {
+            return;
         }
+        let key = w.key().clone();
+        drop(w);
+        crate::sync::lock(&self.wake.due).push(key);
+        self.wake.recheck.notify_one();
     }
 
-    /// The keys awaiting a look out of turn, each looked at once.
+    /// The keys awaiting a look out of turn, each looked at once: the
+    /// cost is per key asked for, not per key watched.
     async fn recheck_due(&self) {
-        let due: Vec<(Bytes, Watch)> = (self.wake.table.iter_mut())
-            .filter_map(|mut e| {
-                let due = std::mem::take(&mut e.value_mut().recheck);
-                due.then(|| (e.key().clone(), e.value().clone()))
-            })
-            .collect();
-        for (key, watch) in due {
-            self.probe_key(&key, &watch, true).await;
+        let keys = std::mem::take(&mut *crate::sync::lock(&self.wake.due));
+        for key in keys {
+            let watch = self.wake.table.get_mut(&key).map(|mut w| {
+                w.recheck = false;
+                w.clone()
+            });
+            if let Some(watch) = watch {
+                self.probe_key(&key, &watch, true).await;
+            }
         }
     }
 
